@@ -1,0 +1,40 @@
+"""rdmamw: batched-completion RDMA messaging for distributed machine learning.
+
+>>> import rdmamw
+>>> lst = rdmamw.listen("shm://job1")              # process A
+>>> ch = rdmamw.Channel.open("shm://job1")          # process B
+>>> ch.send_batch([b"a", b"b"]).wait()
+>>> [bytes(m) for m in lst_side.recv_batch()]       # doctest: +SKIP
+"""
+
+from rdmamw import errors
+from rdmamw.channel import Channel, Listener, Message, SendHandle, listen
+from rdmamw.errors import (
+    ChannelClosed,
+    MessageTooLarge,
+    PeerLost,
+    PeerNotFound,
+    ProtocolError,
+    ProviderUnavailable,
+    RdmamwError,
+    Timeout,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Channel",
+    "ChannelClosed",
+    "Listener",
+    "Message",
+    "MessageTooLarge",
+    "PeerLost",
+    "PeerNotFound",
+    "ProtocolError",
+    "ProviderUnavailable",
+    "RdmamwError",
+    "SendHandle",
+    "Timeout",
+    "errors",
+    "listen",
+]

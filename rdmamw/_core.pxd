@@ -1,0 +1,72 @@
+# The mini-verbs interface: the one narrow waist between the batch engine (above)
+# and the providers verbs / shm / tcp (below). A provider subclasses Transport in
+# Cython and implements the nogil methods; everything above is provider-agnostic.
+from libc.stdint cimport int32_t, uint16_t, uint32_t, uint64_t
+
+# Work-request opcodes and flags.
+cdef enum:
+    RM_WR_WRITE = 0
+    RM_WR_WRITE_IMM = 1
+    RM_WR_READ = 2
+    RM_WR_SEND = 3
+
+cdef enum:
+    RM_WR_SIGNALED = 1      # produce a completion
+    RM_WR_INLINE = 2        # payload copied at post time; source reusable on return
+    RM_WR_PUBLISH = 4       # 8-byte words stored with release order (bitmap/control words)
+
+# Regions every endpoint exposes to its peer; rkey in a WR names one of them.
+cdef enum:
+    RM_REGION_CTRL = 0      # control words written by the peer
+    RM_REGION_ARRIVAL = 1   # arrival bitmap of the ring I receive on (peer writes)
+    RM_REGION_RECLAIM = 2   # reclaim bitmap of the ring I send into (peer writes)
+    RM_REGION_RING = 3      # the ring I receive on (peer writes slots)
+    RM_NREGIONS = 4
+
+# Return codes of Transport methods.
+cdef enum:
+    RM_OK = 0
+    RM_ERR_BOUNDS = -1      # a WR outside the peer's registered region: nothing was done
+    RM_ERR_PEER_LOST = -2
+    RM_ERR_CLOSED = -3
+    RM_ERR_OS = -4
+
+ctypedef struct rm_wr:
+    uint64_t wr_id
+    uint64_t local_addr     # source (WRITE) or destination (READ)
+    uint64_t remote_off     # offset inside the peer region named by rkey
+    uint32_t length
+    uint32_t lkey
+    uint32_t rkey           # RM_REGION_* of the peer
+    uint16_t opcode
+    uint16_t flags
+    uint32_t imm
+
+ctypedef struct rm_wc:
+    uint64_t wr_id
+    int32_t status
+    uint32_t opcode
+
+ctypedef struct rm_region:
+    char *addr
+    uint64_t length
+
+cdef class Transport:
+    cdef rm_region local[RM_NREGIONS]     # my regions (the peer writes into them)
+    cdef rm_region peer[RM_NREGIONS]      # the peer's regions, as sizes for bounds checks
+    cdef readonly bint direct_source      # WRITE may source from any process memory (no MR)
+    cdef readonly uint32_t max_inline
+    # counters: everything that hits the "NIC"
+    cdef public uint64_t n_doorbells      # post calls (ibv_post_send equivalents)
+    cdef public uint64_t n_wrs
+    cdef public uint64_t n_signaled
+    cdef public uint64_t n_completions
+    cdef public uint64_t n_wakeups        # peer wake-ups sent (eventfd / WRITE_WITH_IMM)
+    cdef public uint64_t n_sleeps         # times this side blocked in wait()
+    cdef public uint64_t bytes_written
+
+    cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil
+    cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil
+    cdef int wake_peer(self) noexcept nogil
+    cdef int wait(self, int timeout_ms) noexcept nogil
+    cdef int peer_state(self) noexcept nogil

@@ -1,0 +1,1131 @@
+# cython: freethreading_compatible = False
+"""The batch engine: slot rings, phase bitmaps and work-request batches.
+
+One :class:`Engine` is one channel endpoint: it sends into the peer's ring and
+receives on its own. A batch of messages becomes ONE chained list of work requests
+handed to the provider (one doorbell): the slot writes, then the arrival-bitmap
+words that changed, last; only the last request is signaled. Receiving scans the
+arrival bitmap word-at-a-time, checks each slot's sequence number and hands out
+zero-copy :class:`Message` views; releases flip reclaim bits locally and are written
+back lazily, in batches. The wire format is in docs/protocol.md.
+
+The data path runs with the GIL released and allocates no Python object per message
+on the send side; on the receive side a Message (from a free list) is the view the
+user asked for.
+"""
+
+cimport cython
+from cpython.buffer cimport (
+    PyBUF_C_CONTIGUOUS,
+    PyBuffer_FillInfo,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.ref cimport PyObject
+from cpython.pythread cimport (
+    NOWAIT_LOCK,
+    WAIT_LOCK,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy, memset
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+from rdmamw.bitmap._phase cimport (
+    RecvBitmaps,
+    SendBitmaps,
+    rm_cpu_relax,
+    rm_fence_seq_cst,
+    rm_load_acquire64,
+    rm_spin_lock,
+    rm_spin_unlock,
+)
+
+from rdmamw import _layout
+from rdmamw.errors import (
+    ChannelClosed,
+    MessageTooLarge,
+    PeerLost,
+    ProtocolError,
+    Timeout,
+)
+
+cdef extern from "Python.h":
+    PyObject **PySequence_Fast_ITEMS(object o)
+    Py_ssize_t PySequence_Fast_GET_SIZE(object o)
+
+cdef extern from "stdlib.h" nogil:
+    int posix_memalign(void **memptr, size_t alignment, size_t size)
+
+# ---- wire format (docs/protocol.md) --------------------------------------------
+
+ctypedef struct rm_slot_hdr:
+    uint64_t seq        # slot sequence number in this direction: 0, 1, 2, ...
+    uint32_t used       # payload bytes used
+    uint16_t count      # messages in the slot
+    uint16_t flags      # SLOT_SINGLE or SLOT_PACKED
+    uint32_t check      # ~(uint32)seq: catches a torn or garbage header
+    uint32_t reserved
+
+cdef enum:
+    SLOT_SINGLE = 1     # one message, payload at offset 0
+    SLOT_PACKED = 2     # records {uint32 len, uint32 0, bytes, pad to 8}
+    HDR_BYTES = 24      # sizeof(rm_slot_hdr)
+    SLOT_HEADER = 64    # header line before the payload
+    REC_HDR = 8
+
+cdef enum:
+    CTRL_CREDIT_WAIT = 0    # word index (x8 bytes): see rdmamw/_layout.py
+    CTRL_RX_SLEEP = 8
+    CTRL_CLOSED = 16
+
+cdef uint32_t NONE = 0xFFFFFFFF
+cdef int64_t SLICE_NS = 50000000        # return to the GIL this often while blocked (signals)
+cdef int64_t PEER_CHECK_NS = 1000000    # ask the provider about the peer this often while spinning
+
+cdef inline int64_t now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+cdef inline uint32_t pad8(uint32_t n) noexcept nogil:
+    return (n + 7u) & ~7u
+
+
+# ---- the provider interface ----------------------------------------------------
+
+cdef class Transport:
+    """Base of the providers' endpoints (mini-verbs). Subclasses implement the nogil
+    methods; this base refuses everything so a half-built transport fails loudly."""
+
+    cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
+        return RM_ERR_CLOSED
+
+    cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil:
+        return 0
+
+    cdef int wake_peer(self) noexcept nogil:
+        return RM_ERR_CLOSED
+
+    cdef int wait(self, int timeout_ms) noexcept nogil:
+        """Block until woken by the peer (1), timeout (0) or a peer event (<0)."""
+        return RM_ERR_CLOSED
+
+    cdef int peer_state(self) noexcept nogil:
+        """1 while the peer is reachable, RM_ERR_CLOSED or RM_ERR_PEER_LOST after."""
+        return RM_ERR_CLOSED
+
+    def close(self):
+        pass
+
+    def counters(self):
+        return {
+            "doorbells": self.n_doorbells,
+            "work_requests": self.n_wrs,
+            "signaled_completions": self.n_signaled,
+            "completions_polled": self.n_completions,
+            "wakeups_sent": self.n_wakeups,
+            "sleeps": self.n_sleeps,
+            "bytes_written": self.bytes_written,
+        }
+
+    def _region_view(self, int region):
+        """Writable view of one of my regions (the engine wires its bitmaps to it)."""
+        if not 0 <= region < RM_NREGIONS or self.local[region].length == 0:
+            raise ValueError(f"region {region} is not set up")
+        return <unsigned char[:self.local[region].length]> <unsigned char *>self.local[region].addr
+
+    def region_address(self, int region):
+        """Address of one of my regions (tests and debugging only)."""
+        if not 0 <= region < RM_NREGIONS:
+            raise IndexError(region)
+        return <size_t>self.local[region].addr
+
+
+# ---- handles and messages --------------------------------------------------------
+
+@cython.final
+cdef class SendHandle:
+    """Completion of one batch: its source buffers may be reused once ``done()``."""
+    cdef Engine eng
+    cdef readonly uint64_t batch
+    cdef readonly Py_ssize_t count
+
+    def done(self) -> bool:
+        return self.eng._poll_done(self.batch)
+
+    def wait(self, timeout=None) -> None:
+        cdef int64_t deadline = _deadline(timeout)
+        while not self.eng._poll_done(self.batch):
+            if self.eng.peer_gone:
+                raise PeerLost("peer lost before the batch completed")
+            if deadline and now_ns() > deadline:
+                raise Timeout("send batch did not complete in time")
+            with nogil:
+                rm_cpu_relax()
+
+    def __repr__(self):
+        return f"<SendHandle batch={self.batch} messages={self.count} done={self.done()}>"
+
+
+@cython.freelist(1024)
+@cython.final
+cdef class Message:
+    """A received message: a read-only, zero-copy view of its bytes in the ring.
+
+    Supports the buffer protocol (``memoryview(m)``, ``bytes(m)``,
+    ``numpy.frombuffer(m)``). Its slot is reclaimed on :meth:`release`, on leaving a
+    ``with`` block, or when the object is collected; after release the bytes may be
+    overwritten by the peer, so keep a copy (``bytes(m)``) if you need them longer."""
+    cdef Engine eng
+    cdef char *ptr
+    cdef Py_ssize_t length
+    cdef uint32_t slot
+    cdef int exports
+    cdef bint rel
+
+    def __len__(self):
+        return self.length
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        if self.rel:
+            raise ValueError("message was released; its bytes are no longer ours")
+        PyBuffer_FillInfo(buffer, self, self.ptr, self.length, 1, flags)
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        self.exports -= 1
+
+    def __bytes__(self):
+        if self.rel:
+            raise ValueError("message was released")
+        return PyBytes_FromStringAndSize(self.ptr, self.length)
+
+    def tobytes(self) -> bytes:
+        return self.__bytes__()
+
+    def release(self) -> None:
+        """Give the slot back to the sender (idempotent)."""
+        if self.rel:
+            return
+        if self.exports:
+            raise BufferError(f"{self.exports} view(s) of this message are still alive")
+        self.rel = True
+        self.eng._release_one(self.slot)
+
+    @property
+    def released(self) -> bool:
+        return self.rel
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def __dealloc__(self):
+        if not self.rel and self.eng is not None:
+            self.rel = True
+            self.eng._release_one(self.slot)
+
+    def __repr__(self):
+        state = "released" if self.rel else f"slot={self.slot}"
+        return f"<Message {self.length} bytes {state}>"
+
+
+cdef int64_t _deadline(object timeout) except -1:
+    if timeout is None:
+        return 0
+    t = float(timeout)
+    if t < 0:
+        raise ValueError("timeout must be >= 0 or None")
+    return now_ns() + <int64_t>(t * 1e9) + 1
+
+
+# ---- the engine --------------------------------------------------------------------
+
+cdef class Engine:
+    """One channel endpoint. Created by a provider's connect/accept, never directly."""
+    cdef Transport tp
+    cdef SendBitmaps sbm
+    cdef RecvBitmaps rbm
+    cdef readonly str mode
+    cdef bint ack
+    cdef readonly bint closed
+    cdef readonly bint peer_gone
+    cdef object broken
+
+    # my receive ring
+    cdef char *ring
+    cdef readonly uint32_t nslots
+    cdef uint32_t stride
+    cdef readonly uint32_t slot_size
+    # the peer's ring, which I send into; staging mirrors it slot for slot
+    cdef readonly uint32_t peer_nslots
+    cdef uint32_t peer_stride
+    cdef readonly uint32_t peer_slot_size
+    cdef char *staging
+    cdef uint64_t *ctrl
+    cdef uint64_t send_seq
+    cdef uint64_t recv_seq
+
+    # send scratch, grown on demand, never per message
+    cdef Py_buffer *bufs
+    cdef char **ptrs
+    cdef size_t *lens
+    cdef uint8_t *held
+    cdef uint32_t *plan_start
+    cdef uint32_t *plan_used
+    cdef uint16_t *plan_flags
+    cdef uint32_t cap
+    cdef uint32_t *alloc_tmp
+    cdef rm_wr *wrs
+    cdef uint32_t wr_cap
+    cdef rm_wc wcs[64]
+
+    # receive state
+    cdef uint32_t *pend
+    cdef uint32_t *pend_d
+    cdef uint32_t *order
+    cdef uint32_t *ready
+    cdef uint32_t ready_head
+    cdef uint32_t ready_len
+    cdef uint32_t *slot_refs
+    cdef uint32_t cur_slot
+    cdef uint32_t cur_left
+    cdef uint32_t cur_off
+    cdef uint32_t cur_used
+    cdef uint16_t cur_flags
+    cdef int64_t gap_since
+    cdef int64_t gap_timeout_ns
+
+    # tuning
+    cdef readonly uint32_t flush_threshold
+    cdef int64_t spin_ns
+    cdef int64_t last_peer_check
+
+    # locks: one sender and one receiver at a time; `spin` guards posts and reclaim state
+    cdef PyThread_type_lock send_lock
+    cdef PyThread_type_lock recv_lock
+    cdef int spin
+    cdef uint64_t one_word
+    cdef uint64_t zero_word
+    cdef bint credit_flag_set
+    cdef bint sleep_flag_set
+
+    # counters
+    cdef uint64_t n_msgs_sent, n_bytes_sent, n_batches, n_slots_sent
+    cdef uint64_t n_msgs_recv, n_bytes_recv, n_slots_recv
+    cdef uint64_t n_reclaim_wb, n_credit_waits, n_arrival_waits
+    cdef uint64_t batch_posted, batch_done
+
+    def __cinit__(self, *args, **kwargs):
+        self.send_lock = PyThread_allocate_lock()
+        self.recv_lock = PyThread_allocate_lock()
+        if self.send_lock == NULL or self.recv_lock == NULL:
+            raise MemoryError()
+        self.one_word = 1
+        self.zero_word = 0
+        self.cur_slot = NONE
+        self.closed = True      # until _setup succeeds
+
+    def _setup(self, Transport tp, uint32_t nslots, uint32_t slot_size, uint32_t peer_nslots,
+               uint32_t peer_slot_size, str mode="batched", double spin_us=100.0,
+               double gap_timeout=2.0, flush_fraction=0.25):
+        """Wire the engine to a connected transport whose regions follow _layout."""
+        if mode not in ("batched", "ack"):
+            raise ValueError(f"mode must be 'batched' or 'ack', not {mode!r}")
+        if not 0.0 < flush_fraction <= 1.0:
+            raise ValueError("flush_fraction must be in (0, 1]")
+        _layout.check_ring(nslots, slot_size)
+        _layout.check_ring(peer_nslots, peer_slot_size)
+        self.tp = tp
+        self.mode = mode
+        self.ack = mode == "ack"
+        self.nslots, self.slot_size = nslots, slot_size
+        self.stride = _layout.slot_stride(slot_size)
+        self.peer_nslots, self.peer_slot_size = peer_nslots, peer_slot_size
+        self.peer_stride = _layout.slot_stride(peer_slot_size)
+        if tp.local[RM_REGION_RING].length < <uint64_t>nslots * self.stride:
+            raise ValueError("transport ring region is smaller than the ring")
+        if tp.peer[RM_REGION_RING].length < <uint64_t>peer_nslots * self.peer_stride:
+            raise ValueError("peer ring region is smaller than its ring")
+        self.ring = tp.local[RM_REGION_RING].addr
+        self.ctrl = <uint64_t *>tp.local[RM_REGION_CTRL].addr
+        arrival = tp._region_view(RM_REGION_ARRIVAL)
+        reclaim = tp._region_view(RM_REGION_RECLAIM)
+        self.rbm = RecvBitmaps(nslots, arrival)
+        self.sbm = SendBitmaps(peer_nslots, reclaim)
+        cdef void *mem = NULL
+        if posix_memalign(&mem, 4096, <size_t>peer_nslots * self.peer_stride) != 0:
+            raise MemoryError()
+        self.staging = <char *>mem
+        self.alloc_tmp = <uint32_t *>malloc(4 * peer_nslots)
+        self.pend = <uint32_t *>malloc(4 * nslots)
+        self.pend_d = <uint32_t *>malloc(4 * nslots)
+        self.order = <uint32_t *>malloc(4 * nslots)
+        self.ready = <uint32_t *>malloc(4 * nslots)
+        self.slot_refs = <uint32_t *>malloc(4 * nslots)
+        if (self.alloc_tmp == NULL or self.pend == NULL or self.pend_d == NULL
+                or self.order == NULL or self.ready == NULL or self.slot_refs == NULL):
+            raise MemoryError()
+        memset(self.order, 0xFF, 4 * nslots)
+        memset(self.slot_refs, 0, 4 * nslots)
+        self.flush_threshold = max(1, <uint32_t>(nslots * flush_fraction))
+        if self.ack:
+            self.flush_threshold = 1
+        self.spin_ns = <int64_t>(spin_us * 1000.0)
+        self.gap_timeout_ns = <int64_t>(gap_timeout * 1e9)
+        self._grow(64)
+        self.closed = False
+
+    def __dealloc__(self):
+        cdef uint32_t i
+        if self.bufs != NULL:
+            free(self.bufs)
+        free(self.ptrs); free(self.lens); free(self.held)
+        free(self.plan_start); free(self.plan_used); free(self.plan_flags)
+        free(self.alloc_tmp); free(self.wrs); free(self.staging)
+        free(self.pend); free(self.pend_d); free(self.order); free(self.ready); free(self.slot_refs)
+        if self.send_lock != NULL:
+            PyThread_free_lock(self.send_lock)
+        if self.recv_lock != NULL:
+            PyThread_free_lock(self.recv_lock)
+
+    cdef int _grow(self, uint32_t n) except -1:
+        """Scratch for batches of n messages (amortised, never per message)."""
+        if n <= self.cap:
+            return 0
+        cdef uint32_t c = max(n, 2 * self.cap)
+        cdef void *p
+        p = realloc(self.bufs, c * sizeof(Py_buffer));  self.bufs = <Py_buffer *>p if p else self.bufs
+        if p == NULL: raise MemoryError()
+        p = realloc(self.ptrs, c * sizeof(char *));  self.ptrs = <char **>p if p else self.ptrs
+        if p == NULL: raise MemoryError()
+        p = realloc(self.lens, c * sizeof(size_t));  self.lens = <size_t *>p if p else self.lens
+        if p == NULL: raise MemoryError()
+        p = realloc(self.held, c);  self.held = <uint8_t *>p if p else self.held
+        if p == NULL: raise MemoryError()
+        p = realloc(self.plan_start, c * 4);  self.plan_start = <uint32_t *>p if p else self.plan_start
+        if p == NULL: raise MemoryError()
+        p = realloc(self.plan_used, c * 4);  self.plan_used = <uint32_t *>p if p else self.plan_used
+        if p == NULL: raise MemoryError()
+        p = realloc(self.plan_flags, c * 2);  self.plan_flags = <uint16_t *>p if p else self.plan_flags
+        if p == NULL: raise MemoryError()
+        p = realloc(self.wrs, (2 * c + 4) * sizeof(rm_wr));  self.wrs = <rm_wr *>p if p else self.wrs
+        if p == NULL: raise MemoryError()
+        self.cap = c
+        self.wr_cap = 2 * c + 4
+        return 0
+
+    # ---- state checks -------------------------------------------------------------
+
+    cdef int _check_usable(self) except -1:
+        if self.broken is not None:
+            raise ProtocolError(self.broken)
+        if self.closed:
+            raise ChannelClosed("channel is closed")
+        return 0
+
+    cdef int _peer_status(self) noexcept nogil:
+        """RM_OK while the peer is there; RM_ERR_CLOSED / RM_ERR_PEER_LOST after."""
+        cdef int st
+        if self.peer_gone:
+            return RM_ERR_PEER_LOST
+        if rm_load_acquire64(&self.ctrl[CTRL_CLOSED]):
+            return RM_ERR_CLOSED
+        st = self.tp.peer_state()
+        if st == RM_ERR_CLOSED or rm_load_acquire64(&self.ctrl[CTRL_CLOSED]):
+            return RM_ERR_CLOSED
+        if st < 0:
+            self.peer_gone = True
+            return RM_ERR_PEER_LOST
+        return RM_OK
+
+    cdef int _raise_peer(self, int st, str where) except -1:
+        if st == RM_ERR_CLOSED:
+            raise ChannelClosed(f"peer closed the channel ({where})")
+        raise PeerLost(f"peer lost ({where})")
+
+    # ---- small posts: control words and reclaim write-back ------------------------
+
+    cdef int _put_word(self, uint32_t region, uint32_t word, uint64_t *src) noexcept nogil:
+        cdef rm_wr wr
+        wr.wr_id = 0
+        wr.local_addr = <uint64_t>src
+        wr.remote_off = word * 8
+        wr.length = 8
+        wr.lkey = 0
+        wr.rkey = region
+        wr.opcode = RM_WR_WRITE
+        wr.flags = RM_WR_PUBLISH | RM_WR_INLINE
+        wr.imm = 0
+        return self.tp.post(&wr, 1)
+
+    cdef int _flush_locked(self) noexcept nogil:
+        """Write the changed reclaim words back to the sender (caller holds spin)."""
+        cdef uint32_t lo, hi
+        cdef rm_wr wr
+        cdef int rc
+        if not self.rbm.take_dirty(&lo, &hi):
+            return 0
+        wr.wr_id = 0
+        wr.local_addr = <uint64_t>&self.rbm.reclaim[lo]
+        wr.remote_off = lo * 8
+        wr.length = (hi - lo) * 8
+        wr.lkey = 0
+        wr.rkey = RM_REGION_RECLAIM
+        wr.opcode = RM_WR_WRITE
+        wr.flags = RM_WR_PUBLISH
+        wr.imm = 0
+        rc = self.tp.post(&wr, 1)
+        self.n_reclaim_wb += 1
+        rm_fence_seq_cst()
+        if rc == 0 and rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT]):
+            self.tp.wake_peer()
+        return rc
+
+    cdef int _flush(self) noexcept nogil:
+        cdef int rc
+        rm_spin_lock(&self.spin)
+        rc = self._flush_locked()
+        rm_spin_unlock(&self.spin)
+        return rc
+
+    cdef void _release_one(self, uint32_t slot) noexcept:
+        """One message of ``slot`` is released; the slot goes back when all are."""
+        if slot >= self.nslots or self.slot_refs[slot] == 0:
+            return
+        self.slot_refs[slot] -= 1
+        if self.slot_refs[slot]:
+            return
+        rm_spin_lock(&self.spin)
+        self.rbm.release(slot)
+        if not self.closed and not self.peer_gone and (
+                self.rbm.unflushed >= self.flush_threshold
+                or rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT])):
+            self._flush_locked()
+        rm_spin_unlock(&self.spin)
+
+    # ---- sending ------------------------------------------------------------------
+
+    cdef int _acquire(self, object fast, Py_ssize_t n) except -1:
+        cdef PyObject **items = PySequence_Fast_ITEMS(fast)
+        cdef Py_ssize_t i
+        cdef object item
+        cdef size_t limit = self.peer_slot_size
+        for i in range(n):
+            item = <object>items[i]
+            if PyBytes_CheckExact(item):
+                self.ptrs[i] = PyBytes_AS_STRING(item)
+                self.lens[i] = <size_t>PyBytes_GET_SIZE(item)
+                self.held[i] = 0
+            else:
+                try:
+                    PyObject_GetBuffer(item, &self.bufs[i], PyBUF_C_CONTIGUOUS)
+                except (TypeError, BufferError, ValueError) as e:
+                    self._release_bufs(i)
+                    raise TypeError(
+                        f"message {i} ({type(item).__name__}) is not a C-contiguous "
+                        f"bytes-like object; nothing was sent") from e
+                self.held[i] = 1
+                self.ptrs[i] = <char *>self.bufs[i].buf
+                self.lens[i] = <size_t>self.bufs[i].len
+            if self.lens[i] > limit:
+                self._release_bufs(i + 1)
+                raise MessageTooLarge(
+                    f"message {i} is {self.lens[i]} bytes; the peer's eager limit is "
+                    f"{limit} bytes (its slot_size); nothing was sent")
+        return 0
+
+    cdef void _release_bufs(self, Py_ssize_t n) noexcept:
+        cdef Py_ssize_t i
+        for i in range(n):
+            if self.held[i]:
+                PyBuffer_Release(&self.bufs[i])
+                self.held[i] = 0
+
+    cdef uint32_t _plan(self, uint32_t n) noexcept nogil:
+        """Assign messages to slots: greedy packing, a lone message as SINGLE."""
+        cdef uint32_t k = 0, i = 0, start, used, rec
+        cdef uint32_t cap = self.peer_slot_size
+        while i < n:
+            start = i
+            if self.ack or REC_HDR + pad8(<uint32_t>self.lens[i]) > cap:
+                i += 1
+            else:
+                used = 0
+                while i < n:
+                    rec = REC_HDR + pad8(<uint32_t>self.lens[i])
+                    if rec > cap - used:
+                        break
+                    used += rec
+                    i += 1
+            self.plan_start[k] = start
+            if i - start == 1:
+                self.plan_flags[k] = SLOT_SINGLE
+                self.plan_used[k] = <uint32_t>self.lens[start]
+            else:
+                self.plan_flags[k] = SLOT_PACKED
+                self.plan_used[k] = used
+            k += 1
+        self.plan_start[k] = n
+        return k
+
+    cdef uint32_t _build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil:
+        """Fill staging for planned slot k going to peer slot ``slot``; append its WRs."""
+        cdef char *st = self.staging + <size_t>slot * self.peer_stride
+        cdef rm_slot_hdr *h = <rm_slot_hdr *>st
+        cdef uint32_t i, first = self.plan_start[k], last = self.plan_start[k + 1]
+        cdef uint32_t off, L
+        cdef char *p
+        cdef rm_wr *wr
+        h.seq = self.send_seq
+        h.used = self.plan_used[k]
+        h.count = <uint16_t>(last - first)
+        h.flags = self.plan_flags[k]
+        h.check = ~(<uint32_t>self.send_seq)
+        h.reserved = 0
+        self.send_seq += 1
+        if self.plan_flags[k] == SLOT_PACKED:
+            p = st + SLOT_HEADER
+            for i in range(first, last):
+                L = <uint32_t>self.lens[i]
+                (<uint32_t *>p)[0] = L
+                (<uint32_t *>p)[1] = 0
+                memcpy(p + REC_HDR, self.ptrs[i], L)
+                p += REC_HDR + pad8(L)
+            wr = &self.wrs[nw]
+            wr.wr_id = 0
+            wr.local_addr = <uint64_t>st
+            wr.remote_off = <uint64_t>slot * self.peer_stride
+            wr.length = SLOT_HEADER + self.plan_used[k]
+            wr.lkey = 0
+            wr.rkey = RM_REGION_RING
+            wr.opcode = RM_WR_WRITE
+            wr.flags = 0
+            wr.imm = 0
+            return nw + 1
+        # SINGLE: the payload goes straight from the user's buffer when the provider
+        # can read it (shm), else through the staging slot; the header is inline.
+        L = self.plan_used[k]
+        wr = &self.wrs[nw]
+        wr.wr_id = 0
+        wr.remote_off = <uint64_t>slot * self.peer_stride
+        wr.lkey = 0
+        wr.rkey = RM_REGION_RING
+        wr.opcode = RM_WR_WRITE
+        wr.imm = 0
+        if L == 0:
+            wr.local_addr = <uint64_t>st
+            wr.length = HDR_BYTES
+            wr.flags = RM_WR_INLINE
+            return nw + 1
+        if not self.tp.direct_source:
+            memcpy(st + SLOT_HEADER, self.ptrs[first], L)
+            wr.local_addr = <uint64_t>st
+            wr.length = SLOT_HEADER + L
+            wr.flags = 0
+            return nw + 1
+        wr.local_addr = <uint64_t>self.ptrs[first]
+        wr.remote_off += SLOT_HEADER
+        wr.length = L
+        wr.flags = 0
+        wr = &self.wrs[nw + 1]
+        wr.wr_id = 0
+        wr.local_addr = <uint64_t>st
+        wr.remote_off = <uint64_t>slot * self.peer_stride
+        wr.length = HDR_BYTES
+        wr.lkey = 0
+        wr.rkey = RM_REGION_RING
+        wr.opcode = RM_WR_WRITE
+        wr.flags = RM_WR_INLINE
+        wr.imm = 0
+        return nw + 2
+
+    cdef uint32_t _arrival_wrs(self, uint32_t nw) noexcept nogil:
+        """Append the WRITE(s) of the arrival words that changed (last in the chain)."""
+        cdef uint32_t start, count, first_part
+        cdef rm_wr *wr
+        if not self.sbm.take_dirty(&start, &count):
+            return nw
+        first_part = count
+        if start + count > self.sbm.nwords:
+            first_part = self.sbm.nwords - start
+        wr = &self.wrs[nw]
+        wr.wr_id = 0
+        wr.local_addr = <uint64_t>&self.sbm.arrival[start]
+        wr.remote_off = start * 8
+        wr.length = first_part * 8
+        wr.lkey = 0
+        wr.rkey = RM_REGION_ARRIVAL
+        wr.opcode = RM_WR_WRITE
+        wr.flags = RM_WR_PUBLISH
+        wr.imm = 0
+        nw += 1
+        if first_part < count:
+            wr = &self.wrs[nw]
+            wr[0] = self.wrs[nw - 1]
+            wr.local_addr = <uint64_t>&self.sbm.arrival[0]
+            wr.remote_off = 0
+            wr.length = (count - first_part) * 8
+            nw += 1
+        return nw
+
+    cdef int _post_slots(self, uint32_t k0, uint32_t got) noexcept nogil:
+        """Post planned slots k0..k0+got (already allocated into alloc_tmp) as one
+        chain: slot writes, then arrival words; only the last WR is signaled."""
+        cdef uint32_t j, nw = 0
+        cdef int rc, polled
+        for j in range(got):
+            nw = self._build_slot(k0 + j, self.alloc_tmp[j], nw)
+        nw = self._arrival_wrs(nw)
+        if self.ack:
+            for j in range(nw):
+                self.wrs[j].flags |= RM_WR_SIGNALED
+        self.wrs[nw - 1].flags |= RM_WR_SIGNALED
+        self.batch_posted += 1
+        self.wrs[nw - 1].wr_id = self.batch_posted
+        rm_spin_lock(&self.spin)
+        rc = self.tp.post(self.wrs, nw)
+        rm_spin_unlock(&self.spin)
+        if rc != 0:
+            return rc
+        self._reap()
+        rm_fence_seq_cst()
+        if rm_load_acquire64(&self.ctrl[CTRL_RX_SLEEP]):
+            self.tp.wake_peer()
+        return 0
+
+    cdef void _reap(self) noexcept nogil:
+        cdef int i, k
+        while True:
+            k = self.tp.poll(self.wcs, 64)
+            if k <= 0:
+                return
+            for i in range(k):
+                if self.wcs[i].status != 0:
+                    self.peer_gone = True
+                if self.wcs[i].wr_id > self.batch_done:
+                    self.batch_done = self.wcs[i].wr_id
+
+    cdef bint _poll_done(self, uint64_t batch) noexcept:
+        if self.batch_done < batch:
+            with nogil:
+                self._reap()
+        return self.batch_done >= batch
+
+    cdef int _wait_credit(self, int64_t until) noexcept nogil:
+        """Spin, then sleep, until a slot is free (1), ``until`` passes (0), or the
+        peer goes (<0). While asleep a flag in the peer's control words asks it to
+        write its reclaim words back now."""
+        cdef int64_t t = now_ns(), spin_end = t + self.spin_ns, next_check = t + PEER_CHECK_NS
+        cdef int st, r
+        cdef uint32_t i
+        self.n_credit_waits += 1
+        while True:
+            if self.sbm.count_free():
+                return 1
+            for i in range(64):
+                rm_cpu_relax()
+            t = now_ns()
+            if t >= next_check:
+                st = self._peer_status()
+                if st < 0:
+                    return st
+                next_check = t + PEER_CHECK_NS
+            if t >= spin_end or t >= until:
+                break
+        rm_spin_lock(&self.spin)
+        if not self.credit_flag_set:
+            self._put_word(RM_REGION_CTRL, CTRL_CREDIT_WAIT, &self.one_word)
+            self.credit_flag_set = True
+        rm_spin_unlock(&self.spin)
+        rm_fence_seq_cst()
+        self.tp.wake_peer()
+        while True:
+            if self.sbm.count_free():
+                r = 1
+                break
+            st = self._peer_status()
+            if st < 0:
+                r = st
+                break
+            t = now_ns()
+            if t >= until:
+                r = 0
+                break
+            self.tp.n_sleeps += 1
+            st = self.tp.wait(<int>((until - t) // 1000000) + 1)
+            if st < 0 and st != RM_ERR_CLOSED:
+                st = self._peer_status()
+                if st < 0:
+                    r = st
+                    break
+        self._clear_credit_flag()
+        return r
+
+    cdef void _clear_credit_flag(self) noexcept nogil:
+        rm_spin_lock(&self.spin)
+        if self.credit_flag_set:
+            self._put_word(RM_REGION_CTRL, CTRL_CREDIT_WAIT, &self.zero_word)
+            self.credit_flag_set = False
+        rm_spin_unlock(&self.spin)
+
+    cdef int _lock(self, PyThread_type_lock lock) except -1:
+        if not PyThread_acquire_lock(lock, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(lock, WAIT_LOCK)
+        return 0
+
+    def send_batch(self, msgs, timeout=None) -> SendHandle:
+        """Send every message of ``msgs`` (bytes-like objects, numpy arrays, ...) in
+        order, as few chained work-request lists as the free slots allow.
+
+        Either the whole batch is accepted or, on a bad item (``TypeError``) or an
+        oversized one (``MessageTooLarge``), nothing is sent. If the ring stays full
+        past ``timeout``, :class:`Timeout` says how many messages went (``.sent``)."""
+        cdef object fast
+        cdef Py_ssize_t n
+        cdef int64_t deadline
+        cdef uint32_t nplan, k = 0, got, want
+        cdef int rc, st
+        cdef SendHandle h
+        if isinstance(msgs, (bytes, bytearray, memoryview, str)):
+            raise TypeError("send_batch takes an iterable of messages; use send() for one")
+        fast = msgs if type(msgs) is tuple else tuple(msgs)
+        n = PySequence_Fast_GET_SIZE(fast)
+        self._check_usable()
+        if n >= 0xFFFF0000:
+            raise ValueError("batch too large")
+        deadline = _deadline(timeout)
+        if self.peer_gone or rm_load_acquire64(&self.ctrl[CTRL_CLOSED]):
+            self._raise_peer(self._peer_status(), "send")
+        self._lock(self.send_lock)
+        try:
+            self._grow(<uint32_t>n + 1)
+            self._acquire(fast, n)
+            try:
+                with nogil:
+                    nplan = self._plan(<uint32_t>n)
+                while k < nplan:
+                    with nogil:
+                        want = 1 if self.ack else nplan - k
+                        got = self.sbm.alloc(want, self.alloc_tmp)
+                        rc = 0
+                        if got:
+                            rc = self._post_slots(k, got)
+                    if rc != 0:
+                        self.peer_gone = True
+                        self._raise_peer(RM_ERR_PEER_LOST, f"post failed ({rc})")
+                    if got:
+                        k += got
+                        continue
+                    # ring full: wait for reclaim bits, a slice at a time (signals)
+                    with nogil:
+                        st = self._wait_credit(self._slice_end(deadline))
+                    if st < 0:
+                        self._raise_peer(st, "waiting for free slots")
+                    if st == 0:
+                        PyErr_CheckSignals()
+                        if deadline and now_ns() >= deadline:
+                            raise Timeout(
+                                f"ring full for the whole timeout; {self.plan_start[k]} of "
+                                f"{n} messages sent", sent=self.plan_start[k])
+            finally:
+                self._release_bufs(n)
+            self._count_sent(n, nplan)
+        finally:
+            PyThread_release_lock(self.send_lock)
+        h = SendHandle.__new__(SendHandle)
+        h.eng = self
+        h.batch = self.batch_posted
+        h.count = n
+        return h
+
+    cdef void _count_sent(self, Py_ssize_t n, uint32_t nplan) noexcept:
+        cdef Py_ssize_t i
+        cdef uint64_t total = 0
+        for i in range(n):
+            total += self.lens[i]
+        self.n_msgs_sent += n
+        self.n_bytes_sent += total
+        self.n_slots_sent += nplan
+        self.n_batches += 1
+
+    cdef int64_t _slice_end(self, int64_t deadline) noexcept nogil:
+        cdef int64_t t = now_ns() + SLICE_NS
+        if deadline and deadline < t:
+            return deadline
+        return t
+
+    def send(self, msg, timeout=None) -> SendHandle:
+        """Send one message (a batch of one)."""
+        return self.send_batch((msg,), timeout)
+
+    # ---- receiving ----------------------------------------------------------------
+
+    cdef int _fail(self, str why) except -1:
+        self.broken = why
+        raise ProtocolError(why)
+
+    cdef int _fill_ready(self) except -1:
+        """Move arrived slots, in sequence order, to the ready queue."""
+        cdef uint32_t k, i, j, s, d, delivered = 0
+        cdef rm_slot_hdr *h
+        cdef uint64_t seq
+        cdef uint32_t check
+        cdef int64_t t
+        k = self.rbm.pending(self.pend, self.nslots)
+        if k == 0:
+            self.gap_since = 0
+            return 0
+        for j in range(k):
+            s = self.pend[j]
+            h = <rm_slot_hdr *>(self.ring + <size_t>s * self.stride)
+            seq = (<volatile uint64_t *>&h.seq)[0]
+            check = (<volatile uint32_t *>&h.check)[0]
+            d = <uint32_t>(seq - self.recv_seq) if seq - self.recv_seq < self.nslots else NONE
+            if d == NONE or check != <uint32_t>~(<uint32_t>seq) or self.order[d] != NONE:
+                for i in range(j):
+                    self.order[self.pend_d[i]] = NONE
+                self._fail(f"slot {s} carries sequence number {seq} (check {check:#x}); "
+                           f"expected one of {self.recv_seq}..{self.recv_seq + self.nslots - 1}, "
+                           f"each once")
+            self.order[d] = s
+            self.pend_d[j] = d
+        while delivered < self.nslots and self.order[delivered] != NONE:
+            s = self.order[delivered]
+            self.ready[(self.ready_head + self.ready_len) % self.nslots] = s
+            self.ready_len += 1
+            self.rbm.consume(s)
+            delivered += 1
+        for j in range(k):
+            self.order[self.pend_d[j]] = NONE
+        self.recv_seq += delivered
+        if delivered:
+            self.gap_since = 0
+        else:
+            t = now_ns()
+            if self.gap_since == 0:
+                self.gap_since = t
+            elif t - self.gap_since > self.gap_timeout_ns:
+                self._fail(f"sequence number {self.recv_seq} never arrived while later "
+                           f"slots did")
+        return delivered
+
+    cdef int _open_slot(self) except -1:
+        cdef uint32_t s = self.ready[self.ready_head]
+        cdef rm_slot_hdr h = (<rm_slot_hdr *>(self.ring + <size_t>s * self.stride))[0]
+        self.ready_head = (self.ready_head + 1) % self.nslots
+        self.ready_len -= 1
+        if h.used > self.slot_size or h.count == 0 or not (
+                (h.flags == SLOT_SINGLE and h.count == 1)
+                or (h.flags == SLOT_PACKED and <uint64_t>h.count * REC_HDR <= h.used)):
+            self._fail(f"slot {s} (seq {h.seq}) has a malformed header: used={h.used} "
+                       f"count={h.count} flags={h.flags}")
+        self.cur_slot = s
+        self.cur_left = h.count
+        self.cur_off = 0
+        self.cur_used = h.used
+        self.cur_flags = h.flags
+        self.slot_refs[s] = h.count
+        return 0
+
+    cdef Py_ssize_t _deliver(self, list out, Py_ssize_t maxn) except -1:
+        cdef Py_ssize_t got = 0
+        cdef char *base
+        cdef uint32_t L
+        cdef Message m
+        while got < maxn:
+            if self.cur_left == 0:
+                if self.ready_len == 0:
+                    self._fill_ready()
+                    if self.ready_len == 0:
+                        break
+                self._open_slot()
+            base = self.ring + <size_t>self.cur_slot * self.stride + SLOT_HEADER
+            if self.cur_flags == SLOT_SINGLE:
+                L = self.cur_used
+            else:
+                if self.cur_off + REC_HDR > self.cur_used:
+                    self._fail(f"slot {self.cur_slot}: record {self.cur_off} past used bytes")
+                L = (<volatile uint32_t *>(base + self.cur_off))[0]
+                if L > self.cur_used - self.cur_off - REC_HDR:
+                    self._fail(f"slot {self.cur_slot}: record of {L} bytes overruns the slot")
+                base += self.cur_off + REC_HDR
+                self.cur_off += REC_HDR + pad8(L)
+            m = Message.__new__(Message)
+            m.eng = self
+            m.ptr = base
+            m.length = L
+            m.slot = self.cur_slot
+            out.append(m)
+            self.cur_left -= 1
+            self.n_msgs_recv += 1
+            self.n_bytes_recv += L
+            got += 1
+            if self.cur_left == 0:
+                self.n_slots_recv += 1
+        return got
+
+    cdef bint _has_arrivals(self) noexcept nogil:
+        return self.cur_left != 0 or self.ready_len != 0 or self.rbm.pending(self.pend, 1) != 0
+
+    cdef int _wait_arrival(self, int64_t until) noexcept nogil:
+        """Spin, then sleep, until something arrived (1), ``until`` passes (0), or
+        the peer goes (<0). Before sleeping, unflushed releases are written back and
+        a flag in the peer's control words asks it to wake us after publishing."""
+        cdef int64_t t = now_ns(), spin_end = t + self.spin_ns, next_check = t + PEER_CHECK_NS
+        cdef int st, r
+        cdef uint32_t i
+        while True:
+            if self._has_arrivals():
+                return 1
+            if rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT]) and self.rbm.unflushed:
+                self._flush()
+            for i in range(32):
+                rm_cpu_relax()
+            t = now_ns()
+            if t >= next_check:
+                st = self._peer_status()
+                if st < 0:
+                    return 1 if self._has_arrivals() else st
+                next_check = t + PEER_CHECK_NS
+            if t >= spin_end or t >= until:
+                break
+        self.n_arrival_waits += 1
+        rm_spin_lock(&self.spin)
+        if self.rbm.unflushed:
+            self._flush_locked()
+        self._put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.one_word)
+        self.sleep_flag_set = True
+        rm_spin_unlock(&self.spin)
+        rm_fence_seq_cst()
+        while True:
+            if self._has_arrivals():
+                r = 1
+                break
+            st = self._peer_status()
+            if st < 0:
+                r = 1 if self._has_arrivals() else st
+                break
+            t = now_ns()
+            if t >= until:
+                r = 0
+                break
+            if rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT]) and self.rbm.unflushed:
+                self._flush()
+            self.tp.n_sleeps += 1
+            self.tp.wait(<int>((until - t) // 1000000) + 1)
+        rm_spin_lock(&self.spin)
+        self._put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.zero_word)
+        self.sleep_flag_set = False
+        rm_spin_unlock(&self.spin)
+        return r
+
+    def recv_batch(self, max_messages=None, timeout=None) -> list:
+        """Return the messages that have arrived (at least one, at most
+        ``max_messages``), waiting up to ``timeout`` seconds for the first.
+
+        ``timeout=0`` polls; ``None`` waits until a message, a clean close of the peer
+        (:class:`ChannelClosed`) or its loss (:class:`PeerLost`). Messages that arrived
+        before the peer went are still delivered first."""
+        cdef Py_ssize_t maxn
+        cdef int64_t deadline
+        cdef int st
+        cdef list out = []
+        if max_messages is None:
+            maxn = 1 << 40
+        else:
+            maxn = max_messages
+            if maxn <= 0:
+                raise ValueError("max_messages must be positive")
+        if self.broken is not None:
+            raise ProtocolError(self.broken)
+        deadline = _deadline(timeout)
+        self._lock(self.recv_lock)
+        try:
+            while True:
+                if self.broken is not None:
+                    raise ProtocolError(self.broken)
+                if self._deliver(out, maxn):
+                    return out
+                if self.closed:
+                    raise ChannelClosed("channel is closed")
+                if timeout is not None and deadline <= now_ns():
+                    st = self._peer_status()
+                    if st < 0:
+                        self._raise_peer(st, "receive")
+                    raise Timeout("no message within the timeout")
+                with nogil:
+                    st = self._wait_arrival(self._slice_end(deadline))
+                if st < 0:
+                    self._raise_peer(st, "receive")
+                if st == 0:
+                    PyErr_CheckSignals()
+        finally:
+            PyThread_release_lock(self.recv_lock)
+
+    def recv(self, timeout=None) -> Message:
+        """Receive one message (see :meth:`recv_batch`)."""
+        return self.recv_batch(1, timeout)[0]
+
+    # ---- lifetime and introspection ------------------------------------------------
+
+    def close(self) -> None:
+        """Close this endpoint; the peer sees :class:`ChannelClosed` once it has
+        received what was sent. Messages already received stay readable."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.tp is None:
+            return
+        with nogil:
+            rm_spin_lock(&self.spin)
+            if not self.peer_gone:
+                if self.rbm.unflushed:
+                    self._flush_locked()
+                self._put_word(RM_REGION_CTRL, CTRL_CLOSED, &self.one_word)
+                rm_fence_seq_cst()
+                self.tp.wake_peer()
+            rm_spin_unlock(&self.spin)
+        self.tp.close()
+
+    def stats(self) -> dict:
+        """Counters of this endpoint; everything that hit the transport is counted."""
+        d = {
+            "messages": self.n_msgs_sent,
+            "batches": self.n_batches,
+            "bytes": self.n_bytes_sent,
+            "slots_sent": self.n_slots_sent,
+            "messages_received": self.n_msgs_recv,
+            "bytes_received": self.n_bytes_recv,
+            "slots_received": self.n_slots_recv,
+            "reclaim_writebacks": self.n_reclaim_wb,
+            "credit_waits": self.n_credit_waits,
+            "arrival_sleeps": self.n_arrival_waits,
+            "free_send_slots": self.sbm.count_free() if self.sbm is not None else 0,
+        }
+        if self.tp is not None:
+            d.update(self.tp.counters())
+        return d
+
+    @property
+    def eager_limit(self) -> int:
+        """Largest message the peer's ring takes (its slot_size)."""
+        return self.peer_slot_size
+
+    def _debug_slot_address(self, uint32_t slot):
+        """Address of my ring's slot header (tests of malformed input only)."""
+        if slot >= self.nslots:
+            raise IndexError(slot)
+        return <size_t>(self.ring + <size_t>slot * self.stride)

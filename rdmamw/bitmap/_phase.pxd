@@ -1,0 +1,52 @@
+# Phase bitmaps: the arrival / reclaim bookkeeping of one direction of one channel.
+# The engine (rdmamw/_core.pyx) cimports these; the tests drive them through their
+# def-methods side by side with the pure-Python model in rdmamw/bitmap/model.py.
+from libc.stdint cimport uint32_t, uint64_t
+
+cdef extern from "rm_atomics.h" nogil:
+    uint64_t rm_load_acquire64(const uint64_t *p)
+    void rm_store_release64(uint64_t *p, uint64_t v)
+    uint32_t rm_load_acquire32(const uint32_t *p)
+    void rm_store_release32(uint32_t *p, uint32_t v)
+    void rm_fence_seq_cst()
+    void rm_cpu_relax()
+    void rm_spin_lock(int *l)
+    void rm_spin_unlock(int *l)
+    int rm_ctz64(uint64_t v)
+    int rm_popcount64(uint64_t v)
+    uint64_t rm_tail_mask(uint32_t nbits)
+
+
+cdef class SendBitmaps:
+    """Sender side: owns the truth of the arrival bitmap, reads the peer-written reclaim."""
+    cdef uint64_t *arrival          # shadow of the peer's arrival bitmap (we are its only writer)
+    cdef uint64_t *reclaim          # written by the receiver (registered memory, or our own)
+    cdef object _reclaim_owner      # keeps a Python-supplied reclaim buffer alive
+    cdef readonly uint32_t nslots
+    cdef readonly uint32_t nwords
+    cdef uint32_t cursor            # word where the next allocation search starts
+    cdef uint32_t dirty_start       # circular span of arrival words changed since take_dirty
+    cdef uint32_t dirty_count
+    cdef uint64_t last_mask         # valid bits of the last word
+
+    cdef uint32_t alloc(self, uint32_t n, uint32_t *out) noexcept nogil
+    cdef uint32_t count_free(self) noexcept nogil
+    cdef bint take_dirty(self, uint32_t *start, uint32_t *count) noexcept nogil
+
+
+cdef class RecvBitmaps:
+    """Receiver side: reads the peer-written arrival bitmap, owns the truth of reclaim."""
+    cdef uint64_t *arrival          # written by the sender (registered memory, or our own)
+    cdef object _arrival_owner
+    cdef uint64_t *consumed         # arrival phase already delivered, per slot
+    cdef uint64_t *reclaim          # shadow of the sender's reclaim bitmap (we are its only writer)
+    cdef readonly uint32_t nslots
+    cdef readonly uint32_t nwords
+    cdef uint64_t last_mask
+    cdef readonly uint32_t unflushed  # releases not yet written back
+    cdef uint32_t dirty_lo, dirty_hi  # reclaim words changed since take_dirty: [lo, hi)
+
+    cdef uint32_t pending(self, uint32_t *out, uint32_t maxn) noexcept nogil
+    cdef void consume(self, uint32_t slot) noexcept nogil
+    cdef void release(self, uint32_t slot) noexcept nogil
+    cdef bint take_dirty(self, uint32_t *lo, uint32_t *hi) noexcept nogil

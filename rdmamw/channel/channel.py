@@ -1,0 +1,101 @@
+"""The public Channel and Listener: a thin Pythonic layer over the Cython engine."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rdmamw._core import Engine
+from rdmamw.channel.address import split_address
+from rdmamw.providers import Connected, provider
+
+#: Defaults for the ring this endpoint receives on. 128 slots of 64 KiB: 8 MiB per
+#: endpoint, eager messages up to 64 KiB, a batch of 256 x 8 B fits in one slot.
+DEFAULT_SLOTS = int(os.environ.get("RDMAMW_SLOTS", 128))
+DEFAULT_SLOT_SIZE = int(os.environ.get("RDMAMW_SLOT_SIZE", 65536))
+DEFAULT_SPIN_US = float(os.environ.get("RDMAMW_SPIN_US", 100.0))
+DEFAULT_OPEN_TIMEOUT = 30.0
+MODES = ("batched", "ack")
+
+
+class Channel(Engine):
+    """A bidirectional, ordered, reliable message channel to one peer.
+
+    Open one with :meth:`Channel.open` or :meth:`Listener.accept`. ``send_batch`` /
+    ``send`` / ``recv_batch`` / ``recv`` / ``stats`` / ``close`` come from the Cython
+    engine (rdmamw/_core.pyx) and run without per-call Python overhead."""
+
+    peer: str
+
+    @classmethod
+    def open(cls, peer: str, *, mode: str = "batched", timeout: float | None = None,
+             slots: int = DEFAULT_SLOTS, slot_size: int = DEFAULT_SLOT_SIZE,
+             spin_us: float = DEFAULT_SPIN_US) -> Channel:
+        """Connect to ``peer`` (``"shm://NAME"``), retrying while nobody listens yet.
+
+        ``mode="batched"`` is the bitmap protocol; ``mode="ack"`` the per-message
+        acknowledged baseline. ``slots`` x ``slot_size`` is the ring *this* side
+        receives on; the peer's ``slot_size`` is the largest message we can send.
+        ``timeout=None`` means 30 s for the connection to be made."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        scheme, where = split_address(peer)
+        t = DEFAULT_OPEN_TIMEOUT if timeout is None else float(timeout)
+        conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
+                                        slot_size=slot_size)
+        return _make(cls, conn, spin_us)
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<Channel {getattr(self, 'peer', '?')} mode={self.mode} {state}>"
+
+
+def _make(cls: type[Channel], conn: Connected, spin_us: float) -> Channel:
+    ch = cls()
+    try:
+        ch._setup(conn.transport, conn.slots, conn.slot_size, conn.peer_slots,
+                  conn.peer_slot_size, conn.mode, spin_us)
+    except BaseException:
+        conn.transport.close()
+        raise
+    ch.peer = conn.peer
+    return ch
+
+
+class Listener:
+    """Accepts channels at an address; see :func:`rdmamw.listen`."""
+
+    def __init__(self, address: str, *, slots: int = DEFAULT_SLOTS,
+                 slot_size: int = DEFAULT_SLOT_SIZE, spin_us: float = DEFAULT_SPIN_US) -> None:
+        scheme, where = split_address(address)
+        self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)
+        self._spin_us = spin_us
+        self.address = address
+
+    def accept(self, timeout: float | None = None) -> Channel:
+        """Wait for one peer (up to ``timeout`` s, None = forever) and return its Channel;
+        the mode is the one the opener asked for."""
+        return _make(Channel, self._impl.accept(timeout), self._spin_us)
+
+    def close(self) -> None:
+        self._impl.close()
+
+    def __enter__(self) -> Listener:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Listener {self.address}>"
+
+
+def listen(address: str, **ring: Any) -> Listener:
+    """Listen at ``address`` (``"shm://NAME"``); ``ring`` takes slots, slot_size, spin_us."""
+    return Listener(address, **ring)

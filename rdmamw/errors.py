@@ -1,0 +1,56 @@
+"""Typed errors. Every failure a user can meet is one of these, raised within a
+bounded time; all derive from :class:`RdmamwError`."""
+
+from __future__ import annotations
+
+
+class RdmamwError(Exception):
+    """Base of every rdmamw error."""
+
+
+class PeerLost(RdmamwError, ConnectionError):
+    """The peer process died or its connection broke without a clean close."""
+
+
+class PeerNotFound(RdmamwError, ConnectionError):
+    """Nobody listens at the address (within the open timeout)."""
+
+
+class ChannelClosed(RdmamwError):
+    """The channel was closed, by this side or cleanly by the peer."""
+
+
+class Timeout(RdmamwError, TimeoutError):
+    """A blocking call reached its timeout.
+
+    For ``send_batch``, ``sent`` tells how many of the batch's messages were sent
+    before the timeout (they will be delivered; the rest were not sent)."""
+
+    def __init__(self, message: str, sent: int = 0) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class MessageTooLarge(RdmamwError, ValueError):
+    """A message is larger than the peer's eager slot; nothing of the batch was sent."""
+
+
+class ProtocolError(RdmamwError):
+    """The peer wrote something that breaks the wire protocol (bad header, bad
+    sequence number, bad descriptor). The channel is unusable afterwards."""
+
+
+class ProviderUnavailable(RdmamwError):
+    """The requested transport cannot run here (for example no RDMA device)."""
+
+
+__all__ = [
+    "ChannelClosed",
+    "MessageTooLarge",
+    "PeerLost",
+    "PeerNotFound",
+    "ProtocolError",
+    "ProviderUnavailable",
+    "RdmamwError",
+    "Timeout",
+]
