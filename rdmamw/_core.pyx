@@ -176,6 +176,7 @@ cdef class SendHandle:
 
 
 @cython.freelist(1024)
+@cython.no_gc
 @cython.final
 cdef class Message:
     """A received message: a read-only, zero-copy view of its bytes in the ring.
@@ -232,9 +233,13 @@ cdef class Message:
         return False
 
     def __dealloc__(self):
-        if not self.rel and self.eng is not None:
+        cdef Engine eng = self.eng
+        if not self.rel and eng is not None:
             self.rel = True
-            self.eng._release_one(self.slot)
+            if eng.slot_refs[self.slot] > 1:     # fast path: not the slot's last message
+                eng.slot_refs[self.slot] -= 1
+            else:
+                eng._release_one(self.slot)
 
     def __repr__(self):
         state = "released" if self.rel else f"slot={self.slot}"
@@ -305,6 +310,7 @@ cdef class Engine:
     cdef uint32_t cur_used
     cdef uint16_t cur_flags
     cdef int64_t gap_since
+    cdef uint32_t max_open
     cdef int64_t gap_timeout_ns
 
     # tuning
@@ -379,6 +385,7 @@ cdef class Engine:
             raise MemoryError()
         memset(self.order, 0xFF, 4 * nslots)
         memset(self.slot_refs, 0, 4 * nslots)
+        self.max_open = max(1, nslots // 2)
         self.flush_threshold = max(1, <uint32_t>(nslots * flush_fraction))
         if self.ack:
             self.flush_threshold = 1
@@ -449,6 +456,15 @@ cdef class Engine:
             self.peer_gone = True
             return RM_ERR_PEER_LOST
         return RM_OK
+
+    cdef int _raise_post(self, int rc) except -1:
+        if rc == RM_ERR_BOUNDS:
+            self.broken = "a work request fell outside the peer's registered regions"
+            raise ProtocolError(self.broken)
+        if rc == RM_ERR_CLOSED and self.closed:
+            raise ChannelClosed("channel was closed during the send")
+        self.peer_gone = True
+        raise PeerLost(f"the transport failed the post ({rc})")
 
     cdef int _raise_peer(self, int st, str where) except -1:
         if st == RM_ERR_CLOSED:
@@ -723,14 +739,16 @@ cdef class Engine:
                 self._reap()
         return self.batch_done >= batch
 
-    cdef int _wait_credit(self, int64_t until) noexcept nogil:
+    cdef int _wait_credit(self, int64_t until, bint spin) noexcept nogil:
         """Spin, then sleep, until a slot is free (1), ``until`` passes (0), or the
         peer goes (<0). While asleep a flag in the peer's control words asks it to
         write its reclaim words back now."""
-        cdef int64_t t = now_ns(), spin_end = t + self.spin_ns, next_check = t + PEER_CHECK_NS
+        cdef int64_t t = now_ns(), spin_end = t + (self.spin_ns if spin else 0)
+        cdef int64_t next_check = t + PEER_CHECK_NS
         cdef int st, r
         cdef uint32_t i
-        self.n_credit_waits += 1
+        if spin:
+            self.n_credit_waits += 1
         while True:
             if self.sbm.count_free():
                 return 1
@@ -797,6 +815,7 @@ cdef class Engine:
         cdef Py_ssize_t n
         cdef int64_t deadline
         cdef uint32_t nplan, k = 0, got, want
+        cdef bint first_wait = True
         cdef int rc, st
         cdef SendHandle h
         if isinstance(msgs, (bytes, bytearray, memoryview, str)):
@@ -824,14 +843,15 @@ cdef class Engine:
                         if got:
                             rc = self._post_slots(k, got)
                     if rc != 0:
-                        self.peer_gone = True
-                        self._raise_peer(RM_ERR_PEER_LOST, f"post failed ({rc})")
+                        self._raise_post(rc)
                     if got:
                         k += got
+                        first_wait = True
                         continue
                     # ring full: wait for reclaim bits, a slice at a time (signals)
                     with nogil:
-                        st = self._wait_credit(self._slice_end(deadline))
+                        st = self._wait_credit(self._slice_end(deadline), first_wait)
+                    first_wait = False
                     if st < 0:
                         self._raise_peer(st, "waiting for free slots")
                     if st == 0:
@@ -943,10 +963,15 @@ cdef class Engine:
     cdef Py_ssize_t _deliver(self, list out, Py_ssize_t maxn) except -1:
         cdef Py_ssize_t got = 0
         cdef char *base
-        cdef uint32_t L
+        cdef uint32_t L, opened = 0
         cdef Message m
         while got < maxn:
             if self.cur_left == 0:
+                # at most half the ring per call: a caller that still holds the previous
+                # list while waiting for the next one never starves the sender
+                if opened >= self.max_open:
+                    break
+                opened += 1
                 if self.ready_len == 0:
                     self._fill_ready()
                     if self.ready_len == 0:
@@ -980,11 +1005,12 @@ cdef class Engine:
     cdef bint _has_arrivals(self) noexcept nogil:
         return self.cur_left != 0 or self.ready_len != 0 or self.rbm.pending(self.pend, 1) != 0
 
-    cdef int _wait_arrival(self, int64_t until) noexcept nogil:
+    cdef int _wait_arrival(self, int64_t until, bint spin) noexcept nogil:
         """Spin, then sleep, until something arrived (1), ``until`` passes (0), or
         the peer goes (<0). Before sleeping, unflushed releases are written back and
         a flag in the peer's control words asks it to wake us after publishing."""
-        cdef int64_t t = now_ns(), spin_end = t + self.spin_ns, next_check = t + PEER_CHECK_NS
+        cdef int64_t t = now_ns(), spin_end = t + (self.spin_ns if spin else 0)
+        cdef int64_t next_check = t + PEER_CHECK_NS
         cdef int st, r
         cdef uint32_t i
         while True:
@@ -1034,7 +1060,8 @@ cdef class Engine:
 
     def recv_batch(self, max_messages=None, timeout=None) -> list:
         """Return the messages that have arrived (at least one, at most
-        ``max_messages``), waiting up to ``timeout`` seconds for the first.
+        ``max_messages``, from at most half the ring's slots), waiting up to
+        ``timeout`` seconds for the first.
 
         ``timeout=0`` polls; ``None`` waits until a message, a clean close of the peer
         (:class:`ChannelClosed`) or its loss (:class:`PeerLost`). Messages that arrived
@@ -1042,6 +1069,7 @@ cdef class Engine:
         cdef Py_ssize_t maxn
         cdef int64_t deadline
         cdef int st
+        cdef bint first_wait = True
         cdef list out = []
         if max_messages is None:
             maxn = 1 << 40
@@ -1067,7 +1095,8 @@ cdef class Engine:
                         self._raise_peer(st, "receive")
                     raise Timeout("no message within the timeout")
                 with nogil:
-                    st = self._wait_arrival(self._slice_end(deadline))
+                    st = self._wait_arrival(self._slice_end(deadline), first_wait)
+                first_wait = False
                 if st < 0:
                     self._raise_peer(st, "receive")
                 if st == 0:
@@ -1129,3 +1158,22 @@ cdef class Engine:
         if slot >= self.nslots:
             raise IndexError(slot)
         return <size_t>(self.ring + <size_t>slot * self.stride)
+
+    def _debug_state(self) -> dict:
+        """Internal counters and words, for diagnosing a stuck channel."""
+        cdef uint32_t i, held = 0
+        for i in range(self.nslots):
+            if self.slot_refs[i]:
+                held += 1
+        return {
+            "send_seq": self.send_seq, "recv_seq": self.recv_seq,
+            "unflushed": self.rbm.unflushed, "slots_held": held,
+            "ready_len": self.ready_len, "cur_left": self.cur_left,
+            "pending": len(self.rbm.pending_slots()),
+            "free_send_slots": self.sbm.count_free(),
+            "ctrl": [self.ctrl[0], self.ctrl[8], self.ctrl[16]],
+            "arrival": list(self.rbm.arrival_words), "consumed": list(self.rbm.consumed_words),
+            "reclaim_shadow": list(self.rbm.reclaim_words),
+            "send_arrival_shadow": list(self.sbm.arrival_words),
+            "send_reclaim_seen": list(self.sbm.reclaim_words),
+        }

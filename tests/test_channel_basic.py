@@ -1,0 +1,225 @@
+"""Behaviour of the channel API on the shm provider, in both modes."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import rdmamw
+from tests.conftest import make_pair
+
+
+def recv_all(ch, n, timeout=5.0):
+    out = []
+    while len(out) < n:
+        for m in ch.recv_batch(timeout=timeout):
+            out.append(bytes(m))
+            m.release()
+    return out
+
+
+def test_send_recv_one(pair):
+    a, b = pair
+    a.send(b"hello").wait(timeout=5)
+    m = b.recv(timeout=5)
+    assert bytes(m) == b"hello" and len(m) == 5
+    m.release()
+
+
+def test_batch_of_mixed_buffers_keeps_order(pair):
+    a, b = pair
+    arr = np.arange(100, dtype=np.float64)
+    msgs = [b"a", bytearray(b"bb"), memoryview(b"ccc"), arr, b"", b"x" * 3000, b"tail"]
+    h = a.send_batch(msgs)
+    h.wait(timeout=5)
+    assert h.done() and h.count == len(msgs)
+    got = recv_all(b, len(msgs))
+    assert got == [bytes(memoryview(x)) for x in msgs]
+
+
+def test_both_directions_at_once(pair):
+    a, b = pair
+    a.send_batch([b"ping%d" % i for i in range(10)])
+    b.send_batch([b"pong%d" % i for i in range(10)])
+    assert recv_all(b, 10) == [b"ping%d" % i for i in range(10)]
+    assert recv_all(a, 10) == [b"pong%d" % i for i in range(10)]
+
+
+def test_many_laps_exactly_once_in_order(mode):
+    """Far more messages than slots, random-ish sizes, a reader thread: every message
+    arrives once and in order across hundreds of ring laps."""
+    a, b, lst = make_pair(mode, slots=8, slot_size=512)
+    total = 4000 if mode == "batched" else 1500
+    sizes = [(i * 37) % 500 for i in range(total)]
+    got = []
+
+    def reader():
+        while len(got) < total:
+            for m in b.recv_batch(timeout=10):
+                got.append(bytes(m))
+                m.release()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    i = 0
+    while i < total:
+        k = min(total - i, 1 + i % 23)
+        a.send_batch([j.to_bytes(4, "little") + b"z" * max(0, sizes[j] - 4)
+                      for j in range(i, i + k)])
+        i += k
+    t.join(30)
+    assert len(got) == total
+    for j, g in enumerate(got):
+        assert int.from_bytes(g[:4], "little") == j
+    st = a.stats()
+    assert st["messages"] == total and b.stats()["messages_received"] == total
+    a.close(), b.close(), lst.close()
+
+
+def test_message_buffer_protocol_and_release(pair):
+    a, b = pair
+    arr = np.arange(16, dtype=np.int32)
+    a.send(arr)
+    m = b.recv(timeout=5)
+    view = np.frombuffer(m, dtype=np.int32)
+    assert (view == arr).all()
+    assert not view.flags.writeable
+    with pytest.raises(BufferError):
+        m.release()              # a view is still alive
+    del view
+    m.release()
+    assert m.released
+    with pytest.raises(ValueError):
+        memoryview(m)
+    m.release()                  # idempotent
+
+
+def test_message_context_manager_and_collection_reclaim(mode):
+    a, b, lst = make_pair(mode, slots=4, slot_size=256)
+    for _ in range(20):          # 20 laps of a 4-slot ring: only works if slots return
+        a.send_batch([b"x" * 200] * 4, timeout=5)
+        msgs = b.recv_batch(timeout=5)
+        while len(msgs) < 4:
+            msgs += b.recv_batch(timeout=5)
+        with msgs[0] as m0:
+            assert bytes(m0) == b"x" * 200
+        del msgs, m0             # the rest are reclaimed when collected
+        gc.collect()
+    assert a.stats()["messages"] == 80
+    a.close(), b.close(), lst.close()
+
+
+def test_recv_batch_max_messages(pair):
+    a, b = pair
+    a.send_batch([b"%d" % i for i in range(10)])
+    first = b.recv_batch(max_messages=3, timeout=5)
+    assert [bytes(m) for m in first] == [b"0", b"1", b"2"]
+    rest = recv_all(b, 7)
+    assert rest == [b"%d" % i for i in range(3, 10)]
+    with pytest.raises(ValueError):
+        b.recv_batch(max_messages=0)
+
+
+def test_recv_timeout(pair):
+    _, b = pair
+    with pytest.raises(rdmamw.Timeout):
+        b.recv(timeout=0.05)
+    with pytest.raises(rdmamw.Timeout):
+        b.recv_batch(timeout=0)
+
+
+def test_holding_previous_batch_while_waiting_does_not_stall(mode):
+    """The natural loop `msgs = ch.recv_batch()` keeps the previous list alive during
+    the call; the sender must still make progress."""
+    a, b, lst = make_pair(mode, slots=4, slot_size=128)
+    n = 400
+    got = 0
+
+    def reader():
+        nonlocal got
+        msgs = []
+        while got < n:
+            msgs = b.recv_batch(timeout=10)
+            got += len(msgs)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    for i in range(n):
+        a.send(b"m%d" % i, timeout=10)
+    t.join(20)
+    assert got == n
+    a.close(), b.close(), lst.close()
+
+
+def test_close_drains_then_channel_closed(pair):
+    a, b = pair
+    a.send_batch([b"1", b"2"])
+    a.close()
+    assert recv_all(b, 2) == [b"1", b"2"]
+    with pytest.raises(rdmamw.ChannelClosed):
+        b.recv(timeout=5)
+    with pytest.raises(rdmamw.ChannelClosed):
+        a.send(b"after close")
+    with pytest.raises(rdmamw.ChannelClosed):
+        b.send(b"to a closed peer")
+    a.close()                    # idempotent
+
+
+def test_context_manager_closes(mode):
+    a, b, lst = make_pair(mode)
+    with a, b, lst:
+        a.send(b"x")
+        assert bytes(b.recv(timeout=5)) == b"x"
+    assert a.closed and b.closed
+
+
+def test_stats_counters_batched_vs_ack():
+    res = {}
+    for mode in ("batched", "ack"):
+        a, b, lst = make_pair(mode, slots=64, slot_size=4096)
+        for _ in range(8):
+            a.send_batch([b"12345678"] * 64)
+            recv_all(b, 64)
+        res[mode] = (a.stats(), b.stats())
+        a.close(), b.close(), lst.close()
+    sb, rb = res["batched"]
+    sa, ra = res["ack"]
+    for st in (sb, sa):
+        for key in ("messages", "batches", "bytes", "signaled_completions", "doorbells",
+                    "reclaim_writebacks"):
+            assert key in st
+        assert st["messages"] == 512 and st["bytes"] == 512 * 8 and st["batches"] == 8
+    assert sb["signaled_completions"] == 8                 # one per batch
+    assert sa["signaled_completions"] >= 512               # at least one per message
+    assert sb["doorbells"] - sb["sleeps"] <= 8 + sb["credit_waits"] + 2
+    assert sa["doorbells"] >= 512
+    assert ra["reclaim_writebacks"] >= 512                 # one acknowledgment per message
+    assert rb["reclaim_writebacks"] < 64
+
+
+def test_concurrent_senders_each_keep_order(pair):
+    a, b = pair
+    n = 300
+
+    def send(tag):
+        for i in range(n):
+            a.send(b"%s%d" % (tag, i))
+
+    ts = [threading.Thread(target=send, args=(t,)) for t in (b"A", b"B")]
+    for t in ts:
+        t.start()
+    got = recv_all(b, 2 * n)
+    for t in ts:
+        t.join()
+    for tag in (b"A", b"B"):
+        mine = [int(g[1:]) for g in got if g[:1] == tag]
+        assert mine == list(range(n))
+
+
+def test_repr_and_eager_limit(pair):
+    a, _ = pair
+    assert "shm://" in repr(a)
+    assert a.eager_limit == 4096
