@@ -1169,7 +1169,7 @@ cdef class Engine:
             "send_seq": self.send_seq, "recv_seq": self.recv_seq,
             "unflushed": self.rbm.unflushed, "slots_held": held,
             "ready_len": self.ready_len, "cur_left": self.cur_left,
-            "pending": len(self.rbm.pending_slots()),
+            "pending": self.rbm.pending_slots(),
             "free_send_slots": self.sbm.count_free(),
             "ctrl": [self.ctrl[0], self.ctrl[8], self.ctrl[16]],
             "arrival": list(self.rbm.arrival_words), "consumed": list(self.rbm.consumed_words),

@@ -1,0 +1,245 @@
+"""Bad input gets a clear, typed error and loses nothing."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import rdmamw
+from rdmamw.errors import RdmamwError
+from tests.conftest import make_pair, unique_name
+
+
+def test_error_hierarchy():
+    for cls in (rdmamw.PeerLost, rdmamw.ChannelClosed, rdmamw.Timeout, rdmamw.MessageTooLarge,
+                rdmamw.ProtocolError, rdmamw.PeerNotFound, rdmamw.ProviderUnavailable):
+        assert issubclass(cls, RdmamwError)
+    assert issubclass(rdmamw.Timeout, TimeoutError)
+    assert issubclass(rdmamw.PeerLost, ConnectionError)
+
+
+def test_non_buffer_in_batch_sends_nothing(pair):
+    a, b = pair
+    with pytest.raises(TypeError, match="message 1"):
+        a.send_batch([b"ok", object(), b"never"])
+    with pytest.raises(TypeError):
+        a.send_batch(b"bytes is one message, not a batch")
+    with pytest.raises(TypeError):
+        a.send_batch([np.arange(10)[::2]])          # not contiguous
+    with pytest.raises(rdmamw.Timeout):
+        b.recv(timeout=0.05)                        # nothing was sent
+    a.send(b"still usable")
+    assert bytes(b.recv(timeout=5)) == b"still usable"
+    assert a.stats()["messages"] == 1
+
+
+def test_message_too_large_sends_nothing(pair):
+    a, b = pair
+    limit = a.eager_limit
+    with pytest.raises(rdmamw.MessageTooLarge):
+        a.send_batch([b"small", b"x" * (limit + 1)])
+    with pytest.raises(ValueError):                 # MessageTooLarge is a ValueError too
+        a.send(bytes(limit + 1))
+    a.send_batch([b"y" * limit, b"z" * (limit - 8), b"w"])   # the edges fit
+    got = []
+    while len(got) < 3:
+        got += [bytes(m) for m in b.recv_batch(timeout=5)]
+    assert got == [b"y" * limit, b"z" * (limit - 8), b"w"]
+
+
+def test_open_missing_peer_fails_within_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(rdmamw.PeerNotFound):
+        rdmamw.Channel.open(f"shm://{unique_name('nobody')}", timeout=0.3)
+    assert time.monotonic() - t0 < 2.0
+
+
+@pytest.mark.parametrize("address", ["shm:/x", "nope", "shm://", "", "udp://x"])
+def test_bad_addresses(address):
+    with pytest.raises(ValueError):
+        rdmamw.Channel.open(address, timeout=0.1)
+
+
+def test_planned_providers_say_so():
+    with pytest.raises(rdmamw.ProviderUnavailable):
+        rdmamw.Channel.open("tcp://127.0.0.1:1", timeout=0.1)
+
+
+def test_bad_parameters():
+    with pytest.raises(ValueError):
+        rdmamw.Channel.open("shm://x", mode="fast", timeout=0.1)
+    with pytest.raises(ValueError):
+        rdmamw.listen(f"shm://{unique_name()}", slots=0)
+    with pytest.raises(ValueError):
+        rdmamw.listen(f"shm://{unique_name()}", slot_size=8)
+
+
+def test_listen_twice_is_an_error():
+    name = f"shm://{unique_name()}"
+    with rdmamw.listen(name):
+        with pytest.raises(RdmamwError, match="already"):
+            rdmamw.listen(name)
+
+
+def test_accept_timeout():
+    with rdmamw.listen(f"shm://{unique_name()}") as lst:
+        with pytest.raises(rdmamw.Timeout):
+            lst.accept(timeout=0.05)
+
+
+def test_send_times_out_on_full_ring_and_reports_what_went():
+    a, b, lst = make_pair(slots=2, slot_size=64, peer_slots=2, peer_slot_size=64)
+    with pytest.raises(rdmamw.Timeout) as ei:
+        a.send_batch([b"q" * 60] * 5, timeout=0.2)  # 2 fit, nobody reads
+    assert ei.value.sent == 2
+    got = [bytes(m) for m in b.recv_batch(timeout=5)]
+    got += [bytes(m) for m in b.recv_batch(timeout=5)]
+    assert got == [b"q" * 60] * 2
+    with pytest.raises(rdmamw.Timeout):
+        b.recv(timeout=0.05)
+    a.close(), b.close(), lst.close()
+
+
+# ---- handshake: garbage from a local process ----------------------------------------
+
+def _raw_connect(name: str) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(b"\0rdmamw-shm/" + name.encode())
+    return s
+
+
+@pytest.mark.parametrize("frame", [
+    struct.pack("<I", 5) + b"\xc1\xc1\xc1\xc1\xc1",                   # invalid msgpack
+    struct.pack("<I", 1 << 30),                                         # absurd length
+    struct.pack("<I", 2) + b"\x91\x01",                                 # not a map
+    struct.pack("<I", 4) + b"\x81\xa1v\x07",                            # wrong version
+    b"",                                                                # hang up
+])
+def test_accept_rejects_garbage_handshake(frame):
+    name = unique_name()
+    with rdmamw.listen(f"shm://{name}") as lst:
+        s = _raw_connect(name)
+        s.sendall(frame)
+        s.shutdown(socket.SHUT_WR)
+        with pytest.raises(rdmamw.ProtocolError):
+            lst.accept(timeout=5)
+        s.close()
+        # the listener still works for a proper peer
+        got = {}
+        t = threading.Thread(target=lambda: got.update(ch=lst.accept(timeout=5)))
+        t.start()
+        a = rdmamw.Channel.open(f"shm://{name}", timeout=5)
+        t.join()
+        a.send(b"fine")
+        assert bytes(got["ch"].recv(timeout=5)) == b"fine"
+        a.close(), got["ch"].close()
+
+
+def test_hostile_ring_parameters_rejected():
+    name = unique_name()
+    import msgpack
+    with rdmamw.listen(f"shm://{name}") as lst:
+        s = _raw_connect(name)
+        hello = msgpack.packb({"v": 1, "slots": 1 << 40, "slot_size": 64, "mode": "ack"})
+        s.sendall(struct.pack("<I", len(hello)) + hello)
+        with pytest.raises(rdmamw.ProtocolError):
+            lst.accept(timeout=5)
+        s.close()
+
+
+# ---- corrupted slots in the ring --------------------------------------------------
+
+HDR = struct.Struct("<QIHHII")   # seq, used, count, flags, check, reserved
+
+
+def _poke(addr: int, data: bytes) -> None:
+    ctypes.memmove(addr, data, len(data))
+
+
+def _peek(addr: int, n: int) -> bytes:
+    return ctypes.string_at(addr, n)
+
+
+def _corrupt_header(ch, slot: int, **fields) -> None:
+    addr = ch._debug_slot_address(slot)
+    seq, used, count, flags, check, res = HDR.unpack(_peek(addr, HDR.size))
+    vals = dict(seq=seq, used=used, count=count, flags=flags, check=check, reserved=res)
+    vals.update(fields)
+    if "seq" in fields and "check" not in fields:
+        vals["check"] = ~fields["seq"] & 0xFFFFFFFF
+    _poke(addr, HDR.pack(vals["seq"], vals["used"], vals["count"], vals["flags"],
+                         vals["check"], vals["reserved"]))
+
+
+@pytest.mark.parametrize("fields", [
+    dict(seq=12345),                      # out of the window
+    dict(seq=0, check=0),                 # torn header: check does not match
+    dict(used=1 << 20),                   # larger than the slot
+    dict(count=0),
+    dict(flags=7),
+    dict(count=5000),                     # more records than bytes
+])
+def test_corrupted_header_is_protocol_error(fields):
+    a, b, lst = make_pair(slots=4, slot_size=256)
+    a.send_batch([b"abc", b"defg"])
+    (slot,) = b._debug_state()["pending"]
+    _corrupt_header(b, slot, **fields)
+    with pytest.raises(rdmamw.ProtocolError):
+        b.recv_batch(timeout=1)
+    with pytest.raises(rdmamw.ProtocolError):       # the channel stays failed
+        b.recv_batch(timeout=0)
+    a.close(), b.close(), lst.close()
+
+
+def test_duplicate_sequence_number_is_protocol_error():
+    a, b, lst = make_pair(slots=4, slot_size=256)
+    a.send(b"one")
+    a.send(b"two")
+    s0, s1 = b._debug_state()["pending"]
+    _corrupt_header(b, s1, seq=0)
+    with pytest.raises(rdmamw.ProtocolError):
+        b.recv_batch(timeout=1)
+    a.close(), b.close(), lst.close()
+
+
+def test_record_overrun_is_protocol_error_not_a_wrong_message():
+    a, b, lst = make_pair(slots=4, slot_size=256)
+    a.send_batch([b"abc", b"defg"])
+    (slot,) = b._debug_state()["pending"]
+    addr = b._debug_slot_address(slot) + 64 + 8 + 8          # second record's length
+    _poke(addr, struct.pack("<I", 10_000))
+    got = b.recv_batch(max_messages=1, timeout=1)            # the first record is fine
+    assert bytes(got[0]) == b"abc"
+    with pytest.raises(rdmamw.ProtocolError):
+        b.recv_batch(timeout=1)
+    a.close(), b.close(), lst.close()
+
+
+def test_sequence_gap_that_never_closes_is_protocol_error():
+    a, b, lst = make_pair(slots=4, slot_size=256)
+    a.send(b"one")
+    (slot,) = b._debug_state()["pending"]
+    _corrupt_header(b, slot, seq=1)        # in the window, but seq 0 never comes
+    t0 = time.monotonic()
+    with pytest.raises(rdmamw.ProtocolError, match="never arrived"):
+        while True:
+            b.recv_batch(timeout=5)
+    assert time.monotonic() - t0 < 4.0
+    a.close(), b.close(), lst.close()
+
+
+def test_no_shm_names_ever_created():
+    before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    a, b, lst = make_pair()
+    a.send(b"x")
+    b.recv(timeout=5).release()
+    during = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    a.close(), b.close(), lst.close()
+    assert during == before
