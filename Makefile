@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(VENV)/bin/rdmamw demo
 
 test: $(STAMP)
-	$(VPY) -m ruff check rdmamw tests bench examples
+	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
@@ -31,7 +31,7 @@ bench: $(STAMP)
 	$(VPY) bench/run.py
 
 lint: $(STAMP)
-	$(VPY) -m ruff check rdmamw tests bench examples
+	$(VPY) -m ruff check .
 
 clean:
 	rm -rf build $(VENV) rdmamw/*.c rdmamw/*/*.c rdmamw/*.so rdmamw/*/*.so *.egg-info

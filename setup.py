@@ -24,7 +24,8 @@ DIRECTIVES = {
 
 
 def ext(name: str, *sources: str) -> Extension:
-    return Extension(name, list(sources), include_dirs=["rdmamw/include"], extra_compile_args=CFLAGS)
+    return Extension(name, list(sources), include_dirs=["rdmamw/include"],
+                     extra_compile_args=CFLAGS)
 
 
 extensions = [
