@@ -89,6 +89,7 @@ cdef enum:
 cdef uint32_t NONE = 0xFFFFFFFF
 cdef int64_t SLICE_NS = 50000000        # return to the GIL this often while blocked (signals)
 cdef int64_t PEER_CHECK_NS = 1000000    # ask the provider about the peer this often while spinning
+cdef uint64_t NOGIL_BYTES = 16384       # batches from this size on copy without the GIL
 
 cdef inline int64_t now_ns() noexcept nogil:
     cdef timespec ts
@@ -291,6 +292,7 @@ cdef class Engine:
     cdef uint32_t *plan_used
     cdef uint16_t *plan_flags
     cdef uint32_t cap
+    cdef uint64_t batch_bytes
     cdef uint32_t *alloc_tmp
     cdef rm_wr *wrs
     cdef uint32_t wr_cap
@@ -538,6 +540,7 @@ cdef class Engine:
         cdef Py_ssize_t i
         cdef object item
         cdef size_t limit = self.peer_slot_size
+        self.batch_bytes = 0
         for i in range(n):
             item = <object>items[i]
             if PyBytes_CheckExact(item):
@@ -555,6 +558,7 @@ cdef class Engine:
                 self.held[i] = 1
                 self.ptrs[i] = <char *>self.bufs[i].buf
                 self.lens[i] = <size_t>self.bufs[i].len
+            self.batch_bytes += self.lens[i]
             if self.lens[i] > limit:
                 self._release_bufs(i + 1)
                 raise MessageTooLarge(
@@ -814,9 +818,9 @@ cdef class Engine:
         cdef object fast
         cdef Py_ssize_t n
         cdef int64_t deadline
-        cdef uint32_t nplan, k = 0, got, want
+        cdef uint32_t nplan = 0, k = 0, got
         cdef bint first_wait = True
-        cdef int rc, st
+        cdef int rc = 0, st
         cdef SendHandle h
         if isinstance(msgs, (bytes, bytearray, memoryview, str)):
             raise TypeError("send_batch takes an iterable of messages; use send() for one")
@@ -833,21 +837,17 @@ cdef class Engine:
             self._grow(<uint32_t>n + 1)
             self._acquire(fast, n)
             try:
-                with nogil:
-                    nplan = self._plan(<uint32_t>n)
-                while k < nplan:
+                # tiny batches cost less than a GIL release; big copies run without it
+                if self.batch_bytes >= NOGIL_BYTES:
                     with nogil:
-                        want = 1 if self.ack else nplan - k
-                        got = self.sbm.alloc(want, self.alloc_tmp)
-                        rc = 0
-                        if got:
-                            rc = self._post_slots(k, got)
+                        nplan = self._plan(<uint32_t>n)
+                        k = self._post_available(0, nplan, &rc)
+                else:
+                    nplan = self._plan(<uint32_t>n)
+                    k = self._post_available(0, nplan, &rc)
+                while k < nplan or rc:
                     if rc != 0:
                         self._raise_post(rc)
-                    if got:
-                        k += got
-                        first_wait = True
-                        continue
                     # ring full: wait for reclaim bits, a slice at a time (signals)
                     with nogil:
                         st = self._wait_credit(self._slice_end(deadline), first_wait)
@@ -860,6 +860,12 @@ cdef class Engine:
                             raise Timeout(
                                 f"ring full for the whole timeout; {self.plan_start[k]} of "
                                 f"{n} messages sent", sent=self.plan_start[k])
+                        continue
+                    with nogil:
+                        got = self._post_available(k, nplan, &rc)
+                    if got > k:
+                        first_wait = True
+                    k = got
             finally:
                 self._release_bufs(n)
             self._count_sent(n, nplan)
@@ -871,13 +877,24 @@ cdef class Engine:
         h.count = n
         return h
 
+    cdef uint32_t _post_available(self, uint32_t k, uint32_t nplan, int *rc) noexcept nogil:
+        """Post planned slots from k on while free slots last; return the new k."""
+        cdef uint32_t got, want
+        rc[0] = 0
+        while k < nplan:
+            want = 1 if self.ack else nplan - k
+            got = self.sbm.alloc(want, self.alloc_tmp)
+            if got == 0:
+                break
+            rc[0] = self._post_slots(k, got)
+            if rc[0] != 0:
+                break
+            k += got
+        return k
+
     cdef void _count_sent(self, Py_ssize_t n, uint32_t nplan) noexcept:
-        cdef Py_ssize_t i
-        cdef uint64_t total = 0
-        for i in range(n):
-            total += self.lens[i]
         self.n_msgs_sent += n
-        self.n_bytes_sent += total
+        self.n_bytes_sent += self.batch_bytes
         self.n_slots_sent += nplan
         self.n_batches += 1
 

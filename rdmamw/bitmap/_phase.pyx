@@ -14,7 +14,7 @@ from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 
 
-cdef uint64_t *_borrow_words(object buf, uint32_t nwords, const char *what) except NULL:
+cdef uint64_t *_borrow_words(object buf, uint32_t nwords, str what) except NULL:
     cdef Py_buffer view
     PyObject_GetBuffer(buf, &view, PyBUF_WRITABLE)
     try:
@@ -28,7 +28,7 @@ cdef uint64_t *_borrow_words(object buf, uint32_t nwords, const char *what) exce
 
 
 cdef inline uint32_t words_for(uint32_t nslots) noexcept nogil:
-    return (nslots + 63u) >> 6
+    return <uint32_t>((<uint64_t>nslots + 63u) >> 6)  # 64-bit: nslots near 2**32 must not wrap
 
 
 cdef class SendBitmaps:
