@@ -123,6 +123,12 @@ cdef class Transport:
         """1 while the peer is reachable, RM_ERR_CLOSED or RM_ERR_PEER_LOST after."""
         return RM_ERR_CLOSED
 
+    def register_local(self, size_t addr, size_t length):
+        """Make [addr, addr+length) usable as a work-request source or READ target;
+        return its lkey. The engine registers its staging ring and bitmap shadows once
+        at set-up. A provider that needs no registration returns 0."""
+        return 0
+
     def close(self):
         pass
 
@@ -324,8 +330,8 @@ cdef class Engine:
     cdef PyThread_type_lock send_lock
     cdef PyThread_type_lock recv_lock
     cdef int spin
-    cdef uint64_t one_word
-    cdef uint64_t zero_word
+    cdef uint64_t *words            # [0] = 0, [1] = 1: sources of control-word writes
+    cdef uint32_t lkey_words, lkey_staging, lkey_arrival, lkey_reclaim
     cdef bint credit_flag_set
     cdef bint sleep_flag_set
 
@@ -340,8 +346,11 @@ cdef class Engine:
         self.recv_lock = PyThread_allocate_lock()
         if self.send_lock == NULL or self.recv_lock == NULL:
             raise MemoryError()
-        self.one_word = 1
-        self.zero_word = 0
+        self.words = <uint64_t *>malloc(64)
+        if self.words == NULL:
+            raise MemoryError()
+        self.words[0] = 0
+        self.words[1] = 1
         self.cur_slot = NONE
         self.closed = True      # until _setup succeeds
 
@@ -385,6 +394,12 @@ cdef class Engine:
         if (self.alloc_tmp == NULL or self.pend == NULL or self.pend_d == NULL
                 or self.order == NULL or self.ready == NULL or self.slot_refs == NULL):
             raise MemoryError()
+        # everything a work request may read from must be known to the transport
+        self.lkey_staging = tp.register_local(<size_t>self.staging,
+                                              <size_t>peer_nslots * self.peer_stride)
+        self.lkey_arrival = tp.register_local(<size_t>self.sbm.arrival, self.sbm.nwords * 8)
+        self.lkey_reclaim = tp.register_local(<size_t>self.rbm.reclaim, self.rbm.nwords * 8)
+        self.lkey_words = tp.register_local(<size_t>self.words, 64)
         memset(self.order, 0xFF, 4 * nslots)
         memset(self.slot_refs, 0, 4 * nslots)
         self.max_open = max(1, nslots // 2)
@@ -402,7 +417,7 @@ cdef class Engine:
             free(self.bufs)
         free(self.ptrs); free(self.lens); free(self.held)
         free(self.plan_start); free(self.plan_used); free(self.plan_flags)
-        free(self.alloc_tmp); free(self.wrs); free(self.staging)
+        free(self.alloc_tmp); free(self.wrs); free(self.staging); free(self.words)
         free(self.pend); free(self.pend_d); free(self.order); free(self.ready); free(self.slot_refs)
         if self.send_lock != NULL:
             PyThread_free_lock(self.send_lock)
@@ -481,7 +496,7 @@ cdef class Engine:
         wr.local_addr = <uint64_t>src
         wr.remote_off = word * 8
         wr.length = 8
-        wr.lkey = 0
+        wr.lkey = self.lkey_words
         wr.rkey = region
         wr.opcode = RM_WR_WRITE
         wr.flags = RM_WR_PUBLISH | RM_WR_INLINE
@@ -499,7 +514,7 @@ cdef class Engine:
         wr.local_addr = <uint64_t>&self.rbm.reclaim[lo]
         wr.remote_off = lo * 8
         wr.length = (hi - lo) * 8
-        wr.lkey = 0
+        wr.lkey = self.lkey_reclaim
         wr.rkey = RM_REGION_RECLAIM
         wr.opcode = RM_WR_WRITE
         wr.flags = RM_WR_PUBLISH
@@ -628,7 +643,7 @@ cdef class Engine:
             wr.local_addr = <uint64_t>st
             wr.remote_off = <uint64_t>slot * self.peer_stride
             wr.length = SLOT_HEADER + self.plan_used[k]
-            wr.lkey = 0
+            wr.lkey = self.lkey_staging
             wr.rkey = RM_REGION_RING
             wr.opcode = RM_WR_WRITE
             wr.flags = 0
@@ -640,7 +655,7 @@ cdef class Engine:
         wr = &self.wrs[nw]
         wr.wr_id = 0
         wr.remote_off = <uint64_t>slot * self.peer_stride
-        wr.lkey = 0
+        wr.lkey = self.lkey_staging
         wr.rkey = RM_REGION_RING
         wr.opcode = RM_WR_WRITE
         wr.imm = 0
@@ -664,7 +679,7 @@ cdef class Engine:
         wr.local_addr = <uint64_t>st
         wr.remote_off = <uint64_t>slot * self.peer_stride
         wr.length = HDR_BYTES
-        wr.lkey = 0
+        wr.lkey = self.lkey_staging
         wr.rkey = RM_REGION_RING
         wr.opcode = RM_WR_WRITE
         wr.flags = RM_WR_INLINE
@@ -685,7 +700,7 @@ cdef class Engine:
         wr.local_addr = <uint64_t>&self.sbm.arrival[start]
         wr.remote_off = start * 8
         wr.length = first_part * 8
-        wr.lkey = 0
+        wr.lkey = self.lkey_arrival
         wr.rkey = RM_REGION_ARRIVAL
         wr.opcode = RM_WR_WRITE
         wr.flags = RM_WR_PUBLISH
@@ -768,7 +783,7 @@ cdef class Engine:
                 break
         rm_spin_lock(&self.spin)
         if not self.credit_flag_set:
-            self._put_word(RM_REGION_CTRL, CTRL_CREDIT_WAIT, &self.one_word)
+            self._put_word(RM_REGION_CTRL, CTRL_CREDIT_WAIT, &self.words[1])
             self.credit_flag_set = True
         rm_spin_unlock(&self.spin)
         rm_fence_seq_cst()
@@ -798,7 +813,7 @@ cdef class Engine:
     cdef void _clear_credit_flag(self) noexcept nogil:
         rm_spin_lock(&self.spin)
         if self.credit_flag_set:
-            self._put_word(RM_REGION_CTRL, CTRL_CREDIT_WAIT, &self.zero_word)
+            self._put_word(RM_REGION_CTRL, CTRL_CREDIT_WAIT, &self.words[0])
             self.credit_flag_set = False
         rm_spin_unlock(&self.spin)
 
@@ -1049,7 +1064,7 @@ cdef class Engine:
         rm_spin_lock(&self.spin)
         if self.rbm.unflushed:
             self._flush_locked()
-        self._put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.one_word)
+        self._put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.words[1])
         self.sleep_flag_set = True
         rm_spin_unlock(&self.spin)
         rm_fence_seq_cst()
@@ -1070,7 +1085,7 @@ cdef class Engine:
             self.tp.n_sleeps += 1
             self.tp.wait(<int>((until - t) // 1000000) + 1)
         rm_spin_lock(&self.spin)
-        self._put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.zero_word)
+        self._put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.words[0])
         self.sleep_flag_set = False
         rm_spin_unlock(&self.spin)
         return r
@@ -1140,7 +1155,7 @@ cdef class Engine:
             if not self.peer_gone:
                 if self.rbm.unflushed:
                     self._flush_locked()
-                self._put_word(RM_REGION_CTRL, CTRL_CLOSED, &self.one_word)
+                self._put_word(RM_REGION_CTRL, CTRL_CLOSED, &self.words[1])
                 rm_fence_seq_cst()
                 self.tp.wake_peer()
             rm_spin_unlock(&self.spin)

@@ -18,13 +18,22 @@ def unique_name(tag: str = "t") -> str:
     return f"{tag}-{os.getpid()}-{next(_names)}"
 
 
+#: providers the channel suite runs on; a provider joins by adding its listen-address
+#: factory here (tests that need a device skip with a reason where there is none)
+LISTEN_ADDRESS = {"shm": lambda: f"shm://{unique_name()}"}
+
+
+def test_providers() -> list[str]:
+    wanted = os.environ.get("RDMAMW_TEST_PROVIDERS")
+    return [p for p in (wanted.split(",") if wanted else LISTEN_ADDRESS) if p]
+
+
 def make_pair(mode: str = "batched", slots: int = 16, slot_size: int = 4096,
               peer_slots: int | None = None, peer_slot_size: int | None = None,
-              spin_us: float = 50.0):
+              spin_us: float = 50.0, provider: str = "shm"):
     """(opener, acceptor, listener): the opener receives on slots x slot_size, the
     acceptor on peer_slots x peer_slot_size (default: the same)."""
-    name = unique_name()
-    lst = rdmamw.listen(f"shm://{name}", slots=peer_slots or slots,
+    lst = rdmamw.listen(LISTEN_ADDRESS[provider](), slots=peer_slots or slots,
                         slot_size=peer_slot_size or slot_size, spin_us=spin_us)
     got: dict = {}
 
@@ -36,7 +45,7 @@ def make_pair(mode: str = "batched", slots: int = 16, slot_size: int = 4096,
 
     t = threading.Thread(target=accept)
     t.start()
-    a = rdmamw.Channel.open(f"shm://{name}", mode=mode, timeout=10, slots=slots,
+    a = rdmamw.Channel.open(lst.address, mode=mode, timeout=10, slots=slots,
                             slot_size=slot_size, spin_us=spin_us)
     t.join(10)
     if "err" in got:
@@ -49,9 +58,14 @@ def mode(request):
     return request.param
 
 
+@pytest.fixture(params=test_providers())
+def provider(request):
+    return request.param
+
+
 @pytest.fixture
-def pair(mode):
-    a, b, lst = make_pair(mode)
+def pair(mode, provider):
+    a, b, lst = make_pair(mode, provider=provider)
     yield a, b
     a.close()
     b.close()

@@ -48,10 +48,10 @@ def test_both_directions_at_once(pair):
     assert recv_all(a, 10) == [b"pong%d" % i for i in range(10)]
 
 
-def test_many_laps_exactly_once_in_order(mode):
+def test_many_laps_exactly_once_in_order(mode, provider):
     """Far more messages than slots, random-ish sizes, a reader thread: every message
     arrives once and in order across hundreds of ring laps."""
-    a, b, lst = make_pair(mode, slots=8, slot_size=512)
+    a, b, lst = make_pair(mode, slots=8, slot_size=512, provider=provider)
     total = 4000 if mode == "batched" else 1500
     sizes = [(i * 37) % 500 for i in range(total)]
     got = []
@@ -97,8 +97,8 @@ def test_message_buffer_protocol_and_release(pair):
     m.release()                  # idempotent
 
 
-def test_message_context_manager_and_collection_reclaim(mode):
-    a, b, lst = make_pair(mode, slots=4, slot_size=256)
+def test_message_context_manager_and_collection_reclaim(mode, provider):
+    a, b, lst = make_pair(mode, slots=4, slot_size=256, provider=provider)
     for _ in range(20):          # 20 laps of a 4-slot ring: only works if slots return
         a.send_batch([b"x" * 200] * 4, timeout=5)
         msgs = b.recv_batch(timeout=5)
@@ -131,10 +131,10 @@ def test_recv_timeout(pair):
         b.recv_batch(timeout=0)
 
 
-def test_holding_previous_batch_while_waiting_does_not_stall(mode):
+def test_holding_previous_batch_while_waiting_does_not_stall(mode, provider):
     """The natural loop `msgs = ch.recv_batch()` keeps the previous list alive during
     the call; the sender must still make progress."""
-    a, b, lst = make_pair(mode, slots=4, slot_size=128)
+    a, b, lst = make_pair(mode, slots=4, slot_size=128, provider=provider)
     n = 400
     got = 0
 
@@ -168,18 +168,18 @@ def test_close_drains_then_channel_closed(pair):
     a.close()                    # idempotent
 
 
-def test_context_manager_closes(mode):
-    a, b, lst = make_pair(mode)
+def test_context_manager_closes(mode, provider):
+    a, b, lst = make_pair(mode, provider=provider)
     with a, b, lst:
         a.send(b"x")
         assert bytes(b.recv(timeout=5)) == b"x"
     assert a.closed and b.closed
 
 
-def test_stats_counters_batched_vs_ack():
+def test_stats_counters_batched_vs_ack(provider):
     res = {}
     for mode in ("batched", "ack"):
-        a, b, lst = make_pair(mode, slots=64, slot_size=4096)
+        a, b, lst = make_pair(mode, slots=64, slot_size=4096, provider=provider)
         for _ in range(8):
             a.send_batch([b"12345678"] * 64)
             recv_all(b, 64)
@@ -219,7 +219,7 @@ def test_concurrent_senders_each_keep_order(pair):
         assert mine == list(range(n))
 
 
-def test_repr_and_eager_limit(pair):
+def test_repr_and_eager_limit(pair, provider):
     a, _ = pair
-    assert "shm://" in repr(a)
+    assert f"{provider}://" in repr(a)
     assert a.eager_limit == 4096

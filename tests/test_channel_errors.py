@@ -94,8 +94,9 @@ def test_accept_timeout():
             lst.accept(timeout=0.05)
 
 
-def test_send_times_out_on_full_ring_and_reports_what_went():
-    a, b, lst = make_pair(slots=2, slot_size=64, peer_slots=2, peer_slot_size=64)
+def test_send_times_out_on_full_ring_and_reports_what_went(provider):
+    a, b, lst = make_pair(slots=2, slot_size=64, peer_slots=2, peer_slot_size=64,
+                          provider=provider)
     with pytest.raises(rdmamw.Timeout) as ei:
         a.send_batch([b"q" * 60] * 5, timeout=0.2)  # 2 fit, nobody reads
     assert ei.value.sent == 2

@@ -76,7 +76,8 @@ class Listener:
         scheme, where = split_address(address)
         self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)
         self._spin_us = spin_us
-        self.address = address
+        #: the address peers open; with an ephemeral port (``:0``) the one really bound
+        self.address: str = self._impl.address
 
     def accept(self, timeout: float | None = None) -> Channel:
         """Wait for one peer (up to ``timeout`` s, None = forever) and return its Channel;
