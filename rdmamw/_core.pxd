@@ -55,6 +55,7 @@ cdef class Transport:
     cdef rm_region local[RM_NREGIONS]     # my regions (the peer writes into them)
     cdef rm_region peer[RM_NREGIONS]      # the peer's regions, as sizes for bounds checks
     cdef readonly bint direct_source      # WRITE may source from any process memory (no MR)
+    cdef readonly bint synchronous        # post() has executed the chain when it returns
     cdef readonly uint32_t max_inline
     # counters: everything that hits the "NIC"
     cdef public uint64_t n_doorbells      # post calls (ibv_post_send equivalents)

@@ -34,7 +34,7 @@ from cpython.pythread cimport (
     PyThread_type_lock,
 )
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc, realloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
@@ -90,6 +90,7 @@ cdef uint32_t NONE = 0xFFFFFFFF
 cdef int64_t SLICE_NS = 50000000        # return to the GIL this often while blocked (signals)
 cdef int64_t PEER_CHECK_NS = 1000000    # ask the provider about the peer this often while spinning
 cdef uint64_t NOGIL_BYTES = 16384       # batches from this size on copy without the GIL
+cdef uint64_t SNAP_DEPTH = 16           # arrival-word snapshots in flight (async transports)
 
 cdef inline int64_t now_ns() noexcept nogil:
     cdef timespec ts
@@ -331,7 +332,8 @@ cdef class Engine:
     cdef PyThread_type_lock recv_lock
     cdef int spin
     cdef uint64_t *words            # [0] = 0, [1] = 1: sources of control-word writes
-    cdef uint32_t lkey_words, lkey_staging, lkey_arrival, lkey_reclaim
+    cdef uint32_t lkey_words, lkey_staging, lkey_arrival, lkey_reclaim, lkey_snap
+    cdef uint64_t *snap             # SNAP_DEPTH copies of the arrival words (async transports)
     cdef bint credit_flag_set
     cdef bint sleep_flag_set
 
@@ -400,6 +402,12 @@ cdef class Engine:
         self.lkey_arrival = tp.register_local(<size_t>self.sbm.arrival, self.sbm.nwords * 8)
         self.lkey_reclaim = tp.register_local(<size_t>self.rbm.reclaim, self.rbm.nwords * 8)
         self.lkey_words = tp.register_local(<size_t>self.words, 64)
+        if not tp.synchronous:
+            self.snap = <uint64_t *>calloc(SNAP_DEPTH * self.sbm.nwords, 8)
+            if self.snap == NULL:
+                raise MemoryError()
+            self.lkey_snap = tp.register_local(<size_t>self.snap,
+                                               SNAP_DEPTH * self.sbm.nwords * 8)
         memset(self.order, 0xFF, 4 * nslots)
         memset(self.slot_refs, 0, 4 * nslots)
         self.max_open = max(1, nslots // 2)
@@ -418,6 +426,7 @@ cdef class Engine:
         free(self.ptrs); free(self.lens); free(self.held)
         free(self.plan_start); free(self.plan_used); free(self.plan_flags)
         free(self.alloc_tmp); free(self.wrs); free(self.staging); free(self.words)
+        free(self.snap)
         free(self.pend); free(self.pend_d); free(self.order); free(self.ready); free(self.slot_refs)
         if self.send_lock != NULL:
             PyThread_free_lock(self.send_lock)
@@ -687,20 +696,35 @@ cdef class Engine:
         return nw + 2
 
     cdef uint32_t _arrival_wrs(self, uint32_t nw) noexcept nogil:
-        """Append the WRITE(s) of the arrival words that changed (last in the chain)."""
-        cdef uint32_t start, count, first_part
+        """Append the WRITE(s) of the arrival words that changed (last in the chain).
+
+        A transport that reads the source after post() returns (RDMA) gets a snapshot
+        of the words, so a later batch's bits can never travel ahead of its data."""
+        cdef uint32_t start, count, first_part, nwords = self.sbm.nwords
+        cdef uint64_t *src = self.sbm.arrival
+        cdef uint32_t lkey = self.lkey_arrival
+        cdef uint64_t entry, oldest
         cdef rm_wr *wr
         if not self.sbm.take_dirty(&start, &count):
             return nw
+        if not self.tp.synchronous:
+            entry = (self.batch_posted + 1) % SNAP_DEPTH
+            oldest = self.batch_posted + 1 - SNAP_DEPTH if self.batch_posted + 1 > SNAP_DEPTH else 0
+            while self.batch_done < oldest and not self.peer_gone:
+                self._reap()              # that entry's WRITE has not completed yet
+                rm_cpu_relax()
+            src = self.snap + entry * nwords
+            memcpy(src, self.sbm.arrival, nwords * 8)
+            lkey = self.lkey_snap
         first_part = count
-        if start + count > self.sbm.nwords:
-            first_part = self.sbm.nwords - start
+        if start + count > nwords:
+            first_part = nwords - start
         wr = &self.wrs[nw]
         wr.wr_id = 0
-        wr.local_addr = <uint64_t>&self.sbm.arrival[start]
+        wr.local_addr = <uint64_t>&src[start]
         wr.remote_off = start * 8
         wr.length = first_part * 8
-        wr.lkey = self.lkey_arrival
+        wr.lkey = lkey
         wr.rkey = RM_REGION_ARRIVAL
         wr.opcode = RM_WR_WRITE
         wr.flags = RM_WR_PUBLISH
@@ -709,7 +733,7 @@ cdef class Engine:
         if first_part < count:
             wr = &self.wrs[nw]
             wr[0] = self.wrs[nw - 1]
-            wr.local_addr = <uint64_t>&self.sbm.arrival[0]
+            wr.local_addr = <uint64_t>&src[0]
             wr.remote_off = 0
             wr.length = (count - first_part) * 8
             nw += 1

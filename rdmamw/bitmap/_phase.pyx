@@ -9,6 +9,8 @@ See docs/protocol.md; rdmamw/bitmap/model.py is the pure-Python twin.
 
 import array
 
+cimport cython
+
 from cpython.buffer cimport PyBUF_WRITABLE, PyObject_GetBuffer, PyBuffer_Release
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
@@ -25,6 +27,42 @@ cdef uint64_t *_borrow_words(object buf, uint32_t nwords, str what) except NULL:
         return <uint64_t *>view.buf
     finally:
         PyBuffer_Release(&view)
+
+
+@cython.final
+cdef class _Words:
+    """A writable uint64 buffer over bitmap words that keeps their owner alive."""
+    cdef object owner
+    cdef uint64_t *ptr
+    cdef Py_ssize_t n
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        view.buf = self.ptr
+        view.obj = self
+        view.len = self.n * 8
+        view.readonly = 0
+        view.itemsize = 8
+        view.format = "Q"
+        view.ndim = 1
+        self.shape[0] = self.n
+        self.strides[0] = 8
+        view.shape = self.shape
+        view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+
+cdef object _words(object owner, uint64_t *ptr, uint32_t n):
+    cdef _Words w = _Words.__new__(_Words)
+    w.owner = owner
+    w.ptr = ptr
+    w.n = n
+    return memoryview(w)
 
 
 cdef inline uint32_t words_for(uint32_t nslots) noexcept nogil:
@@ -134,11 +172,11 @@ cdef class SendBitmaps:
 
     @property
     def arrival_words(self):
-        return <uint64_t[:self.nwords]> self.arrival
+        return _words(self, self.arrival, self.nwords)
 
     @property
     def reclaim_words(self):
-        return <uint64_t[:self.nwords]> self.reclaim
+        return _words(self, self.reclaim, self.nwords)
 
 
 cdef class RecvBitmaps:
@@ -247,15 +285,15 @@ cdef class RecvBitmaps:
 
     @property
     def arrival_words(self):
-        return <uint64_t[:self.nwords]> self.arrival
+        return _words(self, self.arrival, self.nwords)
 
     @property
     def reclaim_words(self):
-        return <uint64_t[:self.nwords]> self.reclaim
+        return _words(self, self.reclaim, self.nwords)
 
     @property
     def consumed_words(self):
-        return <uint64_t[:self.nwords]> self.consumed
+        return _words(self, self.consumed, self.nwords)
 
 
 def _address_of(object buf):

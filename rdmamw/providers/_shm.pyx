@@ -78,6 +78,7 @@ cdef class ShmTransport(Transport):
         self.peer_evfd = -1
         self.state = RM_ERR_CLOSED
         self.direct_source = True
+        self.synchronous = True
         self.max_inline = 1 << 30
 
     def _attach(self, int sock, int my_memfd, size_t my_size, int peer_memfd, size_t peer_size,
