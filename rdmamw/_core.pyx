@@ -91,6 +91,8 @@ cdef int64_t SLICE_NS = 50000000        # return to the GIL this often while blo
 cdef int64_t PEER_CHECK_NS = 1000000    # ask the provider about the peer this often while spinning
 cdef uint64_t NOGIL_BYTES = 16384       # batches from this size on copy without the GIL
 cdef uint64_t SNAP_DEPTH = 16           # arrival-word snapshots in flight (async transports)
+cdef uint32_t RECV_CALL_BYTES = 1 << 20 # slot memory one recv_batch call may hand out
+cdef uint32_t FLUSH_BYTES = 1 << 18     # slot memory released before a lazy write-back
 
 cdef inline int64_t now_ns() noexcept nogil:
     cdef timespec ts
@@ -410,8 +412,13 @@ cdef class Engine:
                                                SNAP_DEPTH * self.sbm.nwords * 8)
         memset(self.order, 0xFF, 4 * nslots)
         memset(self.slot_refs, 0, 4 * nslots)
-        self.max_open = max(1, nslots // 2)
-        self.flush_threshold = max(1, <uint32_t>(nslots * flush_fraction))
+        # per receive call: at most a quarter of the ring and about RECV_CALL_BYTES of
+        # slots, so a caller holding the previous list never starves the sender and
+        # big slots come back in small groups
+        self.max_open = max(1, min(nslots // 4, RECV_CALL_BYTES // self.stride))
+        # write releases back after a quarter of the ring, or sooner when slots are big
+        self.flush_threshold = max(1, min(<uint32_t>(nslots * flush_fraction),
+                                          FLUSH_BYTES // self.stride))
         if self.ack:
             self.flush_threshold = 1
         self.spin_ns = <int64_t>(spin_us * 1000.0)
@@ -1023,8 +1030,8 @@ cdef class Engine:
         cdef Message m
         while got < maxn:
             if self.cur_left == 0:
-                # at most half the ring per call: a caller that still holds the previous
-                # list while waiting for the next one never starves the sender
+                # a bounded share of the ring per call: a caller that still holds the
+                # previous list while waiting for the next one never starves the sender
                 if opened >= self.max_open:
                     break
                 opened += 1
@@ -1116,7 +1123,7 @@ cdef class Engine:
 
     def recv_batch(self, max_messages=None, timeout=None) -> list:
         """Return the messages that have arrived (at least one, at most
-        ``max_messages``, from at most half the ring's slots), waiting up to
+        ``max_messages``, from at most a quarter of the ring's slots), waiting up to
         ``timeout`` seconds for the first.
 
         ``timeout=0`` polls; ``None`` waits until a message, a clean close of the peer

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install the benchmark peers (MPICH + mpi4py, pyzmq, rich) into a venv.
+# Idempotent: each step runs only when its piece is missing, so `make bench`
+# stays fast on the second run. Usage: bash bench/setup.sh VENV_PYTHON
+set -euo pipefail
+
+PY="${1:?usage: bench/setup.sh VENV_PYTHON}"
+
+if ! command -v mpiexec >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
+    echo "bench/setup.sh: installing MPICH (mpiexec or mpicc missing)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq mpich libmpich-dev >/dev/null
+fi
+
+missing=()
+"$PY" -c "import zmq" 2>/dev/null || missing+=("pyzmq>=25")
+"$PY" -c "import rich" 2>/dev/null || missing+=("rich")
+if ! "$PY" -c "import mpi4py" 2>/dev/null; then
+    # Built from source so it links against the system MPICH, not a bundled MPI wheel.
+    missing+=("mpi4py>=3.1")
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "bench/setup.sh: pip installing ${missing[*]}"
+    MPICC="$(command -v mpicc)" "$PY" -m pip install --quiet --no-binary mpi4py "${missing[@]}"
+fi
+
+# Warn (do not fail) when mpi4py links against something other than MPICH.
+"$PY" - <<'PYEOF'
+from mpi4py import MPI
+
+lib = MPI.Get_library_version()
+if "MPICH" not in lib:
+    print("bench/setup.sh: warning: mpi4py is not built against MPICH:", lib.splitlines()[0])
+PYEOF
