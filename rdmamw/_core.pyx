@@ -754,9 +754,7 @@ cdef class Engine:
         for j in range(got):
             nw = self._build_slot(k0 + j, self.alloc_tmp[j], nw)
         nw = self._arrival_wrs(nw)
-        if self.ack:
-            for j in range(nw):
-                self.wrs[j].flags |= RM_WR_SIGNALED
+        # one signaled WR per post: per batch in batched mode, per message in ack mode
         self.wrs[nw - 1].flags |= RM_WR_SIGNALED
         self.batch_posted += 1
         self.wrs[nw - 1].wr_id = self.batch_posted
