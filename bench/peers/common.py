@@ -88,3 +88,22 @@ def cpu_seconds() -> float:
     """
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def run_phases(cfg: dict, ping_pong, stream) -> dict:
+    """The latency, rate and bandwidth phases every system runs, in the same order.
+
+    ``ping_pong(size)`` returns a latency summary; ``stream(size, k, runs, seconds)`` a
+    rate summary. Only the transport-specific loops live in the peer modules."""
+    out: dict = {}
+    phases = cfg["phases"]
+    if "lat" in phases:
+        out["latency"] = {str(s): ping_pong(s) for s in cfg["lat_sizes"]}
+    if "rate" in phases:
+        out["rate"] = {
+            str(k): stream(cfg["rate_size"], k, cfg["rate_runs"], cfg["rate_seconds"])
+            for k in cfg["rate_batches"]
+        }
+    if "bw" in phases:
+        out["bw"] = stream(cfg["bw_size"], cfg["bw_batch"], cfg["bw_runs"], cfg["bw_seconds"])
+    return out

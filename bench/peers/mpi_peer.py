@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from common import aligned, emit, latency_summary, load_config, pin, rate_summary
+from common import aligned, emit, latency_summary, load_config, pin, rate_summary, run_phases
 from mpi4py import MPI
 
 DATA, STOP_TAG = 1, 2
@@ -113,16 +113,8 @@ def drive(comm, cfg: dict) -> None:
         "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
         "batch_semantics": "k Isend + Waitall; receiver k persistent Recv_init + Startall/Waitall",
     }
-    phases = cfg["phases"]
-    if "lat" in phases:
-        out["latency"] = {str(s): ping_pong(comm, s, cfg) for s in cfg["lat_sizes"]}
-    if "rate" in phases:
-        out["rate"] = {
-            str(k): stream(comm, cfg["rate_size"], k, cfg["rate_runs"], cfg["rate_seconds"])
-            for k in cfg["rate_batches"]
-        }
-    if "bw" in phases:
-        out["bw"] = stream(comm, cfg["bw_size"], cfg["bw_batch"], cfg["bw_runs"], cfg["bw_seconds"])
+    out.update(run_phases(cfg, lambda size: ping_pong(comm, size, cfg),
+                          lambda *a: stream(comm, *a)))
     comm.send({"op": "done"}, dest=1, tag=0)
     emit(out)
 

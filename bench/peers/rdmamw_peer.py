@@ -16,7 +16,17 @@ import sys
 import time
 from collections import deque
 
-from common import STOP, aligned, cpu_seconds, emit, latency_summary, load_config, pin, rate_summary
+from common import (
+    STOP,
+    aligned,
+    cpu_seconds,
+    emit,
+    latency_summary,
+    load_config,
+    pin,
+    rate_summary,
+    run_phases,
+)
 
 import rdmamw
 
@@ -178,17 +188,9 @@ def drive(cfg: dict) -> None:
         "eager_limit": ch.eager_limit,
         "batch_semantics": f"send_batch([buf]*k), window of {WINDOW} handles",
     }
-    phases = cfg["phases"]
-    if "lat" in phases:
-        out["latency"] = {str(s): ping_pong(ch, s, cfg) for s in cfg["lat_sizes"]}
-    if "rate" in phases:
-        out["rate"] = {
-            str(k): stream(ch, cfg["rate_size"], k, cfg["rate_runs"], cfg["rate_seconds"])
-            for k in cfg["rate_batches"]
-        }
-    if "bw" in phases:
-        out["bw"] = stream(ch, cfg["bw_size"], cfg["bw_batch"], cfg["bw_runs"], cfg["bw_seconds"])
-    if "idle" in phases:
+    out.update(run_phases(cfg, lambda size: ping_pong(ch, size, cfg),
+                          lambda *a: stream(ch, *a)))
+    if "idle" in cfg["phases"]:
         send_json(ch, {"op": "idle", "seconds": cfg["idle_seconds"]})
         out["idle"] = recv_json(ch, timeout=cfg["idle_seconds"] + 60)
     out["stats_total"] = ch.stats()

@@ -15,7 +15,7 @@ import sys
 import time
 
 import zmq
-from common import STOP, aligned, emit, latency_summary, load_config, pin, rate_summary
+from common import STOP, aligned, emit, latency_summary, load_config, pin, rate_summary, run_phases
 
 ZERO_COPY_MIN = 65536  # pyzmq's own copy threshold: below it copying is cheaper
 
@@ -120,18 +120,8 @@ def drive(cfg: dict) -> None:
     pair.send_json({"op": "hello"})
     pair.recv_json()
     out: dict = {"system": "zmq", "batch_semantics": "k back-to-back send() calls"}
-    phases = cfg["phases"]
-    if "lat" in phases:
-        out["latency"] = {str(s): ping_pong(pair, s, cfg) for s in cfg["lat_sizes"]}
-    if "rate" in phases:
-        out["rate"] = {
-            str(k): stream(pair, push, cfg["rate_size"], k, cfg["rate_runs"], cfg["rate_seconds"])
-            for k in cfg["rate_batches"]
-        }
-    if "bw" in phases:
-        out["bw"] = stream(
-            pair, push, cfg["bw_size"], cfg["bw_batch"], cfg["bw_runs"], cfg["bw_seconds"]
-        )
+    out.update(run_phases(cfg, lambda size: ping_pong(pair, size, cfg),
+                          lambda *a: stream(pair, push, *a)))
     pair.send_json({"op": "done"})
     pair.close(linger=1000)
     push.close(linger=0)
