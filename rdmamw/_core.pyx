@@ -24,6 +24,7 @@ from cpython.buffer cimport (
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport PyObject
+from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.pythread cimport (
     NOWAIT_LOCK,
     WAIT_LOCK,
@@ -859,17 +860,22 @@ cdef class Engine:
         Either the whole batch is accepted or, on a bad item (``TypeError``) or an
         oversized one (``MessageTooLarge``), nothing is sent. If the ring stays full
         past ``timeout``, :class:`Timeout` says how many messages went (``.sent``)."""
-        cdef object fast
+        if isinstance(msgs, (bytes, bytearray, memoryview, str)):
+            raise TypeError("send_batch takes an iterable of messages; use send() for one")
+        return self._send(msgs if type(msgs) is tuple else tuple(msgs), timeout)
+
+    def send(self, msg, timeout=None) -> SendHandle:
+        """Send one message (a batch of one)."""
+        return self._send((msg,), timeout)
+
+    cdef SendHandle _send(self, tuple fast, object timeout):
         cdef Py_ssize_t n
         cdef int64_t deadline
         cdef uint32_t nplan = 0, k = 0, got
         cdef bint first_wait = True
         cdef int rc = 0, st
         cdef SendHandle h
-        if isinstance(msgs, (bytes, bytearray, memoryview, str)):
-            raise TypeError("send_batch takes an iterable of messages; use send() for one")
-        fast = msgs if type(msgs) is tuple else tuple(msgs)
-        n = PySequence_Fast_GET_SIZE(fast)
+        n = PyTuple_GET_SIZE(fast)
         self._check_usable()
         if n >= 0xFFFF0000:
             raise ValueError("batch too large")
@@ -947,10 +953,6 @@ cdef class Engine:
         if deadline and deadline < t:
             return deadline
         return t
-
-    def send(self, msg, timeout=None) -> SendHandle:
-        """Send one message (a batch of one)."""
-        return self.send_batch((msg,), timeout)
 
     # ---- receiving ----------------------------------------------------------------
 
@@ -1128,16 +1130,23 @@ cdef class Engine:
         (:class:`ChannelClosed`) or its loss (:class:`PeerLost`). Messages that arrived
         before the peer went are still delivered first."""
         cdef Py_ssize_t maxn
-        cdef int64_t deadline
-        cdef int st
-        cdef bint first_wait = True
-        cdef list out = []
         if max_messages is None:
             maxn = 1 << 40
         else:
             maxn = max_messages
             if maxn <= 0:
                 raise ValueError("max_messages must be positive")
+        return self._recv(maxn, timeout)
+
+    def recv(self, timeout=None) -> Message:
+        """Receive one message (see :meth:`recv_batch`)."""
+        return self._recv(1, timeout)[0]
+
+    cdef list _recv(self, Py_ssize_t maxn, object timeout):
+        cdef int64_t deadline
+        cdef int st
+        cdef bint first_wait = True
+        cdef list out = []
         if self.broken is not None:
             raise ProtocolError(self.broken)
         deadline = _deadline(timeout)
@@ -1165,9 +1174,6 @@ cdef class Engine:
         finally:
             PyThread_release_lock(self.recv_lock)
 
-    def recv(self, timeout=None) -> Message:
-        """Receive one message (see :meth:`recv_batch`)."""
-        return self.recv_batch(1, timeout)[0]
 
     # ---- lifetime and introspection ------------------------------------------------
 
