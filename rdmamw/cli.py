@@ -35,17 +35,26 @@ class StreamResult:
         return stats[key] / max(1, self.messages)
 
 
-def _pin(core: int) -> None:
-    try:
-        if len(os.sched_getaffinity(0)) > 1:
-            os.sched_setaffinity(0, {core % os.cpu_count()})
-    except (AttributeError, OSError):
-        pass
+def _cores() -> list[int]:
+    """The cores this process may use, read once before anything is pinned."""
+    global _ALLOWED
+    if _ALLOWED is None:
+        _ALLOWED = sorted(os.sched_getaffinity(0))
+    return _ALLOWED
 
 
-def _receiver(address: str, slots: int, slot_size: int, ready, out) -> None:
+_ALLOWED: list[int] | None = None
+
+
+def _pin(core: int | None) -> None:
+    """Pin to one core: sender and receiver each get their own, as in production."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+
+
+def _receiver(address: str, slots: int, slot_size: int, core: int | None, ready, out) -> None:
     """Count and release messages until the sender closes; report the stats."""
-    _pin(1)
+    _pin(core)
     with rdmamw.listen(address, slots=slots, slot_size=slot_size) as lst:
         ready.set()
         ch = lst.accept(timeout=30)
@@ -69,12 +78,15 @@ def stream(mode: str, size: int, batch: int, seconds: float, slots: int = 128,
     ctx = mp.get_context("spawn")
     address = f"shm://rdmamw-demo-{os.getpid()}-{mode}-{size}"
     ready, out = ctx.Event(), ctx.Queue()
-    proc = ctx.Process(target=_receiver, args=(address, slots, slot_size, ready, out))
+    cores = _cores()
+    sender_core, receiver_core = (cores[0], cores[1]) if len(cores) > 1 else (None, None)
+    proc = ctx.Process(target=_receiver,
+                       args=(address, slots, slot_size, receiver_core, ready, out))
     proc.start()
     try:
         if not ready.wait(30):
             raise RuntimeError("demo receiver did not start")
-        _pin(0)
+        _pin(sender_core)
         ch = rdmamw.Channel.open(address, mode=mode, timeout=30, slots=16, slot_size=4096)
         msgs = [os.urandom(size)] * batch
         bar = None
