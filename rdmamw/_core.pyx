@@ -42,6 +42,7 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from rdmamw.bitmap._phase cimport (
     RecvBitmaps,
     SendBitmaps,
+    rm_copy,
     rm_cpu_relax,
     rm_fence_seq_cst,
     rm_load_acquire64,
@@ -186,7 +187,7 @@ cdef class SendHandle:
         return f"<SendHandle batch={self.batch} messages={self.count} done={self.done()}>"
 
 
-@cython.freelist(1024)
+@cython.freelist(8192)
 @cython.no_gc
 @cython.final
 cdef class Message:
@@ -653,7 +654,7 @@ cdef class Engine:
                 L = <uint32_t>self.lens[i]
                 (<uint32_t *>p)[0] = L
                 (<uint32_t *>p)[1] = 0
-                memcpy(p + REC_HDR, self.ptrs[i], L)
+                rm_copy(p + REC_HDR, self.ptrs[i], L)
                 p += REC_HDR + pad8(L)
             wr = &self.wrs[nw]
             wr.wr_id = 0

@@ -10,6 +10,7 @@ cdef extern from "rm_atomics.h" nogil:
     void rm_store_release32(uint32_t *p, uint32_t v)
     void rm_fence_seq_cst()
     void rm_cpu_relax()
+    void rm_copy(void *dst, const void *src, size_t n)
     void rm_spin_lock(int *l)
     void rm_spin_unlock(int *l)
     int rm_ctz64(uint64_t v)

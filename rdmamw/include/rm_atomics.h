@@ -6,6 +6,7 @@
  * after its reclaim bit). */
 #ifndef RM_ATOMICS_H
 #define RM_ATOMICS_H
+#include <stddef.h>
 #include <stdint.h>
 
 static inline uint64_t rm_load_acquire64(const volatile uint64_t *p) {
@@ -34,6 +35,30 @@ static inline int rm_popcount64(uint64_t v) { return __builtin_popcountll(v); }
 static inline uint64_t rm_tail_mask(uint32_t nbits) {
     uint32_t r = nbits & 63u;
     return r ? ((1ull << r) - 1ull) : ~0ull;
+}
+
+/* Copy of a small record without a libc call and without reading past either end:
+ * overlapping head/tail moves for 4..16 bytes, memcpy above. */
+static inline void rm_copy(void *dst, const void *src, size_t n) {
+    unsigned char *d = (unsigned char *)dst;
+    const unsigned char *s = (const unsigned char *)src;
+    if (n >= 8 && n <= 16) {
+        uint64_t a, b;
+        __builtin_memcpy(&a, s, 8);
+        __builtin_memcpy(&b, s + n - 8, 8);
+        __builtin_memcpy(d, &a, 8);
+        __builtin_memcpy(d + n - 8, &b, 8);
+    } else if (n >= 4 && n < 8) {
+        uint32_t a, b;
+        __builtin_memcpy(&a, s, 4);
+        __builtin_memcpy(&b, s + n - 4, 4);
+        __builtin_memcpy(d, &a, 4);
+        __builtin_memcpy(d + n - 4, &b, 4);
+    } else if (n < 4) {
+        while (n--) *d++ = *s++;
+    } else {
+        __builtin_memcpy(d, s, n);
+    }
 }
 
 /* A tiny spinlock for the sections that touch the transport and the reclaim
