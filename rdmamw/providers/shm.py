@@ -116,6 +116,7 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
     evfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
     peer_fds: list[int] = []
     try:
+        os.fchmod(memfd, 0o600)   # no name to find it by; and no group/other rights either
         os.ftruncate(memfd, mine.total)
         socket.send_fds(conn, [msgpack.packb({"size": mine.total})], [memfd, evfd])
         data, peer_fds, _flags, _addr = socket.recv_fds(conn, _MAX_HELLO, 2)
