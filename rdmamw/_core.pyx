@@ -430,6 +430,11 @@ cdef class Engine:
 
     def __dealloc__(self):
         cdef uint32_t i
+        if not self.closed and self.tp is not None and not self.peer_gone:
+            # dropped without close(): still tell the peer it was a clean close
+            self._put_word(RM_REGION_CTRL, CTRL_CLOSED, &self.words[1])
+            rm_fence_seq_cst()
+            self.tp.wake_peer()
         if self.bufs != NULL:
             free(self.bufs)
         free(self.ptrs); free(self.lens); free(self.held)

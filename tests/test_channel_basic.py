@@ -234,3 +234,28 @@ def test_every_small_size_round_trips(pair):
         a.send_batch(msgs[i:i + 8])
         got += recv_all(b, len(msgs[i:i + 8]))
     assert got == msgs
+
+
+def test_dropped_channel_reads_as_a_clean_close(mode):
+    a, b, lst = make_pair(mode)
+    a.send(b"last words")
+    del a                        # no close(): collected
+    import gc
+    gc.collect()
+    assert bytes(b.recv(timeout=5)) == b"last words"
+    with pytest.raises(rdmamw.ChannelClosed):
+        b.recv(timeout=5)
+    b.close(), lst.close()
+
+
+def test_ctrl_c_interrupts_a_blocked_receive(pair):
+    import os
+    import signal
+    import time
+    _, b = pair
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        b.recv(timeout=30)
+    assert time.monotonic() - t0 < 2.0
