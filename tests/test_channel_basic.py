@@ -259,3 +259,13 @@ def test_ctrl_c_interrupts_a_blocked_receive(pair):
     with pytest.raises(KeyboardInterrupt):
         b.recv(timeout=30)
     assert time.monotonic() - t0 < 2.0
+
+
+def test_close_from_another_thread_wakes_a_blocked_receive(pair):
+    import time
+    _, b = pair
+    threading.Timer(0.3, b.close).start()
+    t0 = time.monotonic()
+    with pytest.raises(rdmamw.ChannelClosed):
+        b.recv(timeout=30)
+    assert time.monotonic() - t0 < 2.0

@@ -43,7 +43,8 @@ cdef extern from "poll.h" nogil:
 
 cdef extern from "sys/socket.h" nogil:
     ssize_t recv(int fd, void *buf, size_t n, int flags)
-    int MSG_PEEK, MSG_DONTWAIT
+    int shutdown(int fd, int how)
+    int MSG_PEEK, MSG_DONTWAIT, SHUT_RDWR
 
 cdef extern from "unistd.h" nogil:
     ssize_t read(int fd, void *buf, size_t n)
@@ -127,11 +128,17 @@ cdef class ShmTransport(Transport):
         self.sock = self.my_evfd = self.peer_evfd = -1
 
     def close(self):
-        """Drop the connection and wake-up fds; the mappings live until the last
-        Message that points into them is gone."""
-        self._close_fds()
+        """Hang up: the peer sees EOF, and a thread of ours blocked in wait() wakes.
+        The descriptors are closed only when the transport dies, so no waiting thread
+        can end up polling a reused descriptor number; the mappings live until the
+        last Message that points into them is gone."""
+        cdef uint64_t one = 1
         if self.state == 1:
             self.state = RM_ERR_CLOSED
+        if self.sock >= 0:
+            shutdown(self.sock, SHUT_RDWR)
+        if self.my_evfd >= 0:
+            write(self.my_evfd, &one, 8)
 
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
         cdef uint32_t i, w
@@ -192,7 +199,7 @@ cdef class ShmTransport(Transport):
 
     cdef int wake_peer(self) noexcept nogil:
         cdef uint64_t one = 1
-        if self.peer_evfd < 0:
+        if self.peer_evfd < 0 or self.state != 1:
             return RM_ERR_CLOSED
         self.n_wakeups += 1
         if write(self.peer_evfd, &one, 8) != 8 and errno != EAGAIN:
@@ -203,8 +210,8 @@ cdef class ShmTransport(Transport):
         cdef pollfd fds[2]
         cdef uint64_t junk
         cdef int r
-        if self.my_evfd < 0:
-            return RM_ERR_CLOSED
+        if self.my_evfd < 0 or self.state != 1:
+            return self.state if self.state < 0 else RM_ERR_CLOSED
         fds[0].fd = self.my_evfd
         fds[0].events = POLLIN
         fds[0].revents = 0
