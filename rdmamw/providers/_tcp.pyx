@@ -358,6 +358,34 @@ cdef class TcpTransport(Transport):
         free(self.hdrs)
         free(self.iov)
 
+    def _read_remote(self, uint32_t rkey, uint64_t off, uint32_t length) -> bytes:
+        """READ ``length`` bytes at ``off`` of the peer's region ``rkey`` (tests and
+        debugging; the engine will use READ for rendezvous)."""
+        cdef rm_wr wr
+        cdef int rc
+        cdef char *buf = <char *>malloc(length or 1)
+        if buf == NULL:
+            raise MemoryError()
+        self.register_local(<size_t>buf, length)
+        memset(&wr, 0, sizeof(wr))
+        wr.local_addr = <uint64_t>buf
+        wr.remote_off = off
+        wr.length = length
+        wr.rkey = rkey
+        wr.opcode = RM_WR_READ
+        wr.flags = RM_WR_SIGNALED
+        try:
+            with nogil:
+                rc = self.post(&wr, 1)
+            if rc == RM_ERR_BOUNDS:
+                raise ValueError("READ outside the peer's regions")
+            if rc != 0:
+                raise ConnectionError(f"READ failed ({rc}): {self.error}")
+            return buf[:length]
+        finally:
+            self.nreg -= 1
+            free(buf)
+
     @property
     def error(self) -> str:
         """Why the connection went down ('' while it is up)."""

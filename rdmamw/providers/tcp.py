@@ -62,6 +62,31 @@ def _tune(sock: socket.socket) -> None:
                     max(1, int(peer_timeout() * 1000)))
 
 
+def parse_hello(peer: dict, accepting: bool) -> dict:
+    """The checked fields of a peer's hello, or ProtocolError (a fuzz target)."""
+    if field(peer, "v", int) != PROTOCOL_VERSION:
+        raise ProtocolError(f"peer speaks protocol version {peer['v']}, we speak "
+                            f"{PROTOCOL_VERSION}")
+    out = {"slots": field(peer, "slots", int), "slot_size": field(peer, "slot_size", int)}
+    try:
+        _layout.check_ring(out["slots"], out["slot_size"])
+    except ValueError as e:
+        raise ProtocolError(f"peer ring: {e}") from None
+    hb = peer.get("hb", 0.25)
+    if not isinstance(hb, (int, float)) or isinstance(hb, bool) or not 0 <= hb <= 60:
+        raise ProtocolError("handshake field 'hb' is not a heartbeat interval")
+    out["hb"] = float(hb)
+    if accepting:
+        out["mode"] = field(peer, "mode", str)
+        if out["mode"] not in ("batched", "ack"):
+            raise ProtocolError(f"peer asked for unknown mode {out['mode']!r}")
+        if "rank" in peer:
+            out["rank"] = field(peer, "rank", int)
+            if not 0 <= out["rank"] < 1 << 31:
+                raise ProtocolError(f"peer claims rank {out['rank']}")
+    return out
+
+
 def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
                rank: int | None) -> Connected:
     """Token check, hellos, blocks; ``mode`` is given by the opener, None on accept."""
@@ -77,26 +102,9 @@ def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None
         if rank is not None:
             hello["rank"] = rank
     send_frame(conn, hello)
-    peer = recv_frame(conn)
-    if field(peer, "v", int) != PROTOCOL_VERSION:
-        raise ProtocolError(f"peer speaks protocol version {peer['v']}, we speak "
-                            f"{PROTOCOL_VERSION}")
-    peer_slots, peer_slot_size = field(peer, "slots", int), field(peer, "slot_size", int)
-    try:
-        _layout.check_ring(peer_slots, peer_slot_size)
-    except ValueError as e:
-        raise ProtocolError(f"peer ring: {e}") from None
-    peer_hb = peer.get("hb", 0.25)
-    if not isinstance(peer_hb, (int, float)) or isinstance(peer_hb, bool) \
-            or not 0 <= peer_hb <= 60:
-        raise ProtocolError("handshake field 'hb' is not a heartbeat interval")
-    peer_rank = None
-    if mode is None:
-        mode = field(peer, "mode", str)
-        if mode not in ("batched", "ack"):
-            raise ProtocolError(f"peer asked for unknown mode {mode!r}")
-        if "rank" in peer:
-            peer_rank = field(peer, "rank", int)
+    peer = parse_hello(recv_frame(conn), accepting=mode is None)
+    peer_slots, peer_slot_size, peer_hb = peer["slots"], peer["slot_size"], peer["hb"]
+    mode = mode or peer["mode"]
     mine = _layout.endpoint_layout(slots, slot_size, peer_slots)
     theirs = _layout.endpoint_layout(peer_slots, peer_slot_size, slots)
     host, port = conn.getpeername()[:2]
@@ -116,7 +124,7 @@ def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None
     conn.detach()               # the transport owns the socket, eventfd and block now
     peer_name = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
     return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, peer_name,
-                     peer_rank)
+                     peer.get("rank"))
 
 
 class TcpListener:
