@@ -20,6 +20,7 @@ import rdmamw
 from rdmamw import auth
 from rdmamw.providers import tcp
 from tests.tcp_util import HEARTBEAT, PUBLISH, READ_RESP, WRITE, frame, raw_peer
+from tests.test_faults import STREAMER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -183,20 +184,9 @@ def test_read_is_served_from_registered_regions_only():
         a.transport.close(), b.transport.close()
 
 
-SENDER = """
-import sys, rdmamw
-ch = rdmamw.Channel.open(sys.argv[1], timeout=10, slots=8, slot_size=1024)
-print("ready", flush=True)
-i = 0
-while True:
-    ch.send_batch([b"%d" % (i + k) for k in range(16)])
-    i += 16
-"""
-
-
 def test_sigkilled_sender_gives_peer_lost_quickly_and_in_order():
     with rdmamw.listen("tcp://127.0.0.1:0", slots=8, slot_size=1024) as lst:
-        p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SENDER), lst.address],
+        p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(STREAMER), lst.address],
                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
         ch = lst.accept(timeout=10)
         assert p.stdout.readline().strip() == "ready"
