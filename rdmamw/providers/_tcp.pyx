@@ -424,11 +424,15 @@ def free_block(size_t addr) -> None:
 
 # ---- decoder harness (fuzzing only) ----------------------------------------------
 
-def apply_stream(bytes data, size_t region_bytes=4096) -> tuple:
+def apply_stream(bytes data, size_t region_bytes=4096, bint answer_reads=True) -> tuple:
     """Feed ``data`` as the byte stream of a connection to a progress thread whose
     four regions are ``region_bytes`` each, surrounded by guard bytes; return
     (frames applied, why it stopped, guards intact). For the fuzz tests: whatever
-    the bytes, nothing outside the regions may change and nothing may crash."""
+    the bytes, nothing outside the regions may change and nothing may crash.
+
+    ``answer_reads=False`` is the fast mode of bench/fuzz_tcp.py: no helper threads
+    (``data`` must fit the socket buffer), and the first READ_REQ that passes the
+    bounds check ends the stream (its answer cannot be sent)."""
     cdef size_t guard = 4096
     cdef size_t total = 2 * guard + RT_NREG * region_bytes
     cdef char *mem = <char *>malloc(total)
@@ -442,6 +446,7 @@ def apply_stream(bytes data, size_t region_bytes=4096) -> tuple:
     memset(mem, 0xA5, total)
     a, b = socket.socketpair()
     evfd = os.eventfd(0, os.EFD_NONBLOCK)
+    threads = []
     try:
         a.setblocking(False)
         pthread_mutex_init(&c.send_mu, NULL)
@@ -455,22 +460,26 @@ def apply_stream(bytes data, size_t region_bytes=4096) -> tuple:
         c.evfd = evfd
         c.state = RT_UP
         c.timeout_ns = 2000000000
-        # READ_REQ frames are answered: drain the answers so the decoder never blocks
-        drain = threading.Thread(target=_drain, args=(b,), daemon=True)
-        feed = threading.Thread(target=_feed, args=(b, data), daemon=True)
-        drain.start()
-        feed.start()
+        if answer_reads:    # READ_REQ frames are answered: drain so nothing blocks
+            threads = [threading.Thread(target=_drain, args=(b,), daemon=True),
+                       threading.Thread(target=_feed, args=(b, data), daemon=True)]
+            for t in threads:
+                t.start()
+        else:
+            b.sendall(data)
+            b.shutdown(socket.SHUT_WR)
+            b.shutdown(socket.SHUT_RD)
         with nogil:
             rt_progress(c)
-        a.shutdown(socket.SHUT_RDWR)
-        feed.join()
-        drain.join()
         for i in range(<int>guard):
             if <unsigned char>mem[i] != 0xA5 or <unsigned char>mem[total - 1 - i] != 0xA5:
                 intact = False
                 break
         return c.frames_rx, _WHY.get(c.why, c.why), intact
     finally:
+        a.shutdown(socket.SHUT_RDWR)
+        for t in threads:
+            t.join()
         a.close()
         b.close()
         os.close(evfd)
