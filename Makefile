@@ -23,6 +23,7 @@ demo: $(STAMP)
 	$(VENV)/bin/rdmamw demo
 
 test: $(STAMP)
+	bash scripts/setup_test_deps.sh
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q -p no:cacheprovider
 

@@ -32,6 +32,7 @@ extensions = [
     ext("rdmamw.bitmap._phase", "rdmamw/bitmap/_phase.pyx"),
     ext("rdmamw._core", "rdmamw/_core.pyx"),
     ext("rdmamw.providers._shm", "rdmamw/providers/_shm.pyx"),
+    ext("rdmamw.providers._tcp", "rdmamw/providers/_tcp.pyx"),
 ]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES, nthreads=0))

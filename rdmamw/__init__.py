@@ -8,6 +8,7 @@
 """
 
 from rdmamw import errors
+from rdmamw.bootstrap import World, finalize, init, world
 from rdmamw.channel import Channel, Listener, Message, SendHandle, listen
 from rdmamw.errors import (
     ChannelClosed,
@@ -35,6 +36,10 @@ __all__ = [
     "RdmamwError",
     "SendHandle",
     "Timeout",
+    "World",
     "errors",
+    "finalize",
+    "init",
     "listen",
+    "world",
 ]

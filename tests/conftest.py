@@ -20,7 +20,10 @@ def unique_name(tag: str = "t") -> str:
 
 #: providers the channel suite runs on; a provider joins by adding its listen-address
 #: factory here (tests that need a device skip with a reason where there is none)
-LISTEN_ADDRESS = {"shm": lambda: f"shm://{unique_name()}"}
+LISTEN_ADDRESS = {
+    "shm": lambda: f"shm://{unique_name()}",
+    "tcp": lambda: "tcp://127.0.0.1:0",      # ephemeral port; Listener.address is the bound one
+}
 
 
 def test_providers() -> list[str]:

@@ -115,10 +115,11 @@ def test_message_context_manager_and_collection_reclaim(mode, provider):
 def test_recv_batch_max_messages(pair):
     a, b = pair
     a.send_batch([b"%d" % i for i in range(10)])
-    first = b.recv_batch(max_messages=3, timeout=5)
-    assert [bytes(m) for m in first] == [b"0", b"1", b"2"]
-    rest = recv_all(b, 7)
-    assert rest == [b"%d" % i for i in range(3, 10)]
+    first = [bytes(m) for m in b.recv_batch(max_messages=3, timeout=5)]
+    # on an asynchronous transport (tcp) fewer than 3 may have arrived yet
+    assert 1 <= len(first) <= 3 and first == [b"%d" % i for i in range(len(first))]
+    rest = recv_all(b, 10 - len(first))
+    assert rest == [b"%d" % i for i in range(len(first), 10)]
     with pytest.raises(ValueError):
         b.recv_batch(max_messages=0)
 

@@ -69,7 +69,7 @@ def test_bad_addresses(address):
 
 def test_planned_providers_say_so():
     with pytest.raises(rdmamw.ProviderUnavailable):
-        rdmamw.Channel.open("tcp://127.0.0.1:1", timeout=0.1)
+        rdmamw.Channel.open("verbs://127.0.0.1:1", timeout=0.1)
 
 
 def test_bad_parameters():

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import rdmamw
-from tests.conftest import shm_entries, unique_name
+from tests.conftest import LISTEN_ADDRESS, shm_entries, unique_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,11 +57,10 @@ def memfd_count() -> int:
     return n
 
 
-def test_sender_killed_mid_stream_receiver_gets_peer_lost():
+def test_sender_killed_mid_stream_receiver_gets_peer_lost(provider):
     before, fds = shm_entries(), memfd_count()
-    address = f"shm://{unique_name('kill')}"
-    with rdmamw.listen(address, slots=8, slot_size=1024) as lst:
-        p = spawn(STREAMER, address, wait_ready=False)
+    with rdmamw.listen(LISTEN_ADDRESS[provider](), slots=8, slot_size=1024) as lst:
+        p = spawn(STREAMER, lst.address, wait_ready=False)
         ch = lst.accept(timeout=10)
         assert p.stdout.readline().strip() == "ready"
         received = []

@@ -26,12 +26,15 @@ class Channel(Engine):
     engine (rdmamw/_core.pyx) and run without per-call Python overhead."""
 
     peer: str
+    peer_rank: int | None       # set when opened by rank (rdmamw.init)
 
     @classmethod
-    def open(cls, peer: str, *, mode: str = "batched", timeout: float | None = None,
+    def open(cls, peer: str | int, *, mode: str = "batched", timeout: float | None = None,
              slots: int = DEFAULT_SLOTS, slot_size: int = DEFAULT_SLOT_SIZE,
              spin_us: float = DEFAULT_SPIN_US) -> Channel:
-        """Connect to ``peer`` (``"shm://NAME"``), retrying while nobody listens yet.
+        """Connect to ``peer`` (``"shm://NAME"``, ``"tcp://HOST:PORT"``, or after
+        :func:`rdmamw.init` a rank: both ranks call ``open`` with the other's rank and
+        the provider is chosen for them), retrying while nobody listens yet.
 
         ``mode="batched"`` is the bitmap protocol; ``mode="ack"`` the per-message
         acknowledged baseline. ``slots`` x ``slot_size`` is the ring *this* side
@@ -39,10 +42,15 @@ class Channel(Engine):
         ``timeout=None`` means 30 s for the connection to be made."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-        scheme, where = split_address(peer)
         t = DEFAULT_OPEN_TIMEOUT if timeout is None else float(timeout)
-        conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
-                                        slot_size=slot_size)
+        if isinstance(peer, int) and not isinstance(peer, bool):
+            from rdmamw.bootstrap import connect_rank
+            conn = connect_rank(peer, mode=mode, timeout=t, slots=slots, slot_size=slot_size)
+            conn.peer_rank = peer
+        else:
+            scheme, where = split_address(peer)
+            conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
+                                            slot_size=slot_size)
         return _make(cls, conn, spin_us)
 
     def __enter__(self) -> Channel:
@@ -65,6 +73,7 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float) -> Channel:
         conn.transport.close()
         raise
     ch.peer = conn.peer
+    ch.peer_rank = conn.peer_rank
     return ch
 
 

@@ -13,8 +13,8 @@ from typing import Any
 from rdmamw.errors import ProviderUnavailable
 
 #: scheme -> module providing it; the ones not built yet say so instead of importing.
-PROVIDERS = {"shm": "rdmamw.providers.shm"}
-PLANNED = {"tcp": "the tcp provider", "verbs": "the verbs provider"}
+PROVIDERS = {"shm": "rdmamw.providers.shm", "tcp": "rdmamw.providers.tcp"}
+PLANNED = {"verbs": "the verbs provider"}
 
 
 @dataclass
@@ -28,6 +28,7 @@ class Connected:
     peer_slot_size: int
     mode: str
     peer: str
+    peer_rank: int | None = None    # the opener's rank, when it gave one (bootstrap)
 
 
 def provider(scheme: str):

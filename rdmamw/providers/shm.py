@@ -21,10 +21,13 @@ from rdmamw import _layout
 from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import Connected
 from rdmamw.providers._shm import ShmTransport
+from rdmamw.providers._wire import MAX_HELLO as _MAX_HELLO
+from rdmamw.providers._wire import field as _field
+from rdmamw.providers._wire import recv_frame as _recv_frame
+from rdmamw.providers._wire import send_frame as _send_frame
 
 PROTOCOL_VERSION = 1
 _PREFIX = b"\0rdmamw-shm/"
-_MAX_HELLO = 4096
 
 
 def _address(name: str) -> bytes:
@@ -41,41 +44,6 @@ def _check_peer_user(conn: socket.socket) -> None:
     _pid, uid, _gid = struct.unpack("3i", creds)
     if uid != os.getuid() and os.getuid() != 0:
         raise RdmamwError(f"refusing shm peer of uid {uid}")
-
-
-def _send_frame(conn: socket.socket, obj: dict) -> None:
-    data = msgpack.packb(obj)
-    conn.sendall(struct.pack("<I", len(data)) + data)
-
-
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = conn.recv(n - len(buf))
-        if not chunk:
-            raise ProtocolError("peer closed the connection during the handshake")
-        buf += chunk
-    return bytes(buf)
-
-
-def _recv_frame(conn: socket.socket) -> dict:
-    (n,) = struct.unpack("<I", _recv_exact(conn, 4))
-    if n > _MAX_HELLO:
-        raise ProtocolError(f"handshake frame of {n} bytes")
-    try:
-        obj = msgpack.unpackb(_recv_exact(conn, n), strict_map_key=True)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
-        raise ProtocolError(f"malformed handshake frame: {e}") from None
-    if not isinstance(obj, dict):
-        raise ProtocolError("handshake frame is not a map")
-    return obj
-
-
-def _field(hello: dict, key: str, kind: type):
-    value = hello.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ProtocolError(f"handshake field {key!r} missing or not {kind.__name__}")
-    return value
 
 
 def _regions(lay: _layout.Layout) -> tuple:

@@ -1,0 +1,115 @@
+"""Shared-token authentication of every tcp connection (channels and the bootstrap
+store): a mutual HMAC-SHA256 challenge-response, so the token never crosses the
+wire and a replayed transcript is useless (both sides contribute a fresh nonce).
+
+The token is ``RDMAMW_TOKEN`` if set, else the one ``rdmamw.init()`` installed, else
+a per-user secret in ``~/.config/rdmamw/token`` (mode 0600, created on first use),
+which is enough for processes of one user on one host or a shared home."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import socket
+
+from rdmamw.errors import ProtocolError
+
+MAGIC = b"RDMW"
+VERSION = 1
+NONCE = 16
+MAC = 32
+HELLO_BYTES = len(MAGIC) + 1 + NONCE          # listener -> opener
+PROOF_BYTES = HELLO_BYTES + MAC               # opener -> listener
+
+_installed: bytes | None = None
+
+
+class AuthError(ProtocolError):
+    """The peer does not know the shared token (or spoke garbage)."""
+
+
+def set_token(token: str | bytes | None) -> None:
+    """Use ``token`` for connections made from now on (``None``: back to the default)."""
+    global _installed
+    _installed = token.encode() if isinstance(token, str) else token
+
+
+def _token_file() -> str:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "rdmamw", "token")
+
+
+def token() -> bytes:
+    env = os.environ.get("RDMAMW_TOKEN")
+    if env:
+        return env.encode()
+    if _installed:
+        return _installed
+    path = _token_file()
+    try:
+        with open(path, "rb") as f:
+            data = f.read().strip()
+        if data:
+            return data
+    except FileNotFoundError:
+        pass
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fresh = secrets.token_hex(32).encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:       # another process won the race: use its token
+        return token()
+    with os.fdopen(fd, "wb") as f:
+        f.write(fresh)
+    return fresh
+
+
+def _mac(key: bytes, label: bytes, a: bytes, b: bytes) -> bytes:
+    return hmac.new(key, label + a + b, hashlib.sha256).digest()
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise AuthError("peer hung up during authentication")
+        buf += chunk
+    return bytes(buf)
+
+
+def check_hello(data: bytes) -> bytes:
+    """The listener's nonce from its hello, or AuthError."""
+    if len(data) != HELLO_BYTES or data[:4] != MAGIC or data[4] != VERSION:
+        raise AuthError("not an rdmamw peer (bad magic or version)")
+    return data[5:]
+
+
+def check_proof(data: bytes, key: bytes, nonce_l: bytes) -> bytes:
+    """The opener's nonce if its proof is right, else AuthError."""
+    nonce_o = check_hello(data[:HELLO_BYTES]) if len(data) == PROOF_BYTES else None
+    if nonce_o is None or not hmac.compare_digest(data[HELLO_BYTES:],
+                                                  _mac(key, b"open", nonce_l, nonce_o)):
+        raise AuthError("peer failed to prove the shared token")
+    return nonce_o
+
+
+def accept_side(conn: socket.socket, key: bytes | None = None) -> None:
+    """Listener half: challenge, check the opener's proof, prove ourselves."""
+    key = token() if key is None else key
+    nonce_l = secrets.token_bytes(NONCE)
+    conn.sendall(MAGIC + bytes([VERSION]) + nonce_l)
+    nonce_o = check_proof(_recv_exact(conn, PROOF_BYTES), key, nonce_l)
+    conn.sendall(_mac(key, b"accept", nonce_o, nonce_l))
+
+
+def open_side(conn: socket.socket, key: bytes | None = None) -> None:
+    """Opener half: answer the challenge, then check the listener knows the token too."""
+    key = token() if key is None else key
+    nonce_l = check_hello(_recv_exact(conn, HELLO_BYTES))
+    nonce_o = secrets.token_bytes(NONCE)
+    conn.sendall(MAGIC + bytes([VERSION]) + nonce_o + _mac(key, b"open", nonce_l, nonce_o))
+    if not hmac.compare_digest(_recv_exact(conn, MAC), _mac(key, b"accept", nonce_o, nonce_l)):
+        raise AuthError("listener failed to prove the shared token")

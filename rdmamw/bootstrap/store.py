@@ -1,0 +1,171 @@
+"""The rendezvous store: rank 0 collects every rank's endpoint descriptor and hands
+the whole table back, once. Connections prove the shared token (rdmamw.auth) before
+a byte of msgpack is read; garbage is logged and dropped, never fatal. A rank that
+never shows up makes init() fail with a Timeout that names it, on every rank."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import secrets
+import socket
+import time
+from collections.abc import Callable
+
+from rdmamw import auth
+from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
+from rdmamw.providers._wire import field, recv_frame, send_frame
+
+log = logging.getLogger("rdmamw.bootstrap")
+JOIN_LIMIT = 16384
+STEP_TIMEOUT = 10.0             # one joiner's handshake; a slow one cannot stall rank 0
+
+
+def _table_limit(world_size: int) -> int:
+    return 65536 + 1024 * world_size
+
+
+def _family(host: str) -> int:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Rank 0's store socket, or a clear error when the port is taken."""
+    sock = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise RdmamwError(f"rendezvous port {host}:{port} is already in use (another "
+                              f"job, or a rank 0 that is still running?); choose another "
+                              f"MASTER_PORT") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise RdmamwError(f"rank 0 cannot listen on MASTER_ADDR={host}: not an address "
+                              f"of this host") from None
+        raise
+    sock.listen(1024)
+    return sock
+
+
+class _Ranks:
+    """Which ranks joined; ps-lite roles without an id get the next free one."""
+
+    def __init__(self, world_size: int, ranges: dict[str, range]) -> None:
+        self.world_size, self.ranges = world_size, ranges
+        self.table: dict[int, dict] = {}
+
+    def assign(self, rank: int | None, role: str | None) -> int:
+        if rank is None:
+            free = [r for r in self.ranges.get(role or "", ()) if r not in self.table]
+            if not free:
+                raise ProtocolError(f"no free rank left for role {role!r}")
+            return free[0]
+        if not 0 <= rank < self.world_size:
+            raise ProtocolError(f"rank {rank} is outside the world of {self.world_size}")
+        if rank in self.table:
+            raise ProtocolError(f"rank {rank} joined twice")
+        return rank
+
+    def missing(self) -> list[int]:
+        return [r for r in range(self.world_size) if r not in self.table]
+
+
+def serve(sock: socket.socket, world_size: int, me: dict, timeout: float,
+          ranges: dict[str, range] | None = None) -> tuple[dict[int, dict], str]:
+    """Rank 0: collect all descriptors (rank 0's is ``me``), reply the table and a
+    job id to every rank, return both. Timeout names the ranks that never came."""
+    ranks = _Ranks(world_size, ranges or {})
+    ranks.table[0] = me
+    conns: list[tuple[socket.socket, int]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while ranks.missing():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = ranks.missing()
+                for c, _ in conns:
+                    _try_send(c, {"ok": False, "missing": missing})
+                raise Timeout(f"rdmamw.init(): ranks {missing} of {world_size} never joined "
+                              f"the rendezvous within {timeout:g} s")
+            sock.settimeout(left)
+            try:
+                conn, addr = sock.accept()
+            except TimeoutError:
+                continue
+            try:
+                conn.settimeout(min(STEP_TIMEOUT, max(left, 1.0)))
+                auth.accept_side(conn)
+                join = recv_frame(conn, JOIN_LIMIT)
+                rank = join.get("rank")
+                if rank is not None:
+                    rank = field(join, "rank", int)
+                role = join.get("role")
+                desc = field(join, "desc", dict)
+                rank = ranks.assign(rank, role if isinstance(role, str) else None)
+                desc["rank"] = rank
+                ranks.table[rank] = desc
+                conns.append((conn, rank))
+            except (ProtocolError, OSError) as e:
+                log.warning("rdmamw rendezvous: dropped connection from %s: %s", addr, e)
+                _try_send(conn, {"ok": False, "error": str(e)})
+                conn.close()
+        job = secrets.token_hex(6)
+        table = [ranks.table[r] for r in range(world_size)]
+        for c, r in conns:
+            _try_send(c, {"ok": True, "job": job, "rank": r, "table": table})
+        return ranks.table, job
+    finally:
+        for c, _ in conns:
+            c.close()
+
+
+def _try_send(conn: socket.socket, obj: dict) -> None:
+    try:
+        send_frame(conn, obj)
+    except OSError:
+        pass
+
+
+def join(host: str, port: int, rank: int | None, role: str | None,
+         make_desc: Callable[[str], dict],
+         world_size: int, timeout: float) -> tuple[dict[int, dict], str, int]:
+    """Ranks > 0: send our descriptor, made from the local IP the store is reached
+    from (so our listener binds the interface the others can reach), wait for the
+    table. Returns (table, job id, our rank)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        conn.settimeout(max(0.05, min(2.0, deadline - time.monotonic())))
+        try:
+            conn.connect((host, port))
+            break
+        except (ConnectionRefusedError, TimeoutError, OSError) as e:
+            conn.close()
+            if time.monotonic() >= deadline:
+                raise Timeout(f"rdmamw.init(): rank 0 (rendezvous {host}:{port}) did not "
+                              f"answer within {timeout:g} s ({e}); missing ranks: [0]") from None
+            time.sleep(0.05)
+    try:
+        conn.settimeout(max(1.0, deadline - time.monotonic()))
+        auth.open_side(conn)
+        desc = make_desc(conn.getsockname()[0])
+        send_frame(conn, {"rank": rank, "role": role, "desc": desc})
+        conn.settimeout(max(1.0, deadline - time.monotonic()) + 5.0)
+        reply = recv_frame(conn, _table_limit(world_size))
+    except TimeoutError:
+        raise Timeout(f"rdmamw.init(): no table from rank 0 within {timeout:g} s") from None
+    except ProtocolError as e:
+        raise PeerNotFound(f"rdmamw.init(): rendezvous with {host}:{port} failed: {e}") from None
+    finally:
+        conn.close()
+    if reply.get("ok") is not True:
+        if "missing" in reply:
+            raise Timeout(f"rdmamw.init(): ranks {reply['missing']} of {world_size} never "
+                          f"joined the rendezvous")
+        raise RdmamwError(f"rdmamw.init(): rank 0 refused us: {reply.get('error')}")
+    raw = field(reply, "table", list)
+    if len(raw) != world_size or not all(isinstance(d, dict) for d in raw):
+        raise ProtocolError(f"rendezvous table of {len(raw)} entries for {world_size} ranks")
+    return dict(enumerate(raw)), field(reply, "job", str), field(reply, "rank", int)

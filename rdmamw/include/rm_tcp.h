@@ -1,0 +1,322 @@
+/* The tcp provider's data path in plain C, driven by rdmamw/providers/_tcp.pyx.
+ *
+ * A connection carries frames {type, region, length, offset} + payload. The
+ * receiving side's progress thread (no GIL, no Python) reads each frame header,
+ * bounds-checks it against the local regions, then recv()s the payload straight
+ * into the region at that offset: no staging copy. PUBLISH payloads (bitmap and
+ * control words) land in a small buffer first and are stored word by word with
+ * release order, so a reader that sees the word also sees the data sent before it
+ * (TCP keeps the order, this thread applies frames in order). Anything malformed
+ * drops the connection: the local engine then sees PeerLost, never a stray write.
+ *
+ * Liveness: EOF/RST, a socket error, or no byte from the peer for `timeout_ns`
+ * (the peer sends a HEARTBEAT every `hb_ns` while idle) -> state = lost. */
+#ifndef RM_TCP_H
+#define RM_TCP_H
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+enum {
+    RT_WRITE = 1,      /* payload -> region[offset]                           */
+    RT_PUBLISH = 2,    /* 8-byte words -> region[offset], release stores      */
+    RT_WAKE = 3,       /* signal the local waiter (no payload)                */
+    RT_READ_REQ = 4,   /* send back region[offset, +length] as a READ_RESP    */
+    RT_READ_RESP = 5,  /* payload for the oldest outstanding READ_REQ         */
+    RT_HEARTBEAT = 6,  /* liveness only (no payload)                          */
+    RT_WRITE_IMM = 7,  /* WRITE, then signal the local waiter                 */
+    RT_NTYPES = 8
+};
+enum { RT_NREG = 4, RT_RD_MAX = 256, RT_IOV_MAX = 1024 };
+/* state: 1 = up, else RM_ERR_PEER_LOST (-2) / RM_ERR_CLOSED (-3) of _core.pxd */
+enum { RT_UP = 1, RT_LOST = -2, RT_CLOSED = -3 };
+/* why the connection went down (diagnostics) */
+enum { RT_WHY_NONE = 0, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL };
+
+typedef struct {
+    uint16_t type;
+    uint16_t region;
+    uint32_t length;
+    uint64_t offset;
+} rt_frame;                 /* 16 bytes, little-endian on the wire (x86/arm64 hosts) */
+
+typedef struct {
+    int sock, evfd;
+    int state, stop, waiting, why, err_no;
+    uint64_t pub_gen, seen_gen;
+    char *addr[RT_NREG];
+    uint64_t len[RT_NREG];
+    char *pubbuf;
+    uint32_t pubcap;
+    pthread_mutex_t send_mu;
+    int64_t last_rx, last_tx, hb_ns, timeout_ns;
+    uint64_t rd_addr[RT_RD_MAX];
+    uint32_t rd_len[RT_RD_MAX];
+    uint64_t rd_posted, rd_done;
+    uint64_t frames_rx, bytes_rx, wakes_rx, heartbeats_tx;
+    rt_frame bad;           /* the frame that broke the connection, if any */
+} rt_conn;
+
+static inline int64_t rt_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline int rt_state(rt_conn *c) { return __atomic_load_n(&c->state, __ATOMIC_ACQUIRE); }
+
+static inline void rt_signal(rt_conn *c) {
+    uint64_t one = 1;
+    ssize_t r = write(c->evfd, &one, 8);
+    (void)r;                /* EAGAIN: the counter is already non-zero, fine */
+}
+
+/* Mark the connection down (first reason wins), wake the local waiter, and make
+ * the peer see EOF. */
+static void rt_lose(rt_conn *c, int why, int err) {
+    int up = RT_UP;
+    if (__atomic_compare_exchange_n(&c->state, &up, RT_LOST, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST)) {
+        c->why = why;
+        c->err_no = err;
+    }
+    shutdown(c->sock, SHUT_RDWR);
+    rt_signal(c);
+}
+
+/* Send all of iov[0..cnt) (caller holds send_mu). Partial writes advance the
+ * vector in place; a full socket buffer blocks in poll() until it drains or the
+ * connection goes down. Returns 0 or RT_LOST / RT_CLOSED. */
+static int rt_send_locked(rt_conn *c, struct iovec *iov, int cnt) {
+    struct msghdr msg;
+    struct pollfd pfd;
+    ssize_t r;
+    int st;
+    while (cnt > 0 && iov[0].iov_len == 0) { iov++; cnt--; }
+    while (cnt > 0) {
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = iov;
+        msg.msg_iovlen = cnt < RT_IOV_MAX ? cnt : RT_IOV_MAX;
+        r = sendmsg(c->sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                st = rt_state(c);
+                if (st != RT_UP) return st;
+                pfd.fd = c->sock;
+                pfd.events = POLLOUT;
+                pfd.revents = 0;
+                poll(&pfd, 1, 50);
+                continue;
+            }
+            st = rt_state(c);
+            if (st == RT_CLOSED) return st;
+            rt_lose(c, RT_WHY_IO, errno);
+            return RT_LOST;
+        }
+        __atomic_store_n(&c->last_tx, rt_now(), __ATOMIC_RELAXED);
+        while (r > 0) {
+            if ((size_t)r >= iov[0].iov_len) {
+                r -= (ssize_t)iov[0].iov_len;
+                iov++;
+                cnt--;
+            } else {
+                iov[0].iov_base = (char *)iov[0].iov_base + r;
+                iov[0].iov_len -= (size_t)r;
+                r = 0;
+            }
+        }
+        while (cnt > 0 && iov[0].iov_len == 0) { iov++; cnt--; }
+    }
+    return 0;
+}
+
+static int rt_send_frame_locked(rt_conn *c, uint16_t type, uint16_t region, uint64_t off,
+                                const void *payload, uint32_t length) {
+    rt_frame f;
+    struct iovec iov[2];
+    f.type = type;
+    f.region = region;
+    f.length = length;
+    f.offset = off;
+    iov[0].iov_base = &f;
+    iov[0].iov_len = sizeof f;
+    iov[1].iov_base = (void *)payload;
+    iov[1].iov_len = payload ? length : 0;
+    return rt_send_locked(c, iov, 2);
+}
+
+/* An empty frame (WAKE, HEARTBEAT) from any thread. */
+static int rt_send_empty(rt_conn *c, uint16_t type) {
+    int rc;
+    if (rt_state(c) != RT_UP) return rt_state(c);
+    pthread_mutex_lock(&c->send_mu);
+    rc = rt_send_frame_locked(c, type, 0, 0, NULL, 0);
+    pthread_mutex_unlock(&c->send_mu);
+    return rc;
+}
+
+/* Progress thread: receive exactly n bytes into buf. While waiting, send a
+ * heartbeat when this side has been quiet for hb_ns and give up after timeout_ns
+ * without a byte from the peer. 0 or -RT_WHY_*. */
+static int rt_rx_exact(rt_conn *c, char *buf, uint64_t n) {
+    uint64_t got = 0;
+    ssize_t r;
+    int64_t t, quiet, wait_ms;
+    struct pollfd pfd;
+    while (got < n) {
+        size_t chunk = n - got > (1u << 30) ? (1u << 30) : (size_t)(n - got);
+        r = recv(c->sock, buf + got, chunk, MSG_DONTWAIT);
+        if (r > 0) {
+            got += (uint64_t)r;
+            c->bytes_rx += (uint64_t)r;
+            c->last_rx = rt_now();
+            continue;
+        }
+        if (r == 0) return -RT_WHY_EOF;
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            c->err_no = errno;
+            return -RT_WHY_IO;
+        }
+        if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) return -RT_WHY_LOCAL;
+        t = rt_now();
+        if (c->timeout_ns > 0 && t - c->last_rx > c->timeout_ns) return -RT_WHY_TIMEOUT;
+        wait_ms = 1000;
+        if (c->hb_ns > 0) {
+            quiet = t - __atomic_load_n(&c->last_tx, __ATOMIC_RELAXED);
+            if (quiet >= c->hb_ns && pthread_mutex_trylock(&c->send_mu) == 0) {
+                rt_send_frame_locked(c, RT_HEARTBEAT, 0, 0, NULL, 0);
+                pthread_mutex_unlock(&c->send_mu);
+                c->heartbeats_tx++;
+            }
+            wait_ms = c->hb_ns / 2000000 + 1;
+        }
+        if (c->timeout_ns > 0 && c->timeout_ns / 1000000 < wait_ms) wait_ms = c->timeout_ns / 1000000 + 1;
+        pfd.fd = c->sock;
+        pfd.events = POLLIN;
+        pfd.revents = 0;
+        poll(&pfd, 1, (int)wait_ms);
+    }
+    return 0;
+}
+
+/* Is [off, off+length) inside local region `region`? */
+static inline int rt_in_region(rt_conn *c, uint16_t region, uint64_t off, uint64_t length) {
+    return region < RT_NREG && c->len[region] && off <= c->len[region] &&
+           length <= c->len[region] - off;
+}
+
+/* Apply one frame whose header is in f. 0, or -RT_WHY_*. */
+static int rt_apply(rt_conn *c, const rt_frame *f) {
+    int rc;
+    uint64_t w, *dst, *src;
+    uint64_t k;
+    switch (f->type) {
+    case RT_WRITE:
+    case RT_WRITE_IMM:
+        if (!rt_in_region(c, f->region, f->offset, f->length)) return -RT_WHY_FRAME;
+        rc = rt_rx_exact(c, c->addr[f->region] + f->offset, f->length);
+        if (rc) return rc;
+        if (f->type == RT_WRITE_IMM) rt_signal(c);
+        return 0;
+    case RT_PUBLISH:
+        if (!rt_in_region(c, f->region, f->offset, f->length) || f->length > c->pubcap ||
+            ((f->offset | f->length) & 7))
+            return -RT_WHY_FRAME;
+        rc = rt_rx_exact(c, c->pubbuf, f->length);
+        if (rc) return rc;
+        dst = (uint64_t *)(c->addr[f->region] + f->offset);
+        src = (uint64_t *)c->pubbuf;
+        for (w = 0; w < f->length / 8; w++) __atomic_store_n(&dst[w], src[w], __ATOMIC_RELEASE);
+        __atomic_add_fetch(&c->pub_gen, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&c->waiting, __ATOMIC_SEQ_CST)) rt_signal(c);
+        return 0;
+    case RT_WAKE:
+        if (f->length || f->offset || f->region) return -RT_WHY_FRAME;
+        c->wakes_rx++;
+        rt_signal(c);
+        return 0;
+    case RT_HEARTBEAT:
+        if (f->length || f->offset || f->region) return -RT_WHY_FRAME;
+        return 0;
+    case RT_READ_REQ:
+        if (!rt_in_region(c, f->region, f->offset, f->length)) return -RT_WHY_FRAME;
+        pthread_mutex_lock(&c->send_mu);
+        rc = rt_send_frame_locked(c, RT_READ_RESP, 0, 0, c->addr[f->region] + f->offset,
+                                  f->length);
+        pthread_mutex_unlock(&c->send_mu);
+        return rc ? -RT_WHY_IO : 0;
+    case RT_READ_RESP:
+        k = __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE);
+        if (k >= __atomic_load_n(&c->rd_posted, __ATOMIC_ACQUIRE) || f->region || f->offset ||
+            f->length != c->rd_len[k % RT_RD_MAX])
+            return -RT_WHY_FRAME;
+        rc = rt_rx_exact(c, (char *)(uintptr_t)c->rd_addr[k % RT_RD_MAX], f->length);
+        if (rc) return rc;
+        __atomic_store_n(&c->rd_done, k + 1, __ATOMIC_RELEASE);
+        return 0;
+    default:
+        return -RT_WHY_FRAME;
+    }
+}
+
+/* The progress thread: apply frames until the connection goes down or stop. */
+static void *rt_progress(void *arg) {
+    rt_conn *c = (rt_conn *)arg;
+    rt_frame f;
+    int rc;
+    c->last_rx = rt_now();
+    for (;;) {
+        rc = rt_rx_exact(c, (char *)&f, sizeof f);
+        if (rc == 0) {
+            c->frames_rx++;
+            rc = rt_apply(c, &f);
+            if (rc == -RT_WHY_FRAME) c->bad = f;
+        }
+        if (rc) {
+            if (rc != -RT_WHY_LOCAL) rt_lose(c, -rc, c->err_no);
+            rt_signal(c);
+            return NULL;
+        }
+    }
+}
+
+/* The engine's wait(): block until woken (1), timeout (0) or the peer goes (<0).
+ * Anything published since the last wait() returned counts as a wake-up, so a
+ * PUBLISH that lands between the engine's last check and this call is not lost. */
+static int rt_wait(rt_conn *c, int timeout_ms) {
+    struct pollfd pfd;
+    uint64_t junk, g;
+    int st, r;
+    __atomic_store_n(&c->waiting, 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    g = __atomic_load_n(&c->pub_gen, __ATOMIC_SEQ_CST);
+    st = rt_state(c);
+    if (g != c->seen_gen || st != RT_UP) {
+        __atomic_store_n(&c->waiting, 0, __ATOMIC_SEQ_CST);
+        c->seen_gen = g;
+        return st != RT_UP ? st : 1;
+    }
+    pfd.fd = c->evfd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    r = poll(&pfd, 1, timeout_ms);
+    __atomic_store_n(&c->waiting, 0, __ATOMIC_SEQ_CST);
+    if (r > 0) {
+        ssize_t k = read(c->evfd, &junk, 8);
+        (void)k;
+    }
+    c->seen_gen = __atomic_load_n(&c->pub_gen, __ATOMIC_SEQ_CST);
+    st = rt_state(c);
+    if (st != RT_UP) return st;
+    return r > 0 ? 1 : 0;
+}
+#endif

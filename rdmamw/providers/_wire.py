@@ -1,0 +1,56 @@
+"""Length-prefixed msgpack frames for connection set-up (shm, tcp, the bootstrap
+store): one reader that refuses oversized, malformed or non-map frames with a
+ProtocolError instead of trusting the peer."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import msgpack
+
+from rdmamw.errors import ProtocolError
+
+MAX_HELLO = 4096
+
+
+def send_frame(conn: socket.socket, obj: dict) -> None:
+    data = msgpack.packb(obj)
+    conn.sendall(struct.pack("<I", len(data)) + data)
+
+
+def recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise ProtocolError("peer closed the connection during the handshake")
+        buf += chunk
+    return bytes(buf)
+
+
+def decode(data: bytes) -> dict:
+    """A msgpack map, or ProtocolError (also the fuzz target of the decoders)."""
+    try:
+        obj = msgpack.unpackb(data, strict_map_key=True)
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError) as e:
+        raise ProtocolError(f"malformed handshake frame: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("handshake frame is not a map")
+    return obj
+
+
+def recv_frame(conn: socket.socket, limit: int = MAX_HELLO) -> dict:
+    (n,) = struct.unpack("<I", recv_exact(conn, 4))
+    if n > limit:
+        raise ProtocolError(f"handshake frame of {n} bytes (limit {limit})")
+    return decode(recv_exact(conn, n))
+
+
+def field(hello: dict, key: str, kind: type):
+    """hello[key] if it is a ``kind`` (bool never counts as int), else ProtocolError."""
+    value = hello.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ProtocolError(f"handshake field {key!r} missing or not {kind.__name__}")
+    return value

@@ -1,0 +1,220 @@
+"""The ``tcp`` provider's control path: listen / connect, token check, ring hellos.
+
+``tcp://HOST:PORT`` (``PORT`` 0 = ephemeral; the listener reports the bound port).
+Each connection first proves the shared token both ways (rdmamw.auth), then the
+two sides exchange msgpack hellos with their ring sizes, allocate their blocks and
+hand the socket to the C progress thread (rdmamw/providers/_tcp.pyx). A peer that
+fails any step is logged and dropped; the listener keeps accepting.
+
+Liveness is tunable: ``RDMAMW_TCP_HEARTBEAT`` (s between heartbeats while idle,
+default 0.25) and ``RDMAMW_TCP_PEER_TIMEOUT`` (s of silence before PeerLost, default
+1.5; also the kernel's TCP_USER_TIMEOUT)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import time
+
+from rdmamw import _layout, auth
+from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
+from rdmamw.providers import Connected
+from rdmamw.providers._tcp import TcpTransport, alloc_block, free_block
+from rdmamw.providers._wire import field, recv_frame, send_frame
+from rdmamw.providers.shm import _regions
+
+PROTOCOL_VERSION = 1
+HANDSHAKE_TIMEOUT = 10.0
+log = logging.getLogger("rdmamw.tcp")
+
+
+def heartbeat() -> float:
+    return float(os.environ.get("RDMAMW_TCP_HEARTBEAT", 0.25))
+
+
+def peer_timeout() -> float:
+    return float(os.environ.get("RDMAMW_TCP_PEER_TIMEOUT", 1.5))
+
+
+def parse(where: str) -> tuple[str, int]:
+    """``"HOST:PORT"`` / ``"[V6]:PORT"`` -> (host, port), or ValueError."""
+    host, sep, port = where.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"tcp address {where!r} is not HOST:PORT")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host, int(port)
+
+
+def _family(host: str) -> int:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _tune(sock: socket.socket) -> None:
+    """No Nagle; a dead peer is noticed by the kernel too (keepalive, user timeout)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                    max(1, int(peer_timeout() * 1000)))
+
+
+def parse_hello(peer: dict, accepting: bool) -> dict:
+    """The checked fields of a peer's hello, or ProtocolError (a fuzz target)."""
+    if field(peer, "v", int) != PROTOCOL_VERSION:
+        raise ProtocolError(f"peer speaks protocol version {peer['v']}, we speak "
+                            f"{PROTOCOL_VERSION}")
+    out = {"slots": field(peer, "slots", int), "slot_size": field(peer, "slot_size", int)}
+    try:
+        _layout.check_ring(out["slots"], out["slot_size"])
+    except ValueError as e:
+        raise ProtocolError(f"peer ring: {e}") from None
+    hb = peer.get("hb", 0.25)
+    if not isinstance(hb, (int, float)) or isinstance(hb, bool) or not 0 <= hb <= 60:
+        raise ProtocolError("handshake field 'hb' is not a heartbeat interval")
+    out["hb"] = float(hb)
+    if accepting:
+        out["mode"] = field(peer, "mode", str)
+        if out["mode"] not in ("batched", "ack"):
+            raise ProtocolError(f"peer asked for unknown mode {out['mode']!r}")
+        if "rank" in peer:
+            out["rank"] = field(peer, "rank", int)
+            if not 0 <= out["rank"] < 1 << 31:
+                raise ProtocolError(f"peer claims rank {out['rank']}")
+    return out
+
+
+def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
+               rank: int | None) -> Connected:
+    """Token check, hellos, blocks; ``mode`` is given by the opener, None on accept."""
+    _layout.check_ring(slots, slot_size)
+    if mode is None:
+        auth.accept_side(conn)
+    else:
+        auth.open_side(conn)
+    hello = {"v": PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size,
+             "hb": heartbeat()}
+    if mode is not None:
+        hello["mode"] = mode
+        if rank is not None:
+            hello["rank"] = rank
+    send_frame(conn, hello)
+    peer = parse_hello(recv_frame(conn), accepting=mode is None)
+    peer_slots, peer_slot_size, peer_hb = peer["slots"], peer["slot_size"], peer["hb"]
+    mode = mode or peer["mode"]
+    mine = _layout.endpoint_layout(slots, slot_size, peer_slots)
+    theirs = _layout.endpoint_layout(peer_slots, peer_slot_size, slots)
+    host, port = conn.getpeername()[:2]
+    block = alloc_block(mine.total)
+    evfd = -1
+    try:
+        evfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        tp = TcpTransport()
+        conn.setblocking(False)
+        tp._attach(conn.fileno(), evfd, block, mine.total, _regions(mine), _regions(theirs),
+                   heartbeat(), max(peer_timeout(), 4 * peer_hb))
+    except BaseException:
+        free_block(block)
+        if evfd >= 0:
+            os.close(evfd)
+        raise
+    conn.detach()               # the transport owns the socket, eventfd and block now
+    peer_name = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, peer_name,
+                     peer.get("rank"))
+
+
+class TcpListener:
+    """Accepts tcp connections; bad or unauthenticated peers are logged and dropped."""
+
+    def __init__(self, where: str, slots: int, slot_size: int) -> None:
+        _layout.check_ring(slots, slot_size)
+        host, port = parse(where)
+        self.slots, self.slot_size = slots, slot_size
+        self._sock = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self._sock.bind((host, port))
+        except OSError as e:
+            self._sock.close()
+            if e.errno == errno.EADDRINUSE:
+                raise RdmamwError(f"tcp://{where}: port {port} is already in use") from None
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise RdmamwError(f"tcp://{where}: {host} is not an address of this "
+                                  f"host") from None
+            raise
+        self._sock.listen(128)
+        bound = self._sock.getsockname()
+        self.host, self.port = host, bound[1]
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+    def accept(self, timeout: float | None) -> Connected:
+        """The next peer that completes the handshake, within ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise Timeout(f"no connection to {self.address} within {timeout} s")
+            self._sock.settimeout(left)
+            try:
+                conn, addr = self._sock.accept()
+            except TimeoutError:
+                raise Timeout(f"no connection to {self.address} within {timeout} s") from None
+            try:
+                _tune(conn)
+                conn.settimeout(HANDSHAKE_TIMEOUT)
+                return _handshake(conn, self.slots, self.slot_size, None, None)
+            except (ProtocolError, OSError) as e:
+                log.warning("rdmamw tcp: dropped connection from %s to %s: %s", addr,
+                            self.address, e)
+                conn.close()
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def listen(where: str, *, slots: int, slot_size: int) -> TcpListener:
+    return TcpListener(where, slots, slot_size)
+
+
+def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int,
+            rank: int | None = None) -> Connected:
+    """Connect to ``tcp://where``, retrying until ``timeout`` while nobody listens."""
+    host, port = parse(where)
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            conn.connect((host, port))
+            break
+        except (ConnectionRefusedError, ConnectionResetError):
+            conn.close()
+            if time.monotonic() >= deadline:
+                raise PeerNotFound(f"nobody listens on tcp://{where} "
+                                   f"(waited {timeout:g} s)") from None
+            time.sleep(0.02)
+        except (TimeoutError, OSError) as e:
+            conn.close()
+            raise PeerNotFound(f"tcp://{where} is unreachable: {e}") from None
+    try:
+        _tune(conn)
+        conn.settimeout(max(1.0, deadline - time.monotonic()))
+        return _handshake(conn, slots, slot_size, mode, rank)
+    except TimeoutError:
+        conn.close()
+        raise Timeout(f"handshake with tcp://{where} timed out") from None
+    except BaseException:
+        if conn.fileno() >= 0:
+            conn.close()
+        raise

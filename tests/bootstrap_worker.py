@@ -1,0 +1,60 @@
+"""One rank of a test job: rdmamw.init() from whatever launcher started us, a channel
+to every other rank, messages both ways, one JSON line of results on stdout.
+
+``--hold``: afterwards watch the channels to other hosts (tcp) and report when each
+one raised PeerLost (the fault tests take a host's link down)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+import rdmamw
+
+
+def main() -> None:
+    hold = "--hold" in sys.argv
+    w = rdmamw.init(timeout=float(sys.argv[1]) if len(sys.argv) > 1 and
+                    sys.argv[1][0].isdigit() else 60)
+    chans = {r: rdmamw.Channel.open(r, timeout=60) for r in range(w.world_size)
+             if r != w.rank}
+    big = np.full(16384, w.rank, dtype=np.float32)            # 64 KiB
+    for r, ch in chans.items():
+        ch.send_batch([b"%d->%d #%d" % (w.rank, r, i) for i in range(1000)] + [big])
+    for r, ch in chans.items():
+        got: list = []
+        while len(got) < 1001:
+            got += [bytes(m) for m in ch.recv_batch(timeout=30)]
+        assert got[:1000] == [b"%d->%d #%d" % (r, w.rank, i) for i in range(1000)]
+        assert np.frombuffer(got[1000], np.float32).tolist() == [float(r)] * 16384
+    out = {"rank": w.rank, "world": w.world_size, "launcher": w.launcher,
+           "providers": {r: ch.peer.split("://")[0] for r, ch in chans.items()}}
+    print(json.dumps(out), flush=True)
+    if hold:
+        lost: dict = {}
+        done: set = set()
+        end = time.monotonic() + 10
+        watch = {r: ch for r, ch in chans.items() if ch.peer.startswith("tcp")}
+        while time.monotonic() < end and len(done) < len(watch):
+            for r, ch in watch.items():     # watch the other host's ranks at once
+                if r not in done:
+                    try:
+                        ch.recv(timeout=0.01)
+                    except rdmamw.PeerLost:
+                        lost[r] = time.time()
+                        done.add(r)
+                    except rdmamw.ChannelClosed:
+                        done.add(r)
+                    except rdmamw.Timeout:
+                        pass
+        print(json.dumps({"rank": w.rank, "lost": lost}), flush=True)
+    for ch in chans.values():
+        ch.close()
+    rdmamw.finalize()
+
+
+if __name__ == "__main__":
+    main()

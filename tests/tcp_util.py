@@ -1,0 +1,63 @@
+"""A hand-made tcp peer for tests: authenticates and says hello like rdmamw, then
+lets the test put any bytes on the wire (frames the real provider would never send)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+from rdmamw import auth
+from rdmamw.providers import tcp
+from rdmamw.providers._wire import recv_frame, send_frame
+
+FRAME = struct.Struct("<HHIQ")       # type, region, length, offset
+WRITE, PUBLISH, WAKE, READ_REQ, READ_RESP, HEARTBEAT, WRITE_IMM = range(1, 8)
+
+
+def raw_peer(address: str, slots: int = 16, slot_size: int = 4096,
+             key: bytes | None = None) -> socket.socket:
+    """Connect to an rdmamw tcp listener as an opener and finish the handshake."""
+    host, port = tcp.parse(address.partition("://")[2])
+    s = socket.create_connection((host, port), timeout=5)
+    auth.open_side(s, key)
+    send_frame(s, {"v": 1, "slots": slots, "slot_size": slot_size, "mode": "batched",
+                   "hb": 0.25})
+    recv_frame(s)
+    return s
+
+
+def frame(kind: int, region: int = 0, offset: int = 0, payload: bytes = b"",
+          length: int | None = None) -> bytes:
+    return FRAME.pack(kind, region, len(payload) if length is None else length,
+                      offset) + payload
+
+
+REGION = 4096        # region size of rdmamw.providers._tcp.apply_stream's harness
+
+
+def random_frame(rng) -> bytes:
+    """One frame, mostly near the edges of what is legal (``rng``: random.Random)."""
+    kind = rng.choice([WRITE, WRITE, PUBLISH, PUBLISH, WAKE, HEARTBEAT, READ_REQ, READ_RESP,
+                       WRITE_IMM, 0, 8, rng.randrange(1 << 16)])
+    region = rng.choice([0, 1, 2, 3, 3, 4, rng.randrange(1 << 16)])
+    edge = [0, 8, REGION - 8, REGION, REGION + 8, rng.randrange(REGION + 64),
+            (1 << 64) - 8, rng.randrange(1 << 64)]
+    offset = rng.choice(edge)
+    length = rng.choice([0, 1, 8, 16, REGION - offset % REGION, REGION, REGION + 8,
+                         rng.randrange(64), 0xFFFFFFFF])
+    length &= 0xFFFFFFFF
+    body = rng.randbytes(min(length, REGION + 64, rng.choice([0, length, length, 64])))
+    raw = FRAME.pack(kind, region, length, offset) + body
+    if rng.random() < 0.1:                                  # a torn or garbled frame
+        cut = rng.randrange(len(raw) + 1)
+        raw = raw[:cut] + rng.randbytes(rng.randrange(24))
+    return raw
+
+
+def random_stream(rng, max_frames: int = 6) -> bytes:
+    """A few legal frames, then whatever random_frame gives."""
+    legal = [frame(WRITE, 3, rng.randrange(0, REGION - 64, 8), rng.randbytes(64)),
+             frame(PUBLISH, 1, 0, rng.randbytes(8)), frame(WAKE), frame(HEARTBEAT)]
+    out = [rng.choice(legal) for _ in range(rng.randrange(3))]
+    out += [random_frame(rng) for _ in range(rng.randrange(1, max_frames))]
+    return b"".join(out)

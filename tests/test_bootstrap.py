@@ -1,0 +1,161 @@
+"""rdmamw.init() under each launcher's environment, the rendezvous, Channel.open(rank),
+and the failures a user meets (missing rank, port in use). Jobs across network
+namespaces are in test_multihost.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import rdmamw
+from rdmamw.bootstrap import detect
+from rdmamw.bootstrap.env import first_slurm_host
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = os.path.join(ROOT, "tests", "bootstrap_worker.py")
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
+               "RDMAMW_RANK", "RDMAMW_WORLD_SIZE", "RDMAMW_MASTER_ADDR",
+               "RDMAMW_MASTER_PORT", "RDMAMW_PROVIDER")
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def clean_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCH_VARS and not k.startswith(("OMPI_", "PMI_", "SLURM_", "DMLC_"))}
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("env, expect", [
+    ({"RANK": "2", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"},
+     (2, 4, "10.0.0.1", 1234, "torchrun")),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, (1, 2, "127.0.0.1", 29500, "openmpi")),
+    ({"PMI_RANK": "0", "PMI_SIZE": "3", "MASTER_ADDR": "h0", "MASTER_PORT": "99"},
+     (0, 3, "h0", 99, "mpich")),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_JOB_NODELIST": "gpu[03-04,9]",
+      "SLURM_JOB_ID": "123"}, (5, 8, "gpu03", 20123, "slurm")),
+    ({"DMLC_ROLE": "worker", "DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "3",
+      "DMLC_WORKER_ID": "1", "DMLC_PS_ROOT_URI": "sched", "DMLC_PS_ROOT_PORT": "9000"},
+     (4, 6, "sched", 9000, "ps-lite")),
+    ({"DMLC_ROLE": "server", "DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "3",
+      "DMLC_PS_ROOT_URI": "sched", "DMLC_PS_ROOT_PORT": "9000"},
+     (None, 6, "sched", 9000, "ps-lite")),
+    ({"RANK": "0", "WORLD_SIZE": "2", "RDMAMW_MASTER_ADDR": "a", "MASTER_ADDR": "b",
+      "RDMAMW_MASTER_PORT": "7", "MASTER_PORT": "8"}, (0, 2, "a", 7, "torchrun")),
+])
+def test_launcher_environments(env, expect):
+    info = detect(env)
+    assert (info.rank, info.world_size, info.master_addr, info.master_port,
+            info.launcher) == expect
+
+
+@pytest.mark.parametrize("env, match", [
+    ({}, "no launcher environment"),
+    ({"RANK": "4", "WORLD_SIZE": "4", "MASTER_ADDR": "x"}, "outside"),
+    ({"RANK": "x", "WORLD_SIZE": "4"}, "not an integer"),
+    ({"PMI_RANK": "0", "PMI_SIZE": "4"}, "MASTER_ADDR"),      # multi-host, no address
+    ({"DMLC_ROLE": "boss"}, "scheduler, server or worker"),
+])
+def test_bad_launcher_environments(env, match):
+    with pytest.raises(rdmamw.RdmamwError, match=match):
+        detect(env)
+
+
+def test_slurm_host_lists():
+    assert first_slurm_host("node7") == "node7"
+    assert first_slurm_host("a[10-12],b3") == "a10"
+
+
+def json_objects(text: str) -> list[dict]:
+    """Every JSON object in ``text`` (mpirun may join the ranks' lines)."""
+    dec, out, i = json.JSONDecoder(), [], text.find("{")
+    while i >= 0:
+        obj, end = dec.raw_decode(text, i)
+        out.append(obj)
+        i = text.find("{", end)
+    return out
+
+
+def run_job(n: int, timeout: float = 120, hold: bool = False, **env: str):
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, WORKER, "60"] + (["--hold"] if hold else []),
+                              env=clean_env(RANK=str(r), WORLD_SIZE=str(n),
+                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **env),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=ROOT)
+             for r in range(n)]
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    return [json.loads(out.splitlines()[0]) for out, _ in outs]
+
+
+def test_torchrun_style_job_on_one_host_uses_shm():
+    res = run_job(3)
+    assert [r["rank"] for r in res] == [0, 1, 2]
+    assert all(set(r["providers"].values()) == {"shm"} for r in res)
+    assert {r["launcher"] for r in res} == {"torchrun"}
+
+
+def test_provider_can_be_forced_to_tcp():
+    res = run_job(3, RDMAMW_PROVIDER="tcp")
+    assert all(set(r["providers"].values()) == {"tcp"} for r in res)
+
+
+def test_missing_rank_times_out_naming_it():
+    port = str(free_port())
+    code = "import rdmamw; rdmamw.init(timeout=1.5)"
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                              stderr=subprocess.PIPE,
+                              env=clean_env(RANK=str(r), WORLD_SIZE="4",
+                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+             for r in (0, 2)]
+    errs = [p.communicate(timeout=60)[1] for p in procs]
+    for p, err in zip(procs, errs, strict=True):
+        assert p.returncode != 0
+        assert "Timeout" in err and "[1, 3]" in err, err
+
+
+def test_rank_zero_port_in_use_is_a_clear_error():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    code = "import rdmamw; rdmamw.init(timeout=1)"
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, text=True,
+                       capture_output=True, timeout=60,
+                       env=clean_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                     MASTER_PORT=str(s.getsockname()[1])))
+    s.close()
+    assert p.returncode != 0 and "already in use" in p.stderr
+
+
+def test_open_by_rank_needs_init():
+    rdmamw.finalize()
+    with pytest.raises(rdmamw.RdmamwError, match="init"):
+        rdmamw.Channel.open(1, timeout=0.1)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun (MPICH) installed")
+def test_job_started_by_mpirun():
+    out = subprocess.run(
+        ["mpirun", "-n", "2", "-genv", "MASTER_PORT", str(free_port()),
+         sys.executable, WORKER, "60"],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    res = sorted(json_objects(out.stdout), key=lambda r: r["rank"])
+    assert [r["rank"] for r in res] == [0, 1]
+    assert {r["launcher"] for r in res} == {"mpich"}
