@@ -94,6 +94,7 @@ cdef int64_t PEER_CHECK_NS = 1000000    # ask the provider about the peer this o
 cdef uint64_t NOGIL_BYTES = 16384       # batches from this size on copy without the GIL
 cdef uint64_t SNAP_DEPTH = 16           # arrival-word snapshots in flight (async transports)
 cdef uint32_t RECV_CALL_BYTES = 1 << 20 # slot memory one recv_batch call may hand out
+cdef int64_t GIL_SPIN_NS = 3000         # a receive polls this long before releasing the GIL
 cdef uint32_t FLUSH_BYTES = 1 << 18     # slot memory released before a lazy write-back
 
 cdef inline int64_t now_ns() noexcept nogil:
@@ -1071,6 +1072,19 @@ cdef class Engine:
                 self.n_slots_recv += 1
         return got
 
+    cdef bint _spin_with_gil(self) noexcept:
+        """Poll a few microseconds before giving up the GIL: a reply that is about to
+        land (ping-pong) costs less than a GIL release and re-acquire."""
+        cdef int64_t end = now_ns() + GIL_SPIN_NS
+        cdef uint32_t i
+        while True:
+            if self._has_arrivals():
+                return True
+            for i in range(16):
+                rm_cpu_relax()
+            if now_ns() >= end:
+                return False
+
     cdef bint _has_arrivals(self) noexcept nogil:
         return self.cur_left != 0 or self.ready_len != 0 or self.rbm.pending(self.pend, 1) != 0
 
@@ -1170,6 +1184,9 @@ cdef class Engine:
                     if st < 0:
                         self._raise_peer(st, "receive")
                     raise Timeout("no message within the timeout")
+                if first_wait and self._spin_with_gil():
+                    first_wait = False
+                    continue
                 with nogil:
                     st = self._wait_arrival(self._slice_end(deadline), first_wait)
                 first_wait = False
