@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: demo test test-host bench lint build clean
+.PHONY: demo test test-slow bench lint build clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,9 @@ test: $(STAMP)
 	bash scripts/setup_test_deps.sh
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q -p no:cacheprovider
+
+test-slow: $(STAMP)
+	$(VPY) -m pytest -q -p no:cacheprovider -m slow --timeout 900
 
 bench: $(STAMP)
 	bash bench/setup.sh $(VPY)
