@@ -20,8 +20,8 @@ from rdmamw.bootstrap.env import first_slurm_host
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "bootstrap_worker.py")
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
-               "RDMAMW_RANK", "RDMAMW_WORLD_SIZE", "RDMAMW_MASTER_ADDR",
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "RDMAMW_TOKEN", "MASTER_ADDR", "MASTER_PORT",
+               "LOCAL_WORLD_SIZE", "RDMAMW_RANK", "RDMAMW_WORLD_SIZE", "RDMAMW_MASTER_ADDR",
                "RDMAMW_MASTER_PORT", "RDMAMW_PROVIDER")
 
 
@@ -196,3 +196,13 @@ def test_garbage_at_the_store_is_dropped_and_the_job_goes_on():
     out0, err0 = r0.communicate(timeout=120)
     assert r0.returncode == 0 and r1.returncode == 0, (err0, r1.stderr)
     assert "dropped connection" in err0
+
+
+def test_local_launcher_shares_a_fresh_token():
+    out = subprocess.run([sys.executable, "-m", "rdmamw.bootstrap.launch", "-n", "3", "--",
+                          sys.executable, WORKER, "60"], cwd=ROOT, env=clean_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    res = sorted(json_objects(out.stdout), key=lambda r: r["rank"])
+    assert [r["rank"] for r in res] == [0, 1, 2]
+    assert all(r["token_from_env"] for r in res)
