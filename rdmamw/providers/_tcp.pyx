@@ -150,7 +150,8 @@ cdef class TcpTransport(Transport):
                 tuple my_regions, tuple peer_regions, double heartbeat, double peer_timeout):
         """Adopt a connected non-blocking socket, an eventfd and a block from
         ``alloc_block`` (regions are ((offset, length) x RM_NREGIONS)), then start the
-        progress thread. Takes ownership of sock, evfd and the block."""
+        progress thread. Takes ownership of sock, evfd and the block only on success;
+        if it raises, they are still the caller's."""
         cdef int i
         cdef uint32_t pubcap = 8
         for regions, size in ((my_regions, block_size), (peer_regions, None)):
@@ -159,21 +160,21 @@ cdef class TcpTransport(Transport):
             for off, length in regions:
                 if off < 0 or length <= 0 or (size is not None and off + length > size):
                     raise ValueError(f"region ({off}, {length}) outside a block of {size}")
-        self.block = <char *>block_addr
-        self.block_size = block_size
+        if self.started or self.block != NULL:
+            raise ValueError("transport already attached")
+        for i in (RM_REGION_CTRL, RM_REGION_ARRIVAL, RM_REGION_RECLAIM):
+            pubcap = max(pubcap, <uint32_t>my_regions[i][1])
+        self.c.pubbuf = <char *>malloc(pubcap)
+        if self.c.pubbuf == NULL:
+            raise MemoryError()
+        self.c.pubcap = pubcap
         for i in range(RM_NREGIONS):
-            self.local[i].addr = self.block + <size_t>my_regions[i][0]
+            self.local[i].addr = <char *>block_addr + <size_t>my_regions[i][0]
             self.local[i].length = my_regions[i][1]
             self.c.addr[i] = self.local[i].addr
             self.c.len[i] = self.local[i].length
             self.peer[i].addr = NULL
             self.peer[i].length = peer_regions[i][1]
-        for i in (RM_REGION_CTRL, RM_REGION_ARRIVAL, RM_REGION_RECLAIM):
-            pubcap = max(pubcap, <uint32_t>self.local[i].length)
-        self.c.pubbuf = <char *>malloc(pubcap)
-        if self.c.pubbuf == NULL:
-            raise MemoryError()
-        self.c.pubcap = pubcap
         self.c.hb_ns = <int64_t>(heartbeat * 1e9)
         self.c.timeout_ns = <int64_t>(peer_timeout * 1e9)
         self.c.sock, self.c.evfd = sock, evfd
@@ -181,7 +182,14 @@ cdef class TcpTransport(Transport):
         self.c.state = RT_UP
         if pthread_create(&self.thread, NULL, rt_progress, self.c) != 0:
             self.c.state = RT_CLOSED
+            self.c.sock = self.c.evfd = -1
+            for i in range(RM_NREGIONS):
+                self.local[i].addr = NULL
+                self.local[i].length = 0
+                self.c.len[i] = 0
             raise OSError("cannot start the tcp progress thread")
+        self.block = <char *>block_addr
+        self.block_size = block_size
         self.started = True
 
     def register_local(self, size_t addr, size_t length):
