@@ -197,3 +197,20 @@ def test_token_file_is_private(tmp_path, monkeypatch):
     path = tmp_path / "rdmamw" / "token"
     assert path.read_bytes() == tok and (path.stat().st_mode & 0o077) == 0
     assert auth.token() == tok
+
+
+def test_ipv6_loopback():
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    try:
+        lst = rdmamw.listen("tcp://[::1]:0")
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback: {e}")
+    with lst:
+        assert lst.address.startswith("tcp://[::1]:")
+        t, got = accept_in_thread(lst)
+        a = rdmamw.Channel.open(lst.address, timeout=5)
+        t.join()
+        a.send(b"v6")
+        assert bytes(got["ch"].recv(timeout=5)) == b"v6"
+        a.close(), got["ch"].close()
