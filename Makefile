@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: demo test test-slow bench lint build clean
+.PHONY: demo test test-slow bench bench-tcp fuzz-tcp lint build clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,15 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	bash bench/setup.sh $(VPY)
 	$(VPY) bench/run.py
+
+# tcp against iperf3 / pyzmq / raw sockets, and the long decoder fuzz run (not in CI)
+bench-tcp: $(STAMP)
+	bash scripts/setup_test_deps.sh
+	$(VPY) -m pip install --quiet "pyzmq>=25"
+	$(VPY) bench/tcp_bench.py
+
+fuzz-tcp: $(STAMP)
+	$(VPY) bench/fuzz_tcp.py
 
 lint: $(STAMP)
 	$(VPY) -m ruff check .

@@ -7,6 +7,7 @@ one raised PeerLost (the fault tests take a host's link down)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -31,6 +32,7 @@ def main() -> None:
         assert got[:1000] == [b"%d->%d #%d" % (r, w.rank, i) for i in range(1000)]
         assert np.frombuffer(got[1000], np.float32).tolist() == [float(r)] * 16384
     out = {"rank": w.rank, "world": w.world_size, "launcher": w.launcher,
+           "token_from_env": bool(os.environ.get("RDMAMW_TOKEN")),
            "providers": {r: ch.peer.split("://")[0] for r, ch in chans.items()}}
     print(json.dumps(out), flush=True)
     if hold:

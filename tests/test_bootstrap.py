@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -19,8 +20,8 @@ from rdmamw.bootstrap.env import first_slurm_host
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "bootstrap_worker.py")
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
-               "RDMAMW_RANK", "RDMAMW_WORLD_SIZE", "RDMAMW_MASTER_ADDR",
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "RDMAMW_TOKEN", "MASTER_ADDR", "MASTER_PORT",
+               "LOCAL_WORLD_SIZE", "RDMAMW_RANK", "RDMAMW_WORLD_SIZE", "RDMAMW_MASTER_ADDR",
                "RDMAMW_MASTER_PORT", "RDMAMW_PROVIDER")
 
 
@@ -159,3 +160,49 @@ def test_job_started_by_mpirun():
     res = sorted(json_objects(out.stdout), key=lambda r: r["rank"])
     assert [r["rank"] for r in res] == [0, 1]
     assert {r["launcher"] for r in res} == {"mpich"}
+
+
+def test_ps_lite_roles_get_ranks_from_the_store():
+    port = str(free_port())
+    base = dict(DMLC_NUM_SERVER="1", DMLC_NUM_WORKER="2", DMLC_PS_ROOT_URI="127.0.0.1",
+                DMLC_PS_ROOT_PORT=port)
+    roles = ["scheduler", "worker", "server", "worker"]       # no ids: the store assigns
+    procs = [subprocess.Popen([sys.executable, WORKER, "60"], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=clean_env(DMLC_ROLE=role, **base)) for role in roles]
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    ranks = [json_objects(out)[0]["rank"] for out, _ in outs]
+    assert ranks[0] == 0 and ranks[2] == 1 and sorted(ranks[1::2]) == [2, 3]
+
+
+def test_garbage_at_the_store_is_dropped_and_the_job_goes_on():
+    port = str(free_port())
+    env = dict(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    r0 = subprocess.Popen([sys.executable, WORKER, "60"], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=clean_env(RANK="0", **env))
+    for _ in range(200):
+        try:
+            with socket.create_connection(("127.0.0.1", int(port)), timeout=5) as s:
+                s.sendall(b"\x00garbage that is no proof of the token" * 3)
+                s.recv(100)
+            break
+        except ConnectionRefusedError:
+            time.sleep(0.05)
+    r1 = subprocess.run([sys.executable, WORKER, "60"], cwd=ROOT, text=True,
+                        capture_output=True, env=clean_env(RANK="1", **env), timeout=120)
+    out0, err0 = r0.communicate(timeout=120)
+    assert r0.returncode == 0 and r1.returncode == 0, (err0, r1.stderr)
+    assert "dropped connection" in err0
+
+
+def test_local_launcher_shares_a_fresh_token():
+    out = subprocess.run([sys.executable, "-m", "rdmamw.bootstrap.launch", "-n", "3", "--",
+                          sys.executable, WORKER, "60"], cwd=ROOT, env=clean_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    res = sorted(json_objects(out.stdout), key=lambda r: r["rank"])
+    assert [r["rank"] for r in res] == [0, 1, 2]
+    assert all(r["token_from_env"] for r in res)

@@ -81,3 +81,23 @@ def test_fuzz_channel_hello(data, accepting):
     except rdmamw.ProtocolError:
         return
     assert 1 <= out["slots"] and 64 <= out["slot_size"] and 0 <= out["hb"] <= 60
+
+
+joins = st.fixed_dictionaries({}, optional={
+    "rank": st.one_of(st.none(), st.integers(-2, 8), values),
+    "role": st.one_of(st.none(), st.sampled_from(["server", "worker"]), values),
+    "desc": st.one_of(st.fixed_dictionaries({}, optional={"tcp": values, "host": values}),
+                      values)})
+
+
+@FAST
+@given(st.one_of(joins.map(msgpack.packb), st.binary(max_size=64)))
+def test_fuzz_store_join(data):
+    """Whatever a rank sends the store: a checked join or ProtocolError."""
+    from rdmamw.bootstrap.store import _Ranks, parse_join
+    try:
+        rank, role, desc = parse_join(_wire.decode(data))
+        _Ranks(4, {"server": range(1, 2), "worker": range(2, 4)}).assign(rank, role)
+    except rdmamw.ProtocolError:
+        return
+    assert isinstance(desc, dict)

@@ -72,6 +72,21 @@ class _Ranks:
         return [r for r in range(self.world_size) if r not in self.table]
 
 
+def parse_join(join: dict) -> tuple[int | None, str | None, dict]:
+    """(rank or None, ps-lite role or None, descriptor) of a join, or ProtocolError."""
+    rank = None if join.get("rank") is None else field(join, "rank", int)
+    role = join.get("role")
+    if role is not None and not isinstance(role, str):
+        raise ProtocolError("join field 'role' is not a string")
+    desc = field(join, "desc", dict)
+    if not all(isinstance(k, str) for k in desc):
+        raise ProtocolError("descriptor keys must be strings")
+    tcp = desc.get("tcp")
+    if tcp is not None and not (isinstance(tcp, str) and tcp.startswith("tcp://")):
+        raise ProtocolError(f"descriptor has a bad tcp address {tcp!r}")
+    return rank, role, desc
+
+
 def serve(sock: socket.socket, world_size: int, me: dict, timeout: float,
           ranges: dict[str, range] | None = None) -> tuple[dict[int, dict], str]:
     """Rank 0: collect all descriptors (rank 0's is ``me``), reply the table and a
@@ -97,13 +112,8 @@ def serve(sock: socket.socket, world_size: int, me: dict, timeout: float,
             try:
                 conn.settimeout(min(STEP_TIMEOUT, max(left, 1.0)))
                 auth.accept_side(conn)
-                join = recv_frame(conn, JOIN_LIMIT)
-                rank = join.get("rank")
-                if rank is not None:
-                    rank = field(join, "rank", int)
-                role = join.get("role")
-                desc = field(join, "desc", dict)
-                rank = ranks.assign(rank, role if isinstance(role, str) else None)
+                rank, role, desc = parse_join(recv_frame(conn, JOIN_LIMIT))
+                rank = ranks.assign(rank, role)
                 desc["rank"] = rank
                 ranks.table[rank] = desc
                 conns.append((conn, rank))

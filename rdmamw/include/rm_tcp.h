@@ -50,6 +50,7 @@ typedef struct {
 typedef struct {
     int sock, evfd;
     int state, stop, waiting, why, err_no;
+    int closing, exited;    /* local close in progress; progress thread returned */
     uint64_t pub_gen, seen_gen;
     char *addr[RT_NREG];
     uint64_t len[RT_NREG];
@@ -163,47 +164,77 @@ static int rt_send_empty(rt_conn *c, uint16_t type) {
     return rc;
 }
 
-/* Progress thread: receive exactly n bytes into buf. While waiting, send a
- * heartbeat when this side has been quiet for hb_ns and give up after timeout_ns
- * without a byte from the peer. 0 or -RT_WHY_*. */
-static int rt_rx_exact(rt_conn *c, char *buf, uint64_t n) {
-    uint64_t got = 0;
-    ssize_t r;
-    int64_t t, quiet, wait_ms;
+/* Progress thread, nothing to read: send a heartbeat when this side has been quiet
+ * for hb_ns, give up after timeout_ns without a byte from the peer, else poll. */
+static int rt_rx_wait(rt_conn *c) {
+    int64_t t, quiet, wait_ms = 1000;
     struct pollfd pfd;
-    while (got < n) {
-        size_t chunk = n - got > (1u << 30) ? (1u << 30) : (size_t)(n - got);
-        r = recv(c->sock, buf + got, chunk, MSG_DONTWAIT);
+    if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) return -RT_WHY_LOCAL;
+    t = rt_now();
+    if (c->timeout_ns > 0 && t - c->last_rx > c->timeout_ns) return -RT_WHY_TIMEOUT;
+    if (c->hb_ns > 0 && !__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE)) {
+        quiet = t - __atomic_load_n(&c->last_tx, __ATOMIC_RELAXED);
+        if (quiet >= c->hb_ns && pthread_mutex_trylock(&c->send_mu) == 0) {
+            rt_send_frame_locked(c, RT_HEARTBEAT, 0, 0, NULL, 0);
+            pthread_mutex_unlock(&c->send_mu);
+            c->heartbeats_tx++;
+        }
+        wait_ms = c->hb_ns / 2000000 + 1;
+    }
+    if (c->timeout_ns > 0 && c->timeout_ns / 1000000 < wait_ms)
+        wait_ms = c->timeout_ns / 1000000 + 1;
+    pfd.fd = c->sock;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+    poll(&pfd, 1, (int)wait_ms);
+    return 0;
+}
+
+/* Progress thread: receive exactly n bytes into buf. With nh, the same recvmsg
+ * calls also take up to a frame header's worth of what follows into nh (*nh_got
+ * counts it) without ever waiting for it: one system call per frame, and the
+ * payload still lands straight in buf. 0 or -RT_WHY_*. */
+static int rt_rx(rt_conn *c, char *buf, uint64_t n, char *nh, uint32_t *nh_got) {
+    uint64_t got = 0;
+    size_t chunk;
+    ssize_t r;
+    struct iovec iov[2];
+    struct msghdr msg;
+    int rc, tried = 0;
+    while (got < n || (nh && !tried)) {
+        chunk = n - got > (1u << 30) ? (1u << 30) : (size_t)(n - got);
+        iov[0].iov_base = buf + got;
+        iov[0].iov_len = chunk;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = iov;
+        msg.msg_iovlen = 1;
+        if (nh && chunk == n - got) {
+            iov[1].iov_base = nh + *nh_got;
+            iov[1].iov_len = sizeof(rt_frame) - *nh_got;
+            msg.msg_iovlen = 2;
+        }
+        r = recvmsg(c->sock, &msg, MSG_DONTWAIT);
         if (r > 0) {
-            got += (uint64_t)r;
             c->bytes_rx += (uint64_t)r;
             c->last_rx = rt_now();
+            if ((size_t)r <= chunk) {
+                got += (uint64_t)r;
+            } else {
+                got += chunk;
+                *nh_got += (uint32_t)((size_t)r - chunk);
+            }
+            if (got == n) tried = 1;
             continue;
         }
+        if (got == n) return 0;     /* EOF or error: the next header read reports it */
         if (r == 0) return -RT_WHY_EOF;
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
             c->err_no = errno;
             return -RT_WHY_IO;
         }
-        if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) return -RT_WHY_LOCAL;
-        t = rt_now();
-        if (c->timeout_ns > 0 && t - c->last_rx > c->timeout_ns) return -RT_WHY_TIMEOUT;
-        wait_ms = 1000;
-        if (c->hb_ns > 0) {
-            quiet = t - __atomic_load_n(&c->last_tx, __ATOMIC_RELAXED);
-            if (quiet >= c->hb_ns && pthread_mutex_trylock(&c->send_mu) == 0) {
-                rt_send_frame_locked(c, RT_HEARTBEAT, 0, 0, NULL, 0);
-                pthread_mutex_unlock(&c->send_mu);
-                c->heartbeats_tx++;
-            }
-            wait_ms = c->hb_ns / 2000000 + 1;
-        }
-        if (c->timeout_ns > 0 && c->timeout_ns / 1000000 < wait_ms) wait_ms = c->timeout_ns / 1000000 + 1;
-        pfd.fd = c->sock;
-        pfd.events = POLLIN;
-        pfd.revents = 0;
-        poll(&pfd, 1, (int)wait_ms);
+        rc = rt_rx_wait(c);
+        if (rc) return rc;
     }
     return 0;
 }
@@ -214,8 +245,9 @@ static inline int rt_in_region(rt_conn *c, uint16_t region, uint64_t off, uint64
            length <= c->len[region] - off;
 }
 
-/* Apply one frame whose header is in f. 0, or -RT_WHY_*. */
-static int rt_apply(rt_conn *c, const rt_frame *f) {
+/* Apply one frame whose header is in f; payload reads also fetch what they can of
+ * the next header into nh (rt_rx). 0, or -RT_WHY_*. */
+static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
     int rc;
     uint64_t w, *dst, *src;
     uint64_t k;
@@ -223,7 +255,7 @@ static int rt_apply(rt_conn *c, const rt_frame *f) {
     case RT_WRITE:
     case RT_WRITE_IMM:
         if (!rt_in_region(c, f->region, f->offset, f->length)) return -RT_WHY_FRAME;
-        rc = rt_rx_exact(c, c->addr[f->region] + f->offset, f->length);
+        rc = rt_rx(c, c->addr[f->region] + f->offset, f->length, nh, nh_got);
         if (rc) return rc;
         if (f->type == RT_WRITE_IMM) rt_signal(c);
         return 0;
@@ -231,7 +263,7 @@ static int rt_apply(rt_conn *c, const rt_frame *f) {
         if (!rt_in_region(c, f->region, f->offset, f->length) || f->length > c->pubcap ||
             ((f->offset | f->length) & 7))
             return -RT_WHY_FRAME;
-        rc = rt_rx_exact(c, c->pubbuf, f->length);
+        rc = rt_rx(c, c->pubbuf, f->length, nh, nh_got);
         if (rc) return rc;
         dst = (uint64_t *)(c->addr[f->region] + f->offset);
         src = (uint64_t *)c->pubbuf;
@@ -259,7 +291,7 @@ static int rt_apply(rt_conn *c, const rt_frame *f) {
         if (k >= __atomic_load_n(&c->rd_posted, __ATOMIC_ACQUIRE) || f->region || f->offset ||
             f->length != c->rd_len[k % RT_RD_MAX])
             return -RT_WHY_FRAME;
-        rc = rt_rx_exact(c, (char *)(uintptr_t)c->rd_addr[k % RT_RD_MAX], f->length);
+        rc = rt_rx(c, (char *)(uintptr_t)c->rd_addr[k % RT_RD_MAX], f->length, nh, nh_got);
         if (rc) return rc;
         __atomic_store_n(&c->rd_done, k + 1, __ATOMIC_RELEASE);
         return 0;
@@ -271,22 +303,47 @@ static int rt_apply(rt_conn *c, const rt_frame *f) {
 /* The progress thread: apply frames until the connection goes down or stop. */
 static void *rt_progress(void *arg) {
     rt_conn *c = (rt_conn *)arg;
-    rt_frame f;
+    rt_frame f, next;
+    uint32_t have = 0;          /* bytes of `next` already received */
     int rc;
     c->last_rx = rt_now();
     for (;;) {
-        rc = rt_rx_exact(c, (char *)&f, sizeof f);
+        rc = have < sizeof next ? rt_rx(c, (char *)&next + have, sizeof next - have, NULL, NULL)
+                                : 0;
         if (rc == 0) {
+            f = next;
+            have = 0;
             c->frames_rx++;
-            rc = rt_apply(c, &f);
+            rc = rt_apply(c, &f, (char *)&next, &have);
             if (rc == -RT_WHY_FRAME) c->bad = f;
         }
         if (rc) {
             if (rc != -RT_WHY_LOCAL) rt_lose(c, -rc, c->err_no);
             rt_signal(c);
+            __atomic_store_n(&c->exited, 1, __ATOMIC_RELEASE);
             return NULL;
         }
     }
+}
+
+/* Local close without losing data in flight: send FIN after everything queued,
+ * keep receiving until the peer's FIN (its progress thread answers EOF with one), so
+ * the socket is closed with an empty receive queue and no RST can destroy what the
+ * peer has not read yet. After linger_ns the connection is cut anyway. */
+static void rt_close_graceful(rt_conn *c, int64_t linger_ns) {
+    int up = RT_UP;
+    int64_t end = rt_now() + linger_ns;
+    struct timespec ms = {0, 1000000};
+    __atomic_store_n(&c->closing, 1, __ATOMIC_SEQ_CST);
+    __atomic_compare_exchange_n(&c->state, &up, RT_CLOSED, 0, __ATOMIC_SEQ_CST,
+                                __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&c->send_mu);        /* no post() is half-way through a chain */
+    shutdown(c->sock, SHUT_WR);
+    pthread_mutex_unlock(&c->send_mu);
+    while (!__atomic_load_n(&c->exited, __ATOMIC_ACQUIRE) && rt_now() < end)
+        nanosleep(&ms, NULL);
+    __atomic_store_n(&c->stop, 1, __ATOMIC_SEQ_CST);
+    shutdown(c->sock, SHUT_RDWR);
 }
 
 /* The engine's wait(): block until woken (1), timeout (0) or the peer goes (<0).

@@ -48,10 +48,6 @@ cdef extern from "sched.h" nogil:
 cdef extern from "unistd.h" nogil:
     int close(int fd)
 
-cdef extern from "sys/socket.h" nogil:
-    int shutdown(int fd, int how)
-    int SHUT_RDWR
-
 cdef extern from "pthread.h" nogil:
     ctypedef unsigned long pthread_t
     ctypedef struct pthread_mutex_t:
@@ -79,6 +75,7 @@ cdef extern from "rm_tcp.h" nogil:
     ctypedef struct rt_conn:
         int sock, evfd
         int state, stop, waiting, why, err_no
+        int closing, exited
         uint64_t pub_gen, seen_gen
         char *addr[4]
         uint64_t len[4]
@@ -97,11 +94,10 @@ cdef extern from "rm_tcp.h" nogil:
     int rt_send_locked(rt_conn *c, iovec *iov, int cnt)
     int rt_send_empty(rt_conn *c, uint16_t type)
     void *rt_progress(void *arg)
+    void rt_close_graceful(rt_conn *c, int64_t linger_ns)
     int rt_wait(rt_conn *c, int timeout_ms)
-    int rt_apply(rt_conn *c, const rt_frame *f)
     uint64_t rt_atomic_load64 "__atomic_load_n"(uint64_t *p, int order)
     void rt_atomic_store64 "__atomic_store_n"(uint64_t *p, uint64_t v, int order)
-    int rt_atomic_store_int "__atomic_store_n"(int *p, int v, int order)
     int __ATOMIC_ACQUIRE, __ATOMIC_RELEASE, __ATOMIC_SEQ_CST
 
 assert RT_LOST == RM_ERR_PEER_LOST and RT_CLOSED == RM_ERR_CLOSED and RT_NREG == RM_NREGIONS
@@ -154,7 +150,8 @@ cdef class TcpTransport(Transport):
                 tuple my_regions, tuple peer_regions, double heartbeat, double peer_timeout):
         """Adopt a connected non-blocking socket, an eventfd and a block from
         ``alloc_block`` (regions are ((offset, length) x RM_NREGIONS)), then start the
-        progress thread. Takes ownership of sock, evfd and the block."""
+        progress thread. Takes ownership of sock, evfd and the block only on success;
+        if it raises, they are still the caller's."""
         cdef int i
         cdef uint32_t pubcap = 8
         for regions, size in ((my_regions, block_size), (peer_regions, None)):
@@ -163,21 +160,21 @@ cdef class TcpTransport(Transport):
             for off, length in regions:
                 if off < 0 or length <= 0 or (size is not None and off + length > size):
                     raise ValueError(f"region ({off}, {length}) outside a block of {size}")
-        self.block = <char *>block_addr
-        self.block_size = block_size
+        if self.started or self.block != NULL:
+            raise ValueError("transport already attached")
+        for i in (RM_REGION_CTRL, RM_REGION_ARRIVAL, RM_REGION_RECLAIM):
+            pubcap = max(pubcap, <uint32_t>my_regions[i][1])
+        self.c.pubbuf = <char *>malloc(pubcap)
+        if self.c.pubbuf == NULL:
+            raise MemoryError()
+        self.c.pubcap = pubcap
         for i in range(RM_NREGIONS):
-            self.local[i].addr = self.block + <size_t>my_regions[i][0]
+            self.local[i].addr = <char *>block_addr + <size_t>my_regions[i][0]
             self.local[i].length = my_regions[i][1]
             self.c.addr[i] = self.local[i].addr
             self.c.len[i] = self.local[i].length
             self.peer[i].addr = NULL
             self.peer[i].length = peer_regions[i][1]
-        for i in (RM_REGION_CTRL, RM_REGION_ARRIVAL, RM_REGION_RECLAIM):
-            pubcap = max(pubcap, <uint32_t>self.local[i].length)
-        self.c.pubbuf = <char *>malloc(pubcap)
-        if self.c.pubbuf == NULL:
-            raise MemoryError()
-        self.c.pubcap = pubcap
         self.c.hb_ns = <int64_t>(heartbeat * 1e9)
         self.c.timeout_ns = <int64_t>(peer_timeout * 1e9)
         self.c.sock, self.c.evfd = sock, evfd
@@ -185,7 +182,14 @@ cdef class TcpTransport(Transport):
         self.c.state = RT_UP
         if pthread_create(&self.thread, NULL, rt_progress, self.c) != 0:
             self.c.state = RT_CLOSED
+            self.c.sock = self.c.evfd = -1
+            for i in range(RM_NREGIONS):
+                self.local[i].addr = NULL
+                self.local[i].length = 0
+                self.c.len[i] = 0
             raise OSError("cannot start the tcp progress thread")
+        self.block = <char *>block_addr
+        self.block_size = block_size
         self.started = True
 
     def register_local(self, size_t addr, size_t length):
@@ -326,19 +330,18 @@ cdef class TcpTransport(Transport):
         return 1 if st == RT_UP else st
 
     def close(self):
-        """Stop the progress thread and drop the connection; the block lives until
-        the last Message pointing into it is gone (the engine holds this object)."""
+        """Drop the connection gracefully (what was posted still arrives; see
+        rt_close_graceful) and stop the progress thread. The block lives until the
+        last Message pointing into it is gone (the engine holds this object)."""
         if self.c == NULL:
             return
-        if self.c.state == RT_UP:
-            rt_atomic_store_int(&self.c.state, RT_CLOSED, __ATOMIC_SEQ_CST)
-        rt_atomic_store_int(&self.c.stop, 1, __ATOMIC_SEQ_CST)
-        if self.c.sock >= 0:
-            shutdown(self.c.sock, SHUT_RDWR)
         if self.started:
             with nogil:
+                rt_close_graceful(self.c, 2000000000)
                 pthread_join(self.thread, NULL)
             self.started = False
+        elif self.c.state == RT_UP:
+            self.c.state = RT_CLOSED
         if self.c.sock >= 0:
             close(self.c.sock)
             self.c.sock = -1

@@ -1,0 +1,72 @@
+"""A minimal local launcher: ``python -m rdmamw.bootstrap.launch -n N -- CMD ...``
+starts N processes of CMD with torchrun-style variables (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT) and a shared RDMAMW_TOKEN that it generates
+when none is set, so the job authenticates without a token file. If one rank fails,
+the others are stopped; the exit code is the first failure's."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def job_env(rank: int, n: int, addr: str, port: int, token: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
+               LOCAL_WORLD_SIZE=str(n), MASTER_ADDR=addr, MASTER_PORT=str(port),
+               RDMAMW_TOKEN=token)
+    return env
+
+
+def run(cmd: list[str], n: int, addr: str = "127.0.0.1", port: int = 0) -> int:
+    """Run the job; return its exit code."""
+    token = os.environ.get("RDMAMW_TOKEN") or secrets.token_hex(32)
+    port = port or free_port(addr)
+    procs = [subprocess.Popen(cmd, env=job_env(r, n, addr, port, token)) for r in range(n)]
+    code = 0
+    try:
+        while procs:
+            for p in list(procs):
+                rc = p.poll()
+                if rc is None:
+                    continue
+                procs.remove(p)
+                if rc != 0 and code == 0:
+                    code = rc
+                    for q in procs:
+                        q.send_signal(signal.SIGTERM)
+            time.sleep(0.02)
+    finally:
+        for p in procs:
+            p.kill()
+    return code
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m rdmamw.bootstrap.launch",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("-n", "--nproc", type=int, required=True, help="number of ranks")
+    ap.add_argument("--master-addr", default="127.0.0.1")
+    ap.add_argument("--master-port", type=int, default=0, help="0: a free port")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- command to run")
+    args = ap.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd or args.nproc < 1:
+        ap.error("need -n N and a command after --")
+    sys.exit(run(cmd, args.nproc, args.master_addr, args.master_port))
+
+
+if __name__ == "__main__":
+    main()
