@@ -13,8 +13,8 @@ from typing import Any
 from rdmamw.errors import ProviderUnavailable
 
 #: scheme -> module providing it; the ones not built yet say so instead of importing.
-PROVIDERS = {"shm": "rdmamw.providers.shm"}
-PLANNED = {"tcp": "the tcp provider", "verbs": "the verbs provider"}
+PROVIDERS = {"shm": "rdmamw.providers.shm", "verbs": "rdmamw.providers.verbs"}
+PLANNED = {"tcp": "the tcp provider"}
 
 
 @dataclass

@@ -20,11 +20,11 @@ import msgpack
 from rdmamw import _layout
 from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import Connected
+from rdmamw.providers import _frames as fr
 from rdmamw.providers._shm import ShmTransport
 
 PROTOCOL_VERSION = 1
 _PREFIX = b"\0rdmamw-shm/"
-_MAX_HELLO = 4096
 
 
 def _address(name: str) -> bytes:
@@ -41,41 +41,6 @@ def _check_peer_user(conn: socket.socket) -> None:
     _pid, uid, _gid = struct.unpack("3i", creds)
     if uid != os.getuid() and os.getuid() != 0:
         raise RdmamwError(f"refusing shm peer of uid {uid}")
-
-
-def _send_frame(conn: socket.socket, obj: dict) -> None:
-    data = msgpack.packb(obj)
-    conn.sendall(struct.pack("<I", len(data)) + data)
-
-
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = conn.recv(n - len(buf))
-        if not chunk:
-            raise ProtocolError("peer closed the connection during the handshake")
-        buf += chunk
-    return bytes(buf)
-
-
-def _recv_frame(conn: socket.socket) -> dict:
-    (n,) = struct.unpack("<I", _recv_exact(conn, 4))
-    if n > _MAX_HELLO:
-        raise ProtocolError(f"handshake frame of {n} bytes")
-    try:
-        obj = msgpack.unpackb(_recv_exact(conn, n), strict_map_key=True)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
-        raise ProtocolError(f"malformed handshake frame: {e}") from None
-    if not isinstance(obj, dict):
-        raise ProtocolError("handshake frame is not a map")
-    return obj
-
-
-def _field(hello: dict, key: str, kind: type):
-    value = hello.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ProtocolError(f"handshake field {key!r} missing or not {kind.__name__}")
-    return value
 
 
 def _regions(lay: _layout.Layout) -> tuple:
@@ -95,20 +60,8 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
     hello = {"v": PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid()}
     if mode is not None:
         hello["mode"] = mode
-    _send_frame(conn, hello)
-    peer = _recv_frame(conn)
-    if _field(peer, "v", int) != PROTOCOL_VERSION:
-        raise ProtocolError(f"peer speaks protocol version {peer['v']}, we speak "
-                            f"{PROTOCOL_VERSION}")
-    peer_slots, peer_slot_size = _field(peer, "slots", int), _field(peer, "slot_size", int)
-    try:
-        _layout.check_ring(peer_slots, peer_slot_size)
-    except ValueError as e:
-        raise ProtocolError(f"peer ring: {e}") from None
-    if mode is None:
-        mode = _field(peer, "mode", str)
-        if mode not in ("batched", "ack"):
-            raise ProtocolError(f"peer asked for unknown mode {mode!r}")
+    fr.send(conn, hello)
+    peer_slots, peer_slot_size, mode = fr.check_hello(fr.recv(conn), PROTOCOL_VERSION, mode)
 
     mine = _layout.endpoint_layout(slots, slot_size, peer_slots)
     theirs = _layout.endpoint_layout(peer_slots, peer_slot_size, slots)
@@ -118,7 +71,7 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
     try:
         os.ftruncate(memfd, mine.total)
         socket.send_fds(conn, [msgpack.packb({"size": mine.total})], [memfd, evfd])
-        data, peer_fds, _flags, _addr = socket.recv_fds(conn, _MAX_HELLO, 2)
+        data, peer_fds, _flags, _addr = socket.recv_fds(conn, fr.MAX_FRAME, 2)
         if len(peer_fds) != 2:
             raise ProtocolError(f"peer sent {len(peer_fds)} descriptors, expected 2")
         info = msgpack.unpackb(data) if data else None

@@ -1,0 +1,65 @@
+"""Handshake frames of the socket-based set-ups (shm, verbs): ``u32 length`` + a
+msgpack map, with the checks every hello needs."""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+import msgpack
+
+from rdmamw import _layout
+from rdmamw.errors import ProtocolError
+
+MAX_FRAME = 4096
+
+
+def send(conn: socket.socket, obj: dict) -> None:
+    data = msgpack.packb(obj)
+    conn.sendall(struct.pack("<I", len(data)) + data)
+
+
+def recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise ProtocolError("peer closed the connection during the handshake")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv(conn: socket.socket) -> dict:
+    (n,) = struct.unpack("<I", recv_exact(conn, 4))
+    if n > MAX_FRAME:
+        raise ProtocolError(f"handshake frame of {n} bytes")
+    try:
+        obj = msgpack.unpackb(recv_exact(conn, n), strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise ProtocolError(f"malformed handshake frame: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("handshake frame is not a map")
+    return obj
+
+
+def field(hello: dict, key: str, kind: type):
+    value = hello.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ProtocolError(f"handshake field {key!r} missing or not {kind.__name__}")
+    return value
+
+
+def check_hello(peer: dict, version: int, mode: str | None) -> tuple[int, int, str]:
+    """The peer's (slots, slot_size, mode); ``mode`` is ours if we opened, else None."""
+    if field(peer, "v", int) != version:
+        raise ProtocolError(f"peer speaks protocol version {peer['v']}, we speak {version}")
+    peer_slots, peer_slot_size = field(peer, "slots", int), field(peer, "slot_size", int)
+    try:
+        _layout.check_ring(peer_slots, peer_slot_size)
+    except ValueError as e:
+        raise ProtocolError(f"peer ring: {e}") from None
+    if mode is None:
+        mode = field(peer, "mode", str)
+        if mode not in ("batched", "ack"):
+            raise ProtocolError(f"peer asked for unknown mode {mode!r}")
+    return peer_slots, peer_slot_size, mode
