@@ -63,6 +63,8 @@ def run(mode: str, size: int, batch: int, seconds: float, opts: str) -> dict:
         raise SystemExit(f"{mode}: sent {sent} but {received} arrived")
     return {"mode": mode, "size": size, "batch": batch, "messages": sent, "seconds": wall,
             "msgs_per_s": sent / wall, "doorbells_per_msg": st["doorbells"] / sent,
+            "post_sends_per_batch": st["doorbells"] / st["batches"],
+            "wakeups_per_batch": st["wakeups_sent"] / st["batches"],
             "signaled_per_msg": st["signaled_completions"] / sent,
             "cpu_s_per_msg": (cpu + rcpu) / sent,
             "receiver_writebacks_per_msg": rst["reclaim_writebacks"] / sent}
@@ -92,6 +94,9 @@ def main() -> int:
           f"{ratios['doorbells_per_msg']:.0f}x the doorbells, "
           f"{ratios['signaled_per_msg']:.0f}x the signaled completions and "
           f"{ratios['cpu_s_per_msg']:.1f}x the CPU seconds per message")
+    print("ibv_post_send calls per send_batch (incl. wake-up SENDs): " + ", ".join(
+        f"{r['mode']} {r['post_sends_per_batch']:.2f} ({r['wakeups_per_batch']:.2f} wake-ups)"
+        for r in res))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"results": res, "ratios": ratios}, f, indent=2)

@@ -19,7 +19,7 @@ import rdmamw
 from rdmamw import _layout, cli
 from rdmamw.channel.channel import Channel, _make
 from rdmamw.providers import _frames, verbs
-from tests.conftest import NO_DEVICE, VERBS_OK
+from tests.conftest import NO_DEVICE, VERBS_OK, make_pair
 from tests.test_channel_basic import recv_all
 from tests.test_faults import STREAMER
 
@@ -38,6 +38,24 @@ def test_unavailable_says_why(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     assert "verbs://" in out and "unavailable" in out and "shm://" in out
+
+
+def test_without_the_extension_verbs_says_why_and_the_rest_works(monkeypatch):
+    from rdmamw.providers import verbs_device
+    monkeypatch.setitem(sys.modules, "rdmamw.providers._verbs", None)
+    monkeypatch.delattr(rdmamw.providers, "_verbs", raising=False)
+    verbs_device._module.cache_clear()
+    try:
+        ok, why = verbs_device.status()
+        assert not ok and "libibverbs-dev" in why
+        with pytest.raises(rdmamw.ProviderUnavailable, match="built without the verbs"):
+            rdmamw.listen("verbs://127.0.0.1:0")
+        a, b, lst = make_pair(provider="shm")
+        a.send(b"still fine")
+        assert bytes(b.recv(timeout=5)) == b"still fine"
+        a.close(), b.close(), lst.close()
+    finally:
+        verbs_device._module.cache_clear()
 
 
 def test_parse_where_and_options():
