@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: demo test test-slow bench bench-tcp fuzz-tcp lint build clean
+.PHONY: demo test test-slow vm-deps bench bench-tcp bench-verbs fuzz-tcp lint build clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -22,10 +22,17 @@ build: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rdmamw demo
 
-test: $(STAMP)
+# The device tests (marked `device`) skip on the host and run in a soft-RoCE VM
+# (scripts/test-device.sh; RDMAMW_VM=0 leaves them out). The apt packages come first
+# so the verbs extension is built against <infiniband/verbs.h>.
+test: vm-deps $(STAMP)
 	bash scripts/setup_test_deps.sh
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q -p no:cacheprovider
+	bash scripts/test-device.sh $(VPY)
+
+vm-deps:
+	@if [ "$${RDMAMW_VM:-1}" != 0 ]; then bash scripts/rxe-vm.sh --deps; fi
 
 test-slow: $(STAMP)
 	$(VPY) -m pytest -q -p no:cacheprovider -m slow --timeout 900
@@ -42,6 +49,10 @@ bench-tcp: $(STAMP)
 
 fuzz-tcp: $(STAMP)
 	$(VPY) bench/fuzz_tcp.py
+
+# batched vs ack on verbs (soft-RoCE in the VM): ratios, not absolute speed
+bench-verbs: vm-deps $(STAMP)
+	bash scripts/rxe-vm.sh "$(VPY) bench/verbs_rxe.py $(BENCH_ARGS)"
 
 lint: $(STAMP)
 	$(VPY) -m ruff check .

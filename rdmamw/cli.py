@@ -157,12 +157,19 @@ def demo(args: argparse.Namespace) -> int:
 
 def info(args: argparse.Namespace) -> int:
     """Which providers work here, and why not."""
-    from rdmamw.providers import PLANNED, PROVIDERS
+    from rdmamw.providers import PLANNED, PROVIDERS, verbs_device, verbs_info
     print(f"rdmamw {rdmamw.__version__}")
     for scheme in PROVIDERS:
-        print(f"  {scheme}://  available")
+        if scheme == "verbs":
+            ok, why = verbs_device.status()
+            print(f"  verbs://  {'available on ' if ok else 'unavailable: '}{why}")
+        else:
+            print(f"  {scheme}://  available")
     for scheme, what in PLANNED.items():
         print(f"  {scheme}://  not in this build yet ({what})")
+    print("RDMA devices (pyverbs):")
+    for line in verbs_info.describe():
+        print(f"  {line}")
     return 0
 
 

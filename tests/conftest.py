@@ -18,17 +18,39 @@ def unique_name(tag: str = "t") -> str:
     return f"{tag}-{os.getpid()}-{next(_names)}"
 
 
+def _verbs_status() -> tuple[bool, str]:
+    from rdmamw.providers import verbs_device
+    return verbs_device.status()
+
+
+VERBS_OK, VERBS_WHY = _verbs_status()
+#: why device tests skip here (they run inside scripts/rxe-vm.sh: `make test`)
+NO_DEVICE = f"needs an RDMA device (runs in the soft-RoCE VM): {VERBS_WHY}"
+
 #: providers the channel suite runs on; a provider joins by adding its listen-address
 #: factory here (tests that need a device skip with a reason where there is none)
 LISTEN_ADDRESS = {
     "shm": lambda: f"shm://{unique_name()}",
     "tcp": lambda: "tcp://127.0.0.1:0",      # ephemeral port; Listener.address is the bound one
 }
+if VERBS_OK:
+    LISTEN_ADDRESS["verbs"] = lambda: "verbs://127.0.0.1:0"
+DEVICE_PROVIDERS = {"verbs"}
 
 
 def test_providers() -> list[str]:
     wanted = os.environ.get("RDMAMW_TEST_PROVIDERS")
-    return [p for p in (wanted.split(",") if wanted else LISTEN_ADDRESS) if p]
+    names = wanted.split(",") if wanted else [*LISTEN_ADDRESS, *DEVICE_PROVIDERS]
+    return list(dict.fromkeys(p for p in names if p))
+
+
+def _provider_param(name: str):
+    if name not in DEVICE_PROVIDERS:
+        return name
+    marks = [pytest.mark.device]
+    if name not in LISTEN_ADDRESS:
+        marks.append(pytest.mark.skip(reason=NO_DEVICE))
+    return pytest.param(name, marks=marks)
 
 
 def make_pair(mode: str = "batched", slots: int = 16, slot_size: int = 4096,
@@ -61,7 +83,7 @@ def mode(request):
     return request.param
 
 
-@pytest.fixture(params=test_providers())
+@pytest.fixture(params=[_provider_param(p) for p in test_providers()])
 def provider(request):
     return request.param
 

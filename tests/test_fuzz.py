@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
-from rdmamw.providers import shm
+from rdmamw.providers import _wire, shm
 from tests.conftest import make_pair
 
 SLOT = 256
@@ -66,7 +66,7 @@ def test_fuzz_handshake_frame(payload):
         s1.shutdown(socket.SHUT_WR)
         s2.settimeout(2)
         try:
-            frame = shm._recv_frame(s2)
+            frame = _wire.recv_frame(s2)
         except rdmamw.ProtocolError:
             return
         assert isinstance(frame, dict)

@@ -13,8 +13,12 @@ from typing import Any
 from rdmamw.errors import ProviderUnavailable
 
 #: scheme -> module providing it; the ones not built yet say so instead of importing.
-PROVIDERS = {"shm": "rdmamw.providers.shm", "tcp": "rdmamw.providers.tcp"}
-PLANNED = {"verbs": "the verbs provider"}
+PROVIDERS = {
+    "shm": "rdmamw.providers.shm",
+    "tcp": "rdmamw.providers.tcp",
+    "verbs": "rdmamw.providers.verbs",
+}
+PLANNED: dict[str, str] = {}
 
 
 @dataclass

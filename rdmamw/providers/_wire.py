@@ -1,5 +1,5 @@
-"""Length-prefixed msgpack frames for connection set-up (shm, tcp, the bootstrap
-store): one reader that refuses oversized, malformed or non-map frames with a
+"""Length-prefixed msgpack frames for connection set-up (shm, tcp, verbs, the
+bootstrap store): one reader that refuses oversized, malformed or non-map frames with a
 ProtocolError instead of trusting the peer."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import struct
 
 import msgpack
 
+from rdmamw import _layout
 from rdmamw.errors import ProtocolError
 
 MAX_HELLO = 4096
@@ -54,3 +55,19 @@ def field(hello: dict, key: str, kind: type):
     if not isinstance(value, kind) or isinstance(value, bool):
         raise ProtocolError(f"handshake field {key!r} missing or not {kind.__name__}")
     return value
+
+
+def check_hello(peer: dict, version: int, mode: str | None) -> tuple[int, int, str]:
+    """The peer's (slots, slot_size, mode); ``mode`` is ours if we opened, else None."""
+    if field(peer, "v", int) != version:
+        raise ProtocolError(f"peer speaks protocol version {peer['v']}, we speak {version}")
+    peer_slots, peer_slot_size = field(peer, "slots", int), field(peer, "slot_size", int)
+    try:
+        _layout.check_ring(peer_slots, peer_slot_size)
+    except ValueError as e:
+        raise ProtocolError(f"peer ring: {e}") from None
+    if mode is None:
+        mode = field(peer, "mode", str)
+        if mode not in ("batched", "ack"):
+            raise ProtocolError(f"peer asked for unknown mode {mode!r}")
+    return peer_slots, peer_slot_size, mode

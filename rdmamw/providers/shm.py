@@ -20,11 +20,8 @@ import msgpack
 from rdmamw import _layout
 from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import Connected
+from rdmamw.providers import _wire as fr
 from rdmamw.providers._shm import ShmTransport
-from rdmamw.providers._wire import MAX_HELLO as _MAX_HELLO
-from rdmamw.providers._wire import field as _field
-from rdmamw.providers._wire import recv_frame as _recv_frame
-from rdmamw.providers._wire import send_frame as _send_frame
 
 PROTOCOL_VERSION = 1
 _PREFIX = b"\0rdmamw-shm/"
@@ -63,20 +60,8 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
     hello = {"v": PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid()}
     if mode is not None:
         hello["mode"] = mode
-    _send_frame(conn, hello)
-    peer = _recv_frame(conn)
-    if _field(peer, "v", int) != PROTOCOL_VERSION:
-        raise ProtocolError(f"peer speaks protocol version {peer['v']}, we speak "
-                            f"{PROTOCOL_VERSION}")
-    peer_slots, peer_slot_size = _field(peer, "slots", int), _field(peer, "slot_size", int)
-    try:
-        _layout.check_ring(peer_slots, peer_slot_size)
-    except ValueError as e:
-        raise ProtocolError(f"peer ring: {e}") from None
-    if mode is None:
-        mode = _field(peer, "mode", str)
-        if mode not in ("batched", "ack"):
-            raise ProtocolError(f"peer asked for unknown mode {mode!r}")
+    fr.send_frame(conn, hello)
+    peer_slots, peer_slot_size, mode = fr.check_hello(fr.recv_frame(conn), PROTOCOL_VERSION, mode)
 
     mine = _layout.endpoint_layout(slots, slot_size, peer_slots)
     theirs = _layout.endpoint_layout(peer_slots, peer_slot_size, slots)
@@ -87,7 +72,7 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
         os.fchmod(memfd, 0o600)   # no name to find it by; and no group/other rights either
         os.ftruncate(memfd, mine.total)
         socket.send_fds(conn, [msgpack.packb({"size": mine.total})], [memfd, evfd])
-        data, peer_fds, _flags, _addr = socket.recv_fds(conn, _MAX_HELLO, 2)
+        data, peer_fds, _flags, _addr = socket.recv_fds(conn, fr.MAX_HELLO, 2)
         if len(peer_fds) != 2:
             raise ProtocolError(f"peer sent {len(peer_fds)} descriptors, expected 2")
         info = msgpack.unpackb(data) if data else None

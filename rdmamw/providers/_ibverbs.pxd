@@ -1,0 +1,202 @@
+# The part of <infiniband/verbs.h> (libibverbs-dev) the verbs provider uses. pyverbs
+# ships no .pxd, so the data path declares the C API itself; field lists are partial
+# on purpose (Cython only needs the members it touches).
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+
+
+cdef extern from "infiniband/verbs.h" nogil:
+    cdef struct ibv_device:
+        pass
+    cdef struct ibv_context:
+        pass
+    cdef struct ibv_pd:
+        pass
+    cdef struct ibv_srq:
+        pass
+    cdef struct ibv_comp_channel:
+        int fd
+    cdef struct ibv_mr:
+        void *addr
+        size_t length
+        uint32_t lkey
+        uint32_t rkey
+    cdef struct ibv_cq:
+        pass
+    cdef struct ibv_qp:
+        uint32_t qp_num
+
+    cdef struct ibv_device_attr:
+        int max_qp_wr
+        int max_sge
+        int max_cqe
+        uint8_t phys_port_cnt
+
+    cdef struct ibv_port_attr:
+        int state
+        int max_mtu
+        int active_mtu
+        int gid_tbl_len
+        uint16_t lid
+        uint8_t link_layer
+
+    union ibv_gid:
+        uint8_t raw[16]
+
+    cdef struct ibv_qp_cap:
+        uint32_t max_send_wr
+        uint32_t max_recv_wr
+        uint32_t max_send_sge
+        uint32_t max_recv_sge
+        uint32_t max_inline_data
+
+    cdef enum ibv_qp_type:
+        IBV_QPT_RC
+
+    cdef struct ibv_qp_init_attr:
+        void *qp_context
+        ibv_cq *send_cq
+        ibv_cq *recv_cq
+        ibv_srq *srq
+        ibv_qp_cap cap
+        ibv_qp_type qp_type
+        int sq_sig_all
+
+    cdef struct ibv_global_route:
+        ibv_gid dgid
+        uint32_t flow_label
+        uint8_t sgid_index
+        uint8_t hop_limit
+        uint8_t traffic_class
+
+    cdef struct ibv_ah_attr:
+        ibv_global_route grh
+        uint16_t dlid
+        uint8_t sl
+        uint8_t src_path_bits
+        uint8_t static_rate
+        uint8_t is_global
+        uint8_t port_num
+
+    cdef enum ibv_qp_state:
+        IBV_QPS_RESET
+        IBV_QPS_INIT
+        IBV_QPS_RTR
+        IBV_QPS_RTS
+        IBV_QPS_ERR
+
+    cdef enum ibv_mtu:
+        IBV_MTU_256
+        IBV_MTU_1024
+        IBV_MTU_4096
+
+    cdef struct ibv_qp_attr:
+        ibv_qp_state qp_state
+        ibv_mtu path_mtu
+        uint32_t rq_psn
+        uint32_t sq_psn
+        uint32_t dest_qp_num
+        unsigned int qp_access_flags
+        ibv_ah_attr ah_attr
+        uint16_t pkey_index
+        uint8_t max_rd_atomic
+        uint8_t max_dest_rd_atomic
+        uint8_t min_rnr_timer
+        uint8_t port_num
+        uint8_t timeout
+        uint8_t retry_cnt
+        uint8_t rnr_retry
+
+    enum:
+        IBV_QP_STATE
+        IBV_QP_AV
+        IBV_QP_PATH_MTU
+        IBV_QP_DEST_QPN
+        IBV_QP_RQ_PSN
+        IBV_QP_SQ_PSN
+        IBV_QP_ACCESS_FLAGS
+        IBV_QP_PKEY_INDEX
+        IBV_QP_PORT
+        IBV_QP_MAX_QP_RD_ATOMIC
+        IBV_QP_MAX_DEST_RD_ATOMIC
+        IBV_QP_MIN_RNR_TIMER
+        IBV_QP_TIMEOUT
+        IBV_QP_RETRY_CNT
+        IBV_QP_RNR_RETRY
+        IBV_ACCESS_LOCAL_WRITE
+        IBV_ACCESS_REMOTE_WRITE
+        IBV_ACCESS_REMOTE_READ
+        IBV_SEND_SIGNALED
+        IBV_SEND_INLINE
+        IBV_WC_SUCCESS
+        IBV_PORT_ACTIVE
+        IBV_LINK_LAYER_INFINIBAND
+        IBV_LINK_LAYER_ETHERNET
+
+    cdef enum ibv_wr_opcode:
+        IBV_WR_RDMA_WRITE
+        IBV_WR_RDMA_WRITE_WITH_IMM
+        IBV_WR_SEND
+        IBV_WR_RDMA_READ
+
+    cdef struct ibv_sge:
+        uint64_t addr
+        uint32_t length
+        uint32_t lkey
+
+    cdef struct _ibv_rdma:
+        uint64_t remote_addr
+        uint32_t rkey
+
+    cdef union _ibv_wr_u:
+        _ibv_rdma rdma
+
+    cdef struct ibv_send_wr:
+        uint64_t wr_id
+        ibv_send_wr *next
+        ibv_sge *sg_list
+        int num_sge
+        ibv_wr_opcode opcode
+        unsigned int send_flags
+        uint32_t imm_data
+        _ibv_wr_u wr
+
+    cdef struct ibv_recv_wr:
+        uint64_t wr_id
+        ibv_recv_wr *next
+        ibv_sge *sg_list
+        int num_sge
+
+    cdef struct ibv_wc:
+        uint64_t wr_id
+        int status
+        int opcode
+        uint32_t vendor_err
+        uint32_t byte_len
+        unsigned int wc_flags
+
+    ibv_device **ibv_get_device_list(int *num)
+    void ibv_free_device_list(ibv_device **lst)
+    const char *ibv_get_device_name(ibv_device *d)
+    ibv_context *ibv_open_device(ibv_device *d)
+    int ibv_close_device(ibv_context *c)
+    int ibv_query_device(ibv_context *c, ibv_device_attr *attr)
+    int ibv_query_port(ibv_context *c, uint8_t port, ibv_port_attr *attr)
+    int ibv_query_gid(ibv_context *c, uint8_t port, int index, ibv_gid *gid)
+    ibv_pd *ibv_alloc_pd(ibv_context *c)
+    int ibv_dealloc_pd(ibv_pd *pd)
+    ibv_mr *ibv_reg_mr(ibv_pd *pd, void *addr, size_t length, int access)
+    int ibv_dereg_mr(ibv_mr *mr)
+    ibv_comp_channel *ibv_create_comp_channel(ibv_context *c)
+    int ibv_destroy_comp_channel(ibv_comp_channel *ch)
+    ibv_cq *ibv_create_cq(ibv_context *c, int cqe, void *cq_context, ibv_comp_channel *ch,
+                          int comp_vector)
+    int ibv_destroy_cq(ibv_cq *cq)
+    int ibv_req_notify_cq(ibv_cq *cq, int solicited_only)
+    int ibv_get_cq_event(ibv_comp_channel *ch, ibv_cq **cq, void **ctx)
+    void ibv_ack_cq_events(ibv_cq *cq, unsigned int nevents)
+    ibv_qp *ibv_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr)
+    int ibv_destroy_qp(ibv_qp *qp)
+    int ibv_modify_qp(ibv_qp *qp, ibv_qp_attr *attr, int mask)
+    int ibv_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad)
+    int ibv_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad)
+    int ibv_poll_cq(ibv_cq *cq, int n, ibv_wc *wc)

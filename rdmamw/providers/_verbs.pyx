@@ -1,0 +1,718 @@
+# cython: freethreading_compatible = False
+"""The ``verbs`` provider's data path: mini-verbs on an RC queue pair (libibverbs).
+
+One post() is one chained ``ibv_send_wr`` list handed to ``ibv_post_send`` (one
+doorbell) unless it is longer than the send queue allows, then it goes in parts.
+Payloads under the device's inline limit go inline; only the WRs the engine signals
+are signaled, plus an internal one now and then so the send queue never fills with
+unsignaled WRs. Completions are polled in batches. Wake-ups are zero-byte SENDs, or
+(event mode, asked for by the receiver) the arrival/reclaim word WRITEs themselves
+carry an immediate, so a sleeping peer gets a receive completion on its completion
+channel. The TCP side channel of the handshake stays open to see the peer die (EOF).
+
+The block the peer may write (CTRL/ARRIVAL/RECLAIM/RING) is registered with remote
+write only; buffers of register_local() are local-only. Every WR is bounds-checked
+against the peer's regions before any of a chain is posted."""
+
+from libc.errno cimport EAGAIN, EINTR, errno
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport memcpy, memset, strerror
+
+from rdmamw._core cimport (
+    RM_ERR_BOUNDS,
+    RM_ERR_CLOSED,
+    RM_ERR_OS,
+    RM_ERR_PEER_LOST,
+    RM_NREGIONS,
+    RM_REGION_ARRIVAL,
+    RM_REGION_CTRL,
+    RM_REGION_RECLAIM,
+    RM_WR_PUBLISH,
+    RM_WR_SIGNALED,
+    RM_WR_WRITE,
+    RM_WR_WRITE_IMM,
+    Transport,
+    rm_wc,
+    rm_wr,
+)
+from rdmamw.bitmap._phase cimport rm_cpu_relax, rm_spin_lock, rm_spin_unlock
+from rdmamw.providers._ibverbs cimport *
+
+cdef extern from *:
+    """
+    #include <arpa/inet.h>
+    #include <fcntl.h>
+    #include <poll.h>
+    #include <sys/socket.h>
+    #include <time.h>
+    #include <unistd.h>
+    static inline int rmv_trylock(volatile int *l) {
+        return __atomic_exchange_n((int *)l, 1, __ATOMIC_ACQUIRE) == 0;
+    }
+    static inline long long rmv_now_ns(void) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    }
+    static inline int rmv_set_nonblock(int fd) {
+        int fl = fcntl(fd, F_GETFL);
+        return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    }
+    """
+    int rmv_trylock(int *l) nogil
+    long long rmv_now_ns() nogil
+    int rmv_set_nonblock(int fd) nogil
+    uint32_t htonl(uint32_t v) nogil
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd *fds, unsigned long nfds, int timeout) nogil
+    short POLLIN, POLLHUP, POLLERR, POLLNVAL
+    ssize_t recv(int fd, void *buf, size_t n, int flags) nogil
+    int shutdown(int fd, int how) nogil
+    int close(int fd) nogil
+    int MSG_PEEK, MSG_DONTWAIT, SHUT_RDWR
+    int posix_memalign(void **memptr, size_t alignment, size_t size) nogil
+
+cdef enum:
+    WC_BATCH = 32
+    RECV_POOL = 64
+    RECV_BUF = 64
+    ACK_EVERY = 16
+
+cdef uint64_t INTERNAL = (<uint64_t>1) << 63     # wr_id of WRs the engine never sees
+cdef int64_t STUCK_NS = 10000000000               # no completion at all for this long: peer gone
+cdef int64_t SOCK_CHECK_NS = 1000000
+
+
+cdef class VerbsTransport(Transport):
+    """An RC QP to one peer plus the registered block of this endpoint."""
+    cdef ibv_context *ctx
+    cdef ibv_pd *pd
+    cdef ibv_comp_channel *chan
+    cdef ibv_cq *scq
+    cdef ibv_cq *rcq
+    cdef ibv_qp *qp
+    cdef ibv_mr *block_mr
+    cdef ibv_mr *recv_mr
+    cdef char *block
+    cdef size_t block_len
+    cdef char *recv_buf
+    cdef ibv_mr **lmrs
+    cdef uint32_t n_lmrs
+    cdef uint64_t peer_addr[RM_NREGIONS]
+    cdef uint32_t peer_rkey
+    cdef readonly bint peer_imm         # the peer wants its bitmap words WITH_IMM
+    cdef readonly bint event_mode       # my peer sends WITH_IMM: sleep on the channel
+    cdef int poll_ms
+    cdef readonly uint32_t sq_depth, rq_depth, max_chain, sig_bound
+    cdef uint64_t sq_posted, sq_done
+    cdef uint32_t unsig
+    cdef uint64_t *sig_pos
+    cdef uint64_t sig_head, sig_tail
+    cdef rm_wc *stash
+    cdef uint32_t stash_head, stash_len, stash_cap
+    cdef bint error_reported
+    cdef bint last_imm
+    cdef ibv_send_wr *swr
+    cdef ibv_sge *sge
+    cdef ibv_wc wcb[WC_BATCH]
+    cdef ibv_wc rwcb[WC_BATCH]
+    cdef ibv_recv_wr rwr[RECV_POOL]
+    cdef ibv_sge rsge
+    cdef int sock
+    cdef int state
+    cdef int lock                       # send queue and its accounting
+    cdef int rlock                      # receive queue and the channel's events
+    cdef uint32_t unacked_events
+    cdef int64_t last_sock_check
+    cdef readonly uint64_t n_recv_completions
+    cdef readonly uint32_t qpn
+    cdef readonly int port
+    cdef readonly int gid_index
+    cdef int my_mtu
+    cdef uint8_t timeout_exp
+
+    def __cinit__(self):
+        self.sock = -1
+        self.state = RM_ERR_CLOSED
+        self.direct_source = False      # the engine copies payloads into registered staging
+        self.synchronous = False        # the HCA reads sources after post() returns
+
+    # ---- set-up (Python, once per connection) ----------------------------------
+
+    def _open(self, str dev_name, int port, int gid_index, size_t block_len, tuple regions,
+              uint32_t sq_depth, uint32_t rq_depth, uint32_t max_inline, bint event_mode,
+              int poll_ms, int timeout_exp):
+        """Open the device, create PD/CQs/QP (INIT), register the block; return the
+        local half of the endpoint descriptor."""
+        cdef int num = 0, i
+        cdef ibv_device **lst
+        cdef ibv_device_attr dattr
+        cdef ibv_port_attr pattr
+        cdef ibv_gid gid
+        cdef ibv_qp_init_attr ia
+        cdef ibv_qp_attr at
+        cdef void *mem = NULL
+        if len(regions) != RM_NREGIONS:
+            raise ValueError("need one (offset, length) per region")
+        lst = ibv_get_device_list(&num)
+        if lst == NULL:
+            raise OSError(errno, f"ibv_get_device_list: {strerror(errno).decode()}")
+        try:
+            for i in range(num):
+                if ibv_get_device_name(lst[i]).decode() == dev_name:
+                    self.ctx = ibv_open_device(lst[i])
+                    break
+        finally:
+            ibv_free_device_list(lst)
+        if self.ctx == NULL:
+            raise OSError(errno or 19, f"cannot open RDMA device {dev_name!r}")
+        if ibv_query_device(self.ctx, &dattr) or ibv_query_port(self.ctx, port, &pattr):
+            raise OSError(errno, f"cannot query {dev_name} port {port}")
+        if pattr.state != IBV_PORT_ACTIVE:
+            raise OSError(100, f"{dev_name} port {port} is not active (state {pattr.state})")
+        if ibv_query_gid(self.ctx, port, gid_index, &gid):
+            raise OSError(errno, f"cannot read GID {gid_index} of {dev_name} port {port}")
+        self.port, self.gid_index, self.my_mtu = port, gid_index, pattr.active_mtu
+        self.timeout_exp = timeout_exp
+        self.sq_depth = max(8, min(sq_depth, <uint32_t>dattr.max_qp_wr))
+        self.rq_depth = max(8, min(rq_depth, <uint32_t>dattr.max_qp_wr))
+        self.max_chain = self.sq_depth // 2
+        self.sig_bound = self.sq_depth // 4
+        self.event_mode, self.poll_ms = event_mode, poll_ms
+        self.pd = ibv_alloc_pd(self.ctx)
+        if self.pd == NULL:
+            raise OSError(errno, "ibv_alloc_pd failed")
+        if posix_memalign(&mem, 4096, block_len) != 0:
+            raise MemoryError()
+        memset(mem, 0, block_len)
+        self.block, self.block_len = <char *>mem, block_len
+        # the peer writes the block, nothing else: no remote read, no atomics
+        self.block_mr = ibv_reg_mr(self.pd, mem, block_len,
+                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+        if self.block_mr == NULL:
+            raise OSError(errno, f"ibv_reg_mr of the {block_len}-byte block failed "
+                                 f"({strerror(errno).decode()}; is `ulimit -l` too low?)")
+        mem = NULL
+        if posix_memalign(&mem, 64, RECV_BUF) != 0:
+            raise MemoryError()
+        self.recv_buf = <char *>mem
+        self.recv_mr = ibv_reg_mr(self.pd, mem, RECV_BUF, IBV_ACCESS_LOCAL_WRITE)
+        if self.recv_mr == NULL:
+            raise OSError(errno, "ibv_reg_mr of the receive buffer failed")
+        self.chan = ibv_create_comp_channel(self.ctx)
+        if self.chan == NULL or rmv_set_nonblock(self.chan.fd) < 0:
+            raise OSError(errno, "ibv_create_comp_channel failed")
+        self.scq = ibv_create_cq(self.ctx, self.sq_depth + 16, NULL, NULL, 0)
+        self.rcq = ibv_create_cq(self.ctx, self.rq_depth + 16, NULL, self.chan, 0)
+        if self.scq == NULL or self.rcq == NULL:
+            raise OSError(errno, "ibv_create_cq failed")
+        while True:
+            memset(&ia, 0, sizeof(ia))
+            ia.send_cq, ia.recv_cq, ia.qp_type, ia.sq_sig_all = self.scq, self.rcq, IBV_QPT_RC, 0
+            ia.cap.max_send_wr, ia.cap.max_recv_wr = self.sq_depth, self.rq_depth
+            ia.cap.max_send_sge, ia.cap.max_recv_sge = 1, 1
+            ia.cap.max_inline_data = max_inline
+            self.qp = ibv_create_qp(self.pd, &ia)
+            if self.qp != NULL or max_inline == 0:
+                break
+            max_inline //= 2         # the device allows less inline data: ask for less
+        if self.qp == NULL:
+            raise OSError(errno, f"ibv_create_qp failed ({strerror(errno).decode()})")
+        self.max_inline = ia.cap.max_inline_data
+        self.qpn = self.qp.qp_num
+        memset(&at, 0, sizeof(at))
+        at.qp_state, at.port_num, at.pkey_index = IBV_QPS_INIT, port, 0
+        at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE
+        if ibv_modify_qp(self.qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
+                         | IBV_QP_ACCESS_FLAGS):
+            raise OSError(errno, "QP to INIT failed")
+        self.sig_pos = <uint64_t *>calloc(self.sq_depth, 8)
+        self.stash_cap = self.sq_depth + 16
+        self.stash = <rm_wc *>calloc(self.stash_cap, sizeof(rm_wc))
+        self.swr = <ibv_send_wr *>calloc(self.max_chain, sizeof(ibv_send_wr))
+        self.sge = <ibv_sge *>calloc(self.max_chain, sizeof(ibv_sge))
+        if self.sig_pos == NULL or self.stash == NULL or self.swr == NULL or self.sge == NULL:
+            raise MemoryError()
+        self.rsge.addr, self.rsge.length, self.rsge.lkey = <uint64_t>self.recv_buf, RECV_BUF, \
+            self.recv_mr.lkey
+        for i in range(RECV_POOL):
+            self.rwr[i].wr_id = i
+            self.rwr[i].sg_list = &self.rsge
+            self.rwr[i].num_sge = 1
+            self.rwr[i].next = &self.rwr[i + 1] if i + 1 < RECV_POOL else NULL
+        i = 0
+        while i < <int>self.rq_depth:
+            if self._post_recvs(min(RECV_POOL, <int>self.rq_depth - i)):
+                raise OSError(errno, "ibv_post_recv failed")
+            i += RECV_POOL
+        for i in range(RM_NREGIONS):
+            off, length = regions[i]
+            if off < 0 or length <= 0 or off + length > block_len:
+                raise ValueError(f"region ({off}, {length}) outside a block of {block_len}")
+            self.local[i].addr = self.block + <size_t>off
+            self.local[i].length = length
+        return {"qpn": self.qpn, "gid": bytes(gid.raw[:16]), "lid": pattr.lid,
+                "mtu": pattr.active_mtu, "addr": <uint64_t>self.block,
+                "rkey": self.block_mr.rkey, "len": block_len, "inline": self.max_inline}
+
+    def _connect(self, uint32_t my_psn, uint32_t qpn, uint32_t psn, bytes gid, int lid, int mtu,
+                 uint64_t addr, uint32_t rkey, tuple regions, bint peer_imm):
+        """Point the QP at the peer (RTR, RTS) and take its regions for bounds checks.
+        The caller has validated the descriptor against the layout it computed."""
+        cdef ibv_qp_attr at
+        cdef int i
+        if self.qp == NULL or len(gid) != 16 or len(regions) != RM_NREGIONS:
+            raise ValueError("transport not opened or bad descriptor")
+        for i in range(RM_NREGIONS):
+            off, length = regions[i]
+            self.peer_addr[i] = addr + <uint64_t>off
+            self.peer[i].addr = NULL      # never dereferenced: remote memory
+            self.peer[i].length = length
+        self.peer_rkey, self.peer_imm = rkey, peer_imm
+        memset(&at, 0, sizeof(at))
+        at.qp_state = IBV_QPS_RTR
+        at.path_mtu = <ibv_mtu>min(self.my_mtu, mtu)
+        at.dest_qp_num, at.rq_psn = qpn, psn
+        at.max_dest_rd_atomic, at.min_rnr_timer = 1, 12
+        at.ah_attr.is_global, at.ah_attr.port_num, at.ah_attr.dlid = 1, self.port, lid
+        memcpy(at.ah_attr.grh.dgid.raw, <char *>gid, 16)
+        at.ah_attr.grh.sgid_index, at.ah_attr.grh.hop_limit = self.gid_index, 64
+        if ibv_modify_qp(self.qp, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU
+                         | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC
+                         | IBV_QP_MIN_RNR_TIMER):
+            raise OSError(errno, f"QP to RTR failed ({strerror(errno).decode()})")
+        memset(&at, 0, sizeof(at))
+        at.qp_state, at.sq_psn, at.max_rd_atomic = IBV_QPS_RTS, my_psn, 1
+        # retry_cnt 6: rxe reads 7 as "retry forever", and a dead peer must surface
+        at.timeout, at.retry_cnt, at.rnr_retry = self.timeout_exp, 6, 7
+        if ibv_modify_qp(self.qp, &at, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT
+                         | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC):
+            raise OSError(errno, f"QP to RTS failed ({strerror(errno).decode()})")
+
+    def _attach_socket(self, int fd):
+        """Take the handshake socket (EOF = peer gone); the transport is live now."""
+        self.sock = fd
+        self.state = 1
+
+    def register_local(self, size_t addr, size_t length):
+        """Register [addr, addr+length) for local access only (WR sources, READ
+        targets); the MR lives as long as the transport."""
+        cdef ibv_mr *mr
+        cdef void *p
+        if self.pd == NULL:
+            raise ValueError("transport is not open")
+        mr = ibv_reg_mr(self.pd, <void *>addr, length, IBV_ACCESS_LOCAL_WRITE)
+        if mr == NULL:
+            raise OSError(errno, f"ibv_reg_mr of {length} bytes failed")
+        p = realloc(self.lmrs, (self.n_lmrs + 1) * sizeof(ibv_mr *))
+        if p == NULL:
+            ibv_dereg_mr(mr)
+            raise MemoryError()
+        self.lmrs = <ibv_mr **>p
+        self.lmrs[self.n_lmrs] = mr
+        self.n_lmrs += 1
+        return mr.lkey
+
+    def counters(self):
+        d = Transport.counters(self)
+        d["recv_completions"] = self.n_recv_completions
+        return d
+
+    def _debug_qp_error(self):
+        """Move the QP to the error state behind the engine's back (fault tests)."""
+        cdef ibv_qp_attr at
+        memset(&at, 0, sizeof(at))
+        at.qp_state = IBV_QPS_ERR
+        if self.qp != NULL:
+            ibv_modify_qp(self.qp, &at, IBV_QP_STATE)
+
+    # ---- teardown ---------------------------------------------------------------
+
+    def close(self):
+        """Let posted WRs finish (bounded), drop the connection and the verbs
+        objects. The block stays allocated while Messages may point into it."""
+        if self.state == 1:
+            with nogil:
+                self._drain_sq(1000000000)
+            self.state = RM_ERR_CLOSED
+        self._destroy()
+
+    cdef void _drain_sq(self, int64_t budget_ns) noexcept nogil:
+        cdef int64_t end = rmv_now_ns() + budget_ns
+        cdef ibv_send_wr *w
+        rm_spin_lock(&self.lock)
+        if self.unsig and self.state == 1:
+            w = &self.swr[0]     # a signaled zero-byte WRITE flushes the unsignaled tail
+            memset(w, 0, sizeof(ibv_send_wr))
+            w.wr_id = INTERNAL
+            w.opcode = IBV_WR_RDMA_WRITE
+            w.wr.rdma.remote_addr = self.peer_addr[RM_REGION_CTRL]
+            w.wr.rdma.rkey = self.peer_rkey
+            self._post_chain(1, True)
+        while self.state == 1 and self.sq_done < self.sq_posted and rmv_now_ns() < end:
+            if self._poll_send_locked() == 0:
+                rm_cpu_relax()
+        rm_spin_unlock(&self.lock)
+
+    cdef void _destroy(self) noexcept:
+        cdef uint32_t i
+        if self.sock >= 0:
+            close(self.sock)
+            self.sock = -1
+        if self.qp != NULL:
+            ibv_destroy_qp(self.qp)
+            self.qp = NULL
+        if self.rcq != NULL:
+            if self.unacked_events:
+                ibv_ack_cq_events(self.rcq, self.unacked_events)
+                self.unacked_events = 0
+            ibv_destroy_cq(self.rcq)
+            self.rcq = NULL
+        if self.scq != NULL:
+            ibv_destroy_cq(self.scq)
+            self.scq = NULL
+        if self.chan != NULL:
+            ibv_destroy_comp_channel(self.chan)
+            self.chan = NULL
+        for i in range(self.n_lmrs):
+            ibv_dereg_mr(self.lmrs[i])
+        self.n_lmrs = 0
+        if self.block_mr != NULL:
+            ibv_dereg_mr(self.block_mr)
+            self.block_mr = NULL
+        if self.recv_mr != NULL:
+            ibv_dereg_mr(self.recv_mr)
+            self.recv_mr = NULL
+        if self.pd != NULL:
+            ibv_dealloc_pd(self.pd)
+            self.pd = NULL
+        if self.ctx != NULL:
+            ibv_close_device(self.ctx)
+            self.ctx = NULL
+
+    def __dealloc__(self):
+        self._destroy()
+        free(self.lmrs)
+        free(self.block)
+        free(self.recv_buf)
+        free(self.sig_pos)
+        free(self.stash)
+        free(self.swr)
+        free(self.sge)
+
+    # ---- data path (nogil) ------------------------------------------------------
+
+    cdef void _fail(self, int code) noexcept nogil:
+        """The connection is dead: remember why, and make sure the peer sees EOF."""
+        if self.state == 1:
+            self.state = code
+            if self.sock >= 0:
+                shutdown(self.sock, SHUT_RDWR)
+
+    cdef inline int _dead(self) noexcept nogil:
+        return self.state if self.state < 0 else RM_ERR_CLOSED
+
+    cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
+        cdef uint32_t i, j, part
+        cdef rm_wr *wr
+        cdef int rc = 0
+        if self.state != 1:
+            return self._dead()
+        for i in range(n):      # validate the whole chain first: all or nothing
+            wr = &wrs[i]
+            if wr.rkey >= RM_NREGIONS or wr.remote_off > self.peer[wr.rkey].length \
+                    or wr.length > self.peer[wr.rkey].length - wr.remote_off:
+                return RM_ERR_BOUNDS
+            # READ needs a remotely readable source: the block grants remote write only
+            if wr.opcode != RM_WR_WRITE and wr.opcode != RM_WR_WRITE_IMM:
+                return RM_ERR_BOUNDS
+            if wr.flags & RM_WR_PUBLISH and ((wr.remote_off | wr.length) & 7):
+                return RM_ERR_BOUNDS
+        rm_spin_lock(&self.lock)
+        i = 0
+        while i < n and rc == 0:
+            part = n - i if n - i <= self.max_chain else self.max_chain
+            for j in range(part):
+                self._fill(j, &wrs[i + j])
+            rc = self._post_chain(part, i + part == n)
+            i += part
+        rm_spin_unlock(&self.lock)
+        self._drain_recv()
+        return rc
+
+    cdef void _fill(self, uint32_t j, rm_wr *wr) noexcept nogil:
+        cdef ibv_send_wr *w = &self.swr[j]
+        cdef ibv_sge *s = &self.sge[j]
+        s.addr, s.length, s.lkey = wr.local_addr, wr.length, wr.lkey
+        w.wr_id = wr.wr_id
+        w.next = &self.swr[j + 1]
+        w.sg_list = s
+        w.num_sge = 1 if wr.length else 0
+        w.opcode = IBV_WR_RDMA_WRITE
+        w.imm_data = 0
+        if wr.opcode == RM_WR_WRITE_IMM:
+            w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM
+            w.imm_data = htonl(wr.imm)
+        elif self.peer_imm and wr.flags & RM_WR_PUBLISH and (
+                wr.rkey == RM_REGION_ARRIVAL or wr.rkey == RM_REGION_RECLAIM):
+            w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM    # event mode: the word write wakes
+            w.imm_data = htonl(wr.rkey)
+        w.send_flags = IBV_SEND_SIGNALED if wr.flags & RM_WR_SIGNALED else 0
+        if 0 < wr.length <= self.max_inline:
+            w.send_flags |= IBV_SEND_INLINE
+        w.wr.rdma.remote_addr = self.peer_addr[wr.rkey] + wr.remote_off
+        w.wr.rdma.rkey = self.peer_rkey
+        self.bytes_written += wr.length
+
+    cdef int _post_chain(self, uint32_t count, bint final) noexcept nogil:
+        """Post swr[0..count) with one ibv_post_send (caller holds lock)."""
+        cdef ibv_send_wr *bad = NULL
+        cdef ibv_send_wr *last = &self.swr[count - 1]
+        cdef uint32_t j, u = self.unsig
+        cdef int rc
+        last.next = NULL
+        for j in range(count):
+            u = 0 if self.swr[j].send_flags & IBV_SEND_SIGNALED else u + 1
+        # a non-final part, or too many unsignaled WRs in a row: signal internally so
+        # the send queue's slots can be accounted for and reused
+        if u and (not final or u > self.sig_bound):
+            last.send_flags |= IBV_SEND_SIGNALED
+            last.wr_id |= INTERNAL
+        rc = self._room(count)
+        if rc != 0:
+            return rc
+        for j in range(count):
+            if self.swr[j].send_flags & IBV_SEND_SIGNALED:
+                self.sig_pos[self.sig_tail % self.sq_depth] = self.sq_posted + j + 1
+                self.sig_tail += 1
+                self.n_signaled += 1
+                self.unsig = 0
+            else:
+                self.unsig += 1
+        self.last_imm = last.opcode == IBV_WR_RDMA_WRITE_WITH_IMM
+        rc = ibv_post_send(self.qp, self.swr, &bad)
+        self.n_doorbells += 1
+        if rc != 0:
+            self._fail(RM_ERR_PEER_LOST)
+            return RM_ERR_OS
+        self.sq_posted += count
+        self.n_wrs += count
+        return 0
+
+    cdef int _room(self, uint32_t count) noexcept nogil:
+        """Poll until the send queue has room for count WRs; bounded (caller holds lock)."""
+        cdef int64_t t, start = 0, next_sock = 0
+        while self.sq_depth - (self.sq_posted - self.sq_done) < count:
+            if self._poll_send_locked() == 0:
+                t = rmv_now_ns()
+                if start == 0:
+                    start = t
+                    next_sock = t + SOCK_CHECK_NS
+                elif t >= next_sock:
+                    if self._sock_dead():
+                        self._fail(RM_ERR_PEER_LOST)
+                    elif t - start > STUCK_NS:
+                        self._fail(RM_ERR_PEER_LOST)
+                    next_sock = t + SOCK_CHECK_NS
+                rm_cpu_relax()
+            if self.state != 1:
+                return self._dead()
+        return 0
+
+    cdef int _poll_send_locked(self) noexcept nogil:
+        cdef int k, i
+        cdef ibv_wc *wc
+        if self.scq == NULL:
+            return 0
+        k = ibv_poll_cq(self.scq, WC_BATCH, self.wcb)
+        if k < 0:
+            self._fail(RM_ERR_PEER_LOST)
+            return 0
+        self.n_completions += k
+        for i in range(k):
+            wc = &self.wcb[i]
+            if wc.status != IBV_WC_SUCCESS:
+                self._fail(RM_ERR_PEER_LOST)
+                if not self.error_reported:
+                    self.error_reported = True
+                    self._stash(0, wc.status, wc.opcode)
+                continue
+            if self.sig_head < self.sig_tail:
+                self.sq_done = self.sig_pos[self.sig_head % self.sq_depth]
+                self.sig_head += 1
+            if not (wc.wr_id & INTERNAL):
+                self._stash(wc.wr_id, 0, wc.opcode)
+        return k
+
+    cdef inline void _stash(self, uint64_t wr_id, int status, int opcode) noexcept nogil:
+        cdef uint32_t s
+        if self.stash_len == self.stash_cap:    # keep the newest (batch ids are monotonic)
+            self.stash_head = (self.stash_head + 1) % self.stash_cap
+            self.stash_len -= 1
+        s = (self.stash_head + self.stash_len) % self.stash_cap
+        self.stash[s].wr_id = wr_id
+        self.stash[s].status = status
+        self.stash[s].opcode = opcode
+        self.stash_len += 1
+
+    cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil:
+        cdef uint32_t k = 0
+        if self.stash == NULL:
+            return 0
+        rm_spin_lock(&self.lock)
+        if self.stash_len < maxn:
+            self._poll_send_locked()
+        while k < maxn and self.stash_len:
+            wcs[k] = self.stash[self.stash_head]
+            self.stash_head = (self.stash_head + 1) % self.stash_cap
+            self.stash_len -= 1
+            k += 1
+        rm_spin_unlock(&self.lock)
+        return k
+
+    cdef int _post_recvs(self, int k) noexcept nogil:
+        cdef ibv_recv_wr *bad = NULL
+        cdef int rc
+        if k <= 0:
+            return 0
+        self.rwr[k - 1].next = NULL
+        rc = ibv_post_recv(self.qp, &self.rwr[0], &bad)
+        if k < RECV_POOL:
+            self.rwr[k - 1].next = &self.rwr[k]
+        return rc
+
+    cdef int _drain_recv(self) noexcept nogil:
+        """Reap receive completions (wake-ups, immediates) and repost their WRs."""
+        cdef int k, i, ok = 0
+        if self.rcq == NULL or not rmv_trylock(&self.rlock):
+            return 0
+        k = ibv_poll_cq(self.rcq, WC_BATCH, self.rwcb)
+        for i in range(k):
+            if self.rwcb[i].status != IBV_WC_SUCCESS:
+                self._fail(RM_ERR_PEER_LOST)
+            else:
+                ok += 1
+        if ok and self.state == 1 and self._post_recvs(ok):
+            self._fail(RM_ERR_PEER_LOST)
+        self.n_recv_completions += ok
+        rm_spin_unlock(&self.rlock)
+        return k
+
+    cdef bint _sock_dead(self) noexcept nogil:
+        cdef pollfd fd
+        cdef char c
+        cdef ssize_t r
+        if self.sock < 0:
+            return True
+        fd.fd, fd.events, fd.revents = self.sock, POLLIN, 0
+        if poll(&fd, 1, 0) <= 0:
+            return False
+        if fd.revents & (POLLERR | POLLNVAL):
+            return True
+        r = recv(self.sock, &c, 1, MSG_PEEK | MSG_DONTWAIT)
+        return r == 0 or (r < 0 and errno != EAGAIN and errno != EINTR)
+
+    cdef int wake_peer(self) noexcept nogil:
+        cdef ibv_send_wr *w
+        cdef int rc
+        if self.state != 1:
+            return self._dead()
+        rm_spin_lock(&self.lock)
+        if self.peer_imm and self.last_imm:
+            rm_spin_unlock(&self.lock)   # the WRITE_WITH_IMM just posted wakes the peer
+            return 0
+        w = &self.swr[0]
+        memset(w, 0, sizeof(ibv_send_wr))
+        w.wr_id = INTERNAL
+        w.opcode = IBV_WR_SEND          # zero bytes: only the receive completion matters
+        rc = self._post_chain(1, True)
+        rm_spin_unlock(&self.lock)
+        if rc == 0:
+            self.n_wakeups += 1
+        return rc
+
+    cdef int wait(self, int timeout_ms) noexcept nogil:
+        cdef pollfd fds[2]
+        cdef ibv_cq *cq
+        cdef void *ctx
+        cdef int r
+        if self.state != 1:
+            return self._dead()
+        if self._drain_recv() > 0:
+            return 1
+        ibv_req_notify_cq(self.rcq, 0)
+        if self._drain_recv() > 0:       # arrived between the drain and arming
+            return 1
+        if not self.event_mode and timeout_ms > self.poll_ms:
+            timeout_ms = self.poll_ms    # a plain WRITE gives no event: look again soon
+        fds[0].fd, fds[0].events, fds[0].revents = self.chan.fd, POLLIN, 0
+        fds[1].fd, fds[1].events, fds[1].revents = self.sock, POLLIN, 0
+        r = poll(fds, 2, timeout_ms)
+        if r < 0:
+            return 0 if errno == EINTR else RM_ERR_OS
+        if fds[0].revents & POLLIN:
+            if rmv_trylock(&self.rlock):
+                while ibv_get_cq_event(self.chan, &cq, &ctx) == 0:
+                    self.unacked_events += 1
+                if self.unacked_events >= ACK_EVERY:
+                    ibv_ack_cq_events(self.rcq, self.unacked_events)
+                    self.unacked_events = 0
+                rm_spin_unlock(&self.rlock)
+            self._drain_recv()
+            return 1
+        if fds[1].revents:
+            return self.peer_state()
+        return 0
+
+    cdef int peer_state(self) noexcept nogil:
+        if self.state != 1:
+            return self.state
+        if rmv_trylock(&self.lock):       # error completions of unsignaled writes too
+            self._poll_send_locked()
+            rm_spin_unlock(&self.lock)
+        self._drain_recv()
+        if self.state == 1 and self._sock_dead():
+            self._fail(RM_ERR_PEER_LOST)
+        return self.state
+
+
+def probe(int max_gids=32):
+    """Devices, ports and non-zero GIDs as libibverbs reports them (no pyverbs)."""
+    cdef int num = 0, i, p, g
+    cdef ibv_device **lst = ibv_get_device_list(&num)
+    cdef ibv_context *ctx
+    cdef ibv_device_attr dattr
+    cdef ibv_port_attr pattr
+    cdef ibv_gid gid
+    if lst == NULL:
+        raise OSError(errno, f"ibv_get_device_list: {strerror(errno).decode()}")
+    out = []
+    try:
+        for i in range(num):
+            name = ibv_get_device_name(lst[i]).decode()
+            ctx = ibv_open_device(lst[i])
+            if ctx == NULL:
+                out.append({"name": name, "error": f"cannot open: {strerror(errno).decode()}"})
+                continue
+            ports = []
+            if ibv_query_device(ctx, &dattr) == 0:
+                for p in range(1, dattr.phys_port_cnt + 1):
+                    if ibv_query_port(ctx, p, &pattr):
+                        continue
+                    gids = []
+                    for g in range(min(pattr.gid_tbl_len, max_gids)):
+                        if ibv_query_gid(ctx, p, g, &gid) == 0 and any(gid.raw[:16]):
+                            gids.append((g, bytes(gid.raw[:16])))
+                    ports.append({"port": p, "active": pattr.state == IBV_PORT_ACTIVE,
+                                  "state": pattr.state, "lid": pattr.lid,
+                                  "mtu": pattr.active_mtu, "link_layer": pattr.link_layer,
+                                  "gids": gids})
+            out.append({"name": name, "ports": ports, "max_qp_wr": dattr.max_qp_wr})
+            ibv_close_device(ctx)
+    finally:
+        ibv_free_device_list(lst)
+    return out

@@ -1,0 +1,238 @@
+"""The ``verbs`` provider's control path: a TCP side channel for the handshake.
+
+``verbs://HOST:PORT[?opt=value&...]``: the listener accepts TCP connections there
+(port 0 = ephemeral; ``address`` reports the bound one). Both sides exchange msgpack
+hellos (ring sizes, mode), open the RDMA device, create their QP and registered block,
+then exchange endpoint descriptors (QPN, PSN, GID, block address, rkey, regions,
+version) and move the QP to RTS. The socket then stays open only so each side sees
+the other's death as EOF. The wire format is in docs/protocol.md ("verbs connection
+set-up"). Options (also from ``RDMAMW_VERBS_*`` environment variables): ``device``,
+``port``, ``gid_index``, ``sq_depth``, ``rq_depth``, ``inline``, ``event`` (0/1),
+``poll_ms``, ``timeout`` (QP ack timeout exponent)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import time
+from dataclasses import dataclass
+from urllib.parse import parse_qsl
+
+from rdmamw import _layout
+from rdmamw.errors import PeerNotFound, ProtocolError, ProviderUnavailable, RdmamwError, Timeout
+from rdmamw.providers import Connected
+from rdmamw.providers import _wire as fr
+from rdmamw.providers import verbs_device as dev
+
+PROTOCOL_VERSION = 1
+DESCRIPTOR_VERSION = 1
+_U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
+
+#: option -> (environment variable, default)
+OPTIONS = {
+    "device": ("RDMAMW_VERBS_DEVICE", ""),
+    "port": ("RDMAMW_VERBS_PORT", "0"),
+    "gid_index": ("RDMAMW_VERBS_GID_INDEX", "-1"),
+    "sq_depth": ("RDMAMW_VERBS_SQ_DEPTH", "256"),
+    "rq_depth": ("RDMAMW_VERBS_RQ_DEPTH", "0"),
+    "inline": ("RDMAMW_VERBS_INLINE", "256"),
+    "event": ("RDMAMW_VERBS_EVENT", "0"),
+    "poll_ms": ("RDMAMW_VERBS_POLL_MS", "1"),
+    "timeout": ("RDMAMW_VERBS_TIMEOUT", "14"),
+}
+
+
+@dataclass(frozen=True)
+class Where:
+    host: str
+    port: int
+    opts: dict
+
+
+def parse_where(where: str) -> Where:
+    """``"HOST:PORT?opt=v"`` -> Where; IPv6 hosts in brackets."""
+    hostport, _, query = where.partition("?")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"verbs address {where!r} is not HOST:PORT")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    opts = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key not in OPTIONS:
+            raise ValueError(f"unknown verbs option {key!r}; known: {', '.join(OPTIONS)}")
+        opts[key] = value
+    for key, (env, default) in OPTIONS.items():
+        opts.setdefault(key, os.environ.get(env, default))
+    for key in OPTIONS:
+        if key != "device":
+            try:
+                opts[key] = int(opts[key])
+            except ValueError:
+                raise ValueError(f"verbs option {key}={opts[key]!r} is not an integer") from None
+    return Where(host, int(port), opts)
+
+
+def _regions(lay: _layout.Layout) -> list[list[int]]:
+    # order = RM_REGION_CTRL, ARRIVAL, RECLAIM, RING
+    return [[lay.ctrl, _layout.CTRL_SIZE], [lay.arrival, lay.arrival_len],
+            [lay.reclaim, lay.reclaim_len], [lay.ring, lay.ring_len]]
+
+
+def check_descriptor(d: dict, theirs: _layout.Layout) -> dict:
+    """Validate a peer's endpoint descriptor against the layout we computed for it;
+    ProtocolError before anything is read or written."""
+    if fr.field(d, "v", int) != DESCRIPTOR_VERSION:
+        raise ProtocolError(f"peer descriptor version {d['v']}, we speak {DESCRIPTOR_VERSION}")
+    qpn, psn = fr.field(d, "qpn", int), fr.field(d, "psn", int)
+    if not (0 < qpn < 1 << 24 and 0 <= psn < 1 << 24):
+        raise ProtocolError(f"descriptor qpn {qpn} / psn {psn} out of range (24 bits)")
+    gid = fr.field(d, "gid", bytes)
+    if len(gid) != 16:
+        raise ProtocolError(f"descriptor gid is {len(gid)} bytes, not 16")
+    lid, mtu = fr.field(d, "lid", int), fr.field(d, "mtu", int)
+    if not (0 <= lid <= 0xFFFF and 1 <= mtu <= 5):
+        raise ProtocolError(f"descriptor lid {lid} / mtu {mtu} out of range")
+    addr, rkey, length = fr.field(d, "addr", int), fr.field(d, "rkey", int), fr.field(d, "len", int)
+    if not (0 < addr <= _U64 and 0 <= rkey <= _U32):
+        raise ProtocolError(f"descriptor address {addr:#x} / rkey {rkey:#x} out of range")
+    if length != theirs.total or addr + length - 1 > _U64:
+        raise ProtocolError(f"descriptor block of {length} bytes at {addr:#x}; the layout "
+                            f"says {theirs.total}")
+    regions = d.get("regions")
+    if regions != _regions(theirs):
+        raise ProtocolError(f"descriptor regions {regions!r} differ from the layout "
+                            f"{_regions(theirs)!r}")
+    if not isinstance(d.get("event"), bool):
+        raise ProtocolError("descriptor field 'event' missing or not a bool")
+    return d
+
+
+def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
+               mode: str | None, peer_name: str) -> Connected:
+    """Hellos, then descriptors, then a ready barrier. ``mode`` is None on accept."""
+    _layout.check_ring(slots, slot_size)
+    hello = {"v": PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid()}
+    if mode is not None:
+        hello["mode"] = mode
+    fr.send_frame(conn, hello)
+    peer = fr.recv_frame(conn)
+    peer_slots, peer_slot_size, mode = fr.check_hello(peer, PROTOCOL_VERSION, mode)
+    mine = _layout.endpoint_layout(slots, slot_size, peer_slots)
+    theirs = _layout.endpoint_layout(peer_slots, peer_slot_size, slots)
+    o = w.opts
+    name, port, gid_index = dev.choose(o["device"], o["port"], o["gid_index"])
+    rq = o["rq_depth"] or 2 * (slots + peer_slots) + 64
+    tp = dev.transport_class()()
+    try:
+        local = tp._open(name, port, gid_index, mine.total,
+                         tuple(tuple(r) for r in _regions(mine)), o["sq_depth"], rq,
+                         o["inline"], bool(o["event"]), o["poll_ms"], o["timeout"])
+    except OSError as e:
+        raise ProviderUnavailable(f"verbs device {name} port {port}: {e}") from None
+    psn = int.from_bytes(os.urandom(3), "little")
+    local.update(v=DESCRIPTOR_VERSION, psn=psn, regions=_regions(mine), event=bool(o["event"]))
+    del local["inline"]
+    fr.send_frame(conn, local)
+    d = check_descriptor(fr.recv_frame(conn), theirs)
+    try:
+        tp._connect(psn, d["qpn"], d["psn"], d["gid"], d["lid"], d["mtu"], d["addr"],
+                    d["rkey"], tuple(tuple(r) for r in d["regions"]), d["event"])
+    except OSError as e:
+        raise PeerNotFound(f"cannot connect the queue pair to {peer_name}: {e}") from None
+    # both QPs are in RTR before either side writes
+    fr.send_frame(conn, {"ready": True})
+    if fr.recv_frame(conn).get("ready") is not True:
+        raise ProtocolError("peer did not confirm the queue pair")
+    conn.settimeout(None)
+    tp._attach_socket(conn.detach())
+    return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, peer_name)
+
+
+def _tcp_options(conn: socket.socket) -> None:
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+
+
+class VerbsListener:
+    """Accepts verbs connections; the TCP side channel listens on HOST:PORT."""
+
+    def __init__(self, where: str, slots: int, slot_size: int) -> None:
+        _layout.check_ring(slots, slot_size)
+        self.w = parse_where(where)
+        dev.require()
+        self.slots, self.slot_size = slots, slot_size
+        fam = socket.AF_INET6 if ":" in self.w.host else socket.AF_INET
+        self._sock = socket.socket(fam, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind((self.w.host, self.w.port))
+        except OSError as e:
+            self._sock.close()
+            if e.errno == errno.EADDRINUSE:
+                raise RdmamwError(f"verbs://{self.w.host}:{self.w.port} is in use") from None
+            raise
+        self._sock.listen(128)
+        self.port = self._sock.getsockname()[1]
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.w.host}]" if ":" in self.w.host else self.w.host
+        return f"verbs://{host}:{self.port}"
+
+    def accept(self, timeout: float | None) -> Connected:
+        self._sock.settimeout(timeout)
+        try:
+            conn, peer = self._sock.accept()
+        except TimeoutError:
+            raise Timeout(f"no connection to {self.address} within {timeout} s") from None
+        try:
+            _tcp_options(conn)
+            conn.settimeout(10.0 if timeout is None else max(timeout, 1.0))
+            return _handshake(conn, self.w, self.slots, self.slot_size, None,
+                              f"verbs://{peer[0]}:{peer[1]}")
+        except TimeoutError:
+            raise Timeout(f"handshake on {self.address} timed out") from None
+        finally:
+            if conn.fileno() >= 0:
+                conn.close()
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def listen(where: str, *, slots: int, slot_size: int) -> VerbsListener:
+    return VerbsListener(where, slots, slot_size)
+
+
+def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int) -> Connected:
+    """Connect to ``verbs://where``, retrying until ``timeout`` while nobody listens."""
+    w = parse_where(where)
+    dev.require()
+    deadline = time.monotonic() + timeout
+    name = f"verbs://{where.partition('?')[0]}"
+    while True:
+        try:
+            conn = socket.create_connection((w.host, w.port),
+                                            timeout=max(0.01, deadline - time.monotonic()))
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise PeerNotFound(f"nobody listens on {name} (waited {timeout:g} s)") from None
+            time.sleep(0.01)
+        except TimeoutError:
+            raise PeerNotFound(f"{name} did not answer within {timeout:g} s") from None
+        except OSError as e:
+            raise PeerNotFound(f"cannot reach {name}: {e}") from None
+    try:
+        _tcp_options(conn)
+        conn.settimeout(max(1.0, deadline - time.monotonic()))
+        return _handshake(conn, w, slots, slot_size, mode, name)
+    except TimeoutError:
+        raise Timeout(f"handshake with {name} timed out") from None
+    finally:
+        if conn.fileno() >= 0:
+            conn.close()

@@ -1,0 +1,121 @@
+"""Is the verbs provider usable here, and on which device, port and GID?
+
+No RDMA is an ordinary case: every answer is a reason string, never an ImportError
+of the library. The data-path extension is optional (built only with libibverbs-dev)
+and is imported lazily."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+
+from rdmamw.errors import ProviderUnavailable
+
+SYSFS = "/sys/class/infiniband"
+
+
+@functools.lru_cache(maxsize=1)
+def _module():
+    """The _verbs extension, or the reason it cannot be loaded."""
+    try:
+        from rdmamw.providers import _verbs
+    except ModuleNotFoundError:
+        return ("rdmamw was built without the verbs extension (<infiniband/verbs.h> from "
+                "libibverbs-dev was not found at build time)")
+    except ImportError as e:
+        return f"libibverbs cannot be loaded ({e}); install rdma-core / libibverbs1"
+    return _verbs
+
+
+def transport_class():
+    mod = _module()
+    if isinstance(mod, str):
+        raise ProviderUnavailable(mod)
+    return mod.VerbsTransport
+
+
+def gid_type(dev: str, port: int, index: int) -> str:
+    """"RoCE v2", "IB/RoCE v1", or "" when sysfs does not say."""
+    try:
+        with open(f"{SYSFS}/{dev}/ports/{port}/gid_attrs/types/{index}") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def devices() -> list[dict]:
+    """Devices with ports and GIDs (each GID with its sysfs type); raises
+    ProviderUnavailable with the reason when libibverbs cannot be asked."""
+    mod = _module()
+    if isinstance(mod, str):
+        raise ProviderUnavailable(mod)
+    try:
+        found = mod.probe()
+    except OSError as e:
+        if e.errno == errno.ENOSYS:
+            raise ProviderUnavailable("the kernel has no RDMA support (ibv_get_device_list: "
+                                      "ENOSYS; no ib_uverbs / CONFIG_INFINIBAND)") from None
+        raise ProviderUnavailable(f"libibverbs lists no devices: {e}") from None
+    for d in found:
+        for p in d.get("ports", ()):
+            p["gids"] = [(i, g, gid_type(d["name"], p["port"], i)) for i, g in p["gids"]]
+    return found
+
+
+def _best_gid(gids: list) -> int:
+    """Prefer a RoCE v2 IPv4-mapped GID (routable, what rxe and most NICs use), then
+    any RoCE v2 one, then the first non-zero GID (InfiniBand: index 0)."""
+    v4 = bytes(10) + b"\xff\xff"
+    for want in (lambda g, t: t == "RoCE v2" and g[:12] == v4, lambda g, t: t == "RoCE v2",
+                 lambda g, t: True):
+        for i, g, t in gids:
+            if want(g, t):
+                return i
+    return 0
+
+
+def choose(device: str = "", port: int = 0, gid_index: int = -1) -> tuple[str, int, int]:
+    """(device, port, gid index) to use: the named ones, else the first active port."""
+    found = devices()
+    if not found:
+        raise ProviderUnavailable("no RDMA device found (no driver loaded, or no rxe/siw "
+                                  "link: `rdma link add rxe0 type rxe netdev eth0`)")
+    why = []
+    for d in found:
+        if device and d["name"] != device:
+            continue
+        if "error" in d:
+            why.append(f"{d['name']}: {d['error']}")
+            continue
+        for p in d["ports"]:
+            if port and p["port"] != port:
+                continue
+            if not p["active"]:
+                why.append(f"{d['name']} port {p['port']} is not active")
+                continue
+            if not p["gids"] and gid_index < 0:
+                why.append(f"{d['name']} port {p['port']} has no GID")
+                continue
+            return d["name"], p["port"], gid_index if gid_index >= 0 else _best_gid(p["gids"])
+    if device and not why:
+        names = ", ".join(d["name"] for d in found)
+        raise ProviderUnavailable(f"no RDMA device {device!r} (found: {names})")
+    raise ProviderUnavailable("no usable RDMA port: " + "; ".join(why))
+
+
+def status() -> tuple[bool, str]:
+    """(usable, reason or the choice) for `rdmamw info` and the tests."""
+    try:
+        name, port, gid = choose(os.environ.get("RDMAMW_VERBS_DEVICE", ""),
+                                 int(os.environ.get("RDMAMW_VERBS_PORT", "0")),
+                                 int(os.environ.get("RDMAMW_VERBS_GID_INDEX", "-1")))
+    except ProviderUnavailable as e:
+        return False, str(e)
+    return True, f"{name} port {port} GID index {gid}"
+
+
+def require() -> None:
+    ok, why = status()
+    if not ok:
+        raise ProviderUnavailable(f"verbs:// is unavailable here: {why}")

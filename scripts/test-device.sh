@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The device half of `make test`: the tests marked `device` (the channel suite on
+# verbs, the pyverbs peer, verbs faults) inside the soft-RoCE VM of scripts/rxe-vm.sh.
+# The extension is built on the host (seconds) and run in the guest (TCG is slow).
+# Exit status: the guest pytest's (125 = the VM itself failed). RDMAMW_VM=0 skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VPY=${1:-.venv/bin/python}
+if [ "${RDMAMW_VM:-1}" = 0 ]; then
+  echo "[test-device] RDMAMW_VM=0: device tests not run"; exit 0
+fi
+bash scripts/rxe-vm.sh --deps
+# built before libibverbs-dev was there? build the verbs extension now
+if ! "$VPY" -c "import rdmamw.providers._verbs" 2>/dev/null; then
+  RDMAMW_VERBS=1 "$VPY" setup.py -q build_ext --inplace >/dev/null
+fi
+bash scripts/pyverbs-link.sh "$VPY"
+t0=$(date +%s)
+scripts/rxe-vm.sh "RDMAMW_TEST_PROVIDERS=verbs $VPY -m pytest -q -p no:cacheprovider -m device -rs ${RDMAMW_DEVICE_PYTEST_ARGS:-}"
+echo "[test-device] device tests passed in the VM ($(( $(date +%s) - t0 )) s)"

@@ -1,0 +1,279 @@
+"""The verbs provider: what holds without a device (reasons, descriptor checks) on
+the host, and what needs one (doorbells, chain splitting, event mode, faults, an
+independent pyverbs peer) inside the soft-RoCE VM (`make test`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import rdmamw
+from rdmamw import _layout, cli
+from rdmamw.channel.channel import Channel, _make
+from rdmamw.providers import _wire, verbs
+from tests.conftest import NO_DEVICE, VERBS_OK, make_pair
+from tests.test_channel_basic import recv_all
+from tests.test_faults import STREAMER
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+device = pytest.mark.skipif(not VERBS_OK, reason=NO_DEVICE)
+
+
+# ---- no device needed ------------------------------------------------------------
+
+@pytest.mark.skipif(VERBS_OK, reason="a device is usable here")
+def test_unavailable_says_why(capsys):
+    for call in (lambda: rdmamw.listen("verbs://127.0.0.1:0"),
+                 lambda: rdmamw.Channel.open("verbs://127.0.0.1:1", timeout=0.1)):
+        with pytest.raises(rdmamw.ProviderUnavailable, match="verbs:// is unavailable here: .+"):
+            call()
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "verbs://" in out and "unavailable" in out and "shm://" in out
+
+
+def test_without_the_extension_verbs_says_why_and_the_rest_works(monkeypatch):
+    from rdmamw.providers import verbs_device
+    monkeypatch.setitem(sys.modules, "rdmamw.providers._verbs", None)
+    monkeypatch.delattr(rdmamw.providers, "_verbs", raising=False)
+    verbs_device._module.cache_clear()
+    try:
+        ok, why = verbs_device.status()
+        assert not ok and "libibverbs-dev" in why
+        with pytest.raises(rdmamw.ProviderUnavailable, match="built without the verbs"):
+            rdmamw.listen("verbs://127.0.0.1:0")
+        a, b, lst = make_pair(provider="shm")
+        a.send(b"still fine")
+        assert bytes(b.recv(timeout=5)) == b"still fine"
+        a.close(), b.close(), lst.close()
+    finally:
+        verbs_device._module.cache_clear()
+
+
+def test_parse_where_and_options():
+    w = verbs.parse_where("10.0.0.1:0?event=1&sq_depth=64&device=rxe0")
+    assert (w.host, w.port) == ("10.0.0.1", 0)
+    assert w.opts["event"] == 1 and w.opts["sq_depth"] == 64 and w.opts["device"] == "rxe0"
+    assert verbs.parse_where("[::1]:7").host == "::1"
+    for bad in ("nohost", "h:port", "h:70000", "h:1?nope=1", "h:1?sq_depth=x"):
+        with pytest.raises(ValueError):
+            verbs.parse_where(bad)
+
+
+def _descriptor(theirs: _layout.Layout, **changes) -> dict:
+    d = {"v": 1, "qpn": 17, "psn": 5, "gid": bytes(16), "lid": 0, "mtu": 3,
+         "addr": 0x7F0000000000, "rkey": 0x1234, "len": theirs.total,
+         "regions": verbs._regions(theirs), "event": False}
+    d.update(changes)
+    return d
+
+
+@pytest.mark.parametrize("changes", [
+    {"v": 2}, {"v": "1"}, {"qpn": 0}, {"qpn": 1 << 24}, {"psn": -1}, {"gid": b"x"},
+    {"mtu": 9}, {"addr": 0}, {"addr": 1 << 64}, {"addr": (1 << 64) - 4096},
+    {"rkey": 1 << 32}, {"rkey": -1}, {"len": 4096}, {"regions": [[0, 4096]] * 4},
+    {"regions": None}, {"event": 1}, {"lid": 1 << 16},
+])
+def test_bad_descriptor_is_protocol_error(changes):
+    theirs = _layout.endpoint_layout(16, 4096, 8)
+    assert verbs.check_descriptor(_descriptor(theirs), theirs)
+    with pytest.raises(rdmamw.ProtocolError):
+        verbs.check_descriptor(_descriptor(theirs, **changes), theirs)
+
+
+# ---- on a device (the soft-RoCE VM) ----------------------------------------------
+
+def _pair(where_opts: str = "", **kw):
+    """(opener, acceptor, listener, opener transport, acceptor transport)."""
+    lst = verbs.listen(f"127.0.0.1:0{where_opts}", slots=kw.get("slots", 16),
+                       slot_size=kw.get("slot_size", 4096))
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.setdefault("c", lst.accept(timeout=20)))
+    t.start()
+    where = f"127.0.0.1:{lst.port}{where_opts}"
+    ca = verbs.connect(where, mode=kw.get("mode", "batched"), timeout=20,
+                       slots=kw.get("slots", 16), slot_size=kw.get("slot_size", 4096))
+    t.join(20)
+    a, b = _make(Channel, ca, 20.0), _make(Channel, got["c"], 20.0)
+    return a, b, lst, ca.transport, got["c"].transport
+
+
+@device
+@pytest.mark.device
+def test_one_doorbell_and_one_signal_per_batch():
+    a, b, lst, _, _ = _pair(slots=64)
+    try:
+        for _ in range(10):
+            a.send_batch([b"12345678"] * 256).wait(timeout=10)
+            assert len(recv_all(b, 256)) == 256
+        st = a.stats()
+        assert st["batches"] == 10 and st["messages"] == 2560
+        assert st["doorbells"] - st["wakeups_sent"] == 10      # one ibv_post_send a batch
+        assert st["signaled_completions"] / st["messages"] <= 1 / 64
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+@device
+@pytest.mark.device
+def test_chain_longer_than_the_send_queue_is_split():
+    a, b, lst, ta, _ = _pair("?sq_depth=16", slots=64, slot_size=256)
+    try:
+        assert ta.sq_depth == 16 and ta.max_chain == 8
+        msgs = [bytes([i]) * 200 for i in range(60)]     # 60 SINGLE slots: 61 WRs
+        a.send_batch(msgs).wait(timeout=10)
+        assert recv_all(b, 60) == msgs
+        st = a.stats()
+        assert st["doorbells"] >= 8 and st["work_requests"] == 61
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+@device
+@pytest.mark.device
+def test_event_mode_sleeping_receiver_is_woken_by_the_immediate():
+    a, b, lst, _, tb = _pair("?event=1")
+    try:
+        assert tb.event_mode
+        got = []
+        t = threading.Thread(target=lambda: got.extend(recv_all(b, 3, timeout=20)))
+        t.start()
+        time.sleep(0.5)                    # b is asleep on its completion channel by now
+        a.send_batch([b"x", b"y", b"z"])
+        t.join(20)
+        assert got == [b"x", b"y", b"z"]
+        assert b.stats()["sleeps"] >= 1 and b.stats()["recv_completions"] >= 1
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+@device
+@pytest.mark.device
+def test_qp_in_error_is_peer_lost_within_2s():
+    a, b, lst, ta, _ = _pair()
+    try:
+        a.send(b"before").wait(timeout=5)
+        assert recv_all(b, 1) == [b"before"]
+        ta._debug_qp_error()
+        t0 = time.monotonic()
+        with pytest.raises(rdmamw.PeerLost):
+            for _ in range(10_000):
+                b.send_batch([b"x" * 100] * 4, timeout=5)
+        assert time.monotonic() - t0 < 2.0
+        t0 = time.monotonic()
+        with pytest.raises(rdmamw.PeerLost):
+            a.recv(timeout=10)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+@device
+@pytest.mark.device
+def test_bad_descriptor_over_the_wire_fails_accept():
+    lst = verbs.listen("127.0.0.1:0", slots=8, slot_size=256)
+    got: dict = {}
+
+    def accept():
+        try:
+            lst.accept(timeout=20)
+        except BaseException as e:  # noqa: BLE001
+            got["err"] = e
+
+    t = threading.Thread(target=accept)
+    t.start()
+    s = socket.create_connection(("127.0.0.1", lst.port), timeout=20)
+    _wire.send_frame(s, {"v": 1, "slots": 8, "slot_size": 256, "mode": "batched", "pid": 1})
+    _wire.recv_frame(s)
+    theirs = _layout.endpoint_layout(8, 256, 8)
+    _wire.recv_frame(s)                                      # the listener's descriptor
+    _wire.send_frame(s, _descriptor(theirs, v=7))
+    t.join(20)
+    s.close()
+    lst.close()
+    assert isinstance(got.get("err"), rdmamw.ProtocolError)
+
+
+SINK = """
+import sys, time, rdmamw
+lst = rdmamw.listen("verbs://127.0.0.1:0", slots=8, slot_size=1024)
+print(lst.address, flush=True)
+ch = lst.accept(timeout=20)
+ch.recv_batch(timeout=20)
+print("got", flush=True)
+time.sleep(60)
+"""
+
+
+def _spawn(code: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *args],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+@device
+@pytest.mark.device
+def test_sender_killed_receiver_gets_peer_lost():
+    with rdmamw.listen("verbs://127.0.0.1:0", slots=8, slot_size=1024) as lst:
+        p = _spawn(STREAMER, lst.address)
+        ch = lst.accept(timeout=30)
+        assert p.stdout.readline().strip() == "ready"
+        received = []
+        while len(received) < 200:
+            received += [bytes(m) for m in ch.recv_batch(timeout=10)]
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        t_kill = time.monotonic()
+        with pytest.raises(rdmamw.PeerLost):
+            while True:
+                received += [bytes(m) for m in ch.recv_batch(timeout=10)]
+        assert time.monotonic() - t_kill < 2.0
+        assert received == [b"%d" % i for i in range(len(received))]
+        ch.close()
+
+
+@device
+@pytest.mark.device
+def test_receiver_killed_sender_gets_peer_lost():
+    p = _spawn(SINK)
+    address = p.stdout.readline().strip()
+    ch = rdmamw.Channel.open(address, timeout=30, slots=8, slot_size=1024)
+    ch.send_batch([b"first"])
+    assert p.stdout.readline().strip() == "got"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    t_kill = time.monotonic()
+    with pytest.raises(rdmamw.PeerLost):
+        for _ in range(100_000):
+            ch.send_batch([b"x" * 100] * 8, timeout=10)
+    assert time.monotonic() - t_kill < 2.0
+    ch.close()
+
+
+@device
+@pytest.mark.device
+def test_pyverbs_peer_writes_into_an_rdmamw_ring():
+    """A sender built on pyverbs alone (tests/peers/pyverbs_sender.py) follows
+    docs/protocol.md; the rdmamw receiver delivers its messages and writes its
+    reclaim bits back into the peer's block."""
+    pytest.importorskip("pyverbs.device", reason="python3-pyverbs is not linked into the venv")
+    with rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=256) as lst:
+        port = lst.address.rsplit(":", 1)[1]
+        p = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests/peers/pyverbs_sender.py"),
+                              "127.0.0.1", port, "5"], stdout=subprocess.PIPE, text=True)
+        ch = lst.accept(timeout=30)
+        got = recv_all(ch, 8, timeout=20)
+        assert got == [b"pyverbs-%d" % k for k in range(5)] + [b"packed-a", b"packed-bb", b""]
+        with pytest.raises(rdmamw.ChannelClosed):
+            ch.recv(timeout=20)
+        out, _ = p.communicate(timeout=30)
+        assert p.returncode == 0 and out.split("\n")[:3] == ["sent 8", "reclaimed", "closed"]
+        ch.close()
+
