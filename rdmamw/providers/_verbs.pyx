@@ -333,13 +333,16 @@ cdef class VerbsTransport(Transport):
     # ---- teardown ---------------------------------------------------------------
 
     def close(self):
-        """Let posted WRs finish (bounded), drop the connection and the verbs
-        objects. The block stays allocated while Messages may point into it."""
+        """Let posted WRs finish (bounded), then hang up: the peer sees EOF and a
+        thread of ours blocked in wait() wakes. The verbs objects are destroyed only
+        when the transport dies, so no other thread can be inside them; the block
+        stays allocated while Messages may point into it."""
         if self.state == 1:
             with nogil:
                 self._drain_sq(1000000000)
             self.state = RM_ERR_CLOSED
-        self._destroy()
+        if self.sock >= 0:
+            shutdown(self.sock, SHUT_RDWR)
 
     cdef void _drain_sq(self, int64_t budget_ns) noexcept nogil:
         cdef int64_t end = rmv_now_ns() + budget_ns
