@@ -157,6 +157,28 @@ def test_event_mode_sleeping_receiver_is_woken_by_the_immediate():
 
 @device
 @pytest.mark.device
+@pytest.mark.parametrize("mode", ["batched", "ack"])
+def test_event_mode_many_laps_in_order(mode):
+    """Receiver and sender both sleep on completion channels at times; nothing is lost."""
+    a, b, lst, _, _ = _pair("?event=1", slots=8, slot_size=512, mode=mode)
+    total = 1500 if mode == "batched" else 400
+    got = []
+    t = threading.Thread(target=lambda: got.extend(recv_all(b, total, timeout=20)))
+    t.start()
+    try:
+        i = 0
+        while i < total:
+            k = min(total - i, 1 + i % 13)
+            a.send_batch([j.to_bytes(4, "little") for j in range(i, i + k)], timeout=20)
+            i += k
+        t.join(60)
+        assert [int.from_bytes(g, "little") for g in got] == list(range(total))
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+@device
+@pytest.mark.device
 def test_qp_in_error_is_peer_lost_within_2s():
     a, b, lst, ta, _ = _pair()
     try:
