@@ -14,6 +14,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rdmamw
 from rdmamw import _layout, cli
@@ -87,6 +89,26 @@ def test_bad_descriptor_is_protocol_error(changes):
     assert verbs.check_descriptor(_descriptor(theirs), theirs)
     with pytest.raises(rdmamw.ProtocolError):
         verbs.check_descriptor(_descriptor(theirs, **changes), theirs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["v", "qpn", "psn", "gid", "lid", "mtu", "addr", "rkey",
+                                        "len", "regions", "event"]),
+                       st.one_of(st.integers(-2**63, 2**64 - 1), st.binary(max_size=17),
+                                 st.booleans(), st.none(), st.text(max_size=4),
+                                 st.lists(st.lists(st.integers(0, 1 << 20), max_size=2),
+                                          max_size=4))))
+def test_fuzz_descriptor(changes):
+    """Any descriptor is either exactly right or a ProtocolError, never another error."""
+    theirs = _layout.endpoint_layout(16, 4096, 8)
+    d = _descriptor(theirs, **changes)
+    try:
+        verbs.check_descriptor(d, theirs)
+    except rdmamw.ProtocolError:
+        return
+    assert d["v"] == 1 and d["len"] == theirs.total and d["regions"] == verbs._regions(theirs)
+    assert 0 < d["qpn"] < 1 << 24 and len(d["gid"]) == 16 and type(d["event"]) is bool
+    assert 0 < d["addr"] and d["addr"] + d["len"] <= 1 << 64 and 0 <= d["rkey"] < 1 << 32
 
 
 # ---- on a device (the soft-RoCE VM) ----------------------------------------------
