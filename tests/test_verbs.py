@@ -14,6 +14,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import rdmamw
 from rdmamw import _layout, cli
@@ -89,6 +91,26 @@ def test_bad_descriptor_is_protocol_error(changes):
         verbs.check_descriptor(_descriptor(theirs, **changes), theirs)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["v", "qpn", "psn", "gid", "lid", "mtu", "addr", "rkey",
+                                        "len", "regions", "event"]),
+                       st.one_of(st.integers(-2**63, 2**64 - 1), st.binary(max_size=17),
+                                 st.booleans(), st.none(), st.text(max_size=4),
+                                 st.lists(st.lists(st.integers(0, 1 << 20), max_size=2),
+                                          max_size=4))))
+def test_fuzz_descriptor(changes):
+    """Any descriptor is either exactly right or a ProtocolError, never another error."""
+    theirs = _layout.endpoint_layout(16, 4096, 8)
+    d = _descriptor(theirs, **changes)
+    try:
+        verbs.check_descriptor(d, theirs)
+    except rdmamw.ProtocolError:
+        return
+    assert d["v"] == 1 and d["len"] == theirs.total and d["regions"] == verbs._regions(theirs)
+    assert 0 < d["qpn"] < 1 << 24 and len(d["gid"]) == 16 and type(d["event"]) is bool
+    assert 0 < d["addr"] and d["addr"] + d["len"] <= 1 << 64 and 0 <= d["rkey"] < 1 << 32
+
+
 # ---- on a device (the soft-RoCE VM) ----------------------------------------------
 
 def _pair(where_opts: str = "", **kw):
@@ -151,6 +173,28 @@ def test_event_mode_sleeping_receiver_is_woken_by_the_immediate():
         t.join(20)
         assert got == [b"x", b"y", b"z"]
         assert b.stats()["sleeps"] >= 1 and b.stats()["recv_completions"] >= 1
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+@device
+@pytest.mark.device
+@pytest.mark.parametrize("mode", ["batched", "ack"])
+def test_event_mode_many_laps_in_order(mode):
+    """Receiver and sender both sleep on completion channels at times; nothing is lost."""
+    a, b, lst, _, _ = _pair("?event=1", slots=8, slot_size=512, mode=mode)
+    total = 1500 if mode == "batched" else 400
+    got = []
+    t = threading.Thread(target=lambda: got.extend(recv_all(b, total, timeout=20)))
+    t.start()
+    try:
+        i = 0
+        while i < total:
+            k = min(total - i, 1 + i % 13)
+            a.send_batch([j.to_bytes(4, "little") for j in range(i, i + k)], timeout=20)
+            i += k
+        t.join(60)
+        assert [int.from_bytes(g, "little") for g in got] == list(range(total))
     finally:
         a.close(), b.close(), lst.close()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import importlib
 import os
 
 from rdmamw.errors import ProviderUnavailable
@@ -18,14 +19,16 @@ SYSFS = "/sys/class/infiniband"
 @functools.lru_cache(maxsize=1)
 def _module():
     """The _verbs extension, or the reason it cannot be loaded."""
+    name = "rdmamw.providers._verbs"
     try:
-        from rdmamw.providers import _verbs
-    except ModuleNotFoundError:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:
+            raise
         return ("rdmamw was built without the verbs extension (<infiniband/verbs.h> from "
                 "libibverbs-dev was not found at build time)")
-    except ImportError as e:
+    except ImportError as e:     # the extension is there, libibverbs.so is not
         return f"libibverbs cannot be loaded ({e}); install rdma-core / libibverbs1"
-    return _verbs
 
 
 def transport_class():
