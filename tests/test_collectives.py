@@ -182,17 +182,20 @@ def test_hierarchical_beats_ring_across_a_slow_link(two_hosts):  # noqa: F811 - 
     """Ranks alternate between two network namespaces (shm inside, tcp across) whose
     veth link tbf limits to 200 Mbit/s: every ring step crosses the link, while
     hierarchical sends each byte across once per direction (3x less at 4 ranks).
-    The groups come from probing; the measured times go into the assertion message."""
+    The groups come from probing; the measured times go into the assertion message.
+    A shaped link drops bursts and tcp may back off past the default 1.5 s peer
+    timeout, which is not what this test is about: it gets 10 s."""
     hosts, devs = two_hosts
     a, b = sorted(hosts)
     for ns in (a, b):
         subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", devs[ns],
-                        "root", "tbf", "rate", "200mbit", "burst", "64kb", "latency", "50ms"],
+                        "root", "tbf", "rate", "200mbit", "burst", "64kb", "latency", "400ms"],
                        check=True, capture_output=True)
     placement = [a, b, a, b]
     cfg = json.dumps({"topology": "probe", "length": 1 << 20, "reps": 3})
     procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, WORKER, "race", cfg],
                               env=clean_env(RANK=str(r), WORLD_SIZE="4",
+                                            RDMAMW_TCP_PEER_TIMEOUT="10",
                                             MASTER_ADDR=hosts[a],
                                             MASTER_PORT=str(28000 + os.getpid() % 1000)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -203,5 +206,6 @@ def test_hierarchical_beats_ring_across_a_slow_link(two_hosts):  # noqa: F811 - 
     res = [json.loads(out.splitlines()[0]) for out, _ in outs]
     assert all(r["groups"] == [0, 1, 0, 1] for r in res), res
     best = res[0]["best"]
+    print("best seconds of a 4 MiB allreduce across the slow link:", best, res[0]["auto"])
     assert best["hierarchical"] < best["ring"], best
     assert len({r["auto"] for r in res}) == 1 and res[0]["auto"] != "ring", res

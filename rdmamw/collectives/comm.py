@@ -25,10 +25,12 @@ import numpy as np
 from rdmamw.channel import Channel, Message
 from rdmamw.errors import ChannelClosed, PeerLost, RdmamwError
 
-#: Ring of each collective channel: 64 slots x 64 KiB. Fewer slots than the channel
-#: default keep the ring (4 MiB) in cache; the window below never needs more.
-COLL_SLOTS = int(os.environ.get("RDMAMW_COLL_SLOTS", 64))
-COLL_SLOT_SIZE = int(os.environ.get("RDMAMW_COLL_SLOT_SIZE", 65536))
+#: Ring of each collective channel: 32 slots x 256 KiB (8 MiB, like a channel's
+#: default). Large chunks cut the per-message Python cost of big arrays (measured:
+#: bench/allreduce_bench.py); the window below never fills more than a quarter.
+COLL_SLOTS = int(os.environ.get("RDMAMW_COLL_SLOTS", 32))
+COLL_SLOT_SIZE = int(os.environ.get("RDMAMW_COLL_SLOT_SIZE", 256 * 1024))
+MIN_CHUNK = 16 * 1024
 MAGIC = "rdmamw-coll-1"
 BYE = b"rdmamw-coll-bye"
 
@@ -37,7 +39,7 @@ OnChunk = Callable[[int, int, np.ndarray], Any]
 
 class CollectiveMismatch(RdmamwError, ValueError):
     """Ranks called a collective with different arguments (kind, shape, dtype, op,
-    root, algorithm or ring size). Raised on every rank; the channels stay usable."""
+    root or algorithm). Raised on every rank; the channels stay usable."""
 
 
 class Communicator:
@@ -72,6 +74,7 @@ class Communicator:
         self._chans: dict[int, Channel] = {}
         self._queues: dict[int, collections.deque[Message]] = {}
         self._lock = threading.RLock()
+        self.max_chunk = slot_size
         self.seq = 0
         self.broken: BaseException | None = None
 
@@ -89,9 +92,14 @@ class Communicator:
             self._chans[p] = ch
             self._queues[p] = collections.deque()
 
-    def chunk_elems(self, itemsize: int) -> int:
-        """Elements per message: the peer's eager limit (its slot size)."""
-        return max(1, self.slot_size // itemsize)
+    def chunk_elems(self, itemsize: int, n: int) -> int:
+        """Elements per message of an ``n``-element transfer (both ends compute the
+        same): about an eighth of it, so a transfer is a pipeline of several chunks,
+        at least MIN_CHUNK bytes (per-message overhead) and at most ``max_chunk``, the
+        smallest eager limit of any channel of any rank (agreed in the header round:
+        a channel accepted through init()'s tcp listener has that listener's ring)."""
+        lo, hi = max(1, MIN_CHUNK // itemsize), max(1, self.max_chunk // itemsize)
+        return min(hi, max(lo, -(-n // 8)))
 
     def send(self, peer: int, msgs: list) -> None:
         try:
@@ -120,9 +128,11 @@ class Communicator:
         Sends run at most ``window`` chunks ahead of receives, so the peer always has
         data to reduce while we reduce ours (the pipeline), and a ring or a pair of
         ranks that both send first can never fill each other's rings (no deadlock)."""
-        c = self.chunk_elems(dtype.itemsize)
-        chunks = [] if to is None or src is None else \
-            [src[i:i + c] for i in range(0, len(src), c)]
+        chunks = []
+        if to is not None and src is not None:
+            c = self.chunk_elems(dtype.itemsize, len(src))
+            chunks = [src[i:i + c] for i in range(0, len(src), c)]
+        c = self.chunk_elems(dtype.itemsize, nrecv)
         nr = 0 if frm is None else -(-nrecv // c)
         s = r = 0
         while s < len(chunks) or r < nr:
@@ -138,7 +148,7 @@ class Communicator:
               on_chunk: OnChunk | None, dtype: np.dtype) -> None:
         """Chunk by chunk: receive from ``frm`` (if any) into ``on_chunk``, then send
         that chunk of ``src`` to each of ``tos``: pipelined chains and trees."""
-        c = self.chunk_elems(dtype.itemsize)
+        c = self.chunk_elems(dtype.itemsize, n)
         for start in range(0, n, c):
             stop = min(n, start + c)
             if frm is not None:
@@ -177,7 +187,7 @@ class Communicator:
             what = f"collective #{self.seq} ({header[0]})"
             try:
                 self.ensure(set(peers) | set(self.dissemination_peers()))
-                self.agree([self.seq, *header, self.slot_size])
+                self.agree([self.seq, *header])
                 return body()
             except CollectiveMismatch:
                 raise
@@ -210,13 +220,14 @@ class Communicator:
         equal means everyone agrees; otherwise all raise the same clear error. It is
         also a barrier: nobody leaves before every rank has arrived."""
         lo = hi = [header, self.rank]
+        cap = min([self.slot_size] + [ch.eager_limit for ch in self._chans.values()])
         k, n = 1, self.size
         while k < n:
             to, frm = (self.rank + k) % n, (self.rank - k) % n
-            self.send(to, [msgpack.packb([MAGIC, lo, hi])])
+            self.send(to, [msgpack.packb([MAGIC, lo, hi, cap])])
             m = self.recv(frm)
             try:
-                magic, olo, ohi = msgpack.unpackb(bytes(m))
+                magic, olo, ohi, ocap = msgpack.unpackb(bytes(m))
             except Exception as e:  # noqa: BLE001 - anything malformed is the same error
                 raise RdmamwError(f"collective #{self.seq}: rank {frm} sent data where a "
                                   f"header was due (collectives called out of order?)") from e
@@ -224,12 +235,9 @@ class Communicator:
                 m.release()
             if magic != MAGIC:
                 raise RdmamwError(f"collective #{self.seq}: bad header from rank {frm}")
-            lo, hi = min(lo, olo), max(hi, ohi)
+            lo, hi, cap = min(lo, olo), max(hi, ohi), min(cap, ocap)
             k *= 2
-        if lo[0][:-1] == hi[0][:-1] and lo[0] != hi[0]:
-            raise CollectiveMismatch(
-                f"collective #{lo[0][0]}: rank {lo[1]} has slot_size {lo[0][-1]} but rank "
-                f"{hi[1]} has {hi[0][-1]}: set the same RDMAMW_COLL_SLOT_SIZE on every rank")
+        self.max_chunk = cap
         if lo[0] != hi[0]:
             raise CollectiveMismatch(
                 f"collective #{lo[0][0]}: rank {lo[1]} called {describe(lo[0])} but rank "
@@ -290,7 +298,7 @@ class Communicator:
 
 def describe(h: list) -> str:
     """A header as the user wrote the call: ``allreduce(float32[1000], op=sum, ...)``."""
-    _seq, kind, dtype, shape, op, root, alg, _slot = h
+    _seq, kind, dtype, shape, op, root, alg = h
     shape_s = "x".join(str(d) for d in shape) if shape else "scalar"
     parts = [f"{dtype}[{shape_s}]"]
     if op:
