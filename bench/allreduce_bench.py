@@ -34,7 +34,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "peers"), str(HERE)]
 from common import emit, pin  # noqa: E402
-from run import cpu_busy  # noqa: E402
+from run import cpu_busy, wait_quiet  # noqa: E402
 
 SYSTEMS = ("numpy", "rdmamw", "mpi4py", "gloo")
 SIZES = {"1M": 1 << 20, "64M": 64 << 20}
@@ -221,6 +221,8 @@ def main() -> int:
     ap.add_argument("--algorithms", default="auto,ring,rhd")
     ap.add_argument("--only", default=",".join(SYSTEMS))
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                    help="before each system, wait up to S s for other load to drop below 10%%")
     a = ap.parse_args()
     cfg = {"sizes": [SIZES[s] for s in a.sizes.split(",")],
            "ranks": [int(n) for n in a.ranks.split(",")], "reps": a.reps,
@@ -230,12 +232,17 @@ def main() -> int:
     meta = {"started": dt.datetime.now().isoformat(timespec="seconds"),
             "cores": len(os.sched_getaffinity(0)), "busy_percent_before": cpu_busy(0.5),
             "loadavg": os.getloadavg()}
+    meta["busy_percent_at_start"] = {}
     if "numpy" in only:
+        meta["busy_percent_at_start"]["numpy"] = wait_quiet(a.wait_quiet)
         res["numpy"] = numpy_floor(cfg)
     for n in cfg["ranks"]:
         for system in ("rdmamw", "mpi4py", "gloo"):
             if system in only:
-                print(f"[allreduce] {system} x{n} ...", file=sys.stderr, flush=True)
+                busy = wait_quiet(a.wait_quiet)
+                meta["busy_percent_at_start"][f"{system}/{n}"] = busy
+                print(f"[allreduce] {system} x{n} (others busy {busy:.0f}%) ...",
+                      file=sys.stderr, flush=True)
                 res[f"{system}/{n}"] = run(system, n, cfg)
     meta["busy_percent_after"] = cpu_busy(0.5)
     meta["loadavg_end"] = os.getloadavg()

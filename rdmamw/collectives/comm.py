@@ -30,7 +30,8 @@ from rdmamw.errors import ChannelClosed, PeerLost, RdmamwError
 #: bench/allreduce_bench.py); the window below never fills more than a quarter.
 COLL_SLOTS = int(os.environ.get("RDMAMW_COLL_SLOTS", 32))
 COLL_SLOT_SIZE = int(os.environ.get("RDMAMW_COLL_SLOT_SIZE", 256 * 1024))
-MIN_CHUNK = 16 * 1024
+MIN_CHUNK = int(os.environ.get("RDMAMW_COLL_MIN_CHUNK", 16 * 1024))
+PIECES = int(os.environ.get("RDMAMW_COLL_PIECES", 4))
 MAGIC = "rdmamw-coll-1"
 BYE = b"rdmamw-coll-bye"
 
@@ -94,12 +95,12 @@ class Communicator:
 
     def chunk_elems(self, itemsize: int, n: int) -> int:
         """Elements per message of an ``n``-element transfer (both ends compute the
-        same): about an eighth of it, so a transfer is a pipeline of several chunks,
+        same): about a quarter of it (PIECES), so a transfer is a pipeline of chunks,
         at least MIN_CHUNK bytes (per-message overhead) and at most ``max_chunk``, the
         smallest eager limit of any channel of any rank (agreed in the header round:
         a channel accepted through init()'s tcp listener has that listener's ring)."""
         lo, hi = max(1, MIN_CHUNK // itemsize), max(1, self.max_chunk // itemsize)
-        return min(hi, max(lo, -(-n // 8)))
+        return min(hi, max(lo, -(-n // PIECES)))
 
     def send(self, peer: int, msgs: list) -> None:
         try:
