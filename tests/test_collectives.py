@@ -23,13 +23,15 @@ from tests.test_multihost import two_hosts  # noqa: F401 - the fixture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "coll_worker.py")
+#: the built-in cost model, whatever `rdmamw tune` left in ~/.config
+UNTUNED = {"RDMAMW_COLL_CONFIG": os.path.join(ROOT, "tests", "no-such-config.json")}
 
 
 def job(n: int, scenario: str, cfg: dict | None = None, timeout: float = 90,
         expect_dead: tuple = ()) -> list[dict]:
     """Run ``n`` ranks of the worker; every rank (but ``expect_dead``) must succeed."""
     procs = spawn(n, [sys.executable, WORKER, scenario, json.dumps(cfg or {})], cwd=ROOT,
-                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  env=UNTUNED, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     outs = []
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]
@@ -195,7 +197,7 @@ def test_hierarchical_beats_ring_across_a_slow_link(two_hosts):  # noqa: F811 - 
     cfg = json.dumps({"topology": "probe", "length": 1 << 20, "reps": 3})
     procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, WORKER, "race", cfg],
                               env=clean_env(RANK=str(r), WORLD_SIZE="4",
-                                            RDMAMW_TCP_PEER_TIMEOUT="10",
+                                            RDMAMW_TCP_PEER_TIMEOUT="10", **UNTUNED,
                                             MASTER_ADDR=hosts[a],
                                             MASTER_PORT=str(28000 + os.getpid() % 1000)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
