@@ -51,7 +51,7 @@ def job(n: int, scenario: str, cfg: dict | None = None, timeout: float = 90,
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_every_algorithm_dtype_and_op_matches_numpy(n):
-    lengths = [1, 7, 1001] + ([40_003] if n <= 4 else [])   # 40003 x 8 B: several chunks
+    lengths = [0, 1, 7, 1001] + ([40_003] if n <= 4 else [])   # 40003 x 8 B: several chunks
     res = job(n, "matrix", {"lengths": lengths})
     assert [r["rank"] for r in res] == list(range(n))
     assert len({r["checks"] for r in res}) == 1
