@@ -6,10 +6,11 @@ numpy.add floor, all in one run (torch.distributed gloo too when torch imports).
     python bench/allreduce_bench.py --only rdmamw,numpy  # subset of systems
 
 Each measured allreduce is out of place on float32, preceded by a barrier; the time
-is rank 0's median over the repetitions (rank 0 leaves last but one at most, the
-barrier keeps the ranks within a message latency). Ranks are pinned to cores
+is rank 0's median over the repetitions (the barrier starts the ranks within a
+message latency of each other). Ranks are pinned to cores
 ``rank mod cores``. The floor is one np.add(a, b, out=c) of the same size in one
-process: the memory traffic any allreduce must at least do once. Prints a table of
+process, measured before and after the others (the lower one counts, so load that
+inflates one floor measurement cannot flatter the ratio). Prints a table of
 the times and the ratios the targets are stated in, and writes the JSON to
 bench/results/. On a shared box, the other load is flagged under the table.
 
@@ -244,6 +245,10 @@ def main() -> int:
                 print(f"[allreduce] {system} x{n} (others busy {busy:.0f}%) ...",
                       file=sys.stderr, flush=True)
                 res[f"{system}/{n}"] = run(system, n, cfg)
+    if "numpy" in only:          # again: the lower floor of the two (a conservative ratio)
+        again = numpy_floor(cfg)
+        meta["numpy_floor_start_end"] = {k: [v, again[k]] for k, v in res["numpy"].items()}
+        res["numpy"] = {k: min(v, again[k]) for k, v in res["numpy"].items()}
     meta["busy_percent_after"] = cpu_busy(0.5)
     meta["loadavg_end"] = os.getloadavg()
     lines = table(res, cfg)
