@@ -1,4 +1,4 @@
-"""The ``rdmamw`` command: ``demo`` (the main job) and ``info``."""
+"""The ``rdmamw`` command: ``demo`` (the main job), ``info`` and ``tune`` (collectives)."""
 
 from __future__ import annotations
 
@@ -174,6 +174,10 @@ def info(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["tune"]:            # its own argument parser (rdmamw tune -h)
+        from rdmamw.collectives.tune import main as tune
+        return tune(given[1:])
     parser = argparse.ArgumentParser(prog="rdmamw", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("demo", help="stream batched vs ack between two processes on shm")
@@ -182,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=demo)
     p = sub.add_parser("info", help="providers usable on this machine")
     p.set_defaults(func=info)
+    sub.add_parser("tune", help="calibrate the collectives' cost model (rdmamw tune -h)")
     args = parser.parse_args(argv)
     return args.func(args)
 

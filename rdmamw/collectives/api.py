@@ -1,0 +1,153 @@
+"""The public collectives: allreduce, broadcast, reduce_scatter, allgather, barrier.
+
+Each takes an optional ``comm``; without it they use one default
+:class:`Communicator` over the ranks of :func:`rdmamw.init` (called if needed)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from rdmamw.collectives import hierarchical, policy, rhd, ring, tree
+from rdmamw.collectives._kernels import bounds
+from rdmamw.collectives.comm import Communicator
+from rdmamw.collectives.ops import check_dtype, ufunc
+
+_default: Communicator | None = None
+_default_lock = threading.Lock()
+
+
+def default_comm() -> Communicator:
+    """The communicator the functions use when no ``comm`` is given."""
+    global _default
+    with _default_lock:
+        if _default is None or _default.broken is not None:
+            _default = Communicator()
+        return _default
+
+
+def _input(array: np.ndarray) -> np.ndarray:
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"expected a numpy array, not {type(array).__name__}")
+    check_dtype(array.dtype)
+    return array
+
+
+def _output(array: np.ndarray, out: np.ndarray | None, shape: tuple) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, dtype=array.dtype)
+    if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != array.dtype:
+        raise ValueError(f"out must be a {array.dtype} array of shape {shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be C-contiguous and writeable")
+    if out is not array and np.may_share_memory(out, array):
+        raise ValueError("out overlaps the input without being it")
+    return out
+
+
+def allreduce(array: np.ndarray, op: str = "sum", algorithm: str = "auto",
+              out: np.ndarray | None = None, *, comm: Communicator | None = None
+              ) -> np.ndarray:
+    """Reduce ``array`` over all ranks with ``op`` (sum, prod, max, min; band, bor,
+    bxor on integers) and return the result on every rank: in ``out`` if given (in
+    place when ``out is array``), else in a new array.
+
+    ``algorithm``: "auto" (the tuned cost model, see policy.py), "ring", "rhd" or
+    "hierarchical". Every rank must call it with the same shape, dtype, op and
+    algorithm; otherwise every rank raises :class:`CollectiveMismatch`."""
+    comm = comm or default_comm()
+    a = _input(array)
+    uf = ufunc(op, a.dtype)
+    res = _output(a, out, a.shape)
+    flat = res.reshape(-1)
+    x = flat if res is a else np.ascontiguousarray(a).reshape(-1)
+    members = list(range(comm.size))
+    groups = comm.groups() if algorithm in ("auto", "hierarchical") else [0] * comm.size
+    alg = policy.choose(x.nbytes, groups, comm.model, algorithm)
+    if alg == "ring":
+        peers, body = ring.peers(comm, members), lambda: ring.allreduce(comm, x, flat, uf,
+                                                                         members)
+    elif alg == "rhd":
+        peers, body = rhd.peers(comm, members), lambda: rhd.allreduce(comm, x, flat, uf,
+                                                                       members)
+    else:
+        peers = hierarchical.peers(comm, groups)
+
+        def body() -> None:
+            hierarchical.allreduce(comm, x, flat, uf, groups)
+    comm.run(["allreduce", str(a.dtype), list(a.shape), op, -1, alg], peers, body)
+    return res
+
+
+def broadcast(array: np.ndarray, root: int = 0, *, comm: Communicator | None = None
+              ) -> np.ndarray:
+    """Overwrite ``array`` on every rank with ``root``'s (in place; returns it)."""
+    comm = comm or default_comm()
+    a = _input(array)
+    if not a.flags.c_contiguous or not a.flags.writeable:
+        raise ValueError("broadcast needs a C-contiguous, writeable array")
+    if not 0 <= root < comm.size:
+        raise ValueError(f"root {root} is not a rank of a world of {comm.size}")
+    members = list(range(comm.size))
+    flat = a.reshape(-1)
+    peers = tree.peers(members, root, comm.rank, flat.nbytes) if comm.size > 1 else []
+    comm.run(["broadcast", str(a.dtype), list(a.shape), "", root, ""], peers,
+             lambda: tree.broadcast(comm, flat, root, members))
+    return a
+
+
+def reduce_scatter(array: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
+                   comm: Communicator | None = None) -> np.ndarray:
+    """Reduce ``array`` over all ranks and return this rank's part of the result.
+
+    The flattened array is split into ``size`` contiguous parts, part ``i`` starting
+    at element ``i * N // size``; with ``shape[0]`` divisible by ``size`` that is
+    ``numpy.split(result, size)[rank]`` and keeps the trailing dimensions."""
+    comm = comm or default_comm()
+    a = _input(array)
+    uf = ufunc(op, a.dtype)
+    n, i = comm.size, comm.rank
+    x = np.ascontiguousarray(a).reshape(-1)
+    b = bounds(len(x), n)
+    if a.ndim and a.shape[0] % n == 0:
+        shape: tuple = (a.shape[0] // n, *a.shape[1:])
+    else:
+        shape = (b[i + 1] - b[i],)
+    res = _output(a, out, shape)
+    members = list(range(n))
+    scratch = np.empty_like(x)
+
+    def body() -> None:
+        if n > 1:
+            ring.reduce_scatter(comm, x, scratch, uf, members, shift=-1)
+            np.copyto(res.reshape(-1), scratch[b[i]:b[i + 1]])
+        else:
+            np.copyto(res.reshape(-1), x)
+
+    comm.run(["reduce_scatter", str(a.dtype), list(a.shape), op, -1, ""],
+             ring.peers(comm, members), body)
+    return res
+
+
+def allgather(array: np.ndarray, out: np.ndarray | None = None, *,
+              comm: Communicator | None = None) -> np.ndarray:
+    """Every rank's ``array`` stacked: shape ``(size, *array.shape)``, row r from rank r."""
+    comm = comm or default_comm()
+    a = _input(array)
+    n, i = comm.size, comm.rank
+    res = _output(a, out, (n, *a.shape))
+    flat = res.reshape(-1)
+    N = a.size
+    np.copyto(flat[i * N:(i + 1) * N], a.reshape(-1))
+    members = list(range(n))
+    comm.run(["allgather", str(a.dtype), list(a.shape), "", -1, ""],
+             ring.peers(comm, members),
+             lambda: ring.allgather(comm, flat, members, i, [k * N for k in range(n + 1)]))
+    return res
+
+
+def barrier(*, comm: Communicator | None = None) -> None:
+    """Return once every rank has entered the barrier."""
+    comm = comm or default_comm()
+    comm.run(["barrier", "-", [], "", -1, ""], [], lambda: None)

@@ -1,0 +1,311 @@
+"""The Communicator: one channel per peer pair, opened lazily, and the two transfer
+primitives every algorithm is written with (``exchange`` and ``relay``).
+
+Why no per-chunk tags: a channel is FIFO and every rank runs the same collectives in
+the same order (as in MPI and NCCL), so the k-th message on a channel belongs to a
+known collective and chunk. What guards that assumption is the header round each
+collective starts with (:meth:`Communicator.agree`): every rank learns the smallest
+and largest header in the job, so a rank that calls a different collective, shape,
+dtype or op makes *every* rank raise :class:`CollectiveMismatch` before any data moves.
+Messages a fast peer already sent for the next collective wait in a per-peer queue.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from rdmamw.channel import Channel, Message
+from rdmamw.errors import ChannelClosed, PeerLost, RdmamwError
+
+#: Ring of each collective channel: 32 slots x 256 KiB (8 MiB, like a channel's
+#: default). Large chunks cut the per-message Python cost of big arrays (measured:
+#: bench/allreduce_bench.py); the window below never fills more than a quarter.
+COLL_SLOTS = int(os.environ.get("RDMAMW_COLL_SLOTS", 32))
+COLL_SLOT_SIZE = int(os.environ.get("RDMAMW_COLL_SLOT_SIZE", 256 * 1024))
+MIN_CHUNK = int(os.environ.get("RDMAMW_COLL_MIN_CHUNK", 16 * 1024))
+PIECES = int(os.environ.get("RDMAMW_COLL_PIECES", 4))
+MAGIC = "rdmamw-coll-1"
+BYE = b"rdmamw-coll-bye"
+
+OnChunk = Callable[[int, int, np.ndarray], Any]
+
+
+class CollectiveMismatch(RdmamwError, ValueError):
+    """Ranks called a collective with different arguments (kind, shape, dtype, op,
+    root or algorithm). Raised on every rank; the channels stay usable."""
+
+
+class Communicator:
+    """The ranks of :func:`rdmamw.init` as a group for collectives.
+
+    Channels are opened on first use, one per peer pair, in ascending rank order
+    (deadlock-free: see :meth:`ensure`). Collectives on one communicator run one at a
+    time and must be called in the same order on every rank; use several
+    communicators for independent streams of collectives. After a peer is lost the
+    communicator is broken: it closes its channels (so waiting peers notice at once)
+    and every later call raises."""
+
+    def __init__(self, world: Any = None, *, topology: Any = None,
+                 timeout: float | None = None, window: int | None = None,
+                 slots: int = COLL_SLOTS, slot_size: int = COLL_SLOT_SIZE) -> None:
+        if world is None:
+            import rdmamw
+            world = rdmamw.init()
+        self.world = world
+        self.rank: int = world.rank
+        self.size: int = world.world_size
+        self.timeout = timeout
+        self.slots, self.slot_size = slots, slot_size
+        #: chunks a rank may send ahead of what it received in one exchange; below a
+        #: quarter of the ring so pairwise and ring exchanges can never fill it
+        self.window = window or max(1, min(16, slots // 4))
+        self.topology_spec = topology
+        from rdmamw.collectives import policy
+        #: the tuned cost model (policy.load()); replace it to steer "auto"
+        self.model = policy.load()
+        self._groups: list[int] | None = None
+        self._chans: dict[int, Channel] = {}
+        self._queues: dict[int, collections.deque[Message]] = {}
+        self._lock = threading.RLock()
+        self.max_chunk = slot_size
+        self.seq = 0
+        self.broken: BaseException | None = None
+
+    # ---- channels --------------------------------------------------------------------
+
+    def ensure(self, peers: Iterable[int]) -> None:
+        """Open the missing channels to ``peers`` in ascending rank order.
+
+        Each pair is opened when both ranks need it; since each rank walks its peers in
+        ascending order, a chain of ranks each waiting for the next would need ever
+        smaller ranks, so no cycle (deadlock) can form."""
+        for p in sorted(set(peers) - {self.rank} - set(self._chans)):
+            ch = Channel.open(p, timeout=self.timeout or 30.0, slots=self.slots,
+                              slot_size=self.slot_size)
+            self._chans[p] = ch
+            self._queues[p] = collections.deque()
+
+    def chunk_elems(self, itemsize: int, n: int) -> int:
+        """Elements per message of an ``n``-element transfer (both ends compute the
+        same): about a quarter of it (PIECES), so a transfer is a pipeline of chunks,
+        at least MIN_CHUNK bytes (per-message overhead) and at most ``max_chunk``, the
+        smallest eager limit of any channel of any rank (agreed in the header round:
+        a channel accepted through init()'s tcp listener has that listener's ring)."""
+        lo, hi = max(1, MIN_CHUNK // itemsize), max(1, self.max_chunk // itemsize)
+        return min(hi, max(lo, -(-n // PIECES)))
+
+    def send(self, peer: int, msgs: list) -> None:
+        try:
+            self._chans[peer].send_batch(msgs, timeout=self.timeout)
+        except (PeerLost, ChannelClosed) as e:
+            raise type(e)(f"rank {peer}: {e}") from e
+
+    def recv(self, peer: int) -> Message:
+        """The next message from ``peer`` (queued ones first)."""
+        q = self._queues[peer]
+        if not q:
+            try:
+                q.extend(self._chans[peer].recv_batch(timeout=self.timeout))
+            except (PeerLost, ChannelClosed) as e:
+                raise type(e)(f"rank {peer}: {e}") from e
+        return q.popleft()
+
+    # ---- transfer primitives ---------------------------------------------------------
+
+    def exchange(self, to: int | None, src: np.ndarray | None, frm: int | None,
+                 nrecv: int, on_chunk: OnChunk | None, dtype: np.dtype) -> None:
+        """Send ``src`` to ``to`` while receiving ``nrecv`` elements from ``frm``,
+        chunked to the eager limit; ``on_chunk(start, stop, view)`` consumes each
+        received chunk straight from the ring.
+
+        Sends run at most ``window`` chunks ahead of receives, so the peer always has
+        data to reduce while we reduce ours (the pipeline), and a ring or a pair of
+        ranks that both send first can never fill each other's rings (no deadlock)."""
+        chunks = []
+        if to is not None and src is not None:
+            c = self.chunk_elems(dtype.itemsize, len(src))
+            chunks = [src[i:i + c] for i in range(0, len(src), c)]
+        c = self.chunk_elems(dtype.itemsize, nrecv)
+        nr = 0 if frm is None else -(-nrecv // c)
+        s = r = 0
+        while s < len(chunks) or r < nr:
+            limit = len(chunks) if r >= nr else min(len(chunks), r + self.window)
+            if s < limit:
+                self.send(to, chunks[s:limit])
+                s = limit
+            if r < nr:
+                self._take(frm, r * c, min(nrecv, (r + 1) * c), on_chunk, dtype)
+                r += 1
+
+    def relay(self, frm: int | None, tos: list[int], src: np.ndarray, n: int,
+              on_chunk: OnChunk | None, dtype: np.dtype) -> None:
+        """Chunk by chunk: receive from ``frm`` (if any) into ``on_chunk``, then send
+        that chunk of ``src`` to each of ``tos``: pipelined chains and trees."""
+        c = self.chunk_elems(dtype.itemsize, n)
+        for start in range(0, n, c):
+            stop = min(n, start + c)
+            if frm is not None:
+                self._take(frm, start, stop, on_chunk, dtype)
+            for t in tos:
+                self.send(t, [src[start:stop]])
+
+    def _take(self, frm: int, start: int, stop: int, on_chunk: OnChunk | None,
+              dtype: np.dtype) -> None:
+        m = self.recv(frm)
+        want = (stop - start) * dtype.itemsize
+        if len(m) != want:
+            m.release()
+            raise RdmamwError(f"collective #{self.seq}: rank {frm} sent {len(m)} bytes where "
+                              f"{want} were due (collectives called out of order?)")
+        a = np.frombuffer(m, dtype)
+        try:
+            if on_chunk is not None:
+                on_chunk(start, stop, a)
+        finally:
+            del a
+            m.release()
+
+    # ---- one collective --------------------------------------------------------------
+
+    def run(self, header: list, peers: Iterable[int], body: Callable[[], Any]) -> Any:
+        """Run one collective: open channels, agree on ``header``, then ``body``.
+
+        A lost peer (or any failure past the header) breaks the communicator and
+        closes its channels, so ranks waiting on us see it too instead of hanging."""
+        with self._lock:
+            if self.broken is not None:
+                raise RdmamwError(f"communicator is broken by an earlier failure: "
+                                  f"{self.broken!r}")
+            self.seq += 1
+            what = f"collective #{self.seq} ({header[0]})"
+            try:
+                self.ensure(set(peers) | set(self.dissemination_peers()))
+                self.agree([self.seq, *header])
+                return body()
+            except CollectiveMismatch:
+                raise
+            except ChannelClosed as e:
+                self._break(e)
+                raise PeerLost(f"{what}: {e}; it left mid-collective (it lost a rank or "
+                               f"aborted)") from e
+            except PeerLost as e:
+                self._break(e)
+                raise PeerLost(f"{what}: {e}") from e
+            except BaseException as e:
+                self._break(e)
+                raise
+
+    def _break(self, e: BaseException) -> None:
+        self.broken = e
+        self.close()
+
+    def dissemination_peers(self) -> list[int]:
+        n, k, out = self.size, 1, []
+        while k < n:
+            out += [(self.rank + k) % n, (self.rank - k) % n]
+            k *= 2
+        return out
+
+    def agree(self, header: list) -> None:
+        """Dissemination min/max of every rank's header (ceil(log2 n) rounds, any n).
+
+        Afterwards each rank holds the smallest and largest header and their ranks:
+        equal means everyone agrees; otherwise all raise the same clear error. It is
+        also a barrier: nobody leaves before every rank has arrived."""
+        lo = hi = [header, self.rank]
+        cap = min([self.slot_size] + [ch.eager_limit for ch in self._chans.values()])
+        k, n = 1, self.size
+        while k < n:
+            to, frm = (self.rank + k) % n, (self.rank - k) % n
+            self.send(to, [msgpack.packb([MAGIC, lo, hi, cap])])
+            m = self.recv(frm)
+            try:
+                magic, olo, ohi, ocap = msgpack.unpackb(bytes(m))
+            except Exception as e:  # noqa: BLE001 - anything malformed is the same error
+                raise RdmamwError(f"collective #{self.seq}: rank {frm} sent data where a "
+                                  f"header was due (collectives called out of order?)") from e
+            finally:
+                m.release()
+            if magic != MAGIC:
+                raise RdmamwError(f"collective #{self.seq}: bad header from rank {frm}")
+            lo, hi, cap = min(lo, olo), max(hi, ohi), min(cap, ocap)
+            k *= 2
+        self.max_chunk = cap
+        if lo[0] != hi[0]:
+            raise CollectiveMismatch(
+                f"collective #{lo[0][0]}: rank {lo[1]} called {describe(lo[0])} but rank "
+                f"{hi[1]} called {describe(hi[0])}")
+
+    # ---- topology ----------------------------------------------------------------------
+
+    def groups(self) -> list[int]:
+        """Group id per rank (ranks of a group share fast links); see topology.py."""
+        if self._groups is None:
+            from rdmamw.collectives.topology import resolve
+            self._groups = resolve(self, self.topology_spec)
+        return self._groups
+
+    def close(self, linger: float = 5.0) -> None:
+        """Close every channel; the communicator is done.
+
+        Unless broken, it first trades a goodbye with each peer (waiting up to
+        ``linger`` s in all): a tcp socket closed while the peer still has our data in
+        flight can be reset and lose it, so we leave only once each peer has finished."""
+        if self.broken is None and self._chans:
+            self._goodbye(linger)
+        for q in self._queues.values():
+            for m in q:
+                m.release()
+            q.clear()
+        for ch in self._chans.values():
+            ch.close()
+        self._chans.clear()
+        if self.broken is None:
+            self.broken = ChannelClosed("communicator closed")
+
+    def _goodbye(self, linger: float) -> None:
+        end = time.monotonic() + linger
+        for ch in self._chans.values():
+            try:
+                ch.send_batch([BYE], timeout=max(0.0, end - time.monotonic()))
+            except RdmamwError:
+                pass
+        for p, ch in self._chans.items():
+            q = self._queues[p]
+            try:
+                while True:
+                    m = q.popleft() if q else ch.recv(timeout=max(0.0, end - time.monotonic()))
+                    bye = len(m) == len(BYE) and bytes(m) == BYE
+                    m.release()
+                    if bye:
+                        break
+            except RdmamwError:
+                pass
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def describe(h: list) -> str:
+    """A header as the user wrote the call: ``allreduce(float32[1000], op=sum, ...)``."""
+    _seq, kind, dtype, shape, op, root, alg = h
+    shape_s = "x".join(str(d) for d in shape) if shape else "scalar"
+    parts = [f"{dtype}[{shape_s}]"]
+    if op:
+        parts.append(f"op={op}")
+    if root >= 0:
+        parts.append(f"root={root}")
+    if alg:
+        parts.append(f"algorithm={alg}")
+    return f"{kind}({', '.join(parts)})"

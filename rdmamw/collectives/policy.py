@@ -1,0 +1,147 @@
+"""Which allreduce algorithm to run: an alpha-beta(-gamma) cost model evaluated on the
+schedule each algorithm really runs over the job's topology.
+
+A step whose pairs all sit in one group costs ``alpha_intra + bytes * beta_intra``;
+a step with any pair across groups waits for the slow link (``*_inter``); reducing
+costs ``bytes * gamma``. The parameters come from ``rdmamw tune`` (a JSON file users
+can read and edit), else from conservative built-in defaults.
+
+Precedence: ``algorithm=`` argument > ``RDMAMW_ALLREDUCE_ALGORITHM`` > the config's
+``"algorithm"`` > the model's cheapest."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ALGORITHMS = ("ring", "rhd", "hierarchical")
+CONFIG_ENV = "RDMAMW_COLL_CONFIG"
+ALGO_ENV = "RDMAMW_ALLREDUCE_ALGORITHM"
+
+
+def default_path() -> Path:
+    return Path(os.environ.get(CONFIG_ENV) or
+                Path.home() / ".config" / "rdmamw" / "collectives.json")
+
+
+@dataclass
+class Link:
+    alpha: float          # seconds per step (message latency plus call overhead)
+    beta: float           # seconds per byte moved
+
+
+@dataclass
+class Model:
+    intra: Link = field(default_factory=lambda: Link(20e-6, 1 / 4e9))
+    inter: Link = field(default_factory=lambda: Link(100e-6, 1 / 1e9))
+    gamma: float = 1 / 5e9      # seconds per byte reduced
+    algorithm: str | None = None
+    source: str = "built-in defaults"
+
+    def to_json(self) -> dict:
+        return {"intra": vars(self.intra), "inter": vars(self.inter), "gamma": self.gamma}
+
+    @classmethod
+    def from_json(cls, d: dict, source: str = "") -> Model:
+        m = d.get("model", d)
+        return cls(Link(**m["intra"]), Link(**m["inter"]), float(m["gamma"]),
+                   d.get("algorithm"), source)
+
+
+def load(path: str | os.PathLike | None = None) -> Model:
+    """The tuned model from ``path`` (default ``$RDMAMW_COLL_CONFIG`` or
+    ``~/.config/rdmamw/collectives.json``), or the built-in defaults if absent."""
+    p = Path(path) if path else default_path()
+    if not p.exists():
+        return Model()
+    return Model.from_json(json.loads(p.read_text()), str(p))
+
+
+def step(model: Model, groups: list[int], sends: list[tuple[int, int, float]],
+         reduce_bytes: float = 0.0) -> float:
+    """Seconds of one step whose transfers ``(src, dst, bytes)`` run at once.
+
+    Transfers inside a group run in parallel (each pair has its own cores); those
+    between two groups share that pair of groups' link, so their bytes add up."""
+    t, across = 0.0, {}
+    for a, b, nbytes in sends:
+        if groups[a] == groups[b]:
+            t = max(t, model.intra.alpha + nbytes * model.intra.beta)
+        else:
+            key = (groups[a], groups[b])
+            across[key] = across.get(key, 0.0) + nbytes
+    for nbytes in across.values():
+        t = max(t, model.inter.alpha + nbytes * model.inter.beta)
+    return t + reduce_bytes * model.gamma
+
+
+def cost_ring(nbytes: float, groups: list[int], model: Model) -> float:
+    n = len(groups)
+    if n == 1:
+        return 0.0
+    seg = nbytes / n
+    sends = [(r, (r + 1) % n, seg) for r in range(n)]
+    return (n - 1) * (step(model, groups, sends, seg) + step(model, groups, sends))
+
+
+def cost_rhd(nbytes: float, groups: list[int], model: Model) -> float:
+    n = len(groups)
+    p = 1 << (n.bit_length() - 1)
+    rem = n - p
+    t = 0.0
+    if rem:
+        t += step(model, groups, [(2 * k, 2 * k + 1, nbytes) for k in range(rem)], nbytes)
+        t += step(model, groups, [(2 * k + 1, 2 * k, nbytes) for k in range(rem)])
+
+    def real(nr: int) -> int:
+        return nr * 2 + 1 if nr < rem else nr + rem
+
+    mask = p >> 1
+    while mask:
+        size = nbytes * mask / p
+        sends = [(real(r), real(r ^ mask), size) for r in range(p)]
+        t += step(model, groups, sends, size) + step(model, groups, sends)
+        mask >>= 1
+    return t
+
+
+def cost_hierarchical(nbytes: float, groups: list[int], model: Model) -> float:
+    g = max(groups.count(x) for x in set(groups))
+    k = len(set(groups))
+    intra = model.intra
+    t = 0.0
+    if g > 1:     # pipelined chains: reduce (with the reduction) and broadcast
+        t += 2 * (g - 1) * intra.alpha + nbytes * (2 * intra.beta + model.gamma)
+    leaders = list(range(k))
+    inner = cost_rhd if k & (k - 1) == 0 else cost_ring
+    return t + inner(nbytes, leaders, model)
+
+
+COSTS = {"ring": cost_ring, "rhd": cost_rhd, "hierarchical": cost_hierarchical}
+
+
+def candidates(groups: list[int]) -> list[str]:
+    k = len(set(groups))
+    return ["rhd", "ring"] + (["hierarchical"] if 1 < k < len(groups) else [])
+
+
+def choose(nbytes: int, groups: list[int], model: Model,
+           algorithm: str | None = None) -> str:
+    """The algorithm to run (the same answer on every rank for the same inputs)."""
+    forced = algorithm if algorithm not in (None, "auto") else (
+        os.environ.get(ALGO_ENV) or model.algorithm)
+    if forced and forced != "auto":
+        if forced not in ALGORITHMS:
+            raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, not {forced!r}")
+        return forced
+    if len(groups) == 1:
+        return "ring"
+    return min(candidates(groups), key=lambda a: COSTS[a](nbytes, groups, model))
+
+
+def explain(nbytes: int, groups: list[int], model: Model) -> dict[str, Any]:
+    """Predicted seconds of each candidate (what ``choose`` compared)."""
+    return {a: COSTS[a](nbytes, groups, model) for a in candidates(groups)}
