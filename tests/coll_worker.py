@@ -137,14 +137,16 @@ def mismatch(cfg: dict) -> dict:
 
 
 def die(cfg: dict) -> dict:
-    """Rank ``cfg["victim"]`` exits abruptly mid-collective; the others time PeerLost."""
+    """Rank ``cfg["victim"]`` exits abruptly (no clean close) when it starts its
+    ``cfg["at"]``-th transfer of the allreduce; the others time their PeerLost."""
     rdmamw.init()
     comm = coll.default_comm()
     me = comm.rank
     coll.barrier()
     x = np.ones(cfg["length"], np.float32)
     if me == cfg["victim"]:
-        comm.recv = _dying(comm.recv)      # dies once data has started to flow
+        comm.exchange = _dying(comm.exchange, cfg["at"])
+        comm.relay = _dying(comm.relay, cfg["at"])
     t0 = time.monotonic()
     try:
         coll.allreduce(x, algorithm=cfg["alg"])
@@ -154,15 +156,17 @@ def die(cfg: dict) -> dict:
                 "seconds": time.monotonic() - t0}
 
 
-def _dying(recv):
-    """``recv`` that kills the process (no clean close) on its fourth message."""
-    count = [0]
+_calls = [0]
 
-    def wrapped(peer):
-        count[0] += 1
-        if count[0] > 3:
+
+def _dying(fn, at: int):
+    """``fn`` that kills the process on the ``at``-th transfer (counted over both)."""
+
+    def wrapped(*args):
+        _calls[0] += 1
+        if _calls[0] >= at:
             os._exit(3)
-        return recv(peer)
+        return fn(*args)
 
     return wrapped
 

@@ -75,9 +75,15 @@ def test_mismatched_calls_raise_on_every_rank(kind):
     assert all(r["after"] == 3 for r in res)               # still usable afterwards
 
 
-@pytest.mark.parametrize("alg, n", [("ring", 4), ("rhd", 5), ("hierarchical", 3)])
-def test_rank_dying_mid_collective_gives_peer_lost(alg, n):
-    res = job(n, "die", {"victim": 1, "alg": alg, "length": 2_000_000}, expect_dead=(1,))
+@pytest.mark.parametrize("alg, n, victim, at", [("ring", 4, 1, 3), ("rhd", 5, 1, 2),
+                                                ("hierarchical", 3, 1, 1), ("rhd", 3, 0, 1),
+                                                ("hierarchical", 4, 0, 2)])
+def test_rank_dying_mid_collective_gives_peer_lost(alg, n, victim, at):
+    """The victim dies as it starts its ``at``-th transfer, so its peers wait on it.
+    (A rank that dies after its last send, while peers only send to it, is not noticed
+    by them: they have their result, and see PeerLost on their next collective.)"""
+    res = job(n, "die", {"victim": victim, "alg": alg, "length": 2_000_000, "at": at},
+              expect_dead=(victim,))
     assert len(res) == n - 1
     for r in res:
         assert r["error"] == "PeerLost", r
