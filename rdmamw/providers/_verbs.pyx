@@ -353,6 +353,7 @@ cdef class VerbsTransport(Transport):
             memset(w, 0, sizeof(ibv_send_wr))
             w.wr_id = INTERNAL
             w.opcode = IBV_WR_RDMA_WRITE
+            w.send_flags = IBV_SEND_SIGNALED
             w.wr.rdma.remote_addr = self.peer_addr[RM_REGION_CTRL]
             w.wr.rdma.rkey = self.peer_rkey
             self._post_chain(1, True)
