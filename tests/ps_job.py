@@ -64,6 +64,7 @@ def main() -> None:
             os._exit(0)
         stats = node.serve()
         stats["round_sizes"] = sorted(set(stats["round_sizes"]))
+        stats["reported_times"] = [m["compute_s"]["n"] for m in node.worker_metrics().values()]
         emit({"role": "server", "rank": rank, **stats})
         node.close()
         return

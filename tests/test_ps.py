@@ -78,6 +78,7 @@ def test_consistency_models_converge_and_keep_their_invariant(mode, check):
     assert len(workers) == 3
     for s in servers:
         assert s["mode"] == mode.split(":")[0] and check(s), s
+        assert s["reported_times"] == [15, 15, 15]     # one compute time per push
     for w in workers:
         assert w["error_norm"] < 1.0          # started at |1 - t| up to ~4
 

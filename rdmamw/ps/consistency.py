@@ -204,9 +204,9 @@ class Adaptive(Rounds):
         self.groups: list[list[int]] = [sorted(workers)]
 
     def observe(self, w: int, seconds: float) -> None:
-        """A worker's latest compute time (smoothed), then re-plan."""
-        old = self.times.get(w)
-        self.times[w] = seconds if old is None else 0.5 * old + 0.5 * seconds
+        """A worker's current compute time (the server passes a moving average from
+        its metrics), then re-plan."""
+        self.times[w] = seconds
         self.replan()
 
     def replan(self) -> None:

@@ -49,3 +49,18 @@ class WorkerMetrics:
         return {"compute_s": self.compute.as_dict(), "push_s": self.push.as_dict(),
                 "pull_s": self.pull.as_dict(), "bytes_pushed": self.bytes_pushed,
                 "bytes_pulled": self.bytes_pulled}
+
+
+@dataclass
+class PeerMetrics:
+    """What a server sees of one worker: its reported compute times (ALSP's input),
+    gradients received and bytes each way."""
+
+    compute: Series = field(default_factory=Series)
+    gradients: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+    def as_dict(self) -> dict:
+        return {"compute_s": self.compute.as_dict(), "gradients": self.gradients,
+                "bytes_in": self.bytes_in, "bytes_out": self.bytes_out}

@@ -17,6 +17,7 @@ from rdmamw.channel import Channel
 from rdmamw.errors import ChannelClosed, PeerLost, Timeout
 from rdmamw.ps import wire
 from rdmamw.ps.consistency import APPLY, DROP, Adaptive, Consistency, Policy
+from rdmamw.ps.metrics import PeerMetrics
 
 log = logging.getLogger("rdmamw.ps")
 
@@ -46,7 +47,7 @@ class KVServer:
         self.bye: set[int] = set()
         self._fresh: set = set()                       # keys still taking initial values
         self.lost: set[int] = set()
-        self.bytes_in = self.bytes_out = 0
+        self.peers: dict[int, PeerMetrics] = {w: PeerMetrics() for w in self.chans}
 
     # -- the loop -------------------------------------------------------------------
 
@@ -88,9 +89,14 @@ class KVServer:
     def stats(self) -> dict:
         s = dict(self.policy.stats)
         s.update(version=self.policy.version, keys=len(self.model), lost=sorted(self.lost),
-                 bytes_in=self.bytes_in, bytes_out=self.bytes_out,
+                 bytes_in=sum(p.bytes_in for p in self.peers.values()),
+                 bytes_out=sum(p.bytes_out for p in self.peers.values()),
                  mode=self.consistency.mode)
         return s
+
+    def worker_metrics(self) -> dict[int, dict]:
+        """Per worker: reported compute time, gradients received, bytes each way."""
+        return {w: p.as_dict() for w, p in self.peers.items()}
 
     def close(self) -> None:
         for ch in self.chans.values():
@@ -103,7 +109,7 @@ class KVServer:
         if hdr is not None:                        # the payload of the last header
             self.expect[w] = None
             with m:
-                self.bytes_in += len(m)
+                self.peers[w].bytes_in += len(m)
                 self._payload(w, hdr, m)
             return
         h = wire.unpack(m)
@@ -166,8 +172,11 @@ class KVServer:
 
     def _gradient_done(self, w: int, h: dict) -> None:
         """A worker's whole gradient for this shard is staged: let the model decide."""
-        if isinstance(self.policy, Adaptive) and h.get("t") is not None:
-            self.policy.observe(w, float(h["t"]))
+        self.peers[w].gradients += 1
+        if h.get("t") is not None:
+            self.peers[w].compute.add(float(h["t"]))
+            if isinstance(self.policy, Adaptive):
+                self.policy.observe(w, self.peers[w].compute.ema)
         grads = self.staging[w]
         self.staging[w] = {}
         decision = self.policy.on_push(w, int(h.get("base", 0)), time.monotonic())
@@ -215,7 +224,7 @@ class KVServer:
             for o, b in wire.blocks(cur.reshape(-1), ch.eager_limit):
                 out.append(wire.pack(wire.VAL, k=key, o=o, last=o + b.size >= last))
                 out.append(b)
-                self.bytes_out += b.nbytes
+                self.peers[w].bytes_out += b.nbytes
         out.append(wire.pack(wire.END, id=h["id"], version=self.policy.version))
         self._send(w, out)
 
