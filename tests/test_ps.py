@@ -27,9 +27,10 @@ def clean_env() -> dict:
                                                    "OMPI_", "PMI_", "SLURM_", "DMLC_"))}
 
 
-def run_job(n: int, *args: str, ok: bool = True) -> tuple[list[dict], list[dict], str]:
+def run_job(n: int, *args: str, ok: bool = True, **env: str
+            ) -> tuple[list[dict], list[dict], str]:
     p = subprocess.run([sys.executable, "-m", "rdmamw.bootstrap.launch", "-n", str(n), "--",
-                        sys.executable, JOB, *args], cwd=ROOT, env=clean_env(),
+                        sys.executable, JOB, *args], cwd=ROOT, env={**clean_env(), **env},
                        capture_output=True, text=True, timeout=100)
     if ok:
         assert p.returncode == 0, p.stderr[-3000:]
@@ -63,6 +64,17 @@ def test_bsp_matches_the_sequential_result_and_applies_n_per_round():
         assert s["below_quorum"] == 0
         assert s["max_staleness"] == 0 and s["lost"] == []
     assert sum(s["keys"] for s in servers) == 4                  # sharded over both
+
+
+def test_tensors_larger_than_the_rings_go_through_in_blocks():
+    """8 slots of 4 KiB: each 160 KB push and reply is 40 blocks through a 32 KiB ring,
+    from two servers at once."""
+    servers, workers, _ = run_job(4, "--servers", "2", "--iters", "5",
+                                  RDMAMW_SLOTS="8", RDMAMW_SLOT_SIZE="4096")
+    ref = bsp_reference(5, 40000)[:3]
+    assert len(workers) == 2 and all(s["version"] == 5 for s in servers)
+    for w in workers:
+        assert np.allclose(w["x_big_head"], ref, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("mode, check", [

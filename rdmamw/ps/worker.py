@@ -6,11 +6,12 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
 from rdmamw.channel import Channel
-from rdmamw.errors import RdmamwError
+from rdmamw.errors import ProtocolError, RdmamwError, Timeout
 from rdmamw.ps import wire
 from rdmamw.ps.metrics import WorkerMetrics
 
@@ -56,8 +57,8 @@ class KVWorker:
         for s, ch in enumerate(self.chans):
             ids[s] = next(self._ids)
             ch.send_batch(per[s] + [wire.pack(wire.SYNC, id=ids[s])]).wait()
-        for s, ch in enumerate(self.chans):
-            self.base[s] = self._await(ch, ids[s], None)["version"]
+        for s, h in self._await(ids, None).items():
+            self.base[s] = h["version"]
         for k, v in zip(keys, values, strict=True):
             self.shapes[k] = (v.shape, v.dtype)
 
@@ -112,8 +113,8 @@ class KVWorker:
         for s, ks in by_server.items():
             ids[s] = next(self._ids)
             self.chans[s].send(wire.pack(wire.PULL, keys=ks, id=ids[s])).wait()
-        for s in by_server:
-            self.base[s] = self._await(self.chans[s], ids[s], dest)["version"]
+        for s, h in self._await(ids, dest).items():
+            self.base[s] = h["version"]
         self._pulled_at = time.monotonic()
         self.metrics.pull.add(self._pulled_at - t0)
         return out
@@ -129,30 +130,57 @@ class KVWorker:
 
     # -- helpers --------------------------------------------------------------------
 
-    def _await(self, ch: Channel, rid: int, dest: dict | None) -> dict:
-        """Receive from one server until the reply ``rid`` ends; copy VAL blocks into
-        ``dest`` and release each ring slot at once."""
-        hdr = None
-        while True:
-            for m in ch.recv_batch(timeout=self.timeout):
-                if hdr is not None:
-                    with m:
-                        tgt = dest.get(hdr["k"]) if dest is not None else None
-                        if tgt is not None:
-                            blk = np.frombuffer(m, dtype=tgt.dtype)
-                            tgt[hdr["o"]:hdr["o"] + blk.size] = blk
-                            self.metrics.bytes_pulled += blk.nbytes
-                            del blk
-                    hdr = None
-                    continue
-                h = wire.unpack(m)
-                m.release()
-                if h["op"] == wire.VAL:
-                    hdr = h
-                elif h["op"] == wire.ERR:
-                    raise PSError(h["msg"])
-                elif h["op"] in (wire.END, wire.OK) and h["id"] == rid:
-                    return h
+    def _await(self, rids: dict[int, int], dest: dict | None) -> dict[int, dict]:
+        """Receive from the servers in ``rids`` (server -> request id) until each reply
+        has ended, draining all of them as data comes (one server's big reply never
+        waits behind another's), copying VAL blocks into ``dest`` and releasing each
+        ring slot at once. Returns each server's closing header."""
+        hdr: dict[int, dict | None] = dict.fromkeys(rids)
+        done: dict[int, dict] = {}
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while len(done) < len(rids):
+            waiting = [s for s in rids if s not in done]
+            for s in waiting:
+                if len(waiting) == 1:      # one left: block (PeerLost / Timeout end it)
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    msgs = self.chans[s].recv_batch(timeout=left)
+                else:
+                    try:
+                        msgs = self.chans[s].recv_batch(timeout=0.0005)
+                    except Timeout:
+                        continue
+                for i, m in enumerate(msgs):
+                    end = self._take(s, m, hdr, dest, rids[s])
+                    if end is not None:
+                        done[s] = end
+                        if i + 1 < len(msgs):
+                            raise ProtocolError(f"server {s} sent data after its reply")
+            if deadline is not None and time.monotonic() > deadline and len(done) < len(rids):
+                raise Timeout(f"no reply from servers {sorted(set(rids) - set(done))}")
+        return done
+
+    def _take(self, s: int, m: Any, hdr: dict, dest: dict | None, rid: int) -> dict | None:
+        """One message of server ``s``'s reply stream; its END / OK header when done."""
+        h = hdr[s]
+        if h is not None:
+            hdr[s] = None
+            with m:
+                tgt = dest.get(h["k"]) if dest is not None else None
+                if tgt is not None:
+                    blk = np.frombuffer(m, dtype=tgt.dtype)
+                    tgt[h["o"]:h["o"] + blk.size] = blk
+                    self.metrics.bytes_pulled += blk.nbytes
+                    del blk
+            return None
+        h = wire.unpack(m)
+        m.release()
+        if h["op"] == wire.VAL:
+            hdr[s] = h
+        elif h["op"] == wire.ERR:
+            raise PSError(h["msg"])
+        elif h["op"] in (wire.END, wire.OK) and h["id"] == rid:
+            return h
+        return None
 
     def _pairs(self, keys: list, values: list) -> None:
         if len(keys) != len(values):
