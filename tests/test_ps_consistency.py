@@ -154,3 +154,22 @@ def test_parse():
     assert (c.mode, c.k, c.bound) == ("lsp", 3, 2)
     assert Consistency.parse("ssp:4").s == 4
     assert Consistency.parse("ALSP:3").bound == 3
+
+
+def test_round_sizes_are_counted():
+    r = simulate("bsp", [1.0, 1.0], iters=5)
+    assert r["round_sizes"] == {2: 5}
+
+
+def test_blocks_respect_the_eager_limit_and_cover_the_array():
+    import numpy as np
+
+    from rdmamw.ps import wire
+    a = np.arange(1001, dtype=np.float64)
+    parts = list(wire.blocks(a, 800))
+    assert all(b.nbytes <= 800 for _, b in parts)
+    assert np.array_equal(np.concatenate([b for _, b in parts]), a)
+    assert [o for o, _ in parts] == list(range(0, 1001, 100))
+    assert list(wire.blocks(np.zeros(0), 64))[0][1].size == 0      # empty arrays: one block
+    assert wire.shard("W1", 3) == wire.shard("W1", 3)
+    assert {wire.shard(k, 2) for k in range(9)} == {0, 1}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 log = logging.getLogger("rdmamw.ps")
@@ -82,7 +83,8 @@ class Policy:
         self.live = set(self.workers)
         self.clock = {w: 0 for w in self.workers}
         self.stats = {"applied": 0, "dropped": 0, "max_staleness": 0, "max_gap": 0,
-                      "round_sizes": [], "timeouts": 0, "below_quorum": 0}
+                      "round_sizes": Counter(), "timeouts": 0,
+                      "below_quorum": 0}
 
     def on_push(self, w: int, base: int, now: float) -> str:
         raise NotImplementedError
@@ -179,7 +181,7 @@ class Rounds(Policy):
 
     def close(self, now: float) -> list[int]:
         done, self.pending = self.pending, []
-        self.stats["round_sizes"].append(len(done))
+        self.stats["round_sizes"][len(done)] += 1      # size -> rounds: bounded memory
         if len(done) < self.quorum():
             self.stats["below_quorum"] += 1          # only a timeout closes these
         self.version += 1
