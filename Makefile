@@ -14,7 +14,7 @@ $(VPY):
 
 $(STAMP): $(VPY) $(SOURCES)
 	$(VPY) -m pip install --quiet "Cython>=3.0.10,<3.4" "setuptools>=68" wheel
-	$(VPY) -m pip install --quiet --no-build-isolation -e ".[test,dev]"
+	$(VPY) -m pip install --quiet --no-build-isolation -e ".[test,dev,examples]"
 	touch $(STAMP)
 
 build: $(STAMP)

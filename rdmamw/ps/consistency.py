@@ -1,0 +1,250 @@
+"""Consistency models as pure server-side state machines, one per server shard.
+
+They see only events (a worker's gradient arrived, a worker asks to read, a worker
+is lost, time passes) and answer with decisions, so every rule can be tested without
+processes or channels. The server (rdmamw/ps/server.py) applies the decisions.
+
+Terms: a worker's *clock* is how many gradients it has pushed; the server's
+*version* is how many model updates it has made (rounds closed, for round models);
+a gradient's *base* is the version the worker read before computing it, and its
+*staleness* is ``version - base`` when it is applied."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+log = logging.getLogger("rdmamw.ps")
+
+APPLY, PEND, DROP = "apply", "pend", "drop"
+
+
+@dataclass
+class Consistency:
+    """The user's choice, one switch: ``Consistency.parse("ssp:2")`` etc."""
+
+    mode: str                       # bsp | asp | ssp | lsp | alsp
+    s: int = 0                      # SSP staleness
+    k: int = 0                      # LSP quorum (0: all workers)
+    bound: int = 1                  # LSP/ALSP: largest staleness ever applied
+    round_timeout: float = 10.0     # BSP/LSP/ALSP: close a round without a silent worker
+    ratio: float = 1.5              # ALSP: speed ratio inside one worker group
+    global_every: int = 4           # ALSP: every this many rounds wait for everybody
+
+    MODES = ("bsp", "asp", "ssp", "lsp", "alsp")
+
+    @classmethod
+    def parse(cls, text: str, **kw: float) -> Consistency:
+        """``"bsp"``, ``"asp"``, ``"ssp:S"``, ``"lsp:K[:BOUND]"``, ``"alsp[:BOUND]"``."""
+        name, *args = text.lower().split(":")
+        if name not in cls.MODES:
+            raise ValueError(f"consistency must be one of {cls.MODES}, not {text!r}")
+        c = cls(name, **kw)  # type: ignore[arg-type]
+        nums = [int(a) for a in args]
+        if name == "ssp" and nums:
+            c.s = nums[0]
+        elif name == "lsp" and nums:
+            c.k = nums[0]
+            c.bound = nums[1] if len(nums) > 1 else c.bound
+        elif name == "alsp" and nums:
+            c.bound = nums[0]
+        if c.s < 0 or c.k < 0 or c.bound < 0:
+            raise ValueError(f"negative parameter in {text!r}")
+        return c
+
+    def policy(self, workers: list[int]) -> Policy:
+        if self.mode == "asp":
+            return Async(workers, None)
+        if self.mode == "ssp":
+            return Async(workers, self.s)
+        if self.mode == "bsp":
+            return Rounds(workers, k=0, bound=0, timeout=self.round_timeout)
+        if self.mode == "lsp":
+            return Rounds(workers, k=self.k, bound=self.bound, timeout=self.round_timeout)
+        return Adaptive(workers, bound=self.bound, timeout=self.round_timeout,
+                        ratio=self.ratio, global_every=self.global_every)
+
+
+@dataclass
+class Policy:
+    """Common state: who is alive, each worker's clock, and what was observed (the
+    counters tests check the invariants against)."""
+
+    workers: list[int]
+    live: set[int] = field(init=False)
+    clock: dict[int, int] = field(init=False)
+    version: int = 0
+    stats: dict = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.live = set(self.workers)
+        self.clock = {w: 0 for w in self.workers}
+        self.stats = {"applied": 0, "dropped": 0, "max_staleness": 0, "max_gap": 0,
+                      "round_sizes": Counter(), "timeouts": 0,
+                      "below_quorum": 0}
+
+    def on_push(self, w: int, base: int, now: float) -> str:
+        raise NotImplementedError
+
+    def can_read(self, w: int) -> bool:
+        raise NotImplementedError
+
+    def close_due(self, now: float) -> bool:
+        return False
+
+    def close(self, now: float) -> list[int]:
+        raise NotImplementedError
+
+    def lost(self, w: int) -> None:
+        self.live.discard(w)
+
+    def _note_applied(self, staleness: int) -> None:
+        self.stats["applied"] += 1
+        self.stats["max_staleness"] = max(self.stats["max_staleness"], staleness)
+
+
+class Async(Policy):
+    """ASP (``s is None``): every gradient is applied when it arrives, reads never
+    wait. SSP(s): the same, but a worker that has pushed ``c`` gradients may read only
+    once every live worker has pushed at least ``c - s``, so the fastest worker starts
+    an iteration at most ``s`` clocks ahead of the slowest."""
+
+    def __init__(self, workers: list[int], s: int | None) -> None:
+        super().__init__(list(workers))
+        self.s = s
+
+    def on_push(self, w: int, base: int, now: float) -> str:
+        self.clock[w] += 1
+        self._note_applied(self.version - base)
+        self.version += 1
+        return APPLY
+
+    def can_read(self, w: int) -> bool:
+        if self.s is None or not self.live:
+            return True
+        gap = self.clock[w] - min(self.clock[v] for v in self.live)
+        if gap > self.s:
+            return False
+        self.stats["max_gap"] = max(self.stats["max_gap"], gap)
+        return True
+
+
+class Rounds(Policy):
+    """BSP and LSP(k, bound). A round collects gradients and closes once ``k`` of the
+    live workers have contributed (``k=0``: all of them: BSP), or after ``timeout`` s
+    without the rest (logged). A contributor may not read until its round closes, so
+    each worker adds at most one gradient per round. A gradient whose staleness would
+    exceed ``bound`` is dropped (logged, counted) and its worker reads at once."""
+
+    def __init__(self, workers: list[int], *, k: int, bound: int, timeout: float) -> None:
+        super().__init__(list(workers))
+        self.k, self.bound, self.timeout = k, bound, timeout
+        self.pending: list[int] = []
+        self.opened = 0.0
+
+    def quorum(self) -> int:
+        n = len(self.live)
+        return n if self.k <= 0 else min(self.k, n)
+
+    def on_push(self, w: int, base: int, now: float) -> str:
+        self.clock[w] += 1
+        staleness = self.version - base
+        if staleness > self.bound:
+            self.stats["dropped"] += 1
+            log.warning("rdmamw.ps: dropped worker %d's gradient: staleness %d > bound %d",
+                        w, staleness, self.bound)
+            return DROP
+        if not self.pending:
+            self.opened = now
+        self.pending.append(w)
+        self._note_applied(staleness)
+        return PEND
+
+    def can_read(self, w: int) -> bool:
+        return w not in self.pending
+
+    def close_due(self, now: float) -> bool:
+        if not self.pending:
+            return False
+        if len(self.pending) >= max(1, self.quorum()):
+            return True
+        if now - self.opened >= self.timeout:
+            missing = sorted(self.live - set(self.pending))
+            self.stats["timeouts"] += 1
+            log.warning("rdmamw.ps: round %d closed after %.1f s without workers %s",
+                        self.version, self.timeout, missing)
+            return True
+        return False
+
+    def close(self, now: float) -> list[int]:
+        done, self.pending = self.pending, []
+        self.stats["round_sizes"][len(done)] += 1      # size -> rounds: bounded memory
+        if len(done) < self.quorum():
+            self.stats["below_quorum"] += 1          # only a timeout closes these
+        self.version += 1
+        return done
+
+
+class Adaptive(Rounds):
+    """ALSP: LSP whose quorum follows live per-worker compute times. Workers are split
+    into speed groups (consecutive, by time, within ``ratio`` of the group's fastest);
+    the quorum is the smallest k covering whole groups, fastest first, such that every
+    worker left out is expected to arrive within ``bound`` rounds (ceil(its time / the
+    k-th fastest time) - 1 <= bound), so the
+    fast group syncs among itself without dropping the slow ones' work; every
+    ``global_every`` rounds the quorum is everybody (a global sync). Until every live
+    worker has reported a time, it behaves as BSP."""
+
+    def __init__(self, workers: list[int], *, bound: int, timeout: float, ratio: float,
+                 global_every: int) -> None:
+        super().__init__(workers, k=0, bound=bound, timeout=timeout)
+        self.ratio, self.global_every = ratio, global_every
+        self.times: dict[int, float] = {}
+        self.groups: list[list[int]] = [sorted(workers)]
+
+    def observe(self, w: int, seconds: float) -> None:
+        """A worker's current compute time (the server passes a moving average from
+        its metrics), then re-plan."""
+        self.times[w] = seconds
+        self.replan()
+
+    def replan(self) -> None:
+        live = [w for w in self.live if w in self.times]
+        if len(live) < len(self.live) or not live:
+            self.k = 0
+            return
+        order = sorted(live, key=lambda w: self.times[w])
+        self.groups = []
+        for w in order:
+            if self.groups and self.times[w] <= self.ratio * self.times[self.groups[-1][0]]:
+                self.groups[-1].append(w)
+            else:
+                self.groups.append([w])
+        self.k = len(order)
+        size = 0
+        for g in self.groups:              # whole groups only: a group syncs together
+            size += len(g)
+            t_round = max(self.times[order[size - 1]], 1e-9)
+            if all(math.ceil(self.times[w] / t_round) - 1 <= self.bound
+                   for w in order[size:]):
+                self.k = size
+                break
+        self.stats["k"] = self.k
+        self.stats["groups"] = self.groups
+
+    def quorum(self) -> int:
+        if self.global_every > 0 and (self.version + 1) % self.global_every == 0:
+            return len(self.live)
+        return super().quorum()
+
+    def lost(self, w: int) -> None:
+        super().lost(w)
+        self.times.pop(w, None)
+        self.replan()
+
+
+def now() -> float:
+    return time.monotonic()

@@ -1,0 +1,251 @@
+"""KVServer: owns a shard of the keys, applies SGD with momentum, answers pulls from
+the latest model when the consistency model allows.
+
+One thread polls every worker's channel: the decisions of a consistency model are
+then plain sequential code, and nothing waits on one worker while another sends."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rdmamw.channel import Channel
+from rdmamw.errors import ChannelClosed, PeerLost, Timeout
+from rdmamw.ps import wire
+from rdmamw.ps.consistency import APPLY, DROP, Adaptive, Consistency, Policy
+from rdmamw.ps.metrics import PeerMetrics
+
+log = logging.getLogger("rdmamw.ps")
+
+
+class KVServer:
+    """Serve the workers on ``channels`` (worker index -> Channel) until each has
+    said goodbye or is lost. ``lr`` / ``momentum``: the SGD step the server applies
+    (to the mean gradient of a round, or to each gradient / n in ASP and SSP)."""
+
+    def __init__(self, channels: dict[int, Channel] | Sequence[Channel], *,
+                 consistency: Consistency | str = "bsp", lr: float = 0.1,
+                 momentum: float = 0.9, idle_sleep: float = 0.0005) -> None:
+        if not isinstance(channels, dict):
+            channels = dict(enumerate(channels))
+        self.chans: dict[int, Channel] = dict(channels)
+        c = consistency if isinstance(consistency, Consistency) else Consistency.parse(consistency)
+        self.consistency = c
+        self.policy: Policy = c.policy(sorted(self.chans))
+        self.lr, self.momentum, self.idle_sleep = lr, momentum, idle_sleep
+        self.n = len(self.chans)
+        self.model: dict[Any, np.ndarray] = {}
+        self.velocity: dict[Any, np.ndarray] = {}
+        self.pending: dict[Any, np.ndarray] = {}       # a round's gradient sum
+        self.staging: dict[int, dict[Any, np.ndarray]] = {w: {} for w in self.chans}
+        self.expect: dict[int, dict | None] = {w: None for w in self.chans}  # header, payload due
+        self.reads: dict[int, dict] = {}               # deferred pulls, one per worker
+        self.bye: set[int] = set()
+        self._fresh: set = set()                       # keys still taking initial values
+        self.lost: set[int] = set()
+        self.peers: dict[int, PeerMetrics] = {w: PeerMetrics() for w in self.chans}
+
+    # -- the loop -------------------------------------------------------------------
+
+    def serve(self) -> dict:
+        """Run until every worker is done or lost; return :meth:`stats`."""
+        while not self.finished:
+            if not self.serve_once():
+                time.sleep(self.idle_sleep)
+        return self.stats()
+
+    @property
+    def finished(self) -> bool:
+        return len(self.bye | self.lost) >= self.n
+
+    def serve_once(self) -> bool:
+        """One pass over the channels, the round clock and the waiting reads; says
+        whether anything happened (so the caller may sleep briefly if not)."""
+        busy = False
+        for w, ch in list(self.chans.items()):
+            if w in self.lost or w in self.bye:
+                continue
+            try:
+                msgs = ch.recv_batch(timeout=0)
+            except Timeout:
+                continue
+            except (PeerLost, ChannelClosed) as e:
+                self._lose(w, e)
+                continue
+            busy = True
+            for m in msgs:
+                self._message(w, m)
+        now = time.monotonic()
+        while self.policy.close_due(now):
+            self._close_round(now)
+            busy = True
+        self._answer_reads()
+        return busy
+
+    def stats(self) -> dict:
+        s = dict(self.policy.stats)
+        s.update(version=self.policy.version, keys=len(self.model), lost=sorted(self.lost),
+                 bytes_in=sum(p.bytes_in for p in self.peers.values()),
+                 bytes_out=sum(p.bytes_out for p in self.peers.values()),
+                 mode=self.consistency.mode)
+        return s
+
+    def worker_metrics(self) -> dict[int, dict]:
+        """Per worker: reported compute time, gradients received, bytes each way."""
+        return {w: p.as_dict() for w, p in self.peers.items()}
+
+    def close(self) -> None:
+        for ch in self.chans.values():
+            ch.close()
+
+    # -- messages -------------------------------------------------------------------
+
+    def _message(self, w: int, m: Any) -> None:
+        hdr = self.expect[w]
+        if hdr is not None:                        # the payload of the last header
+            self.expect[w] = None
+            with m:
+                self.peers[w].bytes_in += len(m)
+                self._payload(w, hdr, m)
+            return
+        h = wire.unpack(m)
+        m.release()
+        op = h["op"]
+        if op in wire.WITH_PAYLOAD:
+            self.expect[w] = h
+        elif op == wire.SYNC:
+            self._send(w, [wire.pack(wire.OK, id=h["id"], version=self.policy.version)])
+        elif op == wire.CLOCK:
+            self._gradient_done(w, h)
+        elif op == wire.PULL:
+            self.reads[w] = h
+        elif op == wire.BYE:
+            self.bye.add(w)
+            self._forget(w)
+        else:
+            self._error(w, None, f"unknown request {op!r}")
+
+    def _payload(self, w: int, h: dict, m: Any) -> None:
+        key, o = h["k"], h.get("o", 0)
+        if h["op"] == wire.INIT:
+            self._init_block(w, h, m)
+            return
+        cur = self.model.get(key)
+        if cur is None:
+            self._error(w, key, f"push of unknown key {key!r}")
+            return
+        block = np.frombuffer(m, dtype=cur.dtype)
+        if np.dtype(h["dt"]) != cur.dtype or o + block.size > cur.size:
+            self._error(w, key, f"key {key!r}: pushed {h['dt']} block [{o}:{o + block.size}] "
+                                f"does not fit the server's {cur.dtype} of shape {cur.shape}")
+            return
+        st = self.staging[w].get(key)
+        if st is None:
+            st = self.staging[w][key] = np.zeros(cur.size, cur.dtype)
+        st[o:o + block.size] = block
+        del block
+
+    def _init_block(self, w: int, h: dict, m: Any) -> None:
+        key, shape, dt = h["k"], tuple(h["shape"]), np.dtype(h["dt"])
+        cur = self.model.get(key)
+        if cur is None and h.get("o", 0) == 0:
+            cur = self.model[key] = np.zeros(shape, dt)
+            self.velocity[key] = np.zeros(cur.size, dt)
+            self.pending[key] = np.zeros(cur.size, dt)
+            self._fresh.add(key)
+        if cur is None or cur.shape != shape or cur.dtype != dt:
+            have = "nothing" if cur is None else f"{cur.dtype} {cur.shape}"
+            self._error(w, key, f"key {key!r} initialised as {dt} {shape} but the server "
+                                f"holds {have}")
+            return
+        if key in self._fresh:      # the first worker's values win
+            block = np.frombuffer(m, dtype=dt)
+            o = h.get("o", 0)
+            cur.reshape(-1)[o:o + block.size] = block
+            del block
+            if h.get("last"):
+                self._fresh.discard(key)
+
+    def _gradient_done(self, w: int, h: dict) -> None:
+        """A worker's whole gradient for this shard is staged: let the model decide."""
+        self.peers[w].gradients += 1
+        if h.get("t") is not None:
+            self.peers[w].compute.add(float(h["t"]))
+            if isinstance(self.policy, Adaptive):
+                self.policy.observe(w, self.peers[w].compute.ema)
+        grads = self.staging[w]
+        self.staging[w] = {}
+        decision = self.policy.on_push(w, int(h.get("base", 0)), time.monotonic())
+        if decision == DROP:
+            return
+        if decision == APPLY:
+            for key, g in grads.items():
+                self._step(key, g, 1.0 / self.n)
+            return
+        for key, g in grads.items():
+            self.pending[key] += g
+
+    def _close_round(self, now: float) -> None:
+        done = self.policy.close(now)
+        if not done:
+            return
+        for key, g in self.pending.items():
+            self._step(key, g, 1.0 / len(done))
+            g[:] = 0
+
+    def _step(self, key: Any, g: np.ndarray, scale: float) -> None:
+        v = self.velocity[key]
+        v *= self.momentum
+        v += scale * g
+        self.model[key].reshape(-1)[:] -= self.lr * v
+
+    # -- replies --------------------------------------------------------------------
+
+    def _answer_reads(self) -> None:
+        for w in list(self.reads):
+            if w in self.lost or not self.policy.can_read(w):
+                continue
+            h = self.reads.pop(w)
+            self._reply_pull(w, h)
+
+    def _reply_pull(self, w: int, h: dict) -> None:
+        ch = self.chans[w]
+        out: list = []
+        for key in h["keys"]:
+            cur = self.model.get(key)
+            if cur is None:
+                self._error(w, key, f"pull of unknown key {key!r}")
+                return
+            last = cur.size
+            for o, b in wire.blocks(cur.reshape(-1), ch.eager_limit):
+                out.append(wire.pack(wire.VAL, k=key, o=o, last=o + b.size >= last))
+                out.append(b)
+                self.peers[w].bytes_out += b.nbytes
+        out.append(wire.pack(wire.END, id=h["id"], version=self.policy.version))
+        self._send(w, out)
+
+    def _error(self, w: int, key: Any, text: str) -> None:
+        log.warning("rdmamw.ps: worker %d: %s", w, text)
+        self._send(w, [wire.pack(wire.ERR, k=key, msg=text)])
+
+    def _send(self, w: int, msgs: list) -> None:
+        try:
+            self.chans[w].send_batch(msgs).wait()   # the model may change right after
+        except (PeerLost, ChannelClosed) as e:
+            self._lose(w, e)
+
+    def _lose(self, w: int, e: Exception) -> None:
+        if w in self.lost or w in self.bye:
+            return
+        log.warning("rdmamw.ps: worker %d lost (%s); serving the others", w, e)
+        self.lost.add(w)
+        self._forget(w)
+
+    def _forget(self, w: int) -> None:
+        self.policy.lost(w)
+        self.reads.pop(w, None)
+        self.staging[w] = {}

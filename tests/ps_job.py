@@ -1,0 +1,111 @@
+"""One rank of a parameter-server test job (started by the local launcher): ranks
+below --servers serve, the others minimise 0.5 * |x - target|^2 over a few keys
+(one of them larger than the eager limit, so it travels in blocks). Each rank prints
+one JSON line: a server its stats, a worker its final values' error and metrics.
+
+Faults: --die W:I makes worker W exit without a word before iteration I; --hang W:I:S
+makes it sleep S s there; --kill-server V makes server 0 exit without a word once
+its model reached version V."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+import numpy as np
+
+import rdmamw
+from rdmamw import ps
+
+KEYS = ["big", "b", "c", 7]
+
+
+def shapes(big: int) -> list[tuple]:
+    return [((big,), np.float32), ((3,), np.float64), ((2, 5), np.float32), ((4,), np.float32)]
+
+
+def targets(big: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(s).astype(d) for s, d in shapes(big)]
+
+
+def emit(obj: dict) -> None:
+    """One write per line: the ranks share the launcher's stdout pipe."""
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--servers", type=int, default=2)
+    ap.add_argument("--consistency", default="bsp")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--big", type=int, default=40000)
+    ap.add_argument("--slow", type=float, default=0.0, help="worker 0 sleeps this per iter")
+    ap.add_argument("--die", default="")
+    ap.add_argument("--hang", default="")
+    ap.add_argument("--kill-server", type=int, default=0)
+    ap.add_argument("--round-timeout", type=float, default=10.0)
+    ap.add_argument("--bad", default="")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    c = ps.Consistency.parse(a.consistency, round_timeout=a.round_timeout)
+    node = ps.start(a.servers, consistency=c, lr=0.2, momentum=0.5)
+    rank = rdmamw.world().rank
+    if isinstance(node, ps.KVServer):
+        if a.kill_server and rank == 0:
+            end = time.monotonic() + 60
+            while node.policy.version < a.kill_server and time.monotonic() < end:
+                node.serve_once() or time.sleep(0.0005)
+            os._exit(0)
+        stats = node.serve()
+        stats["round_sizes"] = sorted(set(stats["round_sizes"]))
+        stats["reported_times"] = [m["compute_s"]["n"] for m in node.worker_metrics().values()]
+        emit({"role": "server", "rank": rank, **stats})
+        node.close()
+        return
+    me = ps.worker_index(a.servers)
+    tg = targets(a.big)
+    x = [np.zeros(s, d) for s, d in shapes(a.big)]
+    node.init(KEYS, [np.full(s, 1.0, d) for s, d in shapes(a.big)])
+    out = {"role": "worker", "index": me}
+    if a.bad:
+        try:
+            if a.bad == "shape":
+                node.push(["b"], [np.zeros(4)])
+            elif a.bad == "unknown":
+                node.pull(["nope"])
+            elif a.bad == "init":
+                node.init(["c"], [np.zeros((5, 2), np.float32)])
+        except (KeyError, ValueError, ps.PSError) as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+    die = [int(v) for v in a.die.split(":")] if a.die else [-1, -1]
+    hang = [float(v) for v in a.hang.split(":")] if a.hang else [-1, -1, 0]
+    try:
+        node.pull(KEYS, out=x)
+        for i in range(a.iters):
+            if me == die[0] and i == die[1]:
+                os._exit(0)
+            if me == hang[0] and i == hang[1]:
+                time.sleep(hang[2])
+            if me == 0 and a.slow:
+                time.sleep(a.slow)
+            node.push(KEYS, [xi - ti for xi, ti in zip(x, tg, strict=True)])
+            node.pull(KEYS, out=x)
+    except rdmamw.PeerLost as e:
+        out["peer_lost"] = str(e)
+    out["error_norm"] = float(max(np.abs(xi - ti).max() for xi, ti in zip(x, tg, strict=True)))
+    out["x_big_head"] = [float(v) for v in x[0][:3]]
+    out["metrics"] = {k: v for k, v in node.metrics.as_dict().items() if k.startswith("bytes")}
+    out["pushes"] = node.metrics.push.n
+    emit(out)
+    if "peer_lost" not in out:
+        node.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""The parameter server end to end: multi-process jobs on shm started by the local
+launcher (tests/ps_job.py), small and fast. Consistency invariants are checked from
+the servers' own counters; the pure rules are in test_ps_consistency.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "tests", "ps_job.py")
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from ps_job import shapes, targets  # noqa: E402
+
+
+def clean_env() -> dict:
+    drop = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
+            "RDMAMW_TOKEN", "RDMAMW_PROVIDER")
+    return {k: v for k, v in os.environ.items()
+            if k not in drop and not k.startswith(("RDMAMW_RANK", "RDMAMW_WORLD", "RDMAMW_MASTER",
+                                                   "OMPI_", "PMI_", "SLURM_", "DMLC_"))}
+
+
+def run_job(n: int, *args: str, ok: bool = True, **env: str
+            ) -> tuple[list[dict], list[dict], str]:
+    p = subprocess.run([sys.executable, "-m", "rdmamw.bootstrap.launch", "-n", str(n), "--",
+                        sys.executable, JOB, *args], cwd=ROOT, env={**clean_env(), **env},
+                       capture_output=True, text=True, timeout=100)
+    if ok:
+        assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    servers = sorted((r for r in rows if r["role"] == "server"), key=lambda r: r["rank"])
+    workers = sorted((r for r in rows if r["role"] == "worker"), key=lambda r: r["index"])
+    return servers, workers, p.stderr
+
+
+def bsp_reference(iters: int, big: int, lr: float = 0.2, mu: float = 0.5) -> np.ndarray:
+    """What BSP must produce for the 'big' key: every round's mean gradient is x - t."""
+    t = targets(big)[0].astype(np.float64)
+    x = np.ones(shapes(big)[0][0])
+    v = np.zeros_like(x)
+    for _ in range(iters):
+        v = mu * v + (x - t)
+        x = x - lr * v
+    return x
+
+
+def test_bsp_matches_the_sequential_result_and_applies_n_per_round():
+    servers, workers, _ = run_job(5, "--servers", "2", "--iters", "12")
+    assert len(servers) == 2 and len(workers) == 3
+    ref = bsp_reference(12, 40000)[:3]
+    for w in workers:
+        assert np.allclose(w["x_big_head"], ref, rtol=1e-4, atol=1e-5)
+        assert w["pushes"] == 12
+        assert w["metrics"]["bytes_pushed"] > 12 * 40000 * 4     # 'big' went in blocks
+    for s in servers:
+        assert s["round_sizes"] == [3] and s["version"] == 12 and s["applied"] == 36
+        assert s["below_quorum"] == 0
+        assert s["max_staleness"] == 0 and s["lost"] == []
+    assert sum(s["keys"] for s in servers) == 4                  # sharded over both
+
+
+def test_tensors_larger_than_the_rings_go_through_in_blocks():
+    """8 slots of 4 KiB: each 160 KB push and reply is 40 blocks through a 32 KiB ring,
+    from two servers at once."""
+    servers, workers, _ = run_job(4, "--servers", "2", "--iters", "5",
+                                  RDMAMW_SLOTS="8", RDMAMW_SLOT_SIZE="4096")
+    ref = bsp_reference(5, 40000)[:3]
+    assert len(workers) == 2 and all(s["version"] == 5 for s in servers)
+    for w in workers:
+        assert np.allclose(w["x_big_head"], ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode, check", [
+    ("asp", lambda s: s["applied"] == 3 * 15),
+    ("ssp:1", lambda s: s["max_gap"] <= 1),
+    ("ssp:0", lambda s: s["max_gap"] == 0),
+    ("lsp:2:1", lambda s: s["max_staleness"] <= 1 and s["below_quorum"] == 0),
+    ("alsp:2", lambda s: s["max_staleness"] <= 2 and s["below_quorum"] == 0),
+])
+def test_consistency_models_converge_and_keep_their_invariant(mode, check):
+    servers, workers, _ = run_job(5, "--servers", "2", "--iters", "15", "--consistency", mode,
+                                  "--slow", "0.01", "--big", "20000")
+    assert len(workers) == 3
+    for s in servers:
+        assert s["mode"] == mode.split(":")[0] and check(s), s
+        assert s["reported_times"] == [15, 15, 15]     # one compute time per push
+    for w in workers:
+        assert w["error_norm"] < 1.0          # started at |1 - t| up to ~4
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("shape", "key 'b'"),
+    ("unknown", "'nope'"),
+    ("init", "key 'c'"),
+])
+def test_errors_name_the_key(bad, match):
+    _, workers, _ = run_job(3, "--servers", "1", "--iters", "2", "--bad", bad)
+    assert all(match in w["error"] for w in workers), workers
+
+
+def test_a_dead_worker_does_not_stop_bsp():
+    servers, workers, err = run_job(4, "--servers", "1", "--iters", "10", "--die", "1:3")
+    assert [w["index"] for w in workers] == [0, 2]
+    assert all(w["pushes"] == 10 for w in workers)
+    assert servers[0]["lost"] == [1]
+    assert "worker 1 lost" in err
+
+
+def test_a_hung_worker_times_out_of_the_round():
+    servers, workers, err = run_job(4, "--servers", "1", "--iters", "6", "--hang", "1:2:3",
+                                    "--round-timeout", "0.3")
+    assert len(workers) == 3
+    assert servers[0]["timeouts"] >= 1 and "closed after" in err
+    assert servers[0]["max_staleness"] == 0       # its late gradient was dropped, not applied
+    assert servers[0]["dropped"] >= 1
+
+
+def test_a_dead_server_raises_peer_lost_on_the_workers():
+    _, workers, _ = run_job(4, "--servers", "2", "--iters", "50", "--kill-server", "3",
+                            ok=False)
+    assert len(workers) == 2
+    assert all("peer_lost" in w for w in workers), workers

@@ -1,0 +1,175 @@
+"""The consistency rules as state machines, driven by random schedules of
+workers of different speeds (simulated time, no processes): each model's invariant
+must hold on every schedule."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from rdmamw.ps.consistency import APPLY, DROP, PEND, Adaptive, Consistency
+
+
+def simulate(spec: str, speeds: list[float], iters: int = 40, seed: int = 0,
+             timeout: float = 1e9, hang: tuple[int, float] | None = None) -> dict:
+    """Workers compute for speed * jitter time units, push, then read when allowed.
+    Returns the policy's stats plus per-round bookkeeping the test checks."""
+    rng = random.Random(seed)
+    n = len(speeds)
+    pol = Consistency.parse(spec, round_timeout=timeout).policy(list(range(n)))
+    t = 0.0
+    base = {w: 0 for w in range(n)}
+    done_at = {w: speeds[w] * rng.uniform(0.8, 1.2) for w in range(n)}   # next push
+    reading: set[int] = set()
+    count = {w: 0 for w in range(n)}
+    applied_per_round: list[int] = []
+    gaps: list[int] = []
+    while any(c < iters for c in count.values()):
+        for w in sorted(reading):
+            if pol.can_read(w):
+                reading.discard(w)
+                gaps.append(pol.clock[w] - min(pol.clock[v] for v in pol.live))
+                base[w] = pol.version
+                extra = hang[1] if hang and hang[0] == w and count[w] == 3 else 0.0
+                done_at[w] = t + speeds[w] * rng.uniform(0.8, 1.2) + extra
+                if count[w] >= iters:
+                    pol.lost(w)                    # finished: it says goodbye
+        busy = [w for w in range(n) if w not in reading and count[w] < iters]
+        if not busy:
+            t += 0.01
+        else:
+            w = min(busy, key=lambda v: done_at[v])
+            deadline = pol.opened + pol.timeout if getattr(pol, "pending", None) else None
+            if deadline is not None and t <= deadline < done_at[w]:
+                t = deadline + 1e-6                # the round clock fires first
+                while pol.close_due(t):
+                    applied_per_round.append(len(pol.close(t)))
+                continue
+            t = max(t, done_at[w])
+            d = pol.on_push(w, base[w], t)
+            assert d in (APPLY, PEND, DROP)
+            count[w] += 1
+            reading.add(w)
+        while pol.close_due(t):
+            applied_per_round.append(len(pol.close(t)))
+    return {**pol.stats, "per_round": applied_per_round, "gaps": gaps, "policy": pol}
+
+
+SPEEDS = [[1.0, 1.0, 1.0], [1.0, 1.3, 3.0], [0.5, 1.0, 1.0, 4.0], [1.0, 2.0, 2.0, 2.0, 7.0]]
+
+
+@pytest.mark.parametrize("speeds", SPEEDS)
+@pytest.mark.parametrize("seed", range(3))
+def test_bsp_applies_exactly_n_per_round(speeds, seed):
+    r = simulate("bsp", speeds, seed=seed)
+    n = len(speeds)
+    full = [k for k in r["per_round"] if k == n]
+    assert len(full) == 40 and r["dropped"] == 0 and r["max_staleness"] == 0
+    assert set(r["per_round"]) == {n}
+
+
+@pytest.mark.parametrize("speeds", SPEEDS)
+@pytest.mark.parametrize("s", [0, 1, 3])
+def test_ssp_never_lets_the_gap_exceed_s(speeds, s):
+    r = simulate(f"ssp:{s}", speeds, seed=s)
+    assert max(r["gaps"]) <= s and r["max_gap"] <= s
+    if s and speeds[-1] > 2 * speeds[0]:
+        assert max(r["gaps"]) == s           # the fast worker does run ahead
+
+
+@pytest.mark.parametrize("speeds", SPEEDS[1:])
+def test_asp_never_waits(speeds):
+    r = simulate("asp", speeds)
+    assert r["applied"] == 40 * len(speeds) and r["dropped"] == 0
+
+
+@pytest.mark.parametrize("speeds", SPEEDS)
+@pytest.mark.parametrize("k, bound", [(1, 0), (2, 1), (2, 3), (3, 2)])
+def test_lsp_never_applies_a_gradient_older_than_its_bound(speeds, k, bound):
+    r = simulate(f"lsp:{k}:{bound}", speeds, seed=k + bound)
+    assert r["max_staleness"] <= bound
+    assert r["below_quorum"] == 0
+    pol = r["policy"]
+    assert r["applied"] + r["dropped"] == 40 * len(speeds)
+    assert pol.version == len(r["per_round"])
+
+
+def test_lsp_closes_rounds_with_the_first_k():
+    r = simulate("lsp:2:12", [1.0, 1.0, 10.0])
+    assert r["per_round"].count(2) > r["per_round"].count(3)   # the straggler is not awaited
+    assert r["dropped"] == 0                # 10x slower: about 10 rounds stale, within 12
+    r = simulate("lsp:2:5", [1.0, 1.0, 10.0])
+    assert r["dropped"] > 0 and r["max_staleness"] <= 5
+
+
+@pytest.mark.parametrize("speeds", SPEEDS)
+def test_alsp_keeps_its_bound_and_finds_the_fast_group(speeds):
+    r = simulate("alsp:1", speeds)
+    assert r["max_staleness"] <= 1 and r["below_quorum"] == 0
+
+
+def test_alsp_plans_k_and_groups_from_times():
+    pol = Adaptive([0, 1, 2, 3], bound=1, timeout=10, ratio=1.5, global_every=0)
+    for w, sec in enumerate([1.0, 1.1, 1.9, 5.0]):
+        pol.observe(w, sec)
+    assert pol.groups == [[0, 1], [2], [3]]
+    assert pol.k == 4            # leaving 3 out at k=3 means staleness ceil(5/1.9)-1 = 2 > 1
+    pol2 = Adaptive([0, 1, 2], bound=2, timeout=10, ratio=1.5, global_every=0)
+    for w, sec in enumerate([1.0, 1.05, 2.5]):
+        pol2.observe(w, sec)
+    assert pol2.k == 2 and pol2.groups == [[0, 1], [2]]
+    pol2.lost(2)
+    assert pol2.k == 2 and pol2.groups == [[0, 1]]
+
+
+def test_alsp_is_bsp_until_every_worker_has_a_time():
+    pol = Adaptive([0, 1, 2], bound=1, timeout=10, ratio=1.5, global_every=0)
+    pol.observe(0, 1.0)
+    assert pol.quorum() == 3
+
+
+def test_a_silent_worker_times_out_of_bsp_and_its_late_gradient_is_dropped():
+    r = simulate("bsp", [1.0, 1.0, 1.0], timeout=5.0, hang=(1, 50.0))
+    assert r["timeouts"] >= 1 and r["dropped"] >= 1 and r["max_staleness"] == 0
+
+
+def test_lost_workers_leave_the_quorum():
+    pol = Consistency.parse("bsp").policy([0, 1, 2])
+    assert pol.on_push(0, 0, 0.0) == PEND
+    assert not pol.close_due(0.0)
+    pol.lost(2)
+    assert pol.on_push(1, 0, 0.0) == PEND and pol.close_due(0.0)
+    assert sorted(pol.close(0.0)) == [0, 1]
+
+
+@pytest.mark.parametrize("text, err", [("nope", "one of"), ("ssp:-1", "negative")])
+def test_parse_errors(text, err):
+    with pytest.raises(ValueError, match=err):
+        Consistency.parse(text)
+
+
+def test_parse():
+    c = Consistency.parse("lsp:3:2")
+    assert (c.mode, c.k, c.bound) == ("lsp", 3, 2)
+    assert Consistency.parse("ssp:4").s == 4
+    assert Consistency.parse("ALSP:3").bound == 3
+
+
+def test_round_sizes_are_counted():
+    r = simulate("bsp", [1.0, 1.0], iters=5)
+    assert r["round_sizes"] == {2: 5}
+
+
+def test_blocks_respect_the_eager_limit_and_cover_the_array():
+    import numpy as np
+
+    from rdmamw.ps import wire
+    a = np.arange(1001, dtype=np.float64)
+    parts = list(wire.blocks(a, 800))
+    assert all(b.nbytes <= 800 for _, b in parts)
+    assert np.array_equal(np.concatenate([b for _, b in parts]), a)
+    assert [o for o, _ in parts] == list(range(0, 1001, 100))
+    assert list(wire.blocks(np.zeros(0), 64))[0][1].size == 0      # empty arrays: one block
+    assert wire.shard("W1", 3) == wire.shard("W1", 3)
+    assert {wire.shard(k, 2) for k in range(9)} == {0, 1}

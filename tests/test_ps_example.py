@@ -1,0 +1,28 @@
+"""examples/ps_train.py end to end: a short run per consistency model learns digits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("sklearn")
+
+from test_ps import ROOT, clean_env  # noqa: E402
+
+
+@pytest.mark.parametrize("mode", ["bsp", "lsp", "alsp"])
+def test_ps_train_learns(mode, tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "ps_train.py"),
+                        "--consistency", mode, "--workers", "2", "--servers", "2",
+                        "--epochs", "2", "--straggler", "2", "--json", str(out)],
+                       cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=110)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "test accuracy" in p.stdout
+    r = json.loads(out.read_text())
+    assert r["test_accuracy"] > 0.8            # chance is 0.1
+    assert len(r["worker_metrics"]) == 2 and r["worker_metrics"][0]["push_s"]["n"] > 0
