@@ -23,6 +23,9 @@ cdef enum:
     RM_REGION_RING = 3      # the ring I receive on (peer writes slots)
     RM_NREGIONS = 4
 
+cdef enum:
+    RM_SOFT_CQ = 256        # completions kept by transports that finish work in post()
+
 # Return codes of Transport methods.
 cdef enum:
     RM_OK = 0
@@ -66,6 +69,13 @@ cdef class Transport:
     cdef public uint64_t n_sleeps         # times this side blocked in wait()
     cdef public uint64_t bytes_written
 
+    # completion queue of transports that finish the work inside post() (shm, tcp);
+    # a transport with a real CQ (verbs) overrides poll() and ignores it
+    cdef rm_wc soft_cq[RM_SOFT_CQ]
+    cdef uint32_t soft_head
+    cdef uint32_t soft_len
+
+    cdef void complete_now(self, uint64_t wr_id, uint32_t opcode) noexcept nogil
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil
     cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil
     cdef int wake_peer(self) noexcept nogil

@@ -115,8 +115,27 @@ cdef class Transport:
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
         return RM_ERR_CLOSED
 
+    cdef void complete_now(self, uint64_t wr_id, uint32_t opcode) noexcept nogil:
+        """Record the completion of a signaled WR that post() already finished."""
+        cdef uint32_t slot
+        if self.soft_len == RM_SOFT_CQ:     # overrun: keep the newest (ids are monotonic)
+            self.soft_head = (self.soft_head + 1) % RM_SOFT_CQ
+            self.soft_len -= 1
+        slot = (self.soft_head + self.soft_len) % RM_SOFT_CQ
+        self.soft_cq[slot].wr_id = wr_id
+        self.soft_cq[slot].status = 0
+        self.soft_cq[slot].opcode = opcode
+        self.soft_len += 1
+
     cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil:
-        return 0
+        cdef uint32_t k = 0
+        while k < maxn and self.soft_len:
+            wcs[k] = self.soft_cq[self.soft_head]
+            self.soft_head = (self.soft_head + 1) % RM_SOFT_CQ
+            self.soft_len -= 1
+            k += 1
+        self.n_completions += k
+        return k
 
     cdef int wake_peer(self) noexcept nogil:
         return RM_ERR_CLOSED

@@ -22,7 +22,6 @@ from rdmamw._core cimport (
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
     Transport,
-    rm_wc,
     rm_wr,
 )
 from rdmamw.bitmap._phase cimport rm_store_release64
@@ -55,10 +54,6 @@ cdef extern from "errno.h" nogil:
     int errno
     int EAGAIN, EINTR
 
-cdef enum:
-    CQ_SIZE = 256
-
-
 cdef class ShmTransport(Transport):
     cdef char *my_base
     cdef size_t my_size
@@ -69,9 +64,6 @@ cdef class ShmTransport(Transport):
     cdef int my_evfd
     cdef int peer_evfd
     cdef int state
-    cdef rm_wc cq[CQ_SIZE]
-    cdef uint32_t cq_head
-    cdef uint32_t cq_len
 
     def __cinit__(self):
         self.sock = -1
@@ -171,31 +163,10 @@ cdef class ShmTransport(Transport):
                 self.bytes_written += wr.length
             if wr.flags & RM_WR_SIGNALED:
                 self.n_signaled += 1
-                self._complete(wr.wr_id, wr.opcode)
+                self.complete_now(wr.wr_id, wr.opcode)
         self.n_doorbells += 1
         self.n_wrs += n
         return 0
-
-    cdef inline void _complete(self, uint64_t wr_id, uint32_t opcode) noexcept nogil:
-        cdef uint32_t slot
-        if self.cq_len == CQ_SIZE:      # overrun: keep the newest (ids are monotonic)
-            self.cq_head = (self.cq_head + 1) % CQ_SIZE
-            self.cq_len -= 1
-        slot = (self.cq_head + self.cq_len) % CQ_SIZE
-        self.cq[slot].wr_id = wr_id
-        self.cq[slot].status = 0
-        self.cq[slot].opcode = opcode
-        self.cq_len += 1
-
-    cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil:
-        cdef uint32_t k = 0
-        while k < maxn and self.cq_len:
-            wcs[k] = self.cq[self.cq_head]
-            self.cq_head = (self.cq_head + 1) % CQ_SIZE
-            self.cq_len -= 1
-            k += 1
-        self.n_completions += k
-        return k
 
     cdef int wake_peer(self) noexcept nogil:
         cdef uint64_t one = 1

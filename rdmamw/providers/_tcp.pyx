@@ -33,7 +33,6 @@ from rdmamw._core cimport (
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
     Transport,
-    rm_wc,
     rm_wr,
 )
 
@@ -111,7 +110,6 @@ _WHY = {RT_WHY_NONE: "", RT_WHY_EOF: "peer closed the connection",
         RT_WHY_FRAME: "malformed frame", RT_WHY_LOCAL: "closed locally"}
 
 cdef enum:
-    CQ_SIZE = 256
     MAX_LOCAL = 32
 
 
@@ -128,9 +126,6 @@ cdef class TcpTransport(Transport):
     cdef uint64_t reg_lo[MAX_LOCAL]
     cdef uint64_t reg_hi[MAX_LOCAL]
     cdef uint32_t nreg
-    cdef rm_wc cq[CQ_SIZE]
-    cdef uint32_t cq_head
-    cdef uint32_t cq_len
 
     def __cinit__(self):
         self.c = <rt_conn *>calloc(1, sizeof(rt_conn))
@@ -294,29 +289,8 @@ cdef class TcpTransport(Transport):
         for i in range(n):
             if wrs[i].flags & RM_WR_SIGNALED:
                 self.n_signaled += 1
-                self._complete(wrs[i].wr_id, wrs[i].opcode)
+                self.complete_now(wrs[i].wr_id, wrs[i].opcode)
         return 0
-
-    cdef inline void _complete(self, uint64_t wr_id, uint32_t opcode) noexcept nogil:
-        cdef uint32_t slot
-        if self.cq_len == CQ_SIZE:      # overrun: keep the newest (ids are monotonic)
-            self.cq_head = (self.cq_head + 1) % CQ_SIZE
-            self.cq_len -= 1
-        slot = (self.cq_head + self.cq_len) % CQ_SIZE
-        self.cq[slot].wr_id = wr_id
-        self.cq[slot].status = 0
-        self.cq[slot].opcode = opcode
-        self.cq_len += 1
-
-    cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil:
-        cdef uint32_t k = 0
-        while k < maxn and self.cq_len:
-            wcs[k] = self.cq[self.cq_head]
-            self.cq_head = (self.cq_head + 1) % CQ_SIZE
-            self.cq_len -= 1
-            k += 1
-        self.n_completions += k
-        return k
 
     cdef int wake_peer(self) noexcept nogil:
         self.n_wakeups += 1
