@@ -15,6 +15,7 @@ import secrets
 import socket
 
 from rdmamw.errors import ProtocolError
+from rdmamw.providers._wire import recv_exact
 
 MAGIC = b"RDMW"
 VERSION = 1
@@ -71,13 +72,7 @@ def _mac(key: bytes, label: bytes, a: bytes, b: bytes) -> bytes:
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = conn.recv(n - len(buf))
-        if not chunk:
-            raise AuthError("peer hung up during authentication")
-        buf += chunk
-    return bytes(buf)
+    return recv_exact(conn, n, AuthError, "peer hung up during authentication")
 
 
 def check_hello(data: bytes) -> bytes:

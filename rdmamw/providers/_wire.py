@@ -20,12 +20,14 @@ def send_frame(conn: socket.socket, obj: dict) -> None:
     conn.sendall(struct.pack("<I", len(data)) + data)
 
 
-def recv_exact(conn: socket.socket, n: int) -> bytes:
+def recv_exact(conn: socket.socket, n: int, error: type[Exception] = ProtocolError,
+               why: str = "peer closed the connection during the handshake") -> bytes:
+    """Exactly n bytes, or ``error(why)`` when the peer hangs up first."""
     buf = bytearray()
     while len(buf) < n:
         chunk = conn.recv(n - len(buf))
         if not chunk:
-            raise ProtocolError("peer closed the connection during the handshake")
+            raise error(why)
         buf += chunk
     return bytes(buf)
 
