@@ -121,7 +121,18 @@ def rank_gloo(cfg: dict) -> None:
 
 
 def numpy_floor(cfg: dict) -> dict:
+    """numpy.add of two arrays into a third on one pinned core. The affinity is put
+    back afterwards: the ranks started later inherit it, and pin(rank) would
+    otherwise put every rank on this one core."""
+    cores = os.sched_getaffinity(0)
     pin(0)
+    try:
+        return _numpy_floor(cfg)
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
+def _numpy_floor(cfg: dict) -> dict:
     out = {}
     for nbytes in cfg["sizes"]:
         a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)

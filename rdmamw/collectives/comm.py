@@ -25,11 +25,13 @@ import numpy as np
 from rdmamw.channel import Channel, Message
 from rdmamw.errors import ChannelClosed, PeerLost, RdmamwError
 
-#: Ring of each collective channel: 32 slots x 256 KiB (8 MiB, like a channel's
-#: default). Large chunks cut the per-message Python cost of big arrays (measured:
-#: bench/allreduce_bench.py); the window below never fills more than a quarter.
-COLL_SLOTS = int(os.environ.get("RDMAMW_COLL_SLOTS", 32))
-COLL_SLOT_SIZE = int(os.environ.get("RDMAMW_COLL_SLOT_SIZE", 256 * 1024))
+#: Ring of each collective channel: 16 slots x 1 MiB. Large chunks cut the
+#: per-chunk Python cost of big arrays: on shm a 64 MiB allreduce at 2 ranks took
+#: 32-37 ms with 256 KiB chunks and 14-18 ms with 1 MiB ones (bench/allreduce_bench.py,
+#: quiet machine); 4 MiB chunks were slower again (cache). The window below never
+#: fills more than a quarter of the ring.
+COLL_SLOTS = int(os.environ.get("RDMAMW_COLL_SLOTS", 16))
+COLL_SLOT_SIZE = int(os.environ.get("RDMAMW_COLL_SLOT_SIZE", 1024 * 1024))
 MIN_CHUNK = int(os.environ.get("RDMAMW_COLL_MIN_CHUNK", 16 * 1024))
 PIECES = int(os.environ.get("RDMAMW_COLL_PIECES", 4))
 MAGIC = "rdmamw-coll-1"
