@@ -18,6 +18,7 @@ from rdmamw.errors import ChannelClosed, PeerLost, Timeout
 from rdmamw.ps import wire
 from rdmamw.ps.consistency import APPLY, DROP, Adaptive, Consistency, Policy
 from rdmamw.ps.metrics import PeerMetrics
+from rdmamw.sched import Dsana
 
 log = logging.getLogger("rdmamw.ps")
 
@@ -25,11 +26,17 @@ log = logging.getLogger("rdmamw.ps")
 class KVServer:
     """Serve the workers on ``channels`` (worker index -> Channel) until each has
     said goodbye or is lost. ``lr`` / ``momentum``: the SGD step the server applies
-    (to the mean gradient of a round, or to each gradient / n in ASP and SSP)."""
+    (to the mean gradient of a round, or to each gradient / n in ASP and SSP).
+
+    ``scheduler``: a DSANA scheduler (rdmamw.sched) fed with every worker's compute
+    time and samples; it re-plans when a round closes and the plan rides on the pull
+    replies. Give it to one server of the job (every server's plan would agree only
+    by luck). Round models weight each gradient by the samples it reports."""
 
     def __init__(self, channels: dict[int, Channel] | Sequence[Channel], *,
                  consistency: Consistency | str = "bsp", lr: float = 0.1,
-                 momentum: float = 0.9, idle_sleep: float = 0.0005) -> None:
+                 momentum: float = 0.9, idle_sleep: float = 0.0005,
+                 scheduler: Dsana | None = None) -> None:
         if not isinstance(channels, dict):
             channels = dict(enumerate(channels))
         self.chans: dict[int, Channel] = dict(channels)
@@ -48,6 +55,10 @@ class KVServer:
         self._fresh: set = set()                       # keys still taking initial values
         self.lost: set[int] = set()
         self.peers: dict[int, PeerMetrics] = {w: PeerMetrics() for w in self.chans}
+        self.scheduler = scheduler
+        self.plan: dict[int, tuple[int, int]] = {} if scheduler is None \
+            else scheduler.assignment()
+        self._round_weight = 0.0                       # samples (or gradients) pending
 
     # -- the loop -------------------------------------------------------------------
 
@@ -88,6 +99,10 @@ class KVServer:
 
     def stats(self) -> dict:
         s = dict(self.policy.stats)
+        if self.scheduler is not None:
+            s["dsana"] = {k: (dict(v) if isinstance(v, dict) else v)
+                          for k, v in self.scheduler.stats.items()}
+            s["dsana"]["shares"] = dict(self.scheduler.shares)
         s.update(version=self.policy.version, keys=len(self.model), lost=sorted(self.lost),
                  bytes_in=sum(p.bytes_in for p in self.peers.values()),
                  bytes_out=sum(p.bytes_out for p in self.peers.values()),
@@ -118,7 +133,8 @@ class KVServer:
         if op in wire.WITH_PAYLOAD:
             self.expect[w] = h
         elif op == wire.SYNC:
-            self._send(w, [wire.pack(wire.OK, id=h["id"], version=self.policy.version)])
+            self._send(w, [wire.pack(wire.OK, id=h["id"], version=self.policy.version,
+                                     plan=self._plan_of(w))])
         elif op == wire.CLOCK:
             self._gradient_done(w, h)
         elif op == wire.PULL:
@@ -173,28 +189,40 @@ class KVServer:
     def _gradient_done(self, w: int, h: dict) -> None:
         """A worker's whole gradient for this shard is staged: let the model decide."""
         self.peers[w].gradients += 1
+        now = time.monotonic()
+        n = h.get("n")
         if h.get("t") is not None:
             self.peers[w].compute.add(float(h["t"]))
             if isinstance(self.policy, Adaptive):
                 self.policy.observe(w, self.peers[w].compute.ema)
+            if self.scheduler is not None and n is not None:
+                self.scheduler.observe(w, float(h["t"]), int(n), now)
         grads = self.staging[w]
         self.staging[w] = {}
-        decision = self.policy.on_push(w, int(h.get("base", 0)), time.monotonic())
+        decision = self.policy.on_push(w, int(h.get("base", 0)), now)
         if decision == DROP:
             return
         if decision == APPLY:
             for key, g in grads.items():
                 self._step(key, g, 1.0 / self.n)
             return
+        weight = 1.0 if n is None else float(n)   # the round's mean is per sample
+        self._round_weight += weight
         for key, g in grads.items():
+            if weight != 1.0:
+                g *= weight
             self.pending[key] += g
 
     def _close_round(self, now: float) -> None:
         done = self.policy.close(now)
+        if self.scheduler is not None:
+            self.plan = self.scheduler.plan(now)
         if not done:
             return
+        weight, self._round_weight = self._round_weight, 0.0
         for key, g in self.pending.items():
-            self._step(key, g, 1.0 / len(done))
+            if weight > 0:
+                self._step(key, g, 1.0 / weight)
             g[:] = 0
 
     def _step(self, key: Any, g: np.ndarray, scale: float) -> None:
@@ -225,8 +253,16 @@ class KVServer:
                 out.append(wire.pack(wire.VAL, k=key, o=o, last=o + b.size >= last))
                 out.append(b)
                 self.peers[w].bytes_out += b.nbytes
-        out.append(wire.pack(wire.END, id=h["id"], version=self.policy.version))
+        out.append(wire.pack(wire.END, id=h["id"], version=self.policy.version,
+                             plan=self._plan_of(w)))
         self._send(w, out)
+
+    def _plan_of(self, w: int) -> list[int] | None:
+        """[offset, share, global batch] of worker ``w`` (share 0: not in the plan)."""
+        if self.scheduler is None:
+            return None
+        off, share = self.plan.get(w, (0, 0))
+        return [off, share, self.scheduler.global_batch]
 
     def _error(self, w: int, key: Any, text: str) -> None:
         log.warning("rdmamw.ps: worker %d: %s", w, text)
@@ -247,5 +283,7 @@ class KVServer:
 
     def _forget(self, w: int) -> None:
         self.policy.lost(w)
+        if self.scheduler is not None:
+            self.scheduler.lost(w)
         self.reads.pop(w, None)
         self.staging[w] = {}

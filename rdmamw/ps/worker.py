@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Hashable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from rdmamw.channel import Channel
 from rdmamw.errors import ProtocolError, RdmamwError, Timeout
 from rdmamw.ps import wire
 from rdmamw.ps.metrics import WorkerMetrics
+
+if TYPE_CHECKING:
+    from rdmamw.ps.stream import PullStream
 
 
 class PSError(RdmamwError):
@@ -26,15 +29,25 @@ class KVWorker:
     ``timeout``: how long a pull may wait for its answer (None: as long as the
     consistency model holds it back; a server that dies raises PeerLost anyway)."""
 
-    def __init__(self, channels: Sequence[Channel], *, timeout: float | None = None) -> None:
+    def __init__(self, channels: Sequence[Channel], *, timeout: float | None = None,
+                 chunk: int | None = None) -> None:
+        if chunk is not None and chunk < 1:
+            raise ValueError(f"chunk must be >= 1 byte, not {chunk}")
         self.chans = list(channels)
         self.timeout = timeout
+        self.chunk = chunk                      # block size (None: each channel's eager limit)
         self.shapes: dict[Hashable, tuple[tuple[int, ...], np.dtype]] = {}
         self.base = [0] * len(self.chans)       # model version each server last served
         self.clock = 0
         self.metrics = WorkerMetrics()
+        #: DSANA's current assignment (offset, share, global batch) from the server
+        #: that schedules; None without a scheduler
+        self.assignment: tuple[int, int, int] | None = None
         self._ids = itertools.count()
         self._pulled_at: float | None = None
+        self._comm_s = 0.0                      # main-thread time in comms since the pull
+        self._handles: list = []                # push_part sends not yet known done
+        self._part_t0: float | None = None
 
     def owner(self, key: Hashable) -> int:
         return wire.shard(key, len(self.chans))
@@ -50,7 +63,7 @@ class KVWorker:
         for k, v in zip(keys, values, strict=True):
             s = self.owner(k)
             flat = v.reshape(-1)
-            for o, b in wire.blocks(flat, self.chans[s].eager_limit):
+            for o, b in wire.blocks(flat, self.block_size(s)):
                 per[s] += [wire.pack(wire.INIT, k=k, o=o, shape=list(v.shape), dt=v.dtype.str,
                                      last=o + b.size >= flat.size), b]
         ids = {}
@@ -58,15 +71,48 @@ class KVWorker:
             ids[s] = next(self._ids)
             ch.send_batch(per[s] + [wire.pack(wire.SYNC, id=ids[s])]).wait()
         for s, h in self._await(ids, None).items():
-            self.base[s] = h["version"]
+            self._served(s, h)
         for k, v in zip(keys, values, strict=True):
             self.shapes[k] = (v.shape, v.dtype)
 
-    def push(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> None:
-        """Send one iteration's gradients (one clock tick on every server)."""
+    def push(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
+             samples: int | None = None) -> None:
+        """Send one iteration's gradients (one clock tick on every server). ``samples``:
+        how many samples they are the mean over; round models then weight each
+        gradient by it (needed when workers compute unequal shares: DSANA)."""
+        self.push_part(keys, values)
+        self.push_end(samples)
+
+    def push_part(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> None:
+        """Send some of this iteration's gradients now (say one layer's, as soon as
+        backward has computed it), so they travel while the rest is computed.
+        :meth:`push_end` completes the iteration; the arrays may not be changed before."""
         t0 = time.monotonic()
+        if self._part_t0 is None:
+            self._part_t0 = t0
+        self._handles += self._send_grads(keys, values)
+        self._comm_s += time.monotonic() - t0
+
+    def push_end(self, samples: int | None = None) -> None:
+        """End the iteration begun by :meth:`push_part`: the clock to every server."""
+        if samples is not None and samples < 0:
+            raise ValueError(f"samples must be >= 0, not {samples}")
+        t1 = time.monotonic()
+        t0 = t1 if self._part_t0 is None else self._part_t0
+        t = None
         if self._pulled_at is not None:
-            self.metrics.compute.add(t0 - self._pulled_at)
+            t = max(0.0, t1 - self._pulled_at - self._comm_s)
+            self.metrics.compute.add(t)
+        handles = [ch.send_batch([wire.pack(wire.CLOCK, c=self.clock + 1, base=self.base[s],
+                                            t=t, n=samples)])
+                   for s, ch in enumerate(self.chans)]
+        for h in self._handles + handles:
+            h.wait()                            # the caller may reuse its arrays now
+        self._handles, self._part_t0 = [], None
+        self.clock += 1
+        self.metrics.push.add(time.monotonic() - t0)
+
+    def _send_grads(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> list:
         keys, values = list(keys), list(values)
         self._pairs(keys, values)
         for k, v in zip(keys, values, strict=True):
@@ -75,17 +121,15 @@ class KVWorker:
         for k, v in zip(keys, values, strict=True):
             s = self.owner(k)
             flat = np.ascontiguousarray(v).reshape(-1)
-            for o, b in wire.blocks(flat, self.chans[s].eager_limit):
+            for o, b in wire.blocks(flat, self.block_size(s)):
                 per[s] += [wire.pack(wire.GRAD, k=k, o=o, dt=flat.dtype.str), b]
                 self.metrics.bytes_pushed += b.nbytes
-        t = self.metrics.compute.last if self._pulled_at is not None else None
-        handles = [ch.send_batch(per[s] + [wire.pack(wire.CLOCK, c=self.clock + 1,
-                                                     base=self.base[s], t=t)])
-                   for s, ch in enumerate(self.chans)]
-        for h in handles:
-            h.wait()                            # the caller may reuse its arrays now
-        self.clock += 1
-        self.metrics.push.add(time.monotonic() - t0)
+        return [self.chans[s].send_batch(m) for s, m in enumerate(per) if m]
+
+    def block_size(self, s: int) -> int:
+        """Bytes per block to server ``s``: ``chunk``, at most the channel's eager limit."""
+        lim = self.chans[s].eager_limit
+        return lim if self.chunk is None else min(self.chunk, lim)
 
     def pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None = None
              ) -> list[np.ndarray]:
@@ -93,19 +137,45 @@ class KVWorker:
         soon as the consistency model lets this worker read."""
         t0 = time.monotonic()
         keys = list(keys)
+        out = self._outs(keys, out)
+        ids = self._request(keys)
+        for s, h in self._await(ids, self._dest(keys, out)).items():
+            self._served(s, h)
+        self._pulled_at = time.monotonic()
+        self._comm_s = 0.0
+        self.metrics.pull.add(self._pulled_at - t0)
+        return out
+
+    def pull_stream(self, keys: Sequence[Hashable], out: Sequence[np.ndarray]) -> PullStream:
+        """Like :meth:`pull` into ``out``, but return at once: a thread copies the
+        blocks in as they come, ``stream.wait(key)`` blocks only until that key is
+        there (so the next forward pass starts on the first layer while the others
+        are still arriving), ``stream.join()`` until all are."""
+        from rdmamw.ps.stream import PullStream
+        out = self._outs(keys, out)
+        return PullStream(self, list(keys), out)
+
+    def _outs(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None
+              ) -> list[np.ndarray]:
         for k in keys:
             if k not in self.shapes:
                 raise KeyError(f"pull of unknown key {k!r} (not declared with init)")
         if out is None:
-            out = [np.empty(*self.shapes[k]) for k in keys]
-        else:
-            out = list(out)
-            self._pairs(keys, out)
-            for k, o in zip(keys, out, strict=True):
-                self._check(k, o)
-                if not o.flags.c_contiguous or not o.flags.writeable:
-                    raise ValueError(f"out array for key {k!r} must be writeable, C-contiguous")
-        dest = {k: o.reshape(-1) for k, o in zip(keys, out, strict=True)}
+            return [np.empty(*self.shapes[k]) for k in keys]
+        out = list(out)
+        self._pairs(list(keys), out)
+        for k, o in zip(keys, out, strict=True):
+            self._check(k, o)
+            if not o.flags.c_contiguous or not o.flags.writeable:
+                raise ValueError(f"out array for key {k!r} must be writeable, C-contiguous")
+        return out
+
+    @staticmethod
+    def _dest(keys: Sequence[Hashable], out: Sequence[np.ndarray]) -> dict:
+        return {k: o.reshape(-1) for k, o in zip(keys, out, strict=True)}
+
+    def _request(self, keys: Sequence[Hashable]) -> dict[int, int]:
+        """Send the PULL requests (keys in the given order); server -> request id."""
         by_server: dict[int, list] = {}
         for k in keys:
             by_server.setdefault(self.owner(k), []).append(k)
@@ -113,11 +183,13 @@ class KVWorker:
         for s, ks in by_server.items():
             ids[s] = next(self._ids)
             self.chans[s].send(wire.pack(wire.PULL, keys=ks, id=ids[s])).wait()
-        for s, h in self._await(ids, dest).items():
-            self.base[s] = h["version"]
-        self._pulled_at = time.monotonic()
-        self.metrics.pull.add(self._pulled_at - t0)
-        return out
+        return ids
+
+    def _served(self, s: int, h: dict) -> None:
+        """Server ``s``'s closing header: the model version read, maybe a plan."""
+        self.base[s] = h["version"]
+        if h.get("plan") is not None:
+            self.assignment = tuple(h["plan"])  # type: ignore[assignment]
 
     def close(self) -> None:
         """Tell the servers this worker is done (they stop counting on it), close."""
@@ -130,11 +202,13 @@ class KVWorker:
 
     # -- helpers --------------------------------------------------------------------
 
-    def _await(self, rids: dict[int, int], dest: dict | None) -> dict[int, dict]:
+    def _await(self, rids: dict[int, int], dest: dict | None,
+               arrived: Callable[[Hashable], None] | None = None) -> dict[int, dict]:
         """Receive from the servers in ``rids`` (server -> request id) until each reply
         has ended, draining all of them as data comes (one server's big reply never
         waits behind another's), copying VAL blocks into ``dest`` and releasing each
-        ring slot at once. Returns each server's closing header."""
+        ring slot at once (``arrived(key)`` after a key's last block). Returns each
+        server's closing header."""
         hdr: dict[int, dict | None] = dict.fromkeys(rids)
         done: dict[int, dict] = {}
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -150,7 +224,7 @@ class KVWorker:
                     except Timeout:
                         continue
                 for i, m in enumerate(msgs):
-                    end = self._take(s, m, hdr, dest, rids[s])
+                    end = self._take(s, m, hdr, dest, rids[s], arrived)
                     if end is not None:
                         done[s] = end
                         if i + 1 < len(msgs):
@@ -159,7 +233,8 @@ class KVWorker:
                 raise Timeout(f"no reply from servers {sorted(set(rids) - set(done))}")
         return done
 
-    def _take(self, s: int, m: Any, hdr: dict, dest: dict | None, rid: int) -> dict | None:
+    def _take(self, s: int, m: Any, hdr: dict, dest: dict | None, rid: int,
+              arrived: Callable[[Hashable], None] | None = None) -> dict | None:
         """One message of server ``s``'s reply stream; its END / OK header when done."""
         h = hdr[s]
         if h is not None:
@@ -171,6 +246,8 @@ class KVWorker:
                     tgt[h["o"]:h["o"] + blk.size] = blk
                     self.metrics.bytes_pulled += blk.nbytes
                     del blk
+            if arrived is not None and h.get("last"):
+                arrived(h["k"])
             return None
         h = wire.unpack(m)
         m.release()

@@ -1,0 +1,66 @@
+"""Overlapped pulls: the blocks of a pull are copied in by a thread while the caller
+computes, and the caller waits per key (the first layer's parameters are usually
+needed long before the last's). The copies release the GIL (numpy), so on a second
+core they run alongside the next forward pass."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from rdmamw.ps.worker import KVWorker
+
+
+class PullStream:
+    """One pull in flight (see :meth:`KVWorker.pull_stream`). Time the caller spends
+    blocked in :meth:`wait` / :meth:`join` counts as communication, not compute, in
+    the worker's metrics."""
+
+    def __init__(self, worker: KVWorker, keys: list[Hashable], out: list[np.ndarray]) -> None:
+        self.w, self.keys, self.out = worker, keys, out
+        self.t0 = time.monotonic()
+        self._index = {k: i for i, k in enumerate(keys)}
+        self._ready = {k: threading.Event() for k in keys}
+        self._error: BaseException | None = None
+        self._heads: dict[int, dict] = {}
+        ids = worker._request(keys)
+        worker._pulled_at, worker._comm_s = time.monotonic(), 0.0
+        self._thread = threading.Thread(target=self._run, args=(ids, worker._dest(keys, out)),
+                                        name="rdmamw-pull", daemon=True)
+        self._thread.start()
+
+    def _run(self, ids: dict[int, int], dest: dict) -> None:
+        try:
+            self._heads = self.w._await(ids, dest, arrived=lambda k: self._ready[k].set())
+        except BaseException as e:      # handed to the caller by wait() / join()
+            self._error = e
+        finally:
+            for ev in self._ready.values():
+                ev.set()
+
+    def wait(self, key: Hashable) -> np.ndarray:
+        """Block until ``key``'s value is complete in its ``out`` array; return it."""
+        t = time.monotonic()
+        self._ready[key].wait()
+        self.w._comm_s += time.monotonic() - t
+        if self._error is not None:
+            raise self._error
+        return self.out[self._index[key]]
+
+    def join(self) -> list[np.ndarray]:
+        """Block until everything arrived; the pull is then complete (model versions
+        and DSANA's assignment updated) and the stream may be dropped."""
+        t = time.monotonic()
+        self._thread.join()
+        self.w._comm_s += time.monotonic() - t
+        if self._error is not None:
+            raise self._error
+        for s, h in self._heads.items():
+            self.w._served(s, h)
+        self.w.metrics.pull.add(time.monotonic() - self.t0)
+        return self.out
