@@ -15,13 +15,14 @@ from rdmamw.sched import Dsana
 def start(servers: int, *, consistency: Consistency | str = "bsp", lr: float = 0.1,
           momentum: float = 0.9, timeout: float | None = None,
           open_timeout: float = 60.0, sched: str = "none", global_batch: int = 0,
-          chunk: int | None = None) -> KVServer | KVWorker:
+          chunk: int | None = None, send_thread: bool = False) -> KVServer | KVWorker:
     """Join the job (``rdmamw.init()``) and return this rank's KVServer or KVWorker.
     The servers' worker indices are ``rank - servers``.
 
     ``sched="dsana"``: server 0 runs the DSANA scheduler over ``global_batch`` samples
     per round (workers read their share from ``KVWorker.assignment``). ``chunk``: the
-    workers' block size in bytes (None: the channels' eager limit)."""
+    workers' block size in bytes (None: the channels' eager limit); ``send_thread``:
+    their ``push_part`` copies out on a thread."""
     if sched not in ("none", "dsana"):
         raise ValueError(f"sched must be 'none' or 'dsana', not {sched!r}")
     w = rdmamw.init()
@@ -37,7 +38,7 @@ def start(servers: int, *, consistency: Consistency | str = "bsp", lr: float = 0
         return KVServer(chans, consistency=consistency, lr=lr, momentum=momentum,
                         scheduler=plan)
     return KVWorker([rdmamw.Channel.open(r, timeout=open_timeout) for r in range(servers)],
-                    timeout=timeout, chunk=chunk)
+                    timeout=timeout, chunk=chunk, send_thread=send_thread)
 
 
 def worker_index(servers: int) -> int:

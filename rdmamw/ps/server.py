@@ -16,7 +16,7 @@ import numpy as np
 from rdmamw.channel import Channel
 from rdmamw.errors import ChannelClosed, PeerLost, Timeout
 from rdmamw.ps import wire
-from rdmamw.ps.consistency import APPLY, DROP, Adaptive, Consistency, Policy
+from rdmamw.ps.consistency import APPLY, PEND, Adaptive, Consistency, Policy
 from rdmamw.ps.metrics import PeerMetrics
 from rdmamw.sched import Dsana
 
@@ -59,6 +59,9 @@ class KVServer:
         self.plan: dict[int, tuple[int, int]] = {} if scheduler is None \
             else scheduler.assignment()
         self._round_weight = 0.0                       # samples (or gradients) pending
+        self._dirty: dict[Any, float] = {}             # closed round's steps not yet applied
+        self._clean: set = set()                       # keys whose pending sum is all zero
+        self._spare: dict[Any, list] = {}              # zeroed staging buffers per key
 
     # -- the loop -------------------------------------------------------------------
 
@@ -160,8 +163,10 @@ class KVServer:
                                 f"does not fit the server's {cur.dtype} of shape {cur.shape}")
             return
         st = self.staging[w].get(key)
-        if st is None:
-            st = self.staging[w][key] = np.zeros(cur.size, cur.dtype)
+        if st is None:          # a zeroed buffer from the pool: no page faults per push
+            pool = self._spare.get(key)
+            st = pool.pop() if pool else np.zeros(cur.size, cur.dtype)
+            self.staging[w][key] = st
         st[o:o + block.size] = block
         del block
 
@@ -172,6 +177,7 @@ class KVServer:
             cur = self.model[key] = np.zeros(shape, dt)
             self.velocity[key] = np.zeros(cur.size, dt)
             self.pending[key] = np.zeros(cur.size, dt)
+            self._clean.add(key)
             self._fresh.add(key)
         if cur is None or cur.shape != shape or cur.dtype != dt:
             have = "nothing" if cur is None else f"{cur.dtype} {cur.shape}"
@@ -200,20 +206,33 @@ class KVServer:
         grads = self.staging[w]
         self.staging[w] = {}
         decision = self.policy.on_push(w, int(h.get("base", 0)), now)
-        if decision == DROP:
-            return
         if decision == APPLY:
             for key, g in grads.items():
                 self._step(key, g, 1.0 / self.n)
+        if decision != PEND:
+            for key, g in grads.items():
+                self._recycle(key, g)
             return
         weight = 1.0 if n is None else float(n)   # the round's mean is per sample
         self._round_weight += weight
+        self._flush(list(grads))
         for key, g in grads.items():
             if weight != 1.0:
                 g *= weight
-            self.pending[key] += g
+            if key in self._clean:       # the round's first: take it, keep the zeros
+                self.pending[key], g = g, self.pending[key]
+                self._clean.discard(key)
+                self._spare.setdefault(key, []).append(g)
+            else:
+                self.pending[key] += g
+                self._recycle(key, g)
+
+    def _recycle(self, key: Any, g: np.ndarray) -> None:
+        g[:] = 0
+        self._spare.setdefault(key, []).append(g)
 
     def _close_round(self, now: float) -> None:
+        self._flush()
         done = self.policy.close(now)
         if self.scheduler is not None:
             self.plan = self.scheduler.plan(now)
@@ -222,14 +241,30 @@ class KVServer:
         weight, self._round_weight = self._round_weight, 0.0
         for key, g in self.pending.items():
             if weight > 0:
-                self._step(key, g, 1.0 / weight)
+                self._dirty[key] = 1.0 / weight
+            else:
+                g[:] = 0
+                self._clean.add(key)
+
+    def _flush(self, keys: Sequence[Any] | None = None) -> None:
+        """Apply the closed round's step to ``keys`` (None: all). The step is deferred
+        from the close to the reply, key by key, so the first keys travel while the
+        server is still stepping the next; it always happens within the same
+        :meth:`serve_once`."""
+        for key in list(self._dirty) if keys is None else [k for k in keys if k in self._dirty]:
+            g = self.pending[key]
+            self._step(key, g, self._dirty.pop(key))
             g[:] = 0
+            self._clean.add(key)
 
     def _step(self, key: Any, g: np.ndarray, scale: float) -> None:
+        """SGD with momentum on ``key`` from the gradient sum ``g`` (used as scratch)."""
         v = self.velocity[key]
         v *= self.momentum
-        v += scale * g
-        self.model[key].reshape(-1)[:] -= self.lr * v
+        g *= scale
+        v += g
+        np.multiply(v, self.lr, out=g)
+        self.model[key].reshape(-1)[:] -= g
 
     # -- replies --------------------------------------------------------------------
 
@@ -239,23 +274,28 @@ class KVServer:
                 continue
             h = self.reads.pop(w)
             self._reply_pull(w, h)
+        self._flush()
 
     def _reply_pull(self, w: int, h: dict) -> None:
+        """The requested keys in the requested order, each sent as soon as its
+        deferred step is applied (see :meth:`_flush`)."""
         ch = self.chans[w]
-        out: list = []
         for key in h["keys"]:
-            cur = self.model.get(key)
-            if cur is None:
+            if key not in self.model:
                 self._error(w, key, f"pull of unknown key {key!r}")
                 return
-            last = cur.size
+        for key in h["keys"]:
+            self._flush([key])
+            cur = self.model[key]
+            out: list = []
             for o, b in wire.blocks(cur.reshape(-1), ch.eager_limit):
-                out.append(wire.pack(wire.VAL, k=key, o=o, last=o + b.size >= last))
+                out.append(wire.pack(wire.VAL, k=key, o=o, last=o + b.size >= cur.size))
                 out.append(b)
                 self.peers[w].bytes_out += b.nbytes
-        out.append(wire.pack(wire.END, id=h["id"], version=self.policy.version,
-                             plan=self._plan_of(w)))
-        self._send(w, out)
+            if not self._send(w, out):
+                return
+        self._send(w, [wire.pack(wire.END, id=h["id"], version=self.policy.version,
+                                 plan=self._plan_of(w))])
 
     def _plan_of(self, w: int) -> list[int] | None:
         """[offset, share, global batch] of worker ``w`` (share 0: not in the plan)."""
@@ -268,11 +308,14 @@ class KVServer:
         log.warning("rdmamw.ps: worker %d: %s", w, text)
         self._send(w, [wire.pack(wire.ERR, k=key, msg=text)])
 
-    def _send(self, w: int, msgs: list) -> None:
+    def _send(self, w: int, msgs: list) -> bool:
+        """Send and wait (the model may change right after); False if ``w`` is gone."""
         try:
-            self.chans[w].send_batch(msgs).wait()   # the model may change right after
+            self.chans[w].send_batch(msgs).wait()
+            return True
         except (PeerLost, ChannelClosed) as e:
             self._lose(w, e)
+            return False
 
     def _lose(self, w: int, e: Exception) -> None:
         if w in self.lost or w in self.bye:

@@ -1,10 +1,12 @@
-"""Overlapped pulls: the blocks of a pull are copied in by a thread while the caller
-computes, and the caller waits per key (the first layer's parameters are usually
-needed long before the last's). The copies release the GIL (numpy), so on a second
-core they run alongside the next forward pass."""
+"""Overlapped transfers. Pulls: the blocks of a pull are copied in by a thread while
+the caller computes, and the caller waits per key (the first layer's parameters are
+needed long before the last's). Pushes: a sender thread copies each part out as
+soon as backward hands it over. The copies release the GIL (numpy, the channel's
+engine), so on another core they run alongside the caller's computation."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Hashable
@@ -64,3 +66,39 @@ class PullStream:
             self.w._served(s, h)
         self.w.metrics.pull.add(time.monotonic() - self.t0)
         return self.out
+
+
+class PushQueue:
+    """The sender thread behind :meth:`KVWorker.push_part`: parts go out in the order
+    given; :meth:`drain` waits until all are sent and re-raises a send's error."""
+
+    def __init__(self, worker: KVWorker) -> None:
+        self.w = worker
+        self._q: queue.Queue = queue.Queue()
+        self._handles: list = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rdmamw-push", daemon=True)
+        self._thread.start()
+
+    def put(self, keys: list[Hashable], values: list[np.ndarray]) -> None:
+        self._q.put((keys, values))
+
+    def _run(self) -> None:
+        while True:
+            keys, values = self._q.get()
+            try:
+                if self._error is None:
+                    self._handles += self.w._send_grads(keys, values)
+            except BaseException as e:    # handed to the caller by drain()
+                self._error = e
+            finally:
+                self._q.task_done()
+
+    def drain(self) -> list:
+        """Wait until every part is sent; return their handles (or raise the error)."""
+        self._q.join()
+        handles, self._handles = self._handles, []
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+        return handles

@@ -16,7 +16,7 @@ from rdmamw.ps import wire
 from rdmamw.ps.metrics import WorkerMetrics
 
 if TYPE_CHECKING:
-    from rdmamw.ps.stream import PullStream
+    from rdmamw.ps.stream import PullStream, PushQueue
 
 
 class PSError(RdmamwError):
@@ -30,12 +30,13 @@ class KVWorker:
     consistency model holds it back; a server that dies raises PeerLost anyway)."""
 
     def __init__(self, channels: Sequence[Channel], *, timeout: float | None = None,
-                 chunk: int | None = None) -> None:
+                 chunk: int | None = None, send_thread: bool = False) -> None:
         if chunk is not None and chunk < 1:
             raise ValueError(f"chunk must be >= 1 byte, not {chunk}")
         self.chans = list(channels)
         self.timeout = timeout
         self.chunk = chunk                      # block size (None: each channel's eager limit)
+        self.send_thread = send_thread          # push_part: copy out on a thread
         self.shapes: dict[Hashable, tuple[tuple[int, ...], np.dtype]] = {}
         self.base = [0] * len(self.chans)       # model version each server last served
         self.clock = 0
@@ -48,6 +49,7 @@ class KVWorker:
         self._comm_s = 0.0                      # main-thread time in comms since the pull
         self._handles: list = []                # push_part sends not yet known done
         self._part_t0: float | None = None
+        self._sender: PushQueue | None = None
 
     def owner(self, key: Hashable) -> int:
         return wire.shard(key, len(self.chans))
@@ -80,17 +82,35 @@ class KVWorker:
         """Send one iteration's gradients (one clock tick on every server). ``samples``:
         how many samples they are the mean over; round models then weight each
         gradient by it (needed when workers compute unequal shares: DSANA)."""
-        self.push_part(keys, values)
+        t0 = time.monotonic()
+        self._part_t0 = t0
+        if self._sender is not None:
+            self._handles += self._sender.drain()     # parts still queued go first
+        self._handles += self._send_grads(keys, values)
+        self._comm_s += time.monotonic() - t0
         self.push_end(samples)
 
     def push_part(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> None:
         """Send some of this iteration's gradients now (say one layer's, as soon as
-        backward has computed it), so they travel while the rest is computed.
-        :meth:`push_end` completes the iteration; the arrays may not be changed before."""
+        backward has computed it), so they travel while the rest is computed, in
+        blocks of ``chunk`` bytes; with ``send_thread`` a thread copies them out while
+        the caller goes on. :meth:`push_end` completes the iteration; the arrays may
+        not be changed before. Bad keys, shapes or dtypes raise here, before anything
+        of this call is sent."""
+        from rdmamw.ps.stream import PushQueue
         t0 = time.monotonic()
         if self._part_t0 is None:
             self._part_t0 = t0
-        self._handles += self._send_grads(keys, values)
+        if not self.send_thread:
+            self._handles += self._send_grads(keys, values)
+        else:
+            keys, values = list(keys), list(values)
+            self._pairs(keys, values)
+            for k, v in zip(keys, values, strict=True):
+                self._check(k, v)
+            if self._sender is None:
+                self._sender = PushQueue(self)
+            self._sender.put(keys, values)
         self._comm_s += time.monotonic() - t0
 
     def push_end(self, samples: int | None = None) -> None:
@@ -103,6 +123,8 @@ class KVWorker:
         if self._pulled_at is not None:
             t = max(0.0, t1 - self._pulled_at - self._comm_s)
             self.metrics.compute.add(t)
+        if self._sender is not None:
+            self._handles += self._sender.drain()     # every part is out (or its error)
         handles = [ch.send_batch([wire.pack(wire.CLOCK, c=self.clock + 1, base=self.base[s],
                                             t=t, n=samples)])
                    for s, ch in enumerate(self.chans)]
