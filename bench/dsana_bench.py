@@ -109,7 +109,7 @@ def train_child(a: argparse.Namespace) -> None:
             node.pull(keys, out=params)
         epoch_s.append(time.monotonic() - t_epoch)
     with open(os.path.join(a.out, f"worker{me}.json"), "w") as f:
-        json.dump({"epoch_s": epoch_s, "mean_share": float(np.mean(shares)),
+        json.dump({"epoch_s": epoch_s, "rounds": rounds, "mean_share": float(np.mean(shares)),
                    "last_share": shares[-1], "metrics": node.metrics.as_dict()}, f)
     node.close()
 
@@ -138,6 +138,7 @@ def train_job(a: argparse.Namespace, sched: str, straggler: float) -> dict:
     # BSP keeps the workers in lock step: an epoch ends for all within a round
     epoch = [max(w["epoch_s"][e] for w in workers) for e in range(a.epochs)]
     return {"sched": sched, "straggler": straggler, "epoch_s": epoch,
+            "rounds_per_epoch": workers[0]["rounds"],
             "epoch_median_s": statistics.median(epoch),
             "test_accuracy": ps_train.accuracy(model, xte, yte),
             "shares": [w["mean_share"] for w in workers],
@@ -164,7 +165,11 @@ def train_part(a: argparse.Namespace, out: dict) -> list[str]:
                                  zip(runs[f"dsana@{sf}"], runs[f"none@{sf}"], strict=True))
     paired_n = statistics.median(d["epoch_median_s"] / b["epoch_median_s"] for d, b in
                                  zip(runs["dsana@1"], runs["none@1"], strict=True))
-    out["train"] = {"runs": runs, "median_epoch_s": med, "median_accuracy": acc,
+    per_round = [r["dsana"]["busy_s"] / max(1, r["dsana"]["rounds"]) for k in runs
+                 if k.startswith("dsana") for r in runs[k]]
+    sched_us = statistics.median(per_round) * 1e6
+    round_ms = med["none@1"] / runs["none@1"][0]["rounds_per_epoch"] * 1e3
+    out["train"] = {"sched_us_per_round": sched_us, "runs": runs, "median_epoch_s": med, "median_accuracy": acc,
                     "ratio_straggler": ratio_s, "ratio_no_straggler": ratio_n,
                     "paired_ratio_straggler": paired_s, "paired_ratio_no_straggler": paired_n}
     return [
@@ -177,6 +182,8 @@ def train_part(a: argparse.Namespace, out: dict) -> list[str]:
         f"(target: within 0.01)",
         f"  no straggler: BSP {med['none@1']:.3f} s/epoch, DSANA {med['dsana@1']:.3f} -> "
         f"ratio {ratio_n:.3f} (paired {paired_n:.3f}; target <= 1.03)",
+        f"  the scheduler's own time: {sched_us:.0f} us per round = "
+        f"{sched_us / 1e3 / round_ms * 100:.2f}% of a {round_ms:.0f} ms round",
     ]
 
 

@@ -18,6 +18,7 @@ computes samples ``[offset, offset + share)`` of the round's global batch."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -47,14 +48,16 @@ class Dsana:
             self.classifier = Classifier(list(self.workers))
         self.shares = self._equal(sorted(self.workers))
         self.stats = {"rounds": 0, "changes": 0, "refused": 0, "moved": 0,
-                      "membership_changes": 0, "classes": Counter()}
+                      "membership_changes": 0, "classes": Counter(), "busy_s": 0.0}
 
     # -- inputs -------------------------------------------------------------------------
 
     def observe(self, w: int, seconds: float, samples: int, now: float) -> None:
         """Worker ``w`` spent ``seconds`` computing its ``samples`` (its report)."""
         assert self.classifier is not None
+        t0 = time.perf_counter()
         self.classifier.observe(w, seconds, samples, now)
+        self.stats["busy_s"] += time.perf_counter() - t0
 
     def lost(self, w: int) -> None:
         assert self.classifier is not None
@@ -64,7 +67,14 @@ class Dsana:
 
     def plan(self, now: float) -> dict[int, tuple[int, int]]:
         """Decide this round's assignment (see the module doc); returns
-        ``{worker: (offset, share)}``."""
+        ``{worker: (offset, share)}``. ``stats["busy_s"]``: the scheduler's own time."""
+        t0 = time.perf_counter()
+        try:
+            return self._plan(now)
+        finally:
+            self.stats["busy_s"] += time.perf_counter() - t0
+
+    def _plan(self, now: float) -> dict[int, tuple[int, int]]:
         c = self.classifier
         assert c is not None
         classes = c.update(now)
