@@ -169,7 +169,8 @@ def train_part(a: argparse.Namespace, out: dict) -> list[str]:
                  if k.startswith("dsana") for r in runs[k]]
     sched_us = statistics.median(per_round) * 1e6
     round_ms = med["none@1"] / runs["none@1"][0]["rounds_per_epoch"] * 1e3
-    out["train"] = {"sched_us_per_round": sched_us, "runs": runs, "median_epoch_s": med, "median_accuracy": acc,
+    out["train"] = {"sched_us_per_round": sched_us, "runs": runs, "median_epoch_s": med,
+                    "median_accuracy": acc,
                     "ratio_straggler": ratio_s, "ratio_no_straggler": ratio_n,
                     "paired_ratio_straggler": paired_s, "paired_ratio_no_straggler": paired_n}
     return [
