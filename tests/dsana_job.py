@@ -27,6 +27,12 @@ D = 3000                   # features: key "w" spans several blocks, "b" is tiny
 KEYS = ["w", "b"]
 
 
+def emit(obj: dict) -> None:
+    """One write per line: the ranks share the launcher's stdout pipe."""
+    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    sys.stdout.flush()
+
+
 def dataset(rows: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(7)
     x = rng.standard_normal((rows, D))
@@ -73,7 +79,7 @@ def main() -> None:
     if isinstance(node, ps.KVServer):
         stats = node.serve()
         stats.pop("round_sizes", None)
-        print(json.dumps({"role": "server", **stats}, default=str), flush=True)
+        emit({"role": "server", **stats})
         node.close()
         return
     me = rdmamw.world().rank - 1
@@ -109,10 +115,9 @@ def main() -> None:
         stream.join()
     got = np.concatenate(params)      # the whole vector is too long for one pipe write
     ref = reference(a.rounds, a.batch, lr, mu)
-    print(json.dumps({"role": "worker", "index": me, "plan": plan,
-                      "max_rel_err": float(np.abs(got - ref).max() / np.abs(ref).max()),
-                      "moved": float(np.abs(got).max()),
-                      "compute_n": node.metrics.compute.n}), flush=True)
+    emit({"role": "worker", "index": me, "plan": plan,
+          "max_rel_err": float(np.abs(got - ref).max() / np.abs(ref).max()),
+          "moved": float(np.abs(got).max()), "compute_n": node.metrics.compute.n})
     node.close()
 
 
