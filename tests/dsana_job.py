@@ -13,7 +13,7 @@ numbers."""
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
 
@@ -23,14 +23,11 @@ import rdmamw
 from rdmamw import ps
 from rdmamw.sched import apportion
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ps_job import emit  # noqa: E402  (one write per line: the ranks share the pipe)
+
 D = 3000                   # features: key "w" spans several blocks, "b" is tiny
 KEYS = ["w", "b"]
-
-
-def emit(obj: dict) -> None:
-    """One write per line: the ranks share the launcher's stdout pipe."""
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
-    sys.stdout.flush()
 
 
 def dataset(rows: int) -> tuple[np.ndarray, np.ndarray]:
