@@ -82,7 +82,7 @@ class Policy:
     def __post_init__(self) -> None:
         self.live = set(self.workers)
         self.clock = {w: 0 for w in self.workers}
-        self.stats = {"applied": 0, "dropped": 0, "max_staleness": 0, "max_gap": 0,
+        self.stats = {"applied": 0, "dropped": 0, "merged": 0, "max_staleness": 0, "max_gap": 0,
                       "round_sizes": Counter(), "timeouts": 0,
                       "below_quorum": 0}
 
@@ -105,6 +105,12 @@ class Policy:
         self.stats["applied"] += 1
         self.stats["max_staleness"] = max(self.stats["max_staleness"], staleness)
 
+    @property
+    def merged(self) -> int:
+        """Gradients already in the model (a pending round's are not yet): what a
+        training job counts its epochs by."""
+        return self.stats["merged"]
+
 
 class Async(Policy):
     """ASP (``s is None``): every gradient is applied when it arrives, reads never
@@ -120,6 +126,7 @@ class Async(Policy):
         self.clock[w] += 1
         self._note_applied(self.version - base)
         self.version += 1
+        self.stats["merged"] += 1
         return APPLY
 
     def can_read(self, w: int) -> bool:
@@ -182,6 +189,7 @@ class Rounds(Policy):
     def close(self, now: float) -> list[int]:
         done, self.pending = self.pending, []
         self.stats["round_sizes"][len(done)] += 1      # size -> rounds: bounded memory
+        self.stats["merged"] += len(done)
         if len(done) < self.quorum():
             self.stats["below_quorum"] += 1          # only a timeout closes these
         self.version += 1

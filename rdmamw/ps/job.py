@@ -6,9 +6,24 @@ ascending rank order on both sides (the rule of ``Channel.open(rank)``)."""
 from __future__ import annotations
 
 import rdmamw
+from rdmamw.channel import Channel
 from rdmamw.ps.consistency import Consistency
 from rdmamw.ps.server import KVServer
 from rdmamw.ps.worker import KVWorker
+
+
+def connect(servers: int, open_timeout: float = 60.0) -> tuple[bool, dict[int, Channel]]:
+    """Join the job (``rdmamw.init()``) and open this rank's channels: (True, worker
+    index -> channel) on a server, (False, server index -> channel) on a worker. The
+    channels can carry one KVServer / KVWorker pair after another (see ``done()``)."""
+    w = rdmamw.init()
+    if not 0 < servers < w.world_size:
+        raise ValueError(f"need 1 .. {w.world_size - 1} servers in a world of "
+                         f"{w.world_size}, not {servers}")
+    if w.rank < servers:
+        return True, {r - servers: rdmamw.Channel.open(r, timeout=open_timeout)
+                      for r in range(servers, w.world_size)}
+    return False, {r: rdmamw.Channel.open(r, timeout=open_timeout) for r in range(servers)}
 
 
 def start(servers: int, *, consistency: Consistency | str = "bsp", lr: float = 0.1,
@@ -16,16 +31,10 @@ def start(servers: int, *, consistency: Consistency | str = "bsp", lr: float = 0
           open_timeout: float = 60.0) -> KVServer | KVWorker:
     """Join the job (``rdmamw.init()``) and return this rank's KVServer or KVWorker.
     The servers' worker indices are ``rank - servers``."""
-    w = rdmamw.init()
-    if not 0 < servers < w.world_size:
-        raise ValueError(f"need 1 .. {w.world_size - 1} servers in a world of "
-                         f"{w.world_size}, not {servers}")
-    if w.rank < servers:
-        chans = {r - servers: rdmamw.Channel.open(r, timeout=open_timeout)
-                 for r in range(servers, w.world_size)}
+    serving, chans = connect(servers, open_timeout)
+    if serving:
         return KVServer(chans, consistency=consistency, lr=lr, momentum=momentum)
-    return KVWorker([rdmamw.Channel.open(r, timeout=open_timeout) for r in range(servers)],
-                    timeout=timeout)
+    return KVWorker([chans[s] for s in sorted(chans)], timeout=timeout)
 
 
 def worker_index(servers: int) -> int:

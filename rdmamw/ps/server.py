@@ -77,7 +77,11 @@ class KVServer:
                 self._lose(w, e)
                 continue
             busy = True
-            for m in msgs:
+            for i, m in enumerate(msgs):
+                if w in self.bye:           # nothing may follow a BYE (it waits for the ack)
+                    log.warning("rdmamw.ps: worker %d sent %d messages after bye; dropped",
+                                w, len(msgs) - i)
+                    break
                 self._message(w, m)
         now = time.monotonic()
         while self.policy.close_due(now):
@@ -126,6 +130,8 @@ class KVServer:
         elif op == wire.BYE:
             self.bye.add(w)
             self._forget(w)
+            if "id" in h:               # acknowledged, so the worker's next messages wait
+                self._send(w, [wire.pack(wire.OK, id=h["id"], version=self.policy.version)])
         else:
             self._error(w, None, f"unknown request {op!r}")
 
@@ -225,7 +231,8 @@ class KVServer:
                 out.append(wire.pack(wire.VAL, k=key, o=o, last=o + b.size >= last))
                 out.append(b)
                 self.peers[w].bytes_out += b.nbytes
-        out.append(wire.pack(wire.END, id=h["id"], version=self.policy.version))
+        out.append(wire.pack(wire.END, id=h["id"], version=self.policy.version,
+                             merged=self.policy.merged))
         self._send(w, out)
 
     def _error(self, w: int, key: Any, text: str) -> None:

@@ -32,6 +32,7 @@ class KVWorker:
         self.shapes: dict[Hashable, tuple[tuple[int, ...], np.dtype]] = {}
         self.base = [0] * len(self.chans)       # model version each server last served
         self.clock = 0
+        self.merged = 0         # gradients in the model at the last pull (fewest of any server)
         self.metrics = WorkerMetrics()
         self._ids = itertools.count()
         self._pulled_at: float | None = None
@@ -113,19 +114,33 @@ class KVWorker:
         for s, ks in by_server.items():
             ids[s] = next(self._ids)
             self.chans[s].send(wire.pack(wire.PULL, keys=ks, id=ids[s])).wait()
-        for s, h in self._await(ids, dest).items():
+        replies = self._await(ids, dest)
+        for s, h in replies.items():
             self.base[s] = h["version"]
+        self.merged = min(int(h.get("merged", 0)) for h in replies.values())
         self._pulled_at = time.monotonic()
         self.metrics.pull.add(self._pulled_at - t0)
         return out
 
-    def close(self) -> None:
-        """Tell the servers this worker is done (they stop counting on it), close."""
-        for ch in self.chans:
+    def done(self) -> None:
+        """Tell the servers this worker is done (they stop counting on it); the
+        channels stay open, so a new KVWorker / KVServer pair may use them next."""
+        ids = {}
+        for s, ch in enumerate(self.chans):
             try:
-                ch.send(wire.pack(wire.BYE)).wait()
+                ids[s] = next(self._ids)
+                ch.send(wire.pack(wire.BYE, id=ids[s])).wait()
             except RdmamwError:
-                pass
+                ids.pop(s, None)
+        try:        # the acknowledgement: nothing sent after it reaches this server object
+            self._await(ids, None)
+        except RdmamwError:
+            pass
+
+    def close(self) -> None:
+        """:meth:`done`, then close the channels."""
+        self.done()
+        for ch in self.chans:
             ch.close()
 
     # -- helpers --------------------------------------------------------------------
