@@ -86,9 +86,9 @@ def test_world_size_must_match_the_options(tmp_path):
 
 def test_configs_fill_in_parameters():
     a = parser().parse_args(["--workers", "5", "--bound", "3", "--staleness", "4",
-                             "--consistency", "bsp, ssp,lsp,alsp,lsp:2"])
+                             "--dc", "0.5", "--consistency", "bsp, ssp,lsp,alsp,lsp:2,hybrid"])
     assert [c.consistency for c in configs(a)] == ["bsp", "ssp:4", "lsp:4:3", "alsp:3",
-                                                   "lsp:2"]
+                                                   "lsp:2", "hybrid:4:dc0.5"]
 
 
 def _run(name: str, points: list[tuple[float, float]]) -> RunResult:

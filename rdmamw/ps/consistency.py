@@ -277,6 +277,7 @@ class Hybrid(Rounds):
 
     def __init__(self, workers: list[int], *, k: int, timeout: float) -> None:
         super().__init__(workers, k=k, bound=0, timeout=timeout)
+        self.stats["async"] = 0                 # stale gradients applied on arrival
 
     def on_push(self, w: int, base: int, now: float) -> str:
         staleness = self.version - base
@@ -285,7 +286,7 @@ class Hybrid(Rounds):
         self.clock[w] += 1
         self._note_applied(staleness)
         self.stats["merged"] += 1
-        self.stats["async"] = self.stats.get("async", 0) + 1
+        self.stats["async"] += 1
         return APPLY
 
 

@@ -23,23 +23,26 @@ from rdmamw.ps import mlp, report
 from rdmamw.ps.consistency import Consistency
 from rdmamw.ps.train import RankOutcome, RunConfig, run_rank
 
-DEFAULT_MODELS = "bsp,asp,ssp,lsp,alsp"
+DEFAULT_MODELS = "bsp,asp,ssp,lsp,alsp,hybrid"
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rdmamw demo", description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="Consistency texts: bsp, asp, ssp:S, lsp:K[:BOUND], "
-                                        "alsp[:BOUND]; a bare name takes the options "
-                                        "below. See docs/ps.md.")
+                                        "alsp[:BOUND], hybrid[:K], each optionally ending "
+                                        "in :dcLAMBDA; a bare name takes the options above. "
+                                        "See docs/ps.md.")
     ap.add_argument("--consistency", default=DEFAULT_MODELS,
                     help=f"comma-separated models to run in turn (default {DEFAULT_MODELS}); "
                          "the first is the reference of the table")
     ap.add_argument("--staleness", type=int, default=2, help="SSP's s (default 2)")
     ap.add_argument("--quorum", type=int, default=0,
-                    help="LSP's k (default: workers - 1)")
+                    help="LSP's and hybrid's k (default: workers - 1)")
     ap.add_argument("--bound", type=int, default=2,
                     help="LSP/ALSP: largest staleness applied (default 2)")
+    ap.add_argument("--dc", type=float, default=Consistency.HYBRID_DC,
+                    help="hybrid's delay compensation lambda (default %(default)s; 0: none)")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--straggler", type=float, default=2.0,
@@ -65,7 +68,8 @@ def configs(a: argparse.Namespace) -> list[RunConfig]:
     """One RunConfig per model named in ``--consistency`` (ValueError if unknown)."""
     k = a.quorum or max(1, a.workers - 1)
     bare = {"bsp": "bsp", "asp": "asp", "ssp": f"ssp:{a.staleness}",
-            "lsp": f"lsp:{k}:{a.bound}", "alsp": f"alsp:{a.bound}"}
+            "lsp": f"lsp:{k}:{a.bound}", "alsp": f"alsp:{a.bound}",
+            "hybrid": f"hybrid:{k}:dc{a.dc:g}"}
     out = []
     for item in filter(None, (x.strip() for x in a.consistency.split(","))):
         text = bare.get(item.lower(), item)
