@@ -184,9 +184,9 @@ def main() -> None:
     ap.add_argument("--slot-size", type=int, default=PS_SLOT_SIZE,
                     help=f"ring slot bytes (default {PS_SLOT_SIZE}, the PS's)")
     ap.add_argument("--train-rounds", type=int, default=3)
-    ap.add_argument("--models", default="bsp,asp,ssp,lsp,alsp")
+    ap.add_argument("--models", default="bsp,asp,ssp,lsp,alsp,hybrid")
     ap.add_argument("--epochs", type=int, default=8)
-    ap.add_argument("--compute-ms", type=float, default=10.0)
+    ap.add_argument("--compute-ms", type=float, default=20.0)
     ap.add_argument("--plot", default=str(ROOT / "docs" / "ps-demo.png"),
                     help="the first training round's plot")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",

@@ -51,10 +51,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=32, help="mini-batch per worker iteration")
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP")
-    ap.add_argument("--compute-ms", type=float, default=10.0,
+    ap.add_argument("--compute-ms", type=float, default=20.0,
                     help="time added to every iteration (a sleep standing in for a larger "
                          "model), so the workers sharing this machine's cores measure "
-                         "synchronisation, not CPU contention (default 10; 0: none)")
+                         "synchronisation, not CPU contention (default 20; 0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", help="write every run's figures here")
     ap.add_argument("--plot", metavar="PATH", default="rdmamw-demo.png",
