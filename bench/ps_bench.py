@@ -11,7 +11,8 @@ median over the rounds is judged (target: LSP and ALSP <= 0.7).
 
 transfer: one server and one worker on shm. Rounds alternate two phases over the
 same channel: --iters iterations of KVWorker push + pull of one float32 key of
---mib MiB (ASP: the server applies each push at once with SGD + momentum), and
+--mib MiB (ASP: the server applies each push at once with SGD + momentum; as one
+push_pull call, then as push and pull apart), and
 --iters iterations of the two raw channel transfers the same traffic needs (the
 worker sends the array in eager-limit blocks, the server copies them into an array,
 sends its array back the same way, the worker copies it into its array). Median
@@ -89,7 +90,7 @@ def transfer_rank(cfg: dict) -> None:
     ch = rdmamw.Channel.open(1 - w.rank, timeout=60, slots=cfg["slots"],
                              slot_size=cfg["slot_size"])
     n = cfg["mib"] << 18                                       # float32 elements
-    res: dict = {"ps": [], "raw": [], "raw_nocopy": [], "push": [], "pull": []}
+    res: dict = {"ps": [], "raw": [], "raw_nocopy": [], "push": [], "pull": [], "ps_split": []}
     model = np.ones(n, np.float32)
     grad = np.full(n, 1e-3, np.float32)
     out = np.empty_like(model)
@@ -102,13 +103,16 @@ def transfer_rank(cfg: dict) -> None:
             node.pull([KEY], out=[out])
             for _ in range(cfg["iters"]):
                 t0 = time.perf_counter()
-                node.push([KEY], [grad])
+                node.push_pull([KEY], [grad], out=[out])        # what the demo does
                 t1 = time.perf_counter()
-                node.pull([KEY], out=[out])
+                node.push([KEY], [grad])
                 t2 = time.perf_counter()
-                res["ps"].append(t2 - t0)
-                res["push"].append(t1 - t0)
-                res["pull"].append(t2 - t1)
+                node.pull([KEY], out=[out])
+                t3 = time.perf_counter()
+                res["ps"].append(t1 - t0)
+                res["ps_split"].append(t3 - t1)
+                res["push"].append(t2 - t1)
+                res["pull"].append(t3 - t2)
             node.done()
         for copy, name in ((True, "raw"), (False, "raw_nocopy")):
             if w.rank == 0:
@@ -135,6 +139,7 @@ def transfer(a: argparse.Namespace) -> dict:
     res = json.loads(line[7:])
     med = {k: statistics.median(v) for k, v in res.items()}
     med["ratio"] = med["ps"] / med["raw"]
+    med["ratio_split"] = med["ps_split"] / med["raw"]
     med["ratio_nocopy"] = med["ps"] / med["raw_nocopy"]
     return med
 
@@ -203,12 +208,13 @@ def main() -> None:
         m = transfer(a)
         print(f"\ntransfer: {a.mib} MiB float32 per direction, shm, slots {a.slots} x "
               f"{a.slot_size} B, median of {a.rounds} x {a.iters} iterations")
-        print(f"  PS push+pull       {m['ps'] * 1e3:8.3f} ms  (push {m['push'] * 1e3:.3f}, "
-              f"pull {m['pull'] * 1e3:.3f})")
+        print(f"  PS push_pull       {m['ps'] * 1e3:8.3f} ms  (one call, as the demo)")
+        print(f"  PS push; pull      {m['ps_split'] * 1e3:8.3f} ms  (push {m['push'] * 1e3:.3f}, "
+              f"pull {m['pull'] * 1e3:.3f}; x raw {m['ratio_split']:.2f})")
         print(f"  raw 2 transfers    {m['raw'] * 1e3:8.3f} ms  (receivers copy out)")
         print(f"  raw, no copy-out   {m['raw_nocopy'] * 1e3:8.3f} ms")
         verdict = "PASS" if m["ratio"] <= 1.5 else "FAIL"
-        print(f"target: PS <= 1.5x raw            {m['ratio']:.2f}   {verdict}"
+        print(f"target: PS push_pull <= 1.5x raw  {m['ratio']:.2f}   {verdict}"
               f"   (vs no copy-out: {m['ratio_nocopy']:.2f})")
     if a.only in (None, "train"):
         t = train(a)

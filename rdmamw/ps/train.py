@@ -120,8 +120,7 @@ class Trainer:
             idx = self.next_batch()
             grads = mlp.gradients(params, self.xs[idx], self.ys[idx])
             self.pace(started)
-            node.push(mlp.KEYS, grads)
-            node.pull(mlp.KEYS, out=params)
+            node.push_pull(mlp.KEYS, grads, out=params)
             self.iterations += 1
             if log is not None:
                 log.observe(params)
