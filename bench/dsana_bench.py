@@ -47,28 +47,19 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT / "examples")]
+sys.path[:0] = [str(HERE)]
 
 LAYERS = 4
 
 
 # -- the training part ---------------------------------------------------------------------
 
-def mlp_params(hidden: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(0)
-    return [(rng.standard_normal((64, hidden)) * np.sqrt(2 / 64)).astype(np.float32),
-            np.zeros(hidden, np.float32),
-            (rng.standard_normal((hidden, 10)) * np.sqrt(2 / hidden)).astype(np.float32),
-            np.zeros(10, np.float32)]
-
-
 def train_child(a: argparse.Namespace) -> None:
-    import ps_train
-
     import rdmamw
     from rdmamw import ps
+    from rdmamw.ps import mlp
     from rdmamw.sched import apportion
-    keys = ps_train.KEYS
+    keys = mlp.KEYS
     node = ps.start(1, consistency="bsp", lr=a.lr, momentum=0.9, sched=a.sched,
                     global_batch=a.batch)
     if isinstance(node, ps.KVServer):
@@ -79,10 +70,11 @@ def train_child(a: argparse.Namespace) -> None:
         node.close()
         return
     me = rdmamw.world().rank - 1
-    xtr, _, ytr, _ = ps_train.data()
+    d = mlp.load(a.data)
+    xtr, ytr = d.xtr, d.ytr
     static = apportion(a.batch, dict.fromkeys(range(a.workers), 1.0))
     static_off = {w: sum(static[v] for v in range(w)) for w in static}
-    params = mlp_params(a.hidden)
+    params = mlp.init_params(a.hidden)
     node.init(keys, params)
     node.pull(keys, out=params)
     rounds = len(ytr) // a.batch
@@ -99,7 +91,7 @@ def train_child(a: argparse.Namespace) -> None:
             idx = order[r * a.batch + off:r * a.batch + off + share]
             t0 = time.monotonic()
             if share:
-                g = ps_train.gradients(params, xtr[idx], ytr[idx])
+                g = mlp.gradients(params, xtr[idx], ytr[idx])
             else:
                 g = [np.zeros_like(p) for p in params]
             time.sleep(a.sample_ms * 1e-3 * share)    # the emulated device's time
@@ -115,11 +107,13 @@ def train_child(a: argparse.Namespace) -> None:
 
 
 def train_job(a: argparse.Namespace, sched: str, straggler: float) -> dict:
-    import ps_train
-
     from rdmamw.bootstrap.launch import run
+    from rdmamw.ps import mlp
     with tempfile.TemporaryDirectory() as out:
+        data = os.path.join(out, "digits.npz")
+        mlp.load().save(data)               # the ranks need not import sklearn
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "train", "--out", out,
+               "--data", data,
                "--sched", sched, "--straggler", str(straggler), "--workers", str(a.workers),
                "--epochs", str(a.epochs), "--batch", str(a.batch), "--hidden", str(a.hidden),
                "--lr", str(a.lr), "--sample-ms", str(a.sample_ms)]
@@ -127,20 +121,20 @@ def train_job(a: argparse.Namespace, sched: str, straggler: float) -> dict:
         if code:
             sys.exit(f"dsana_bench: the {sched} job failed (exit code {code})")
         with np.load(os.path.join(out, "model.npz")) as z:
-            model = [z[k] for k in ps_train.KEYS]
+            model = [z[k] for k in mlp.KEYS]
         workers = []
         for w in range(a.workers):
             with open(os.path.join(out, f"worker{w}.json")) as f:
                 workers.append(json.load(f))
         with open(os.path.join(out, "server.json")) as f:
             server = json.load(f)
-    _, xte, _, yte = ps_train.data()
+    d = mlp.load()
     # BSP keeps the workers in lock step: an epoch ends for all within a round
     epoch = [max(w["epoch_s"][e] for w in workers) for e in range(a.epochs)]
     return {"sched": sched, "straggler": straggler, "epoch_s": epoch,
             "rounds_per_epoch": workers[0]["rounds"],
             "epoch_median_s": statistics.median(epoch),
-            "test_accuracy": ps_train.accuracy(model, xte, yte),
+            "test_accuracy": mlp.accuracy(model, d.xte, d.yte),
             "shares": [w["mean_share"] for w in workers],
             "last_shares": [w["last_share"] for w in workers],
             "dsana": server.get("dsana")}
@@ -346,6 +340,7 @@ def main() -> None:
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--child", choices=["train", "overlap"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--sched", default="none", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="sequential", help=argparse.SUPPRESS)
     ap.add_argument("--chunk", type=int, default=65536, help=argparse.SUPPRESS)

@@ -5,8 +5,6 @@ with injected timings (no processes, no clocks)."""
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -25,8 +23,6 @@ from rdmamw.sched import (
     bounds,
     weighted_mean,
 )
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # -- apportionment ----------------------------------------------------------------------
 
@@ -84,17 +80,16 @@ def test_bounds_always_let_the_workers_cover_the_batch():
 @pytest.fixture(scope="module")
 def mlp():
     pytest.importorskip("sklearn")
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
-    import ps_train
-    xtr, _, ytr, _ = ps_train.data()
-    return ps_train, xtr[:200], ytr[:200]
+    from rdmamw.ps import mlp
+    d = mlp.load()
+    return mlp, d.xtr[:200], d.ytr[:200]
 
 
 @settings(max_examples=40, deadline=None)
 @given(cuts=st.lists(st.integers(1, 199), min_size=1, max_size=6, unique=True))
 def test_weighted_share_gradients_equal_the_full_batch_gradient(mlp, cuts):
     m, x, y = mlp
-    p = m.init_params()
+    p = m.init_params(64)
     edges = [0, *sorted(cuts), 200]
     full = m.gradients(p, x, y)
     parts = [m.gradients(p, x[a:b], y[a:b]) for a, b in zip(edges, edges[1:], strict=False)]

@@ -16,8 +16,9 @@ import numpy as np
 from rdmamw.channel import Channel
 from rdmamw.errors import ChannelClosed, PeerLost, Timeout
 from rdmamw.ps import wire
-from rdmamw.ps.consistency import APPLY, PEND, Adaptive, Consistency, Policy
+from rdmamw.ps.consistency import APPLY, DROP, Adaptive, Async, Consistency, Policy
 from rdmamw.ps.metrics import PeerMetrics
+from rdmamw.ps.optim import SGD
 from rdmamw.sched import Dsana
 
 log = logging.getLogger("rdmamw.ps")
@@ -26,7 +27,8 @@ log = logging.getLogger("rdmamw.ps")
 class KVServer:
     """Serve the workers on ``channels`` (worker index -> Channel) until each has
     said goodbye or is lost. ``lr`` / ``momentum``: the SGD step the server applies
-    (to the mean gradient of a round, or to each gradient / n in ASP and SSP).
+    (to the mean gradient of a round, or to each gradient / n in ASP and SSP), with
+    delay compensation when the consistency model asks for it (``dc``).
 
     ``scheduler``: a DSANA scheduler (rdmamw.sched) fed with every worker's compute
     time and samples; it re-plans when a round closes and the plan rides on the pull
@@ -44,24 +46,29 @@ class KVServer:
         self.consistency = c
         self.policy: Policy = c.policy(sorted(self.chans))
         self.lr, self.momentum, self.idle_sleep = lr, momentum, idle_sleep
+        self.opt = SGD(lr, momentum, c.dc)
+        # ASP / SSP apply every gradient on arrival: blocks go straight from the ring
+        # into the model; round models stage them until the worker's clock decides
+        self.direct = isinstance(self.policy, Async)
         self.n = len(self.chans)
         self.model: dict[Any, np.ndarray] = {}
         self.velocity: dict[Any, np.ndarray] = {}
         self.pending: dict[Any, np.ndarray] = {}       # a round's gradient sum
         self.staging: dict[int, dict[Any, np.ndarray]] = {w: {} for w in self.chans}
+        self.staged: dict[int, set] = {w: set() for w in self.chans}  # keys of this push
+        self.backup: dict[int, dict[Any, np.ndarray]] = {w: {} for w in self.chans}  # dc
         self.expect: dict[int, dict | None] = {w: None for w in self.chans}  # header, payload due
         self.reads: dict[int, dict] = {}               # deferred pulls, one per worker
         self.bye: set[int] = set()
         self._fresh: set = set()                       # keys still taking initial values
         self.lost: set[int] = set()
         self.peers: dict[int, PeerMetrics] = {w: PeerMetrics() for w in self.chans}
+        self._last = -1                                # the worker heard from last
         self.scheduler = scheduler
         self.plan: dict[int, tuple[int, int]] = {} if scheduler is None \
             else scheduler.assignment()
         self._round_weight = 0.0                       # samples (or gradients) pending
         self._dirty: dict[Any, float] = {}             # closed round's steps not yet applied
-        self._clean: set = set()                       # keys whose pending sum is all zero
-        self._spare: dict[Any, list] = {}              # zeroed staging buffers per key
 
     # -- the loop -------------------------------------------------------------------
 
@@ -69,7 +76,7 @@ class KVServer:
         """Run until every worker is done or lost; return :meth:`stats`."""
         while not self.finished:
             if not self.serve_once():
-                time.sleep(self.idle_sleep)
+                self.idle()
         return self.stats()
 
     @property
@@ -78,27 +85,43 @@ class KVServer:
 
     def serve_once(self) -> bool:
         """One pass over the channels, the round clock and the waiting reads; says
-        whether anything happened (so the caller may sleep briefly if not)."""
+        whether anything happened (so the caller may wait briefly if not)."""
         busy = False
-        for w, ch in list(self.chans.items()):
-            if w in self.lost or w in self.bye:
-                continue
-            try:
-                msgs = ch.recv_batch(timeout=0)
-            except Timeout:
-                continue
-            except (PeerLost, ChannelClosed) as e:
-                self._lose(w, e)
-                continue
-            busy = True
-            for m in msgs:
-                self._message(w, m)
+        for w in list(self.chans):
+            busy |= self._receive(w, 0)
         now = time.monotonic()
         while self.policy.close_due(now):
             self._close_round(now)
             busy = True
         self._answer_reads()
         return busy
+
+    def idle(self) -> None:
+        """Nothing to do: wait up to ``idle_sleep`` s for the worker heard from last
+        (a blocking receive wakes at once when it sends; a sleep would not)."""
+        live = [w for w in self.chans if w not in self.lost and w not in self.bye]
+        if live:
+            self._receive(self._last if self._last in live else live[0], self.idle_sleep)
+
+    def _receive(self, w: int, timeout: float) -> bool:
+        """Take what worker ``w`` sent (waiting up to ``timeout`` s); whether any."""
+        if w in self.lost or w in self.bye:
+            return False
+        try:
+            msgs = self.chans[w].recv_batch(timeout=timeout)
+        except Timeout:
+            return False
+        except (PeerLost, ChannelClosed) as e:
+            self._lose(w, e)
+            return False
+        self._last = w
+        for i, m in enumerate(msgs):
+            if w in self.bye:           # nothing may follow a BYE (it waits for the ack)
+                log.warning("rdmamw.ps: worker %d sent %d messages after bye; dropped",
+                            w, len(msgs) - i)
+                break
+            self._message(w, m)
+        return True
 
     def stats(self) -> dict:
         s = dict(self.policy.stats)
@@ -145,6 +168,8 @@ class KVServer:
         elif op == wire.BYE:
             self.bye.add(w)
             self._forget(w)
+            if "id" in h:               # acknowledged, so the worker's next messages wait
+                self._send(w, [wire.pack(wire.OK, id=h["id"], version=self.policy.version)])
         else:
             self._error(w, None, f"unknown request {op!r}")
 
@@ -162,12 +187,17 @@ class KVServer:
             self._error(w, key, f"key {key!r}: pushed {h['dt']} block [{o}:{o + block.size}] "
                                 f"does not fit the server's {cur.dtype} of shape {cur.shape}")
             return
-        st = self.staging[w].get(key)
-        if st is None:          # a zeroed buffer from the pool: no page faults per push
-            pool = self._spare.get(key)
-            st = pool.pop() if pool else np.zeros(cur.size, cur.dtype)
-            self.staging[w][key] = st
-        st[o:o + block.size] = block
+        e = o + block.size
+        if self.direct:
+            bak = self.backup[w].get(key)
+            self.opt.step(cur.reshape(-1)[o:e], self.velocity[key][o:e], block, 1.0 / self.n,
+                          None if bak is None else bak[o:e])
+        else:
+            st = self.staging[w].get(key)
+            if st is None:                  # kept: a fresh model-sized array per push
+                st = self.staging[w][key] = np.empty(cur.size, cur.dtype)  # page-faults
+            st[o:e] = block
+            self.staged[w].add(key)
         del block
 
     def _init_block(self, w: int, h: dict, m: Any) -> None:
@@ -177,7 +207,6 @@ class KVServer:
             cur = self.model[key] = np.zeros(shape, dt)
             self.velocity[key] = np.zeros(cur.size, dt)
             self.pending[key] = np.zeros(cur.size, dt)
-            self._clean.add(key)
             self._fresh.add(key)
         if cur is None or cur.shape != shape or cur.dtype != dt:
             have = "nothing" if cur is None else f"{cur.dtype} {cur.shape}"
@@ -203,33 +232,28 @@ class KVServer:
                 self.policy.observe(w, self.peers[w].compute.ema)
             if self.scheduler is not None and n is not None:
                 self.scheduler.observe(w, float(h["t"]), int(n), now)
-        grads = self.staging[w]
-        self.staging[w] = {}
+        keys, self.staged[w] = self.staged[w], set()
         decision = self.policy.on_push(w, int(h.get("base", 0)), now)
-        if decision == APPLY:
-            for key, g in grads.items():
-                self._step(key, g, 1.0 / self.n)
-        if decision != PEND:
-            for key, g in grads.items():
-                self._recycle(key, g)
+        if decision == DROP or self.direct:        # direct: applied block by block already
             return
-        weight = 1.0 if n is None else float(n)   # the round's mean is per sample
-        self._round_weight += weight
-        self._flush(list(grads))
-        for key, g in grads.items():
-            if weight != 1.0:
-                g *= weight
-            if key in self._clean:       # the round's first: take it, keep the zeros
-                self.pending[key], g = g, self.pending[key]
-                self._clean.discard(key)
-                self._spare.setdefault(key, []).append(g)
+        weight = 1.0 if n is None else float(n)   # a round's mean is per sample
+        if decision != APPLY:
+            self._round_weight += weight
+            self._flush(keys)
+        for key in keys:
+            g, bak = self.staging[w][key], self.backup[w].get(key)
+            flat = self.model[key].reshape(-1)
+            if decision == APPLY:
+                self.opt.step(flat, self.velocity[key], g, 1.0 / self.n, bak)
+            elif weight != 1.0 and self.opt.dc > 0 and bak is not None:
+                t = np.zeros_like(g)        # weight the compensated gradient, not g
+                self.opt.accumulate(t, g, flat, bak)
+                t *= weight
+                self.pending[key] += t
             else:
-                self.pending[key] += g
-                self._recycle(key, g)
-
-    def _recycle(self, key: Any, g: np.ndarray) -> None:
-        g[:] = 0
-        self._spare.setdefault(key, []).append(g)
+                if weight != 1.0:
+                    g *= weight             # the staging buffer: rewritten by the next push
+                self.opt.accumulate(self.pending[key], g, flat, bak)
 
     def _close_round(self, now: float) -> None:
         self._flush()
@@ -243,28 +267,18 @@ class KVServer:
             if weight > 0:
                 self._dirty[key] = 1.0 / weight
             else:
-                g[:] = 0
-                self._clean.add(key)
+                g.fill(0)
 
-    def _flush(self, keys: Sequence[Any] | None = None) -> None:
+    def _flush(self, keys: Sequence[Any] | set | None = None) -> None:
         """Apply the closed round's step to ``keys`` (None: all). The step is deferred
         from the close to the reply, key by key, so the first keys travel while the
         server is still stepping the next; it always happens within the same
         :meth:`serve_once`."""
         for key in list(self._dirty) if keys is None else [k for k in keys if k in self._dirty]:
             g = self.pending[key]
-            self._step(key, g, self._dirty.pop(key))
-            g[:] = 0
-            self._clean.add(key)
-
-    def _step(self, key: Any, g: np.ndarray, scale: float) -> None:
-        """SGD with momentum on ``key`` from the gradient sum ``g`` (used as scratch)."""
-        v = self.velocity[key]
-        v *= self.momentum
-        g *= scale
-        v += g
-        np.multiply(v, self.lr, out=g)
-        self.model[key].reshape(-1)[:] -= g
+            self.opt.step(self.model[key].reshape(-1), self.velocity[key], g,
+                          self._dirty.pop(key))
+            g.fill(0)
 
     # -- replies --------------------------------------------------------------------
 
@@ -288,14 +302,20 @@ class KVServer:
             self._flush([key])
             cur = self.model[key]
             out: list = []
+            if self.opt.dc > 0:             # what the worker computes its next gradient on
+                bak = self.backup[w].get(key)
+                if bak is None:
+                    bak = self.backup[w][key] = np.empty(cur.size, cur.dtype)
+                np.copyto(bak, cur.reshape(-1))
+            last = cur.size
             for o, b in wire.blocks(cur.reshape(-1), ch.eager_limit):
-                out.append(wire.pack(wire.VAL, k=key, o=o, last=o + b.size >= cur.size))
+                out.append(wire.pack(wire.VAL, k=key, o=o, last=o + b.size >= last))
                 out.append(b)
                 self.peers[w].bytes_out += b.nbytes
             if not self._send(w, out):
                 return
         self._send(w, [wire.pack(wire.END, id=h["id"], version=self.policy.version,
-                                 plan=self._plan_of(w))])
+                                 merged=self.policy.merged, plan=self._plan_of(w))])
 
     def _plan_of(self, w: int) -> list[int] | None:
         """[offset, share, global batch] of worker ``w`` (share 0: not in the plan)."""
@@ -329,4 +349,4 @@ class KVServer:
         if self.scheduler is not None:
             self.scheduler.lost(w)
         self.reads.pop(w, None)
-        self.staging[w] = {}
+        self.staging[w], self.staged[w], self.backup[w] = {}, set(), {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,16 +23,20 @@ class PullStream:
     blocked in :meth:`wait` / :meth:`join` counts as communication, not compute, in
     the worker's metrics."""
 
-    def __init__(self, worker: KVWorker, keys: list[Hashable], out: list[np.ndarray]) -> None:
-        self.w, self.keys, self.out = worker, keys, out
+    def __init__(self, worker: KVWorker, keys: list[Hashable],
+                 out: Sequence[np.ndarray]) -> None:
+        self.w, self.keys = worker, keys
         self.t0 = time.monotonic()
+        self.out, dest, reqs = worker._pull_msgs(keys, out)
         self._index = {k: i for i, k in enumerate(keys)}
         self._ready = {k: threading.Event() for k in keys}
         self._error: BaseException | None = None
         self._heads: dict[int, dict] = {}
-        ids = worker._request(keys)
+        worker._send({s: [m] for s, (m, _) in reqs.items()})
+        # the caller computes from here on; waits in wait() / join() are comms
         worker._pulled_at, worker._comm_s = time.monotonic(), 0.0
-        self._thread = threading.Thread(target=self._run, args=(ids, worker._dest(keys, out)),
+        ids = {s: rid for s, (_, rid) in reqs.items()}
+        self._thread = threading.Thread(target=self._run, args=(ids, dest),
                                         name="rdmamw-pull", daemon=True)
         self._thread.start()
 
@@ -59,12 +63,12 @@ class PullStream:
         and DSANA's assignment updated) and the stream may be dropped."""
         t = time.monotonic()
         self._thread.join()
-        self.w._comm_s += time.monotonic() - t
+        blocked = time.monotonic() - t
         if self._error is not None:
             raise self._error
-        for s, h in self._heads.items():
-            self.w._served(s, h)
-        self.w.metrics.pull.add(time.monotonic() - self.t0)
+        pulled_at, comm = self.w._pulled_at, self.w._comm_s + blocked
+        self.w._pulled(self._heads, self.t0)
+        self.w._pulled_at, self.w._comm_s = pulled_at, comm   # the compute clock goes on
         return self.out
 
 
@@ -88,7 +92,7 @@ class PushQueue:
             keys, values = self._q.get()
             try:
                 if self._error is None:
-                    self._handles += self.w._send_grads(keys, values)
+                    self._handles += self.w._send_parts(keys, values)
             except BaseException as e:    # handed to the caller by drain()
                 self._error = e
             finally:

@@ -27,7 +27,9 @@ class KVWorker:
     """One worker's view of the servers: ``channels[i]`` goes to server ``i``.
 
     ``timeout``: how long a pull may wait for its answer (None: as long as the
-    consistency model holds it back; a server that dies raises PeerLost anyway)."""
+    consistency model holds it back; a server that dies raises PeerLost anyway).
+    ``chunk``: bytes per block of a push or init (None: each channel's eager limit);
+    ``send_thread``: :meth:`push_part` copies out on a thread (docs/dsana.md)."""
 
     def __init__(self, channels: Sequence[Channel], *, timeout: float | None = None,
                  chunk: int | None = None, send_thread: bool = False) -> None:
@@ -35,19 +37,19 @@ class KVWorker:
             raise ValueError(f"chunk must be >= 1 byte, not {chunk}")
         self.chans = list(channels)
         self.timeout = timeout
-        self.chunk = chunk                      # block size (None: each channel's eager limit)
-        self.send_thread = send_thread          # push_part: copy out on a thread
+        self.chunk, self.send_thread = chunk, send_thread
         self.shapes: dict[Hashable, tuple[tuple[int, ...], np.dtype]] = {}
         self.base = [0] * len(self.chans)       # model version each server last served
         self.clock = 0
+        self.merged = 0         # gradients in the model at the last pull (fewest of any server)
         self.metrics = WorkerMetrics()
         #: DSANA's current assignment (offset, share, global batch) from the server
         #: that schedules; None without a scheduler
         self.assignment: tuple[int, int, int] | None = None
         self._ids = itertools.count()
         self._pulled_at: float | None = None
-        self._comm_s = 0.0                      # main-thread time in comms since the pull
-        self._handles: list = []                # push_part sends not yet known done
+        self._comm_s = 0.0                      # time in push_part / stream waits since
+        self._handles: list = []                # the pull; push_part sends not yet waited
         self._part_t0: float | None = None
         self._sender: PushQueue | None = None
 
@@ -83,12 +85,8 @@ class KVWorker:
         how many samples they are the mean over; round models then weight each
         gradient by it (needed when workers compute unequal shares: DSANA)."""
         t0 = time.monotonic()
-        self._part_t0 = t0
-        if self._sender is not None:
-            self._handles += self._sender.drain()     # parts still queued go first
-        self._handles += self._send_grads(keys, values)
-        self._comm_s += time.monotonic() - t0
-        self.push_end(samples)
+        self._send(self._push_msgs(keys, values, t0, samples))
+        self.metrics.push.add(time.monotonic() - t0)
 
     def push_part(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> None:
         """Send some of this iteration's gradients now (say one layer's, as soon as
@@ -101,13 +99,11 @@ class KVWorker:
         t0 = time.monotonic()
         if self._part_t0 is None:
             self._part_t0 = t0
+        keys, values = list(keys), list(values)
+        self._validate(keys, values)
         if not self.send_thread:
-            self._handles += self._send_grads(keys, values)
+            self._handles += self._send_parts(keys, values)
         else:
-            keys, values = list(keys), list(values)
-            self._pairs(keys, values)
-            for k, v in zip(keys, values, strict=True):
-                self._check(k, v)
             if self._sender is None:
                 self._sender = PushQueue(self)
             self._sender.put(keys, values)
@@ -115,58 +111,83 @@ class KVWorker:
 
     def push_end(self, samples: int | None = None) -> None:
         """End the iteration begun by :meth:`push_part`: the clock to every server."""
-        if samples is not None and samples < 0:
-            raise ValueError(f"samples must be >= 0, not {samples}")
-        t1 = time.monotonic()
-        t0 = t1 if self._part_t0 is None else self._part_t0
-        t = None
-        if self._pulled_at is not None:
-            t = max(0.0, t1 - self._pulled_at - self._comm_s)
-            self.metrics.compute.add(t)
-        if self._sender is not None:
-            self._handles += self._sender.drain()     # every part is out (or its error)
-        handles = [ch.send_batch([wire.pack(wire.CLOCK, c=self.clock + 1, base=self.base[s],
-                                            t=t, n=samples)])
-                   for s, ch in enumerate(self.chans)]
-        for h in self._handles + handles:
-            h.wait()                            # the caller may reuse its arrays now
-        self._handles, self._part_t0 = [], None
-        self.clock += 1
+        t0 = time.monotonic() if self._part_t0 is None else self._part_t0
+        self._send(self._push_msgs([], [], time.monotonic(), samples))
         self.metrics.push.add(time.monotonic() - t0)
-
-    def _send_grads(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> list:
-        keys, values = list(keys), list(values)
-        self._pairs(keys, values)
-        for k, v in zip(keys, values, strict=True):
-            self._check(k, v)
-        per: list[list] = [[] for _ in self.chans]
-        for k, v in zip(keys, values, strict=True):
-            s = self.owner(k)
-            flat = np.ascontiguousarray(v).reshape(-1)
-            for o, b in wire.blocks(flat, self.block_size(s)):
-                per[s] += [wire.pack(wire.GRAD, k=k, o=o, dt=flat.dtype.str), b]
-                self.metrics.bytes_pushed += b.nbytes
-        return [self.chans[s].send_batch(m) for s, m in enumerate(per) if m]
-
-    def block_size(self, s: int) -> int:
-        """Bytes per block to server ``s``: ``chunk``, at most the channel's eager limit."""
-        lim = self.chans[s].eager_limit
-        return lim if self.chunk is None else min(self.chunk, lim)
 
     def pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None = None
              ) -> list[np.ndarray]:
         """Fetch the servers' current values of ``keys`` (into ``out`` if given), as
         soon as the consistency model lets this worker read."""
         t0 = time.monotonic()
-        keys = list(keys)
-        out = self._outs(keys, out)
-        ids = self._request(keys)
-        for s, h in self._await(ids, self._dest(keys, out)).items():
-            self._served(s, h)
-        self._pulled_at = time.monotonic()
-        self._comm_s = 0.0
-        self.metrics.pull.add(self._pulled_at - t0)
+        out, dest, reqs = self._pull_msgs(keys, out)
+        self._send({s: [m] for s, (m, _) in reqs.items()})
+        self._pull_wait({s: rid for s, (_, rid) in reqs.items()}, dest, t0)
         return out
+
+    def push_pull(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
+                  out: Sequence[np.ndarray] | None = None, samples: int | None = None
+                  ) -> list[np.ndarray]:
+        """:meth:`push` then :meth:`pull` of the same keys, the pull request riding in
+        the push's batch: one message exchange (and one server wake-up) fewer."""
+        t0 = time.monotonic()
+        out, dest, reqs = self._pull_msgs(keys, out)
+        per = self._push_msgs(keys, values, t0, samples)
+        for s, (m, _) in reqs.items():
+            per[s].append(m)
+        self._send(per)
+        t1 = time.monotonic()
+        self.metrics.push.add(t1 - t0)
+        self._pull_wait({s: rid for s, (_, rid) in reqs.items()}, dest, t1)
+        return out
+
+    def _push_msgs(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
+                   t0: float, samples: int | None) -> dict[int, list]:
+        """Per server: the GRAD blocks of its keys and the clock tick (a push). The
+        compute time reported leaves out time spent in push_part / stream waits."""
+        if samples is not None and samples < 0:
+            raise ValueError(f"samples must be >= 0, not {samples}")
+        keys, values = list(keys), list(values)
+        self._validate(keys, values)
+        t = None
+        if self._pulled_at is not None:
+            t = max(0.0, t0 - self._pulled_at - self._comm_s)
+            self.metrics.compute.add(t)
+        if self._sender is not None:
+            self._handles += self._sender.drain()     # queued parts go before the clock
+        per = self._grad_msgs(keys, values)
+        for s in per:
+            per[s].append(wire.pack(wire.CLOCK, c=self.clock + 1, base=self.base[s], t=t,
+                                    n=samples))
+        self.clock += 1
+        self._part_t0 = None
+        return per
+
+    def _validate(self, keys: list, values: list) -> None:
+        self._pairs(keys, values)
+        for k, v in zip(keys, values, strict=True):
+            self._check(k, v)
+
+    def _grad_msgs(self, keys: list, values: list) -> dict[int, list]:
+        """Per server: the GRAD blocks (``block_size`` bytes) of its keys."""
+        per: dict[int, list] = {s: [] for s in range(len(self.chans))}
+        for k, v in zip(keys, values, strict=True):
+            s = self.owner(k)
+            flat = np.ascontiguousarray(v).reshape(-1)
+            for o, b in wire.blocks(flat, self.block_size(s)):
+                per[s] += [wire.pack(wire.GRAD, k=k, o=o, dt=flat.dtype.str), b]
+                self.metrics.bytes_pushed += b.nbytes
+        return per
+
+    def _send_parts(self, keys: list, values: list) -> list:
+        """Send GRAD blocks without a clock; the handles (waited for at the clock)."""
+        return [self.chans[s].send_batch(m) for s, m in self._grad_msgs(keys, values).items()
+                if m]
+
+    def block_size(self, s: int) -> int:
+        """Bytes per block to server ``s``: ``chunk``, at most the channel's eager limit."""
+        lim = self.chans[s].eager_limit
+        return lim if self.chunk is None else min(self.chunk, lim)
 
     def pull_stream(self, keys: Sequence[Hashable], out: Sequence[np.ndarray]) -> PullStream:
         """Like :meth:`pull` into ``out``, but return at once: a thread copies the
@@ -174,38 +195,52 @@ class KVWorker:
         there (so the next forward pass starts on the first layer while the others
         are still arriving), ``stream.join()`` until all are."""
         from rdmamw.ps.stream import PullStream
-        out = self._outs(keys, out)
         return PullStream(self, list(keys), out)
 
-    def _outs(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None
-              ) -> list[np.ndarray]:
+    def _pull_msgs(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None
+                   ) -> tuple[list[np.ndarray], dict, dict[int, tuple[bytes, int]]]:
+        """Check a pull: (out arrays, their flat views by key, per server the PULL
+        request and its id)."""
+        keys = list(keys)
         for k in keys:
             if k not in self.shapes:
                 raise KeyError(f"pull of unknown key {k!r} (not declared with init)")
         if out is None:
-            return [np.empty(*self.shapes[k]) for k in keys]
-        out = list(out)
-        self._pairs(list(keys), out)
-        for k, o in zip(keys, out, strict=True):
-            self._check(k, o)
-            if not o.flags.c_contiguous or not o.flags.writeable:
-                raise ValueError(f"out array for key {k!r} must be writeable, C-contiguous")
-        return out
-
-    @staticmethod
-    def _dest(keys: Sequence[Hashable], out: Sequence[np.ndarray]) -> dict:
-        return {k: o.reshape(-1) for k, o in zip(keys, out, strict=True)}
-
-    def _request(self, keys: Sequence[Hashable]) -> dict[int, int]:
-        """Send the PULL requests (keys in the given order); server -> request id."""
+            out = [np.empty(*self.shapes[k]) for k in keys]
+        else:
+            out = list(out)
+            self._pairs(keys, out)
+            for k, o in zip(keys, out, strict=True):
+                self._check(k, o)
+                if not o.flags.c_contiguous or not o.flags.writeable:
+                    raise ValueError(f"out array for key {k!r} must be writeable, C-contiguous")
+        dest = {k: o.reshape(-1) for k, o in zip(keys, out, strict=True)}
         by_server: dict[int, list] = {}
         for k in keys:
             by_server.setdefault(self.owner(k), []).append(k)
-        ids = {}
+        reqs = {}
         for s, ks in by_server.items():
-            ids[s] = next(self._ids)
-            self.chans[s].send(wire.pack(wire.PULL, keys=ks, id=ids[s])).wait()
-        return ids
+            rid = next(self._ids)
+            reqs[s] = (wire.pack(wire.PULL, keys=ks, id=rid), rid)
+        return out, dest, reqs
+
+    def _send(self, per: dict[int, list]) -> None:
+        handles = [self.chans[s].send_batch(msgs) for s, msgs in per.items() if msgs]
+        handles, self._handles = self._handles + handles, []
+        for h in handles:
+            h.wait()                            # the caller may reuse its arrays now
+
+    def _pull_wait(self, ids: dict[int, int], dest: dict, t0: float) -> None:
+        self._pulled(self._await(ids, dest), t0)
+
+    def _pulled(self, replies: dict[int, dict], t0: float) -> None:
+        """A pull is complete: model versions, merged count, DSANA's plan, timing."""
+        for s, h in replies.items():
+            self._served(s, h)
+        self.merged = min(int(h.get("merged", 0)) for h in replies.values())
+        self._pulled_at = time.monotonic()
+        self._comm_s = 0.0
+        self.metrics.pull.add(self._pulled_at - t0)
 
     def _served(self, s: int, h: dict) -> None:
         """Server ``s``'s closing header: the model version read, maybe a plan."""
@@ -213,13 +248,25 @@ class KVWorker:
         if h.get("plan") is not None:
             self.assignment = tuple(h["plan"])  # type: ignore[assignment]
 
-    def close(self) -> None:
-        """Tell the servers this worker is done (they stop counting on it), close."""
-        for ch in self.chans:
+    def done(self) -> None:
+        """Tell the servers this worker is done (they stop counting on it); the
+        channels stay open, so a new KVWorker / KVServer pair may use them next."""
+        ids = {}
+        for s, ch in enumerate(self.chans):
             try:
-                ch.send(wire.pack(wire.BYE)).wait()
+                ids[s] = next(self._ids)
+                ch.send(wire.pack(wire.BYE, id=ids[s])).wait()
             except RdmamwError:
-                pass
+                ids.pop(s, None)
+        try:        # the acknowledgement: nothing sent after it reaches this server object
+            self._await(ids, None)
+        except RdmamwError:
+            pass
+
+    def close(self) -> None:
+        """:meth:`done`, then close the channels."""
+        self.done()
+        for ch in self.chans:
             ch.close()
 
     # -- helpers --------------------------------------------------------------------
