@@ -211,11 +211,15 @@ class Deep:
             yield i, g
 
 
+MODES = ("sequential", "overlapped", "overlapped+thread")
+
+
 def overlap_child(a: argparse.Namespace) -> None:
+    """One worker cycles through blocks of every mode (and compute only) ``--repeats``
+    times on the same channels, so the load of the moment hits them alike."""
     from rdmamw import ps
     width = int(np.sqrt(a.model_mib * 2**20 / 4 / LAYERS))
-    node = ps.start(1, consistency="bsp", lr=1e-3, momentum=0.9, chunk=a.chunk,
-                    send_thread=a.mode == "overlapped+thread")
+    node = ps.start(1, consistency="bsp", lr=1e-3, momentum=0.9, chunk=a.chunk)
     if isinstance(node, ps.KVServer):
         node.serve()
         node.close()
@@ -223,55 +227,50 @@ def overlap_child(a: argparse.Namespace) -> None:
     m = Deep(width, a.mb)
     node.init(m.keys, m.params)
     node.pull(m.keys, out=m.params)
-    compute = []
-    for _ in range(a.iters):                    # the compute-only baseline, same process
-        t0 = time.monotonic()
-        for _i, _g in m.backward(m.forward()):
-            pass
-        compute.append(time.monotonic() - t0)
-    iters = []
-    stream = None
-    for _ in range(a.iters + 2):
-        t0 = time.monotonic()
-        if a.mode == "sequential":
-            grads = [g for _, g in sorted(m.backward(m.forward()), key=lambda t: t[0])]
-            node.push(m.keys, grads)
-            node.pull(m.keys, out=m.params)
-        else:
+    times: dict[str, list[float]] = {k: [] for k in ("compute", *MODES)}
+    for _ in range(a.repeats):
+        for mode in times:
+            node.send_thread = mode == "overlapped+thread"
+            stream = None
+            for i in range(a.iters + 1):        # the first of a block is its warm-up
+                t0 = time.monotonic()
+                if mode == "compute":
+                    for _i, _g in m.backward(m.forward()):
+                        pass
+                elif mode == "sequential":
+                    grads = [g for _, g in sorted(m.backward(m.forward()), key=lambda t: t[0])]
+                    node.push(m.keys, grads)
+                    node.pull(m.keys, out=m.params)
+                else:
+                    if stream is not None:
+                        acts = m.forward(lambda i, p, s=stream: s.wait(m.keys[i]))
+                        stream.join()
+                    else:
+                        acts = m.forward()
+                    for j, g in m.backward(acts):
+                        node.push_part([m.keys[j]], [g])
+                    stream = node.push_end_pull(m.keys, m.params)
+                if i:
+                    times[mode].append(time.monotonic() - t0)
             if stream is not None:
-                acts = m.forward(lambda i, p, s=stream: s.wait(m.keys[i]))
                 stream.join()
-            else:
-                acts = m.forward()
-            for i, g in m.backward(acts):
-                node.push_part([m.keys[i]], [g])
-            node.push_end()
-            stream = node.pull_stream(m.keys, m.params)
-        iters.append(time.monotonic() - t0)
-    if stream is not None:
-        stream.join()
-    iters = iters[2:]                           # warm-up (and the first stream's start)
-    res = {"mode": a.mode, "chunk": a.chunk, "width": width, "mb": a.mb,
-           "model_bytes": sum(p.nbytes for p in m.params),
-           "compute_median_s": statistics.median(compute),
-           "iter_median_s": statistics.median(iters)}
-    res["wait_s"] = res["iter_median_s"] - res["compute_median_s"]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    res = {"chunk": a.chunk, "width": width, "mb": a.mb,
+           "model_bytes": sum(p.nbytes for p in m.params), "iter_median_s": med,
+           "wait_s": {k: med[k] - med["compute"] for k in MODES}}
     print("RESULT " + json.dumps(res), flush=True)
     node.close()
 
 
-MODES = ("sequential", "overlapped", "overlapped+thread")
-
-
-def overlap_job(a: argparse.Namespace, mode: str, chunk: int, slot: int) -> dict:
+def overlap_job(a: argparse.Namespace, chunk: int, slot: int) -> dict:
     import subprocess
     cmd = [sys.executable, "-m", "rdmamw.bootstrap.launch", "-n", "2", "--",
-           sys.executable, os.path.abspath(__file__), "--child", "overlap", "--mode", mode,
+           sys.executable, os.path.abspath(__file__), "--child", "overlap",
            "--chunk", str(chunk), "--model-mib", str(a.model_mib), "--iters", str(a.iters),
-           "--mb", str(a.mb)]
+           "--mb", str(a.mb), "--repeats", str(a.repeats)]
     env = {**os.environ, "RDMAMW_SLOT_SIZE": str(slot),
            "RDMAMW_SLOTS": str(max(8, a.ring_mib * 2**20 // slot))}
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     if p.returncode:
         sys.exit(f"dsana_bench: overlap job failed: {p.stderr[-2000:]}")
     line = next(ln for ln in p.stdout.splitlines() if ln.startswith("RESULT "))
@@ -280,35 +279,26 @@ def overlap_job(a: argparse.Namespace, mode: str, chunk: int, slot: int) -> dict
 
 def overlap_part(a: argparse.Namespace, out: dict) -> list[str]:
     chunks = [parse_size(c) for c in a.chunks.split(",")]
-    slot = max(65536, *chunks)          # every configuration on the same rings
-    runs: dict[str, list[dict]] = {}
-    for _ in range(a.repeats):
-        for chunk in chunks:
-            for mode in MODES:
-                r = overlap_job(a, mode, chunk, slot)
-                runs.setdefault(f"{mode}@{chunk}", []).append(r)
-                print(f"  {mode:17s} chunk {chunk:>7d}: iteration "
-                      f"{r['iter_median_s'] * 1e3:.1f} ms, compute "
-                      f"{r['compute_median_s'] * 1e3:.1f} ms, wait {r['wait_s'] * 1e3:.1f} ms",
-                      flush=True)
-    wait = {k: statistics.median(r["wait_s"] for r in v) for k, v in runs.items()}
+    slot = max(65536, *chunks)          # every chunk size on the same rings
+    runs = {c: overlap_job(a, c, slot) for c in chunks}
     lines = [f"overlap: 1 worker, 1 server, {a.model_mib} MiB model ({LAYERS} layers), "
-             f"mini-batch {a.mb}, {a.iters} iterations, rings of {a.ring_mib} MiB in "
-             f"{slot // 1024} KiB slots, {a.repeats} repeats (medians of the wait = "
-             f"iteration - compute-only)"]
-    for c in chunks:
-        base = wait[f"sequential@{c}"]
-        row = f"  chunk {c // 1024:>5d} KiB: push-after-backward {base * 1e3:5.1f} ms"
+             f"mini-batch {a.mb}, rings of {a.ring_mib} MiB in {slot // 1024} KiB slots; "
+             f"per chunk size one job cycling {a.repeats} x {a.iters} iterations of each "
+             f"mode; wait = median iteration - median compute-only iteration"]
+    for c, r in runs.items():
+        w = r["wait_s"]
+        base = w["sequential"]
+        row = (f"  chunk {c // 1024:>5d} KiB: compute {r['iter_median_s']['compute'] * 1e3:.1f}"
+               f" ms; wait: push-after-backward {base * 1e3:.1f} ms")
         for mode in MODES[1:]:
-            w = wait[f"{mode}@{c}"]
-            row += f"; {mode} {w * 1e3:5.1f} ms ({(1 - w / base) * 100:+.0f}% less)"
+            row += f", {mode} {w[mode] * 1e3:.1f} ms ({(1 - w[mode] / base) * 100:+.0f}%)"
         lines.append(row)
-    best_seq = min(wait[f"sequential@{c}"] for c in chunks)
-    best_ovl = min(wait[f"{m}@{c}"] for c in chunks for m in MODES[1:])
+    best_seq = min(r["wait_s"]["sequential"] for r in runs.values())
+    best_ovl = min(r["wait_s"][m] for r in runs.values() for m in MODES[1:])
     lines.append(f"  best overlapped {best_ovl * 1e3:.1f} ms vs best push-after-backward "
                  f"{best_seq * 1e3:.1f} ms -> {(1 - best_ovl / best_seq) * 100:.0f}% less "
                  f"(target >= 30%)")
-    out["overlap"] = {"runs": runs, "median_wait_s": wait, "slot_size": slot,
+    out["overlap"] = {"runs": {str(c): r for c, r in runs.items()}, "slot_size": slot,
                       "reduction_best_vs_best": 1 - best_ovl / best_seq}
     return lines
 
@@ -342,7 +332,6 @@ def main() -> None:
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--sched", default="none", help=argparse.SUPPRESS)
-    ap.add_argument("--mode", default="sequential", help=argparse.SUPPRESS)
     ap.add_argument("--chunk", type=int, default=65536, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child == "train":

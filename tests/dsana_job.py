@@ -103,8 +103,11 @@ def main() -> None:
         if a.stream:
             node.push_part(["b"], [g[1]])        # backward: the last layer first
             node.push_part(["w"], [g[0]])
-            node.push_end(samples=told)
-            stream = node.pull_stream(KEYS, params)
+            if a.sched == "dsana":           # both ways of ending an overlapped step
+                stream = node.push_end_pull(KEYS, params, samples=told)
+            else:
+                node.push_end(samples=told)
+                stream = node.pull_stream(KEYS, params)
         else:
             node.push(KEYS, g, samples=told)
             node.pull(KEYS, out=params)

@@ -23,8 +23,10 @@ class PullStream:
     blocked in :meth:`wait` / :meth:`join` counts as communication, not compute, in
     the worker's metrics."""
 
-    def __init__(self, worker: KVWorker, keys: list[Hashable],
-                 out: Sequence[np.ndarray]) -> None:
+    def __init__(self, worker: KVWorker, keys: list[Hashable], out: Sequence[np.ndarray],
+                 first: dict[int, list] | None = None) -> None:
+        """``first``: messages per server to send in the same batch, before the pull
+        request (a push's clock)."""
         self.w, self.keys = worker, keys
         self.t0 = time.monotonic()
         self.out, dest, reqs = worker._pull_msgs(keys, out)
@@ -32,7 +34,10 @@ class PullStream:
         self._ready = {k: threading.Event() for k in keys}
         self._error: BaseException | None = None
         self._heads: dict[int, dict] = {}
-        worker._send({s: [m] for s, (m, _) in reqs.items()})
+        per = first if first is not None else {}
+        for s, (m, _) in reqs.items():
+            per.setdefault(s, []).append(m)
+        worker._send(per)
         # the caller computes from here on; waits in wait() / join() are comms
         worker._pulled_at, worker._comm_s = time.monotonic(), 0.0
         ids = {s: rid for s, (_, rid) in reqs.items()}
