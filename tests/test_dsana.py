@@ -81,3 +81,50 @@ def test_worker_rejects_bad_chunks_samples_and_keys_before_sending():
             w.push_part(["a", "b"], [bytearray(4)])
         with pytest.raises(ValueError, match="samples"):
             w.push_end(samples=-1)
+
+
+# -- rdmamw demo --sched ----------------------------------------------------------------------
+
+def test_demo_runs_bsp_with_and_without_dsana(tmp_path):
+    pytest.importorskip("sklearn")
+    pytest.importorskip("matplotlib")
+    from test_ps_demo import check_runs, demo
+    out = tmp_path / "d.json"
+    p = demo("--workers", "3", "--servers", "1", "--epochs", "2", "--compute-ms", "10",
+             "--quiet", "--consistency", "bsp", "--sched", "none,dsana", "--json", str(out),
+             "--plot", "", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "bsp+dsana" in p.stdout
+    r = check_runs(out, ["bsp", "bsp+dsana"], 2)
+    plain, dsana = r["runs"]
+    assert plain["sched"] == {} and r["job"]["sched"] == "none,dsana"
+    s = dsana["sched"]
+    assert s["sched"] == "dsana" and s["global_batch"] == 96
+    assert s["first_shares"] == [32, 32, 32] and sum(s["last_shares"]) == 96
+    assert s["last_shares"][2] < min(s["last_shares"][:2])      # the last worker is 2x slower
+    assert s["plan_changes"] >= 1
+
+
+def test_demo_rejects_an_unknown_scheduler(tmp_path):
+    from test_ps_demo import demo
+    p = demo("--sched", "fifo", cwd=tmp_path)
+    assert p.returncode == 2 and "neither 'none' nor 'dsana'" in p.stderr
+
+
+def test_share_hook_takes_the_assignment_and_counts_plan_changes():
+    from types import SimpleNamespace
+
+    from rdmamw.sched.hook import ShareHook
+    node = SimpleNamespace(assignment=None, plan_shares=None)
+    tr = SimpleNamespace(node=node, batch_size=32)
+    h = ShareHook()
+    h(tr)
+    assert tr.batch_size == 32 and h.summary()["iterations"] == 0    # no scheduler: as is
+    for plan in ([(0, 32, 96), [32, 32, 32]], [(0, 40, 96), [40, 40, 16]],
+                 [(0, 40, 96), [40, 40, 16]]):
+        node.assignment, node.plan_shares = plan
+        h(tr)
+    assert tr.batch_size == 40
+    s = h.summary()
+    assert s["first_shares"] == [32, 32, 32] and s["last_shares"] == [40, 40, 16]
+    assert s["plan_changes"] == 1 and s["mean_shares"][2] == pytest.approx(64 / 3)

@@ -315,7 +315,8 @@ class KVServer:
             if not self._send(w, out):
                 return
         self._send(w, [wire.pack(wire.END, id=h["id"], version=self.policy.version,
-                                 merged=self.policy.merged, plan=self._plan_of(w))])
+                                 merged=self.policy.merged, plan=self._plan_of(w),
+                                 shares=self._shares())])
 
     def _plan_of(self, w: int) -> list[int] | None:
         """[offset, share, global batch] of worker ``w`` (share 0: not in the plan)."""
@@ -323,6 +324,12 @@ class KVServer:
             return None
         off, share = self.plan.get(w, (0, 0))
         return [off, share, self.scheduler.global_batch]
+
+    def _shares(self) -> list[int] | None:
+        """Every worker's share (index order, 0 for none): for reports."""
+        if self.scheduler is None:
+            return None
+        return [self.plan.get(w, (0, 0))[1] for w in sorted(self.chans)]
 
     def _error(self, w: int, key: Any, text: str) -> None:
         log.warning("rdmamw.ps: worker %d: %s", w, text)

@@ -46,6 +46,7 @@ class KVWorker:
         #: DSANA's current assignment (offset, share, global batch) from the server
         #: that schedules; None without a scheduler
         self.assignment: tuple[int, int, int] | None = None
+        self.plan_shares: list[int] | None = None   # every worker's share, for reports
         self._ids = itertools.count()
         self._pulled_at: float | None = None
         self._comm_s = 0.0                      # time in push_part / stream waits since
@@ -258,6 +259,8 @@ class KVWorker:
         self.base[s] = h["version"]
         if h.get("plan") is not None:
             self.assignment = tuple(h["plan"])  # type: ignore[assignment]
+        if h.get("shares") is not None:
+            self.plan_shares = list(h["shares"])
 
     def done(self) -> None:
         """Tell the servers this worker is done (they stop counting on it); the
