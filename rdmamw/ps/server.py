@@ -160,7 +160,7 @@ class KVServer:
             self.expect[w] = h
         elif op == wire.SYNC:
             self._send(w, [wire.pack(wire.OK, id=h["id"], version=self.policy.version,
-                                     plan=self._plan_of(w))])
+                                     **self._plan_of(w))])
         elif op == wire.CLOCK:
             self._gradient_done(w, h)
         elif op == wire.PULL:
@@ -315,21 +315,19 @@ class KVServer:
             if not self._send(w, out):
                 return
         self._send(w, [wire.pack(wire.END, id=h["id"], version=self.policy.version,
-                                 merged=self.policy.merged, plan=self._plan_of(w),
-                                 shares=self._shares())])
+                                 merged=self.policy.merged, **self._plan_of(w, True))])
 
-    def _plan_of(self, w: int) -> list[int] | None:
-        """[offset, share, global batch] of worker ``w`` (share 0: not in the plan)."""
+    def _plan_of(self, w: int, shares: bool = False) -> dict:
+        """Header fields of DSANA's plan (none without a scheduler): ``plan`` =
+        [offset, share, global batch] of worker ``w`` (share 0: not in the plan);
+        ``shares``: every worker's share in index order (for reports)."""
         if self.scheduler is None:
-            return None
+            return {}
         off, share = self.plan.get(w, (0, 0))
-        return [off, share, self.scheduler.global_batch]
-
-    def _shares(self) -> list[int] | None:
-        """Every worker's share (index order, 0 for none): for reports."""
-        if self.scheduler is None:
-            return None
-        return [self.plan.get(w, (0, 0))[1] for w in sorted(self.chans)]
+        out: dict = {"plan": [off, share, self.scheduler.global_batch]}
+        if shares:
+            out["shares"] = [self.plan.get(v, (0, 0))[1] for v in sorted(self.chans)]
+        return out
 
     def _error(self, w: int, key: Any, text: str) -> None:
         log.warning("rdmamw.ps: worker %d: %s", w, text)

@@ -129,7 +129,8 @@ class Trainer:
             else:                           # no share this round: a sign of life only
                 grads = [np.zeros_like(p) for p in params]
             self.pace(started)
-            node.push_pull(mlp.KEYS, grads, out=params, samples=len(idx))
+            node.push_pull(mlp.KEYS, grads, out=params,
+                           samples=len(idx) if cfg.sched == "dsana" else None)
             self.iterations += 1
             if log is not None:
                 log.observe(params)

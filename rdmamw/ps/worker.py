@@ -158,8 +158,9 @@ class KVWorker:
             self._handles += self._sender.drain()     # queued parts go before the clock
         per = self._grad_msgs(keys, values)
         for s in per:
+            extra = {} if samples is None else {"n": samples}
             per[s].append(wire.pack(wire.CLOCK, c=self.clock + 1, base=self.base[s], t=t,
-                                    n=samples))
+                                    **extra))
         self.clock += 1
         self._part_t0 = None
         return per
