@@ -112,7 +112,7 @@ cdef enum:
     WAIT_ENTRY = 1
     WAIT_DONE = 2
 
-cdef uint64_t RNDV_WRID = (<uint64_t>1) << 63   # wr_id of a rendezvous READ (async transports)
+cdef uint64_t RNDV_WRID = (<uint64_t>1) << 62   # wr_id of a rendezvous READ (async transports)
 cdef uint64_t MAX_WR_BYTES = 0xFFFFFFFF
 cdef int64_t CLOSE_RNDV_NS = 5000000000          # close() waits this long for pending READs
 
@@ -1596,7 +1596,9 @@ cdef class Engine:
                 self._reap()
                 rm_cpu_relax()
             if rc == 0 and self.rndv_read_status != 0:
-                rc = RM_ERR_BOUNDS if self.rndv_read_status == 10 else RM_ERR_PEER_LOST
+                # IBV_WC_REM_INV_REQ_ERR / REM_ACCESS_ERR: outside the peer's MR
+                rc = (RM_ERR_BOUNDS if self.rndv_read_status in (9, 10)
+                      else RM_ERR_PEER_LOST)
         self.tp.unexpose(mem.handle)
         return rc
 
