@@ -94,7 +94,11 @@ class PushQueue:
 
     def _run(self) -> None:
         while True:
-            keys, values = self._q.get()
+            item = self._q.get()
+            if item is None:                # stop()
+                self._q.task_done()
+                return
+            keys, values = item
             try:
                 if self._error is None:
                     self._handles += self.w._send_parts(keys, values)
@@ -102,6 +106,11 @@ class PushQueue:
                 self._error = e
             finally:
                 self._q.task_done()
+
+    def stop(self) -> None:
+        """End the thread once what is queued is sent."""
+        self._q.put(None)
+        self._thread.join()
 
     def drain(self) -> list:
         """Wait until every part is sent; return their handles (or raise the error)."""

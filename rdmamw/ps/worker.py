@@ -266,6 +266,9 @@ class KVWorker:
     def done(self) -> None:
         """Tell the servers this worker is done (they stop counting on it); the
         channels stay open, so a new KVWorker / KVServer pair may use them next."""
+        if self._sender is not None:
+            self._sender.stop()
+            self._sender = None
         ids = {}
         for s, ch in enumerate(self.chans):
             try:
