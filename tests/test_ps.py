@@ -51,8 +51,9 @@ def bsp_reference(iters: int, big: int, lr: float = 0.2, mu: float = 0.5) -> np.
     return x
 
 
-def test_bsp_matches_the_sequential_result_and_applies_n_per_round():
-    servers, workers, _ = run_job(5, "--servers", "2", "--iters", "12")
+@pytest.mark.parametrize("how", [[], ["--push-pull"]])
+def test_bsp_matches_the_sequential_result_and_applies_n_per_round(how):
+    servers, workers, _ = run_job(5, "--servers", "2", "--iters", "12", *how)
     assert len(servers) == 2 and len(workers) == 3
     ref = bsp_reference(12, 40000)[:3]
     for w in workers:
@@ -66,10 +67,11 @@ def test_bsp_matches_the_sequential_result_and_applies_n_per_round():
     assert sum(s["keys"] for s in servers) == 4                  # sharded over both
 
 
-def test_tensors_larger_than_the_rings_go_through_in_blocks():
+@pytest.mark.parametrize("how", [[], ["--push-pull"]])
+def test_tensors_larger_than_the_rings_go_through_in_blocks(how):
     """8 slots of 4 KiB: each 160 KB push and reply is 40 blocks through a 32 KiB ring,
-    from two servers at once."""
-    servers, workers, _ = run_job(4, "--servers", "2", "--iters", "5",
+    from two servers at once (push_pull: the pull request queued behind them)."""
+    servers, workers, _ = run_job(4, "--servers", "2", "--iters", "5", *how,
                                   RDMAMW_SLOTS="8", RDMAMW_SLOT_SIZE="4096")
     ref = bsp_reference(5, 40000)[:3]
     assert len(workers) == 2 and all(s["version"] == 5 for s in servers)
@@ -83,6 +85,11 @@ def test_tensors_larger_than_the_rings_go_through_in_blocks():
     ("ssp:0", lambda s: s["max_gap"] == 0),
     ("lsp:2:1", lambda s: s["max_staleness"] <= 1 and s["below_quorum"] == 0),
     ("alsp:2", lambda s: s["max_staleness"] <= 2 and s["below_quorum"] == 0),
+    # the slow worker's gradients are stale while the fast pair syncs: applied at once,
+    # delay-compensated, never dropped
+    ("hybrid:2:dc0.05", lambda s: s["async"] >= 1 and s["dropped"] == 0
+     and s["applied"] == 3 * 15),
+    ("asp:dc0.05", lambda s: s["applied"] == 3 * 15),
 ])
 def test_consistency_models_converge_and_keep_their_invariant(mode, check):
     servers, workers, _ = run_job(5, "--servers", "2", "--iters", "15", "--consistency", mode,
