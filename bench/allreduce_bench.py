@@ -65,6 +65,9 @@ def rank_rdmamw(cfg: dict) -> None:
         warm = warmup_for(nbytes, cfg["reps"])
         x = np.ones(nbytes // 4, np.float32)
         y = np.empty_like(x)
+        for alg in cfg["algorithms"]:      # every algorithm warm before any is timed
+            for _ in range(warm):
+                coll.allreduce(x, algorithm=alg, out=y, comm=comm)
         for alg in cfg["algorithms"]:
             times = []
             for k in range(reps_for(nbytes, cfg["reps"]) + warm):
