@@ -156,3 +156,38 @@ def test_release_from_another_thread_goes_back_to_its_shard():
     t.join()
     with pool.acquire(100) as again:
         assert again.handle == h
+
+
+def test_allocate_returns_to_the_default_pool_when_collected(monkeypatch):
+    monkeypatch.setattr(poolmod, "_default", BufferPool(shards=1))
+    a = poolmod.allocate(5000)
+    assert a.nbytes == 5000 and a.flags.writeable
+    a[:] = 3
+    addr = a.__array_interface__["data"][0]
+    view = a[10:]                           # a view keeps the memory out of the pool
+    del a
+    b = poolmod.allocate(5000)
+    assert b.__array_interface__["data"][0] != addr
+    del b
+    c = poolmod.allocate(6000)              # same tier: b's buffer again
+    assert c.__array_interface__["data"][0] != addr
+    del c, view
+    d = poolmod.allocate(7000)              # the view is gone: the first buffer is free
+    assert d.__array_interface__["data"][0] == addr
+    assert poolmod.default_pool().stats()["reuses"] == 2
+
+
+def test_channel_stats_merges_cache_and_pool():
+    from rdmamw.memory.counters import channel_stats
+    from rdmamw.memory.regcache import RegCache
+    pool, _ = make()
+    p = Provider()
+    cache = RegCache(p.register, p.deregister, max_bytes=1 << 20)
+    a = np.zeros(1000, np.uint8)
+    cache.acquire(a).release()
+    cache.acquire(a).release()
+    pool.acquire(100).release()
+    s = channel_stats(cache, pool)
+    assert s["registrations"] == 2 and s["regcache_hits"] == 1 and s["regcache_misses"] == 1
+    assert s["bytes_pinned"] == 1000 + 4 * KiB and s["pool_acquires"] == 1
+    assert channel_stats(None, None)["registrations"] >= 0

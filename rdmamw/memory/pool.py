@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -273,3 +274,34 @@ class BufferPool:
                 return
             shard.free[block.tier].append(block)
             shard.idle_bytes += size
+
+
+# ---- the process-wide pool for received rendezvous messages ------------------------
+
+_default: BufferPool | None = None
+_default_lock = threading.Lock()
+
+
+def default_pool() -> BufferPool:
+    """The process's pool for destinations of large messages ``recv_batch`` receives
+    without a posted buffer (created on first use; no registration: each transport
+    makes a destination visible to its peer itself)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = BufferPool()
+    return _default
+
+
+def allocate(nbytes: int) -> np.ndarray:
+    """A writable uint8 array of ``nbytes`` from :func:`default_pool`. It goes back to
+    the pool when the array (and every view of it) is collected, so the holder (a
+    received ``Message``) decides when the memory is reusable; nothing to release."""
+    pb = default_pool().acquire(nbytes)
+    # numpy points a view's .base at the first array that owns its data or whose base
+    # is not an array: an array over a memoryview is such a base, so every view of
+    # the result keeps the result (and so the block) alive
+    out = np.frombuffer(memoryview(pb.view), np.uint8)
+    weakref.finalize(out, pb.release)
+    return out
