@@ -1,4 +1,5 @@
-"""The ``rdmamw`` command: ``demo`` (the main job), ``info`` and ``tune`` (collectives)."""
+"""The ``rdmamw`` command: ``demo`` (the main job), ``info``, ``tune`` (the collectives'
+cost model) and ``tune rndv`` (the eager/rendezvous threshold)."""
 
 from __future__ import annotations
 
@@ -175,6 +176,9 @@ def info(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
+    if given[:2] == ["tune", "rndv"]:    # rdmamw tune rndv -h
+        from rdmamw.memory.tune import main as tune_rndv
+        return tune_rndv(given[2:])
     if given[:1] == ["tune"]:            # its own argument parser (rdmamw tune -h)
         from rdmamw.collectives.tune import main as tune
         return tune(given[1:])
@@ -186,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=demo)
     p = sub.add_parser("info", help="providers usable on this machine")
     p.set_defaults(func=info)
-    sub.add_parser("tune", help="calibrate the collectives' cost model (rdmamw tune -h)")
+    sub.add_parser("tune", help="calibrate the collectives' cost model (rdmamw tune -h); "
+                   "'rdmamw tune rndv': the eager/rendezvous threshold")
     args = parser.parse_args(argv)
     return args.func(args)
 

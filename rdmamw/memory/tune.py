@@ -1,0 +1,298 @@
+"""``rdmamw tune rndv``: measure eager vs rendezvous READ vs WRITE and store the threshold.
+
+    rdmamw tune rndv                          # shm, two local processes, 4 KiB .. 64 MiB
+    rdmamw tune rndv --provider tcp           # over loopback tcp
+    rdmamw tune rndv --sizes 64K,1M,16M --out my.json --no-save
+
+One receiver process and this one (the sender), each pinned to its own core, stream
+messages of each size for every strategy; the receiver lands them in its own
+preallocated buffer (``recv_into`` for eager and read, ``post_recv`` destinations for
+write), which is what a training job does with gradients. The table gives the median
+bandwidth per strategy; the **crossover** is the smallest size from which the best
+rendezvous strategy is at least as fast as eager at every larger size. The provider's
+``{"strategy", "threshold"}`` goes into the tuning file (rdmamw/memory/thresholds.py:
+``$RDMAMW_TUNE_FILE`` or ``~/.config/rdmamw/rendezvous.json``), which ``Channel.open(...,
+rendezvous="auto")`` reads. Eager is measured up to ``--eager-max`` (a ring with
+slots that big); above the peer's slot size a channel always uses rendezvous."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from rdmamw.memory import thresholds
+from rdmamw.memory.pool import aligned_empty
+from rdmamw.memory.units import human, parse_bytes
+
+KiB, MiB = 1 << 10, 1 << 20
+DEFAULT_SIZES = [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
+STRATEGIES = ("eager", "read", "write")
+POSTED = 2                   # destinations the write receiver keeps posted
+
+
+def schedule(sizes: list[int], bytes_per_run: int, runs: int) -> list[tuple[int, int, int]]:
+    """``(size, messages per run, runs)`` for each size: every run moves about
+    ``bytes_per_run``, and at least 2 messages."""
+    return [(s, max(2, bytes_per_run // s), runs) for s in sizes]
+
+
+def _pattern(size: int) -> np.ndarray:
+    buf = aligned_empty(size)
+    buf[:] = np.arange(size, dtype=np.uint64).astype(np.uint8)
+    return buf
+
+
+def _slot_size(strategy: str, sizes: list[int]) -> int:
+    if strategy != "eager":
+        return 64 * KiB
+    return max(64 * KiB, -(-max(sizes) // 4096) * 4096)
+
+
+def _channel_options(strategy: str) -> dict[str, Any]:
+    if strategy == "eager":
+        return {"rendezvous": "off"}
+    return {"rendezvous": strategy, "rndv_threshold": 0}
+
+
+def _pin(core: int | None) -> None:
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+
+
+def _receiver(address: str, strategy: str, plan: list[tuple[int, int, int]], core: int | None,
+              ready: Any, out: Any) -> None:
+    """Receive every run of ``plan`` into preallocated buffers, check the content of
+    the last message of each run, and answer each run with one small message."""
+    import rdmamw
+    _pin(core)
+    sizes = [s for s, _, _ in plan]
+    slot_size = _slot_size(strategy, sizes)
+    slots = max(4, min(64, (64 * MiB) // slot_size))
+    try:
+        with rdmamw.listen(address, slots=slots, slot_size=slot_size,
+                           **_channel_options(strategy)) as lst:
+            ready.put(lst.address)
+            ch = lst.accept(timeout=60)
+            dests = [aligned_empty(max(sizes)) for _ in range(POSTED if strategy == "write" else 1)]
+            bad = []
+            for size, count, runs in plan:
+                want = _pattern(size)
+                for _ in range(runs + 1):                   # run 0 warms up
+                    if strategy == "write":
+                        got = _recv_posted(ch, dests, size, count)
+                    else:
+                        dst = dests[0][:size]
+                        dst[:1] = ~want[:1]
+                        for _ in range(count):
+                            n = ch.recv_into(dst)
+                            if n != size:
+                                bad.append(f"{size}: received {n} bytes")
+                        got = dst
+                    if not np.array_equal(got, want):
+                        bad.append(f"{size}: content differs")
+                    ch.send_batch([b"k"]).wait()
+            out.put({"stats": ch.stats(), "bad": bad})
+            ch.recv_batch(timeout=30)                      # the sender's close
+    except rdmamw.ChannelClosed:
+        pass
+    except BaseException as e:   # noqa: BLE001 - reported to the parent
+        out.put({"error": f"{type(e).__name__}: {e}"})
+
+
+def _recv_posted(ch: Any, dests: list[np.ndarray], size: int, count: int) -> np.ndarray:
+    """Receive ``count`` messages into posted destinations, reposting each one; returns
+    (a copy of) the last message's bytes."""
+    views = [d[:size] for d in dests]
+    for v in views:
+        ch.post_recv(v)
+    last = None
+    for i in range(count):
+        m = ch.recv()
+        if i == count - 1:
+            last = np.frombuffer(m, np.uint8).copy()
+        del m
+        if i + len(views) < count:
+            ch.post_recv(views[i % len(views)])
+    return last
+
+
+def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str = "shm",
+            cores: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
+    """Stream ``plan`` with ``strategy`` to a receiver process; returns
+    ``{"gbps": {size: median GB/s}, "runs": {size: [GB/s...]}, "sender": stats,
+    "receiver": stats}``. Raises RuntimeError if the receiver saw wrong bytes."""
+    import rdmamw
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Queue(), ctx.Queue()
+    where = f"shm://rdmamw-tune-{os.getpid()}-{strategy}" if provider == "shm" else \
+        f"{provider}://127.0.0.1:0"
+    proc = ctx.Process(target=_receiver, args=(where, strategy, plan, cores[1], ready, out))
+    proc.start()
+    try:
+        address = ready.get(timeout=60)
+        _pin(cores[0])
+        ch = rdmamw.Channel.open(address, timeout=60, slots=16, slot_size=4096,
+                                 **_channel_options(strategy))
+        result: dict[str, Any] = {"gbps": {}, "runs": {}}
+        for size, count, runs in plan:
+            src = _pattern(size)
+            batch = max(1, min(64, (4 * MiB) // size))
+            rates = []
+            for r in range(runs + 1):
+                handles: deque = deque()
+                t0 = time.perf_counter()
+                left = count
+                while left:
+                    k = min(batch, left)
+                    handles.append(ch.send_batch([src] * k))
+                    left -= k
+                    if len(handles) > 8:
+                        handles.popleft().wait()
+                for h in handles:
+                    h.wait()
+                ch.recv(timeout=120)                       # the receiver has it all
+                dt = time.perf_counter() - t0
+                if r:
+                    rates.append(count * size / dt / 1e9)
+            result["gbps"][size] = statistics.median(rates)
+            result["runs"][size] = rates
+        result["sender"] = ch.stats()
+        rep = out.get(timeout=120)
+        ch.close()
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    if "error" in rep:
+        raise RuntimeError(f"{strategy} receiver: {rep['error']}")
+    if rep["bad"]:
+        raise RuntimeError(f"{strategy}: wrong data received: {rep['bad'][:3]}")
+    result["receiver"] = rep["stats"]
+    return result
+
+
+def choose(table: dict[str, dict[int, float]]) -> dict[str, Any]:
+    """The rendezvous strategy and threshold from measured bandwidths
+    ``{strategy: {size: GB/s}}`` (``"eager"`` plus any of ``"read"``, ``"write"``).
+
+    strategy: the rendezvous strategy with the higher geometric-mean bandwidth over
+    the sizes both measured, largest half of them (where rendezvous matters);
+    crossover: the smallest size from which that strategy is at least as fast as
+    eager at every larger size eager was measured at (None: eager always won);
+    threshold: the largest measured size eager won at below the crossover (messages up
+    to it stay eager), or the smallest measured size if rendezvous always won (nothing
+    below what was measured is extrapolated)."""
+    rndv = [s for s in ("read", "write") if table.get(s)]
+    if not rndv:
+        raise ValueError("no rendezvous strategy was measured")
+    common = sorted(set.intersection(*(set(table[s]) for s in rndv)))
+    top = common[len(common) // 2:] or common
+
+    def score(s: str) -> float:
+        return sum(math.log(max(table[s][n], 1e-12)) for n in top) / len(top)
+
+    strategy = max(rndv, key=score)
+    best = table[strategy]
+    eager = table.get("eager", {})
+    sizes = sorted(best)
+    if not eager:
+        return {"strategy": strategy, "threshold": sizes[0], "crossover": sizes[0]}
+    crossover = None
+    for i, n in enumerate(sizes):
+        if all(best[m] >= eager[m] for m in sizes[i:] if m in eager):
+            crossover = n
+            break
+    if crossover is None:
+        threshold = max(eager)
+    else:
+        below = [m for m in sizes if m < crossover and m in eager]
+        threshold = max(below) if below else sizes[0]
+    return {"strategy": strategy, "threshold": threshold, "crossover": crossover}
+
+
+def format_table(table: dict[str, dict[int, float]], choice: dict[str, Any]) -> str:
+    sizes = sorted(set().union(*(set(v) for v in table.values())))
+    names = [s for s in STRATEGIES if s in table]
+    lines = [f"{'size':>9} " + " ".join(f"{n + ' GB/s':>11}" for n in names) + "   fastest"]
+    for n in sizes:
+        cells = {s: table[s].get(n) for s in names}
+        ok = {s: v for s, v in cells.items() if v is not None}
+        lines.append(f"{human(n):>9} " + " ".join(
+            f"{cells[s]:>11.2f}" if cells[s] is not None else f"{'-':>11}" for s in names)
+            + f"   {max(ok, key=ok.get)}")
+    cross = human(choice["crossover"]) if choice["crossover"] is not None else "none (eager won)"
+    lines.append(f"crossover: {cross}; chosen: strategy {choice['strategy']!r}, "
+                 f"eager up to {human(choice['threshold'])}")
+    return "\n".join(lines)
+
+
+def run(sizes: list[int], provider: str, bytes_per_run: int, runs: int, eager_max: int,
+        strategies: tuple[str, ...] = STRATEGIES, progress: bool = True) -> dict[str, Any]:
+    """Measure every strategy; returns ``{"table", "choice", "stats"}``."""
+    allowed = sorted(os.sched_getaffinity(0))
+    cores = (allowed[0], allowed[1]) if len(allowed) > 1 else (None, None)
+    table: dict[str, dict[int, float]] = {}
+    stats: dict[str, Any] = {}
+    for strategy in strategies:
+        ss = [s for s in sizes if strategy != "eager" or s <= eager_max]
+        if not ss:
+            continue
+        if progress:
+            print(f"  measuring {strategy:5s} {human(ss[0])} .. {human(ss[-1])}",
+                  file=sys.stderr, flush=True)
+        res = measure(strategy, schedule(ss, bytes_per_run, runs), provider, cores)
+        table[strategy] = res["gbps"]
+        stats[strategy] = {k: v for k, v in res["sender"].items() if k.startswith("rndv")}
+    return {"table": table, "choice": choose(table), "stats": stats}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rdmamw tune rndv", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--provider", default="shm", choices=("shm", "tcp", "verbs"),
+                    help="transport to measure (default shm: two local processes)")
+    ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
+                    help="comma-separated message sizes (64K, 4M, ... accepted)")
+    ap.add_argument("--eager-max", default="16M",
+                    help="largest eager size measured (the ring's slot size; default 16M)")
+    ap.add_argument("--bytes-per-run", default="256M", help="data per timed run (default 256M)")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per size (median)")
+    ap.add_argument("--out", default=None,
+                    help=f"tuning file (default ${thresholds.FILE_ENV} or "
+                         "~/.config/rdmamw/rendezvous.json)")
+    ap.add_argument("--no-save", action="store_true", help="print only")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    sizes = sorted(parse_bytes(s, "--sizes") for s in a.sizes.split(",") if s.strip())
+    if not sizes or min(sizes) <= 0:
+        ap.error("--sizes needs positive sizes")
+    load = os.getloadavg()
+    print(f"rdmamw tune rndv: provider {a.provider}, {len(sizes)} sizes, load average "
+          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    res = run(sizes, a.provider, parse_bytes(a.bytes_per_run, "--bytes-per-run"), a.runs,
+              parse_bytes(a.eager_max, "--eager-max"), progress=not a.quiet)
+    print(format_table(res["table"], res["choice"]))
+    for s, st in res["stats"].items():
+        print(f"  {s:5s} sender counters: " + ", ".join(f"{k} {v}" for k, v in st.items()))
+    if not a.no_save:
+        c = res["choice"]
+        measured = {s: {str(k): round(v, 3) for k, v in t.items()}
+                    for s, t in res["table"].items()}
+        path = thresholds.save(a.provider, c["strategy"], c["threshold"],
+                               {"gbps": measured, "crossover": c["crossover"],
+                                "load_average": load[0]}, a.out)
+        print(f"written: {path}  (override: {thresholds.STRATEGY_ENV}, "
+              f"{thresholds.THRESHOLD_ENV}, or Channel.open(rendezvous=..., rndv_threshold=...))")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
