@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from rdmamw.errors import RegistrationError
+from rdmamw.memory._span import span as _span
 
 
 def span(buf: Any) -> tuple[int, int]:
@@ -19,26 +20,14 @@ def span(buf: Any) -> tuple[int, int]:
 
     Raises :class:`RegistrationError` for a non-contiguous buffer: it is not one range
     of memory, so it cannot be registered or sent without a copy."""
-    if isinstance(buf, np.ndarray):
-        if not (buf.flags.c_contiguous or buf.flags.f_contiguous):
-            raise RegistrationError("buffer is not contiguous (copy it with "
-                                    "numpy.ascontiguousarray first)")
-        return buf.__array_interface__["data"][0], buf.nbytes
     try:
-        mv = memoryview(buf)
+        return _span(buf)
+    except (BufferError, ValueError) as e:
+        raise RegistrationError(f"buffer is not contiguous ({e}); copy it with "
+                                "numpy.ascontiguousarray first") from e
     except TypeError as e:
         raise RegistrationError(f"{type(buf).__name__} does not support the buffer "
                                 "protocol") from e
-    if not mv.contiguous:
-        raise RegistrationError("buffer is not contiguous")
-    if mv.nbytes == 0:
-        return 0, 0
-    try:
-        flat = mv if mv.ndim == 1 and mv.format == "B" else mv.cast("B")
-        arr = np.frombuffer(flat, np.uint8)
-    except (TypeError, ValueError) as e:
-        raise RegistrationError(f"cannot address this buffer: {e}") from e
-    return arr.__array_interface__["data"][0], mv.nbytes
 
 
 def owner(buf: Any) -> Any:
@@ -61,6 +50,8 @@ def owner(buf: Any) -> Any:
 def owner_span(root: Any, buf: Any) -> tuple[int, int]:
     """The range the owner holds: its own buffer, or (for an owner without the buffer
     protocol, e.g. a torch tensor) the range of the view the user passed."""
+    if isinstance(root, np.ndarray):
+        return span(root)
     storage = getattr(root, "untyped_storage", None)
     if storage is not None and callable(storage):      # torch.Tensor
         st = storage()

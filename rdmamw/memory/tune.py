@@ -21,6 +21,7 @@ import argparse
 import math
 import multiprocessing as mp
 import os
+import resource
 import statistics
 import sys
 import time
@@ -51,6 +52,17 @@ def _pattern(size: int) -> np.ndarray:
     return buf
 
 
+def rss_now() -> int:
+    """Resident bytes of this process now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_peak() -> int:
+    """Peak resident bytes of this process so far (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _slot_size(strategy: str, sizes: list[int]) -> int:
     if strategy != "eager":
         return 64 * KiB
@@ -76,16 +88,20 @@ def _receiver(address: str, strategy: str, plan: list[tuple[int, int, int]], cor
     _pin(core)
     sizes = [s for s, _, _ in plan]
     slot_size = _slot_size(strategy, sizes)
-    slots = max(4, min(64, (64 * MiB) // slot_size))
+    slots = max(2, min(64, (64 * MiB) // slot_size))
+    pattern = _pattern(max(sizes))
+    dests = [aligned_empty(max(sizes)) for _ in range(POSTED if strategy == "write" else 1)]
+    for d in dests:
+        d.fill(0)                                           # touched: resident before rss0
+    rss0 = rss_now()
     try:
         with rdmamw.listen(address, slots=slots, slot_size=slot_size,
                            **_channel_options(strategy)) as lst:
             ready.put(lst.address)
             ch = lst.accept(timeout=60)
-            dests = [aligned_empty(max(sizes)) for _ in range(POSTED if strategy == "write" else 1)]
             bad = []
             for size, count, runs in plan:
-                want = _pattern(size)
+                want = pattern[:size]
                 for _ in range(runs + 1):                   # run 0 warms up
                     if strategy == "write":
                         got = _recv_posted(ch, dests, size, count)
@@ -100,7 +116,8 @@ def _receiver(address: str, strategy: str, plan: list[tuple[int, int, int]], cor
                     if not np.array_equal(got, want):
                         bad.append(f"{size}: content differs")
                     ch.send_batch([b"k"]).wait()
-            out.put({"stats": ch.stats(), "bad": bad})
+            out.put({"stats": ch.stats(), "bad": bad,
+                     "rss": {"before": rss0, "peak": rss_peak()}})
             ch.recv_batch(timeout=30)                      # the sender's close
     except rdmamw.ChannelClosed:
         pass
@@ -129,7 +146,9 @@ def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str = "sh
             cores: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
     """Stream ``plan`` with ``strategy`` to a receiver process; returns
     ``{"gbps": {size: median GB/s}, "runs": {size: [GB/s...]}, "sender": stats,
-    "receiver": stats}``. Raises RuntimeError if the receiver saw wrong bytes."""
+    "receiver": stats, "rss": {side: {"before", "peak"}}}`` (``before``: resident bytes
+    with the buffers allocated, before the channel opened). Raises RuntimeError if the
+    receiver saw wrong bytes."""
     import rdmamw
     ctx = mp.get_context("spawn")
     ready, out = ctx.Queue(), ctx.Queue()
@@ -137,14 +156,17 @@ def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str = "sh
         f"{provider}://127.0.0.1:0"
     proc = ctx.Process(target=_receiver, args=(where, strategy, plan, cores[1], ready, out))
     proc.start()
+    mask = os.sched_getaffinity(0)
     try:
         address = ready.get(timeout=60)
         _pin(cores[0])
+        pattern = _pattern(max(s for s, _, _ in plan))
+        rss0 = rss_now()
         ch = rdmamw.Channel.open(address, timeout=60, slots=16, slot_size=4096,
                                  **_channel_options(strategy))
         result: dict[str, Any] = {"gbps": {}, "runs": {}}
         for size, count, runs in plan:
-            src = _pattern(size)
+            src = pattern[:size]
             batch = max(1, min(64, (4 * MiB) // size))
             rates = []
             for r in range(runs + 1):
@@ -166,9 +188,11 @@ def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str = "sh
             result["gbps"][size] = statistics.median(rates)
             result["runs"][size] = rates
         result["sender"] = ch.stats()
+        result["rss"] = {"sender": {"before": rss0, "peak": rss_peak()}}
         rep = out.get(timeout=120)
         ch.close()
     finally:
+        os.sched_setaffinity(0, mask)       # later children must not inherit one core
         proc.join(30)
         if proc.is_alive():
             proc.kill()
@@ -177,6 +201,7 @@ def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str = "sh
     if rep["bad"]:
         raise RuntimeError(f"{strategy}: wrong data received: {rep['bad'][:3]}")
     result["receiver"] = rep["stats"]
+    result["rss"]["receiver"] = rep["rss"]
     return result
 
 
