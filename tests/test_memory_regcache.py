@@ -332,3 +332,19 @@ class CacheMachine(RuleBasedStateMachine):
 CacheMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40,
                                           deadline=None)
 test_cache_state_machine = CacheMachine.TestCase
+
+
+def test_torch_tensors_hit_by_storage_and_are_held():
+    torch = pytest.importorskip("torch")
+    c, p = cache()
+    t = torch.zeros(4096)
+    for view in (t.numpy(), t.numpy()[100:], t[10:20].numpy()):
+        with c.acquire(view) as lease:
+            assert p.live[lease.handle] == (t.data_ptr(), t.numel() * 4)
+    assert c.stats()["registrations"] == 1 and c.stats()["hits"] == 2
+    ptr = t.data_ptr()
+    del t, view
+    gc.collect()
+    assert c.find(ptr, 16) is not None      # the cache holds the storage: still valid
+    c.clear()
+    assert not p.live

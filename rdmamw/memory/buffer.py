@@ -32,8 +32,8 @@ def span(buf: Any) -> tuple[int, int]:
 
 def owner(buf: Any) -> Any:
     """The object that owns ``buf``'s memory: follow ``ndarray.base`` and
-    ``memoryview.obj`` to the end. A torch tensor seen through ``.numpy()`` ends at
-    the tensor (it has no buffer protocol itself, but it owns the storage)."""
+    ``memoryview.obj`` to the end; for a torch tensor (seen through ``.numpy()``) its
+    storage, which is what holds the memory."""
     obj = buf
     while True:
         if isinstance(obj, memoryview):
@@ -41,21 +41,34 @@ def owner(buf: Any) -> Any:
         elif isinstance(obj, np.ndarray):
             nxt = obj.base
         else:
-            return obj
+            storage = getattr(obj, "untyped_storage", None)
+            return storage() if callable(storage) else obj
         if nxt is None:
             return obj
         obj = nxt
 
 
+def by_identity(root: Any) -> bool:
+    """Whether ``root`` is the one object owning its memory (so it can be told apart by
+    ``is``). False for a torch storage: every ``untyped_storage()`` call makes a new
+    wrapper around the same memory, so it is recognised by address and length, and
+    the cache keeps the wrapper (and so the memory) alive instead."""
+    return not _is_storage(root)
+
+
+def _is_storage(obj: Any) -> bool:
+    return (not isinstance(obj, (np.ndarray, memoryview, bytes, bytearray))
+            and callable(getattr(obj, "data_ptr", None))
+            and callable(getattr(obj, "nbytes", None)))
+
+
 def owner_span(root: Any, buf: Any) -> tuple[int, int]:
-    """The range the owner holds: its own buffer, or (for an owner without the buffer
-    protocol, e.g. a torch tensor) the range of the view the user passed."""
+    """The range the owner holds: its own buffer, a torch storage's range, or (for an
+    owner without the buffer protocol) the range of the view the user passed."""
     if isinstance(root, np.ndarray):
         return span(root)
-    storage = getattr(root, "untyped_storage", None)
-    if storage is not None and callable(storage):      # torch.Tensor
-        st = storage()
-        return st.data_ptr(), st.nbytes()
+    if _is_storage(root):
+        return root.data_ptr(), root.nbytes()
     try:
         return span(root)
     except RegistrationError:

@@ -10,13 +10,15 @@ exporter, a torch tensor) and covers the owner's whole range. A hit needs the sa
 owner object, still alive, still at the same address and length; so a handle is never
 handed out for memory that was freed or moved:
 
-* owners that support weak references (numpy arrays, mmap, torch tensors): the cache
+* owners that support weak references (numpy arrays, mmap): the cache
   holds a weak reference with a callback; when the owner is freed its entry is
   invalidated at once and deregistered (numpy calls the callback *before* it frees the
   data). The cache does not keep such buffers alive.
-* owners without weak references (``bytes``, ``bytearray``): the cache keeps a strong
-  reference until the entry is evicted, so the memory cannot be freed under it. The
-  trade-off: such a buffer stays in memory while cached (at most ``max_bytes`` of them).
+* owners without weak references (``bytes``, ``bytearray``) and torch storages (a new
+  wrapper object per call, so recognised by address and length): the cache keeps a
+  strong reference until the entry is evicted, so the memory cannot be freed under
+  it. The trade-off: such a buffer stays in memory while cached (at most
+  ``max_bytes`` of them); ``clear()`` or a smaller ``RDMAMW_REGCACHE_BYTES`` lets go.
 * an owner whose memory moved (``ndarray.resize``, a grown ``bytearray``) no longer
   matches the entry's range: the old registration is dropped and a new one made.
 
@@ -37,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rdmamw.errors import RegistrationError
-from rdmamw.memory.buffer import owner, owner_span, span
+from rdmamw.memory.buffer import by_identity, owner, owner_span, span
 from rdmamw.memory.units import parse_bytes
 
 MAX_BYTES_ENV = "RDMAMW_REGCACHE_BYTES"
@@ -64,7 +66,7 @@ class _Entry:
         self.inuse = 0
         self.dead = False
         self.cached = cached
-        self.key = 0
+        self.key: Any = 0
 
     def alive_owner(self) -> Any:
         return self.strong if self.ref is None else self.ref()
@@ -125,7 +127,8 @@ class RegCache:
         self.max_bytes = default_max_bytes() if max_bytes is None else int(max_bytes)
         if self.max_bytes < 0:
             raise RegistrationError(f"max_bytes must be >= 0, not {max_bytes}")
-        self._table: OrderedDict[int, _Entry] = OrderedDict()   # id(owner) -> entry, LRU first
+        # id(owner), or (addr, length) for owners kept by address -> entry; LRU first
+        self._table: OrderedDict[Any, _Entry] = OrderedDict()
         self._lock = threading.Lock()
         self._pending: deque[_Entry] = deque()                  # freed owners, not yet dropped
         self._cached_bytes = 0
@@ -148,16 +151,17 @@ class RegCache:
         raddr, rlen = owner_span(root, buf)
         if not (raddr <= addr and addr + length <= raddr + rlen):
             root, raddr, rlen = buf, addr, length       # defensive: register the view itself
+        ident = by_identity(root)
         hold = memoryview(buf)
         with self._lock:
             self._drain()
             if self._closed:
                 hold.release()
                 raise RegistrationError("the registration cache is closed")
-            key = id(root)
+            key = id(root) if ident else (raddr, rlen)
             e = self._table.get(key)
-            if (e is not None and not e.dead and e.alive_owner() is root
-                    and e.addr == raddr and e.length == rlen):
+            if (e is not None and not e.dead and e.addr == raddr and e.length == rlen
+                    and (e.alive_owner() is root if ident else e.strong is not None)):
                 self.hits += 1
                 self._table.move_to_end(key)
             else:
@@ -165,7 +169,7 @@ class RegCache:
                     self.invalidations += 1
                     self._drop(e)
                 self.misses += 1
-                e = self._new_entry(root, raddr, rlen)
+                e = self._new_entry(root, raddr, rlen, key, ident)
             e.inuse += 1
         return Lease(self, e, addr, length, hold)
 
@@ -195,10 +199,12 @@ class RegCache:
         """Drop the registration of ``buf``'s owner now (the user is about to reuse
         the memory in a way the cache cannot see, e.g. remap it). True if one existed."""
         root = owner(buf)
+        ident = by_identity(root)
+        key = id(root) if ident else owner_span(root, buf)
         with self._lock:
             self._drain()
-            e = self._table.get(id(root))
-            if e is None or e.alive_owner() is not root:
+            e = self._table.get(key)
+            if e is None or (ident and e.alive_owner() is not root):
                 return False
             self.invalidations += 1
             self._drop(e)
@@ -246,7 +252,7 @@ class RegCache:
 
     # ---- internals (called with the lock held) ---------------------------------------
 
-    def _new_entry(self, root: Any, addr: int, length: int) -> _Entry:
+    def _new_entry(self, root: Any, addr: int, length: int, key: Any, ident: bool) -> _Entry:
         cached = length <= self.max_bytes
         if cached:
             self._evict_for(length)
@@ -258,10 +264,12 @@ class RegCache:
             self.uncached += 1
             return e
         try:
+            if not ident:
+                raise TypeError("kept by address: hold it")
             e.ref = weakref.ref(root, _freed_callback(self, e))
         except TypeError:
             e.strong = root
-        e.key = id(root)
+        e.key = key
         self._table[e.key] = e
         self._cached_bytes += length
         return e
