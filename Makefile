@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: demo test test-slow vm-deps bench bench-tcp bench-verbs fuzz-tcp lint build clean
+.PHONY: demo test test-slow vm-deps bench bench-allreduce bench-tcp bench-verbs fuzz-tcp lint build clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,11 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	bash bench/setup.sh $(VPY)
 	$(VPY) bench/run.py
+
+# allreduce 1 MiB / 64 MiB at 2 and 4 ranks against mpi4py, gloo and the numpy.add floor
+bench-allreduce: $(STAMP)
+	bash bench/setup.sh $(VPY)
+	$(VPY) bench/allreduce_bench.py --wait-quiet 30
 
 # tcp against iperf3 / pyzmq / raw sockets, and the long decoder fuzz run (not in CI)
 bench-tcp: $(STAMP)

@@ -45,6 +45,12 @@ def reps_for(nbytes: int, reps: int | None) -> int:
     return reps or (200 if nbytes <= 1 << 20 else 15)
 
 
+def warmup_for(nbytes: int, reps: int | None) -> int:
+    """Untimed calls first (every system alike): a tenth of the timed ones, at least 2,
+    so the first algorithm measured does not also pay for page faults and caches."""
+    return max(2, reps_for(nbytes, reps) // 10)
+
+
 # ---- one rank of each system ----------------------------------------------------------
 
 
@@ -56,15 +62,16 @@ def rank_rdmamw(cfg: dict) -> None:
     comm = coll.Communicator()
     out: dict = {}
     for nbytes in cfg["sizes"]:
+        warm = warmup_for(nbytes, cfg["reps"])
         x = np.ones(nbytes // 4, np.float32)
         y = np.empty_like(x)
         for alg in cfg["algorithms"]:
             times = []
-            for k in range(reps_for(nbytes, cfg["reps"]) + 2):
+            for k in range(reps_for(nbytes, cfg["reps"]) + warm):
                 coll.barrier(comm=comm)
                 t0 = time.perf_counter()
                 coll.allreduce(x, algorithm=alg, out=y, comm=comm)
-                if k >= 2:
+                if k >= warm:
                     times.append(time.perf_counter() - t0)
             assert y[0] == w.world_size and y[-1] == w.world_size
             out[f"{alg}/{nbytes}"] = statistics.median(times)
@@ -81,14 +88,15 @@ def rank_mpi(cfg: dict) -> None:
     pin(comm.Get_rank())
     out: dict = {"library": MPI.Get_library_version().splitlines()[0].strip()}
     for nbytes in cfg["sizes"]:
+        warm = warmup_for(nbytes, cfg["reps"])
         x = np.ones(nbytes // 4, np.float32)
         y = np.empty_like(x)
         times = []
-        for k in range(reps_for(nbytes, cfg["reps"]) + 2):
+        for k in range(reps_for(nbytes, cfg["reps"]) + warm):
             comm.Barrier()
             t0 = time.perf_counter()
             comm.Allreduce(x, y, op=MPI.SUM)
-            if k >= 2:
+            if k >= warm:
                 times.append(time.perf_counter() - t0)
         assert y[0] == comm.Get_size()
         out[f"mpi4py/{nbytes}"] = statistics.median(times)
@@ -104,14 +112,15 @@ def rank_gloo(cfg: dict) -> None:
     tdist.init_process_group("gloo", rank=rank, world_size=n)
     out: dict = {"torch": torch.__version__}
     for nbytes in cfg["sizes"]:
+        warm = warmup_for(nbytes, cfg["reps"])
         x = torch.ones(nbytes // 4, dtype=torch.float32)
         times = []
-        for k in range(reps_for(nbytes, cfg["reps"]) + 2):
+        for k in range(reps_for(nbytes, cfg["reps"]) + warm):
             x.fill_(1.0)
             tdist.barrier()
             t0 = time.perf_counter()
             tdist.all_reduce(x)
-            if k >= 2:
+            if k >= warm:
                 times.append(time.perf_counter() - t0)
         assert float(x[0]) == n
         out[f"gloo/{nbytes}"] = statistics.median(times)
@@ -135,14 +144,15 @@ def numpy_floor(cfg: dict) -> dict:
 def _numpy_floor(cfg: dict) -> dict:
     out = {}
     for nbytes in cfg["sizes"]:
+        warm = warmup_for(nbytes, cfg["reps"])
         a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
         c = np.empty_like(a)
         times = []
-        for _ in range(reps_for(nbytes, cfg["reps"]) + 2):
+        for _ in range(reps_for(nbytes, cfg["reps"]) + warm):
             t0 = time.perf_counter()
             np.add(a, b, out=c)
             times.append(time.perf_counter() - t0)
-        out[f"numpy/{nbytes}"] = statistics.median(times[2:])
+        out[f"numpy/{nbytes}"] = statistics.median(times[warm:])
     return out
 
 
