@@ -214,8 +214,8 @@ def targets(res: dict) -> list[str]:
     lines = []
     mc, mpi = res.get("memcpy", {}), res.get("mpi4py")
     mpi = mpi if isinstance(mpi, dict) else {}
-    for strategy in ("read", "write"):
-        r = res.get("rdmamw", {}).get(strategy, {})
+    for strategy in ("read", "write") if "rdmamw" in res else ():
+        r = res["rdmamw"].get(strategy, {})
         g = r.get("gbps", {}) if "error" not in r else {}
         for size in (4 * MiB, 64 * MiB):
             v = g.get(size)
@@ -251,6 +251,8 @@ def report(res: dict, sizes: list[int]) -> None:
     rd = res.get("rdmamw", {})
     names = [s for s in ("eager", "read", "write") if s in rd]
     head = f"{'size':>8} {'memcpy':>8} {'mpi4py':>8} " + " ".join(f"{n:>8}" for n in names)
+    if not (mc or mpi or rd):
+        return report_tail(res)
     print("\nstreaming bandwidth, GB/s (median); ratio of the best rendezvous strategy")
     print(head + f" {'best/memcpy':>12} {'best/mpi4py':>12}")
     for size in sizes:
@@ -265,11 +267,15 @@ def report(res: dict, sizes: list[int]) -> None:
     for n in names:
         if "error" in rd[n]:
             print(f"  {n}: ERROR {rd[n]['error']}")
-        else:
-            st = {k: v for k, v in rd[n]["sender"].items() if k.startswith("rndv")}
-            print(f"  {n} sender counters: {st}")
+    ok = {n: rd[n]["sender"] for n in names if "error" not in rd[n]}
+    for line in tune.counter_lines(ok):
+        print("  " + line)
     if isinstance(mpi, str):
         print(f"  mpi4py: {mpi}")
+    report_tail(res)
+
+
+def report_tail(res: dict) -> None:
     rc = res.get("regcost")
     if rc:
         print(f"\nregistration per send ({rc['kind']}): microseconds, and per MB")

@@ -76,3 +76,17 @@ def test_tune_rndv_measures_and_saves(tmp_path, provider):
     assert set(saved["measured"]["gbps"]) == {"eager", "read", "write"}
     got = thresholds.lookup(provider, out)
     assert (got["strategy"], got["threshold"]) == (saved["strategy"], saved["threshold"])
+
+
+def test_counter_lines_say_what_really_happened():
+    lines = tune.counter_lines({"eager": {"rndv_sends": 0},
+                                "write": {"rndv_sends": 10, "rndv_writes": 4}})
+    assert lines == ["eager: 0 rendezvous sends (expected 0)",
+                     "write: 10 rendezvous sends, 4 written by the sender (40%), "
+                     "6 read by the receiver"]
+
+
+def test_pattern_prefixes_agree():
+    import numpy as np
+    for n in (1, 255, 256, 1000, 70000):
+        assert np.array_equal(tune._pattern(n), (np.arange(n) % 256).astype(np.uint8))

@@ -37,7 +37,8 @@ from rdmamw.memory.units import human, parse_bytes
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
 STRATEGIES = ("eager", "read", "write")
-POSTED = 2                   # destinations the write receiver keeps posted
+POSTED_BYTES = 128 * MiB     # the write receiver posts up to this much ahead...
+POSTED_MAX = 32              # ...in at most this many destinations (and at least 2)
 
 
 def schedule(sizes: list[int], bytes_per_run: int, runs: int) -> list[tuple[int, int, int]]:
@@ -47,8 +48,12 @@ def schedule(sizes: list[int], bytes_per_run: int, runs: int) -> list[tuple[int,
 
 
 def _pattern(size: int) -> np.ndarray:
+    """Bytes 0, 1, ..., 255, 0, 1, ... (any prefix is the pattern of a smaller size),
+    built without a temporary as large as the buffer (the RSS is measured)."""
     buf = aligned_empty(size)
-    buf[:] = np.arange(size, dtype=np.uint64).astype(np.uint8)
+    whole = size - size % 256
+    buf[:whole].reshape(-1, 256)[:] = np.arange(256, dtype=np.uint8)
+    buf[whole:] = np.arange(size - whole, dtype=np.uint8)
     return buf
 
 
@@ -69,10 +74,17 @@ def _slot_size(strategy: str, sizes: list[int]) -> int:
     return max(64 * KiB, -(-max(sizes) // 4096) * 4096)
 
 
-def _channel_options(strategy: str) -> dict[str, Any]:
+def _channel_options(strategy: str, sizes: list[int]) -> dict[str, Any]:
+    """Eager: rendezvous off. Otherwise every measured size goes by rendezvous (the
+    one-byte control messages stay eager)."""
     if strategy == "eager":
         return {"rendezvous": "off"}
-    return {"rendezvous": strategy, "rndv_threshold": 0}
+    return {"rendezvous": strategy, "rndv_threshold": max(0, min(sizes) - 1)}
+
+
+def posted(size: int, count: int) -> int:
+    """Destinations the write receiver keeps posted for messages of ``size``."""
+    return min(count, max(2, min(POSTED_MAX, POSTED_BYTES // size)))
 
 
 def _pin(core: int | None) -> None:
@@ -90,13 +102,13 @@ def _receiver(address: str, strategy: str, plan: list[tuple[int, int, int]], cor
     slot_size = _slot_size(strategy, sizes)
     slots = max(2, min(64, (64 * MiB) // slot_size))
     pattern = _pattern(max(sizes))
-    dests = [aligned_empty(max(sizes)) for _ in range(POSTED if strategy == "write" else 1)]
-    for d in dests:
-        d.fill(0)                                           # touched: resident before rss0
+    arena = aligned_empty(max(posted(n, c) * n if strategy == "write" else n
+                              for n, c, _ in plan))
+    arena.fill(0)                                           # touched: resident before rss0
     rss0 = rss_now()
     try:
         with rdmamw.listen(address, slots=slots, slot_size=slot_size,
-                           **_channel_options(strategy)) as lst:
+                           **_channel_options(strategy, sizes)) as lst:
             ready.put(lst.address)
             ch = lst.accept(timeout=60)
             bad = []
@@ -104,10 +116,16 @@ def _receiver(address: str, strategy: str, plan: list[tuple[int, int, int]], cor
                 want = pattern[:size]
                 for _ in range(runs + 1):                   # run 0 warms up
                     if strategy == "write":
-                        got = _recv_posted(ch, dests, size, count)
+                        views = [arena[i * size:(i + 1) * size]
+                                 for i in range(posted(size, count))]
+                        for v in views:
+                            ch.post_recv(v)
+                        ch.send_batch([b"g"]).wait()        # go: destinations posted
+                        got = _recv_posted(ch, views, count)
                     else:
-                        dst = dests[0][:size]
+                        dst = arena[:size]
                         dst[:1] = ~want[:1]
+                        ch.send_batch([b"g"]).wait()
                         for _ in range(count):
                             n = ch.recv_into(dst)
                             if n != size:
@@ -125,12 +143,9 @@ def _receiver(address: str, strategy: str, plan: list[tuple[int, int, int]], cor
         out.put({"error": f"{type(e).__name__}: {e}"})
 
 
-def _recv_posted(ch: Any, dests: list[np.ndarray], size: int, count: int) -> np.ndarray:
-    """Receive ``count`` messages into posted destinations, reposting each one; returns
-    (a copy of) the last message's bytes."""
-    views = [d[:size] for d in dests]
-    for v in views:
-        ch.post_recv(v)
+def _recv_posted(ch: Any, views: list[np.ndarray], count: int) -> np.ndarray:
+    """Receive ``count`` messages into the posted ``views`` (reposting each one when
+    its message was consumed); returns a copy of the last message's bytes."""
     last = None
     for i in range(count):
         m = ch.recv()
@@ -163,7 +178,7 @@ def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str = "sh
         pattern = _pattern(max(s for s, _, _ in plan))
         rss0 = rss_now()
         ch = rdmamw.Channel.open(address, timeout=60, slots=16, slot_size=4096,
-                                 **_channel_options(strategy))
+                                 **_channel_options(strategy, [n for n, _, _ in plan]))
         result: dict[str, Any] = {"gbps": {}, "runs": {}}
         for size, count, runs in plan:
             src = pattern[:size]
@@ -171,6 +186,7 @@ def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str = "sh
             rates = []
             for r in range(runs + 1):
                 handles: deque = deque()
+                ch.recv(timeout=120)                       # go
                 t0 = time.perf_counter()
                 left = count
                 while left:
@@ -260,6 +276,22 @@ def format_table(table: dict[str, dict[int, float]], choice: dict[str, Any]) -> 
     return "\n".join(lines)
 
 
+def counter_lines(stats: dict[str, dict]) -> list[str]:
+    """What each strategy really did, from the sender's counters: with ``write`` a
+    message is written by the sender only if the receiver had posted a destination in
+    time, else the receiver reads it."""
+    out = []
+    for s, st in stats.items():
+        if s == "eager":
+            out.append(f"eager: {st.get('rndv_sends', 0)} rendezvous sends (expected 0)")
+            continue
+        sends, writes = st.get("rndv_sends", 0), st.get("rndv_writes", 0)
+        share = f" ({writes / sends:.0%})" if sends else ""
+        out.append(f"{s}: {sends} rendezvous sends, {writes} written by the sender{share}, "
+                   f"{sends - writes} read by the receiver")
+    return out
+
+
 def run(sizes: list[int], provider: str, bytes_per_run: int, runs: int, eager_max: int,
         strategies: tuple[str, ...] = STRATEGIES, progress: bool = True) -> dict[str, Any]:
     """Measure every strategy; returns ``{"table", "choice", "stats"}``."""
@@ -305,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     res = run(sizes, a.provider, parse_bytes(a.bytes_per_run, "--bytes-per-run"), a.runs,
               parse_bytes(a.eager_max, "--eager-max"), progress=not a.quiet)
     print(format_table(res["table"], res["choice"]))
-    for s, st in res["stats"].items():
-        print(f"  {s:5s} sender counters: " + ", ".join(f"{k} {v}" for k, v in st.items()))
+    for line in counter_lines(res["stats"]):
+        print("  " + line)
     if not a.no_save:
         c = res["choice"]
         measured = {s: {str(k): round(v, 3) for k, v in t.items()}
