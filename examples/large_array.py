@@ -26,7 +26,8 @@ import rdmamw
 def sender(address: str, mib: int, rendezvous: str) -> None:
     ch = rdmamw.Channel.open(address, timeout=30, rendezvous=rendezvous)
     x = np.arange(mib << 18, dtype=np.float32)           # mib MiB of float32
-    handle = ch.send_batch([x])
+    ch.send_batch([b"ready"]).wait()                      # (so the receiver's clock
+    handle = ch.send_batch([x])                           #  leaves out our start-up)
     handle.wait()                                         # x may be reused from here on
     ch.recv(timeout=60)                                   # the receiver's "checked"
     print(f"sender: {x.nbytes >> 20} MiB sent; counters "
@@ -44,10 +45,13 @@ def main() -> int:
         p = mp.get_context("spawn").Process(target=sender, args=(address, a.mib, a.rendezvous))
         p.start()
         ch = lst.accept(timeout=30)
-        dst = np.empty(a.mib << 18, dtype=np.float32)    # preallocated destination
-        t0 = time.perf_counter()
+        dst = np.zeros(a.mib << 18, dtype=np.float32)    # preallocated destination
+        dst.fill(1)                                       # touched, as a reused buffer is
         if a.rendezvous == "write":
             ch.post_recv(dst)                             # the sender writes into dst
+        ch.recv(timeout=60)                               # "ready"
+        t0 = time.perf_counter()
+        if a.rendezvous == "write":
             m = ch.recv(timeout=60)
             n = len(m)
             del m                                         # dst is ours again
