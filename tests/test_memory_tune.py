@@ -90,3 +90,12 @@ def test_pattern_prefixes_agree():
     import numpy as np
     for n in (1, 255, 256, 1000, 70000):
         assert np.array_equal(tune._pattern(n), (np.arange(n) % 256).astype(np.uint8))
+
+
+def test_same_compares_in_slices():
+    import numpy as np
+    a = np.zeros(3 * M + 5, np.uint8)
+    b = a.copy()
+    assert tune._same(a, b, chunk=M)
+    b[-1] = 1
+    assert not tune._same(a, b, chunk=M) and not tune._same(a, b[:-1], chunk=M)
