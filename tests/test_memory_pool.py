@@ -191,3 +191,23 @@ def test_channel_stats_merges_cache_and_pool():
     assert s["registrations"] == 2 and s["regcache_hits"] == 1 and s["regcache_misses"] == 1
     assert s["bytes_pinned"] == 1000 + 4 * KiB and s["pool_acquires"] == 1
     assert channel_stats(None, None)["registrations"] >= 0
+
+
+def test_a_buffer_returned_inside_the_pool_own_call_does_not_deadlock():
+    """allocate()'s finalizer may run (garbage collector) while this thread is inside
+    the pool: the return must not wait for a lock this thread holds."""
+    held = {}
+    p = Provider()
+
+    def register(addr, length):
+        if "buf" in held:
+            held.pop("buf").release()
+        return p.register(addr, length)
+
+    pool = BufferPool((4 * KiB, 16 * KiB), max_bytes=1 << 20, shards=1,
+                      register=register, deregister=p.deregister)
+    held["buf"] = pool.acquire(100)
+    with pool.acquire(10 * KiB):            # a new block: register runs under the lock
+        pass
+    s = pool.stats()
+    assert s["bytes_idle"] == 20 * KiB and s["allocations"] == 2

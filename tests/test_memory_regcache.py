@@ -348,3 +348,27 @@ def test_torch_tensors_hit_by_storage_and_are_held():
     assert c.find(ptr, 16) is not None      # the cache holds the storage: still valid
     c.clear()
     assert not p.live
+
+
+def test_release_and_free_inside_the_cache_own_call_do_not_deadlock():
+    """The garbage collector may run a lease's __del__ or a weakref callback while this
+    thread is inside the cache (here: inside register): the work waits for the lock's
+    release instead of deadlocking."""
+    p = FakeProvider()
+    held = {}
+
+    def register(addr, length):
+        if "lease" in held:
+            held.pop("lease").release()     # as a collected lease would
+            held.pop("array")               # its array is freed too
+        return p.register(addr, length)
+
+    c = RegCache(register, p.deregister, max_bytes=1 << 20)
+    held["array"] = np.zeros(1000, np.uint8)
+    held["lease"] = c.acquire(held["array"])
+    first = next(iter(p.live))
+    other = np.zeros(2000, np.uint8)
+    with c.acquire(other):
+        pass
+    s = c.stats()
+    assert first not in p.live and s["invalidations"] == 1 and s["bytes_pinned"] == 2000

@@ -116,7 +116,10 @@ class PooledBuffer:
 
 class _Shard:
     def __init__(self, ntiers: int, max_bytes: int) -> None:
-        self.lock = threading.Lock()
+        # re-entrant: the garbage collector may return a buffer (allocate()'s
+        # finalizer) while this thread is inside the shard; every update under the
+        # lock is a single consistent step, so a nested return is harmless
+        self.lock = threading.RLock()
         self.free: list[list[_Block]] = [[] for _ in range(ntiers)]
         self.max_bytes = max_bytes
         self.bytes = 0                      # pooled buffers owned by this shard
@@ -147,7 +150,7 @@ class BufferPool:
         self._shards = [_Shard(len(self.tiers), self.max_bytes // shards) for _ in range(shards)]
         self._local = threading.local()
         self._next_shard = itertools.count()
-        self._lock = threading.Lock()       # the overflow counters only
+        self._lock = threading.RLock()      # the counters only (re-entrant: see _Shard)
         self.overflows = 0
         self.registrations = self.deregistrations = 0
         self._closed = False

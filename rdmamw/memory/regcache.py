@@ -108,7 +108,10 @@ class Lease:
 
     def __del__(self) -> None:
         if getattr(self, "_entry", None) is not None:
-            self.release()
+            try:
+                self.release()
+            except RegistrationError:       # the cache went first (a collected cycle)
+                pass
 
     def __repr__(self) -> str:
         return (f"<Lease handle={self.handle!r} addr={self.addr:#x} length={self.length}"
@@ -130,7 +133,12 @@ class RegCache:
         # id(owner), or (addr, length) for owners kept by address -> entry; LRU first
         self._table: OrderedDict[Any, _Entry] = OrderedDict()
         self._lock = threading.Lock()
-        self._pending: deque[_Entry] = deque()                  # freed owners, not yet dropped
+        self._guard = _Guard(self)
+        self._owner: int | None = None          # the thread holding _lock
+        # work found while this thread held the lock (a weakref callback or a lease's
+        # __del__ run by the garbage collector inside our own critical section):
+        # ("freed" | "release", entry), done before the lock is let go
+        self._pending: deque[tuple[str, _Entry]] = deque()
         self._cached_bytes = 0
         self._closed = False
         self.registrations = self.deregistrations = 0
@@ -153,8 +161,7 @@ class RegCache:
             root, raddr, rlen = buf, addr, length       # defensive: register the view itself
         ident = by_identity(root)
         hold = memoryview(buf)
-        with self._lock:
-            self._drain()
+        with self._guard:
             if self._closed:
                 hold.release()
                 raise RegistrationError("the registration cache is closed")
@@ -176,8 +183,7 @@ class RegCache:
     def find(self, addr: int, length: int) -> Any | None:
         """The handle of a live registration containing ``[addr, addr+length)``, if any
         (for checking descriptors; it does not count as a hit)."""
-        with self._lock:
-            self._drain()
+        with self._guard:
             for e in self._table.values():
                 if (not e.dead and e.addr <= addr and addr + length <= e.addr + e.length
                         and self._fresh(e)):
@@ -201,8 +207,7 @@ class RegCache:
         root = owner(buf)
         ident = by_identity(root)
         key = id(root) if ident else owner_span(root, buf)
-        with self._lock:
-            self._drain()
+        with self._guard:
             e = self._table.get(key)
             if e is None or (ident and e.alive_owner() is not root):
                 return False
@@ -212,21 +217,19 @@ class RegCache:
 
     def clear(self) -> None:
         """Deregister every idle entry (entries in use go when their lease is released)."""
-        with self._lock:
-            self._drain()
+        with self._guard:
             for e in list(self._table.values()):
                 self._drop(e)
 
     def close(self) -> None:
         """Clear and refuse further use (the provider's protection domain goes next)."""
         self.clear()
-        with self._lock:
+        with self._guard:
             self._closed = True
 
     def stats(self) -> dict[str, int]:
         """The counters (``bytes_pinned``: bytes registered now, cached or in use)."""
-        with self._lock:
-            self._drain()
+        with self._guard:
             return {
                 "registrations": self.registrations,
                 "deregistrations": self.deregistrations,
@@ -243,8 +246,7 @@ class RegCache:
     def entries(self) -> list[tuple[int, int, bool]]:
         """``(addr, length, in_use)`` of the live cached entries, least recently used
         first (tests and debugging)."""
-        with self._lock:
-            self._drain()
+        with self._guard:
             return [(e.addr, e.length, e.inuse > 0) for e in self._table.values()]
 
     def __len__(self) -> int:
@@ -304,36 +306,67 @@ class RegCache:
         self._deregister(handle)
 
     def _release(self, e: _Entry) -> None:
-        with self._lock:
-            if e.inuse <= 0:
-                raise RegistrationError("lease released twice")
-            e.inuse -= 1
-            if e.inuse == 0:
-                if e.dead or not e.cached:
-                    self._dereg(e)
-                elif self._cached_bytes > self.max_bytes:
-                    self._evict_for(0)
-            self._drain()
+        if e.inuse <= 0:
+            raise RegistrationError("lease released twice")
+        if self._owner == threading.get_ident():    # collected inside our own call
+            self._pending.append(("release", e))
+            return
+        with self._guard:
+            self._release_now(e)
+
+    def _release_now(self, e: _Entry) -> None:
+        e.inuse -= 1
+        if e.inuse == 0:
+            if e.dead or not e.cached:
+                self._dereg(e)
+            elif self._cached_bytes > self.max_bytes:
+                self._evict_for(0)
 
     def _drain(self) -> None:
         while self._pending:
-            e = self._pending.popleft()
-            if self._table.get(e.key) is e:
+            what, e = self._pending.popleft()
+            if what == "release":
+                self._release_now(e)
+            elif self._table.get(e.key) is e:
                 self.invalidations += 1
                 self._drop(e)
 
     def _on_freed(self, e: _Entry) -> None:
         """The owner of ``e`` is being freed: never hand ``e`` out again, and drop it
-        now unless the cache is busy (then the next call does)."""
+        (at once, or before the lock is let go if this thread holds it)."""
         if e.dead:
             return
         e.dead = True
-        self._pending.append(e)
-        if self._lock.acquire(blocking=False):
-            try:
-                self._drain()
-            finally:
-                self._lock.release()
+        self._pending.append(("freed", e))
+        if self._owner != threading.get_ident():
+            with self._guard:
+                pass
+
+
+class _Guard:
+    """The cache's lock: remembers its holder, and does the deferred work (see
+    ``_pending``) on the way in and out."""
+
+    __slots__ = ("c",)
+
+    def __init__(self, cache: RegCache) -> None:
+        self.c = weakref.ref(cache)         # no cycle: the cache dies by refcount
+
+    def __enter__(self) -> None:
+        c = self.c()
+        if c is None:                       # only while the collector tears a cycle down
+            raise RegistrationError("the registration cache is gone")
+        c._lock.acquire()
+        c._owner = threading.get_ident()
+        c._drain()
+
+    def __exit__(self, *exc: Any) -> None:
+        c = self.c()
+        try:
+            c._drain()
+        finally:
+            c._owner = None
+            c._lock.release()
 
 
 def _freed_callback(cache: RegCache, e: _Entry) -> Callable[[Any], None]:
