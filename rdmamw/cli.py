@@ -1,5 +1,6 @@
-"""The ``rdmamw`` command: ``demo`` (the main job), ``info``, ``tune`` (the collectives'
-cost model) and ``tune rndv`` (the eager/rendezvous threshold)."""
+"""The ``rdmamw`` command: ``demo`` (the main job: a parameter-server training
+cluster), ``demo-stream`` (batched vs ack streaming), ``info``, ``tune`` (the
+collectives' cost model) and ``tune rndv`` (the eager/rendezvous threshold)."""
 
 from __future__ import annotations
 
@@ -138,9 +139,9 @@ def _table(results: list[StreamResult]) -> str:
     return "\n".join(lines)
 
 
-def demo(args: argparse.Namespace) -> int:
-    """The main job: batched vs per-message-acknowledged streaming, side by side."""
-    print(f"rdmamw {rdmamw.__version__} demo: one sender and one receiver process on "
+def demo_stream(args: argparse.Namespace) -> int:
+    """Batched vs per-message-acknowledged streaming, side by side."""
+    print(f"rdmamw {rdmamw.__version__} demo-stream: one sender and one receiver process on "
           f"shm, {args.seconds:g} s per run\n")
     results = []
     for size, batch in ((8, 256), (65536, 16)):
@@ -182,12 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     if given[:1] == ["tune"]:            # its own argument parser (rdmamw tune -h)
         from rdmamw.collectives.tune import main as tune
         return tune(given[1:])
+    if given[:1] == ["demo"]:            # its own argument parser (rdmamw demo -h)
+        from rdmamw.ps.demo import main as demo
+        return demo(given[1:])
     parser = argparse.ArgumentParser(prog="rdmamw", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("demo", help="stream batched vs ack between two processes on shm")
+    sub.add_parser("demo", help="a parameter-server training cluster: consistency models "
+                                "compared (rdmamw demo -h)")
+    p = sub.add_parser("demo-stream", help="stream batched vs ack between two processes on shm")
     p.add_argument("--seconds", type=float, default=1.5, help="per run (default 1.5)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=demo)
+    p.set_defaults(func=demo_stream)
     p = sub.add_parser("info", help="providers usable on this machine")
     p.set_defaults(func=info)
     sub.add_parser("tune", help="calibrate the collectives' cost model (rdmamw tune -h); "

@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--kill-server", type=int, default=0)
     ap.add_argument("--round-timeout", type=float, default=10.0)
     ap.add_argument("--bad", default="")
+    ap.add_argument("--push-pull", action="store_true", help="one push_pull per iteration")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     c = ps.Consistency.parse(a.consistency, round_timeout=a.round_timeout)
@@ -94,8 +95,12 @@ def main() -> None:
                 time.sleep(hang[2])
             if me == 0 and a.slow:
                 time.sleep(a.slow)
-            node.push(KEYS, [xi - ti for xi, ti in zip(x, tg, strict=True)])
-            node.pull(KEYS, out=x)
+            grads = [xi - ti for xi, ti in zip(x, tg, strict=True)]
+            if a.push_pull:
+                node.push_pull(KEYS, grads, out=x)
+            else:
+                node.push(KEYS, grads)
+                node.pull(KEYS, out=x)
     except rdmamw.PeerLost as e:
         out["peer_lost"] = str(e)
     out["error_norm"] = float(max(np.abs(xi - ti).max() for xi, ti in zip(x, tg, strict=True)))

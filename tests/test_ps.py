@@ -51,8 +51,9 @@ def bsp_reference(iters: int, big: int, lr: float = 0.2, mu: float = 0.5) -> np.
     return x
 
 
-def test_bsp_matches_the_sequential_result_and_applies_n_per_round():
-    servers, workers, _ = run_job(5, "--servers", "2", "--iters", "12")
+@pytest.mark.parametrize("how", [[], ["--push-pull"]])
+def test_bsp_matches_the_sequential_result_and_applies_n_per_round(how):
+    servers, workers, _ = run_job(5, "--servers", "2", "--iters", "12", *how)
     assert len(servers) == 2 and len(workers) == 3
     ref = bsp_reference(12, 40000)[:3]
     for w in workers:
@@ -83,6 +84,11 @@ def test_tensors_larger_than_the_rings_go_through_in_blocks():
     ("ssp:0", lambda s: s["max_gap"] == 0),
     ("lsp:2:1", lambda s: s["max_staleness"] <= 1 and s["below_quorum"] == 0),
     ("alsp:2", lambda s: s["max_staleness"] <= 2 and s["below_quorum"] == 0),
+    # the slow worker's gradients are stale while the fast pair syncs: applied at once,
+    # delay-compensated, never dropped
+    ("hybrid:2:dc0.05", lambda s: s["async"] >= 1 and s["dropped"] == 0
+     and s["applied"] == 3 * 15),
+    ("asp:dc0.05", lambda s: s["applied"] == 3 * 15),
 ])
 def test_consistency_models_converge_and_keep_their_invariant(mode, check):
     servers, workers, _ = run_job(5, "--servers", "2", "--iters", "15", "--consistency", mode,

@@ -12,9 +12,11 @@ from rdmamw.ps.consistency import APPLY, DROP, PEND, Adaptive, Consistency
 
 
 def simulate(spec: str, speeds: list[float], iters: int = 40, seed: int = 0,
-             timeout: float = 1e9, hang: tuple[int, float] | None = None) -> dict:
+             timeout: float = 1e9, hang: tuple[int, float] | None = None,
+             pushes: list | None = None) -> dict:
     """Workers compute for speed * jitter time units, push, then read when allowed.
-    Returns the policy's stats plus per-round bookkeeping the test checks."""
+    Returns the policy's stats plus per-round bookkeeping the test checks; ``pushes``
+    collects (worker, staleness, was it pending already, decision) of every push."""
     rng = random.Random(seed)
     n = len(speeds)
     pol = Consistency.parse(spec, round_timeout=timeout).policy(list(range(n)))
@@ -47,7 +49,10 @@ def simulate(spec: str, speeds: list[float], iters: int = 40, seed: int = 0,
                     applied_per_round.append(len(pol.close(t)))
                 continue
             t = max(t, done_at[w])
+            was_pending = w in getattr(pol, "pending", ())
             d = pol.on_push(w, base[w], t)
+            if pushes is not None:
+                pushes.append((w, pol.version - base[w], was_pending, d))
             assert d in (APPLY, PEND, DROP)
             count[w] += 1
             reading.add(w)
@@ -109,6 +114,29 @@ def test_alsp_keeps_its_bound_and_finds_the_fast_group(speeds):
     assert r["max_staleness"] <= 1 and r["below_quorum"] == 0
 
 
+@pytest.mark.parametrize("speeds", SPEEDS)
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_hybrid_syncs_fresh_gradients_and_applies_stale_ones_at_once(speeds, k):
+    pushes: list = []
+    r = simulate(f"hybrid:{k}", speeds, seed=k, pushes=pushes)
+    n = len(speeds)
+    for _w, staleness, was_pending, d in pushes:
+        assert d == (PEND if staleness == 0 and not was_pending else APPLY)
+    assert r["dropped"] == 0 and r["below_quorum"] == 0          # nothing is thrown away
+    assert max(r["per_round"]) <= n          # (below k only once finished workers left)
+    pol = r["policy"]
+    assert pol.version == len(r["per_round"])                    # async applies: no version
+    assert r["merged"] + len(pol.pending) == 40 * n == len(pushes)
+    assert r["async"] == sum(d == APPLY for *_, d in pushes)
+
+
+def test_hybrid_lets_a_straggler_work_asynchronously():
+    r = simulate("hybrid:2", [1.0, 1.0, 4.0])
+    # while the fast pair runs (40 rounds of 2, never waiting), the straggler's ~10
+    # gradients are all stale and applied at once; alone afterwards, it is fresh
+    assert r["per_round"].count(2) == 40 and r["async"] >= 9 and r["max_staleness"] >= 3
+
+
 def test_alsp_plans_k_and_groups_from_times():
     pol = Adaptive([0, 1, 2, 3], bound=1, timeout=10, ratio=1.5, global_every=0)
     for w, sec in enumerate([1.0, 1.1, 1.9, 5.0]):
@@ -143,7 +171,9 @@ def test_lost_workers_leave_the_quorum():
     assert sorted(pol.close(0.0)) == [0, 1]
 
 
-@pytest.mark.parametrize("text, err", [("nope", "one of"), ("ssp:-1", "negative")])
+@pytest.mark.parametrize("text, err", [("nope", "one of"), ("ssp:-1", "negative"),
+                                       ("hybrid:2:dc-1", "negative"),
+                                       ("asp:dcx", "cannot read"), ("lsp:a", "cannot read")])
 def test_parse_errors(text, err):
     with pytest.raises(ValueError, match=err):
         Consistency.parse(text)
@@ -154,6 +184,12 @@ def test_parse():
     assert (c.mode, c.k, c.bound) == ("lsp", 3, 2)
     assert Consistency.parse("ssp:4").s == 4
     assert Consistency.parse("ALSP:3").bound == 3
+    h = Consistency.parse("hybrid:3")
+    assert (h.mode, h.k, h.dc) == ("hybrid", 3, Consistency.HYBRID_DC)
+    assert Consistency.parse("hybrid:3:dc0.5").dc == 0.5
+    assert Consistency.parse("hybrid", dc=0.0).dc == 0.0
+    assert (Consistency.parse("ssp:2:dc0.1").s, Consistency.parse("ssp:2:dc0.1").dc) == (2, 0.1)
+    assert Consistency.parse("bsp").dc == 0.0
 
 
 def test_round_sizes_are_counted():

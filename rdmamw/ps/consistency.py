@@ -26,32 +26,43 @@ APPLY, PEND, DROP = "apply", "pend", "drop"
 class Consistency:
     """The user's choice, one switch: ``Consistency.parse("ssp:2")`` etc."""
 
-    mode: str                       # bsp | asp | ssp | lsp | alsp
+    mode: str                       # bsp | asp | ssp | lsp | alsp | hybrid
     s: int = 0                      # SSP staleness
-    k: int = 0                      # LSP quorum (0: all workers)
+    k: int = 0                      # LSP / hybrid quorum (0: all workers)
     bound: int = 1                  # LSP/ALSP: largest staleness ever applied
     round_timeout: float = 10.0     # BSP/LSP/ALSP: close a round without a silent worker
     ratio: float = 1.5              # ALSP: speed ratio inside one worker group
     global_every: int = 4           # ALSP: every this many rounds wait for everybody
+    dc: float = 0.0                 # delay compensation lambda (DC-ASGD; rdmamw/ps/optim.py)
 
-    MODES = ("bsp", "asp", "ssp", "lsp", "alsp")
+    MODES = ("bsp", "asp", "ssp", "lsp", "alsp", "hybrid")
+    HYBRID_DC = 0.04                # hybrid's default lambda (DC-ASGD's constant variant)
 
     @classmethod
     def parse(cls, text: str, **kw: float) -> Consistency:
-        """``"bsp"``, ``"asp"``, ``"ssp:S"``, ``"lsp:K[:BOUND]"``, ``"alsp[:BOUND]"``."""
+        """``"bsp"``, ``"asp"``, ``"ssp:S"``, ``"lsp:K[:BOUND]"``, ``"alsp[:BOUND]"``,
+        ``"hybrid[:K]"``; any of them may end in ``":dcLAMBDA"`` (delay compensation,
+        e.g. ``"ssp:2:dc0.1"``; hybrid defaults to ``dc0.04``)."""
         name, *args = text.lower().split(":")
         if name not in cls.MODES:
             raise ValueError(f"consistency must be one of {cls.MODES}, not {text!r}")
         c = cls(name, **kw)  # type: ignore[arg-type]
-        nums = [int(a) for a in args]
+        if name == "hybrid" and "dc" not in kw:
+            c.dc = cls.HYBRID_DC
+        try:
+            if args and args[-1].startswith("dc"):
+                c.dc = float(args.pop()[2:])
+            nums = [int(a) for a in args]
+        except ValueError:
+            raise ValueError(f"cannot read the parameters of {text!r}") from None
         if name == "ssp" and nums:
             c.s = nums[0]
-        elif name == "lsp" and nums:
+        elif name in ("lsp", "hybrid") and nums:
             c.k = nums[0]
-            c.bound = nums[1] if len(nums) > 1 else c.bound
+            c.bound = nums[1] if len(nums) > 1 and name == "lsp" else c.bound
         elif name == "alsp" and nums:
             c.bound = nums[0]
-        if c.s < 0 or c.k < 0 or c.bound < 0:
+        if c.s < 0 or c.k < 0 or c.bound < 0 or not c.dc >= 0:
             raise ValueError(f"negative parameter in {text!r}")
         return c
 
@@ -64,6 +75,8 @@ class Consistency:
             return Rounds(workers, k=0, bound=0, timeout=self.round_timeout)
         if self.mode == "lsp":
             return Rounds(workers, k=self.k, bound=self.bound, timeout=self.round_timeout)
+        if self.mode == "hybrid":
+            return Hybrid(workers, k=self.k, timeout=self.round_timeout)
         return Adaptive(workers, bound=self.bound, timeout=self.round_timeout,
                         ratio=self.ratio, global_every=self.global_every)
 
@@ -82,7 +95,7 @@ class Policy:
     def __post_init__(self) -> None:
         self.live = set(self.workers)
         self.clock = {w: 0 for w in self.workers}
-        self.stats = {"applied": 0, "dropped": 0, "max_staleness": 0, "max_gap": 0,
+        self.stats = {"applied": 0, "dropped": 0, "merged": 0, "max_staleness": 0, "max_gap": 0,
                       "round_sizes": Counter(), "timeouts": 0,
                       "below_quorum": 0}
 
@@ -105,6 +118,12 @@ class Policy:
         self.stats["applied"] += 1
         self.stats["max_staleness"] = max(self.stats["max_staleness"], staleness)
 
+    @property
+    def merged(self) -> int:
+        """Gradients already in the model (a pending round's are not yet): what a
+        training job counts its epochs by."""
+        return self.stats["merged"]
+
 
 class Async(Policy):
     """ASP (``s is None``): every gradient is applied when it arrives, reads never
@@ -120,6 +139,7 @@ class Async(Policy):
         self.clock[w] += 1
         self._note_applied(self.version - base)
         self.version += 1
+        self.stats["merged"] += 1
         return APPLY
 
     def can_read(self, w: int) -> bool:
@@ -182,6 +202,7 @@ class Rounds(Policy):
     def close(self, now: float) -> list[int]:
         done, self.pending = self.pending, []
         self.stats["round_sizes"][len(done)] += 1      # size -> rounds: bounded memory
+        self.stats["merged"] += len(done)
         if len(done) < self.quorum():
             self.stats["below_quorum"] += 1          # only a timeout closes these
         self.version += 1
@@ -244,6 +265,29 @@ class Adaptive(Rounds):
         super().lost(w)
         self.times.pop(w, None)
         self.replan()
+
+
+class Hybrid(Rounds):
+    """Hybrid sync/async: fresh gradients (computed on the current round's model)
+    are synchronised in rounds that close at the first ``k`` of the live workers, as
+    in LSP; a stale gradient (its round closed without it) is applied at once, alone,
+    instead of waiting for or joining a round, and never dropped: its staleness is
+    what delay compensation (``dc``) corrects. The version counts rounds only, so
+    the async applies do not make the synchronous workers' gradients stale."""
+
+    def __init__(self, workers: list[int], *, k: int, timeout: float) -> None:
+        super().__init__(workers, k=k, bound=0, timeout=timeout)
+        self.stats["async"] = 0                 # stale gradients applied on arrival
+
+    def on_push(self, w: int, base: int, now: float) -> str:
+        staleness = self.version - base
+        if staleness == 0 and w not in self.pending:
+            return super().on_push(w, base, now)
+        self.clock[w] += 1
+        self._note_applied(staleness)
+        self.stats["merged"] += 1
+        self.stats["async"] += 1
+        return APPLY
 
 
 def now() -> float:

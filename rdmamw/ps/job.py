@@ -5,10 +5,39 @@ ascending rank order on both sides (the rule of ``Channel.open(rank)``)."""
 
 from __future__ import annotations
 
+import os
+
 import rdmamw
+from rdmamw.channel import Channel
 from rdmamw.ps.consistency import Consistency
 from rdmamw.ps.server import KVServer
 from rdmamw.ps.worker import KVWorker
+
+#: Ring of each parameter-server channel: 16 slots x 1 MiB, as the collectives'. Big
+#: blocks cut the per-block Python cost of large tensors: a 4 MiB push+pull on shm
+#: with 64 KiB blocks (the global default ring) took ~1.6-1.8x the two raw transfers,
+#: with 1 MiB blocks ~1.15-1.3x (bench/ps_bench.py, loaded box). Small messages are
+#: packed into one slot, so the few slots do not limit small tensors.
+#: RDMAMW_SLOTS / RDMAMW_SLOT_SIZE, when set, win (as for every channel).
+PS_SLOTS = int(os.environ.get("RDMAMW_SLOTS", 16))
+PS_SLOT_SIZE = int(os.environ.get("RDMAMW_SLOT_SIZE", 1 << 20))
+
+
+def connect(servers: int, open_timeout: float = 60.0, *, slots: int = PS_SLOTS,
+            slot_size: int = PS_SLOT_SIZE) -> tuple[bool, dict[int, Channel]]:
+    """Join the job (``rdmamw.init()``) and open this rank's channels: (True, worker
+    index -> channel) on a server, (False, server index -> channel) on a worker. The
+    channels can carry one KVServer / KVWorker pair after another (see ``done()``)."""
+    w = rdmamw.init()
+    if not 0 < servers < w.world_size:
+        raise ValueError(f"need 1 .. {w.world_size - 1} servers in a world of "
+                         f"{w.world_size}, not {servers}")
+    if w.rank < servers:
+        return True, {r - servers: rdmamw.Channel.open(r, timeout=open_timeout, slots=slots,
+                                                       slot_size=slot_size)
+                      for r in range(servers, w.world_size)}
+    return False, {r: rdmamw.Channel.open(r, timeout=open_timeout, slots=slots,
+                                          slot_size=slot_size) for r in range(servers)}
 
 
 def start(servers: int, *, consistency: Consistency | str = "bsp", lr: float = 0.1,
@@ -16,16 +45,10 @@ def start(servers: int, *, consistency: Consistency | str = "bsp", lr: float = 0
           open_timeout: float = 60.0) -> KVServer | KVWorker:
     """Join the job (``rdmamw.init()``) and return this rank's KVServer or KVWorker.
     The servers' worker indices are ``rank - servers``."""
-    w = rdmamw.init()
-    if not 0 < servers < w.world_size:
-        raise ValueError(f"need 1 .. {w.world_size - 1} servers in a world of "
-                         f"{w.world_size}, not {servers}")
-    if w.rank < servers:
-        chans = {r - servers: rdmamw.Channel.open(r, timeout=open_timeout)
-                 for r in range(servers, w.world_size)}
+    serving, chans = connect(servers, open_timeout)
+    if serving:
         return KVServer(chans, consistency=consistency, lr=lr, momentum=momentum)
-    return KVWorker([rdmamw.Channel.open(r, timeout=open_timeout) for r in range(servers)],
-                    timeout=timeout)
+    return KVWorker([chans[s] for s in sorted(chans)], timeout=timeout)
 
 
 def worker_index(servers: int) -> int:

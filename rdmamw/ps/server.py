@@ -16,8 +16,9 @@ import numpy as np
 from rdmamw.channel import Channel
 from rdmamw.errors import ChannelClosed, PeerLost, Timeout
 from rdmamw.ps import wire
-from rdmamw.ps.consistency import APPLY, DROP, Adaptive, Consistency, Policy
+from rdmamw.ps.consistency import APPLY, DROP, Adaptive, Async, Consistency, Policy
 from rdmamw.ps.metrics import PeerMetrics
+from rdmamw.ps.optim import SGD
 
 log = logging.getLogger("rdmamw.ps")
 
@@ -25,7 +26,8 @@ log = logging.getLogger("rdmamw.ps")
 class KVServer:
     """Serve the workers on ``channels`` (worker index -> Channel) until each has
     said goodbye or is lost. ``lr`` / ``momentum``: the SGD step the server applies
-    (to the mean gradient of a round, or to each gradient / n in ASP and SSP)."""
+    (to the mean gradient of a round, or to each gradient / n in ASP and SSP), with
+    delay compensation when the consistency model asks for it (``dc``)."""
 
     def __init__(self, channels: dict[int, Channel] | Sequence[Channel], *,
                  consistency: Consistency | str = "bsp", lr: float = 0.1,
@@ -37,17 +39,24 @@ class KVServer:
         self.consistency = c
         self.policy: Policy = c.policy(sorted(self.chans))
         self.lr, self.momentum, self.idle_sleep = lr, momentum, idle_sleep
+        self.opt = SGD(lr, momentum, c.dc)
+        # ASP / SSP apply every gradient on arrival: blocks go straight from the ring
+        # into the model; round models stage them until the worker's clock decides
+        self.direct = isinstance(self.policy, Async)
         self.n = len(self.chans)
         self.model: dict[Any, np.ndarray] = {}
         self.velocity: dict[Any, np.ndarray] = {}
         self.pending: dict[Any, np.ndarray] = {}       # a round's gradient sum
         self.staging: dict[int, dict[Any, np.ndarray]] = {w: {} for w in self.chans}
+        self.staged: dict[int, set] = {w: set() for w in self.chans}  # keys of this push
+        self.backup: dict[int, dict[Any, np.ndarray]] = {w: {} for w in self.chans}  # dc
         self.expect: dict[int, dict | None] = {w: None for w in self.chans}  # header, payload due
         self.reads: dict[int, dict] = {}               # deferred pulls, one per worker
         self.bye: set[int] = set()
         self._fresh: set = set()                       # keys still taking initial values
         self.lost: set[int] = set()
         self.peers: dict[int, PeerMetrics] = {w: PeerMetrics() for w in self.chans}
+        self._last = -1                                # the worker heard from last
 
     # -- the loop -------------------------------------------------------------------
 
@@ -55,7 +64,7 @@ class KVServer:
         """Run until every worker is done or lost; return :meth:`stats`."""
         while not self.finished:
             if not self.serve_once():
-                time.sleep(self.idle_sleep)
+                self.idle()
         return self.stats()
 
     @property
@@ -64,27 +73,43 @@ class KVServer:
 
     def serve_once(self) -> bool:
         """One pass over the channels, the round clock and the waiting reads; says
-        whether anything happened (so the caller may sleep briefly if not)."""
+        whether anything happened (so the caller may wait briefly if not)."""
         busy = False
-        for w, ch in list(self.chans.items()):
-            if w in self.lost or w in self.bye:
-                continue
-            try:
-                msgs = ch.recv_batch(timeout=0)
-            except Timeout:
-                continue
-            except (PeerLost, ChannelClosed) as e:
-                self._lose(w, e)
-                continue
-            busy = True
-            for m in msgs:
-                self._message(w, m)
+        for w in list(self.chans):
+            busy |= self._receive(w, 0)
         now = time.monotonic()
         while self.policy.close_due(now):
             self._close_round(now)
             busy = True
         self._answer_reads()
         return busy
+
+    def idle(self) -> None:
+        """Nothing to do: wait up to ``idle_sleep`` s for the worker heard from last
+        (a blocking receive wakes at once when it sends; a sleep would not)."""
+        live = [w for w in self.chans if w not in self.lost and w not in self.bye]
+        if live:
+            self._receive(self._last if self._last in live else live[0], self.idle_sleep)
+
+    def _receive(self, w: int, timeout: float) -> bool:
+        """Take what worker ``w`` sent (waiting up to ``timeout`` s); whether any."""
+        if w in self.lost or w in self.bye:
+            return False
+        try:
+            msgs = self.chans[w].recv_batch(timeout=timeout)
+        except Timeout:
+            return False
+        except (PeerLost, ChannelClosed) as e:
+            self._lose(w, e)
+            return False
+        self._last = w
+        for i, m in enumerate(msgs):
+            if w in self.bye:           # nothing may follow a BYE (it waits for the ack)
+                log.warning("rdmamw.ps: worker %d sent %d messages after bye; dropped",
+                            w, len(msgs) - i)
+                break
+            self._message(w, m)
+        return True
 
     def stats(self) -> dict:
         s = dict(self.policy.stats)
@@ -126,6 +151,8 @@ class KVServer:
         elif op == wire.BYE:
             self.bye.add(w)
             self._forget(w)
+            if "id" in h:               # acknowledged, so the worker's next messages wait
+                self._send(w, [wire.pack(wire.OK, id=h["id"], version=self.policy.version)])
         else:
             self._error(w, None, f"unknown request {op!r}")
 
@@ -143,10 +170,17 @@ class KVServer:
             self._error(w, key, f"key {key!r}: pushed {h['dt']} block [{o}:{o + block.size}] "
                                 f"does not fit the server's {cur.dtype} of shape {cur.shape}")
             return
-        st = self.staging[w].get(key)
-        if st is None:
-            st = self.staging[w][key] = np.zeros(cur.size, cur.dtype)
-        st[o:o + block.size] = block
+        e = o + block.size
+        if self.direct:
+            bak = self.backup[w].get(key)
+            self.opt.step(cur.reshape(-1)[o:e], self.velocity[key][o:e], block, 1.0 / self.n,
+                          None if bak is None else bak[o:e])
+        else:
+            st = self.staging[w].get(key)
+            if st is None:                  # kept: a fresh model-sized array per push
+                st = self.staging[w][key] = np.empty(cur.size, cur.dtype)  # page-faults
+            st[o:e] = block
+            self.staged[w].add(key)
         del block
 
     def _init_block(self, w: int, h: dict, m: Any) -> None:
@@ -177,31 +211,25 @@ class KVServer:
             self.peers[w].compute.add(float(h["t"]))
             if isinstance(self.policy, Adaptive):
                 self.policy.observe(w, self.peers[w].compute.ema)
-        grads = self.staging[w]
-        self.staging[w] = {}
+        keys, self.staged[w] = self.staged[w], set()
         decision = self.policy.on_push(w, int(h.get("base", 0)), time.monotonic())
-        if decision == DROP:
+        if decision == DROP or self.direct:        # direct: applied block by block already
             return
-        if decision == APPLY:
-            for key, g in grads.items():
-                self._step(key, g, 1.0 / self.n)
-            return
-        for key, g in grads.items():
-            self.pending[key] += g
+        for key in keys:
+            g, bak = self.staging[w][key], self.backup[w].get(key)
+            flat = self.model[key].reshape(-1)
+            if decision == APPLY:
+                self.opt.step(flat, self.velocity[key], g, 1.0 / self.n, bak)
+            else:
+                self.opt.accumulate(self.pending[key], g, flat, bak)
 
     def _close_round(self, now: float) -> None:
         done = self.policy.close(now)
         if not done:
             return
         for key, g in self.pending.items():
-            self._step(key, g, 1.0 / len(done))
-            g[:] = 0
-
-    def _step(self, key: Any, g: np.ndarray, scale: float) -> None:
-        v = self.velocity[key]
-        v *= self.momentum
-        v += scale * g
-        self.model[key].reshape(-1)[:] -= self.lr * v
+            self.opt.step(self.model[key].reshape(-1), self.velocity[key], g, 1.0 / len(done))
+            g.fill(0)
 
     # -- replies --------------------------------------------------------------------
 
@@ -220,12 +248,18 @@ class KVServer:
             if cur is None:
                 self._error(w, key, f"pull of unknown key {key!r}")
                 return
+            if self.opt.dc > 0:             # what the worker computes its next gradient on
+                bak = self.backup[w].get(key)
+                if bak is None:
+                    bak = self.backup[w][key] = np.empty(cur.size, cur.dtype)
+                np.copyto(bak, cur.reshape(-1))
             last = cur.size
             for o, b in wire.blocks(cur.reshape(-1), ch.eager_limit):
                 out.append(wire.pack(wire.VAL, k=key, o=o, last=o + b.size >= last))
                 out.append(b)
                 self.peers[w].bytes_out += b.nbytes
-        out.append(wire.pack(wire.END, id=h["id"], version=self.policy.version))
+        out.append(wire.pack(wire.END, id=h["id"], version=self.policy.version,
+                             merged=self.policy.merged))
         self._send(w, out)
 
     def _error(self, w: int, key: Any, text: str) -> None:
@@ -248,4 +282,4 @@ class KVServer:
     def _forget(self, w: int) -> None:
         self.policy.lost(w)
         self.reads.pop(w, None)
-        self.staging[w] = {}
+        self.staging[w], self.staged[w], self.backup[w] = {}, set(), {}

@@ -11,7 +11,7 @@ import msgpack
 import numpy as np
 
 #: header ops. worker -> server: INIT (+payload), SYNC, GRAD (+payload), CLOCK, PULL,
-#: BYE. server -> worker: OK, VAL (+payload), END (a pull is complete), ERR.
+#: BYE (acknowledged with OK). server -> worker: OK, VAL (+payload), END (a pull is complete), ERR.
 INIT, SYNC, GRAD, CLOCK, PULL, BYE = "init", "sync", "grad", "clock", "pull", "bye"
 OK, VAL, END, ERR = "ok", "val", "end", "err"
 WITH_PAYLOAD = (INIT, GRAD, VAL)

@@ -32,6 +32,7 @@ class KVWorker:
         self.shapes: dict[Hashable, tuple[tuple[int, ...], np.dtype]] = {}
         self.base = [0] * len(self.chans)       # model version each server last served
         self.clock = 0
+        self.merged = 0         # gradients in the model at the last pull (fewest of any server)
         self.metrics = WorkerMetrics()
         self._ids = itertools.count()
         self._pulled_at: float | None = None
@@ -65,26 +66,7 @@ class KVWorker:
     def push(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> None:
         """Send one iteration's gradients (one clock tick on every server)."""
         t0 = time.monotonic()
-        if self._pulled_at is not None:
-            self.metrics.compute.add(t0 - self._pulled_at)
-        keys, values = list(keys), list(values)
-        self._pairs(keys, values)
-        for k, v in zip(keys, values, strict=True):
-            self._check(k, v)
-        per: list[list] = [[] for _ in self.chans]
-        for k, v in zip(keys, values, strict=True):
-            s = self.owner(k)
-            flat = np.ascontiguousarray(v).reshape(-1)
-            for o, b in wire.blocks(flat, self.chans[s].eager_limit):
-                per[s] += [wire.pack(wire.GRAD, k=k, o=o, dt=flat.dtype.str), b]
-                self.metrics.bytes_pushed += b.nbytes
-        t = self.metrics.compute.last if self._pulled_at is not None else None
-        handles = [ch.send_batch(per[s] + [wire.pack(wire.CLOCK, c=self.clock + 1,
-                                                     base=self.base[s], t=t)])
-                   for s, ch in enumerate(self.chans)]
-        for h in handles:
-            h.wait()                            # the caller may reuse its arrays now
-        self.clock += 1
+        self._send(self._push_msgs(keys, values, t0))
         self.metrics.push.add(time.monotonic() - t0)
 
     def pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None = None
@@ -92,6 +74,52 @@ class KVWorker:
         """Fetch the servers' current values of ``keys`` (into ``out`` if given), as
         soon as the consistency model lets this worker read."""
         t0 = time.monotonic()
+        out, dest, reqs = self._pull_msgs(keys, out)
+        self._send({s: [m] for s, (m, _) in reqs.items()})
+        self._pull_wait({s: rid for s, (_, rid) in reqs.items()}, dest, t0)
+        return out
+
+    def push_pull(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
+                  out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+        """:meth:`push` then :meth:`pull` of the same keys, the pull request riding in
+        the push's batch: one message exchange (and one server wake-up) fewer."""
+        t0 = time.monotonic()
+        out, dest, reqs = self._pull_msgs(keys, out)
+        per = self._push_msgs(keys, values, t0)
+        for s, (m, _) in reqs.items():
+            per[s].append(m)
+        self._send(per)
+        t1 = time.monotonic()
+        self.metrics.push.add(t1 - t0)
+        self._pull_wait({s: rid for s, (_, rid) in reqs.items()}, dest, t1)
+        return out
+
+    def _push_msgs(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
+                   t0: float) -> dict[int, list]:
+        """Per server: the GRAD blocks of its keys and the clock tick (a push)."""
+        if self._pulled_at is not None:
+            self.metrics.compute.add(t0 - self._pulled_at)
+        keys, values = list(keys), list(values)
+        self._pairs(keys, values)
+        for k, v in zip(keys, values, strict=True):
+            self._check(k, v)
+        per: dict[int, list] = {s: [] for s in range(len(self.chans))}
+        for k, v in zip(keys, values, strict=True):
+            s = self.owner(k)
+            flat = np.ascontiguousarray(v).reshape(-1)
+            for o, b in wire.blocks(flat, self.chans[s].eager_limit):
+                per[s] += [wire.pack(wire.GRAD, k=k, o=o, dt=flat.dtype.str), b]
+                self.metrics.bytes_pushed += b.nbytes
+        t = self.metrics.compute.last if self._pulled_at is not None else None
+        for s in per:
+            per[s].append(wire.pack(wire.CLOCK, c=self.clock + 1, base=self.base[s], t=t))
+        self.clock += 1
+        return per
+
+    def _pull_msgs(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None
+                   ) -> tuple[list[np.ndarray], dict, dict[int, tuple[bytes, int]]]:
+        """Check a pull: (out arrays, their flat views by key, per server the PULL
+        request and its id)."""
         keys = list(keys)
         for k in keys:
             if k not in self.shapes:
@@ -109,23 +137,44 @@ class KVWorker:
         by_server: dict[int, list] = {}
         for k in keys:
             by_server.setdefault(self.owner(k), []).append(k)
-        ids = {}
+        reqs = {}
         for s, ks in by_server.items():
-            ids[s] = next(self._ids)
-            self.chans[s].send(wire.pack(wire.PULL, keys=ks, id=ids[s])).wait()
-        for s, h in self._await(ids, dest).items():
+            rid = next(self._ids)
+            reqs[s] = (wire.pack(wire.PULL, keys=ks, id=rid), rid)
+        return out, dest, reqs
+
+    def _send(self, per: dict[int, list]) -> None:
+        handles = [self.chans[s].send_batch(msgs) for s, msgs in per.items() if msgs]
+        for h in handles:
+            h.wait()                            # the caller may reuse its arrays now
+
+    def _pull_wait(self, ids: dict[int, int], dest: dict, t0: float) -> None:
+        replies = self._await(ids, dest)
+        for s, h in replies.items():
             self.base[s] = h["version"]
+        self.merged = min(int(h.get("merged", 0)) for h in replies.values())
         self._pulled_at = time.monotonic()
         self.metrics.pull.add(self._pulled_at - t0)
-        return out
+
+    def done(self) -> None:
+        """Tell the servers this worker is done (they stop counting on it); the
+        channels stay open, so a new KVWorker / KVServer pair may use them next."""
+        ids = {}
+        for s, ch in enumerate(self.chans):
+            try:
+                ids[s] = next(self._ids)
+                ch.send(wire.pack(wire.BYE, id=ids[s])).wait()
+            except RdmamwError:
+                ids.pop(s, None)
+        try:        # the acknowledgement: nothing sent after it reaches this server object
+            self._await(ids, None)
+        except RdmamwError:
+            pass
 
     def close(self) -> None:
-        """Tell the servers this worker is done (they stop counting on it), close."""
+        """:meth:`done`, then close the channels."""
+        self.done()
         for ch in self.chans:
-            try:
-                ch.send(wire.pack(wire.BYE)).wait()
-            except RdmamwError:
-                pass
             ch.close()
 
     # -- helpers --------------------------------------------------------------------
