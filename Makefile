@@ -50,7 +50,7 @@ bench-allreduce: $(STAMP)
 # large messages: rendezvous per strategy against memcpy and mpi4py; registration cost
 bench-rndv: $(STAMP)
 	bash bench/setup.sh $(VPY)
-	$(VPY) bench/rendezvous_bench.py --wait-quiet 60 $(BENCH_ARGS)
+	$(VPY) bench/rendezvous_bench.py --wait-quiet 60 --rounds 2 $(BENCH_ARGS)
 
 # registration cost with real ibv_reg_mr (soft-RoCE in the VM), with and without the cache
 bench-rndv-verbs: vm-deps $(STAMP)

@@ -3,6 +3,7 @@
     python bench/rendezvous_bench.py                  # shm, 64 KiB .. 64 MiB, ~2-3 min
     python bench/rendezvous_bench.py --quick          # fewer bytes per point
     python bench/rendezvous_bench.py --wait-quiet 120 # on a shared box: wait for idle cores
+    python bench/rendezvous_bench.py --rounds 3       # medians over 3 interleaved rounds
     python bench/rendezvous_bench.py --only regcost --provider verbs   # in the VM
                                                       # (make bench-rndv-verbs)
 
@@ -206,6 +207,37 @@ def run_regcost(sizes: list[int], provider: str, seconds: float) -> dict:
 
 # ---- report --------------------------------------------------------------------------
 
+def combine(rounds: list[dict]) -> dict:
+    """Medians over the rounds, per system and size; the rdmamw counters of the last
+    round and its largest RSS growth; an error of any round stays visible."""
+    def med(tables: list[dict]) -> dict:
+        sizes = set().union(*(t.keys() for t in tables))
+        return {n: statistics.median(t[n] for t in tables if n in t) for n in sorted(sizes)}
+
+    out: dict = {}
+    if any("memcpy" in r for r in rounds):
+        out["memcpy"] = med([r["memcpy"] for r in rounds])
+    mpis = [r["mpi4py"] for r in rounds if "mpi4py" in r]
+    if mpis:
+        ok = [m for m in mpis if isinstance(m, dict)]
+        out["mpi4py"] = med(ok) if ok else mpis[-1]
+    if any("rdmamw" in r for r in rounds):
+        out["rdmamw"] = {}
+        for strategy in rounds[0]["rdmamw"]:
+            runs = [r["rdmamw"][strategy] for r in rounds]
+            bad = [x for x in runs if "error" in x]
+            if bad:
+                out["rdmamw"][strategy] = bad[-1]
+                continue
+            last = dict(runs[-1])
+            last["gbps"] = med([x["gbps"] for x in runs])
+            last["rss"] = {side: max((x["rss"][side] for x in runs),
+                                     key=lambda v: v["peak"] - v["before"])
+                           for side in runs[-1]["rss"]}
+            out["rdmamw"][strategy] = last
+    return out
+
+
 def verdict(ok: bool | None) -> str:
     return "UNTESTED" if ok is None else ("PASS" if ok else "FAIL")
 
@@ -298,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer bytes per point")
     ap.add_argument("--wait-quiet", type=float, default=0, metavar="S",
                     help="wait up to S seconds for the other load to drop first")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat memcpy, rdmamw and mpi4py this many times, interleaved, "
+                         "and report medians over the rounds (steadier on a shared box)")
     ap.add_argument("--json", help="also write the raw results here")
     a = ap.parse_args(argv)
     sizes = sorted(int(s) for s in a.sizes.split(",") if s)
@@ -316,19 +351,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rendezvous bench: {a.provider}, {len(cores)} cores, load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
           + (f", other load {busy:.0f}% before start" if busy is not None else ""))
-    res: dict = {}
-    if "memcpy" in phases:
-        print("  memcpy ...", flush=True)
-        res["memcpy"] = run_memcpy(sizes, runs, seconds, cores[0])
-    if "rdmamw" in phases:
-        res["rdmamw"] = {}
-        for strategy in ("eager", "read", "write"):
-            print(f"  rdmamw {strategy} ...", flush=True)
-            res["rdmamw"][strategy] = run_rdmamw(strategy, sizes, a.provider, per_run, runs,
-                                                 pair)
-    if "mpi4py" in phases:
-        print("  mpi4py ...", flush=True)
-        res["mpi4py"] = run_mpi(sizes, runs, seconds)
+    rounds = []
+    for r in range(a.rounds):
+        one: dict = {"loadavg": os.getloadavg()[0]}
+        if "memcpy" in phases:
+            print(f"  round {r + 1}/{a.rounds}: memcpy ...", flush=True)
+            one["memcpy"] = run_memcpy(sizes, runs, seconds, cores[0])
+        if "rdmamw" in phases:
+            one["rdmamw"] = {}
+            for strategy in ("eager", "read", "write"):
+                print(f"  round {r + 1}/{a.rounds}: rdmamw {strategy} ...", flush=True)
+                one["rdmamw"][strategy] = run_rdmamw(strategy, sizes, a.provider, per_run,
+                                                     runs, pair)
+        if "mpi4py" in phases:
+            print(f"  round {r + 1}/{a.rounds}: mpi4py ...", flush=True)
+            one["mpi4py"] = run_mpi(sizes, runs, seconds)
+        rounds.append(one)
+    res: dict = combine(rounds)
+    meta["rounds"] = rounds
     if "regcost" in phases:
         print("  registration cost ...", flush=True)
         res["regcost"] = run_regcost(sizes, a.provider, 0.2 if a.quick else 0.5)
