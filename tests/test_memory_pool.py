@@ -211,3 +211,13 @@ def test_a_buffer_returned_inside_the_pool_own_call_does_not_deadlock():
         pass
     s = pool.stats()
     assert s["bytes_idle"] == 20 * KiB and s["allocations"] == 2
+
+
+def test_a_pool_without_registration_counts_none():
+    from rdmamw.memory.counters import channel_stats
+    pool = BufferPool((4 * KiB,), max_bytes=1 << 20, shards=1)
+    pool.acquire(100).release()
+    s = pool.stats()
+    assert not pool.registering and s["registrations"] == 0 and s["allocations"] == 1
+    assert channel_stats(None, pool)["bytes_pinned"] == 0
+    assert channel_stats(None, pool)["pool_bytes"] == 4 * KiB

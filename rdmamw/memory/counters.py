@@ -12,7 +12,8 @@ def channel_stats(cache: RegCache | None = None,
                   pool: BufferPool | None = None) -> dict[str, int]:
     """``registrations`` / ``deregistrations`` (cache and pool together),
     ``regcache_hits`` / ``_misses`` / ``_evictions`` / ``_invalidations``,
-    ``bytes_pinned`` (registered now: cached buffers plus pooled ones) and the pool's
+    ``bytes_pinned`` (registered now: cached buffers plus the pool's, if it registers)
+    and the pool's
     ``pool_acquires`` / ``pool_reuses`` / ``pool_overflows`` / ``pool_bytes``.
 
     ``pool`` defaults to the process-wide pool of received rendezvous messages (if it
@@ -28,7 +29,8 @@ def channel_stats(cache: RegCache | None = None,
         "regcache_misses": c.get("misses", 0),
         "regcache_evictions": c.get("evictions", 0),
         "regcache_invalidations": c.get("invalidations", 0),
-        "bytes_pinned": c.get("bytes_pinned", 0) + p.get("bytes_pooled", 0),
+        "bytes_pinned": c.get("bytes_pinned", 0) + (
+            p.get("bytes_pooled", 0) if pool is not None and pool.registering else 0),
         "pool_acquires": p.get("acquires", 0),
         "pool_reuses": p.get("reuses", 0),
         "pool_overflows": p.get("overflows", 0),

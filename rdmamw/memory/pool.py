@@ -147,6 +147,9 @@ class BufferPool:
         self.tiers = tuple(int(t) for t in tiers)
         self.max_bytes = int(max_bytes)
         self._register, self._deregister = register, deregister
+        #: whether buffers are really registered (the default pool's are not: each
+        #: transport makes a destination visible itself), so counted as pinned
+        self.registering = register is not _no_register
         self._shards = [_Shard(len(self.tiers), self.max_bytes // shards) for _ in range(shards)]
         self._local = threading.local()
         self._next_shard = itertools.count()
@@ -256,13 +259,13 @@ class BufferPool:
         array = aligned_empty(size)
         handle = self._register(array.__array_interface__["data"][0], size)
         with self._lock:
-            self.registrations += 1
+            self.registrations += self.registering
         return _Block(array, handle, tier, shard)
 
     def _free_block(self, block: _Block) -> None:
         self._deregister(block.handle)
         with self._lock:
-            self.deregistrations += 1
+            self.deregistrations += self.registering
 
     def _give_back(self, block: _Block) -> None:
         shard = block.shard
