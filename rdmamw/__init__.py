@@ -11,6 +11,7 @@ from rdmamw import errors
 from rdmamw.bootstrap import World, finalize, init, world
 from rdmamw.channel import Channel, Listener, Message, SendHandle, listen
 from rdmamw.errors import (
+    BufferTooSmall,
     ChannelClosed,
     MessageTooLarge,
     PeerLost,
@@ -24,6 +25,7 @@ from rdmamw.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BufferTooSmall",
     "Channel",
     "ChannelClosed",
     "Listener",

@@ -14,6 +14,14 @@ cdef enum:
     RM_WR_SIGNALED = 1      # produce a completion
     RM_WR_INLINE = 2        # payload copied at post time; source reusable on return
     RM_WR_PUBLISH = 4       # 8-byte words stored with release order (bitmap/control words)
+    RM_WR_EXPOSED = 8       # rkey is a key from the peer's expose(), remote_off an address
+                            # inside that exposure (rendezvous READ / WRITE)
+
+# What expose() grants: LOCAL only makes the range usable as a WR source/READ target.
+cdef enum:
+    RM_ACCESS_LOCAL = 0
+    RM_ACCESS_REMOTE_READ = 1
+    RM_ACCESS_REMOTE_WRITE = 2
 
 # Regions every endpoint exposes to its peer; rkey in a WR names one of them.
 cdef enum:
@@ -33,6 +41,8 @@ cdef enum:
     RM_ERR_PEER_LOST = -2
     RM_ERR_CLOSED = -3
     RM_ERR_OS = -4
+    RM_ERR_UNSUPPORTED = -5 # the provider cannot do this (e.g. expose without CMA)
+    RM_ERR_AGAIN = -6       # no room right now (exposure table, staging area): retry later
 
 ctypedef struct rm_wr:
     uint64_t wr_id
@@ -50,6 +60,11 @@ ctypedef struct rm_wc:
     int32_t status
     uint32_t opcode
 
+ctypedef struct rm_mem:      # a range made visible by expose()
+    uint32_t handle         # for unexpose(); 0 = nothing to undo
+    uint32_t lkey           # local key for WRs that use the range
+    uint32_t rkey           # the key the peer names in RM_WR_EXPOSED work requests
+
 ctypedef struct rm_region:
     char *addr
     uint64_t length
@@ -60,6 +75,8 @@ cdef class Transport:
     cdef readonly bint direct_source      # WRITE may source from any process memory (no MR)
     cdef readonly bint synchronous        # post() has executed the chain when it returns
     cdef readonly uint32_t max_inline
+    cdef readonly bint can_expose         # expose() works: rendezvous is possible
+    cdef readonly uint64_t max_expose     # largest range expose() takes (0: no limit)
     # counters: everything that hits the "NIC"
     cdef public uint64_t n_doorbells      # post calls (ibv_post_send equivalents)
     cdef public uint64_t n_wrs
@@ -81,3 +98,8 @@ cdef class Transport:
     cdef int wake_peer(self) noexcept nogil
     cdef int wait(self, int timeout_ms) noexcept nogil
     cdef int peer_state(self) noexcept nogil
+    # rendezvous: make [addr, addr+length) readable/writable by the peer (or only usable
+    # locally); the provider bounds-checks the peer's EXPOSED work requests against it
+    cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
+                    rm_mem *out) noexcept nogil
+    cdef int unexpose(self, uint32_t handle) noexcept nogil

@@ -17,6 +17,7 @@ user asked for.
 cimport cython
 from cpython.buffer cimport (
     PyBUF_C_CONTIGUOUS,
+    PyBUF_WRITABLE,
     PyBuffer_FillInfo,
     PyBuffer_Release,
     PyObject_GetBuffer,
@@ -50,8 +51,9 @@ from rdmamw.bitmap._phase cimport (
     rm_spin_unlock,
 )
 
-from rdmamw import _layout
+from rdmamw import _layout, _rendezvous
 from rdmamw.errors import (
+    BufferTooSmall,
     ChannelClosed,
     MessageTooLarge,
     PeerLost,
@@ -87,6 +89,32 @@ cdef enum:
     CTRL_CREDIT_WAIT = 0    # word index (x8 bytes): see rdmamw/_layout.py
     CTRL_RX_SLEEP = 8
     CTRL_CLOSED = 16
+    CTRL_RNDV_DONE = 128    # rendezvous-done bitmap (one word: RNDV_N entries)
+    CTRL_ADVERT = 256       # RNDV_N advertised destinations of 4 words (docs/protocol.md)
+
+# ---- rendezvous (docs/protocol.md): a record whose payload is a descriptor ----------
+
+ctypedef struct rm_desc:
+    uint64_t addr       # READ: the sender's address of the message (inside its exposure)
+    uint64_t length     # bytes of the message
+    uint64_t index      # rendezvous sequence number in this direction: 0, 1, 2, ...
+    uint32_t key        # READ: the sender's exposure key
+    uint16_t kind       # DESC_READ or DESC_WRITTEN
+    uint16_t entry      # done bit: index % RNDV_N
+
+cdef enum:
+    REC_RNDV = 1            # record flag: the record is a descriptor
+    DESC_BYTES = 32         # sizeof(rm_desc)
+    DESC_READ = 1           # the receiver READs from the sender's exposure
+    DESC_WRITTEN = 2        # the sender has WRITTEN it into the advertised destination
+    RNDV_N = 64             # rendezvous entries per direction (one done word)
+    WAIT_SLOTS = 0          # what a sender waits for (_wait_credit)
+    WAIT_ENTRY = 1
+    WAIT_DONE = 2
+
+cdef uint64_t RNDV_WRID = (<uint64_t>1) << 62   # wr_id of a rendezvous READ (async transports)
+cdef uint64_t MAX_WR_BYTES = 0xFFFFFFFF
+cdef int64_t CLOSE_RNDV_NS = 5000000000          # close() waits this long for pending READs
 
 cdef uint32_t NONE = 0xFFFFFFFF
 cdef int64_t SLICE_NS = 50000000        # return to the GIL this often while blocked (signals)
@@ -148,6 +176,16 @@ cdef class Transport:
         """1 while the peer is reachable, RM_ERR_CLOSED or RM_ERR_PEER_LOST after."""
         return RM_ERR_CLOSED
 
+    cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
+                    rm_mem *out) noexcept nogil:
+        """Make [addr, addr+length) usable by work requests (RM_ACCESS_LOCAL) and by
+        the peer's RM_WR_EXPOSED READs or WRITEs; fill ``out``. A provider that cannot
+        says RM_ERR_UNSUPPORTED (the engine then sends eagerly only)."""
+        return RM_ERR_UNSUPPORTED
+
+    cdef int unexpose(self, uint32_t handle) noexcept nogil:
+        return 0
+
     def register_local(self, size_t addr, size_t length):
         """Make [addr, addr+length) usable as a work-request source or READ target;
         return its lkey. The engine registers its staging ring and bitmap shadows once
@@ -189,19 +227,38 @@ cdef class SendHandle:
     cdef Engine eng
     cdef readonly uint64_t batch
     cdef readonly Py_ssize_t count
+    cdef uint64_t rndv          # rendezvous messages sent up to and including this batch
 
     def done(self) -> bool:
-        return self.eng._poll_done(self.batch)
+        """True once the batch's buffers may be reused: its work requests completed
+        and the receiver has taken every rendezvous message of it (done bits back)."""
+        return self.eng._poll_done(self.batch) and self.eng._rndv_poll(self.rndv)
 
     def wait(self, timeout=None) -> None:
         cdef int64_t deadline = _deadline(timeout)
-        while not self.eng._poll_done(self.batch):
-            if self.eng.peer_gone:
+        cdef Engine eng = self.eng
+        cdef uint64_t target = self.rndv
+        cdef int st
+        cdef bint first = True
+        while not eng._poll_done(self.batch):
+            if eng.peer_gone:
                 raise PeerLost("peer lost before the batch completed")
             if deadline and now_ns() > deadline:
                 raise Timeout("send batch did not complete in time")
             with nogil:
                 rm_cpu_relax()
+        while not eng._rndv_poll(target):
+            if deadline and now_ns() > deadline:
+                raise Timeout("the receiver has not taken the batch's rendezvous messages")
+            with nogil:     # ask the receiver for its done bits, as for free slots
+                st = eng._wait_credit(eng._slice_end(deadline), first, WAIT_DONE, target)
+            first = False
+            if st < 0:
+                eng._rndv_poll(target)
+                if eng.rndv_upto >= target:
+                    break
+                eng._raise_peer(st, "waiting for the rendezvous done bits")
+            PyErr_CheckSignals()
 
     def __repr__(self):
         return f"<SendHandle batch={self.batch} messages={self.count} done={self.done()}>"
@@ -223,6 +280,7 @@ cdef class Message:
     cdef uint32_t slot
     cdef int exports
     cdef bint rel
+    cdef object owner       # a rendezvous message: its destination (_Dest), no slot
 
     def __len__(self):
         return self.length
@@ -251,6 +309,9 @@ cdef class Message:
         if self.exports:
             raise BufferError(f"{self.exports} view(s) of this message are still alive")
         self.rel = True
+        if self.owner is not None:
+            self.owner = None
+            return
         self.eng._release_one(self.slot)
 
     @property
@@ -266,7 +327,10 @@ cdef class Message:
 
     def __dealloc__(self):
         cdef Engine eng = self.eng
-        if not self.rel and eng is not None:
+        if self.owner is not None:
+            self.rel = True
+            self.owner = None
+        elif not self.rel and eng is not None:
             self.rel = True
             if eng.slot_refs[self.slot] > 1:     # fast path: not the slot's last message
                 eng.slot_refs[self.slot] -= 1
@@ -276,6 +340,48 @@ cdef class Message:
     def __repr__(self):
         state = "released" if self.rel else f"slot={self.slot}"
         return f"<Message {self.length} bytes {state}>"
+
+
+@cython.final
+cdef class _Dest:
+    """A destination of a rendezvous message: a writable buffer held (exported) for as
+    long as this object lives, so it can be neither freed nor resized meanwhile."""
+    cdef Py_buffer view
+    cdef bint held
+    cdef readonly object obj
+    cdef uint64_t index         # posted: the rendezvous index it is for
+    cdef bint advertised        # posted with "write": exposed and announced to the sender
+    cdef rm_mem adv
+
+    def __dealloc__(self):
+        if self.held:
+            PyBuffer_Release(&self.view)
+
+
+cdef _Dest _dest(object obj):
+    cdef _Dest d = _Dest.__new__(_Dest)
+    try:
+        PyObject_GetBuffer(obj, &d.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+    except (TypeError, BufferError, ValueError) as e:
+        raise TypeError(f"{type(obj).__name__} is not a writable C-contiguous buffer "
+                        f"(numpy array, bytearray, memoryview, ...)") from e
+    d.held = True
+    d.obj = obj
+    return d
+
+
+cdef inline void _fill_wr(rm_wr *wr, uint64_t *src, uint32_t lkey, uint32_t region,
+                          uint64_t off, uint32_t length) noexcept nogil:
+    """A WRITE of words into a region of the peer, stored in order (PUBLISH)."""
+    wr.wr_id = 0
+    wr.local_addr = <uint64_t>src
+    wr.remote_off = off
+    wr.length = length
+    wr.lkey = lkey
+    wr.rkey = region
+    wr.opcode = RM_WR_WRITE
+    wr.flags = RM_WR_PUBLISH | RM_WR_INLINE
+    wr.imm = 0
 
 
 cdef int64_t _deadline(object timeout) except -1:
@@ -361,6 +467,36 @@ cdef class Engine:
     cdef bint credit_flag_set
     cdef bint sleep_flag_set
 
+    # rendezvous, sending: entry e = index % RNDV_N keeps the source until its done bit
+    cdef readonly str rendezvous        # "off", "read" or "write" (as resolved)
+    cdef readonly uint64_t rndv_threshold
+    cdef bint rndv_on, rndv_write
+    cdef uint8_t *kind                  # per message of the batch: 1 = rendezvous
+    cdef uint8_t *msg_entry             # ... its entry
+    cdef uint32_t prep_i                # messages of the batch prepared (exposed) so far
+    cdef uint64_t rndv_next             # rendezvous messages prepared (next index)
+    cdef readonly uint64_t rndv_upto    # ... of which done (in order)
+    cdef uint64_t rndv_released         # ... of which source released (GIL)
+    cdef uint64_t rndv_shadow           # phase word I own; the peer's done word follows it
+    cdef Py_buffer rndv_buf[64]
+    cdef uint8_t rndv_held[64]
+    cdef rm_mem rndv_mem[64]
+    cdef rm_desc rndv_desc[64]
+    cdef uint64_t rndv_waddr[64]        # DESC_WRITTEN: the advertised destination
+    cdef uint32_t rndv_wkey[64]
+    cdef int blocked_on                 # what _post_available ran out of (WAIT_*)
+    # rendezvous, receiving
+    cdef uint64_t rrndv_next            # next rendezvous index expected
+    cdef uint32_t done_unflushed        # done bits flipped since the last write-back
+    cdef object posted                  # deque of _Dest from post_recv, in index order
+    cdef uint64_t *advsrc               # sources of advert writes (registered)
+    cdef uint32_t lkey_adv
+    cdef uint64_t rndv_read_done        # async transports: last READ completed (index + 1)
+    cdef int rndv_read_status
+    cdef uint64_t n_rndv_sends, n_rndv_writes, n_rndv_reads, n_rndv_bytes, n_rndv_recv
+    cdef uint64_t n_done_wb, n_rndv_bytes_recv
+    cdef uint64_t last_rndv_len
+
     # counters
     cdef uint64_t n_msgs_sent, n_bytes_sent, n_batches, n_slots_sent
     cdef uint64_t n_msgs_recv, n_bytes_recv, n_slots_recv
@@ -372,20 +508,29 @@ cdef class Engine:
         self.recv_lock = PyThread_allocate_lock()
         if self.send_lock == NULL or self.recv_lock == NULL:
             raise MemoryError()
-        self.words = <uint64_t *>malloc(64)
+        self.words = <uint64_t *>calloc(8, 8)
         if self.words == NULL:
             raise MemoryError()
         self.words[0] = 0
-        self.words[1] = 1
+        self.words[1] = 1          # words[2]: the done bits of what I received (rendezvous)
         self.cur_slot = NONE
         self.closed = True      # until _setup succeeds
 
     def _setup(self, Transport tp, uint32_t nslots, uint32_t slot_size, uint32_t peer_nslots,
                uint32_t peer_slot_size, str mode="batched", double spin_us=100.0,
-               double gap_timeout=2.0, flush_fraction=0.25):
-        """Wire the engine to a connected transport whose regions follow _layout."""
+               double gap_timeout=2.0, flush_fraction=0.25, str rendezvous="off",
+               rndv_threshold=None):
+        """Wire the engine to a connected transport whose regions follow _layout.
+
+        ``rendezvous`` is "off", "read" or "write" (rdmamw/channel/rendezvous.py resolves
+        "auto"); messages above ``rndv_threshold`` (at most, and by default, the peer's
+        slot_size) then go by rendezvous when the transport can expose memory."""
         if mode not in ("batched", "ack"):
             raise ValueError(f"mode must be 'batched' or 'ack', not {mode!r}")
+        if rendezvous not in ("off", "read", "write"):
+            raise ValueError(f"rendezvous must be 'off', 'read' or 'write', not {rendezvous!r}")
+        if rndv_threshold is not None and rndv_threshold < 0:
+            raise ValueError("rndv_threshold must be >= 0")
         if not 0.0 < flush_fraction <= 1.0:
             raise ValueError("flush_fraction must be in (0, 1]")
         _layout.check_ring(nslots, slot_size)
@@ -426,6 +571,18 @@ cdef class Engine:
         self.lkey_arrival = tp.register_local(<size_t>self.sbm.arrival, self.sbm.nwords * 8)
         self.lkey_reclaim = tp.register_local(<size_t>self.rbm.reclaim, self.rbm.nwords * 8)
         self.lkey_words = tp.register_local(<size_t>self.words, 64)
+        self.rndv_on = rendezvous != "off" and tp.can_expose
+        self.rndv_write = self.rndv_on and rendezvous == "write"
+        self.rendezvous = rendezvous if self.rndv_on else "off"
+        self.rndv_threshold = peer_slot_size if rndv_threshold is None else min(
+            <uint64_t>rndv_threshold, peer_slot_size)
+        import collections
+        self.posted = collections.deque()
+        if posix_memalign(&mem, 64, RNDV_N * 32) != 0:
+            raise MemoryError()
+        self.advsrc = <uint64_t *>mem
+        memset(self.advsrc, 0, RNDV_N * 32)
+        self.lkey_adv = tp.register_local(<size_t>self.advsrc, RNDV_N * 32)
         if not tp.synchronous:
             self.snap = <uint64_t *>calloc(SNAP_DEPTH * self.sbm.nwords, 8)
             if self.snap == NULL:
@@ -459,6 +616,11 @@ cdef class Engine:
             free(self.bufs)
         free(self.ptrs); free(self.lens); free(self.held)
         free(self.plan_start); free(self.plan_used); free(self.plan_flags)
+        for i in range(RNDV_N):
+            if self.rndv_held[i]:
+                PyBuffer_Release(&self.rndv_buf[i])
+                self.rndv_held[i] = 0
+        free(self.kind); free(self.msg_entry); free(self.advsrc)
         free(self.alloc_tmp); free(self.wrs); free(self.staging); free(self.words)
         free(self.snap)
         free(self.pend); free(self.pend_d); free(self.order); free(self.ready); free(self.slot_refs)
@@ -486,6 +648,10 @@ cdef class Engine:
         p = realloc(self.plan_used, c * 4);  self.plan_used = <uint32_t *>p if p else self.plan_used
         if p == NULL: raise MemoryError()
         p = realloc(self.plan_flags, c * 2);  self.plan_flags = <uint16_t *>p if p else self.plan_flags
+        if p == NULL: raise MemoryError()
+        p = realloc(self.kind, c);  self.kind = <uint8_t *>p if p else self.kind
+        if p == NULL: raise MemoryError()
+        p = realloc(self.msg_entry, c);  self.msg_entry = <uint8_t *>p if p else self.msg_entry
         if p == NULL: raise MemoryError()
         p = realloc(self.wrs, (2 * c + 4) * sizeof(rm_wr));  self.wrs = <rm_wr *>p if p else self.wrs
         if p == NULL: raise MemoryError()
@@ -523,6 +689,8 @@ cdef class Engine:
             raise ProtocolError(self.broken)
         if rc == RM_ERR_CLOSED and self.closed:
             raise ChannelClosed("channel was closed during the send")
+        if rc == RM_ERR_UNSUPPORTED or rc == RM_ERR_OS:
+            raise MessageTooLarge(f"the transport could not expose a rendezvous source ({rc})")
         self.peer_gone = True
         raise PeerLost(f"the transport failed the post ({rc})")
 
@@ -535,23 +703,25 @@ cdef class Engine:
 
     cdef int _put_word(self, uint32_t region, uint32_t word, uint64_t *src) noexcept nogil:
         cdef rm_wr wr
-        wr.wr_id = 0
-        wr.local_addr = <uint64_t>src
-        wr.remote_off = word * 8
-        wr.length = 8
-        wr.lkey = self.lkey_words
-        wr.rkey = region
-        wr.opcode = RM_WR_WRITE
-        wr.flags = RM_WR_PUBLISH | RM_WR_INLINE
-        wr.imm = 0
+        _fill_wr(&wr, src, self.lkey_words, region, word * 8, 8)
         return self.tp.post(&wr, 1)
 
     cdef int _flush_locked(self) noexcept nogil:
-        """Write the changed reclaim words back to the sender (caller holds spin)."""
+        """Write the changed reclaim words, and the rendezvous-done word, back to the
+        sender (caller holds spin)."""
         cdef uint32_t lo, hi
         cdef rm_wr wr
         cdef int rc
-        if not self.rbm.take_dirty(&lo, &hi):
+        if self.done_unflushed:
+            self.done_unflushed = 0
+            self.n_done_wb += 1
+            rc = self._put_word(RM_REGION_CTRL, CTRL_RNDV_DONE, &self.words[2])
+            if not self.rbm.take_dirty(&lo, &hi):
+                rm_fence_seq_cst()
+                if rc == 0 and rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT]):
+                    self.tp.wake_peer()
+                return rc
+        elif not self.rbm.take_dirty(&lo, &hi):
             return 0
         wr.wr_id = 0
         wr.local_addr = <uint64_t>&self.rbm.reclaim[lo]
@@ -568,6 +738,9 @@ cdef class Engine:
         if rc == 0 and rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT]):
             self.tp.wake_peer()
         return rc
+
+    cdef inline bint _unflushed(self) noexcept nogil:
+        return self.rbm.unflushed != 0 or self.done_unflushed != 0
 
     cdef int _flush(self) noexcept nogil:
         cdef int rc
@@ -598,10 +771,13 @@ cdef class Engine:
         cdef Py_ssize_t i
         cdef object item
         cdef size_t limit = self.peer_slot_size
+        cdef bint rndv
         self.batch_bytes = 0
         for i in range(n):
             item = <object>items[i]
-            if PyBytes_CheckExact(item):
+            self.kind[i] = 0
+            if PyBytes_CheckExact(item) and not (
+                    self.rndv_on and <uint64_t>PyBytes_GET_SIZE(item) > self.rndv_threshold):
                 self.ptrs[i] = PyBytes_AS_STRING(item)
                 self.lens[i] = <size_t>PyBytes_GET_SIZE(item)
                 self.held[i] = 0
@@ -617,11 +793,21 @@ cdef class Engine:
                 self.ptrs[i] = <char *>self.bufs[i].buf
                 self.lens[i] = <size_t>self.bufs[i].len
             self.batch_bytes += self.lens[i]
-            if self.lens[i] > limit:
+            rndv = self.rndv_on and self.lens[i] > self.rndv_threshold
+            if rndv and (self.lens[i] > MAX_WR_BYTES
+                         or (self.tp.max_expose and self.lens[i] > self.tp.max_expose)):
+                self._release_bufs(i + 1)
+                raise MessageTooLarge(
+                    f"message {i} is {self.lens[i]} bytes; rendezvous takes at most "
+                    f"{min(MAX_WR_BYTES, self.tp.max_expose or MAX_WR_BYTES)} bytes here; "
+                    f"nothing was sent")
+            if self.lens[i] > limit and not rndv:
                 self._release_bufs(i + 1)
                 raise MessageTooLarge(
                     f"message {i} is {self.lens[i]} bytes; the peer's eager limit is "
-                    f"{limit} bytes (its slot_size); nothing was sent")
+                    f"{limit} bytes (its slot_size) and rendezvous is "
+                    f"{self.rendezvous}; nothing was sent")
+            self.kind[i] = rndv
         return 0
 
     cdef void _release_bufs(self, Py_ssize_t n) noexcept:
@@ -633,22 +819,25 @@ cdef class Engine:
 
     cdef uint32_t _plan(self, uint32_t n) noexcept nogil:
         """Assign messages to slots: greedy packing, a lone message as SINGLE."""
-        cdef uint32_t k = 0, i = 0, start, used, rec
+        cdef uint32_t k = 0, i = 0, start, used, rec, nr
         cdef uint32_t cap = self.peer_slot_size
         while i < n:
             start = i
-            if self.ack or REC_HDR + pad8(<uint32_t>self.lens[i]) > cap:
+            if self.ack or (not self.kind[i] and REC_HDR + pad8(<uint32_t>self.lens[i]) > cap):
+                used = self._reclen(i)
                 i += 1
             else:
                 used = 0
+                nr = 0      # a slot's descriptors must fit the entries: a quarter of them
                 while i < n:
-                    rec = REC_HDR + pad8(<uint32_t>self.lens[i])
-                    if rec > cap - used:
+                    rec = self._reclen(i)
+                    if rec > cap - used or (self.kind[i] and nr == RNDV_N // 4):
                         break
+                    nr += self.kind[i]
                     used += rec
                     i += 1
             self.plan_start[k] = start
-            if i - start == 1:
+            if i - start == 1 and not self.kind[start]:
                 self.plan_flags[k] = SLOT_SINGLE
                 self.plan_used[k] = <uint32_t>self.lens[start]
             else:
@@ -657,6 +846,12 @@ cdef class Engine:
             k += 1
         self.plan_start[k] = n
         return k
+
+    cdef inline uint32_t _reclen(self, uint32_t i) noexcept nogil:
+        """Bytes of message i's record in a PACKED slot (a descriptor if rendezvous)."""
+        if self.kind[i]:
+            return REC_HDR + DESC_BYTES
+        return REC_HDR + pad8(<uint32_t>self.lens[i])
 
     cdef uint32_t _build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil:
         """Fill staging for planned slot k going to peer slot ``slot``; append its WRs."""
@@ -676,6 +871,10 @@ cdef class Engine:
         if self.plan_flags[k] == SLOT_PACKED:
             p = st + SLOT_HEADER
             for i in range(first, last):
+                if self.kind[i]:
+                    nw = self._desc_record(i, p, nw)
+                    p += REC_HDR + DESC_BYTES
+                    continue
                 L = <uint32_t>self.lens[i]
                 (<uint32_t *>p)[0] = L
                 (<uint32_t *>p)[1] = 0
@@ -728,6 +927,28 @@ cdef class Engine:
         wr.flags = RM_WR_INLINE
         wr.imm = 0
         return nw + 2
+
+    cdef uint32_t _desc_record(self, uint32_t i, char *p, uint32_t nw) noexcept nogil:
+        """Write message i's descriptor record at p; a message going to an advertised
+        destination gets its data WRITE first in the chain (RC order, frame order)."""
+        cdef uint8_t e = self.msg_entry[i]
+        cdef rm_wr *wr
+        (<uint32_t *>p)[0] = DESC_BYTES
+        (<uint32_t *>p)[1] = REC_RNDV
+        memcpy(p + REC_HDR, &self.rndv_desc[e], DESC_BYTES)
+        if self.rndv_desc[e].kind != DESC_WRITTEN:
+            return nw
+        wr = &self.wrs[nw]
+        wr.wr_id = 0
+        wr.local_addr = <uint64_t>self.ptrs[i]
+        wr.remote_off = self.rndv_waddr[e]
+        wr.length = <uint32_t>self.lens[i]
+        wr.lkey = self.rndv_mem[e].lkey
+        wr.rkey = self.rndv_wkey[e]
+        wr.opcode = RM_WR_WRITE
+        wr.flags = RM_WR_EXPOSED
+        wr.imm = 0
+        return nw + 1
 
     cdef uint32_t _arrival_wrs(self, uint32_t nw) noexcept nogil:
         """Append the WRITE(s) of the arrival words that changed (last in the chain).
@@ -803,6 +1024,10 @@ cdef class Engine:
             if k <= 0:
                 return
             for i in range(k):
+                if self.wcs[i].wr_id & RNDV_WRID:        # a rendezvous READ (receiver)
+                    self.rndv_read_status = self.wcs[i].status
+                    self.rndv_read_done = self.wcs[i].wr_id & ~RNDV_WRID
+                    continue
                 if self.wcs[i].status != 0:
                     self.peer_gone = True
                 if self.wcs[i].wr_id > self.batch_done:
@@ -814,10 +1039,20 @@ cdef class Engine:
                 self._reap()
         return self.batch_done >= batch
 
-    cdef int _wait_credit(self, int64_t until, bint spin) noexcept nogil:
-        """Spin, then sleep, until a slot is free (1), ``until`` passes (0), or the
-        peer goes (<0). While asleep a flag in the peer's control words asks it to
-        write its reclaim words back now."""
+    cdef bint _credit_ready(self, int what, uint64_t target) noexcept nogil:
+        if what == WAIT_SLOTS:
+            return self.sbm.count_free() != 0
+        self._rndv_reap()
+        if what == WAIT_ENTRY:
+            return self.rndv_upto > self.rndv_released
+        return self.rndv_upto >= target
+
+    cdef int _wait_credit(self, int64_t until, bint spin, int what=WAIT_SLOTS,
+                          uint64_t target=0) noexcept nogil:
+        """Spin, then sleep, until a slot is free (WAIT_SLOTS), a rendezvous entry can be
+        recycled (WAIT_ENTRY) or rendezvous ``target`` is done (WAIT_DONE): 1; ``until``
+        passes: 0; the peer goes: <0. While asleep a flag in the peer's control words
+        asks it to write its reclaim and done words back now."""
         cdef int64_t t = now_ns(), spin_end = t + (self.spin_ns if spin else 0)
         cdef int64_t next_check = t + PEER_CHECK_NS
         cdef int st, r
@@ -825,7 +1060,7 @@ cdef class Engine:
         if spin:
             self.n_credit_waits += 1
         while True:
-            if self.sbm.count_free():
+            if self._credit_ready(what, target):
                 return 1
             for i in range(64):
                 rm_cpu_relax()
@@ -845,7 +1080,7 @@ cdef class Engine:
         rm_fence_seq_cst()
         self.tp.wake_peer()
         while True:
-            if self.sbm.count_free():
+            if self._credit_ready(what, target):
                 r = 1
                 break
             st = self._peer_status()
@@ -912,6 +1147,11 @@ cdef class Engine:
         try:
             self._grow(<uint32_t>n + 1)
             self._acquire(fast, n)
+            self.prep_i = 0
+            if self.rndv_released < self.rndv_next:
+                self._rndv_poll(self.rndv_next)
+            if self.done_unflushed:     # done bits of what we received ride along
+                self._flush()
             try:
                 # tiny batches cost less than a GIL release; big copies run without it
                 if self.batch_bytes >= NOGIL_BYTES:
@@ -924,10 +1164,13 @@ cdef class Engine:
                 while k < nplan or rc:
                     if rc != 0:
                         self._raise_post(rc)
-                    # ring full: wait for reclaim bits, a slice at a time (signals)
+                    # ring full (or no rendezvous entry): wait for reclaim (done) bits,
+                    # a slice at a time (signals)
                     with nogil:
-                        st = self._wait_credit(self._slice_end(deadline), first_wait)
+                        st = self._wait_credit(self._slice_end(deadline), first_wait,
+                                               self.blocked_on)
                     first_wait = False
+                    self._rndv_poll(self.rndv_next)
                     if st < 0:
                         self._raise_peer(st, "waiting for free slots")
                     if st == 0:
@@ -943,6 +1186,8 @@ cdef class Engine:
                         first_wait = True
                     k = got
             finally:
+                if nplan and self.prep_i > self.plan_start[k]:
+                    self._unprepare(self.plan_start[k])
                 self._release_bufs(n)
             self._count_sent(n, nplan)
         finally:
@@ -951,14 +1196,23 @@ cdef class Engine:
         h.eng = self
         h.batch = self.batch_posted
         h.count = n
+        h.rndv = self.rndv_next
         return h
 
     cdef uint32_t _post_available(self, uint32_t k, uint32_t nplan, int *rc) noexcept nogil:
         """Post planned slots from k on while free slots last; return the new k."""
         cdef uint32_t got, want
         rc[0] = 0
+        self.blocked_on = WAIT_SLOTS
         while k < nplan:
             want = 1 if self.ack else nplan - k
+            if self.prep_i < self.plan_start[k + want]:
+                want = self._prepare_rndv(k, want, rc)
+                if rc[0] != 0:
+                    break
+                if want == 0:
+                    self.blocked_on = WAIT_ENTRY
+                    break
             got = self.sbm.alloc(want, self.alloc_tmp)
             if got == 0:
                 break
@@ -967,6 +1221,111 @@ cdef class Engine:
                 break
             k += got
         return k
+
+    # ---- rendezvous, sending side --------------------------------------------------
+
+    cdef uint32_t _prepare_rndv(self, uint32_t k, uint32_t want, int *rc) noexcept nogil:
+        """Expose the rendezvous messages of planned slots k..k+want in order while
+        entries (and the provider) allow; return how many of those slots are ready."""
+        cdef uint32_t end = self.plan_start[k + want], s = 0
+        cdef int r
+        while self.prep_i < end:
+            if self.kind[self.prep_i]:
+                if self.rndv_next - self.rndv_released >= RNDV_N:
+                    break
+                r = self._rndv_prepare(self.prep_i)
+                if r == RM_ERR_AGAIN:
+                    break
+                if r != 0:
+                    rc[0] = r
+                    break
+            self.prep_i += 1
+        while s < want and self.plan_start[k + s + 1] <= self.prep_i:
+            s += 1
+        return s
+
+    cdef int _rndv_prepare(self, uint32_t i) noexcept nogil:
+        """Give message i the next rendezvous entry: WRITTEN into the destination the
+        receiver advertised for this index if it fits, else exposed for its READ."""
+        cdef uint64_t j = self.rndv_next
+        cdef uint8_t e = <uint8_t>(j % RNDV_N)
+        cdef uint64_t *adv = self.ctrl + CTRL_ADVERT + 4 * e
+        cdef uint64_t L = self.lens[i]
+        cdef bint written = False
+        cdef rm_mem mem
+        cdef rm_desc *d = &self.rndv_desc[e]
+        cdef int rc
+        if self.rndv_write and rm_load_acquire64(&adv[3]) == j + 1 and adv[1] >= L:
+            written = True
+            self.rndv_waddr[e] = adv[0]
+            self.rndv_wkey[e] = <uint32_t>adv[2]
+        rc = self.tp.expose(<uint64_t>self.ptrs[i], L,
+                            RM_ACCESS_LOCAL if written else RM_ACCESS_REMOTE_READ, &mem)
+        if rc != 0:
+            return rc
+        d.addr = 0 if written else <uint64_t>self.ptrs[i]
+        d.length = L
+        d.index = j
+        d.key = 0 if written else mem.rkey
+        d.kind = DESC_WRITTEN if written else DESC_READ
+        d.entry = e
+        self.rndv_mem[e] = mem
+        self.rndv_buf[e] = self.bufs[i]     # the entry keeps the source alive until done
+        self.held[i] = 0
+        self.rndv_held[e] = 1
+        self.msg_entry[i] = e
+        self.rndv_shadow ^= (<uint64_t>1) << e
+        self.rndv_next += 1
+        self.n_rndv_sends += 1
+        self.n_rndv_bytes += L
+        if written:
+            self.n_rndv_writes += 1
+        return 0
+
+    cdef void _unprepare(self, uint32_t first) noexcept:
+        """Undo the preparation of messages first.. that were not posted (timeout)."""
+        cdef uint32_t i = self.prep_i
+        cdef uint8_t e
+        while i > first:
+            i -= 1
+            if not self.kind[i] or self.held[i]:
+                continue
+            e = self.msg_entry[i]
+            self.tp.unexpose(self.rndv_mem[e].handle)
+            self.bufs[i] = self.rndv_buf[e]
+            self.held[i] = 1
+            self.rndv_held[e] = 0
+            self.rndv_shadow ^= (<uint64_t>1) << e
+            self.rndv_next -= 1
+            self.n_rndv_sends -= 1
+            self.n_rndv_bytes -= self.lens[i]
+            if self.rndv_desc[e].kind == DESC_WRITTEN:
+                self.n_rndv_writes -= 1
+        self.prep_i = first
+
+    cdef void _rndv_reap(self) noexcept nogil:
+        """Advance rndv_upto over the entries whose done bit came back (in order)."""
+        cdef uint64_t done = rm_load_acquire64(&self.ctrl[CTRL_RNDV_DONE])
+        cdef uint64_t diff = done ^ self.rndv_shadow
+        while self.rndv_upto < self.rndv_next and not (diff >> (self.rndv_upto % RNDV_N)) & 1:
+            self.rndv_upto += 1
+
+    cdef void _rndv_release(self) noexcept:
+        """Un-expose and let go of the sources of done rendezvous messages."""
+        cdef uint8_t e
+        while self.rndv_released < self.rndv_upto:
+            e = <uint8_t>(self.rndv_released % RNDV_N)
+            self.tp.unexpose(self.rndv_mem[e].handle)
+            if self.rndv_held[e]:
+                self.rndv_held[e] = 0
+                PyBuffer_Release(&self.rndv_buf[e])
+            self.rndv_released += 1
+
+    cdef bint _rndv_poll(self, uint64_t target) noexcept:
+        if self.rndv_released < target:
+            self._rndv_reap()
+            self._rndv_release()
+        return self.rndv_released >= target
 
     cdef void _count_sent(self, Py_ssize_t n, uint32_t nplan) noexcept:
         self.n_msgs_sent += n
@@ -1049,11 +1408,50 @@ cdef class Engine:
         self.slot_refs[s] = h.count
         return 0
 
+    cdef int _peek(self, char **pbase, uint32_t *plen, uint32_t *pflags) except -1:
+        """Point at the next message without consuming it: 1 if there is one, else 0."""
+        cdef char *base
+        cdef uint32_t L, fl = 0
+        if self.cur_left == 0:
+            if self.ready_len == 0:
+                self._fill_ready()
+                if self.ready_len == 0:
+                    return 0
+            self._open_slot()
+        base = self.ring + <size_t>self.cur_slot * self.stride + SLOT_HEADER
+        if self.cur_flags == SLOT_SINGLE:
+            L = self.cur_used
+        else:
+            if self.cur_off + REC_HDR > self.cur_used:
+                self._fail(f"slot {self.cur_slot}: record {self.cur_off} past used bytes")
+            L = (<volatile uint32_t *>(base + self.cur_off))[0]
+            fl = (<volatile uint32_t *>(base + self.cur_off))[1]
+            if L > self.cur_used - self.cur_off - REC_HDR:
+                self._fail(f"slot {self.cur_slot}: record of {L} bytes overruns the slot")
+            if fl > REC_RNDV or (fl == REC_RNDV and L != DESC_BYTES):
+                self._fail(f"slot {self.cur_slot}: record flags {fl} with {L} bytes")
+            base += self.cur_off + REC_HDR
+        pbase[0] = base
+        plen[0] = L
+        pflags[0] = fl
+        return 1
+
+    cdef void _advance(self, uint32_t L, uint64_t nbytes) noexcept:
+        """The message _peek pointed at is consumed."""
+        if self.cur_flags != SLOT_SINGLE:
+            self.cur_off += REC_HDR + pad8(L)
+        self.cur_left -= 1
+        self.n_msgs_recv += 1
+        self.n_bytes_recv += nbytes
+        if self.cur_left == 0:
+            self.n_slots_recv += 1
+
     cdef Py_ssize_t _deliver(self, list out, Py_ssize_t maxn) except -1:
         cdef Py_ssize_t got = 0
         cdef char *base
-        cdef uint32_t L, opened = 0
+        cdef uint32_t L, fl, opened = 0, slot
         cdef Message m
+        cdef _Dest dst
         while got < maxn:
             if self.cur_left == 0:
                 # a bounded share of the ring per call: a caller that still holds the
@@ -1061,35 +1459,218 @@ cdef class Engine:
                 if opened >= self.max_open:
                     break
                 opened += 1
-                if self.ready_len == 0:
-                    self._fill_ready()
-                    if self.ready_len == 0:
-                        break
-                self._open_slot()
-            base = self.ring + <size_t>self.cur_slot * self.stride + SLOT_HEADER
-            if self.cur_flags == SLOT_SINGLE:
-                L = self.cur_used
+            if not self._peek(&base, &L, &fl):
+                break
+            if fl == REC_RNDV:
+                if got:         # a failing READ must not take earlier messages with it
+                    break
+                dst = self._rndv_receive(base, None)
+                m = Message.__new__(Message)
+                m.eng = self
+                m.ptr = <char *>dst.view.buf
+                m.length = <Py_ssize_t>self.last_rndv_len
+                m.slot = NONE
+                m.owner = dst
+                slot = self.cur_slot
+                self._advance(L, self.last_rndv_len)
+                self._release_one(slot)
             else:
-                if self.cur_off + REC_HDR > self.cur_used:
-                    self._fail(f"slot {self.cur_slot}: record {self.cur_off} past used bytes")
-                L = (<volatile uint32_t *>(base + self.cur_off))[0]
-                if L > self.cur_used - self.cur_off - REC_HDR:
-                    self._fail(f"slot {self.cur_slot}: record of {L} bytes overruns the slot")
-                base += self.cur_off + REC_HDR
-                self.cur_off += REC_HDR + pad8(L)
-            m = Message.__new__(Message)
-            m.eng = self
-            m.ptr = base
-            m.length = L
-            m.slot = self.cur_slot
+                m = Message.__new__(Message)
+                m.eng = self
+                m.ptr = base
+                m.length = L
+                m.slot = self.cur_slot
+                self._advance(L, L)
             out.append(m)
-            self.cur_left -= 1
-            self.n_msgs_recv += 1
-            self.n_bytes_recv += L
             got += 1
-            if self.cur_left == 0:
-                self.n_slots_recv += 1
         return got
+
+    cdef Py_ssize_t _deliver_into(self, _Dest into) except -2:
+        """The next message into ``into``: its length, or -1 if none has arrived."""
+        cdef char *base
+        cdef uint32_t L, fl, slot
+        cdef uint64_t n
+        if not self._peek(&base, &L, &fl):
+            return -1
+        if fl == REC_RNDV:
+            self._rndv_receive(base, into)
+            n = self.last_rndv_len
+        else:
+            if L > <uint64_t>into.view.len:
+                raise BufferTooSmall(f"the next message is {L} bytes; the buffer holds "
+                                     f"{into.view.len}", needed=L)
+            memcpy(into.view.buf, base, L)
+            n = L
+        slot = self.cur_slot
+        self._advance(L, n)
+        self._release_one(slot)
+        return <Py_ssize_t>n
+
+    # ---- rendezvous, receiving side ------------------------------------------------
+
+    cdef _Dest _rndv_receive(self, char *base, _Dest into):
+        """Bring the rendezvous message described at ``base`` into ``into``, its posted
+        destination, or a new one; flip its done bit. On any error nothing is
+        consumed: the message stays receivable (or the channel is broken)."""
+        cdef rm_desc d
+        cdef _Dest dst, posted = None
+        cdef int rc
+        memcpy(&d, base, DESC_BYTES)    # read once: the peer may rewrite the slot
+        self._check_desc(&d)
+        if self.posted and (<_Dest>self.posted[0]).index == d.index:
+            posted = self.posted[0]
+        if d.kind == DESC_WRITTEN and (posted is None or not posted.advertised
+                                       or <uint64_t>posted.view.len < d.length):
+            self._fail(f"rendezvous {d.index} claims to be written into a destination "
+                       f"this side did not advertise (or that is too small)")
+        if into is not None:
+            if posted is not None:
+                raise ValueError(f"rendezvous message {d.index} goes to the buffer posted "
+                                 f"for it with post_recv; receive it with recv/recv_batch")
+            dst = into
+        elif posted is not None:
+            dst = posted
+        else:
+            dst = _dest(_rendezvous.allocate(d.length))
+        if <uint64_t>dst.view.len < d.length:
+            if dst is posted:           # hand the posted buffer back; the message stays
+                self._drop_posted()
+            raise BufferTooSmall(f"the next message is {d.length} bytes; the "
+                                 f"{'posted ' if dst is posted else ''}buffer holds "
+                                 f"{dst.view.len}", needed=d.length)
+        if d.kind == DESC_READ:
+            with nogil:
+                rc = self._rndv_read(<uint64_t>dst.view.buf, &d)
+            if rc != 0:
+                self._raise_read(rc, &d)
+            self.n_rndv_reads += 1
+        if dst is posted:
+            self._drop_posted()
+        self.rrndv_next += 1
+        self.n_rndv_recv += 1
+        self.n_rndv_bytes_recv += d.length
+        self.last_rndv_len = d.length
+        rm_spin_lock(&self.spin)
+        self.words[2] ^= (<uint64_t>1) << d.entry
+        self.done_unflushed += 1
+        if not self.closed and not self.peer_gone and (
+                rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT])):
+            self._flush_locked()
+        rm_spin_unlock(&self.spin)
+        return dst
+
+    cdef int _check_desc(self, rm_desc *d) except -1:
+        if d.kind != DESC_READ and d.kind != DESC_WRITTEN:
+            self._fail(f"rendezvous descriptor of unknown kind {d.kind}")
+        if d.index != self.rrndv_next or d.entry != d.index % RNDV_N:
+            self._fail(f"rendezvous descriptor {d.index} (entry {d.entry}); expected "
+                       f"{self.rrndv_next}")
+        if d.length == 0 or d.length > MAX_WR_BYTES:
+            self._fail(f"rendezvous descriptor of {d.length} bytes")
+        return 0
+
+    cdef int _rndv_read(self, uint64_t dst, rm_desc *d) noexcept nogil:
+        """READ the described message into dst; 0 once it is there."""
+        cdef rm_mem mem
+        cdef rm_wr wr
+        cdef int rc
+        cdef uint64_t want = d.index + 1
+        rc = self.tp.expose(dst, d.length, RM_ACCESS_LOCAL, &mem)
+        if rc != 0:
+            return rc
+        wr.wr_id = RNDV_WRID | want
+        wr.local_addr = dst
+        wr.remote_off = d.addr
+        wr.length = <uint32_t>d.length
+        wr.lkey = mem.lkey
+        wr.rkey = d.key
+        wr.opcode = RM_WR_READ
+        wr.flags = RM_WR_EXPOSED if self.tp.synchronous else RM_WR_EXPOSED | RM_WR_SIGNALED
+        wr.imm = 0
+        rc = self.tp.post(&wr, 1)
+        if rc == 0 and not self.tp.synchronous:
+            while self.rndv_read_done != want:
+                if self.peer_gone:
+                    rc = RM_ERR_PEER_LOST
+                    break
+                self._reap()
+                rm_cpu_relax()
+            if rc == 0 and self.rndv_read_status != 0:
+                # IBV_WC_REM_INV_REQ_ERR / REM_ACCESS_ERR: outside the peer's MR
+                rc = (RM_ERR_BOUNDS if self.rndv_read_status in (9, 10)
+                      else RM_ERR_PEER_LOST)
+        self.tp.unexpose(mem.handle)
+        return rc
+
+    cdef int _raise_read(self, int rc, rm_desc *d) except -1:
+        cdef int st
+        if rc == RM_ERR_BOUNDS:
+            self._fail(f"rendezvous descriptor {d.index} ({d.length} bytes at {d.addr:#x}, "
+                       f"key {d.key:#x}) is outside what the sender exposed; nothing read")
+        st = self._peer_status()
+        if st == RM_ERR_CLOSED:
+            raise ChannelClosed(f"the peer closed before rendezvous message {d.index} "
+                                f"was read; it is lost")
+        if st < 0 or rc == RM_ERR_PEER_LOST:
+            self.peer_gone = True
+            raise PeerLost(f"peer lost while reading rendezvous message {d.index}")
+        raise ProtocolError(f"the rendezvous READ of message {d.index} failed ({rc})")
+
+    cdef void _drop_posted(self) noexcept:
+        cdef _Dest p = self.posted.popleft()
+        if p.advertised:
+            self.tp.unexpose(p.adv.handle)
+            p.advertised = False
+
+    def post_recv(self, buffer) -> None:
+        """Post ``buffer`` (writable, C-contiguous: numpy array, bytearray, ...) as the
+        destination of the next rendezvous message that has none yet. It is lent to the
+        channel until that message was received (recv/recv_batch return a Message that
+        views it); with ``rendezvous="write"`` the sender WRITEs straight into it."""
+        cdef _Dest d = _dest(buffer)
+        cdef uint8_t e
+        cdef int rc
+        cdef rm_wr wr[2]
+        self._check_usable()
+        self._lock(self.recv_lock)
+        try:
+            if not self.rndv_on:
+                raise ValueError("rendezvous is off on this channel; nothing to post for")
+            if len(self.posted) >= RNDV_N:
+                raise ValueError(f"at most {RNDV_N} destinations may be posted ahead")
+            d.index = self.rrndv_next + len(self.posted)
+            if self.rndv_write and d.view.len:
+                rc = self.tp.expose(<uint64_t>d.view.buf, d.view.len, RM_ACCESS_REMOTE_WRITE,
+                                    &d.adv)
+                if rc == 0:
+                    d.advertised = True
+                    e = <uint8_t>(d.index % RNDV_N)
+                    self.advsrc[4 * e] = <uint64_t>d.view.buf
+                    self.advsrc[4 * e + 1] = <uint64_t>d.view.len
+                    self.advsrc[4 * e + 2] = d.adv.rkey
+                    self.advsrc[4 * e + 3] = d.index + 1     # the tag, written last
+                    _fill_wr(&wr[0], &self.advsrc[4 * e], self.lkey_adv, RM_REGION_CTRL,
+                             (CTRL_ADVERT + 4 * e) * 8, 24)
+                    _fill_wr(&wr[1], &self.advsrc[4 * e + 3], self.lkey_adv, RM_REGION_CTRL,
+                             (CTRL_ADVERT + 4 * e + 3) * 8, 8)
+                    rm_spin_lock(&self.spin)
+                    rc = self.tp.post(wr, 2)
+                    rm_spin_unlock(&self.spin)
+                    if rc != 0:
+                        self.tp.unexpose(d.adv.handle)
+                        self._raise_post(rc)
+                elif rc != RM_ERR_UNSUPPORTED and rc != RM_ERR_AGAIN:
+                    self._raise_post(rc)
+            self.posted.append(d)
+        finally:
+            PyThread_release_lock(self.recv_lock)
+
+    def recv_into(self, buffer, timeout=None) -> int:
+        """Receive the next message into ``buffer`` (writable, C-contiguous) and return
+        its length, like ``socket.recv_into``. A small message is copied out of the
+        ring; a rendezvous message is READ straight into ``buffer``. Too small a buffer
+        raises :class:`BufferTooSmall` (``.needed``) and the message stays receivable."""
+        return self._recv(0, timeout, _dest(buffer))
 
     cdef bint _spin_with_gil(self) noexcept:
         """Poll a few microseconds before giving up the GIL: a reply that is about to
@@ -1118,7 +1699,7 @@ cdef class Engine:
         while True:
             if self._has_arrivals():
                 return 1
-            if rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT]) and self.rbm.unflushed:
+            if rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT]) and self._unflushed():
                 self._flush()
             for i in range(32):
                 rm_cpu_relax()
@@ -1132,7 +1713,7 @@ cdef class Engine:
                 break
         self.n_arrival_waits += 1
         rm_spin_lock(&self.spin)
-        if self.rbm.unflushed:
+        if self._unflushed():
             self._flush_locked()
         self._put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.words[1])
         self.sleep_flag_set = True
@@ -1150,7 +1731,7 @@ cdef class Engine:
             if t >= until:
                 r = 0
                 break
-            if rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT]) and self.rbm.unflushed:
+            if rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT]) and self._unflushed():
                 self._flush()
             self.tp.n_sleeps += 1
             self.tp.wait(<int>((until - t) // 1000000) + 1)
@@ -1175,17 +1756,18 @@ cdef class Engine:
             maxn = max_messages
             if maxn <= 0:
                 raise ValueError("max_messages must be positive")
-        return self._recv(maxn, timeout)
+        return self._recv(maxn, timeout, None)
 
     def recv(self, timeout=None) -> Message:
         """Receive one message (see :meth:`recv_batch`)."""
-        return self._recv(1, timeout)[0]
+        return self._recv(1, timeout, None)[0]
 
-    cdef list _recv(self, Py_ssize_t maxn, object timeout):
+    cdef object _recv(self, Py_ssize_t maxn, object timeout, _Dest into):
         cdef int64_t deadline
         cdef int st
         cdef bint first_wait = True
         cdef list out = []
+        cdef Py_ssize_t n
         if self.broken is not None:
             raise ProtocolError(self.broken)
         deadline = _deadline(timeout)
@@ -1194,8 +1776,17 @@ cdef class Engine:
             while True:
                 if self.broken is not None:
                     raise ProtocolError(self.broken)
-                if self._deliver(out, maxn):
-                    return out
+                if into is None:
+                    if self._deliver(out, maxn):
+                        if self.done_unflushed:     # one done write-back per call
+                            self._flush()
+                        return out
+                else:
+                    n = self._deliver_into(into)
+                    if n >= 0:
+                        if self.done_unflushed:
+                            self._flush()
+                        return n
                 if self.closed:
                     raise ChannelClosed("channel is closed")
                 if timeout is not None and deadline <= now_ns():
@@ -1222,15 +1813,28 @@ cdef class Engine:
     def close(self) -> None:
         """Close this endpoint; the peer sees :class:`ChannelClosed` once it has
         received what was sent. Messages already received stay readable."""
+        cdef int64_t until
         if self.closed:
             return
+        if self.tp is not None and self.rndv_released < self.rndv_next:
+            # the receiver may still be READing our sources: give it a bounded time
+            until = now_ns() + CLOSE_RNDV_NS
+            while not self._rndv_poll(self.rndv_next) and now_ns() < until:
+                with nogil:
+                    if self._wait_credit(self._slice_end(until), False, WAIT_DONE,
+                                         self.rndv_next) < 0:
+                        break
+            self.rndv_upto = self.rndv_next      # give the sources back regardless
+            self._rndv_release()
         self.closed = True
         if self.tp is None:
             return
+        while self.posted:
+            self._drop_posted()
         with nogil:
             rm_spin_lock(&self.spin)
             if not self.peer_gone:
-                if self.rbm.unflushed:
+                if self._unflushed():
                     self._flush_locked()
                 self._put_word(RM_REGION_CTRL, CTRL_CLOSED, &self.words[1])
                 rm_fence_seq_cst()
@@ -1252,10 +1856,22 @@ cdef class Engine:
             "credit_waits": self.n_credit_waits,
             "arrival_sleeps": self.n_arrival_waits,
             "free_send_slots": self.sbm.count_free() if self.sbm is not None else 0,
+            "rndv_sends": self.n_rndv_sends,
+            "rndv_writes": self.n_rndv_writes,
+            "rndv_bytes": self.n_rndv_bytes,
+            "rndv_received": self.n_rndv_recv,
+            "rndv_reads": self.n_rndv_reads,
+            "rndv_bytes_received": self.n_rndv_bytes_recv,
+            "rndv_done_writebacks": self.n_done_wb,
         }
         if self.tp is not None:
             d.update(self.tp.counters())
         return d
+
+    @property
+    def rndv_pending(self) -> int:
+        """Rendezvous messages sent whose sources the receiver has not released yet."""
+        return self.rndv_next - self.rndv_released
 
     @property
     def eager_limit(self) -> int:

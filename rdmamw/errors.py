@@ -35,6 +35,15 @@ class MessageTooLarge(RdmamwError, ValueError):
     """A message is larger than the peer's eager slot; nothing of the batch was sent."""
 
 
+class BufferTooSmall(RdmamwError, ValueError):
+    """``recv_into`` (or a posted buffer) is smaller than the next message; ``needed``
+    is its size. The message was not consumed: receive it again with a bigger buffer."""
+
+    def __init__(self, message: str, needed: int = 0) -> None:
+        super().__init__(message)
+        self.needed = needed
+
+
 class ProtocolError(RdmamwError):
     """The peer wrote something that breaks the wire protocol (bad header, bad
     sequence number, bad descriptor). The channel is unusable afterwards."""
@@ -55,6 +64,7 @@ class RegistrationError(RdmamwError, BufferError):
 
 
 __all__ = [
+    "BufferTooSmall",
     "ChannelClosed",
     "ConfigError",
     "MessageTooLarge",

@@ -55,11 +55,12 @@ def _provider_param(name: str):
 
 def make_pair(mode: str = "batched", slots: int = 16, slot_size: int = 4096,
               peer_slots: int | None = None, peer_slot_size: int | None = None,
-              spin_us: float = 50.0, provider: str = "shm"):
+              spin_us: float = 50.0, provider: str = "shm", **chan):
     """(opener, acceptor, listener): the opener receives on slots x slot_size, the
-    acceptor on peer_slots x peer_slot_size (default: the same)."""
+    acceptor on peer_slots x peer_slot_size (default: the same); ``chan`` takes the
+    rendezvous options of both."""
     lst = rdmamw.listen(LISTEN_ADDRESS[provider](), slots=peer_slots or slots,
-                        slot_size=peer_slot_size or slot_size, spin_us=spin_us)
+                        slot_size=peer_slot_size or slot_size, spin_us=spin_us, **chan)
     got: dict = {}
 
     def accept() -> None:
@@ -71,7 +72,7 @@ def make_pair(mode: str = "batched", slots: int = 16, slot_size: int = 4096,
     t = threading.Thread(target=accept)
     t.start()
     a = rdmamw.Channel.open(lst.address, mode=mode, timeout=10, slots=slots,
-                            slot_size=slot_size, spin_us=spin_us)
+                            slot_size=slot_size, spin_us=spin_us, **chan)
     t.join(10)
     if "err" in got:
         raise got["err"]

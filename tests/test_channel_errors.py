@@ -40,8 +40,9 @@ def test_non_buffer_in_batch_sends_nothing(pair):
     assert a.stats()["messages"] == 1
 
 
-def test_message_too_large_sends_nothing(pair):
-    a, b = pair
+def test_message_too_large_sends_nothing(mode, provider):
+    """With rendezvous off, the eager limit is the largest message."""
+    a, b, lst = make_pair(mode, provider=provider, rendezvous="off")
     limit = a.eager_limit
     with pytest.raises(rdmamw.MessageTooLarge):
         a.send_batch([b"small", b"x" * (limit + 1)])
@@ -52,6 +53,7 @@ def test_message_too_large_sends_nothing(pair):
     while len(got) < 3:
         got += [bytes(m) for m in b.recv_batch(timeout=5)]
     assert got == [b"y" * limit, b"z" * (limit - 8), b"w"]
+    a.close(), b.close(), lst.close()
 
 
 def test_open_missing_peer_fails_within_timeout():

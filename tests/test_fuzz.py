@@ -5,6 +5,7 @@ the slot."""
 from __future__ import annotations
 
 import ctypes
+import os
 import socket
 import struct
 
@@ -88,7 +89,7 @@ def test_fuzz_handshake_hello(hello):
         s1.shutdown(socket.SHUT_WR)
         s2.settimeout(2)
         try:
-            shm._handshake(s2, "fuzz", 4, 256, None)
+            shm._handshake(s2, "fuzz", 4, 256, None, os.getpid())
         except rdmamw.ProtocolError:
             return
         raise AssertionError(f"handshake accepted {hello!r} from a peer that sent no fds")

@@ -67,10 +67,11 @@ def test_bsp_matches_the_sequential_result_and_applies_n_per_round(how):
     assert sum(s["keys"] for s in servers) == 4                  # sharded over both
 
 
-def test_tensors_larger_than_the_rings_go_through_in_blocks():
+@pytest.mark.parametrize("how", [[], ["--push-pull"]])
+def test_tensors_larger_than_the_rings_go_through_in_blocks(how):
     """8 slots of 4 KiB: each 160 KB push and reply is 40 blocks through a 32 KiB ring,
-    from two servers at once."""
-    servers, workers, _ = run_job(4, "--servers", "2", "--iters", "5",
+    from two servers at once (push_pull: the pull request queued behind them)."""
+    servers, workers, _ = run_job(4, "--servers", "2", "--iters", "5", *how,
                                   RDMAMW_SLOTS="8", RDMAMW_SLOT_SIZE="4096")
     ref = bsp_reference(5, 40000)[:3]
     assert len(workers) == 2 and all(s["version"] == 5 for s in servers)

@@ -108,6 +108,27 @@ def test_lsp_closes_rounds_with_the_first_k():
     assert r["dropped"] > 0 and r["max_staleness"] <= 5
 
 
+def test_a_late_gradient_joins_the_round_but_does_not_close_it():
+    pol = Consistency.parse("lsp:2:5").policy([0, 1, 2])
+    assert pol.on_push(0, 0, 0.0) == PEND and pol.on_push(1, 0, 0.0) == PEND
+    assert pol.close_due(0.0) and sorted(pol.close(0.0)) == [0, 1]       # version 1
+    assert pol.on_push(2, 0, 1.0) == PEND                 # late: computed on version 0
+    assert pol.on_push(0, 1, 1.0) == PEND and not pol.close_due(1.0)   # 1 fresh of 2
+    assert pol.on_push(1, 1, 1.0) == PEND and pol.close_due(1.0)
+    assert pol.close(1.0) == [2, 0, 1] and pol.stats["below_quorum"] == 0
+
+
+def test_a_round_with_every_live_worker_in_it_closes_even_with_late_ones():
+    pol = Consistency.parse("lsp:3:2", round_timeout=5.0).policy([0, 1, 2])
+    pol.on_push(0, 0, 0.0), pol.on_push(1, 0, 0.0)
+    assert pol.close_due(6.0) and sorted(pol.close(6.0)) == [0, 1]    # timed out without 2
+    assert pol.stats["below_quorum"] == 1
+    pol.on_push(2, 0, 7.0), pol.on_push(0, 1, 7.0)
+    assert not pol.close_due(7.0)
+    pol.on_push(1, 1, 7.0)                    # 2 fresh < 3, but nobody else is left
+    assert pol.close_due(7.0) and len(pol.close(7.0)) == 3 and pol.stats["below_quorum"] == 1
+
+
 @pytest.mark.parametrize("speeds", SPEEDS)
 def test_alsp_keeps_its_bound_and_finds_the_fast_group(speeds):
     r = simulate("alsp:1", speeds)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from rdmamw import _rendezvous
 from rdmamw._core import Engine
 from rdmamw.channel.address import split_address
+from rdmamw.errors import ProviderUnavailable
 from rdmamw.providers import Connected, provider
 
 #: Defaults for the ring this endpoint receives on. 128 slots of 64 KiB: 8 MiB per
@@ -31,17 +33,26 @@ class Channel(Engine):
     @classmethod
     def open(cls, peer: str | int, *, mode: str = "batched", timeout: float | None = None,
              slots: int = DEFAULT_SLOTS, slot_size: int = DEFAULT_SLOT_SIZE,
-             spin_us: float = DEFAULT_SPIN_US) -> Channel:
+             spin_us: float = DEFAULT_SPIN_US, rendezvous: str = "auto",
+             rndv_threshold: int | None = None) -> Channel:
         """Connect to ``peer`` (``"shm://NAME"``, ``"tcp://HOST:PORT"``, or after
         :func:`rdmamw.init` a rank: both ranks call ``open`` with the other's rank and
         the provider is chosen for them), retrying while nobody listens yet.
 
         ``mode="batched"`` is the bitmap protocol; ``mode="ack"`` the per-message
         acknowledged baseline. ``slots`` x ``slot_size`` is the ring *this* side
-        receives on; the peer's ``slot_size`` is the largest message we can send.
-        ``timeout=None`` means 30 s for the connection to be made."""
+        receives on; the peer's ``slot_size`` is the largest eager message.
+        ``timeout=None`` means 30 s for the connection to be made.
+
+        Larger messages go by **rendezvous** (docs/api.md): ``rendezvous="read"`` (the
+        receiver READs from our buffer), ``"write"`` (we WRITE into a buffer the receiver
+        posted with ``post_recv``, else it READs), ``"off"`` (eager only: larger messages
+        raise MessageTooLarge) or ``"auto"`` (the tuned strategy, else read).
+        ``rndv_threshold`` lowers the size above which rendezvous is used."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        rndv = (rendezvous, rndv_threshold)
+        _rendezvous.check(rendezvous, rndv_threshold)      # bad options fail first
         t = DEFAULT_OPEN_TIMEOUT if timeout is None else float(timeout)
         if isinstance(peer, int) and not isinstance(peer, bool):
             from rdmamw.bootstrap import connect_rank
@@ -51,7 +62,7 @@ class Channel(Engine):
             scheme, where = split_address(peer)
             conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
                                             slot_size=slot_size)
-        return _make(cls, conn, spin_us)
+        return _make(cls, conn, spin_us, rndv)
 
     def __enter__(self) -> Channel:
         return self
@@ -64,11 +75,18 @@ class Channel(Engine):
         return f"<Channel {getattr(self, 'peer', '?')} mode={self.mode} {state}>"
 
 
-def _make(cls: type[Channel], conn: Connected, spin_us: float) -> Channel:
+def _make(cls: type[Channel], conn: Connected, spin_us: float,
+          rndv: tuple[str, int | None]) -> Channel:
     ch = cls()
     try:
+        scheme = conn.peer.partition("://")[0]
+        strategy, threshold = _rendezvous.resolve(rndv[0], rndv[1], scheme)
+        if rndv[0] in ("read", "write") and not conn.transport.can_expose:
+            raise ProviderUnavailable(f"rendezvous={rndv[0]!r}: the {scheme} provider cannot "
+                                      f"expose memory to its peer (yet)")
         ch._setup(conn.transport, conn.slots, conn.slot_size, conn.peer_slots,
-                  conn.peer_slot_size, conn.mode, spin_us)
+                  conn.peer_slot_size, conn.mode, spin_us, rendezvous=strategy,
+                  rndv_threshold=threshold)
     except BaseException:
         conn.transport.close()
         raise
@@ -81,7 +99,10 @@ class Listener:
     """Accepts channels at an address; see :func:`rdmamw.listen`."""
 
     def __init__(self, address: str, *, slots: int = DEFAULT_SLOTS,
-                 slot_size: int = DEFAULT_SLOT_SIZE, spin_us: float = DEFAULT_SPIN_US) -> None:
+                 slot_size: int = DEFAULT_SLOT_SIZE, spin_us: float = DEFAULT_SPIN_US,
+                 rendezvous: str = "auto", rndv_threshold: int | None = None) -> None:
+        _rendezvous.check(rendezvous, rndv_threshold)
+        self._rndv = (rendezvous, rndv_threshold)
         scheme, where = split_address(address)
         self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)
         self._spin_us = spin_us
@@ -91,7 +112,7 @@ class Listener:
     def accept(self, timeout: float | None = None) -> Channel:
         """Wait for one peer (up to ``timeout`` s, None = forever) and return its Channel;
         the mode is the one the opener asked for."""
-        return _make(Channel, self._impl.accept(timeout), self._spin_us)
+        return _make(Channel, self._impl.accept(timeout), self._spin_us, self._rndv)
 
     def close(self) -> None:
         self._impl.close()
@@ -107,5 +128,6 @@ class Listener:
 
 
 def listen(address: str, **ring: Any) -> Listener:
-    """Listen at ``address`` (``"shm://NAME"``); ``ring`` takes slots, slot_size, spin_us."""
+    """Listen at ``address`` (``"shm://NAME"``); ``ring`` takes slots, slot_size, spin_us,
+    rendezvous, rndv_threshold (as :meth:`Channel.open`)."""
     return Listener(address, **ring)

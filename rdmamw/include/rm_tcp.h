@@ -10,7 +10,13 @@
  * drops the connection: the local engine then sees PeerLost, never a stray write.
  *
  * Liveness: EOF/RST, a socket error, or no byte from the peer for `timeout_ns`
- * (the peer sends a HEARTBEAT every `hb_ns` while idle) -> state = lost. */
+ * (the peer sends a HEARTBEAT every `hb_ns` while idle) -> state = lost.
+ *
+ * Rendezvous: XREAD_REQ / XWRITE name a range this side exposed (rm_expose.h; the
+ * 16-bit key in `region`, the address in `offset`) and are checked against the local
+ * exposure table. An XREAD_REQ is answered by the responder thread (READ_RESP, or
+ * READ_ERR when the range was not exposed), so a long answer never stops this side
+ * from receiving: two sides reading from each other cannot deadlock on full sockets. */
 #ifndef RM_TCP_H
 #define RM_TCP_H
 #include <errno.h>
@@ -24,6 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "rm_expose.h"
+
 enum {
     RT_WRITE = 1,      /* payload -> region[offset]                           */
     RT_PUBLISH = 2,    /* 8-byte words -> region[offset], release stores      */
@@ -32,7 +40,10 @@ enum {
     RT_READ_RESP = 5,  /* payload for the oldest outstanding READ_REQ         */
     RT_HEARTBEAT = 6,  /* liveness only (no payload)                          */
     RT_WRITE_IMM = 7,  /* WRITE, then signal the local waiter                 */
-    RT_NTYPES = 8
+    RT_XREAD_REQ = 8,  /* send back an exposed range (key, address, length)   */
+    RT_XWRITE = 9,     /* payload -> an exposed range (key, address)          */
+    RT_READ_ERR = 10,  /* the oldest outstanding READ failed: nothing exposed */
+    RT_NTYPES = 11
 };
 enum { RT_NREG = 4, RT_RD_MAX = 256, RT_IOV_MAX = 1024 };
 /* state: 1 = up, else RM_ERR_PEER_LOST (-2) / RM_ERR_CLOSED (-3) of _core.pxd */
@@ -60,7 +71,16 @@ typedef struct {
     int64_t last_rx, last_tx, hb_ns, timeout_ns;
     uint64_t rd_addr[RT_RD_MAX];
     uint32_t rd_len[RT_RD_MAX];
+    uint8_t rd_err[RT_RD_MAX];
     uint64_t rd_posted, rd_done;
+    /* rendezvous: what this side exposed, and the XREAD_REQs the responder answers */
+    rm_xtab *xtab;
+    pthread_mutex_t xp_mu;      /* held by the responder while it sends from a range */
+    pthread_mutex_t xw_mu;      /* held by the progress thread while it writes a range */
+    pthread_mutex_t rq_mu;      /* the request queue; never held across I/O */
+    pthread_cond_t rq_cv;
+    rt_frame rq[RT_RD_MAX];
+    uint64_t rq_head, rq_tail;
     uint64_t frames_rx, bytes_rx, wakes_rx, heartbeats_tx;
     rt_frame bad;           /* the frame that broke the connection, if any */
 } rt_conn;
@@ -251,6 +271,7 @@ static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
     int rc;
     uint64_t w, *dst, *src;
     uint64_t k;
+    rm_xent xe;
     switch (f->type) {
     case RT_WRITE:
     case RT_WRITE_IMM:
@@ -286,6 +307,36 @@ static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
                                   f->length);
         pthread_mutex_unlock(&c->send_mu);
         return rc ? -RT_WHY_IO : 0;
+    case RT_XREAD_REQ:          /* queued for the responder thread */
+        if (!c->xtab) return -RT_WHY_FRAME;
+        pthread_mutex_lock(&c->rq_mu);
+        if (c->rq_tail - c->rq_head >= RT_RD_MAX) {
+            pthread_mutex_unlock(&c->rq_mu);
+            return -RT_WHY_FRAME;   /* more READs outstanding than a peer may have */
+        }
+        c->rq[c->rq_tail % RT_RD_MAX] = *f;
+        c->rq_tail++;
+        pthread_cond_signal(&c->rq_cv);
+        pthread_mutex_unlock(&c->rq_mu);
+        return 0;
+    case RT_XWRITE:
+        if (!c->xtab) return -RT_WHY_FRAME;
+        pthread_mutex_lock(&c->xw_mu);
+        if (rm_xtab_find(c->xtab, f->region, f->offset, f->length, RM_XACC_WRITE, &xe)) {
+            pthread_mutex_unlock(&c->xw_mu);
+            return -RT_WHY_FRAME;
+        }
+        rc = rt_rx(c, (char *)(uintptr_t)f->offset, f->length, nh, nh_got);
+        pthread_mutex_unlock(&c->xw_mu);
+        return rc;
+    case RT_READ_ERR:
+        k = __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE);
+        if (k >= __atomic_load_n(&c->rd_posted, __ATOMIC_ACQUIRE) || f->region || f->offset ||
+            f->length)
+            return -RT_WHY_FRAME;
+        c->rd_err[k % RT_RD_MAX] = 1;
+        __atomic_store_n(&c->rd_done, k + 1, __ATOMIC_RELEASE);
+        return 0;
     case RT_READ_RESP:
         k = __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE);
         if (k >= __atomic_load_n(&c->rd_posted, __ATOMIC_ACQUIRE) || f->region || f->offset ||
@@ -324,6 +375,63 @@ static void *rt_progress(void *arg) {
             return NULL;
         }
     }
+}
+
+/* The responder thread: answer queued XREAD_REQs from the exposed ranges. It holds
+ * xp_mu while sending, so a range cannot be un-exposed (and freed) under it. */
+static void *rt_responder(void *arg) {
+    rt_conn *c = (rt_conn *)arg;
+    rt_frame f;
+    rm_xent xe;
+    int ok, rc = 0;
+    struct timespec until;
+    while (!rc) {
+        pthread_mutex_lock(&c->rq_mu);
+        while (c->rq_head == c->rq_tail && !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) &&
+               rt_state(c) == RT_UP) {
+            clock_gettime(CLOCK_REALTIME, &until);      /* look at the state now and then */
+            until.tv_nsec += 100000000;
+            if (until.tv_nsec >= 1000000000) { until.tv_sec++; until.tv_nsec -= 1000000000; }
+            pthread_cond_timedwait(&c->rq_cv, &c->rq_mu, &until);
+        }
+        if (c->rq_head == c->rq_tail) {
+            pthread_mutex_unlock(&c->rq_mu);
+            break;
+        }
+        f = c->rq[c->rq_head % RT_RD_MAX];
+        c->rq_head++;
+        pthread_mutex_unlock(&c->rq_mu);
+        pthread_mutex_lock(&c->xp_mu);
+        ok = rm_xtab_find(c->xtab, f.region, f.offset, f.length, RM_XACC_READ, &xe) == 0;
+        pthread_mutex_lock(&c->send_mu);
+        rc = ok ? rt_send_frame_locked(c, RT_READ_RESP, 0, 0, (const void *)(uintptr_t)f.offset,
+                                       f.length)
+                : rt_send_frame_locked(c, RT_READ_ERR, 0, 0, NULL, 0);
+        pthread_mutex_unlock(&c->send_mu);
+        pthread_mutex_unlock(&c->xp_mu);
+    }
+    return NULL;
+}
+
+/* Expose / un-expose for the engine's thread. Un-exposing waits for a transfer from
+ * or into the range to end (xp_mu, then xw_mu: the order the threads never invert). */
+static uint32_t rt_expose(rt_conn *c, uint64_t addr, uint64_t len, uint32_t access) {
+    uint32_t key;
+    pthread_mutex_lock(&c->xp_mu);
+    pthread_mutex_lock(&c->xw_mu);
+    key = rm_xtab_add(c->xtab, addr, len, access, RM_XNONE);
+    pthread_mutex_unlock(&c->xw_mu);
+    pthread_mutex_unlock(&c->xp_mu);
+    return key;
+}
+
+static void rt_unexpose(rt_conn *c, uint32_t key) {
+    rm_xent xe;
+    pthread_mutex_lock(&c->xp_mu);
+    pthread_mutex_lock(&c->xw_mu);
+    rm_xtab_del(c->xtab, key, &xe);
+    pthread_mutex_unlock(&c->xw_mu);
+    pthread_mutex_unlock(&c->xp_mu);
 }
 
 /* Local close without losing data in flight: send FIN after everything queued,

@@ -5,23 +5,37 @@ Each endpoint's block is a memfd both processes map. WRITE is a memcpy into the
 peer's mapping; PUBLISH words are stored with release order; READ copies out of it.
 Every work request is bounds-checked against the peer's regions before any of the
 chain runs, so a bad request does nothing. Wake-ups are eventfds; the connection's
-Unix socket stays open only to notice the peer dying (EOF)."""
+Unix socket stays open only to notice the peer dying (EOF).
+
+Rendezvous: each side keeps an exposure table (rdmamw/include/rm_expose.h) in its
+block, after the regions. A READ of the peer's exposed memory is checked against the
+peer's table, then done as one copy with ``process_vm_readv`` (CMA) from the peer's
+address space; a WRITE with ``process_vm_writev``. When the connection set-up found
+CMA not permitted (ptrace rules) the exposing side copies the range into its staging
+area (a second memfd both map) and the reader copies it from there."""
 
 from libc.stdint cimport uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 
 from rdmamw._core cimport (
+    RM_ACCESS_LOCAL,
+    RM_ACCESS_REMOTE_READ,
+    RM_ACCESS_REMOTE_WRITE,
+    RM_ERR_AGAIN,
     RM_ERR_BOUNDS,
     RM_ERR_CLOSED,
     RM_ERR_OS,
     RM_ERR_PEER_LOST,
     RM_NREGIONS,
+    RM_ERR_UNSUPPORTED,
+    RM_WR_EXPOSED,
     RM_WR_PUBLISH,
     RM_WR_READ,
     RM_WR_SIGNALED,
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
     Transport,
+    rm_mem,
     rm_wr,
 )
 from rdmamw.bitmap._phase cimport rm_store_release64
@@ -52,7 +66,77 @@ cdef extern from "unistd.h" nogil:
 
 cdef extern from "errno.h" nogil:
     int errno
-    int EAGAIN, EINTR
+    int EAGAIN, EINTR, EPERM, ESRCH
+
+cdef extern from "sys/uio.h" nogil:
+    struct iovec:
+        void *iov_base
+        size_t iov_len
+    ssize_t process_vm_readv(int pid, const iovec *local, unsigned long liovcnt,
+                             const iovec *remote, unsigned long riovcnt, unsigned long flags)
+    ssize_t process_vm_writev(int pid, const iovec *local, unsigned long liovcnt,
+                              const iovec *remote, unsigned long riovcnt, unsigned long flags)
+
+cdef extern from "rm_expose.h" nogil:
+    enum:
+        RM_XTAB_N, RM_XACC_READ, RM_XACC_WRITE
+    uint64_t RM_XNONE
+    ctypedef struct rm_xent:
+        uint64_t addr, len, staged
+        uint32_t key, access
+    ctypedef struct rm_xtab:
+        uint64_t probe
+        uint32_t gen, live
+    uint32_t rm_xtab_add(rm_xtab *t, uint64_t addr, uint64_t len, uint32_t access,
+                         uint64_t staged)
+    int rm_xtab_del(rm_xtab *t, uint32_t key, rm_xent *out)
+    int rm_xtab_find(const rm_xtab *t, uint32_t key, uint64_t addr, uint64_t len,
+                     uint32_t access, rm_xent *out)
+    int rm_xtab_alive(const rm_xtab *t, uint32_t key)
+
+XTAB_BYTES = sizeof(rm_xtab)
+
+cdef enum:
+    CMA_CHUNK = 1 << 30     # process_vm_* move at most this much per call here
+
+
+cdef int _cma(int pid, bint write, char *local, uint64_t remote, uint64_t n) noexcept nogil:
+    """Copy n bytes between our `local` and the peer's `remote` address: 0, or
+    RM_ERR_PEER_LOST (gone), RM_ERR_BOUNDS (no such memory there), RM_ERR_OS."""
+    cdef iovec l, r
+    cdef ssize_t got
+    cdef uint64_t done = 0
+    while done < n:
+        l.iov_base = local + done
+        l.iov_len = min(n - done, <uint64_t>CMA_CHUNK)
+        r.iov_base = <void *>(remote + done)
+        r.iov_len = l.iov_len
+        if write:
+            got = process_vm_writev(pid, &l, 1, &r, 1, 0)
+        else:
+            got = process_vm_readv(pid, &l, 1, &r, 1, 0)
+        if got <= 0:
+            if got < 0 and errno == EINTR:
+                continue
+            if got < 0 and errno == ESRCH:
+                return RM_ERR_PEER_LOST
+            return RM_ERR_BOUNDS if got == 0 or errno != EPERM else RM_ERR_OS
+        done += <uint64_t>got
+    return 0
+
+
+def cma_probe(int pid, size_t addr) -> int:
+    """Read 8 bytes at ``addr`` in process ``pid`` with process_vm_readv: the word, or
+    -errno (EPERM: CMA is not permitted here)."""
+    cdef uint64_t word = 0
+    cdef iovec l, r
+    l.iov_base = &word
+    l.iov_len = 8
+    r.iov_base = <void *>addr
+    r.iov_len = 8
+    if process_vm_readv(pid, &l, 1, &r, 1, 0) != 8:
+        return -errno
+    return <long long>(word >> 1)      # non-negative: the caller compares the same shift
 
 cdef class ShmTransport(Transport):
     cdef char *my_base
@@ -64,11 +148,24 @@ cdef class ShmTransport(Transport):
     cdef int my_evfd
     cdef int peer_evfd
     cdef int state
+    # rendezvous
+    cdef rm_xtab *xtab              # mine, in my block: the peer checks its READs against it
+    cdef rm_xtab *peer_xtab         # the peer's, in its block
+    cdef int peer_pid
+    cdef int pidfd                  # the peer process (-1: not available); pid reuse guard
+    cdef bint cma                   # I may process_vm_* the peer
+    cdef bint peer_cma              # the peer may process_vm_* me (else I stage for it)
+    cdef char *arena                # my staging area (the peer maps it too)
+    cdef uint64_t arena_size, arena_used
+    cdef uint32_t arena_live
+    cdef char *peer_arena
+    cdef uint64_t peer_arena_size
 
     def __cinit__(self):
         self.sock = -1
         self.my_evfd = -1
         self.peer_evfd = -1
+        self.pidfd = -1
         self.state = RM_ERR_CLOSED
         self.direct_source = True
         self.synchronous = True
@@ -103,8 +200,58 @@ cdef class ShmTransport(Transport):
         self.sock, self.my_evfd, self.peer_evfd = sock, my_evfd, peer_evfd
         self.state = 1
 
+    def _attach_rendezvous(self, size_t my_xtab_off, size_t peer_xtab_off, int my_arena_fd,
+                           size_t my_arena_size, int peer_arena_fd, size_t peer_arena_size,
+                           int peer_pid, int pidfd):
+        """Wire the exposure tables (at the given offsets of each block) and map both
+        staging areas; the memfds stay the caller's, ``pidfd`` becomes ours."""
+        cdef void *p
+        if my_xtab_off + sizeof(rm_xtab) > self.my_size \
+                or peer_xtab_off + sizeof(rm_xtab) > self.peer_size:
+            raise ValueError("exposure table outside the block")
+        self.xtab = <rm_xtab *>(self.my_base + my_xtab_off)
+        self.peer_xtab = <rm_xtab *>(self.peer_base + peer_xtab_off)
+        memset(self.xtab, 0, sizeof(rm_xtab))
+        p = mmap(NULL, my_arena_size, PROT_READ | PROT_WRITE, MAP_SHARED, my_arena_fd, 0)
+        if p == MAP_FAILED:
+            raise OSError("mmap of own staging area failed")
+        self.arena, self.arena_size = <char *>p, my_arena_size
+        p = mmap(NULL, peer_arena_size, PROT_READ, MAP_SHARED, peer_arena_fd, 0)
+        if p == MAP_FAILED:
+            raise OSError("mmap of the peer's staging area failed")
+        self.peer_arena, self.peer_arena_size = <char *>p, peer_arena_size
+        self.peer_pid, self.pidfd = peer_pid, pidfd
+
+    def _set_probe(self, uint64_t word):
+        self.xtab.probe = word
+
+    def _probe_address(self):
+        """Address of my probe word, for the peer's CMA test."""
+        return <size_t>&self.xtab.probe
+
+    def _peer_probe_word(self):
+        return <long long>(self.peer_xtab.probe >> 1)
+
+    def _set_cma(self, bint mine, bint peers):
+        """mine: I may CMA the peer; peers: the peer may CMA me (else I stage)."""
+        self.cma, self.peer_cma = mine, peers
+        self.can_expose = True
+        self.max_expose = 0 if peers else self.arena_size
+
+    def fileno(self):
+        return self.sock
+
+    @property
+    def cma_modes(self):
+        """(I read the peer by CMA, the peer reads me by CMA)."""
+        return bool(self.cma), bool(self.peer_cma)
+
     def __dealloc__(self):
         self._close_fds()
+        if self.arena != NULL:
+            munmap(self.arena, self.arena_size)
+        if self.peer_arena != NULL:
+            munmap(self.peer_arena, self.peer_arena_size)
         if self.my_base != NULL:
             munmap(self.my_base, self.my_size)
         if self.peer_base != NULL:
@@ -117,7 +264,9 @@ cdef class ShmTransport(Transport):
             close(self.my_evfd)
         if self.peer_evfd >= 0:
             close(self.peer_evfd)
-        self.sock = self.my_evfd = self.peer_evfd = -1
+        if self.pidfd >= 0:
+            close(self.pidfd)
+        self.sock = self.my_evfd = self.peer_evfd = self.pidfd = -1
 
     def close(self):
         """Hang up: the peer sees EOF, and a thread of ours blocked in wait() wakes.
@@ -137,10 +286,16 @@ cdef class ShmTransport(Transport):
         cdef rm_wr *wr
         cdef uint64_t *dst
         cdef uint64_t *src
+        cdef rm_xent xe
+        cdef int rc
         if self.state != 1:
             return self.state if self.state < 0 else RM_ERR_CLOSED
         for i in range(n):      # validate the whole chain first: all or nothing
             wr = &wrs[i]
+            if wr.flags & RM_WR_EXPOSED:
+                if self._check_exposed(wr, &xe) != 0:
+                    return RM_ERR_BOUNDS
+                continue
             if wr.rkey >= RM_NREGIONS or wr.remote_off > self.peer[wr.rkey].length \
                     or wr.length > self.peer[wr.rkey].length - wr.remote_off:
                 return RM_ERR_BOUNDS
@@ -151,7 +306,11 @@ cdef class ShmTransport(Transport):
                 return RM_ERR_BOUNDS
         for i in range(n):
             wr = &wrs[i]
-            if wr.opcode == RM_WR_READ:
+            if wr.flags & RM_WR_EXPOSED:
+                rc = self._exposed(wr)
+                if rc != 0:
+                    return rc
+            elif wr.opcode == RM_WR_READ:
                 memcpy(<void *>wr.local_addr, self.peer_addr[wr.rkey] + wr.remote_off, wr.length)
             elif wr.flags & RM_WR_PUBLISH:
                 dst = <uint64_t *>(self.peer_addr[wr.rkey] + wr.remote_off)
@@ -166,6 +325,103 @@ cdef class ShmTransport(Transport):
                 self.complete_now(wr.wr_id, wr.opcode)
         self.n_doorbells += 1
         self.n_wrs += n
+        return 0
+
+    # ---- rendezvous ------------------------------------------------------------------
+
+    cdef int _check_exposed(self, rm_wr *wr, rm_xent *xe) noexcept nogil:
+        """An EXPOSED READ/WRITE must lie inside what the peer exposed, with the access."""
+        cdef uint32_t acc
+        if wr.opcode == RM_WR_READ:
+            acc = RM_XACC_READ
+        elif wr.opcode == RM_WR_WRITE:
+            acc = RM_XACC_WRITE
+        else:
+            return -1
+        if self.peer_xtab == NULL or wr.flags & RM_WR_PUBLISH:
+            return -1
+        return rm_xtab_find(self.peer_xtab, wr.rkey, wr.remote_off, wr.length, acc, xe)
+
+    cdef bint _peer_exited(self) noexcept nogil:
+        cdef pollfd fd
+        if self.pidfd < 0:
+            return False
+        fd.fd = self.pidfd
+        fd.events = POLLIN
+        fd.revents = 0
+        return poll(&fd, 1, 0) > 0
+
+    cdef int _exposed(self, rm_wr *wr) noexcept nogil:
+        """Do one EXPOSED READ/WRITE: CMA, or a copy out of the peer's staging area."""
+        cdef rm_xent xe
+        cdef uint64_t off
+        cdef int rc
+        if self._check_exposed(wr, &xe) != 0:
+            return RM_ERR_BOUNDS
+        if xe.staged != RM_XNONE:
+            if wr.opcode != RM_WR_READ:
+                return RM_ERR_BOUNDS
+            off = xe.staged + (wr.remote_off - xe.addr)
+            if off > self.peer_arena_size or wr.length > self.peer_arena_size - off:
+                return RM_ERR_BOUNDS
+            memcpy(<void *>wr.local_addr, self.peer_arena + off, wr.length)
+        else:
+            if not self.cma:
+                return RM_ERR_BOUNDS
+            rc = _cma(self.peer_pid, wr.opcode == RM_WR_WRITE, <char *>wr.local_addr,
+                      wr.remote_off, wr.length)
+            if rc != 0:
+                if self._peer_exited() or self.peer_state() < 0:
+                    return RM_ERR_PEER_LOST
+                return rc
+            if self._peer_exited():     # the pid may have been reused: not our data
+                return RM_ERR_PEER_LOST
+        if not rm_xtab_alive(self.peer_xtab, wr.rkey):
+            return RM_ERR_BOUNDS        # un-exposed during the copy: the data is not sure
+        if wr.opcode == RM_WR_WRITE:
+            self.bytes_written += wr.length
+        return 0
+
+    cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
+                    rm_mem *out) noexcept nogil:
+        cdef uint64_t staged = RM_XNONE
+        cdef uint32_t key
+        out.handle = out.lkey = out.rkey = 0
+        if access == RM_ACCESS_LOCAL:
+            return 0
+        if self.xtab == NULL or self.state != 1:
+            return RM_ERR_CLOSED
+        if access == RM_ACCESS_REMOTE_WRITE:
+            if not self.peer_cma:
+                return RM_ERR_UNSUPPORTED
+            key = rm_xtab_add(self.xtab, addr, length, RM_XACC_WRITE, RM_XNONE)
+        elif access == RM_ACCESS_REMOTE_READ:
+            if not self.peer_cma:       # stage a copy where the peer can map it
+                if length > self.arena_size:
+                    return RM_ERR_UNSUPPORTED
+                if self.arena_live == 0:
+                    self.arena_used = 0
+                if length > self.arena_size - self.arena_used:
+                    return RM_ERR_AGAIN
+                staged = self.arena_used
+                memcpy(self.arena + staged, <void *>addr, length)
+                self.arena_used += (length + 63) & ~(<uint64_t>63)
+                if self.arena_used > self.arena_size:
+                    self.arena_used = self.arena_size
+            key = rm_xtab_add(self.xtab, addr, length, RM_XACC_READ, staged)
+            if key and staged != RM_XNONE:
+                self.arena_live += 1
+        else:
+            return RM_ERR_UNSUPPORTED
+        if key == 0:
+            return RM_ERR_AGAIN
+        out.handle = out.rkey = key
+        return 0
+
+    cdef int unexpose(self, uint32_t handle) noexcept nogil:
+        cdef rm_xent xe
+        if self.xtab != NULL and rm_xtab_del(self.xtab, handle, &xe) and xe.staged != RM_XNONE:
+            self.arena_live -= 1
         return 0
 
     cdef int wake_peer(self) noexcept nogil:

@@ -7,18 +7,27 @@ straight from the sources: no copy in user space), so ``synchronous`` and
 ``direct_source`` hold. The peer's progress thread (C, rdmamw/include/rm_tcp.h, no
 GIL) receives each payload straight into the target offset of its registered region
 after a bounds check; PUBLISH words are stored with release order. READ is a
-request/response pair served from the peer's regions only."""
+request/response pair served from the peer's regions only.
+
+Rendezvous: expose() enters a range in this side's exposure table (rm_expose.h); the
+peer's XREAD_REQ / XWRITE frames for it are checked against that table here, by the
+progress thread (XWRITE) and a responder thread (XREAD_REQ) that answers READs, so a
+large answer never keeps this side from receiving."""
 
 import os
 import socket
 import threading
 
-from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memset
 from posix.stdlib cimport posix_memalign
 
 from rdmamw._core cimport (
+    RM_ACCESS_LOCAL,
+    RM_ACCESS_REMOTE_READ,
+    RM_ACCESS_REMOTE_WRITE,
+    RM_ERR_AGAIN,
     RM_ERR_BOUNDS,
     RM_ERR_CLOSED,
     RM_ERR_OS,
@@ -27,14 +36,23 @@ from rdmamw._core cimport (
     RM_REGION_ARRIVAL,
     RM_REGION_CTRL,
     RM_REGION_RECLAIM,
+    RM_ERR_UNSUPPORTED,
+    RM_WR_EXPOSED,
     RM_WR_PUBLISH,
     RM_WR_READ,
     RM_WR_SIGNALED,
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
     Transport,
+    rm_mem,
     rm_wr,
 )
+
+cdef extern from "rm_expose.h" nogil:
+    enum:
+        RM_XACC_READ, RM_XACC_WRITE
+    ctypedef struct rm_xtab:
+        pass
 
 cdef extern from "sys/uio.h" nogil:
     struct iovec:
@@ -51,6 +69,10 @@ cdef extern from "pthread.h" nogil:
     ctypedef unsigned long pthread_t
     ctypedef struct pthread_mutex_t:
         pass
+    ctypedef struct pthread_cond_t:
+        pass
+    int pthread_cond_init(pthread_cond_t *c, const void *attr)
+    int pthread_cond_destroy(pthread_cond_t *c)
     int pthread_create(pthread_t *t, const void *attr, void *(*fn)(void *) noexcept nogil,
                        void *arg)
     int pthread_join(pthread_t t, void **ret)
@@ -62,7 +84,7 @@ cdef extern from "pthread.h" nogil:
 cdef extern from "rm_tcp.h" nogil:
     enum:
         RT_WRITE, RT_PUBLISH, RT_WAKE, RT_READ_REQ, RT_READ_RESP, RT_HEARTBEAT
-        RT_WRITE_IMM, RT_NTYPES
+        RT_WRITE_IMM, RT_XREAD_REQ, RT_XWRITE, RT_READ_ERR, RT_NTYPES
         RT_NREG, RT_RD_MAX
         RT_UP, RT_LOST, RT_CLOSED
         RT_WHY_NONE, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL
@@ -84,7 +106,11 @@ cdef extern from "rm_tcp.h" nogil:
         int64_t last_rx, last_tx, hb_ns, timeout_ns
         uint64_t rd_addr[256]
         uint32_t rd_len[256]
+        uint8_t rd_err[256]
         uint64_t rd_posted, rd_done
+        void *xtab
+        pthread_mutex_t xp_mu, xw_mu, rq_mu
+        pthread_cond_t rq_cv
         uint64_t frames_rx, bytes_rx, wakes_rx, heartbeats_tx
         rt_frame bad
     int64_t rt_now()
@@ -93,6 +119,9 @@ cdef extern from "rm_tcp.h" nogil:
     int rt_send_locked(rt_conn *c, iovec *iov, int cnt)
     int rt_send_empty(rt_conn *c, uint16_t type)
     void *rt_progress(void *arg)
+    void *rt_responder(void *arg)
+    uint32_t rt_expose(rt_conn *c, uint64_t addr, uint64_t len, uint32_t access)
+    void rt_unexpose(rt_conn *c, uint32_t key)
     void rt_close_graceful(rt_conn *c, int64_t linger_ns)
     int rt_wait(rt_conn *c, int timeout_ms)
     uint64_t rt_atomic_load64 "__atomic_load_n"(uint64_t *p, int order)
@@ -104,7 +133,8 @@ assert RT_LOST == RM_ERR_PEER_LOST and RT_CLOSED == RM_ERR_CLOSED and RT_NREG ==
 FRAME_BYTES = sizeof(rt_frame)
 FRAME_TYPES = {"WRITE": RT_WRITE, "PUBLISH": RT_PUBLISH, "WAKE": RT_WAKE,
                "READ_REQ": RT_READ_REQ, "READ_RESP": RT_READ_RESP,
-               "HEARTBEAT": RT_HEARTBEAT, "WRITE_IMM": RT_WRITE_IMM}
+               "HEARTBEAT": RT_HEARTBEAT, "WRITE_IMM": RT_WRITE_IMM,
+               "XREAD_REQ": RT_XREAD_REQ, "XWRITE": RT_XWRITE, "READ_ERR": RT_READ_ERR}
 _WHY = {RT_WHY_NONE: "", RT_WHY_EOF: "peer closed the connection",
         RT_WHY_IO: "socket error", RT_WHY_TIMEOUT: "peer silent past the timeout",
         RT_WHY_FRAME: "malformed frame", RT_WHY_LOCAL: "closed locally"}
@@ -118,6 +148,8 @@ cdef class TcpTransport(Transport):
     cdef char *block
     cdef size_t block_size
     cdef pthread_t thread
+    cdef pthread_t responder
+    cdef bint responder_started
     cdef bint started
     cdef bint mutex_ready
     cdef rt_frame *hdrs
@@ -134,9 +166,17 @@ cdef class TcpTransport(Transport):
         self.c.sock = -1
         self.c.evfd = -1
         self.c.state = RT_CLOSED
-        if pthread_mutex_init(&self.c.send_mu, NULL) != 0:
+        if pthread_mutex_init(&self.c.send_mu, NULL) != 0 \
+                or pthread_mutex_init(&self.c.xp_mu, NULL) != 0 \
+                or pthread_mutex_init(&self.c.xw_mu, NULL) != 0 \
+                or pthread_mutex_init(&self.c.rq_mu, NULL) != 0 \
+                or pthread_cond_init(&self.c.rq_cv, NULL) != 0:
             raise OSError("pthread_mutex_init failed")
         self.mutex_ready = True
+        self.c.xtab = calloc(1, sizeof(rm_xtab))
+        if self.c.xtab == NULL:
+            raise MemoryError()
+        self.can_expose = True
         self.direct_source = True       # sendmsg reads the sources before post() returns
         self.synchronous = True
         self.max_inline = 1 << 30
@@ -186,6 +226,10 @@ cdef class TcpTransport(Transport):
         self.block = <char *>block_addr
         self.block_size = block_size
         self.started = True
+        if pthread_create(&self.responder, NULL, rt_responder, self.c) != 0:
+            self.can_expose = False     # no rendezvous on this connection, eager still works
+        else:
+            self.responder_started = True
 
     def register_local(self, size_t addr, size_t length):
         """Remember a READ target range (WRITE sources need no registration)."""
@@ -229,6 +273,12 @@ cdef class TcpTransport(Transport):
             return st
         for i in range(n):      # validate the whole chain first: all or nothing
             wr = &wrs[i]
+            if wr.flags & RM_WR_EXPOSED:    # the peer checks its own exposure table
+                if wr.rkey > 0xFFFF or wr.flags & RM_WR_PUBLISH or (
+                        wr.opcode != RM_WR_READ and wr.opcode != RM_WR_WRITE):
+                    return RM_ERR_BOUNDS
+                nreads += wr.opcode == RM_WR_READ
+                continue
             if wr.rkey >= RM_NREGIONS or wr.remote_off > self.peer[wr.rkey].length \
                     or wr.length > self.peer[wr.rkey].length - wr.remote_off:
                 return RM_ERR_BOUNDS
@@ -258,12 +308,16 @@ cdef class TcpTransport(Transport):
             self.iov[k].iov_len = sizeof(rt_frame)
             k += 1
             if wr.opcode == RM_WR_READ:
-                f.type = RT_READ_REQ
+                f.type = RT_XREAD_REQ if wr.flags & RM_WR_EXPOSED else RT_READ_REQ
                 self.c.rd_addr[posted % RT_RD_MAX] = wr.local_addr
                 self.c.rd_len[posted % RT_RD_MAX] = wr.length
+                self.c.rd_err[posted % RT_RD_MAX] = 0
                 posted += 1
                 continue
-            if wr.flags & RM_WR_PUBLISH:
+            if wr.flags & RM_WR_EXPOSED:
+                f.type = RT_XWRITE
+                self.bytes_written += wr.length
+            elif wr.flags & RM_WR_PUBLISH:
                 f.type = RT_PUBLISH
             elif wr.opcode == RM_WR_WRITE_IMM:
                 f.type = RT_WRITE_IMM
@@ -286,10 +340,35 @@ cdef class TcpTransport(Transport):
                 if st != RT_UP:
                     return st
                 sched_yield()
+            for i in range(nreads):
+                if self.c.rd_err[(posted - 1 - i) % RT_RD_MAX]:
+                    return RM_ERR_BOUNDS    # the peer had not exposed that range
         for i in range(n):
             if wrs[i].flags & RM_WR_SIGNALED:
                 self.n_signaled += 1
                 self.complete_now(wrs[i].wr_id, wrs[i].opcode)
+        return 0
+
+    cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
+                    rm_mem *out) noexcept nogil:
+        cdef uint32_t key
+        out.handle = out.lkey = out.rkey = 0
+        if access == RM_ACCESS_LOCAL:
+            return 0
+        if not self.can_expose or rt_state(self.c) != RT_UP:
+            return RM_ERR_CLOSED
+        if access != RM_ACCESS_REMOTE_READ and access != RM_ACCESS_REMOTE_WRITE:
+            return RM_ERR_UNSUPPORTED
+        key = rt_expose(self.c, addr, length,
+                        RM_XACC_READ if access == RM_ACCESS_REMOTE_READ else RM_XACC_WRITE)
+        if key == 0:
+            return RM_ERR_AGAIN
+        out.handle = out.rkey = key
+        return 0
+
+    cdef int unexpose(self, uint32_t handle) noexcept nogil:
+        if handle and self.c != NULL:
+            rt_unexpose(self.c, handle)
         return 0
 
     cdef int wake_peer(self) noexcept nogil:
@@ -313,7 +392,10 @@ cdef class TcpTransport(Transport):
             with nogil:
                 rt_close_graceful(self.c, 2000000000)
                 pthread_join(self.thread, NULL)
+                if self.responder_started:
+                    pthread_join(self.responder, NULL)
             self.started = False
+            self.responder_started = False
         elif self.c.state == RT_UP:
             self.c.state = RT_CLOSED
         if self.c.sock >= 0:
@@ -328,6 +410,11 @@ cdef class TcpTransport(Transport):
             self.close()
             if self.mutex_ready:
                 pthread_mutex_destroy(&self.c.send_mu)
+                pthread_mutex_destroy(&self.c.xp_mu)
+                pthread_mutex_destroy(&self.c.xw_mu)
+                pthread_mutex_destroy(&self.c.rq_mu)
+                pthread_cond_destroy(&self.c.rq_cv)
+            free(self.c.xtab)
             free(self.c.pubbuf)
             free(self.c)
             self.c = NULL

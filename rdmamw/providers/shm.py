@@ -5,12 +5,18 @@ connection exchanges msgpack hellos (ring sizes, mode), then each side hands the
 an anonymous memfd holding its block and an eventfd for wake-ups (SCM_RIGHTS). No
 segment has a name, so nothing is ever left in /dev/shm, even after SIGKILL: the
 memory goes when the last mapping does. Only processes of the same user may connect
-(SO_PEERCRED)."""
+(SO_PEERCRED).
+
+For rendezvous each side also hands over a staging memfd (sparse until used) and the
+two sides test, with a probe word, whether each may read the other's memory with
+``process_vm_readv`` (CMA; ptrace rules decide). ``RDMAMW_SHM_CMA=0`` forbids CMA, so
+the staged path is used; ``RDMAMW_SHM_STAGING`` sizes the staging area (bytes, default 1 GiB)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import secrets
 import socket
 import struct
 import time
@@ -21,10 +27,22 @@ from rdmamw import _layout
 from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import Connected
 from rdmamw.providers import _wire as fr
-from rdmamw.providers._shm import ShmTransport
+from rdmamw.providers._shm import XTAB_BYTES, ShmTransport, cma_probe
 
 PROTOCOL_VERSION = 1
 _PREFIX = b"\0rdmamw-shm/"
+#: the exposure table follows the regions in each block (page-rounded)
+XTAB_SPACE = (XTAB_BYTES + _layout.PAGE - 1) // _layout.PAGE * _layout.PAGE
+
+
+def staging_bytes() -> int:
+    """Size of the staging area used when CMA is not permitted."""
+    return int(os.environ.get("RDMAMW_SHM_STAGING", 1 << 30))
+
+
+def cma_allowed() -> bool:
+    """False when ``RDMAMW_SHM_CMA=0`` forbids process_vm_readv (tests, locked-down hosts)."""
+    return os.environ.get("RDMAMW_SHM_CMA", "1") not in ("0", "off", "no", "false")
 
 
 def _address(name: str) -> bytes:
@@ -36,11 +54,13 @@ def _address(name: str) -> bytes:
     return raw
 
 
-def _check_peer_user(conn: socket.socket) -> None:
+def _check_peer_user(conn: socket.socket) -> int:
+    """The peer's pid (from the kernel, not from the peer), if it is our user."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
+    pid, uid, _gid = struct.unpack("3i", creds)
     if uid != os.getuid() and os.getuid() != 0:
         raise RdmamwError(f"refusing shm peer of uid {uid}")
+    return pid
 
 
 def _regions(lay: _layout.Layout) -> tuple:
@@ -53,8 +73,23 @@ def _regions(lay: _layout.Layout) -> tuple:
     )
 
 
+def _probe_cma(conn: socket.socket, tp: ShmTransport, peer_pid: int) -> None:
+    """Can each side read the other with CMA? Each reads the other's random probe word
+    both ways (CMA and its mapping of the same memory) and says whether they agree."""
+    tp._set_probe(secrets.randbits(64))
+    fr.send_frame(conn, {"probe": tp._probe_address()})
+    addr = fr.field(fr.recv_frame(conn), "probe", int)
+    mine = (cma_allowed() and 0 < addr < 1 << 64
+            and cma_probe(peer_pid, addr) == tp._peer_probe_word())
+    fr.send_frame(conn, {"cma": mine})
+    peers = fr.recv_frame(conn).get("cma")
+    if not isinstance(peers, bool):
+        raise ProtocolError("handshake field 'cma' missing or not bool")
+    tp._set_cma(mine, peers)
+
+
 def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
-               mode: str | None) -> Connected:
+               mode: str | None, peer_pid: int) -> Connected:
     """Exchange hellos and blocks. ``mode`` is given by the opener, None on accept."""
     _layout.check_ring(slots, slot_size)
     hello = {"v": PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid()}
@@ -65,28 +100,48 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
 
     mine = _layout.endpoint_layout(slots, slot_size, peer_slots)
     theirs = _layout.endpoint_layout(peer_slots, peer_slot_size, slots)
+    my_total, peer_total = mine.total + XTAB_SPACE, theirs.total + XTAB_SPACE
+    stage = staging_bytes()
     memfd = os.memfd_create(f"rdmamw-shm-{name}", os.MFD_CLOEXEC)
     evfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    stagefd = os.memfd_create(f"rdmamw-stage-{name}", os.MFD_CLOEXEC)
     peer_fds: list[int] = []
+    pidfd = -1
     try:
-        os.fchmod(memfd, 0o600)   # no name to find it by; and no group/other rights either
-        os.ftruncate(memfd, mine.total)
-        socket.send_fds(conn, [msgpack.packb({"size": mine.total})], [memfd, evfd])
-        data, peer_fds, _flags, _addr = socket.recv_fds(conn, fr.MAX_HELLO, 2)
-        if len(peer_fds) != 2:
-            raise ProtocolError(f"peer sent {len(peer_fds)} descriptors, expected 2")
+        for fd, size in ((memfd, my_total), (stagefd, stage)):
+            os.fchmod(fd, 0o600)  # no name to find it by; and no group/other rights either
+            os.ftruncate(fd, size)
+        socket.send_fds(conn, [msgpack.packb({"size": my_total, "stage": stage})],
+                        [memfd, evfd, stagefd])
+        data, peer_fds, _flags, _addr = socket.recv_fds(conn, fr.MAX_HELLO, 3)
+        if len(peer_fds) != 3:
+            raise ProtocolError(f"peer sent {len(peer_fds)} descriptors, expected 3")
         info = msgpack.unpackb(data) if data else None
         peer_size = os.fstat(peer_fds[0]).st_size
-        if not isinstance(info, dict) or info.get("size") != theirs.total \
-                or peer_size < theirs.total:
-            raise ProtocolError(f"peer block is {peer_size} bytes, expected {theirs.total}")
+        if not isinstance(info, dict) or info.get("size") != peer_total \
+                or peer_size < peer_total:
+            raise ProtocolError(f"peer block is {peer_size} bytes, expected {peer_total}")
+        peer_stage = info.get("stage")
+        if not isinstance(peer_stage, int) or isinstance(peer_stage, bool) \
+                or not 0 < peer_stage <= os.fstat(peer_fds[2]).st_size:
+            raise ProtocolError(f"peer staging area of {peer_stage!r} bytes")
         tp = ShmTransport()
-        tp._attach(conn.fileno(), memfd, mine.total, peer_fds[0], theirs.total, evfd,
+        tp._attach(conn.fileno(), memfd, my_total, peer_fds[0], peer_total, evfd,
                    peer_fds[1], _regions(mine), _regions(theirs))
         conn.detach()           # the transport owns the socket now
         evfd = peer_fds[1] = -1  # ... and both eventfds
+        try:
+            pidfd = os.pidfd_open(peer_pid)
+        except (OSError, AttributeError):
+            pidfd = -1          # no pidfd here: the socket still tells us of its death
+        tp._attach_rendezvous(mine.total, theirs.total, stagefd, stage, peer_fds[2],
+                              peer_stage, peer_pid, pidfd)
+        pidfd = -1
+        with socket.socket(fileno=os.dup(tp.fileno())) as side:
+            side.settimeout(conn.gettimeout())
+            _probe_cma(side, tp, peer_pid)
     finally:
-        for fd in (memfd, evfd, *peer_fds[:1], *peer_fds[1:]):
+        for fd in (memfd, evfd, stagefd, pidfd, *peer_fds[:1], *peer_fds[1:]):
             if fd >= 0:
                 os.close(fd)
     return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, f"shm://{name}")
@@ -120,8 +175,8 @@ class ShmListener:
             raise Timeout(f"no connection to {self.address} within {timeout} s") from None
         try:
             conn.settimeout(10.0 if timeout is None else max(timeout, 1.0))
-            _check_peer_user(conn)
-            return _handshake(conn, self.name, self.slots, self.slot_size, None)
+            pid = _check_peer_user(conn)
+            return _handshake(conn, self.name, self.slots, self.slot_size, None, pid)
         except BaseException:
             if conn.fileno() >= 0:
                 conn.close()
@@ -159,8 +214,8 @@ def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int
             raise PeerNotFound(f"shm://{where} did not answer within {timeout:g} s") from None
     try:
         conn.settimeout(max(1.0, deadline - time.monotonic()))
-        _check_peer_user(conn)
-        return _handshake(conn, where, slots, slot_size, mode)
+        pid = _check_peer_user(conn)
+        return _handshake(conn, where, slots, slot_size, mode, pid)
     except TimeoutError:
         conn.close()
         raise Timeout(f"handshake with shm://{where} timed out") from None

@@ -154,15 +154,20 @@ class Async(Policy):
 
 class Rounds(Policy):
     """BSP and LSP(k, bound). A round collects gradients and closes once ``k`` of the
-    live workers have contributed (``k=0``: all of them: BSP), or after ``timeout`` s
-    without the rest (logged). A contributor may not read until its round closes, so
-    each worker adds at most one gradient per round. A gradient whose staleness would
-    exceed ``bound`` is dropped (logged, counted) and its worker reads at once."""
+    live workers have pushed a *fresh* gradient (computed on this round's model;
+    ``k=0``: all of them: BSP), or once every live worker is in it, or after
+    ``timeout`` s without the rest (logged). A late gradient (from a round that
+    closed without it) joins the open round but does not count towards ``k``: a
+    straggler's late work must not close a round before the fast workers' own. A
+    contributor may not read until its round closes, so each worker adds at most one
+    gradient per round. A gradient whose staleness would exceed ``bound`` is dropped
+    (logged, counted) and its worker reads at once."""
 
     def __init__(self, workers: list[int], *, k: int, bound: int, timeout: float) -> None:
         super().__init__(list(workers))
         self.k, self.bound, self.timeout = k, bound, timeout
         self.pending: list[int] = []
+        self.fresh = 0                  # staleness-0 gradients in the open round
         self.opened = 0.0
 
     def quorum(self) -> int:
@@ -180,6 +185,7 @@ class Rounds(Policy):
         if not self.pending:
             self.opened = now
         self.pending.append(w)
+        self.fresh += staleness == 0
         self._note_applied(staleness)
         return PEND
 
@@ -189,7 +195,7 @@ class Rounds(Policy):
     def close_due(self, now: float) -> bool:
         if not self.pending:
             return False
-        if len(self.pending) >= max(1, self.quorum()):
+        if self._full():
             return True
         if now - self.opened >= self.timeout:
             missing = sorted(self.live - set(self.pending))
@@ -199,12 +205,16 @@ class Rounds(Policy):
             return True
         return False
 
+    def _full(self) -> bool:
+        """k fresh gradients, or nobody live left to wait for."""
+        return self.fresh >= max(1, self.quorum()) or self.live.issubset(self.pending)
+
     def close(self, now: float) -> list[int]:
-        done, self.pending = self.pending, []
+        if not self._full():
+            self.stats["below_quorum"] += 1          # only a timeout closes these
+        done, self.pending, self.fresh = self.pending, [], 0
         self.stats["round_sizes"][len(done)] += 1      # size -> rounds: bounded memory
         self.stats["merged"] += len(done)
-        if len(done) < self.quorum():
-            self.stats["below_quorum"] += 1          # only a timeout closes these
         self.version += 1
         return done
 

@@ -1,0 +1,66 @@
+"""Rendezvous configuration and destinations: the one place that talks to
+``rdmamw.memory`` (tuned thresholds, pooled buffers) when it is there.
+
+``resolve`` turns the ``rendezvous=`` / ``rndv_threshold=`` options of
+``Channel.open`` into what the engine takes ("off", "read" or "write" plus a threshold).
+"auto" asks ``rdmamw.memory.thresholds.lookup(provider)`` (written by ``rdmamw tune``)
+and otherwise uses READ above the eager limit. ``allocate`` gives a destination for a
+rendezvous message that ``recv_batch`` receives without a posted buffer."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import numpy as np
+
+STRATEGIES = ("auto", "read", "write", "off")
+DEFAULT = {"strategy": "read", "threshold": None}   # None: the peer's eager limit
+
+
+def _memory(name: str) -> Any:
+    """``rdmamw.memory.<name>`` if that module exists in this build, else None."""
+    try:
+        return importlib.import_module(f"rdmamw.memory.{name}")
+    except ImportError:
+        return None
+
+
+def tuned(provider: str) -> dict:
+    """The measured strategy and threshold for ``provider``, or the built-in default."""
+    mod = _memory("thresholds")
+    if mod is None or not hasattr(mod, "lookup"):
+        return dict(DEFAULT)
+    got = dict(mod.lookup(provider) or {})
+    return {"strategy": got.get("strategy") or DEFAULT["strategy"],
+            "threshold": got.get("threshold")}
+
+
+def check(rendezvous: str, rndv_threshold: int | None) -> None:
+    """A clear ValueError for a bad option (before any connection is made)."""
+    if rendezvous not in STRATEGIES:
+        raise ValueError(f"rendezvous must be one of {STRATEGIES}, not {rendezvous!r}")
+    if rndv_threshold is not None and (isinstance(rndv_threshold, bool)
+                                       or not isinstance(rndv_threshold, int)
+                                       or rndv_threshold < 0):
+        raise ValueError(f"rndv_threshold must be an int >= 0 or None, not {rndv_threshold!r}")
+
+
+def resolve(rendezvous: str, rndv_threshold: int | None, provider: str) -> tuple[str, int | None]:
+    """(strategy, threshold) for the engine of a channel on ``provider``."""
+    check(rendezvous, rndv_threshold)
+    if rendezvous != "auto":
+        return rendezvous, rndv_threshold
+    t = tuned(provider)
+    strategy = t["strategy"] if t["strategy"] in ("read", "write", "off") else "read"
+    return strategy, rndv_threshold if rndv_threshold is not None else t["threshold"]
+
+
+def allocate(nbytes: int) -> Any:
+    """A writable buffer of ``nbytes`` for a received rendezvous message: from the
+    ``rdmamw.memory`` pool when there is one, else a fresh (not zero-filled) numpy
+    array; the returned Message keeps it alive."""
+    pool = _memory("pool")
+    if pool is not None and hasattr(pool, "allocate"):
+        return pool.allocate(nbytes)
+    return np.empty(nbytes, np.uint8)

@@ -1,0 +1,89 @@
+/* Exposure table: the ranges of its own memory an endpoint lets its peer READ or
+ * WRITE (rendezvous), for the providers that check remote work requests in software
+ * (shm: the table sits in the exposing side's shared block and the peer checks its
+ * READs against it; tcp: the exposing side's progress thread checks each request).
+ * The verbs provider needs none: the NIC checks the MR.
+ *
+ * A key is (generation << 8) | index, 16 bits, never 0: a stale key (the range was
+ * un-exposed, the entry reused) does not match the entry's current key. Only the
+ * exposing side writes the table: fields first, then the key with release order; it
+ * clears the key first on removal. A reader loads the key (acquire), copies the
+ * fields, and re-loads the key: a range it acts on was exposed under that key. */
+#ifndef RM_EXPOSE_H
+#define RM_EXPOSE_H
+#include <stdint.h>
+
+enum { RM_XTAB_N = 255, RM_XACC_READ = 1, RM_XACC_WRITE = 2 };
+#define RM_XNONE UINT64_MAX
+
+typedef struct {
+    uint64_t addr;      /* the exposing process's virtual address */
+    uint64_t len;
+    uint64_t staged;    /* shm without CMA: offset of the copy in the staging area */
+    uint32_t key;       /* 0 = free */
+    uint32_t access;    /* RM_XACC_* */
+} rm_xent;              /* 32 bytes */
+
+typedef struct {
+    uint64_t probe;     /* shm: a random word the peer reads with CMA to test it */
+    uint32_t gen, live;
+    uint64_t pad[2];
+    rm_xent e[RM_XTAB_N];
+} rm_xtab;              /* 8 KiB */
+
+/* Add a range; the key, or 0 when the table is full. */
+static inline uint32_t rm_xtab_add(rm_xtab *t, uint64_t addr, uint64_t len, uint32_t access,
+                                   uint64_t staged) {
+    uint32_t i, key;
+    for (i = 0; i < RM_XTAB_N; i++) {
+        if (__atomic_load_n(&t->e[i].key, __ATOMIC_ACQUIRE) == 0) break;
+    }
+    if (i == RM_XTAB_N) return 0;
+    t->gen = t->gen % 255 + 1;
+    key = (t->gen << 8) | i;
+    t->e[i].addr = addr;
+    t->e[i].len = len;
+    t->e[i].staged = staged;
+    t->e[i].access = access;
+    __atomic_store_n(&t->e[i].key, key, __ATOMIC_RELEASE);
+    t->live++;
+    return key;
+}
+
+/* Remove the range of `key` (no-op for an unknown key); its entry, for the caller to
+ * free what it held (staging), or 0. */
+static inline int rm_xtab_del(rm_xtab *t, uint32_t key, rm_xent *out) {
+    uint32_t i = key & 0xFF;
+    if (key == 0 || i >= RM_XTAB_N || t->e[i].key != key) return 0;
+    *out = t->e[i];
+    __atomic_store_n(&t->e[i].key, 0, __ATOMIC_RELEASE);
+    t->live--;
+    return 1;
+}
+
+/* Is [addr, addr+len) inside the range exposed under `key` with `access`? 0 and the
+ * entry in *out, else -1. `t` may be written concurrently by the exposing side. */
+static inline int rm_xtab_find(const rm_xtab *t, uint32_t key, uint64_t addr, uint64_t len,
+                               uint32_t access, rm_xent *out) {
+    uint32_t i = key & 0xFF;
+    if (key == 0 || (key >> 16) || i >= RM_XTAB_N) return -1;
+    if (__atomic_load_n(&t->e[i].key, __ATOMIC_ACQUIRE) != key) return -1;
+    out->addr = __atomic_load_n(&t->e[i].addr, __ATOMIC_RELAXED);
+    out->len = __atomic_load_n(&t->e[i].len, __ATOMIC_RELAXED);
+    out->staged = __atomic_load_n(&t->e[i].staged, __ATOMIC_RELAXED);
+    out->access = __atomic_load_n(&t->e[i].access, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&t->e[i].key, __ATOMIC_RELAXED) != key) return -1;
+    out->key = key;
+    if (!(out->access & access) || addr < out->addr || len > out->len ||
+        addr - out->addr > out->len - len)
+        return -1;
+    return 0;
+}
+
+/* Still exposed under `key`? (after a copy, to know the source did not go away) */
+static inline int rm_xtab_alive(const rm_xtab *t, uint32_t key) {
+    uint32_t i = key & 0xFF;
+    return key && i < RM_XTAB_N && __atomic_load_n(&t->e[i].key, __ATOMIC_ACQUIRE) == key;
+}
+#endif
