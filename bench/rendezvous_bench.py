@@ -99,7 +99,7 @@ def run_memcpy(sizes: list[int], runs: int, seconds: float, core: int) -> dict[i
 
 def _rdmamw_child(strategy: str, plan: list, provider: str, cores: tuple, out) -> None:
     try:
-        out.put(tune.measure(strategy, plan, provider, cores))
+        out.put(tune.measure_all(strategy, plan, provider, cores))
     except BaseException as e:   # noqa: BLE001 - reported to the parent
         out.put({"error": f"{type(e).__name__}: {e}"})
 

@@ -13,7 +13,8 @@ rendezvous strategy is at least as fast as eager at every larger size. The provi
 ``{"strategy", "threshold"}`` goes into the tuning file (rdmamw/memory/thresholds.py:
 ``$RDMAMW_TUNE_FILE`` or ``~/.config/rdmamw/rendezvous.json``), which ``Channel.open(...,
 rendezvous="auto")`` reads. Eager is measured up to ``--eager-max`` (a ring with
-slots that big); above the peer's slot size a channel always uses rendezvous."""
+slots that big, one channel per size); above the peer's slot size a channel always
+uses rendezvous."""
 
 from __future__ import annotations
 
@@ -227,6 +228,23 @@ def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str = "sh
     return result
 
 
+def measure_all(strategy: str, plan: list[tuple[int, int, int]], provider: str = "shm",
+                cores: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
+    """:func:`measure`, with eager in one channel per size: its ring is then shaped for
+    the size (64 slots of 64 KiB for the small ones, as a default channel has, fewer
+    and larger slots above), not for the largest message. Counters are summed."""
+    if strategy != "eager" or len(plan) == 1:
+        return measure(strategy, plan, provider, cores)
+    parts = [measure(strategy, [p], provider, cores) for p in plan]
+    out = dict(parts[-1])
+    out["gbps"] = {k: v for r in parts for k, v in r["gbps"].items()}
+    out["runs"] = {k: v for r in parts for k, v in r["runs"].items()}
+    for side in ("sender", "receiver"):
+        out[side] = {k: sum(r[side].get(k, 0) for r in parts)
+                     for k, v in parts[-1][side].items() if isinstance(v, int)}
+    return out
+
+
 def choose(table: dict[str, dict[int, float]]) -> dict[str, Any]:
     """The rendezvous strategy and threshold from measured bandwidths
     ``{strategy: {size: GB/s}}`` (``"eager"`` plus any of ``"read"``, ``"write"``).
@@ -312,7 +330,7 @@ def run(sizes: list[int], provider: str, bytes_per_run: int, runs: int, eager_ma
         if progress:
             print(f"  measuring {strategy:5s} {human(ss[0])} .. {human(ss[-1])}",
                   file=sys.stderr, flush=True)
-        res = measure(strategy, schedule(ss, bytes_per_run, runs), provider, cores)
+        res = measure_all(strategy, schedule(ss, bytes_per_run, runs), provider, cores)
         table[strategy] = res["gbps"]
         stats[strategy] = {k: v for k, v in res["sender"].items() if k.startswith("rndv")}
     return {"table": table, "choice": choose(table), "stats": stats}
