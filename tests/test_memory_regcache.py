@@ -320,8 +320,9 @@ class CacheMachine(RuleBasedStateMachine):
 
     @invariant()
     def fresh_entries_never_overlap(self):
-        fresh = sorted((a, n) for a, n, _ in self.c.entries()
-                       if self.c.find(a, n) is not None)
+        self.c.stats()
+        fresh = sorted((e.addr, e.length) for e in list(self.c._table.values())
+                       if not e.dead and RegCache._fresh(e))
         for (a1, n1), (a2, _) in zip(fresh, fresh[1:], strict=False):
             assert a1 + n1 <= a2
 
