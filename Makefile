@@ -28,6 +28,7 @@ demo: $(STAMP)
 # so the verbs extension is built against <infiniband/verbs.h>.
 test: vm-deps $(STAMP)
 	bash scripts/setup_test_deps.sh
+	bash scripts/setup_torch.sh $(VPY)
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q -p no:cacheprovider
 	bash scripts/test-device.sh $(VPY)

@@ -34,11 +34,5 @@ if "MPICH" not in lib:
     print("bench/setup.sh: warning: mpi4py is not built against MPICH:", lib.splitlines()[0])
 PYEOF
 
-# torch.distributed's gloo is the allreduce bench's second baseline. torch 2.13.0 is
-# the CPU build this kind of machine keeps on disk (a plain `torch` would pull a
-# multi-GB CUDA build); RDMAMW_BENCH_TORCH=0 skips it and the bench says NOT MEASURED.
-if [ "${RDMAMW_BENCH_TORCH:-1}" != 0 ] && ! "$PY" -c "import torch" 2>/dev/null; then
-    echo "bench/setup.sh: pip installing torch==2.13.0 (CPU) for the gloo baseline"
-    "$PY" -m pip install --quiet "torch==2.13.0" || \
-        echo "bench/setup.sh: warning: torch not installed; gloo is left out of the allreduce bench"
-fi
+# torch.distributed's gloo is the allreduce bench's second baseline (CPU torch).
+bash "$(dirname "$0")/../scripts/setup_torch.sh" "$PY"

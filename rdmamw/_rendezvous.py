@@ -32,8 +32,10 @@ def tuned(provider: str) -> dict:
     if mod is None or not hasattr(mod, "lookup"):
         return dict(DEFAULT)
     got = dict(mod.lookup(provider) or {})
+    thr = got.get("threshold")
     return {"strategy": got.get("strategy") or DEFAULT["strategy"],
-            "threshold": got.get("threshold")}
+            "threshold": thr if isinstance(thr, int) and not isinstance(thr, bool)
+            and thr >= 0 else None}     # a negative threshold: "the eager limit"
 
 
 def check(rendezvous: str, rndv_threshold: int | None) -> None:

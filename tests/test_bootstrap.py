@@ -57,6 +57,12 @@ def clean_env(**extra: str) -> dict:
      (None, 6, "sched", 9000, "ps-lite")),
     ({"RANK": "0", "WORLD_SIZE": "2", "RDMAMW_MASTER_ADDR": "a", "MASTER_ADDR": "b",
       "RDMAMW_MASTER_PORT": "7", "MASTER_PORT": "8"}, (0, 2, "a", 7, "torchrun")),
+    # torchrun's agent keeps MASTER_PORT for its own store: ours takes the next port
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "b", "MASTER_PORT": "8",
+      "TORCHELASTIC_USE_AGENT_STORE": "True"}, (1, 2, "b", 9, "torchrun")),
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "b", "MASTER_PORT": "8",
+      "RDMAMW_MASTER_PORT": "7", "TORCHELASTIC_USE_AGENT_STORE": "True"},
+     (1, 2, "b", 7, "torchrun")),
 ])
 def test_launcher_environments(env, expect):
     info = detect(env)
@@ -109,6 +115,43 @@ def test_torchrun_style_job_on_one_host_uses_shm():
     res = run_job(3)
     assert [r["rank"] for r in res] == [0, 1, 2]
     assert all(set(r["providers"].values()) == {"shm"} for r in res)
+    assert {r["launcher"] for r in res} == {"torchrun"}
+
+
+def test_torchrun_agent_store_keeps_master_port():
+    """Under torchrun the agent's TCPStore listens on MASTER_PORT (here: a socket we
+    hold); init() must not collide with it."""
+    agent = socket.socket()
+    agent.bind(("127.0.0.1", 0))
+    agent.listen()
+    try:
+        port = str(agent.getsockname()[1])
+        procs = [subprocess.Popen([sys.executable, WORKER, "60"], cwd=ROOT, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env=clean_env(RANK=str(r), WORLD_SIZE="2",
+                                                MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                                                TORCHELASTIC_USE_AGENT_STORE="True"))
+                 for r in range(2)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        for p, (_out, err) in zip(procs, outs, strict=True):
+            assert p.returncode == 0, err
+        assert [json.loads(o.splitlines()[0])["rank"] for o, _ in outs] == [0, 1]
+    finally:
+        agent.close()
+
+
+def test_under_real_torchrun():
+    """The job under torchrun itself (its agent holds MASTER_PORT)."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    if torchrun is None:
+        pytest.skip("torchrun not installed (scripts/setup_test_deps.sh installs torch)")
+    p = subprocess.run([torchrun, "--nnodes", "1", "--nproc-per-node", "2",
+                        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                        WORKER, "60"], cwd=ROOT, env=clean_env(), text=True,
+                       capture_output=True, timeout=180)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json_objects(p.stdout)
+    assert sorted(r["rank"] for r in res) == [0, 1]
     assert {r["launcher"] for r in res} == {"torchrun"}
 
 

@@ -388,3 +388,24 @@ def test_sender_dies_before_the_read_peer_lost(provider, cma):
                 raise AssertionError(f"reported {n} bytes from a dead sender")
             assert not buf.any()        # not filled, and not reported as filled
         ch.close()
+
+
+def test_auto_asks_the_tuned_thresholds(monkeypatch):
+    """The glue to rdmamw.memory: its lookup decides "auto"; without it, read."""
+    import types
+
+    from rdmamw import _rendezvous
+    monkeypatch.setattr(_rendezvous, "_memory", lambda name: None)
+    assert _rendezvous.resolve("auto", None, "shm") == ("read", None)
+    assert _rendezvous.resolve("auto", 1000, "shm") == ("read", 1000)
+    assert _rendezvous.resolve("write", None, "shm") == ("write", None)
+    seen = []
+    fake = types.SimpleNamespace(
+        lookup=lambda p: seen.append(p) or {"strategy": "write", "threshold": 12345},
+        allocate=lambda n: bytearray(n))
+    monkeypatch.setattr(_rendezvous, "_memory", lambda name: fake)
+    assert _rendezvous.resolve("auto", None, "tcp") == ("write", 12345) and seen == ["tcp"]
+    assert _rendezvous.resolve("auto", 7, "tcp") == ("write", 7)       # the option wins
+    assert type(_rendezvous.allocate(10)) is bytearray                  # the pool's buffer
+    fake.lookup = lambda p: {"strategy": "off", "threshold": -1}
+    assert _rendezvous.resolve("auto", None, "tcp") == ("off", None)

@@ -102,6 +102,10 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
             raise RdmamwError(f"rdmamw.init(): {launcher} gave no rendezvous address; set "
                               f"MASTER_ADDR (or RDMAMW_MASTER_ADDR) to rank 0's host")
     port = DEFAULT_PORT if port is None else port
+    if (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+            and _int(env, "RDMAMW_MASTER_PORT") is None):
+        # torchrun's agent holds MASTER_PORT for its own TCPStore: ours takes the next
+        port += 1
     if not 0 < port < 65536:
         raise RdmamwError(f"rendezvous port {port} is not a TCP port")
     return LaunchInfo(rank, size, addr, port, launcher, role, local_size)

@@ -90,7 +90,7 @@ class Channel(Engine):
 
 
 def _make(cls: type[Channel], conn: Connected, spin_us: float,
-          rndv: tuple[str, int | None]) -> Channel:
+          rndv: tuple[str, int | None] = ("auto", None)) -> Channel:
     ch = cls()
     try:
         scheme = conn.peer.partition("://")[0]

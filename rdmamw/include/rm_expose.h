@@ -81,6 +81,34 @@ static inline int rm_xtab_find(const rm_xtab *t, uint32_t key, uint64_t addr, ui
     return 0;
 }
 
+/* Lowest offset in a staging area of `size` bytes where `len` bytes (rounded to 64)
+ * fit between the ranges staged by live entries; RM_XNONE if none. First fit from
+ * the bottom keeps the touched (resident) part of the area as small as the staged
+ * bytes in flight. Only the exposing side calls it, on its own table. */
+static inline uint64_t rm_xtab_fit(const rm_xtab *t, uint64_t size, uint64_t len) {
+    uint64_t cand = 0, best = RM_XNONE, end;
+    uint32_t i, j;
+    int ok;
+    len = (len + 63) & ~(uint64_t)63;
+    for (i = 0; i <= RM_XTAB_N; i++) {
+        if (i < RM_XTAB_N) {            /* candidates: 0 and the end of each staged range */
+            if (!t->e[i].key || t->e[i].staged == RM_XNONE) continue;
+            cand = t->e[i].staged + ((t->e[i].len + 63) & ~(uint64_t)63);
+        } else {
+            cand = 0;
+        }
+        if (cand > size || len > size - cand || cand >= best) continue;
+        ok = 1;
+        for (j = 0; j < RM_XTAB_N && ok; j++) {
+            if (!t->e[j].key || t->e[j].staged == RM_XNONE) continue;
+            end = t->e[j].staged + ((t->e[j].len + 63) & ~(uint64_t)63);
+            if (cand < end && t->e[j].staged < cand + len) ok = 0;
+        }
+        if (ok) best = cand;
+    }
+    return best;
+}
+
 /* Still exposed under `key`? (after a copy, to know the source did not go away) */
 static inline int rm_xtab_alive(const rm_xtab *t, uint32_t key) {
     uint32_t i = key & 0xFF;

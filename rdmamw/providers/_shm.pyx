@@ -93,6 +93,7 @@ cdef extern from "rm_expose.h" nogil:
     int rm_xtab_find(const rm_xtab *t, uint32_t key, uint64_t addr, uint64_t len,
                      uint32_t access, rm_xent *out)
     int rm_xtab_alive(const rm_xtab *t, uint32_t key)
+    uint64_t rm_xtab_fit(const rm_xtab *t, uint64_t size, uint64_t len)
 
 XTAB_BYTES = sizeof(rm_xtab)
 
@@ -156,8 +157,7 @@ cdef class ShmTransport(Transport):
     cdef bint cma                   # I may process_vm_* the peer
     cdef bint peer_cma              # the peer may process_vm_* me (else I stage for it)
     cdef char *arena                # my staging area (the peer maps it too)
-    cdef uint64_t arena_size, arena_used
-    cdef uint32_t arena_live
+    cdef uint64_t arena_size
     cdef char *peer_arena
     cdef uint64_t peer_arena_size
 
@@ -399,18 +399,11 @@ cdef class ShmTransport(Transport):
             if not self.peer_cma:       # stage a copy where the peer can map it
                 if length > self.arena_size:
                     return RM_ERR_UNSUPPORTED
-                if self.arena_live == 0:
-                    self.arena_used = 0
-                if length > self.arena_size - self.arena_used:
-                    return RM_ERR_AGAIN
-                staged = self.arena_used
+                staged = rm_xtab_fit(self.xtab, self.arena_size, length)
+                if staged == RM_XNONE:
+                    return RM_ERR_AGAIN     # wait for done bits to free some
                 memcpy(self.arena + staged, <void *>addr, length)
-                self.arena_used += (length + 63) & ~(<uint64_t>63)
-                if self.arena_used > self.arena_size:
-                    self.arena_used = self.arena_size
             key = rm_xtab_add(self.xtab, addr, length, RM_XACC_READ, staged)
-            if key and staged != RM_XNONE:
-                self.arena_live += 1
         else:
             return RM_ERR_UNSUPPORTED
         if key == 0:
@@ -420,8 +413,8 @@ cdef class ShmTransport(Transport):
 
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
         cdef rm_xent xe
-        if self.xtab != NULL and rm_xtab_del(self.xtab, handle, &xe) and xe.staged != RM_XNONE:
-            self.arena_live -= 1
+        if self.xtab != NULL:
+            rm_xtab_del(self.xtab, handle, &xe)
         return 0
 
     cdef int wake_peer(self) noexcept nogil:

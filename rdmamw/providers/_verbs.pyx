@@ -20,6 +20,10 @@ from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memcpy, memset, strerror
 
 from rdmamw._core cimport (
+    RM_ACCESS_LOCAL,
+    RM_ACCESS_REMOTE_READ,
+    RM_ACCESS_REMOTE_WRITE,
+    RM_ERR_AGAIN,
     RM_ERR_BOUNDS,
     RM_ERR_CLOSED,
     RM_ERR_OS,
@@ -28,12 +32,16 @@ from rdmamw._core cimport (
     RM_REGION_ARRIVAL,
     RM_REGION_CTRL,
     RM_REGION_RECLAIM,
+    RM_ERR_UNSUPPORTED,
+    RM_WR_EXPOSED,
     RM_WR_PUBLISH,
+    RM_WR_READ,
     RM_WR_SIGNALED,
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
     Transport,
     rm_wc,
+    rm_mem,
     rm_wr,
 )
 from rdmamw.bitmap._phase cimport rm_cpu_relax, rm_spin_lock, rm_spin_unlock
@@ -87,6 +95,10 @@ cdef int64_t STUCK_NS = 10000000000               # no completion at all for thi
 cdef int64_t SOCK_CHECK_NS = 1000000
 
 
+cdef enum:
+    XMR_N = 512         # exposed ranges at once (64 sends + 64 posted + reads per side)
+
+
 cdef class VerbsTransport(Transport):
     """An RC QP to one peer plus the registered block of this endpoint."""
     cdef ibv_context *ctx
@@ -101,6 +113,10 @@ cdef class VerbsTransport(Transport):
     cdef size_t block_len
     cdef char *recv_buf
     cdef ibv_mr **lmrs
+    # rendezvous: one MR per exposed range, handle = index + 1. A registration cache
+    # (rdmamw.memory) can take this over: expose()/unexpose() are the only users.
+    cdef ibv_mr *xmrs[XMR_N]
+    cdef uint32_t xmr_hint
     cdef uint32_t n_lmrs
     cdef uint64_t peer_addr[RM_NREGIONS]
     cdef uint32_t peer_rkey
@@ -226,7 +242,7 @@ cdef class VerbsTransport(Transport):
         self.qpn = self.qp.qp_num
         memset(&at, 0, sizeof(at))
         at.qp_state, at.port_num, at.pkey_index = IBV_QPS_INIT, port, 0
-        at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE
+        at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
         if ibv_modify_qp(self.qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
                          | IBV_QP_ACCESS_FLAGS):
             raise OSError(errno, "QP to INIT failed")
@@ -297,6 +313,7 @@ cdef class VerbsTransport(Transport):
         """Take the handshake socket (EOF = peer gone); the transport is live now."""
         self.sock = fd
         self.state = 1
+        self.can_expose = True      # rendezvous: exposed READ/WRITE on registered MRs
 
     def register_local(self, size_t addr, size_t length):
         """Register [addr, addr+length) for local access only (WR sources, READ
@@ -316,6 +333,44 @@ cdef class VerbsTransport(Transport):
         self.lmrs[self.n_lmrs] = mr
         self.n_lmrs += 1
         return mr.lkey
+
+    cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
+                    rm_mem *out) noexcept nogil:
+        """Register the range (one MR per exposure; the NIC then refuses any remote
+        access outside it or without the right)."""
+        cdef int flags = IBV_ACCESS_LOCAL_WRITE
+        cdef uint32_t i, k
+        cdef ibv_mr *mr
+        out.handle = out.lkey = out.rkey = 0
+        if self.pd == NULL or self.state != 1:
+            return RM_ERR_CLOSED
+        if access == RM_ACCESS_REMOTE_READ:
+            flags |= IBV_ACCESS_REMOTE_READ
+        elif access == RM_ACCESS_REMOTE_WRITE:
+            flags |= IBV_ACCESS_REMOTE_WRITE
+        elif access != RM_ACCESS_LOCAL:
+            return RM_ERR_UNSUPPORTED
+        for k in range(XMR_N):
+            i = (self.xmr_hint + k) % XMR_N
+            if self.xmrs[i] == NULL:
+                break
+        else:
+            return RM_ERR_AGAIN
+        mr = ibv_reg_mr(self.pd, <void *>addr, length, flags)
+        if mr == NULL:
+            return RM_ERR_OS
+        self.xmrs[i] = mr
+        self.xmr_hint = (i + 1) % XMR_N
+        out.handle = i + 1
+        out.lkey = mr.lkey
+        out.rkey = mr.rkey
+        return 0
+
+    cdef int unexpose(self, uint32_t handle) noexcept nogil:
+        if 0 < handle <= XMR_N and self.xmrs[handle - 1] != NULL:
+            ibv_dereg_mr(self.xmrs[handle - 1])
+            self.xmrs[handle - 1] = NULL
+        return 0
 
     def counters(self):
         d = Transport.counters(self)
@@ -385,6 +440,10 @@ cdef class VerbsTransport(Transport):
         for i in range(self.n_lmrs):
             ibv_dereg_mr(self.lmrs[i])
         self.n_lmrs = 0
+        for i in range(XMR_N):
+            if self.xmrs[i] != NULL:
+                ibv_dereg_mr(self.xmrs[i])
+                self.xmrs[i] = NULL
         if self.block_mr != NULL:
             ibv_dereg_mr(self.block_mr)
             self.block_mr = NULL
@@ -428,6 +487,11 @@ cdef class VerbsTransport(Transport):
             return self._dead()
         for i in range(n):      # validate the whole chain first: all or nothing
             wr = &wrs[i]
+            if wr.flags & RM_WR_EXPOSED:    # the NIC checks it against the peer's MR
+                if wr.flags & RM_WR_PUBLISH or (wr.opcode != RM_WR_READ
+                                                and wr.opcode != RM_WR_WRITE):
+                    return RM_ERR_BOUNDS
+                continue
             if wr.rkey >= RM_NREGIONS or wr.remote_off > self.peer[wr.rkey].length \
                     or wr.length > self.peer[wr.rkey].length - wr.remote_off:
                 return RM_ERR_BOUNDS
@@ -466,6 +530,14 @@ cdef class VerbsTransport(Transport):
             w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM    # event mode: the word write wakes
             w.imm_data = htonl(wr.rkey)
         w.send_flags = IBV_SEND_SIGNALED if wr.flags & RM_WR_SIGNALED else 0
+        if wr.flags & RM_WR_EXPOSED:        # rendezvous: the peer's MR and address
+            w.wr.rdma.remote_addr = wr.remote_off
+            w.wr.rdma.rkey = wr.rkey
+            if wr.opcode == RM_WR_READ:
+                w.opcode = IBV_WR_RDMA_READ
+                return
+            self.bytes_written += wr.length
+            return
         if 0 < wr.length <= self.max_inline:
             w.send_flags |= IBV_SEND_INLINE
         w.wr.rdma.remote_addr = self.peer_addr[wr.rkey] + wr.remote_off
@@ -541,9 +613,9 @@ cdef class VerbsTransport(Transport):
             wc = &self.wcb[i]
             if wc.status != IBV_WC_SUCCESS:
                 self._fail(RM_ERR_PEER_LOST)
-                if not self.error_reported:
+                if not self.error_reported:     # (a rendezvous READ's id: its error)
                     self.error_reported = True
-                    self._stash(0, wc.status, wc.opcode)
+                    self._stash(0 if wc.wr_id & INTERNAL else wc.wr_id, wc.status, wc.opcode)
                 continue
             if self.sig_head < self.sig_tail:
                 self.sq_done = self.sig_pos[self.sig_head % self.sq_depth]

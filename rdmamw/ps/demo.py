@@ -52,9 +52,14 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--hidden", type=int, default=64, help="hidden units of the MLP")
     ap.add_argument("--compute-ms", type=float, default=20.0,
-                    help="time added to every iteration (a sleep standing in for a larger "
-                         "model), so the workers sharing this machine's cores measure "
+                    help="time added to every iteration of --batch samples (a sleep standing "
+                         "in for a larger model; a DSANA share takes proportionally less), "
+                         "so the workers sharing this machine's cores measure "
                          "synchronisation, not CPU contention (default 20; 0: none)")
+    ap.add_argument("--sched", default="none",
+                    help="comma-separated: none, dsana (DSANA moves mini-batch shares from "
+                         "the straggler to the others; docs/dsana.md); each model runs once "
+                         "per value, e.g. --consistency bsp --sched none,dsana")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="PATH", help="write every run's figures here")
     ap.add_argument("--plot", metavar="PATH", default="rdmamw-demo.png",
@@ -70,13 +75,20 @@ def configs(a: argparse.Namespace) -> list[RunConfig]:
     bare = {"bsp": "bsp", "asp": "asp", "ssp": f"ssp:{a.staleness}",
             "lsp": f"lsp:{k}:{a.bound}", "alsp": f"alsp:{a.bound}",
             "hybrid": f"hybrid:{k}:dc{a.dc:g}"}
+    scheds = [x.strip().lower() for x in a.sched.split(",") if x.strip()]
+    for x in scheds:
+        if x not in ("none", "dsana"):
+            raise ValueError(f"--sched: {x!r} is neither 'none' nor 'dsana'")
     out = []
     for item in filter(None, (x.strip() for x in a.consistency.split(","))):
         text = bare.get(item.lower(), item)
         Consistency.parse(text)                                 # the error names it
-        out.append(RunConfig(name=item.split(":")[0].lower(), consistency=text,
-                             epochs=a.epochs, batch=a.batch, lr=a.lr, hidden=a.hidden,
-                             straggler=a.straggler, compute_ms=a.compute_ms, seed=a.seed))
+        for sched in scheds or ["none"]:
+            name = item.split(":")[0].lower() + ("+dsana" if sched == "dsana" else "")
+            out.append(RunConfig(name=name, consistency=text, epochs=a.epochs,
+                                 batch=a.batch, lr=a.lr, hidden=a.hidden,
+                                 straggler=a.straggler, compute_ms=a.compute_ms,
+                                 seed=a.seed, sched=sched))
     if not out:
         raise ValueError("--consistency names no model")
     return out
@@ -157,7 +169,8 @@ def finish(a: argparse.Namespace, out: RankOutcome, launcher: str, total: float)
           f"{rows[0]['name']}'s final accuracy minus 1 point.")
     job = {"workers": a.workers, "servers": a.servers, "straggler": a.straggler,
            "epochs": a.epochs, "batch": a.batch, "lr": a.lr, "hidden": a.hidden,
-           "compute_ms": a.compute_ms, "seed": a.seed, "launcher": launcher,
+           "compute_ms": a.compute_ms, "seed": a.seed, "sched": a.sched,
+           "launcher": launcher,
            "loadavg": os.getloadavg()[0], "total_s": total}
     if a.plot:
         report.plot(out.results, a.plot, title=f"digits MLP, {a.workers} workers "

@@ -12,6 +12,7 @@ from rdmamw.channel import Channel
 from rdmamw.ps.consistency import Consistency
 from rdmamw.ps.server import KVServer
 from rdmamw.ps.worker import KVWorker
+from rdmamw.sched import Dsana
 
 #: Ring of each parameter-server channel: 16 slots x 1 MiB, as the collectives'. Big
 #: blocks cut the per-block Python cost of large tensors: a 4 MiB push+pull on shm
@@ -42,13 +43,26 @@ def connect(servers: int, open_timeout: float = 60.0, *, slots: int = PS_SLOTS,
 
 def start(servers: int, *, consistency: Consistency | str = "bsp", lr: float = 0.1,
           momentum: float = 0.9, timeout: float | None = None,
-          open_timeout: float = 60.0) -> KVServer | KVWorker:
+          open_timeout: float = 60.0, sched: str = "none", global_batch: int = 0,
+          chunk: int | None = None, send_thread: bool = False) -> KVServer | KVWorker:
     """Join the job (``rdmamw.init()``) and return this rank's KVServer or KVWorker.
-    The servers' worker indices are ``rank - servers``."""
+    The servers' worker indices are ``rank - servers``.
+
+    ``sched="dsana"``: server 0 runs the DSANA scheduler over ``global_batch`` samples
+    per round (workers read their share from ``KVWorker.assignment``). ``chunk``: the
+    workers' block size in bytes (None: the channels' eager limit); ``send_thread``:
+    their ``push_part`` copies out on a thread."""
+    if sched not in ("none", "dsana"):
+        raise ValueError(f"sched must be 'none' or 'dsana', not {sched!r}")
     serving, chans = connect(servers, open_timeout)
     if serving:
-        return KVServer(chans, consistency=consistency, lr=lr, momentum=momentum)
-    return KVWorker([chans[s] for s in sorted(chans)], timeout=timeout)
+        plan = None
+        if sched == "dsana" and rdmamw.world().rank == 0:
+            plan = Dsana(sorted(chans), global_batch)
+        return KVServer(chans, consistency=consistency, lr=lr, momentum=momentum,
+                        scheduler=plan)
+    return KVWorker([chans[s] for s in sorted(chans)], timeout=timeout, chunk=chunk,
+                    send_thread=send_thread)
 
 
 def worker_index(servers: int) -> int:

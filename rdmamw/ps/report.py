@@ -43,14 +43,15 @@ def table(rows: Sequence[dict]) -> str:
         return "(no runs)"
     ref = rows[0]
     w = max(11, *(len(r["consistency"]) for r in rows))
-    head = (f"{'model':>8} {'consistency':>{w}} {'test acc':>8} {'wall s':>7} "
+    nw = max(8, *(len(r["name"]) for r in rows))      # "bsp+dsana"
+    head = (f"{'model':>{nw}} {'consistency':>{w}} {'test acc':>8} {'wall s':>7} "
             f"{'x ' + ref['name']:>7} {'to ' + format(ref['target_accuracy'], '.3f'):>9} "
             f"{'x ' + ref['name']:>7} {'iters w0':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         t = r["time_to_target_s"]
         lines.append(
-            f"{r['name']:>8} {r['consistency']:>{w}} {r['final_accuracy']:>8.3f} "
+            f"{r['name']:>{nw}} {r['consistency']:>{w}} {r['final_accuracy']:>8.3f} "
             f"{r['wall_s']:>7.2f} {r['wall_vs_reference']:>7.2f} "
             f"{'never' if t is None else format(t, '.2f') + ' s':>9} "
             f"{'-' if t is None else format(r['time_to_target_vs_reference'], '.2f'):>7} "

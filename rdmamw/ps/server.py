@@ -19,6 +19,7 @@ from rdmamw.ps import wire
 from rdmamw.ps.consistency import APPLY, DROP, Adaptive, Async, Consistency, Policy
 from rdmamw.ps.metrics import PeerMetrics
 from rdmamw.ps.optim import SGD
+from rdmamw.sched import Dsana
 
 log = logging.getLogger("rdmamw.ps")
 
@@ -27,11 +28,17 @@ class KVServer:
     """Serve the workers on ``channels`` (worker index -> Channel) until each has
     said goodbye or is lost. ``lr`` / ``momentum``: the SGD step the server applies
     (to the mean gradient of a round, or to each gradient / n in ASP and SSP), with
-    delay compensation when the consistency model asks for it (``dc``)."""
+    delay compensation when the consistency model asks for it (``dc``).
+
+    ``scheduler``: a DSANA scheduler (rdmamw.sched) fed with every worker's compute
+    time and samples; it re-plans when a round closes and the plan rides on the pull
+    replies. Give it to one server of the job (every server's plan would agree only
+    by luck). Round models weight each gradient by the samples it reports."""
 
     def __init__(self, channels: dict[int, Channel] | Sequence[Channel], *,
                  consistency: Consistency | str = "bsp", lr: float = 0.1,
-                 momentum: float = 0.9, idle_sleep: float = 0.0005) -> None:
+                 momentum: float = 0.9, idle_sleep: float = 0.0005,
+                 scheduler: Dsana | None = None) -> None:
         if not isinstance(channels, dict):
             channels = dict(enumerate(channels))
         self.chans: dict[int, Channel] = dict(channels)
@@ -57,6 +64,11 @@ class KVServer:
         self.lost: set[int] = set()
         self.peers: dict[int, PeerMetrics] = {w: PeerMetrics() for w in self.chans}
         self._last = -1                                # the worker heard from last
+        self.scheduler = scheduler
+        self.plan: dict[int, tuple[int, int]] = {} if scheduler is None \
+            else scheduler.assignment()
+        self._round_weight = 0.0                       # samples (or gradients) pending
+        self._dirty: dict[Any, float] = {}             # closed round's steps not yet applied
 
     # -- the loop -------------------------------------------------------------------
 
@@ -113,6 +125,10 @@ class KVServer:
 
     def stats(self) -> dict:
         s = dict(self.policy.stats)
+        if self.scheduler is not None:
+            s["dsana"] = {k: (dict(v) if isinstance(v, dict) else v)
+                          for k, v in self.scheduler.stats.items()}
+            s["dsana"]["shares"] = dict(self.scheduler.shares)
         s.update(version=self.policy.version, keys=len(self.model), lost=sorted(self.lost),
                  bytes_in=sum(p.bytes_in for p in self.peers.values()),
                  bytes_out=sum(p.bytes_out for p in self.peers.values()),
@@ -143,7 +159,8 @@ class KVServer:
         if op in wire.WITH_PAYLOAD:
             self.expect[w] = h
         elif op == wire.SYNC:
-            self._send(w, [wire.pack(wire.OK, id=h["id"], version=self.policy.version)])
+            self._send(w, [wire.pack(wire.OK, id=h["id"], version=self.policy.version,
+                                     **self._plan_of(w))])
         elif op == wire.CLOCK:
             self._gradient_done(w, h)
         elif op == wire.PULL:
@@ -207,28 +224,60 @@ class KVServer:
     def _gradient_done(self, w: int, h: dict) -> None:
         """A worker's whole gradient for this shard is staged: let the model decide."""
         self.peers[w].gradients += 1
+        now = time.monotonic()
+        n = h.get("n")
         if h.get("t") is not None:
             self.peers[w].compute.add(float(h["t"]))
             if isinstance(self.policy, Adaptive):
                 self.policy.observe(w, self.peers[w].compute.ema)
+            if self.scheduler is not None and n is not None:
+                self.scheduler.observe(w, float(h["t"]), int(n), now)
         keys, self.staged[w] = self.staged[w], set()
-        decision = self.policy.on_push(w, int(h.get("base", 0)), time.monotonic())
+        decision = self.policy.on_push(w, int(h.get("base", 0)), now)
         if decision == DROP or self.direct:        # direct: applied block by block already
             return
+        weight = 1.0 if n is None else float(n)   # a round's mean is per sample
+        if decision != APPLY:
+            self._round_weight += weight
+            self._flush(keys)
         for key in keys:
             g, bak = self.staging[w][key], self.backup[w].get(key)
             flat = self.model[key].reshape(-1)
             if decision == APPLY:
                 self.opt.step(flat, self.velocity[key], g, 1.0 / self.n, bak)
+            elif weight != 1.0 and self.opt.dc > 0 and bak is not None:
+                t = np.zeros_like(g)        # weight the compensated gradient, not g
+                self.opt.accumulate(t, g, flat, bak)
+                t *= weight
+                self.pending[key] += t
             else:
+                if weight != 1.0:
+                    g *= weight             # the staging buffer: rewritten by the next push
                 self.opt.accumulate(self.pending[key], g, flat, bak)
 
     def _close_round(self, now: float) -> None:
+        self._flush()
         done = self.policy.close(now)
+        if self.scheduler is not None:
+            self.plan = self.scheduler.plan(now)
         if not done:
             return
+        weight, self._round_weight = self._round_weight, 0.0
         for key, g in self.pending.items():
-            self.opt.step(self.model[key].reshape(-1), self.velocity[key], g, 1.0 / len(done))
+            if weight > 0:
+                self._dirty[key] = 1.0 / weight
+            else:
+                g.fill(0)
+
+    def _flush(self, keys: Sequence[Any] | set | None = None) -> None:
+        """Apply the closed round's step to ``keys`` (None: all). The step is deferred
+        from the close to the reply, key by key, so the first keys travel while the
+        server is still stepping the next; it always happens within the same
+        :meth:`serve_once`."""
+        for key in list(self._dirty) if keys is None else [k for k in keys if k in self._dirty]:
+            g = self.pending[key]
+            self.opt.step(self.model[key].reshape(-1), self.velocity[key], g,
+                          self._dirty.pop(key))
             g.fill(0)
 
     # -- replies --------------------------------------------------------------------
@@ -239,15 +288,20 @@ class KVServer:
                 continue
             h = self.reads.pop(w)
             self._reply_pull(w, h)
+        self._flush()
 
     def _reply_pull(self, w: int, h: dict) -> None:
+        """The requested keys in the requested order, each sent as soon as its
+        deferred step is applied (see :meth:`_flush`)."""
         ch = self.chans[w]
-        out: list = []
         for key in h["keys"]:
-            cur = self.model.get(key)
-            if cur is None:
+            if key not in self.model:
                 self._error(w, key, f"pull of unknown key {key!r}")
                 return
+        for key in h["keys"]:
+            self._flush([key])
+            cur = self.model[key]
+            out: list = []
             if self.opt.dc > 0:             # what the worker computes its next gradient on
                 bak = self.backup[w].get(key)
                 if bak is None:
@@ -258,19 +312,35 @@ class KVServer:
                 out.append(wire.pack(wire.VAL, k=key, o=o, last=o + b.size >= last))
                 out.append(b)
                 self.peers[w].bytes_out += b.nbytes
-        out.append(wire.pack(wire.END, id=h["id"], version=self.policy.version,
-                             merged=self.policy.merged))
-        self._send(w, out)
+            if not self._send(w, out):
+                return
+        self._send(w, [wire.pack(wire.END, id=h["id"], version=self.policy.version,
+                                 merged=self.policy.merged, **self._plan_of(w, True))])
+
+    def _plan_of(self, w: int, shares: bool = False) -> dict:
+        """Header fields of DSANA's plan (none without a scheduler): ``plan`` =
+        [offset, share, global batch] of worker ``w`` (share 0: not in the plan);
+        ``shares``: every worker's share in index order (for reports)."""
+        if self.scheduler is None:
+            return {}
+        off, share = self.plan.get(w, (0, 0))
+        out: dict = {"plan": [off, share, self.scheduler.global_batch]}
+        if shares:
+            out["shares"] = [self.plan.get(v, (0, 0))[1] for v in sorted(self.chans)]
+        return out
 
     def _error(self, w: int, key: Any, text: str) -> None:
         log.warning("rdmamw.ps: worker %d: %s", w, text)
         self._send(w, [wire.pack(wire.ERR, k=key, msg=text)])
 
-    def _send(self, w: int, msgs: list) -> None:
+    def _send(self, w: int, msgs: list) -> bool:
+        """Send and wait (the model may change right after); False if ``w`` is gone."""
         try:
-            self.chans[w].send_batch(msgs).wait()   # the model may change right after
+            self.chans[w].send_batch(msgs).wait()
+            return True
         except (PeerLost, ChannelClosed) as e:
             self._lose(w, e)
+            return False
 
     def _lose(self, w: int, e: Exception) -> None:
         if w in self.lost or w in self.bye:
@@ -281,5 +351,7 @@ class KVServer:
 
     def _forget(self, w: int) -> None:
         self.policy.lost(w)
+        if self.scheduler is not None:
+            self.scheduler.lost(w)
         self.reads.pop(w, None)
         self.staging[w], self.staged[w], self.backup[w] = {}, set(), {}

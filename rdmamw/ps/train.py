@@ -22,6 +22,8 @@ from rdmamw.ps import mlp
 from rdmamw.ps.job import connect
 from rdmamw.ps.server import KVServer
 from rdmamw.ps.worker import KVWorker
+from rdmamw.sched import Dsana
+from rdmamw.sched.hook import ShareHook
 
 
 @dataclass
@@ -41,6 +43,7 @@ class RunConfig:
     compute_ms: float = 0.0
     seed: int = 0
     evals_per_epoch: int = 4
+    sched: str = "none"             # "dsana": server 0 moves batch shares (docs/dsana.md)
 
 
 @dataclass
@@ -63,6 +66,7 @@ class RunResult:
     curve: list[Point]              # every 1 / evals_per_epoch epoch
     iterations: int                 # worker 0's
     metrics: dict                   # worker 0's WorkerMetrics
+    sched: dict = field(default_factory=dict)   # DSANA's plans as worker 0 saw them
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -98,11 +102,13 @@ class Trainer:
         return idx
 
     def pace(self, started: float) -> None:
-        """Add ``compute_ms`` to this iteration, then stretch it by ``slowdown``."""
+        """Add ``compute_ms`` (per ``cfg.batch`` samples: a scheduler's smaller share
+        takes less) to this iteration, then stretch it by ``slowdown``."""
         work = time.monotonic() - started
         if self.cfg.compute_ms > 0:
-            time.sleep(self.cfg.compute_ms / 1e3)
-            work += self.cfg.compute_ms / 1e3
+            extra = self.cfg.compute_ms / 1e3 * self.batch_size / self.cfg.batch
+            time.sleep(extra)
+            work += extra
         if self.slowdown > 1:
             time.sleep((self.slowdown - 1) * work)
 
@@ -118,9 +124,13 @@ class Trainer:
             for hook in self.hooks:
                 hook(self)
             idx = self.next_batch()
-            grads = mlp.gradients(params, self.xs[idx], self.ys[idx])
+            if len(idx):
+                grads = mlp.gradients(params, self.xs[idx], self.ys[idx])
+            else:                           # no share this round: a sign of life only
+                grads = [np.zeros_like(p) for p in params]
             self.pace(started)
-            node.push_pull(mlp.KEYS, grads, out=params)
+            node.push_pull(mlp.KEYS, grads, out=params,
+                           samples=len(idx) if cfg.sched == "dsana" else None)
             self.iterations += 1
             if log is not None:
                 log.observe(params)
@@ -206,8 +216,11 @@ def run_rank(cfgs: list[RunConfig], servers: int, data: mlp.Data, *,
     try:
         for cfg in cfgs:
             if serving:
+                plan = None
+                if cfg.sched == "dsana" and w.rank == 0:
+                    plan = Dsana(sorted(chans), cfg.batch * len(chans))
                 srv = KVServer(chans, consistency=cfg.consistency, lr=cfg.lr,
-                               momentum=cfg.momentum)
+                               momentum=cfg.momentum, scheduler=plan)
                 st = srv.serve()
                 st.pop("round_sizes", None)
                 st["workers"] = srv.worker_metrics()
@@ -217,9 +230,15 @@ def run_rank(cfgs: list[RunConfig], servers: int, data: mlp.Data, *,
             index = w.rank - servers
             tr = Trainer(node, index, w.world_size - servers, cfg, data,
                          report=index == 0, progress=progress)
+            hook = ShareHook() if cfg.sched == "dsana" else None
+            if hook is not None:
+                tr.hooks.append(hook)
             res = tr.run()
             node.done()
             if res is not None:
+                if hook is not None:
+                    res.sched = {"sched": "dsana", "global_batch": cfg.batch * (
+                        w.world_size - servers), **hook.summary()}
                 out.results.append(res)
             out.stats.append({"iterations": tr.iterations})
     finally:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Hashable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from rdmamw.channel import Channel
 from rdmamw.errors import ProtocolError, RdmamwError, Timeout
 from rdmamw.ps import wire
 from rdmamw.ps.metrics import WorkerMetrics
+
+if TYPE_CHECKING:
+    from rdmamw.ps.stream import PullStream, PushQueue
 
 
 class PSError(RdmamwError):
@@ -24,18 +27,32 @@ class KVWorker:
     """One worker's view of the servers: ``channels[i]`` goes to server ``i``.
 
     ``timeout``: how long a pull may wait for its answer (None: as long as the
-    consistency model holds it back; a server that dies raises PeerLost anyway)."""
+    consistency model holds it back; a server that dies raises PeerLost anyway).
+    ``chunk``: bytes per block of a push or init (None: each channel's eager limit);
+    ``send_thread``: :meth:`push_part` copies out on a thread (docs/dsana.md)."""
 
-    def __init__(self, channels: Sequence[Channel], *, timeout: float | None = None) -> None:
+    def __init__(self, channels: Sequence[Channel], *, timeout: float | None = None,
+                 chunk: int | None = None, send_thread: bool = False) -> None:
+        if chunk is not None and chunk < 1:
+            raise ValueError(f"chunk must be >= 1 byte, not {chunk}")
         self.chans = list(channels)
         self.timeout = timeout
+        self.chunk, self.send_thread = chunk, send_thread
         self.shapes: dict[Hashable, tuple[tuple[int, ...], np.dtype]] = {}
         self.base = [0] * len(self.chans)       # model version each server last served
         self.clock = 0
         self.merged = 0         # gradients in the model at the last pull (fewest of any server)
         self.metrics = WorkerMetrics()
+        #: DSANA's current assignment (offset, share, global batch) from the server
+        #: that schedules; None without a scheduler
+        self.assignment: tuple[int, int, int] | None = None
+        self.plan_shares: list[int] | None = None   # every worker's share, for reports
         self._ids = itertools.count()
         self._pulled_at: float | None = None
+        self._comm_s = 0.0                      # time in push_part / stream waits since
+        self._handles: list = []                # the pull; push_part sends not yet waited
+        self._part_t0: float | None = None
+        self._sender: PushQueue | None = None
 
     def owner(self, key: Hashable) -> int:
         return wire.shard(key, len(self.chans))
@@ -51,7 +68,7 @@ class KVWorker:
         for k, v in zip(keys, values, strict=True):
             s = self.owner(k)
             flat = v.reshape(-1)
-            for o, b in wire.blocks(flat, self.chans[s].eager_limit):
+            for o, b in wire.blocks(flat, self.block_size(s)):
                 per[s] += [wire.pack(wire.INIT, k=k, o=o, shape=list(v.shape), dt=v.dtype.str,
                                      last=o + b.size >= flat.size), b]
         ids = {}
@@ -59,14 +76,44 @@ class KVWorker:
             ids[s] = next(self._ids)
             ch.send_batch(per[s] + [wire.pack(wire.SYNC, id=ids[s])]).wait()
         for s, h in self._await(ids, None).items():
-            self.base[s] = h["version"]
+            self._served(s, h)
         for k, v in zip(keys, values, strict=True):
             self.shapes[k] = (v.shape, v.dtype)
 
-    def push(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> None:
-        """Send one iteration's gradients (one clock tick on every server)."""
+    def push(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
+             samples: int | None = None) -> None:
+        """Send one iteration's gradients (one clock tick on every server). ``samples``:
+        how many samples they are the mean over; round models then weight each
+        gradient by it (needed when workers compute unequal shares: DSANA)."""
         t0 = time.monotonic()
-        self._send(self._push_msgs(keys, values, t0))
+        self._send(self._push_msgs(keys, values, t0, samples))
+        self.metrics.push.add(time.monotonic() - t0)
+
+    def push_part(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> None:
+        """Send some of this iteration's gradients now (say one layer's, as soon as
+        backward has computed it), so they travel while the rest is computed, in
+        blocks of ``chunk`` bytes; with ``send_thread`` a thread copies them out while
+        the caller goes on. :meth:`push_end` completes the iteration; the arrays may
+        not be changed before. Bad keys, shapes or dtypes raise here, before anything
+        of this call is sent."""
+        from rdmamw.ps.stream import PushQueue
+        t0 = time.monotonic()
+        if self._part_t0 is None:
+            self._part_t0 = t0
+        keys, values = list(keys), list(values)
+        self._validate(keys, values)
+        if not self.send_thread:
+            self._handles += self._send_parts(keys, values)
+        else:
+            if self._sender is None:
+                self._sender = PushQueue(self)
+            self._sender.put(keys, values)
+        self._comm_s += time.monotonic() - t0
+
+    def push_end(self, samples: int | None = None) -> None:
+        """End the iteration begun by :meth:`push_part`: the clock to every server."""
+        t0 = time.monotonic() if self._part_t0 is None else self._part_t0
+        self._send(self._push_msgs([], [], time.monotonic(), samples))
         self.metrics.push.add(time.monotonic() - t0)
 
     def pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None = None
@@ -80,12 +127,13 @@ class KVWorker:
         return out
 
     def push_pull(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
-                  out: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
+                  out: Sequence[np.ndarray] | None = None, samples: int | None = None
+                  ) -> list[np.ndarray]:
         """:meth:`push` then :meth:`pull` of the same keys, the pull request riding in
         the push's batch: one message exchange (and one server wake-up) fewer."""
         t0 = time.monotonic()
         out, dest, reqs = self._pull_msgs(keys, out)
-        per = self._push_msgs(keys, values, t0)
+        per = self._push_msgs(keys, values, t0, samples)
         for s, (m, _) in reqs.items():
             per[s].append(m)
         self._send(per)
@@ -95,26 +143,72 @@ class KVWorker:
         return out
 
     def _push_msgs(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
-                   t0: float) -> dict[int, list]:
-        """Per server: the GRAD blocks of its keys and the clock tick (a push)."""
-        if self._pulled_at is not None:
-            self.metrics.compute.add(t0 - self._pulled_at)
+                   t0: float, samples: int | None) -> dict[int, list]:
+        """Per server: the GRAD blocks of its keys and the clock tick (a push). The
+        compute time reported leaves out time spent in push_part / stream waits."""
+        if samples is not None and samples < 0:
+            raise ValueError(f"samples must be >= 0, not {samples}")
         keys, values = list(keys), list(values)
+        self._validate(keys, values)
+        t = None
+        if self._pulled_at is not None:
+            t = max(0.0, t0 - self._pulled_at - self._comm_s)
+            self.metrics.compute.add(t)
+        if self._sender is not None:
+            self._handles += self._sender.drain()     # queued parts go before the clock
+        per = self._grad_msgs(keys, values)
+        for s in per:
+            extra = {} if samples is None else {"n": samples}
+            per[s].append(wire.pack(wire.CLOCK, c=self.clock + 1, base=self.base[s], t=t,
+                                    **extra))
+        self.clock += 1
+        self._part_t0 = None
+        return per
+
+    def _validate(self, keys: list, values: list) -> None:
         self._pairs(keys, values)
         for k, v in zip(keys, values, strict=True):
             self._check(k, v)
+
+    def _grad_msgs(self, keys: list, values: list) -> dict[int, list]:
+        """Per server: the GRAD blocks (``block_size`` bytes) of its keys."""
         per: dict[int, list] = {s: [] for s in range(len(self.chans))}
         for k, v in zip(keys, values, strict=True):
             s = self.owner(k)
             flat = np.ascontiguousarray(v).reshape(-1)
-            for o, b in wire.blocks(flat, self.chans[s].eager_limit):
+            for o, b in wire.blocks(flat, self.block_size(s)):
                 per[s] += [wire.pack(wire.GRAD, k=k, o=o, dt=flat.dtype.str), b]
                 self.metrics.bytes_pushed += b.nbytes
-        t = self.metrics.compute.last if self._pulled_at is not None else None
-        for s in per:
-            per[s].append(wire.pack(wire.CLOCK, c=self.clock + 1, base=self.base[s], t=t))
-        self.clock += 1
         return per
+
+    def _send_parts(self, keys: list, values: list) -> list:
+        """Send GRAD blocks without a clock; the handles (waited for at the clock)."""
+        return [self.chans[s].send_batch(m) for s, m in self._grad_msgs(keys, values).items()
+                if m]
+
+    def block_size(self, s: int) -> int:
+        """Bytes per block to server ``s``: ``chunk``, at most the channel's eager limit."""
+        lim = self.chans[s].eager_limit
+        return lim if self.chunk is None else min(self.chunk, lim)
+
+    def pull_stream(self, keys: Sequence[Hashable], out: Sequence[np.ndarray]) -> PullStream:
+        """Like :meth:`pull` into ``out``, but return at once: a thread copies the
+        blocks in as they come, ``stream.wait(key)`` blocks only until that key is
+        there (so the next forward pass starts on the first layer while the others
+        are still arriving), ``stream.join()`` until all are."""
+        from rdmamw.ps.stream import PullStream
+        return PullStream(self, list(keys), out)
+
+    def push_end_pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray],
+                      samples: int | None = None) -> PullStream:
+        """:meth:`push_end` and :meth:`pull_stream` at once: the pull requests ride in
+        the clock's batch (one message exchange and one server wake-up fewer)."""
+        from rdmamw.ps.stream import PullStream
+        t0 = time.monotonic() if self._part_t0 is None else self._part_t0
+        per = self._push_msgs([], [], time.monotonic(), samples)
+        stream = PullStream(self, list(keys), out, first=per)
+        self.metrics.push.add(stream.t0 - t0)
+        return stream
 
     def _pull_msgs(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None
                    ) -> tuple[list[np.ndarray], dict, dict[int, tuple[bytes, int]]]:
@@ -145,20 +239,36 @@ class KVWorker:
 
     def _send(self, per: dict[int, list]) -> None:
         handles = [self.chans[s].send_batch(msgs) for s, msgs in per.items() if msgs]
+        handles, self._handles = self._handles + handles, []
         for h in handles:
             h.wait()                            # the caller may reuse its arrays now
 
     def _pull_wait(self, ids: dict[int, int], dest: dict, t0: float) -> None:
-        replies = self._await(ids, dest)
+        self._pulled(self._await(ids, dest), t0)
+
+    def _pulled(self, replies: dict[int, dict], t0: float) -> None:
+        """A pull is complete: model versions, merged count, DSANA's plan, timing."""
         for s, h in replies.items():
-            self.base[s] = h["version"]
+            self._served(s, h)
         self.merged = min(int(h.get("merged", 0)) for h in replies.values())
         self._pulled_at = time.monotonic()
+        self._comm_s = 0.0
         self.metrics.pull.add(self._pulled_at - t0)
+
+    def _served(self, s: int, h: dict) -> None:
+        """Server ``s``'s closing header: the model version read, maybe a plan."""
+        self.base[s] = h["version"]
+        if h.get("plan") is not None:
+            self.assignment = tuple(h["plan"])  # type: ignore[assignment]
+        if h.get("shares") is not None:
+            self.plan_shares = list(h["shares"])
 
     def done(self) -> None:
         """Tell the servers this worker is done (they stop counting on it); the
         channels stay open, so a new KVWorker / KVServer pair may use them next."""
+        if self._sender is not None:
+            self._sender.stop()
+            self._sender = None
         ids = {}
         for s, ch in enumerate(self.chans):
             try:
@@ -179,11 +289,13 @@ class KVWorker:
 
     # -- helpers --------------------------------------------------------------------
 
-    def _await(self, rids: dict[int, int], dest: dict | None) -> dict[int, dict]:
+    def _await(self, rids: dict[int, int], dest: dict | None,
+               arrived: Callable[[Hashable], None] | None = None) -> dict[int, dict]:
         """Receive from the servers in ``rids`` (server -> request id) until each reply
         has ended, draining all of them as data comes (one server's big reply never
         waits behind another's), copying VAL blocks into ``dest`` and releasing each
-        ring slot at once. Returns each server's closing header."""
+        ring slot at once (``arrived(key)`` after a key's last block). Returns each
+        server's closing header."""
         hdr: dict[int, dict | None] = dict.fromkeys(rids)
         done: dict[int, dict] = {}
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
@@ -199,7 +311,7 @@ class KVWorker:
                     except Timeout:
                         continue
                 for i, m in enumerate(msgs):
-                    end = self._take(s, m, hdr, dest, rids[s])
+                    end = self._take(s, m, hdr, dest, rids[s], arrived)
                     if end is not None:
                         done[s] = end
                         if i + 1 < len(msgs):
@@ -208,7 +320,8 @@ class KVWorker:
                 raise Timeout(f"no reply from servers {sorted(set(rids) - set(done))}")
         return done
 
-    def _take(self, s: int, m: Any, hdr: dict, dest: dict | None, rid: int) -> dict | None:
+    def _take(self, s: int, m: Any, hdr: dict, dest: dict | None, rid: int,
+              arrived: Callable[[Hashable], None] | None = None) -> dict | None:
         """One message of server ``s``'s reply stream; its END / OK header when done."""
         h = hdr[s]
         if h is not None:
@@ -220,6 +333,8 @@ class KVWorker:
                     tgt[h["o"]:h["o"] + blk.size] = blk
                     self.metrics.bytes_pulled += blk.nbytes
                     del blk
+            if arrived is not None and h.get("last"):
+                arrived(h["k"])
             return None
         h = wire.unpack(m)
         m.release()

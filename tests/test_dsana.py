@@ -1,0 +1,130 @@
+"""DSANA end to end on the parameter server: multi-process BSP jobs on shm (started
+by the local launcher, tests/dsana_job.py) whose result must equal plain BSP on the
+whole batch, with the straggler given a smaller share; and the chunked, overlapped
+push/pull path giving the same numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "tests", "dsana_job.py")
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+from test_ps import clean_env  # noqa: E402
+
+
+def run(n: int, *args: str) -> tuple[dict, list[dict]]:
+    p = subprocess.run([sys.executable, "-m", "rdmamw.bootstrap.launch", "-n", str(n), "--",
+                        sys.executable, JOB, *args], cwd=ROOT, env=clean_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    server = next(r for r in rows if r["role"] == "server")
+    workers = sorted((r for r in rows if r["role"] == "worker"), key=lambda r: r["index"])
+    return server, workers
+
+
+def covers_every_round(workers: list[dict], batch: int) -> None:
+    """Each round the shares tile [0, batch) exactly: no sample twice, none left out."""
+    for r in range(len(workers[0]["plan"])):
+        spans = sorted(tuple(w["plan"][r]) for w in workers if w["plan"][r][1] > 0)
+        o = 0
+        for off, share in spans:
+            assert off == o
+            o += share
+        assert o == batch
+
+
+def test_dsana_moves_work_off_the_straggler_and_still_makes_plain_bsp_steps():
+    server, workers = run(4, "--sched", "dsana", "--rounds", "30", "--slow", "1.0")
+    for w in workers:
+        assert w["max_rel_err"] < 1e-9 and w["moved"] > 0.1
+    covers_every_round(workers, 60)
+    last = [w["plan"][-1][1] for w in workers]
+    assert last[0] < 15 and min(last[1:]) > 20           # 1.2 vs 0.2 ms per sample
+    d = server["dsana"]
+    assert d["changes"] >= 1 and d["classes"]["straggler"] == 1
+
+
+def test_the_comparison_can_fail():
+    """Workers that ignore the plan (each computes an equal share but the server is
+    told DSANA's) break the tiling and the result: the checks above are not vacuous."""
+    server, workers = run(4, "--sched", "dsana", "--rounds", "12", "--slow", "1.0",
+                          "--ignore-plan")
+    assert max(w["max_rel_err"] for w in workers) > 1e-3
+
+
+@pytest.mark.parametrize("sched", ["none", "dsana"])
+def test_chunked_overlapped_push_and_pull_give_the_same_model(sched):
+    server, workers = run(3, "--sched", sched, "--rounds", "15", "--stream", "--chunk",
+                          "4096", "--slow", "0.5")
+    for w in workers:
+        assert w["max_rel_err"] < 1e-9 and w["compute_n"] == 15
+    covers_every_round(workers, 60)
+
+
+def test_worker_rejects_bad_chunks_samples_and_keys_before_sending():
+    from rdmamw.ps import KVWorker
+    with pytest.raises(ValueError, match="chunk"):
+        KVWorker([], chunk=0)
+    for thread in (False, True):
+        w = KVWorker([], send_thread=thread)
+        with pytest.raises(KeyError, match="unknown key"):
+            w.push_part(["nope"], [bytearray(4)])
+        with pytest.raises(ValueError, match="keys but"):
+            w.push_part(["a", "b"], [bytearray(4)])
+        with pytest.raises(ValueError, match="samples"):
+            w.push_end(samples=-1)
+
+
+# -- rdmamw demo --sched ----------------------------------------------------------------------
+
+def test_demo_runs_bsp_with_and_without_dsana(tmp_path):
+    pytest.importorskip("sklearn")
+    pytest.importorskip("matplotlib")
+    from test_ps_demo import check_runs, demo
+    out = tmp_path / "d.json"
+    p = demo("--workers", "3", "--servers", "1", "--epochs", "2", "--compute-ms", "10",
+             "--quiet", "--consistency", "bsp", "--sched", "none,dsana", "--json", str(out),
+             "--plot", "", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "bsp+dsana" in p.stdout
+    r = check_runs(out, ["bsp", "bsp+dsana"], 2)
+    plain, dsana = r["runs"]
+    assert plain["sched"] == {} and r["job"]["sched"] == "none,dsana"
+    s = dsana["sched"]
+    assert s["sched"] == "dsana" and s["global_batch"] == 96
+    assert s["first_shares"] == [32, 32, 32] and sum(s["last_shares"]) == 96
+    assert s["last_shares"][2] < min(s["last_shares"][:2])      # the last worker is 2x slower
+    assert s["plan_changes"] >= 1
+
+
+def test_demo_rejects_an_unknown_scheduler(tmp_path):
+    from test_ps_demo import demo
+    p = demo("--sched", "fifo", cwd=tmp_path)
+    assert p.returncode == 2 and "neither 'none' nor 'dsana'" in p.stderr
+
+
+def test_share_hook_takes_the_assignment_and_counts_plan_changes():
+    from types import SimpleNamespace
+
+    from rdmamw.sched.hook import ShareHook
+    node = SimpleNamespace(assignment=None, plan_shares=None)
+    tr = SimpleNamespace(node=node, batch_size=32)
+    h = ShareHook()
+    h(tr)
+    assert tr.batch_size == 32 and h.summary()["iterations"] == 0    # no scheduler: as is
+    for plan in ([(0, 32, 96), [32, 32, 32]], [(0, 40, 96), [40, 40, 16]],
+                 [(0, 40, 96), [40, 40, 16]]):
+        node.assignment, node.plan_shares = plan
+        h(tr)
+    assert tr.batch_size == 40
+    s = h.summary()
+    assert s["first_shares"] == [32, 32, 32] and s["last_shares"] == [40, 40, 16]
+    assert s["plan_changes"] == 1 and s["mean_shares"][2] == pytest.approx(64 / 3)
