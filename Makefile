@@ -6,7 +6,8 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: demo test test-slow vm-deps bench bench-allreduce bench-tcp bench-verbs fuzz-tcp lint build clean
+.PHONY: demo test test-slow vm-deps bench bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
+	bench-verbs fuzz-tcp lint build clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -46,6 +47,15 @@ bench: $(STAMP)
 bench-allreduce: $(STAMP)
 	bash bench/setup.sh $(VPY)
 	$(VPY) bench/allreduce_bench.py --wait-quiet 30
+
+# large messages: rendezvous per strategy against memcpy and mpi4py; registration cost
+bench-rndv: $(STAMP)
+	bash bench/setup.sh $(VPY)
+	$(VPY) bench/rendezvous_bench.py --wait-quiet 60 --rounds 2 $(BENCH_ARGS)
+
+# registration cost with real ibv_reg_mr (soft-RoCE in the VM), with and without the cache
+bench-rndv-verbs: vm-deps $(STAMP)
+	bash scripts/rxe-vm.sh "$(VPY) bench/rendezvous_bench.py --provider verbs --only regcost $(BENCH_ARGS)"
 
 # tcp against iperf3 / pyzmq / raw sockets, and the long decoder fuzz run (not in CI)
 bench-tcp: $(STAMP)

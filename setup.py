@@ -45,6 +45,7 @@ extensions = [
     ext("rdmamw._core", "rdmamw/_core.pyx"),
     ext("rdmamw.providers._shm", "rdmamw/providers/_shm.pyx"),
     ext("rdmamw.providers._tcp", "rdmamw/providers/_tcp.pyx"),
+    ext("rdmamw.memory._span", "rdmamw/memory/_span.pyx"),
     ext("rdmamw.ps._sgd", "rdmamw/ps/_sgd.pyx"),
 ]
 if have_verbs_h():

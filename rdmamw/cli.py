@@ -1,5 +1,6 @@
 """The ``rdmamw`` command: ``demo`` (the main job: a parameter-server training
-cluster), ``demo-stream`` (batched vs ack streaming), ``info`` and ``tune``."""
+cluster), ``demo-stream`` (batched vs ack streaming), ``info``, ``tune`` (the
+collectives' cost model) and ``tune rndv`` (the eager/rendezvous threshold)."""
 
 from __future__ import annotations
 
@@ -176,6 +177,9 @@ def info(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
+    if given[:2] == ["tune", "rndv"]:    # rdmamw tune rndv -h
+        from rdmamw.memory.tune import main as tune_rndv
+        return tune_rndv(given[2:])
     if given[:1] == ["tune"]:            # its own argument parser (rdmamw tune -h)
         from rdmamw.collectives.tune import main as tune
         return tune(given[1:])
@@ -192,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=demo_stream)
     p = sub.add_parser("info", help="providers usable on this machine")
     p.set_defaults(func=info)
-    sub.add_parser("tune", help="calibrate the collectives' cost model (rdmamw tune -h)")
+    sub.add_parser("tune", help="calibrate the collectives' cost model (rdmamw tune -h); "
+                   "'rdmamw tune rndv': the eager/rendezvous threshold")
     args = parser.parse_args(argv)
     return args.func(args)
 

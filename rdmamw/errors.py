@@ -53,14 +53,26 @@ class ProviderUnavailable(RdmamwError):
     """The requested transport cannot run here (for example no RDMA device)."""
 
 
+class ConfigError(RdmamwError, ValueError):
+    """A setting (argument, environment variable or tuning file) has a value that
+    cannot be used; the message names the setting and what is accepted."""
+
+
+class RegistrationError(RdmamwError, BufferError):
+    """A buffer cannot be registered (not contiguous, zero-length, ...) or a pooled
+    buffer or registration lease was released twice."""
+
+
 __all__ = [
     "BufferTooSmall",
     "ChannelClosed",
+    "ConfigError",
     "MessageTooLarge",
     "PeerLost",
     "PeerNotFound",
     "ProtocolError",
     "ProviderUnavailable",
     "RdmamwError",
+    "RegistrationError",
     "Timeout",
 ]

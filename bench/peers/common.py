@@ -106,4 +106,10 @@ def run_phases(cfg: dict, ping_pong, stream) -> dict:
         }
     if "bw" in phases:
         out["bw"] = stream(cfg["bw_size"], cfg["bw_batch"], cfg["bw_runs"], cfg["bw_seconds"])
+    if "bw_sizes" in phases:        # large messages (bench/rendezvous_bench.py)
+        out["bw_sizes"] = {
+            str(s): stream(s, max(1, min(cfg["bw_batch"], cfg["bw_batch_bytes"] // s)),
+                           cfg["bw_runs"], cfg["bw_seconds"])
+            for s in cfg["bw_sizes"]
+        }
     return out

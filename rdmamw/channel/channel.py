@@ -9,6 +9,8 @@ from rdmamw import _rendezvous
 from rdmamw._core import Engine
 from rdmamw.channel.address import split_address
 from rdmamw.errors import ProviderUnavailable
+from rdmamw.memory.counters import channel_stats
+from rdmamw.memory.regcache import RegCache
 from rdmamw.providers import Connected, provider
 
 #: Defaults for the ring this endpoint receives on. 128 slots of 64 KiB: 8 MiB per
@@ -29,6 +31,18 @@ class Channel(Engine):
 
     peer: str
     peer_rank: int | None       # set when opened by rank (rdmamw.init)
+    #: the registration cache of a transport that registers memory per large send
+    #: (verbs); shm and tcp expose memory through tables and register nothing
+    regcache: RegCache | None = None
+
+    def stats(self) -> dict:
+        """The engine's counters plus the memory ones (rdmamw/memory/counters.py):
+        ``registrations``, ``regcache_hits`` / ``_misses`` / ..., ``bytes_pinned`` of
+        this channel's registration cache, and ``pool_*`` of the process-wide pool that
+        receives large messages without a posted destination."""
+        d = Engine.stats(self)
+        d.update(channel_stats(self.regcache))
+        return d
 
     @classmethod
     def open(cls, peer: str | int, *, mode: str = "batched", timeout: float | None = None,

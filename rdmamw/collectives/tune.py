@@ -153,7 +153,8 @@ def table(cfg: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="rdmamw tune", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="rdmamw tune", description=__doc__.split("\n\n")[0],
+                                 epilog="the eager/rendezvous threshold: rdmamw tune rndv -h")
     ap.add_argument("-n", "--nprocs", type=int, default=0,
                     help="start this many local ranks (without a launcher)")
     ap.add_argument("--out", default=None, help="config path (default: policy.default_path())")

@@ -1,0 +1,121 @@
+"""When a message goes by rendezvous, and which kind: per provider, measured.
+
+``Channel.open(..., rendezvous="auto")`` asks :func:`lookup` for the provider's
+``{"strategy": "read" | "write" | "off", "threshold": bytes}``: messages larger than
+``threshold`` (and every message larger than the peer's eager slot) use rendezvous
+with ``strategy``; smaller ones are copied through the eager ring. ``"off"`` keeps
+everything eager (messages above the slot size then raise ``MessageTooLarge``).
+
+Where the answer comes from, first match wins:
+
+1. ``RDMAMW_RNDV_STRATEGY`` / ``RDMAMW_RNDV_THRESHOLD`` (each overrides its field);
+2. the tuning file written by ``rdmamw tune rndv``: ``$RDMAMW_TUNE_FILE`` or
+   ``~/.config/rdmamw/rendezvous.json``, a small JSON users may read and edit::
+
+       {"version": 1,
+        "providers": {"shm": {"strategy": "read", "threshold": 65536, ...}}}
+
+3. built-in defaults (:data:`DEFAULTS`), used while nothing was tuned.
+
+Arguments to ``Channel.open`` (``rendezvous="read"``, ``rndv_threshold=...``) override
+all of these."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from rdmamw.errors import ConfigError
+from rdmamw.memory.units import parse_bytes
+
+FILE_ENV = "RDMAMW_TUNE_FILE"
+STRATEGY_ENV = "RDMAMW_RNDV_STRATEGY"
+THRESHOLD_ENV = "RDMAMW_RNDV_THRESHOLD"
+STRATEGIES = ("read", "write", "off")
+
+#: Untuned defaults. shm: a CMA READ is one copy instead of two once a message
+#: outgrows the eager slot; tcp: READ is a request/response round trip, WRITE pushes
+#: at once; verbs: READ avoids the receiver's advertisement round trip (DESIGN.md).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "shm": {"strategy": "read", "threshold": 64 << 10},
+    "tcp": {"strategy": "write", "threshold": 64 << 10},
+    "verbs": {"strategy": "read", "threshold": 64 << 10},
+}
+FALLBACK: dict[str, Any] = {"strategy": "read", "threshold": 64 << 10}
+
+
+def default_path() -> Path:
+    """``$RDMAMW_TUNE_FILE`` or ``~/.config/rdmamw/rendezvous.json``."""
+    return Path(os.environ.get(FILE_ENV) or
+                Path.home() / ".config" / "rdmamw" / "rendezvous.json")
+
+
+def check_strategy(value: Any, what: str = "strategy") -> str:
+    if value not in STRATEGIES:
+        raise ConfigError(f"{what}: {value!r} is not one of {', '.join(STRATEGIES)}")
+    return value
+
+
+def _read(path: Path) -> dict:
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: cannot read the rendezvous tuning file ({e}); fix "
+                          f"or delete it, or point {FILE_ENV} elsewhere") from e
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("providers", {}), dict):
+        raise ConfigError(f"{path}: expected {{\"providers\": {{name: {{...}}}}}}")
+    return cfg
+
+
+def lookup(provider: str, path: str | os.PathLike | None = None) -> dict[str, Any]:
+    """``{"strategy", "threshold", "source"}`` for ``provider`` ("shm", "tcp",
+    "verbs"); ``source`` says where each value came from (for ``stats()`` and bug
+    reports). Raises :class:`ConfigError` for a malformed file or variable."""
+    p = Path(path) if path else default_path()
+    entry = _read(p).get("providers", {}).get(provider)
+    if entry is not None:
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{p}: providers.{provider} must be an object")
+        out = {"strategy": check_strategy(entry.get("strategy"),
+                                          f"{p}: providers.{provider}.strategy"),
+               "threshold": parse_bytes(entry.get("threshold", -1),
+                                        f"{p}: providers.{provider}.threshold"),
+               "source": str(p)}
+    else:
+        out = {**DEFAULTS.get(provider, FALLBACK), "source": "built-in defaults"}
+    env_s, env_t = os.environ.get(STRATEGY_ENV), os.environ.get(THRESHOLD_ENV)
+    if env_s:
+        out["strategy"] = check_strategy(env_s.strip().lower(), STRATEGY_ENV)
+        out["source"] += f" + {STRATEGY_ENV}"
+    if env_t:
+        out["threshold"] = parse_bytes(env_t, THRESHOLD_ENV)
+        out["source"] += f" + {THRESHOLD_ENV}"
+    return out
+
+
+def save(provider: str, strategy: str, threshold: int,
+         measured: dict[str, Any] | None = None,
+         path: str | os.PathLike | None = None) -> Path:
+    """Store ``provider``'s choice (and the measurements behind it) in the tuning file,
+    keeping the other providers' entries; returns the path written."""
+    check_strategy(strategy)
+    threshold = parse_bytes(threshold, "threshold")
+    p = Path(path) if path else default_path()
+    cfg = _read(p) or {"version": 1, "providers": {}}
+    cfg.setdefault("providers", {})[provider] = {
+        "strategy": strategy,
+        "threshold": threshold,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": "rdmamw tune rndv",
+        **({"measured": measured} if measured else {}),
+    }
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(json.dumps(cfg, indent=1) + "\n")
+    tmp.replace(p)
+    return p
