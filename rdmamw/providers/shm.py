@@ -147,7 +147,7 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
     return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, f"shm://{name}")
 
 
-class ShmListener:
+class ShmListener(fr.SocketListener):
     """Accepts shm connections on ``shm://NAME``."""
 
     def __init__(self, name: str, slots: int, slot_size: int) -> None:
@@ -181,12 +181,6 @@ class ShmListener:
             if conn.fileno() >= 0:
                 conn.close()
             raise
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
-    def close(self) -> None:
-        self._sock.close()
 
 
 def listen(where: str, *, slots: int, slot_size: int) -> ShmListener:

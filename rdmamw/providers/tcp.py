@@ -22,7 +22,7 @@ from rdmamw import _layout, auth
 from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import Connected
 from rdmamw.providers._tcp import TcpTransport, alloc_block, free_block
-from rdmamw.providers._wire import field, recv_frame, send_frame
+from rdmamw.providers._wire import SocketListener, field, recv_frame, send_frame
 from rdmamw.providers.shm import _regions
 
 PROTOCOL_VERSION = 1
@@ -127,7 +127,7 @@ def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None
                      peer.get("rank"))
 
 
-class TcpListener:
+class TcpListener(SocketListener):
     """Accepts tcp connections; bad or unauthenticated peers are logged and dropped."""
 
     def __init__(self, where: str, slots: int, slot_size: int) -> None:
@@ -175,12 +175,6 @@ class TcpListener:
                 log.warning("rdmamw tcp: dropped connection from %s to %s: %s", addr,
                             self.address, e)
                 conn.close()
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
-    def close(self) -> None:
-        self._sock.close()
 
 
 def listen(where: str, *, slots: int, slot_size: int) -> TcpListener:

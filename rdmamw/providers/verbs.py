@@ -154,7 +154,7 @@ def _tcp_options(conn: socket.socket) -> None:
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
 
-class VerbsListener:
+class VerbsListener(fr.SocketListener):
     """Accepts verbs connections; the TCP side channel listens on HOST:PORT."""
 
     def __init__(self, where: str, slots: int, slot_size: int) -> None:
@@ -196,12 +196,6 @@ class VerbsListener:
         finally:
             if conn.fileno() >= 0:
                 conn.close()
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
-    def close(self) -> None:
-        self._sock.close()
 
 
 def listen(where: str, *, slots: int, slot_size: int) -> VerbsListener:
