@@ -20,16 +20,10 @@ import subprocess
 import sys
 import time
 
+from rdmamw.bootstrap.launch import free_port
+
 BIG = 65536
 SMALL = 8
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 # ---- receivers (child processes): put ("addr", x) then ("done", t_end, count) ----

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 
 import pytest
 
@@ -104,3 +105,13 @@ def shm_entries() -> set[str]:
         return {n for n in os.listdir("/dev/shm") if "rdmamw" in n}
     except FileNotFoundError:
         return set()
+
+
+def send_until_peer_lost(ch, since: float, batch: int = 8, rounds: int = 10_000,
+                         timeout: float | None = None) -> None:
+    """Send batches on ``ch`` until it raises PeerLost (the ring fills, then the dead
+    peer must be noticed); that must come within 2 s of ``since`` (monotonic)."""
+    with pytest.raises(rdmamw.PeerLost):
+        for _ in range(rounds):
+            ch.send_batch([b"x" * 100] * batch, timeout=timeout)
+    assert time.monotonic() - since < 2.0

@@ -17,20 +17,13 @@ import pytest
 import rdmamw
 from rdmamw.bootstrap import detect
 from rdmamw.bootstrap.env import first_slurm_host
+from rdmamw.bootstrap.launch import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "bootstrap_worker.py")
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "RDMAMW_TOKEN", "MASTER_ADDR", "MASTER_PORT",
                "LOCAL_WORLD_SIZE", "RDMAMW_RANK", "RDMAMW_WORLD_SIZE", "RDMAMW_MASTER_ADDR",
                "RDMAMW_MASTER_PORT", "RDMAMW_PROVIDER")
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def clean_env(**extra: str) -> dict:

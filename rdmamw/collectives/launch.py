@@ -5,19 +5,14 @@ rendezvous port, exactly what torchrun or mpirun would provide."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Sequence
+
+from rdmamw.bootstrap.launch import free_port
 
 LAUNCH_PREFIXES = ("OMPI_", "PMI_", "SLURM_", "DMLC_")
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE",
                "RDMAMW_RANK", "RDMAMW_WORLD_SIZE", "RDMAMW_MASTER_ADDR", "RDMAMW_MASTER_PORT")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(n: int, cmd: Sequence[str], env: dict[str, str] | None = None,
