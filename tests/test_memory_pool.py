@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -120,18 +119,26 @@ def test_trim_and_close_deregister_everything():
 
 def test_threads_get_their_own_shards_and_never_share_a_buffer():
     pool, p = make(max_bytes=4 << 20, shards=4)
+    errors, used = [], []
 
-    def worker(k: int) -> set:
-        mine = set()
-        for i in range(400):
-            with pool.acquire(1000 + (i * 997) % 60000) as b:
-                b.view[:] = k
-                mine.add(b.handle)
-                assert np.all(b.view == k)          # nobody else wrote into it
-        return mine
+    def worker(k: int) -> None:
+        try:
+            mine = set()
+            for i in range(400):
+                with pool.acquire(1000 + (i * 997) % 60000) as b:
+                    b.view[:] = k
+                    mine.add(b.handle)
+                    assert np.all(b.view == k)          # nobody else wrote into it
+            used.append(mine)
+        except BaseException as e:   # noqa: BLE001 - reported below
+            errors.append(e)
 
-    with ThreadPoolExecutor(4) as ex:                   # a worker's exception is raised here
-        used = list(ex.map(worker, range(4)))
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
     for i in range(4):                                  # one shard per thread
         for j in range(i + 1, 4):
             assert not used[i] & used[j]

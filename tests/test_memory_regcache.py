@@ -4,8 +4,8 @@ state machine against a simple model of which memory is alive."""
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -213,15 +213,23 @@ def test_owner_follows_views_to_the_memory():
 def test_threads_share_one_cache():
     c, p = cache(max_bytes=64 * 1024)
     bufs = [np.zeros(4096, np.uint8) for _ in range(32)]
+    errors = []
 
     def worker(k: int) -> None:
-        for i in range(300):
-            b = bufs[(i * 7 + k) % len(bufs)]
-            with c.acquire(b[k:]) as lease:
-                assert p.live[lease.handle] == span(b)
+        try:
+            for i in range(300):
+                b = bufs[(i * 7 + k) % len(bufs)]
+                with c.acquire(b[k:]) as lease:
+                    assert p.live[lease.handle] == span(b)
+        except BaseException as e:   # noqa: BLE001 - reported below
+            errors.append(e)
 
-    with ThreadPoolExecutor(4) as ex:                   # a worker's exception is raised here
-        list(ex.map(worker, range(4)))
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
     s = c.stats()
     assert s["hits"] + s["misses"] == 1200 and p.bytes() == s["bytes_pinned"] <= 64 * 1024
 
