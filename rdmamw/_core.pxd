@@ -98,6 +98,7 @@ cdef class Transport:
     cdef int wake_peer(self) noexcept nogil
     cdef int wait(self, int timeout_ms) noexcept nogil
     cdef int peer_state(self) noexcept nogil
+    cdef int assist(self) noexcept nogil  # idle: help the peer with its work (shm: copies)
     # rendezvous: make [addr, addr+length) readable/writable by the peer (or only usable
     # locally); the provider bounds-checks the peer's EXPOSED work requests against it
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,

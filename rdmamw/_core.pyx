@@ -176,6 +176,12 @@ cdef class Transport:
         """1 while the peer is reachable, RM_ERR_CLOSED or RM_ERR_PEER_LOST after."""
         return RM_ERR_CLOSED
 
+    cdef int assist(self) noexcept nogil:
+        """Called while the engine is idle (spinning or about to sleep): a provider
+        whose peer's work requests are executed by CPUs may lend this one (shm: the
+        assisted READ of rdmamw/include/rm_assist.h). The number of pieces done."""
+        return 0
+
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil:
         """Make [addr, addr+length) usable by work requests (RM_ACCESS_LOCAL) and by
@@ -1062,8 +1068,9 @@ cdef class Engine:
         while True:
             if self._credit_ready(what, target):
                 return 1
-            for i in range(64):
-                rm_cpu_relax()
+            if self.tp.assist() == 0:
+                for i in range(64):
+                    rm_cpu_relax()
             t = now_ns()
             if t >= next_check:
                 st = self._peer_status()
@@ -1701,8 +1708,9 @@ cdef class Engine:
                 return 1
             if rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT]) and self._unflushed():
                 self._flush()
-            for i in range(32):
-                rm_cpu_relax()
+            if self.tp.assist() == 0:
+                for i in range(32):
+                    rm_cpu_relax()
             t = now_ns()
             if t >= next_check:
                 st = self._peer_status()

@@ -25,6 +25,7 @@ import msgpack
 
 from rdmamw import _layout
 from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
+from rdmamw.memory.units import parse_bytes
 from rdmamw.providers import Connected
 from rdmamw.providers import _wire as fr
 from rdmamw.providers._shm import XTAB_BYTES, ShmTransport, cma_probe
@@ -43,6 +44,15 @@ def staging_bytes() -> int:
 def cma_allowed() -> bool:
     """False when ``RDMAMW_SHM_CMA=0`` forbids process_vm_readv (tests, locked-down hosts)."""
     return os.environ.get("RDMAMW_SHM_CMA", "1") not in ("0", "off", "no", "false")
+
+
+def assist_settings() -> tuple[int, int]:
+    """(smallest READ the exposing side is asked to help with, smallest chunk) for the
+    assisted READ (rdmamw/include/rm_assist.h): ``RDMAMW_SHM_ASSIST`` bytes (0: off,
+    default 1 MiB) and ``RDMAMW_SHM_ASSIST_CHUNK`` (default 256 KiB)."""
+    env = os.environ
+    return (parse_bytes(env.get("RDMAMW_SHM_ASSIST", "1M"), "RDMAMW_SHM_ASSIST"),
+            parse_bytes(env.get("RDMAMW_SHM_ASSIST_CHUNK", "256K"), "RDMAMW_SHM_ASSIST_CHUNK"))
 
 
 def _address(name: str) -> bytes:
@@ -86,6 +96,7 @@ def _probe_cma(conn: socket.socket, tp: ShmTransport, peer_pid: int) -> None:
     if not isinstance(peers, bool):
         raise ProtocolError("handshake field 'cma' missing or not bool")
     tp._set_cma(mine, peers)
+    tp._set_assist(*assist_settings())
 
 
 def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,

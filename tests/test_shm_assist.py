@@ -1,0 +1,183 @@
+"""Assisted READ on shm (rdmamw/include/rm_assist.h): the exposing side copies chunks
+of the peer's large rendezvous READ while it is idle. What it may copy is checked
+against its own exposure table; the data must land whole and exactly once reported."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import rdmamw
+from rdmamw.errors import ConfigError
+from rdmamw.providers import shm
+from rdmamw.providers.shm import assist_settings
+from tests.conftest import LISTEN_ADDRESS
+
+MiB = 1 << 20
+CHUNK = 256 << 10
+
+
+@pytest.fixture
+def pair():
+    """Two connected shm transports (no engines): the test hooks drive them."""
+    name = f"rdmamw-assist-{os.getpid()}"
+    lst = shm.listen(name, slots=8, slot_size=4096)
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.setdefault("c", lst.accept(timeout=20)))
+    t.start()
+    ca = shm.connect(name, mode="batched", timeout=20, slots=8, slot_size=4096)
+    t.join(20)
+    a, b = ca.transport, got["c"].transport
+    try:
+        if a.cma_modes != (True, True):
+            pytest.skip("CMA (process_vm_readv) is not permitted here: no assisted READ")
+        yield a, b
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+def _addr(x: np.ndarray) -> int:
+    return x.__array_interface__["data"][0]
+
+
+def test_the_exposing_side_copies_every_chunk_it_claims(pair):
+    a, b = pair                      # a exposes its source, b is the reader
+    src = np.random.default_rng(1).integers(0, 256, MiB, dtype=np.uint8)
+    dst = np.zeros(MiB, np.uint8)
+    key = a._expose_range(_addr(src), src.nbytes)
+    b._offer_job(_addr(src), _addr(dst), MiB, CHUNK, key, 4)
+    assert a._assist_now() == 4
+    assert np.array_equal(dst, src)
+    assert b._job_state() == (0b1111, 0)
+    assert a.counters()["assist_bytes_given"] == MiB
+    assert a._assist_now() == 0            # nothing left to claim
+
+
+@pytest.mark.parametrize("case", ["outside", "past_end", "wrong_key", "write_only",
+                                  "too_many_chunks", "chunks_too_small", "chunk_zero"])
+def test_a_job_outside_what_was_exposed_copies_nothing(pair, case):
+    a, b = pair
+    src = np.full(2 * MiB, 7, np.uint8)
+    dst = np.zeros(2 * MiB, np.uint8)
+    base, n, chunk, length = _addr(src), 4, CHUNK, MiB
+    key = a._expose_range(base, MiB, writable=(case == "write_only"))
+    remote = base
+    if case == "outside":
+        remote = base + MiB                          # the unexposed second half
+    elif case == "past_end":
+        remote, length, n = base + CHUNK, MiB, 4     # runs 256 KiB past the end
+    elif case == "wrong_key":
+        key ^= 0x100
+    elif case == "too_many_chunks":
+        n, chunk = 65, MiB // 64
+    elif case == "chunks_too_small":
+        n = 5                                        # 5 x 256 KiB > 1 MiB: bad geometry
+    elif case == "chunk_zero":
+        chunk = 0
+    b._offer_job(remote, _addr(dst), length, chunk, key, n)
+    assert a._assist_now() == 0
+    assert not dst.any()
+    assert b._job_state() == (0, 0)
+
+
+def test_a_destination_the_helper_cannot_write_is_marked_bad_not_a_crash(pair):
+    a, b = pair
+    src = np.ones(MiB, np.uint8)
+    key = a._expose_range(_addr(src), MiB)
+    b._offer_job(_addr(src), 4096, MiB, CHUNK, key, 4)   # page 1: unmapped
+    assert a._assist_now() == 4
+    assert b._job_state() == (0b1111, 0b1111)     # the reader redoes them
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(off=st.integers(-2 * CHUNK, 3 * CHUNK), length=st.integers(1, 2 * MiB),
+       chunk=st.integers(0, 2 * MiB), n=st.integers(0, 255),
+       key_delta=st.sampled_from([0, 0, 1, 0x100]))
+def test_fuzzed_jobs_never_copy_outside_the_exposure(pair, off, length, chunk, n, key_delta):
+    a, b = pair
+    src = np.full(4 * MiB, 9, np.uint8)
+    exposed = src[MiB:2 * MiB]                       # only the second MiB
+    exposed[:] = 5
+    dst = np.zeros(4 * MiB, np.uint8)
+    key = a._expose_range(_addr(exposed), MiB)
+    remote = _addr(exposed) + off
+    b._offer_job(remote, _addr(dst), length, chunk, key + key_delta, n)
+    did = a._assist_now()
+    if did:
+        assert key_delta == 0 and 0 <= off and off + length <= MiB and 2 <= n <= 64
+        assert not (dst == 9).any()                  # nothing from outside the exposure
+        got = dst[:length]
+        fin, bad = b._job_state()
+        assert bad == 0 and fin == (1 << n) - 1 and (got == 5).all()
+    else:
+        assert not dst.any()
+    a._unexpose_range(key)
+
+
+def _stream_receiver(address, sizes, q):
+    try:
+        with rdmamw.listen(address, slots=8, slot_size=4096, rendezvous="read") as lst:
+            q.put(lst.address)
+            ch = lst.accept(timeout=30)
+            out = []
+            for size in sizes:
+                buf = np.zeros(size, np.uint8)
+                assert ch.recv_into(buf, timeout=60) == size
+                want = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+                out.append(bool(np.array_equal(buf, want)))
+            ch.send(b"ok").wait(timeout=30)
+            q.put({"same": out, "stats": ch.stats()})
+            ch.recv(timeout=30)
+    except rdmamw.ChannelClosed:
+        pass
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        q.put({"error": repr(e)})
+
+
+@pytest.mark.parametrize("assist", ["1M", "0"])
+def test_streams_between_processes_land_whole(monkeypatch, assist):
+    monkeypatch.setenv("RDMAMW_SHM_ASSIST", assist)
+    sizes = [MiB, 4 * MiB + 123, 16 * MiB + 4097, 3 * MiB - 1, 600 << 10]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_stream_receiver, args=(LISTEN_ADDRESS["shm"](), sizes, q))
+    p.start()
+    try:
+        ch = rdmamw.Channel.open(q.get(timeout=60), timeout=30, rendezvous="read")
+        for size in sizes:
+            msg = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+            ch.send(msg).wait(timeout=60)            # the sender idles here: it may help
+        assert bytes(ch.recv(timeout=60)) == b"ok"
+        rep = q.get(timeout=60)
+        sender = ch.stats()
+        ch.close()
+    finally:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+    assert "error" not in rep, rep
+    assert rep["same"] == [True] * len(sizes)
+    recv = rep["stats"]
+    big = sum(s >= MiB for s in sizes)
+    if assist == "0":
+        assert recv["assist_jobs"] == 0 and sender["assist_bytes_given"] == 0
+    else:
+        assert recv["assist_jobs"] == big
+        assert (recv["assist_chunks_got"] > 0) == (sender["assist_bytes_given"] > 0)
+
+
+def test_settings_come_from_the_environment(monkeypatch):
+    assert assist_settings() == (MiB, CHUNK)
+    monkeypatch.setenv("RDMAMW_SHM_ASSIST", "4M")
+    monkeypatch.setenv("RDMAMW_SHM_ASSIST_CHUNK", "1M")
+    assert assist_settings() == (4 * MiB, MiB)
+    monkeypatch.setenv("RDMAMW_SHM_ASSIST", "lots")
+    with pytest.raises(ConfigError, match="RDMAMW_SHM_ASSIST"):
+        assist_settings()
