@@ -1,5 +1,5 @@
-"""Assisted READ on shm (rdmamw/include/rm_assist.h): the exposing side copies chunks
-of the peer's large rendezvous READ while it is idle. What it may copy is checked
+"""Assisted READ/WRITE on shm (rdmamw/include/rm_assist.h): the exposing side copies
+chunks of the peer's large rendezvous READ or WRITE while it is idle. What it may copy is checked
 against its own exposure table; the data must land whole and exactly once reported."""
 
 from __future__ import annotations
@@ -59,6 +59,27 @@ def test_the_exposing_side_copies_every_chunk_it_claims(pair):
     assert a._assist_now() == 0            # nothing left to claim
 
 
+def test_a_write_job_is_pulled_into_the_exposed_destination(pair):
+    a, b = pair                      # a exposes a destination, b is the writer
+    src = np.random.default_rng(2).integers(0, 256, MiB + 5, dtype=np.uint8)
+    dst = np.zeros(MiB + 5, np.uint8)
+    key = a._expose_range(_addr(dst), dst.nbytes, writable=True)
+    b._offer_job(_addr(dst), _addr(src), MiB + 5, CHUNK, key, 5, write=True)
+    assert a._assist_now() == 5
+    assert np.array_equal(dst, src)
+    assert b._job_state() == (0b11111, 0)
+
+
+def test_a_write_job_into_a_read_only_exposure_copies_nothing(pair):
+    a, b = pair
+    src = np.ones(MiB, np.uint8)
+    dst = np.zeros(MiB, np.uint8)
+    key = a._expose_range(_addr(dst), MiB)           # exposed for READ only
+    b._offer_job(_addr(dst), _addr(src), MiB, CHUNK, key, 4, write=True)
+    assert a._assist_now() == 0
+    assert not dst.any()
+
+
 @pytest.mark.parametrize("case", ["outside", "past_end", "wrong_key", "write_only",
                                   "too_many_chunks", "chunks_too_small", "chunk_zero"])
 def test_a_job_outside_what_was_exposed_copies_nothing(pair, case):
@@ -99,37 +120,53 @@ def test_a_destination_the_helper_cannot_write_is_marked_bad_not_a_crash(pair):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(off=st.integers(-2 * CHUNK, 3 * CHUNK), length=st.integers(1, 2 * MiB),
        chunk=st.integers(0, 2 * MiB), n=st.integers(0, 255),
-       key_delta=st.sampled_from([0, 0, 1, 0x100]))
-def test_fuzzed_jobs_never_copy_outside_the_exposure(pair, off, length, chunk, n, key_delta):
+       key_delta=st.sampled_from([0, 0, 1, 0x100]), write=st.booleans())
+def test_fuzzed_jobs_never_copy_outside_the_exposure(pair, off, length, chunk, n, key_delta,
+                                                      write):
+    """a exposes the second MiB of `mem` (READ, or WRITE); b offers random jobs on it.
+    Whatever a copies stays inside that MiB (READ: nothing else reaches b's `other`;
+    WRITE: nothing else of `mem` changes)."""
     a, b = pair
-    src = np.full(4 * MiB, 9, np.uint8)
-    exposed = src[MiB:2 * MiB]                       # only the second MiB
+    mem = np.full(4 * MiB, 9, np.uint8)
+    exposed = mem[MiB:2 * MiB]
     exposed[:] = 5
-    dst = np.zeros(4 * MiB, np.uint8)
-    key = a._expose_range(_addr(exposed), MiB)
-    remote = _addr(exposed) + off
-    b._offer_job(remote, _addr(dst), length, chunk, key + key_delta, n)
+    other = np.zeros(4 * MiB, np.uint8) if not write else np.full(4 * MiB, 3, np.uint8)
+    key = a._expose_range(_addr(exposed), MiB, writable=write)
+    b._offer_job(_addr(exposed) + off, _addr(other), length, chunk, key + key_delta, n,
+                 write=write)
     did = a._assist_now()
+    fin, bad = b._job_state()
     if did:
         assert key_delta == 0 and 0 <= off and off + length <= MiB and 2 <= n <= 64
-        assert not (dst == 9).any()                  # nothing from outside the exposure
-        got = dst[:length]
-        fin, bad = b._job_state()
-        assert bad == 0 and fin == (1 << n) - 1 and (got == 5).all()
-    else:
-        assert not dst.any()
+        assert bad == 0 and fin == (1 << n) - 1
+        if write:
+            assert (exposed[off:off + length] == 3).all()
+        else:
+            assert (other[:length] == 5).all()
+    assert (mem[:MiB] == 9).all() and (mem[2 * MiB:] == 9).all()
+    if not write:
+        assert not other[length if did else 0:].any()
+    if not did:
+        assert (exposed == 5).all() and fin == 0
     a._unexpose_range(key)
 
 
-def _stream_receiver(address, sizes, q):
+def _stream_receiver(address, strategy, sizes, q):
     try:
-        with rdmamw.listen(address, slots=8, slot_size=4096, rendezvous="read") as lst:
+        with rdmamw.listen(address, slots=8, slot_size=4096, rendezvous=strategy) as lst:
             q.put(lst.address)
             ch = lst.accept(timeout=30)
             out = []
-            for size in sizes:
-                buf = np.zeros(size, np.uint8)
-                assert ch.recv_into(buf, timeout=60) == size
+            bufs = [np.zeros(size, np.uint8) for size in sizes]
+            if strategy == "write":
+                for buf in bufs:
+                    ch.post_recv(buf)
+            ch.send(b"go").wait(timeout=30)
+            for size, buf in zip(sizes, bufs, strict=True):
+                if strategy == "write":
+                    assert len(ch.recv(timeout=60)) == size
+                else:
+                    assert ch.recv_into(buf, timeout=60) == size
                 want = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
                 out.append(bool(np.array_equal(buf, want)))
             ch.send(b"ok").wait(timeout=30)
@@ -141,16 +178,19 @@ def _stream_receiver(address, sizes, q):
         q.put({"error": repr(e)})
 
 
+@pytest.mark.parametrize("strategy", ["read", "write"])
 @pytest.mark.parametrize("assist", ["1M", "0"])
-def test_streams_between_processes_land_whole(monkeypatch, assist):
+def test_streams_between_processes_land_whole(monkeypatch, assist, strategy):
     monkeypatch.setenv("RDMAMW_SHM_ASSIST", assist)
     sizes = [MiB, 4 * MiB + 123, 16 * MiB + 4097, 3 * MiB - 1, 600 << 10]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=_stream_receiver, args=(LISTEN_ADDRESS["shm"](), sizes, q))
+    p = ctx.Process(target=_stream_receiver,
+                    args=(LISTEN_ADDRESS["shm"](), strategy, sizes, q))
     p.start()
     try:
-        ch = rdmamw.Channel.open(q.get(timeout=60), timeout=30, rendezvous="read")
+        ch = rdmamw.Channel.open(q.get(timeout=60), timeout=30, rendezvous=strategy)
+        assert bytes(ch.recv(timeout=60)) == b"go"       # the destinations are posted
         for size in sizes:
             msg = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
             ch.send(msg).wait(timeout=60)            # the sender idles here: it may help
@@ -166,11 +206,14 @@ def test_streams_between_processes_land_whole(monkeypatch, assist):
     assert rep["same"] == [True] * len(sizes)
     recv = rep["stats"]
     big = sum(s >= MiB for s in sizes)
+    init, helper = (recv, sender) if strategy == "read" else (sender, recv)
+    if strategy == "write":
+        assert sender["rndv_writes"] == len(sizes)
     if assist == "0":
-        assert recv["assist_jobs"] == 0 and sender["assist_bytes_given"] == 0
+        assert init["assist_jobs"] == 0 and helper["assist_bytes_given"] == 0
     else:
-        assert recv["assist_jobs"] == big
-        assert (recv["assist_chunks_got"] > 0) == (sender["assist_bytes_given"] > 0)
+        assert init["assist_jobs"] == big
+        assert (init["assist_chunks_got"] > 0) == (helper["assist_bytes_given"] > 0)
 
 
 def test_settings_come_from_the_environment(monkeypatch):

@@ -1,21 +1,25 @@
-/* Assisted READ (shm): the exposing side helps copy a large rendezvous READ.
+/* Assisted READ and WRITE (shm): the exposing side helps copy a large rendezvous
+ * READ or WRITE of its memory.
  *
- * On shm a "READ" is a CPU copy (process_vm_readv). One core copies about 10 GB/s out
- * of DRAM; two copy nearly twice that. When the reader starts a large READ it
- * publishes a job in its own block and wakes the exposing side; the job is cut into
- * at most 64 chunks that both sides claim from one counter. The exposing side joins
- * only while it is idle in the engine (spinning or asleep), pushes each chunk it
- * claimed with process_vm_writev, and marks it finished. The reader copies every chunk
- * nobody else claimed, then waits only for the chunks the helper did claim, and copies
- * again any the helper could not. So a helper that never comes costs nothing, and no
- * helper write can land after the reader has reported the message.
+ * On shm a READ or WRITE is a CPU copy (process_vm_readv/writev). One core copies
+ * about 10 GB/s out of DRAM; two copy nearly twice that. When the initiator (the
+ * reader of a READ, the writer of a WRITE) starts a large one, it publishes a job in
+ * its own block and wakes the exposing side; the job is cut into at most 64 chunks
+ * that both sides claim from one counter. The exposing side joins only while it is
+ * idle in the engine (spinning or asleep), copies each chunk it claimed (READ: pushes
+ * it with process_vm_writev; WRITE: pulls it with process_vm_readv) and marks it
+ * finished. The initiator copies every chunk nobody else claimed, then waits only for
+ * the chunks the helper did claim, and copies again any the helper could not. So a
+ * helper that never comes costs nothing, and no helper copy can still be running
+ * after the initiator has reported the operation done.
  *
  * The claim word packs (seq, n, next): a helper that read the job's fields acts on them
  * only if its compare-and-swap on the word of that same seq succeeds, which proves the
- * fields were stable while it read them (the reader rewrites them only after all n
- * chunks were claimed and finished, and seq never repeats). The helper checks the
- * source range against its own exposure table; addresses the reader wrote are never
- * used on the reader's side, and the helper's writes go through the kernel's checks. */
+ * fields were stable while it read them (the initiator rewrites them only after all
+ * n chunks were claimed and finished, and seq never repeats). The helper checks the
+ * exposed range against its own exposure table (READ or WRITE access, as the job
+ * says); addresses the initiator wrote are never used on the initiator's side, and
+ * the helper's copies into or out of the initiator go through the kernel's checks. */
 #ifndef RM_ASSIST_H
 #define RM_ASSIST_H
 #include <stdint.h>
@@ -25,22 +29,23 @@ enum { RM_ASSIST_MAX_CHUNKS = 64 };
 typedef struct {
     uint64_t claim;     /* seq << 32 | n << 8 | next; seq 0: no job yet */
     uint64_t fin;       /* bit i: the helper is done with chunk i */
-    uint64_t bad;       /* bit i: ... and its copy failed (the reader redoes it) */
-    uint64_t remote;    /* the source, in the exposing process */
-    uint64_t local;     /* the destination, in the reading process */
+    uint64_t bad;       /* bit i: ... and its copy failed (the initiator redoes it) */
+    uint64_t remote;    /* the exposed range, in the helper's (exposing) process */
+    uint64_t local;     /* the other end of the copy, in the initiator's process */
     uint64_t len;
     uint64_t chunk;
-    uint32_t key;       /* the exposure key of the source */
-    uint32_t pad;
+    uint32_t key;       /* the exposure key of the range */
+    uint32_t write;     /* 0: READ (remote -> local), 1: WRITE (local -> remote) */
 } rm_assist;            /* 64 bytes */
 
 static inline uint64_t rm_assist_word(uint32_t seq, uint32_t n, uint32_t next) {
     return ((uint64_t)seq << 32) | ((uint64_t)(n & 0xFF) << 8) | (next & 0xFF);
 }
 
-/* Reader: publish job `seq` (never 0, never repeated) of n <= 64 chunks. */
-static inline void rm_assist_publish(rm_assist *a, uint32_t seq, uint64_t remote, uint64_t local,
-                                     uint64_t len, uint64_t chunk, uint32_t key, uint32_t n) {
+/* Initiator: publish job `seq` (never 0, never repeated) of n <= 64 chunks. */
+static inline void rm_assist_publish(rm_assist *a, uint32_t seq, uint32_t write, uint64_t remote,
+                                     uint64_t local, uint64_t len, uint64_t chunk, uint32_t key,
+                                     uint32_t n) {
     __atomic_store_n(&a->fin, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&a->bad, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&a->remote, remote, __ATOMIC_RELAXED);
@@ -48,6 +53,7 @@ static inline void rm_assist_publish(rm_assist *a, uint32_t seq, uint64_t remote
     __atomic_store_n(&a->len, len, __ATOMIC_RELAXED);
     __atomic_store_n(&a->chunk, chunk, __ATOMIC_RELAXED);
     __atomic_store_n(&a->key, key, __ATOMIC_RELAXED);
+    __atomic_store_n(&a->write, write, __ATOMIC_RELAXED);
     __atomic_store_n(&a->claim, rm_assist_word(seq, n, 0), __ATOMIC_RELEASE);
 }
 
@@ -74,6 +80,7 @@ static inline uint32_t rm_assist_offer(const rm_assist *a, rm_assist *out) {
     out->len = __atomic_load_n(&a->len, __ATOMIC_RELAXED);
     out->chunk = __atomic_load_n(&a->chunk, __ATOMIC_RELAXED);
     out->key = __atomic_load_n(&a->key, __ATOMIC_RELAXED);
+    out->write = __atomic_load_n(&a->write, __ATOMIC_RELAXED);
     out->claim = w;
     return (uint32_t)(w >> 32);
 }

@@ -12,8 +12,8 @@ block, after the regions. A READ of the peer's exposed memory is checked against
 peer's table, then done as one copy with ``process_vm_readv`` (CMA) from the peer's
 address space; a WRITE with ``process_vm_writev``. When the connection set-up found
 CMA not permitted (ptrace rules) the exposing side copies the range into its staging
-area (a second memfd both map) and the reader copies it from there. A large CMA READ is
-an assisted READ (rdmamw/include/rm_assist.h): the exposing side, while idle, copies
+area (a second memfd both map) and the reader copies it from there. A large CMA READ or
+WRITE is assisted (rdmamw/include/rm_assist.h): the exposing side, while idle, copies
 part of it, so one message moves with two cores."""
 
 from libc.stdint cimport uint32_t, uint64_t
@@ -107,9 +107,10 @@ cdef extern from "rm_assist.h" nogil:
         RM_ASSIST_MAX_CHUNKS
     ctypedef struct rm_assist:
         uint64_t claim, fin, bad, remote, local, len, chunk
-        uint32_t key
-    void rm_assist_publish(rm_assist *a, uint32_t seq, uint64_t remote, uint64_t local,
-                           uint64_t len, uint64_t chunk, uint32_t key, uint32_t n)
+        uint32_t key, write
+    void rm_assist_publish(rm_assist *a, uint32_t seq, uint32_t write, uint64_t remote,
+                           uint64_t local, uint64_t len, uint64_t chunk, uint32_t key,
+                           uint32_t n)
     int rm_assist_claim(rm_assist *a, uint32_t seq)
     uint32_t rm_assist_offer(const rm_assist *a, rm_assist *out)
     void rm_assist_finish(rm_assist *a, int i, int ok)
@@ -117,7 +118,7 @@ cdef extern from "rm_assist.h" nogil:
 cdef extern from "sched.h" nogil:
     int sched_yield()
 
-#: the exposure table and, after it, the assisted-READ job record (in each block)
+#: the exposure table and, after it, the assist job record (in each block)
 XTAB_BYTES = sizeof(rm_xtab) + sizeof(rm_assist)
 
 cdef enum:
@@ -184,15 +185,15 @@ cdef class ShmTransport(Transport):
     cdef uint64_t arena_size
     cdef char *peer_arena
     cdef uint64_t peer_arena_size
-    # assisted READ (rm_assist.h)
+    # assisted READ/WRITE (rm_assist.h)
     cdef rm_assist *job             # my job record, in my block: the peer helps with it
     cdef rm_assist *peer_job        # the peer's, in its block: I help with it
     cdef uint32_t job_seq
-    cdef uint64_t assist_min        # READs of at least this many bytes ask (0: never)
+    cdef uint64_t assist_min        # READs/WRITEs of at least this many bytes ask (0: never)
     cdef uint64_t assist_chunk      # smallest chunk
-    cdef public uint64_t n_assist_jobs          # my READs that asked for help
+    cdef public uint64_t n_assist_jobs          # my READs/WRITEs that asked for help
     cdef public uint64_t n_assist_chunks_got    # chunks of them the peer copied
-    cdef public uint64_t bytes_assist_given     # bytes I copied for the peer's READs
+    cdef public uint64_t bytes_assist_given     # bytes I copied for the peer's jobs
 
     def __cinit__(self):
         self.sock = -1
@@ -244,7 +245,7 @@ cdef class ShmTransport(Transport):
             raise ValueError("exposure table outside the block")
         if my_xtab_off + XTAB_BYTES > self.my_size \
                 or peer_xtab_off + XTAB_BYTES > self.peer_size:
-            raise ValueError("assisted-READ record outside the block")
+            raise ValueError("assist job record outside the block")
         self.xtab = <rm_xtab *>(self.my_base + my_xtab_off)
         self.peer_xtab = <rm_xtab *>(self.peer_base + peer_xtab_off)
         memset(self.xtab, 0, XTAB_BYTES)
@@ -277,12 +278,12 @@ cdef class ShmTransport(Transport):
         self.max_expose = 0 if peers else self.arena_size
 
     def _set_assist(self, uint64_t min_bytes, uint64_t chunk):
-        """Ask the peer to help with CMA READs of at least ``min_bytes`` (0: never),
+        """Ask the peer to help with CMA READs/WRITEs of at least ``min_bytes`` (0: never),
         cut into chunks of at least ``chunk`` bytes (at most 64 of them)."""
         self.assist_min = min_bytes
         self.assist_chunk = max(chunk, <uint64_t>ASSIST_ALIGN)
 
-    # test hooks: drive the assisted READ by hand, as an honest or hostile peer would
+    # test hooks: drive the assisted READ/WRITE by hand, as an honest or hostile peer would
     def _expose_range(self, size_t addr, size_t length, bint writable=False):
         """Expose [addr, addr+length) to the peer; the key (tests)."""
         cdef rm_mem m
@@ -297,10 +298,11 @@ cdef class ShmTransport(Transport):
         self.unexpose(key)
 
     def _offer_job(self, size_t remote, size_t local, size_t length, size_t chunk,
-                   uint32_t key, uint32_t n):
-        """Publish an assisted-READ job with these fields, copying nothing; its seq."""
+                   uint32_t key, uint32_t n, bint write=False):
+        """Publish an assisted READ (WRITE) job with these fields, copying nothing;
+        its seq."""
         self.job_seq += 1
-        rm_assist_publish(self.job, self.job_seq, remote, local, length, chunk, key, n)
+        rm_assist_publish(self.job, self.job_seq, write, remote, local, length, chunk, key, n)
         return self.job_seq
 
     def _job_state(self):
@@ -450,9 +452,9 @@ cdef class ShmTransport(Transport):
         else:
             if not self.cma:
                 return RM_ERR_BOUNDS
-            if wr.opcode == RM_WR_READ and self.assist_min and wr.length >= self.assist_min \
-                    and self.peer_cma and self.job != NULL:
-                rc = self._assisted_read(wr)
+            if self.assist_min and wr.length >= self.assist_min and self.peer_cma \
+                    and self.job != NULL:
+                rc = self._assisted(wr)
             else:
                 rc = _cma(self.peer_pid, wr.opcode == RM_WR_WRITE, <char *>wr.local_addr,
                           wr.remote_off, wr.length)
@@ -468,13 +470,15 @@ cdef class ShmTransport(Transport):
             self.bytes_written += wr.length
         return 0
 
-    cdef int _assisted_read(self, rm_wr *wr) noexcept nogil:
-        """A CMA READ the peer may help with (rm_assist.h): publish the job, wake the
-        peer, copy every chunk it has not claimed, wait for the ones it has, redo any
-        it could not do. Returns as _cma does; no helper write lands after it."""
+    cdef int _assisted(self, rm_wr *wr) noexcept nogil:
+        """A CMA READ or WRITE the peer may help with (rm_assist.h): publish the job,
+        wake the peer, copy every chunk it has not claimed, wait for the ones it has,
+        redo any it could not do. Returns as _cma does; no helper copy is still running
+        when it returns."""
         cdef uint64_t len = wr.length, chunk, off, mine = 0, theirs, full, fin, bad
         cdef uint32_t n, seq, spins = 0
-        cdef int i, rc = 0, r
+        cdef bint write = wr.opcode == RM_WR_WRITE
+        cdef int i, rc = 0
         n = <uint32_t>((len + self.assist_chunk - 1) // self.assist_chunk)
         if n > RM_ASSIST_MAX_CHUNKS:
             n = RM_ASSIST_MAX_CHUNKS
@@ -482,12 +486,13 @@ cdef class ShmTransport(Transport):
         chunk = (chunk + ASSIST_ALIGN - 1) // ASSIST_ALIGN * ASSIST_ALIGN
         n = <uint32_t>((len + chunk - 1) // chunk)
         if n < 2:
-            return _cma(self.peer_pid, False, <char *>wr.local_addr, wr.remote_off, len)
+            return _cma(self.peer_pid, write, <char *>wr.local_addr, wr.remote_off, len)
         self.job_seq += 1
         if self.job_seq == 0:
             self.job_seq = 1
         seq = self.job_seq
-        rm_assist_publish(self.job, seq, wr.remote_off, wr.local_addr, len, chunk, wr.rkey, n)
+        rm_assist_publish(self.job, seq, write, wr.remote_off, wr.local_addr, len, chunk,
+                          wr.rkey, n)
         self.n_assist_jobs += 1
         self.wake_peer()
         while True:
@@ -497,11 +502,11 @@ cdef class ShmTransport(Transport):
             mine |= (<uint64_t>1) << i
             if rc == 0:             # after a failure: only claim, so nobody starts more
                 off = <uint64_t>i * chunk
-                rc = _cma(self.peer_pid, False, <char *>wr.local_addr + off, wr.remote_off + off,
-                          min(chunk, len - off))
+                rc = _cma(self.peer_pid, write, <char *>wr.local_addr + off,
+                          wr.remote_off + off, min(chunk, len - off))
         full = ~(<uint64_t>0) if n == 64 else ((<uint64_t>1) << n) - 1
         theirs = full & ~mine
-        while True:                 # the peer's chunks: copying now, they end soon
+        while True:                 # the peer's chunks: being copied now, they end soon
             fin = rm_load_acquire64(&self.job.fin)
             if (fin & theirs) == theirs:
                 break
@@ -511,23 +516,24 @@ cdef class ShmTransport(Transport):
                 continue
             sched_yield()
             if spins % 256 == 0 and (self._peer_exited() or self.peer_state() < 0):
-                return RM_ERR_PEER_LOST     # it can write no more
+                return RM_ERR_PEER_LOST     # it can copy no more
         bad = rm_load_acquire64(&self.job.bad) & theirs
         self.n_assist_chunks_got += rm_popcount64(theirs & ~bad)
         i = 0
         while rc == 0 and bad:      # the peer could not: do them here
             if bad & 1:
                 off = <uint64_t>i * chunk
-                rc = _cma(self.peer_pid, False, <char *>wr.local_addr + off, wr.remote_off + off,
-                          min(chunk, len - off))
+                rc = _cma(self.peer_pid, write, <char *>wr.local_addr + off,
+                          wr.remote_off + off, min(chunk, len - off))
             bad >>= 1
             i += 1
         return rc
 
     cdef int assist(self) noexcept nogil:
-        """Help with the peer's assisted READ on offer, if any: claim chunks of it and
-        push them with process_vm_writev. Only from a source range I exposed to it for
-        reading (not staged); the number of chunks done."""
+        """Help with the peer's assisted READ or WRITE on offer, if any: claim chunks
+        of it and copy them (READ: push with process_vm_writev; WRITE: pull with
+        process_vm_readv). Only for a range I exposed to it with that access (not
+        staged); the number of chunks done."""
         cdef rm_assist j
         cdef rm_xent xe
         cdef uint32_t seq, n
@@ -540,9 +546,10 @@ cdef class ShmTransport(Transport):
             return 0
         n = (j.claim >> 8) & 0xFF
         if n < 2 or n > RM_ASSIST_MAX_CHUNKS or j.chunk == 0 or j.chunk > j.len \
-                or (n - 1) * j.chunk >= j.len or n * j.chunk < j.len:
+                or (n - 1) * j.chunk >= j.len or n * j.chunk < j.len or j.write > 1:
             return 0
-        if rm_xtab_find(self.xtab, j.key, j.remote, j.len, RM_XACC_READ, &xe) != 0 \
+        if rm_xtab_find(self.xtab, j.key, j.remote, j.len,
+                        RM_XACC_WRITE if j.write else RM_XACC_READ, &xe) != 0 \
                 or xe.staged != RM_XNONE:
             return 0
         while True:
@@ -551,7 +558,8 @@ cdef class ShmTransport(Transport):
                 break
             off = <uint64_t>i * j.chunk
             piece = min(j.chunk, j.len - off)
-            rc = _cma(self.peer_pid, True, <char *>(j.remote + off), j.local + off, piece)
+            # my exposed range is the local side; READ: I write the peer, WRITE: I read it
+            rc = _cma(self.peer_pid, not j.write, <char *>(j.remote + off), j.local + off, piece)
             rm_assist_finish(self.peer_job, i, rc == 0)
             if rc == 0:
                 self.bytes_assist_given += piece

@@ -47,8 +47,8 @@ def cma_allowed() -> bool:
 
 
 def assist_settings() -> tuple[int, int]:
-    """(smallest READ the exposing side is asked to help with, smallest chunk) for the
-    assisted READ (rdmamw/include/rm_assist.h): ``RDMAMW_SHM_ASSIST`` bytes (0: off,
+    """(smallest READ or WRITE the exposing side is asked to help with, smallest chunk)
+    for the assisted copies of rdmamw/include/rm_assist.h: ``RDMAMW_SHM_ASSIST`` bytes (0: off,
     default 1 MiB) and ``RDMAMW_SHM_ASSIST_CHUNK`` (default 256 KiB)."""
     env = os.environ
     return (parse_bytes(env.get("RDMAMW_SHM_ASSIST", "1M"), "RDMAMW_SHM_ASSIST"),
