@@ -224,3 +224,45 @@ def test_settings_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("RDMAMW_SHM_ASSIST", "lots")
     with pytest.raises(ConfigError, match="RDMAMW_SHM_ASSIST"):
         assist_settings()
+
+
+HELPER_DIES = """
+import sys, numpy, rdmamw
+ch = rdmamw.Channel.open(sys.argv[1], timeout=60, slot_size=4096, rendezvous="read")
+msg = numpy.arange(int(sys.argv[2]), dtype=numpy.uint8)
+h = ch.send(msg)
+print("sent", flush=True)
+h.wait(timeout=60)          # idle here: helps with the receiver's READ until killed
+"""
+
+
+@pytest.mark.parametrize("delay_ms", [2, 20, 1000])
+def test_a_helper_killed_mid_copy_is_peer_lost_or_a_whole_message(delay_ms):
+    """SIGKILL the sender while it helps with the receiver's READ of its 256 MiB: the
+    receiver gets PeerLost or the whole, right message; never a hang or a part."""
+    import signal
+    import subprocess
+    import sys
+
+    size = 256 * MiB
+    with rdmamw.listen(LISTEN_ADDRESS["shm"](), slot_size=4096, rendezvous="read") as lst:
+        p = subprocess.Popen([sys.executable, "-c", HELPER_DIES, lst.address, str(size)],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            ch = lst.accept(timeout=60)
+            assert p.stdout.readline().strip() == "sent"
+            buf = np.zeros(size, np.uint8)
+            killer = threading.Timer(delay_ms / 1000, p.send_signal, (signal.SIGKILL,))
+            killer.start()
+            try:
+                n = ch.recv_into(buf, timeout=30)
+            except rdmamw.PeerLost:
+                n = None
+            killer.join()
+            if n is not None:
+                assert n == size
+                assert np.array_equal(buf, np.arange(size, dtype=np.uint8))
+            ch.close()
+        finally:
+            p.kill()
+            p.wait(30)
