@@ -42,6 +42,8 @@ from rdmamw._core cimport (
 )
 from rdmamw.bitmap._phase cimport (
     rm_cpu_relax,
+    rm_spin_lock,
+    rm_spin_unlock,
     rm_load_acquire64,
     rm_popcount64,
     rm_store_release64,
@@ -177,6 +179,7 @@ cdef class ShmTransport(Transport):
     # rendezvous
     cdef rm_xtab *xtab              # mine, in my block: the peer checks its READs against it
     cdef rm_xtab *peer_xtab         # the peer's, in its block
+    cdef int xlock                  # guards changes to my table (two engine threads)
     cdef int peer_pid
     cdef int pidfd                  # the peer process (-1: not available); pid reuse guard
     cdef bint cma                   # I may process_vm_* the peer
@@ -568,6 +571,10 @@ cdef class ShmTransport(Transport):
 
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil:
+        """The engine's send thread (sources) and receive thread (posted destinations)
+        may both call this: the table is changed under ``xlock``. A staged copy is
+        made after its range was reserved, outside the lock; the peer cannot name the
+        key before the descriptor that carries it."""
         cdef uint64_t staged = RM_XNONE
         cdef uint32_t key
         out.handle = out.lkey = out.rkey = 0
@@ -578,16 +585,22 @@ cdef class ShmTransport(Transport):
         if access == RM_ACCESS_REMOTE_WRITE:
             if not self.peer_cma:
                 return RM_ERR_UNSUPPORTED
+            rm_spin_lock(&self.xlock)
             key = rm_xtab_add(self.xtab, addr, length, RM_XACC_WRITE, RM_XNONE)
+            rm_spin_unlock(&self.xlock)
         elif access == RM_ACCESS_REMOTE_READ:
+            if not self.peer_cma and length > self.arena_size:
+                return RM_ERR_UNSUPPORTED
+            rm_spin_lock(&self.xlock)
             if not self.peer_cma:       # stage a copy where the peer can map it
-                if length > self.arena_size:
-                    return RM_ERR_UNSUPPORTED
                 staged = rm_xtab_fit(self.xtab, self.arena_size, length)
                 if staged == RM_XNONE:
+                    rm_spin_unlock(&self.xlock)
                     return RM_ERR_AGAIN     # wait for done bits to free some
-                memcpy(self.arena + staged, <void *>addr, length)
             key = rm_xtab_add(self.xtab, addr, length, RM_XACC_READ, staged)
+            rm_spin_unlock(&self.xlock)
+            if key != 0 and staged != RM_XNONE:
+                memcpy(self.arena + staged, <void *>addr, length)
         else:
             return RM_ERR_UNSUPPORTED
         if key == 0:
@@ -598,7 +611,9 @@ cdef class ShmTransport(Transport):
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
         cdef rm_xent xe
         if self.xtab != NULL:
+            rm_spin_lock(&self.xlock)
             rm_xtab_del(self.xtab, handle, &xe)
+            rm_spin_unlock(&self.xlock)
         return 0
 
     cdef int wake_peer(self) noexcept nogil:
