@@ -186,6 +186,11 @@ cdef class Transport:
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
         return 0
 
+    def error_detail(self):
+        """What failed the connection, in the provider's words (a work completion's
+        status, a failed call), or None: it goes into PeerLost's message."""
+        return None
+
     def register_local(self, size_t addr, size_t length):
         """Make [addr, addr+length) usable as a work-request source or READ target;
         return its lkey. The engine registers its staging ring and bitmap shadows once
@@ -242,7 +247,7 @@ cdef class SendHandle:
         cdef bint first = True
         while not eng._poll_done(self.batch):
             if eng.peer_gone:
-                raise PeerLost("peer lost before the batch completed")
+                raise PeerLost(eng._lost("peer lost before the batch completed"))
             if deadline and now_ns() > deadline:
                 raise Timeout("send batch did not complete in time")
             with nogil:
@@ -434,6 +439,8 @@ cdef class Engine:
     cdef rm_wr *wrs
     cdef uint32_t wr_cap
     cdef rm_wc wcs[64]
+    cdef int reap_lock                  # wcs and what _reap updates: the send thread and a
+                                        # receive thread waiting for its READ reap at once
 
     # receive state
     cdef uint32_t *pend
@@ -692,12 +699,17 @@ cdef class Engine:
         if rc == RM_ERR_UNSUPPORTED or rc == RM_ERR_OS:
             raise MessageTooLarge(f"the transport could not expose a rendezvous source ({rc})")
         self.peer_gone = True
-        raise PeerLost(f"the transport failed the post ({rc})")
+        raise PeerLost(self._lost(f"the transport failed the post ({rc})"))
 
     cdef int _raise_peer(self, int st, str where) except -1:
         if st == RM_ERR_CLOSED:
             raise ChannelClosed(f"peer closed the channel ({where})")
-        raise PeerLost(f"peer lost ({where})")
+        raise PeerLost(self._lost(f"peer lost ({where})"))
+
+    cdef str _lost(self, str what):
+        """``what``, with the provider's account of the failure when it has one."""
+        detail = self.tp.error_detail()
+        return f"{what}: {detail}" if detail else what
 
     # ---- small posts: control words and reclaim write-back ------------------------
 
@@ -1019,10 +1031,11 @@ cdef class Engine:
 
     cdef void _reap(self) noexcept nogil:
         cdef int i, k
+        rm_spin_lock(&self.reap_lock)
         while True:
             k = self.tp.poll(self.wcs, 64)
             if k <= 0:
-                return
+                break
             for i in range(k):
                 if self.wcs[i].wr_id & RNDV_WRID:        # a rendezvous READ (receiver)
                     self.rndv_read_status = self.wcs[i].status
@@ -1032,6 +1045,7 @@ cdef class Engine:
                     self.peer_gone = True
                 if self.wcs[i].wr_id > self.batch_done:
                     self.batch_done = self.wcs[i].wr_id
+        rm_spin_unlock(&self.reap_lock)
 
     cdef bint _poll_done(self, uint64_t batch) noexcept:
         if self.batch_done < batch:
@@ -1574,7 +1588,9 @@ cdef class Engine:
         cdef rm_mem mem
         cdef rm_wr wr
         cdef int rc
-        cdef uint64_t want = d.index + 1
+        cdef uint64_t want = d.index + 1, done
+        cdef int status = 0
+        cdef int64_t next_check
         rc = self.tp.expose(dst, d.length, RM_ACCESS_LOCAL, &mem)
         if rc != 0:
             return rc
@@ -1589,16 +1605,27 @@ cdef class Engine:
         wr.imm = 0
         rc = self.tp.post(&wr, 1)
         if rc == 0 and not self.tp.synchronous:
-            while self.rndv_read_done != want:
+            next_check = now_ns() + PEER_CHECK_NS
+            while True:
+                self._reap()
+                rm_spin_lock(&self.reap_lock)       # done and status: one completion's
+                done, status = self.rndv_read_done, self.rndv_read_status
+                rm_spin_unlock(&self.reap_lock)
+                if done == want:
+                    break
                 if self.peer_gone:
                     rc = RM_ERR_PEER_LOST
                     break
-                self._reap()
+                if now_ns() >= next_check:      # a QP in error flushes the READ; a
+                    # transport that saw the peer die some other way says so here
+                    if self._peer_status() == RM_ERR_PEER_LOST:
+                        rc = RM_ERR_PEER_LOST
+                        break
+                    next_check = now_ns() + PEER_CHECK_NS
                 rm_cpu_relax()
-            if rc == 0 and self.rndv_read_status != 0:
+            if rc == 0 and status != 0:
                 # IBV_WC_REM_INV_REQ_ERR / REM_ACCESS_ERR: outside the peer's MR
-                rc = (RM_ERR_BOUNDS if self.rndv_read_status in (9, 10)
-                      else RM_ERR_PEER_LOST)
+                rc = RM_ERR_BOUNDS if status in (9, 10) else RM_ERR_PEER_LOST
         self.tp.unexpose(mem.handle)
         return rc
 
@@ -1613,7 +1640,7 @@ cdef class Engine:
                                 f"was read; it is lost")
         if st < 0 or rc == RM_ERR_PEER_LOST:
             self.peer_gone = True
-            raise PeerLost(f"peer lost while reading rendezvous message {d.index}")
+            raise PeerLost(self._lost(f"peer lost while reading rendezvous message {d.index}"))
         raise ProtocolError(f"the rendezvous READ of message {d.index} failed ({rc})")
 
     cdef void _drop_posted(self) noexcept:
@@ -1901,4 +1928,9 @@ cdef class Engine:
             "reclaim_shadow": list(self.rbm.reclaim_words),
             "send_arrival_shadow": list(self.sbm.arrival_words),
             "send_reclaim_seen": list(self.sbm.reclaim_words),
+            "rndv_next": self.rndv_next, "rndv_upto": self.rndv_upto,
+            "rndv_released": self.rndv_released, "rrndv_next": self.rrndv_next,
+            "rndv_read_done": self.rndv_read_done, "rndv_read_status": self.rndv_read_status,
+            "peer_gone": self.peer_gone,
+            "transport_error": self.tp.error_detail() if self.tp is not None else None,
         }
