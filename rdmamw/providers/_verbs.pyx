@@ -134,6 +134,9 @@ cdef class VerbsTransport(Transport):
     cdef ibv_mr *xmrs[XMR_N]
     cdef uint32_t xmr_hint
     cdef int xlock
+    # MRs of the registration caches (mr_register): address -> ibv_mr, deregistered by
+    # the cache, or here when the transport dies with some still cached
+    cdef dict cached_mrs
     cdef uint32_t n_lmrs
     cdef uint64_t peer_addr[RM_NREGIONS]
     cdef uint32_t peer_rkey
@@ -174,6 +177,7 @@ cdef class VerbsTransport(Transport):
     cdef uint64_t err_wr_id
 
     def __cinit__(self):
+        self.cached_mrs = {}
         self.sock = -1
         self.state = RM_ERR_CLOSED
         self.direct_source = False      # the engine copies payloads into registered staging
@@ -408,6 +412,29 @@ cdef class VerbsTransport(Transport):
             ibv_dereg_mr(mr)
         return 0
 
+    def mr_register(self, size_t addr, size_t length, bint remote_read=False):
+        """Register [addr, addr+length) for the registration cache (rdmamw.memory.regcache):
+        with ``remote_read`` the peer may READ it (rendezvous sources), else it is a local
+        READ target only. Returns the cache's handle ``(mr, lkey, rkey)``; OSError if
+        the device refuses (``ulimit -l``)."""
+        cdef ibv_mr *mr
+        cdef int flags = IBV_ACCESS_LOCAL_WRITE | (IBV_ACCESS_REMOTE_READ if remote_read else 0)
+        if self.pd == NULL:
+            raise OSError(107, "the transport is not open")
+        with nogil:
+            mr = ibv_reg_mr(self.pd, <void *>addr, length, flags)
+        if mr == NULL:
+            raise OSError(errno, f"ibv_reg_mr of {length} bytes failed: {strerror(errno).decode()}")
+        self.cached_mrs[<size_t>mr] = None
+        return (<size_t>mr, mr.lkey, mr.rkey)
+
+    def mr_deregister(self, handle):
+        """Deregister an MR of mr_register (the cache calls it once nothing uses it)."""
+        cdef size_t p = handle[0]
+        if self.cached_mrs.pop(p, 0) is None:
+            with nogil:
+                ibv_dereg_mr(<ibv_mr *>p)
+
     def error_detail(self):
         """What failed the connection first, in words (None while it is up or was
         closed cleanly): the work completion's status, or the call that failed."""
@@ -520,6 +547,10 @@ cdef class VerbsTransport(Transport):
         for i in range(self.n_lmrs):
             ibv_dereg_mr(self.lmrs[i])
         self.n_lmrs = 0
+        if self.cached_mrs:
+            for p in self.cached_mrs:
+                ibv_dereg_mr(<ibv_mr *><size_t>p)
+            self.cached_mrs.clear()
         for i in range(XMR_N):
             if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY:
                 ibv_dereg_mr(self.xmrs[i])
