@@ -147,6 +147,18 @@ def test_larger_than_the_cache_is_registered_per_use():
     assert c.stats()["uncached"] == 2 and len(c) == 0
 
 
+def test_a_slice_of_an_owner_larger_than_the_cache_registers_only_the_slice():
+    c, p = cache(max_bytes=1024)
+    a = np.zeros(1 << 20, np.uint8)
+    with c.acquire(a[4096:4096 + 512]) as lease:
+        assert p.live[lease.handle] == (a.ctypes.data + 4096, 512)
+        assert lease.offset == 0
+    assert not p.live and len(c) == 0
+    with c.acquire(a[:512]) as lease:                   # fits the cache, the owner does not
+        assert p.live[lease.handle][1] == 512
+    assert c.stats()["uncached"] == 2
+
+
 def test_max_bytes_zero_disables_caching():
     c, p = cache(max_bytes=0)
     a = np.zeros(100, np.uint8)
