@@ -202,7 +202,54 @@ def run_regcost(sizes: list[int], provider: str, seconds: float) -> dict:
                               "uncached_us_per_mb": per_send * 1e6 / (size / MiB),
                               "cached_us_per_mb": cached * 1e6 / (size / MiB),
                               "sends": m, "registrations": st["registrations"]}
+    if provider == "verbs":
+        out["channel"] = {size: {how: _channel_sends(size, how == "cached", seconds)
+                                 for how in ("uncached", "cached")}
+                          for size in sizes if size <= 16 * MiB}
     return out
+
+
+def _channel_sends(size: int, cached: bool, seconds: float) -> dict:
+    """The same buffer sent again and again over a verbs channel (READ rendezvous into
+    one recv_into buffer; 16 KiB slots, so 64 KiB is above the eager limit):
+    microseconds per send and the sender's registration counters, with the channel's
+    cache, or with RDMAMW_REGCACHE_BYTES=0 (register per send)."""
+    import threading
+
+    import rdmamw
+    old = os.environ.get("RDMAMW_REGCACHE_BYTES")
+    if not cached:
+        os.environ["RDMAMW_REGCACHE_BYTES"] = "0"
+    try:
+        lst = rdmamw.listen("verbs://127.0.0.1:0", slots=8, slot_size=16 * KiB,
+                            rendezvous="read")
+        got: dict = {}
+        t = threading.Thread(target=lambda: got.setdefault("b", lst.accept(timeout=30)))
+        t.start()
+        a = rdmamw.Channel.open(lst.address, timeout=30, slots=8, slot_size=16 * KiB,
+                                rendezvous="read")
+        t.join(30)
+        b = got["b"]
+    finally:
+        if old is None:
+            os.environ.pop("RDMAMW_REGCACHE_BYTES", None)
+        else:
+            os.environ["RDMAMW_REGCACHE_BYTES"] = old
+    try:
+        src, dst = aligned_empty(size), aligned_empty(size)
+        src.fill(3)
+        n, t0 = 0, time.perf_counter()
+        while n < 5 or time.perf_counter() - t0 < seconds:
+            h = a.send(src)
+            b.recv_into(dst, timeout=60)
+            h.wait(timeout=60)
+            n += 1
+        per = (time.perf_counter() - t0) / n
+        s = a.stats()
+        return {"us": per * 1e6, "sends": n, "registrations": s["registrations"],
+                "hits": s["regcache_hits"], "ok": bool(np.array_equal(src, dst))}
+    finally:
+        a.close(), b.close(), lst.close()
 
 
 # ---- report --------------------------------------------------------------------------
@@ -270,7 +317,15 @@ def targets(res: dict) -> list[str]:
                                  f"the 64 MiB stream, {side}: +{human(grow)} over its buffers "
                                  f"(limit 2 x 64 MiB)")
     rc = res.get("regcost", {}).get("sizes", {})
-    if rc:
+    ch = res.get("regcost", {}).get("channel", {})
+    if ch:                          # verbs: counted on the channel itself
+        size = max(ch)
+        c = ch[size]["cached"]
+        lines.append(f"{verdict(c['registrations'] == 1 and c['ok'])}  a repeated send of "
+                     f"one {human(size)} buffer over a verbs channel registers it once: "
+                     f"{c['registrations']} registration, {c['hits']} cache hits for "
+                     f"{c['sends']} sends")
+    elif rc:
         big = rc[max(rc)]
         lines.append(f"{verdict(big['registrations'] == 1)}  a repeated send of one "
                      f"{human(max(rc))} buffer registers it once: {big['registrations']} "
@@ -317,6 +372,17 @@ def report_tail(res: dict) -> None:
             print(f"{human(size):>8} {v['uncached_us']:>10.1f} {v['cached_us']:>10.2f} "
                   f"{v['uncached_us_per_mb']:>11.2f} {v['cached_us_per_mb']:>13.3f} "
                   f"{v['uncached_us'] / v['cached_us']:>8.0f}x")
+        ch = rc.get("channel")
+        if ch:
+            print("\nthe same buffer sent again and again over a verbs channel (READ into one "
+                  "buffer): microseconds per send, the sender's registrations")
+            print(f"{'size':>8} {'per-send reg.':>14} {'cached':>10} {'speed-up':>9} "
+                  f"{'registrations (per-send / cached)':>34}")
+            for size, v in sorted(ch.items()):
+                u, c = v["uncached"], v["cached"]
+                print(f"{human(size):>8} {u['us']:>14.0f} {c['us']:>10.0f} "
+                      f"{u['us'] / c['us']:>8.2f}x {u['registrations']:>16} / "
+                      f"{c['registrations']} ({c['sends']} sends)")
     print("\ntargets (same run):")
     for line in targets(res):
         print("  " + line)

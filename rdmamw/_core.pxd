@@ -100,7 +100,9 @@ cdef class Transport:
     cdef int peer_state(self) noexcept nogil
     cdef int assist(self) noexcept nogil  # idle: help the peer with its work (shm: copies)
     # rendezvous: make [addr, addr+length) readable/writable by the peer (or only usable
-    # locally); the provider bounds-checks the peer's EXPOSED work requests against it
+    # locally); the provider bounds-checks the peer's EXPOSED work requests against it.
+    # The engine's send thread and receive thread call expose/unexpose at the same time:
+    # a provider's exposure table must be safe for that (verbs: xlock; tcp: xp_mu)
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil
     cdef int unexpose(self, uint32_t handle) noexcept nogil

@@ -24,7 +24,7 @@ from cpython.buffer cimport (
 )
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.ref cimport PyObject
+from cpython.ref cimport Py_XDECREF, Py_XINCREF, PyObject
 from cpython.tuple cimport PyTuple_GET_SIZE
 from cpython.pythread cimport (
     NOWAIT_LOCK,
@@ -58,6 +58,7 @@ from rdmamw.errors import (
     MessageTooLarge,
     PeerLost,
     ProtocolError,
+    RegistrationError,
     Timeout,
 )
 
@@ -192,6 +193,11 @@ cdef class Transport:
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
         return 0
 
+    def error_detail(self):
+        """What failed the connection, in the provider's words (a work completion's
+        status, a failed call), or None: it goes into PeerLost's message."""
+        return None
+
     def register_local(self, size_t addr, size_t length):
         """Make [addr, addr+length) usable as a work-request source or READ target;
         return its lkey. The engine registers its staging ring and bitmap shadows once
@@ -248,7 +254,7 @@ cdef class SendHandle:
         cdef bint first = True
         while not eng._poll_done(self.batch):
             if eng.peer_gone:
-                raise PeerLost("peer lost before the batch completed")
+                raise PeerLost(eng._lost("peer lost before the batch completed"))
             if deadline and now_ns() > deadline:
                 raise Timeout("send batch did not complete in time")
             with nogil:
@@ -440,6 +446,8 @@ cdef class Engine:
     cdef rm_wr *wrs
     cdef uint32_t wr_cap
     cdef rm_wc wcs[64]
+    cdef int reap_lock                  # wcs and what _reap updates: the send thread and a
+                                        # receive thread waiting for its READ reap at once
 
     # receive state
     cdef uint32_t *pend
@@ -490,6 +498,15 @@ cdef class Engine:
     cdef rm_desc rndv_desc[64]
     cdef uint64_t rndv_waddr[64]        # DESC_WRITTEN: the advertised destination
     cdef uint32_t rndv_wkey[64]
+    # registration caches (rdmamw.memory.regcache) of a transport that registers
+    # memory (verbs: mr_register): a source or READ target is registered on first use,
+    # and the entry's Lease is held until the transfer is over (done bit / READ done)
+    cdef public object regcache         # sources the peer READs (or we WRITE from)
+    cdef public object regcache_dst     # destinations we READ into (local access only)
+    cdef bint cache_ok                  # the transport's keys come from the caches
+    cdef PyObject **lease_of            # per message of the batch: its Lease (owned)
+    cdef uint32_t *lease_keys           # ... its lkey and rkey
+    cdef PyObject *rndv_lease[64]       # per entry: the Lease of its source (owned)
     cdef int blocked_on                 # what _post_available ran out of (WAIT_*)
     # rendezvous, receiving
     cdef uint64_t rrndv_next            # next rendezvous index expected
@@ -589,6 +606,7 @@ cdef class Engine:
         self.advsrc = <uint64_t *>mem
         memset(self.advsrc, 0, RNDV_N * 32)
         self.lkey_adv = tp.register_local(<size_t>self.advsrc, RNDV_N * 32)
+        self.cache_ok = hasattr(tp, "mr_register")
         if not tp.synchronous:
             self.snap = <uint64_t *>calloc(SNAP_DEPTH * self.sbm.nwords, 8)
             if self.snap == NULL:
@@ -626,6 +644,11 @@ cdef class Engine:
             if self.rndv_held[i]:
                 PyBuffer_Release(&self.rndv_buf[i])
                 self.rndv_held[i] = 0
+            Py_XDECREF(self.rndv_lease[i])      # a Lease releases itself when it dies
+            self.rndv_lease[i] = NULL
+        for i in range(self.cap):
+            Py_XDECREF(self.lease_of[i])
+        free(self.lease_of); free(self.lease_keys)
         free(self.kind); free(self.msg_entry); free(self.advsrc)
         free(self.alloc_tmp); free(self.wrs); free(self.staging); free(self.words)
         free(self.snap)
@@ -658,6 +681,11 @@ cdef class Engine:
         p = realloc(self.kind, c);  self.kind = <uint8_t *>p if p else self.kind
         if p == NULL: raise MemoryError()
         p = realloc(self.msg_entry, c);  self.msg_entry = <uint8_t *>p if p else self.msg_entry
+        if p == NULL: raise MemoryError()
+        p = realloc(self.lease_of, c * sizeof(PyObject *));  self.lease_of = <PyObject **>p if p else self.lease_of
+        if p == NULL: raise MemoryError()
+        memset(self.lease_of + self.cap, 0, (c - self.cap) * sizeof(PyObject *))
+        p = realloc(self.lease_keys, c * 8);  self.lease_keys = <uint32_t *>p if p else self.lease_keys
         if p == NULL: raise MemoryError()
         p = realloc(self.wrs, (2 * c + 4) * sizeof(rm_wr));  self.wrs = <rm_wr *>p if p else self.wrs
         if p == NULL: raise MemoryError()
@@ -698,12 +726,17 @@ cdef class Engine:
         if rc == RM_ERR_UNSUPPORTED or rc == RM_ERR_OS:
             raise MessageTooLarge(f"the transport could not expose a rendezvous source ({rc})")
         self.peer_gone = True
-        raise PeerLost(f"the transport failed the post ({rc})")
+        raise PeerLost(self._lost(f"the transport failed the post ({rc})"))
 
     cdef int _raise_peer(self, int st, str where) except -1:
         if st == RM_ERR_CLOSED:
             raise ChannelClosed(f"peer closed the channel ({where})")
-        raise PeerLost(f"peer lost ({where})")
+        raise PeerLost(self._lost(f"peer lost ({where})"))
+
+    cdef str _lost(self, str what):
+        """``what``, with the provider's account of the failure when it has one."""
+        detail = self.tp.error_detail()
+        return f"{what}: {detail}" if detail else what
 
     # ---- small posts: control words and reclaim write-back ------------------------
 
@@ -814,14 +847,58 @@ cdef class Engine:
                     f"{limit} bytes (its slot_size) and rendezvous is "
                     f"{self.rendezvous}; nothing was sent")
             self.kind[i] = rndv
+            if rndv and self.cache_ok and self.regcache is not None:
+                try:
+                    lease = self._lease(self.regcache, item)
+                except BaseException:
+                    self._release_bufs(i + 1)
+                    raise
+                self.lease_keys[2 * i] = lease.handle[1]
+                self.lease_keys[2 * i + 1] = lease.handle[2]
+                Py_XINCREF(<PyObject *>lease)
+                self.lease_of[i] = <PyObject *>lease
         return 0
+
+    cdef object _lease(self, object cache, object buf):
+        """A Lease of ``cache`` on ``buf``: its owner is registered once, then reused;
+        ``lease.handle`` is the transport's (mr, lkey, rkey). A refused registration
+        first lets the idle cached ones go (they may be what exhausts the pinning
+        limit)."""
+        try:
+            try:
+                lease = cache.acquire(buf)
+            except OSError:
+                cache.clear()
+                lease = cache.acquire(buf)
+        except OSError as e:
+            raise MessageTooLarge(f"the transport could not register a rendezvous buffer "
+                                  f"({e}); nothing was sent") from e
+        except RegistrationError as e:
+            if self.closed:
+                raise ChannelClosed("channel is closed") from e
+            raise
+        return lease
+
+    cdef void _end_lease(self, PyObject *lease) noexcept:
+        """Release a Lease taken by _lease and drop our reference (GIL held)."""
+        cdef object obj = <object>lease
+        Py_XDECREF(lease)
+        try:
+            obj.release()
+        except RegistrationError:
+            pass                # released already (the cache was closed under it)
 
     cdef void _release_bufs(self, Py_ssize_t n) noexcept:
         cdef Py_ssize_t i
+        cdef PyObject *lease
         for i in range(n):
             if self.held[i]:
                 PyBuffer_Release(&self.bufs[i])
                 self.held[i] = 0
+            if self.lease_of[i] != NULL:    # a source that was never handed to an entry
+                lease = self.lease_of[i]
+                self.lease_of[i] = NULL
+                self._end_lease(lease)
 
     cdef uint32_t _plan(self, uint32_t n) noexcept nogil:
         """Assign messages to slots: greedy packing, a lone message as SINGLE."""
@@ -1025,10 +1102,11 @@ cdef class Engine:
 
     cdef void _reap(self) noexcept nogil:
         cdef int i, k
+        rm_spin_lock(&self.reap_lock)
         while True:
             k = self.tp.poll(self.wcs, 64)
             if k <= 0:
-                return
+                break
             for i in range(k):
                 if self.wcs[i].wr_id & RNDV_WRID:        # a rendezvous READ (receiver)
                     self.rndv_read_status = self.wcs[i].status
@@ -1038,6 +1116,7 @@ cdef class Engine:
                     self.peer_gone = True
                 if self.wcs[i].wr_id > self.batch_done:
                     self.batch_done = self.wcs[i].wr_id
+        rm_spin_unlock(&self.reap_lock)
 
     cdef bint _poll_done(self, uint64_t batch) noexcept:
         if self.batch_done < batch:
@@ -1266,10 +1345,17 @@ cdef class Engine:
             written = True
             self.rndv_waddr[e] = adv[0]
             self.rndv_wkey[e] = <uint32_t>adv[2]
-        rc = self.tp.expose(<uint64_t>self.ptrs[i], L,
-                            RM_ACCESS_LOCAL if written else RM_ACCESS_REMOTE_READ, &mem)
-        if rc != 0:
-            return rc
+        if self.lease_of[i] != NULL:        # registered by the cache (remote read)
+            mem.handle = 0
+            mem.lkey = self.lease_keys[2 * i]
+            mem.rkey = self.lease_keys[2 * i + 1]
+        else:
+            rc = self.tp.expose(<uint64_t>self.ptrs[i], L,
+                                RM_ACCESS_LOCAL if written else RM_ACCESS_REMOTE_READ, &mem)
+            if rc != 0:
+                return rc
+        self.rndv_lease[e] = self.lease_of[i]   # the entry holds it until the done bit
+        self.lease_of[i] = NULL
         d.addr = 0 if written else <uint64_t>self.ptrs[i]
         d.length = L
         d.index = j
@@ -1299,6 +1385,9 @@ cdef class Engine:
                 continue
             e = self.msg_entry[i]
             self.tp.unexpose(self.rndv_mem[e].handle)
+            self.rndv_mem[e].handle = 0
+            self.lease_of[i] = self.rndv_lease[e]
+            self.rndv_lease[e] = NULL
             self.bufs[i] = self.rndv_buf[e]
             self.held[i] = 1
             self.rndv_held[e] = 0
@@ -1318,15 +1407,27 @@ cdef class Engine:
             self.rndv_upto += 1
 
     cdef void _rndv_release(self) noexcept:
-        """Un-expose and let go of the sources of done rendezvous messages."""
+        """Un-expose and let go of the sources of done rendezvous messages. An entry is
+        taken whole before anything that may run Python code (a buffer's release, the
+        cache's lock): another thread may come in then, and must find it gone."""
         cdef uint8_t e
+        cdef Py_buffer b
+        cdef bint held
+        cdef PyObject *lease
         while self.rndv_released < self.rndv_upto:
             e = <uint8_t>(self.rndv_released % RNDV_N)
             self.tp.unexpose(self.rndv_mem[e].handle)
-            if self.rndv_held[e]:
-                self.rndv_held[e] = 0
-                PyBuffer_Release(&self.rndv_buf[e])
+            self.rndv_mem[e].handle = 0
+            held = self.rndv_held[e]
+            self.rndv_held[e] = 0
+            b = self.rndv_buf[e]
+            lease = self.rndv_lease[e]
+            self.rndv_lease[e] = NULL
             self.rndv_released += 1
+            if held:
+                PyBuffer_Release(&b)
+            if lease != NULL:           # the MR stays cached; only the lease ends
+                self._end_lease(lease)
 
     cdef bint _rndv_poll(self, uint64_t target) noexcept:
         if self.rndv_released < target:
@@ -1546,10 +1647,7 @@ cdef class Engine:
                                  f"{'posted ' if dst is posted else ''}buffer holds "
                                  f"{dst.view.len}", needed=d.length)
         if d.kind == DESC_READ:
-            with nogil:
-                rc = self._rndv_read(<uint64_t>dst.view.buf, &d)
-            if rc != 0:
-                self._raise_read(rc, &d)
+            self._read_into(dst, &d)
             self.n_rndv_reads += 1
         if dst is posted:
             self._drop_posted()
@@ -1576,15 +1674,51 @@ cdef class Engine:
             self._fail(f"rendezvous descriptor of {d.length} bytes")
         return 0
 
-    cdef int _rndv_read(self, uint64_t dst, rm_desc *d) noexcept nogil:
-        """READ the described message into dst; 0 once it is there."""
+    cdef int _read_into(self, _Dest dst, rm_desc *d) except -1:
+        """READ the described message into ``dst``: through a cached registration of
+        its owner when the transport registers memory (a pooled or reused buffer is then
+        registered once), else exposed for this READ only."""
+        cdef int rc
+        cdef uint32_t lkey = 0
+        cdef bint registered = False
+        lease = None
+        if self.cache_ok and self.regcache_dst is not None:
+            try:
+                lease = self._lease(self.regcache_dst, dst.obj)
+            except MessageTooLarge as e:
+                raise ProtocolError(f"cannot register the destination of rendezvous "
+                                    f"message {d.index}: {e.__cause__}") from e
+            lkey = lease.handle[1]
+            registered = True
+        try:
+            with nogil:
+                rc = self._rndv_read(<uint64_t>dst.view.buf, d, lkey, registered)
+        finally:
+            if lease is not None:
+                try:
+                    lease.release()
+                except RegistrationError:
+                    pass
+        if rc != 0:
+            self._raise_read(rc, d)
+        return 0
+
+    cdef int _rndv_read(self, uint64_t dst, rm_desc *d, uint32_t lkey,
+                        bint registered) noexcept nogil:
+        """READ the described message into dst (``registered``: under ``lkey``, else
+        exposed here); 0 once it is there."""
         cdef rm_mem mem
         cdef rm_wr wr
         cdef int rc
-        cdef uint64_t want = d.index + 1
-        rc = self.tp.expose(dst, d.length, RM_ACCESS_LOCAL, &mem)
-        if rc != 0:
-            return rc
+        cdef uint64_t want = d.index + 1, done
+        cdef int status = 0
+        cdef int64_t next_check
+        mem.handle = 0
+        mem.lkey = lkey
+        if not registered:
+            rc = self.tp.expose(dst, d.length, RM_ACCESS_LOCAL, &mem)
+            if rc != 0:
+                return rc
         wr.wr_id = RNDV_WRID | want
         wr.local_addr = dst
         wr.remote_off = d.addr
@@ -1596,16 +1730,27 @@ cdef class Engine:
         wr.imm = 0
         rc = self.tp.post(&wr, 1)
         if rc == 0 and not self.tp.synchronous:
-            while self.rndv_read_done != want:
+            next_check = now_ns() + PEER_CHECK_NS
+            while True:
+                self._reap()
+                rm_spin_lock(&self.reap_lock)       # done and status: one completion's
+                done, status = self.rndv_read_done, self.rndv_read_status
+                rm_spin_unlock(&self.reap_lock)
+                if done == want:
+                    break
                 if self.peer_gone:
                     rc = RM_ERR_PEER_LOST
                     break
-                self._reap()
+                if now_ns() >= next_check:      # a QP in error flushes the READ; a
+                    # transport that saw the peer die some other way says so here
+                    if self._peer_status() == RM_ERR_PEER_LOST:
+                        rc = RM_ERR_PEER_LOST
+                        break
+                    next_check = now_ns() + PEER_CHECK_NS
                 rm_cpu_relax()
-            if rc == 0 and self.rndv_read_status != 0:
+            if rc == 0 and status != 0:
                 # IBV_WC_REM_INV_REQ_ERR / REM_ACCESS_ERR: outside the peer's MR
-                rc = (RM_ERR_BOUNDS if self.rndv_read_status in (9, 10)
-                      else RM_ERR_PEER_LOST)
+                rc = RM_ERR_BOUNDS if status in (9, 10) else RM_ERR_PEER_LOST
         self.tp.unexpose(mem.handle)
         return rc
 
@@ -1620,7 +1765,7 @@ cdef class Engine:
                                 f"was read; it is lost")
         if st < 0 or rc == RM_ERR_PEER_LOST:
             self.peer_gone = True
-            raise PeerLost(f"peer lost while reading rendezvous message {d.index}")
+            raise PeerLost(self._lost(f"peer lost while reading rendezvous message {d.index}"))
         raise ProtocolError(f"the rendezvous READ of message {d.index} failed ({rc})")
 
     cdef void _drop_posted(self) noexcept:
@@ -1839,6 +1984,9 @@ cdef class Engine:
             return
         while self.posted:
             self._drop_posted()
+        for cache in (self.regcache, self.regcache_dst):
+            if self.cache_ok and cache is not None:
+                cache.close()       # idle MRs go now, those still leased when released
         with nogil:
             rm_spin_lock(&self.spin)
             if not self.peer_gone:
@@ -1909,4 +2057,9 @@ cdef class Engine:
             "reclaim_shadow": list(self.rbm.reclaim_words),
             "send_arrival_shadow": list(self.sbm.arrival_words),
             "send_reclaim_seen": list(self.sbm.reclaim_words),
+            "rndv_next": self.rndv_next, "rndv_upto": self.rndv_upto,
+            "rndv_released": self.rndv_released, "rrndv_next": self.rrndv_next,
+            "rndv_read_done": self.rndv_read_done, "rndv_read_status": self.rndv_read_status,
+            "peer_gone": self.peer_gone,
+            "transport_error": self.tp.error_detail() if self.tp is not None else None,
         }

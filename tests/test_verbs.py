@@ -4,6 +4,7 @@ independent pyverbs peer) inside the soft-RoCE VM (`make test`)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -209,9 +210,39 @@ def test_qp_in_error_is_peer_lost_within_2s():
         t0 = time.monotonic()
         send_until_peer_lost(b, t0, batch=4, timeout=5)
         t0 = time.monotonic()
-        with pytest.raises(rdmamw.PeerLost):
+        # the message names the failed completion's status
+        with pytest.raises(rdmamw.PeerLost, match=r"completion .+ \(status \d+, vendor_err"):
             a.recv(timeout=10)
         assert time.monotonic() - t0 < 2.0
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+@device
+@pytest.mark.device
+def test_expose_from_two_threads_never_shares_a_slot():
+    """The engine's send thread exposes sources while its receive thread exposes READ
+    targets: one exposure table, two threads. An exposure handed to both (the cause of
+    the bidirectional rendezvous test's PeerLost: one side's unexpose deregistered the
+    other's MR, the peer's READ of it failed with a remote access error) shows up as a
+    slot holding another MR."""
+    a, b, lst, ta, _ = _pair()
+    bufs = [bytearray(1 << 16) for _ in range(2)]
+    clashes = [0, 0]
+
+    def churn(i):
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(bufs[i]))
+        clashes[i] = ta._debug_expose_churn(addr, len(bufs[i]), 4000)
+
+    try:
+        ts = [threading.Thread(target=churn, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert clashes == [0, 0]
+        a.send(b"still up").wait(timeout=5)
+        assert recv_all(b, 1) == [b"still up"]
     finally:
         a.close(), b.close(), lst.close()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 from rdmamw import _rendezvous
@@ -31,9 +32,12 @@ class Channel(Engine):
 
     peer: str
     peer_rank: int | None       # set when opened by rank (rdmamw.init)
-    #: the registration cache of a transport that registers memory per large send
-    #: (verbs); shm and tcp expose memory through tables and register nothing
-    regcache: RegCache | None = None
+    #: the registration caches of a transport that registers memory (verbs): the
+    #: sources of large sends (``regcache``: the peer READs them) and the buffers large
+    #: messages are READ into (``regcache_dst``); None on shm and tcp, which expose
+    #: memory through tables and register nothing. Attributes of the engine.
+    regcache: RegCache | None
+    regcache_dst: RegCache | None
 
     def stats(self) -> dict:
         """The engine's counters plus the memory ones (rdmamw/memory/counters.py):
@@ -41,7 +45,7 @@ class Channel(Engine):
         this channel's registration cache, and ``pool_*`` of the process-wide pool that
         receives large messages without a posted destination."""
         d = Engine.stats(self)
-        d.update(channel_stats(self.regcache))
+        d.update(channel_stats((self.regcache, self.regcache_dst)))
         return d
 
     @classmethod
@@ -101,6 +105,14 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
         ch._setup(conn.transport, conn.slots, conn.slot_size, conn.peer_slots,
                   conn.peer_slot_size, conn.mode, spin_us, rendezvous=strategy,
                   rndv_threshold=threshold)
+        tp = conn.transport
+        if strategy != "off" and hasattr(tp, "mr_register"):
+            # a large buffer is registered on its first send (or receive), not per
+            # message; registrations are per channel (each has its own protection
+            # domain), bounded by RDMAMW_REGCACHE_BYTES each
+            ch.regcache = RegCache(partial(tp.mr_register, remote_read=True),
+                                   tp.mr_deregister)
+            ch.regcache_dst = RegCache(tp.mr_register, tp.mr_deregister)
     except BaseException:
         conn.transport.close()
         raise

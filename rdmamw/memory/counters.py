@@ -3,12 +3,14 @@ does not need to know how the cache and the pools count."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from rdmamw.memory import pool as _pool
 from rdmamw.memory.pool import BufferPool
 from rdmamw.memory.regcache import RegCache
 
 
-def channel_stats(cache: RegCache | None = None,
+def channel_stats(cache: RegCache | Iterable[RegCache | None] | None = None,
                   pool: BufferPool | None = None) -> dict[str, int]:
     """``registrations`` / ``deregistrations`` (cache and pool together),
     ``regcache_hits`` / ``_misses`` / ``_evictions`` / ``_invalidations``,
@@ -17,10 +19,16 @@ def channel_stats(cache: RegCache | None = None,
     ``pool_acquires`` / ``pool_reuses`` / ``pool_overflows`` / ``pool_bytes``.
 
     ``pool`` defaults to the process-wide pool of received rendezvous messages (if it
-    was ever used); a channel passes its own ``cache``."""
+    was ever used); a channel passes its own ``cache``, or its caches (verbs: one for
+    sources, one for READ destinations), whose counters are summed."""
     if pool is None:
         pool = _pool._default
-    c = cache.stats() if cache is not None else {}
+    caches = [cache] if isinstance(cache, RegCache) else list(cache or ())
+    c: dict[str, int] = {}
+    for one in caches:
+        if one is not None:
+            for k, v in one.stats().items():
+                c[k] = c.get(k, 0) + v
     p = pool.stats() if pool is not None else {}
     return {
         "registrations": c.get("registrations", 0) + p.get("registrations", 0),

@@ -27,7 +27,9 @@ and the leased buffer is kept exported, so it can be neither freed nor resized.
 
 Bounded by bytes: idle entries are evicted least-recently-used first to keep the
 registered bytes under ``max_bytes`` (``RDMAMW_REGCACHE_BYTES``, default 1 GiB); only
-entries in use may take it over. ``max_bytes=0`` disables caching (register per use)."""
+entries in use may take it over. An owner larger than ``max_bytes`` is not cached: only
+the part a use needs is registered, for that use (not the whole owner each time).
+``max_bytes=0`` disables caching (register per use)."""
 
 from __future__ import annotations
 
@@ -160,6 +162,9 @@ class RegCache:
         if not (raddr <= addr and addr + length <= raddr + rlen):
             root, raddr, rlen = buf, addr, length       # defensive: register the view itself
         ident = by_identity(root)
+        whole = rlen <= self.max_bytes
+        if not whole:           # too big to cache: register only the part used, this once
+            raddr, rlen = addr, length
         hold = memoryview(buf)
         with self._guard:
             if self._closed:
@@ -176,7 +181,7 @@ class RegCache:
                     self.invalidations += 1
                     self._drop(e)
                 self.misses += 1
-                e = self._new_entry(root, raddr, rlen, key, ident)
+                e = self._new_entry(root, raddr, rlen, key, ident, whole)
             e.inuse += 1
         return Lease(self, e, addr, length, hold)
 
@@ -254,8 +259,9 @@ class RegCache:
 
     # ---- internals (called with the lock held) ---------------------------------------
 
-    def _new_entry(self, root: Any, addr: int, length: int, key: Any, ident: bool) -> _Entry:
-        cached = length <= self.max_bytes
+    def _new_entry(self, root: Any, addr: int, length: int, key: Any, ident: bool,
+                   cache: bool = True) -> _Entry:
+        cached = cache and length <= self.max_bytes
         if cached:
             self._evict_for(length)
         handle = self._register(addr, length)

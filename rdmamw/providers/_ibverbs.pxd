@@ -128,6 +128,7 @@ cdef extern from "infiniband/verbs.h" nogil:
         IBV_SEND_SIGNALED
         IBV_SEND_INLINE
         IBV_WC_SUCCESS
+        IBV_WC_WR_FLUSH_ERR
         IBV_PORT_ACTIVE
         IBV_LINK_LAYER_INFINIBAND
         IBV_LINK_LAYER_ETHERNET
@@ -200,3 +201,4 @@ cdef extern from "infiniband/verbs.h" nogil:
     int ibv_post_send(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad)
     int ibv_post_recv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad)
     int ibv_poll_cq(ibv_cq *cq, int n, ibv_wc *wc)
+    const char *ibv_wc_status_str(int status)

@@ -95,8 +95,23 @@ cdef int64_t STUCK_NS = 10000000000               # no completion at all for thi
 cdef int64_t SOCK_CHECK_NS = 1000000
 
 
+cdef enum:                 # what failed the connection first (error_detail)
+    FAIL_OTHER = 1
+    FAIL_SEND_WC = 2
+    FAIL_RECV_WC = 3
+    FAIL_POST = 4
+    FAIL_POLL = 5
+    FAIL_STUCK = 6
+    FAIL_SOCKET = 7
+
+_WC_OPCODES = {0: "RDMA_WRITE", 1: "RDMA_WRITE", 2: "RDMA_READ", 3: "RDMA_READ",
+               128: "RECV", 129: "RECV_RDMA_WITH_IMM"}
+
+
 cdef enum:
     XMR_N = 512         # exposed ranges at once (64 sends + 64 posted + reads per side)
+
+cdef ibv_mr *XMR_BUSY = <ibv_mr *>1     # a claimed slot whose ibv_reg_mr is under way
 
 
 cdef class VerbsTransport(Transport):
@@ -113,10 +128,15 @@ cdef class VerbsTransport(Transport):
     cdef size_t block_len
     cdef char *recv_buf
     cdef ibv_mr **lmrs
-    # rendezvous: one MR per exposed range, handle = index + 1. A registration cache
-    # (rdmamw.memory) can take this over: expose()/unexpose() are the only users.
+    # rendezvous: one MR per exposed range, handle = index + 1. The engine's send and
+    # receive threads expose and unexpose at the same time: xlock guards the table
+    # (a slot is claimed with XMR_BUSY before ibv_reg_mr, which runs unlocked).
     cdef ibv_mr *xmrs[XMR_N]
     cdef uint32_t xmr_hint
+    cdef int xlock
+    # MRs of the registration caches (mr_register): address -> ibv_mr, deregistered by
+    # the cache, or here when the transport dies with some still cached
+    cdef dict cached_mrs
     cdef uint32_t n_lmrs
     cdef uint64_t peer_addr[RM_NREGIONS]
     cdef uint32_t peer_rkey
@@ -150,8 +170,14 @@ cdef class VerbsTransport(Transport):
     cdef readonly int gid_index
     cdef int my_mtu
     cdef uint8_t timeout_exp
+    # why the connection failed, the first cause only (error_detail())
+    cdef int err_kind
+    cdef int err_status, err_opcode, err_errno
+    cdef uint32_t err_vendor
+    cdef uint64_t err_wr_id
 
     def __cinit__(self):
+        self.cached_mrs = {}
         self.sock = -1
         self.state = RM_ERR_CLOSED
         self.direct_source = False      # the engine copies payloads into registered staging
@@ -350,32 +376,113 @@ cdef class VerbsTransport(Transport):
             flags |= IBV_ACCESS_REMOTE_WRITE
         elif access != RM_ACCESS_LOCAL:
             return RM_ERR_UNSUPPORTED
+        rm_spin_lock(&self.xlock)
         for k in range(XMR_N):
             i = (self.xmr_hint + k) % XMR_N
             if self.xmrs[i] == NULL:
+                self.xmrs[i] = XMR_BUSY
+                self.xmr_hint = (i + 1) % XMR_N
                 break
         else:
+            rm_spin_unlock(&self.xlock)
             return RM_ERR_AGAIN
+        rm_spin_unlock(&self.xlock)
         mr = ibv_reg_mr(self.pd, <void *>addr, length, flags)
+        rm_spin_lock(&self.xlock)
+        self.xmrs[i] = mr           # NULL (failed) frees the slot again
+        rm_spin_unlock(&self.xlock)
         if mr == NULL:
             return RM_ERR_OS
-        self.xmrs[i] = mr
-        self.xmr_hint = (i + 1) % XMR_N
         out.handle = i + 1
         out.lkey = mr.lkey
         out.rkey = mr.rkey
         return 0
 
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
-        if 0 < handle <= XMR_N and self.xmrs[handle - 1] != NULL:
-            ibv_dereg_mr(self.xmrs[handle - 1])
-            self.xmrs[handle - 1] = NULL
+        cdef ibv_mr *mr = NULL
+        if 0 < handle <= XMR_N:
+            rm_spin_lock(&self.xlock)
+            mr = self.xmrs[handle - 1]
+            if mr == XMR_BUSY:
+                mr = NULL               # not a handle anyone was given yet
+            else:
+                self.xmrs[handle - 1] = NULL
+            rm_spin_unlock(&self.xlock)
+        if mr != NULL:
+            ibv_dereg_mr(mr)
         return 0
+
+    def mr_register(self, size_t addr, size_t length, bint remote_read=False):
+        """Register [addr, addr+length) for the registration cache (rdmamw.memory.regcache):
+        with ``remote_read`` the peer may READ it (rendezvous sources), else it is a local
+        READ target only. Returns the cache's handle ``(mr, lkey, rkey)``; OSError if
+        the device refuses (``ulimit -l``)."""
+        cdef ibv_mr *mr
+        cdef int flags = IBV_ACCESS_LOCAL_WRITE | (IBV_ACCESS_REMOTE_READ if remote_read else 0)
+        if self.pd == NULL:
+            raise OSError(107, "the transport is not open")
+        with nogil:
+            mr = ibv_reg_mr(self.pd, <void *>addr, length, flags)
+        if mr == NULL:
+            raise OSError(errno, f"ibv_reg_mr of {length} bytes failed: {strerror(errno).decode()}")
+        self.cached_mrs[<size_t>mr] = None
+        return (<size_t>mr, mr.lkey, mr.rkey)
+
+    def mr_deregister(self, handle):
+        """Deregister an MR of mr_register (the cache calls it once nothing uses it)."""
+        cdef size_t p = handle[0]
+        if self.cached_mrs.pop(p, 0) is None:
+            with nogil:
+                ibv_dereg_mr(<ibv_mr *>p)
+
+    def error_detail(self):
+        """What failed the connection first, in words (None while it is up or was
+        closed cleanly): the work completion's status, or the call that failed."""
+        k = self.err_kind
+        if k == 0:
+            return None
+        if k == FAIL_SEND_WC or k == FAIL_RECV_WC:
+            op = (_WC_OPCODES.get(self.err_opcode, f"opcode {self.err_opcode}")
+                  if k == FAIL_SEND_WC else "RECV")
+            wid = self.err_wr_id & ~INTERNAL
+            return (f"{'send' if k == FAIL_SEND_WC else 'receive'} completion "
+                    f"{ibv_wc_status_str(self.err_status).decode()} "
+                    f"(status {self.err_status}, vendor_err {self.err_vendor:#x}) on {op}, "
+                    f"wr_id {wid:#x}{' (internal)' if self.err_wr_id & INTERNAL else ''}")
+        if k == FAIL_POST or k == FAIL_POLL:
+            call = "ibv_post_send/recv" if k == FAIL_POST else "ibv_poll_cq"
+            return f"{call} failed: {strerror(self.err_errno).decode()} (errno {self.err_errno})"
+        if k == FAIL_STUCK:
+            return f"no send completion for {STUCK_NS // 1000000000} s with the queue full"
+        if k == FAIL_SOCKET:
+            return "the side channel closed (the peer process is gone or closed)"
+        return "failed"
 
     def counters(self):
         d = Transport.counters(self)
         d["recv_completions"] = self.n_recv_completions
         return d
+
+    def _debug_expose_churn(self, size_t addr, size_t length, int rounds):
+        """Expose and unexpose [addr, addr+length) ``rounds`` times without the GIL and
+        count the exposures whose table slot held another MR meanwhile (tests: two
+        threads at once must never share one; the engine's send and receive threads do
+        this)."""
+        cdef rm_mem m
+        cdef int r, clashes = 0
+        cdef ibv_mr *mr
+        with nogil:
+            for r in range(rounds):
+                if self.expose(addr, length, RM_ACCESS_LOCAL, &m) != 0:
+                    clashes += 1
+                    continue
+                rm_spin_lock(&self.xlock)
+                mr = self.xmrs[m.handle - 1]
+                if mr == NULL or mr == XMR_BUSY or mr.lkey != m.lkey:
+                    clashes += 1
+                rm_spin_unlock(&self.xlock)
+                self.unexpose(m.handle)
+        return clashes
 
     def _debug_qp_error(self):
         """Move the QP to the error state behind the engine's back (fault tests)."""
@@ -440,10 +547,14 @@ cdef class VerbsTransport(Transport):
         for i in range(self.n_lmrs):
             ibv_dereg_mr(self.lmrs[i])
         self.n_lmrs = 0
+        if self.cached_mrs:
+            for p in self.cached_mrs:
+                ibv_dereg_mr(<ibv_mr *><size_t>p)
+            self.cached_mrs.clear()
         for i in range(XMR_N):
-            if self.xmrs[i] != NULL:
+            if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY:
                 ibv_dereg_mr(self.xmrs[i])
-                self.xmrs[i] = NULL
+            self.xmrs[i] = NULL
         if self.block_mr != NULL:
             ibv_dereg_mr(self.block_mr)
             self.block_mr = NULL
@@ -469,12 +580,28 @@ cdef class VerbsTransport(Transport):
 
     # ---- data path (nogil) ------------------------------------------------------
 
-    cdef void _fail(self, int code) noexcept nogil:
-        """The connection is dead: remember why, and make sure the peer sees EOF."""
+    cdef void _fail(self, int code, int kind=FAIL_OTHER, int err=0) noexcept nogil:
+        """The connection is dead: remember why (the first cause; ``err``: an errno),
+        and make sure the peer sees EOF."""
+        if self.err_kind == 0 and self.state == 1:
+            self.err_kind = kind
+            self.err_errno = err
         if self.state == 1:
             self.state = code
             if self.sock >= 0:
                 shutdown(self.sock, SHUT_RDWR)
+
+    cdef void _wc_error(self, ibv_wc *wc, int kind) noexcept nogil:
+        # a flushed WR only says the QP is in error already; the completion that put
+        # it there may sit in the other CQ, polled later: it replaces the flush
+        if (self.err_kind == 0 and self.state == 1) or (
+                (self.err_kind == FAIL_SEND_WC or self.err_kind == FAIL_RECV_WC)
+                and self.err_status == IBV_WC_WR_FLUSH_ERR
+                and wc.status != IBV_WC_WR_FLUSH_ERR):
+            self.err_kind = kind
+            self.err_status, self.err_opcode = wc.status, wc.opcode
+            self.err_vendor, self.err_wr_id = wc.vendor_err, wc.wr_id
+        self._fail(RM_ERR_PEER_LOST, kind)
 
     cdef inline int _dead(self) noexcept nogil:
         return self.state if self.state < 0 else RM_ERR_CLOSED
@@ -573,7 +700,7 @@ cdef class VerbsTransport(Transport):
         rc = ibv_post_send(self.qp, self.swr, &bad)
         self.n_doorbells += 1
         if rc != 0:
-            self._fail(RM_ERR_PEER_LOST)
+            self._fail(RM_ERR_PEER_LOST, FAIL_POST, rc)     # rc is an errno value
             return RM_ERR_OS
         self.sq_posted += count
         self.n_wrs += count
@@ -590,9 +717,9 @@ cdef class VerbsTransport(Transport):
                     next_sock = t + SOCK_CHECK_NS
                 elif t >= next_sock:
                     if self._sock_dead():
-                        self._fail(RM_ERR_PEER_LOST)
+                        self._fail(RM_ERR_PEER_LOST, FAIL_SOCKET)
                     elif t - start > STUCK_NS:
-                        self._fail(RM_ERR_PEER_LOST)
+                        self._fail(RM_ERR_PEER_LOST, FAIL_STUCK)
                     next_sock = t + SOCK_CHECK_NS
                 rm_cpu_relax()
             if self.state != 1:
@@ -606,13 +733,13 @@ cdef class VerbsTransport(Transport):
             return 0
         k = ibv_poll_cq(self.scq, WC_BATCH, self.wcb)
         if k < 0:
-            self._fail(RM_ERR_PEER_LOST)
+            self._fail(RM_ERR_PEER_LOST, FAIL_POLL, errno)
             return 0
         self.n_completions += k
         for i in range(k):
             wc = &self.wcb[i]
             if wc.status != IBV_WC_SUCCESS:
-                self._fail(RM_ERR_PEER_LOST)
+                self._wc_error(wc, FAIL_SEND_WC)
                 if not self.error_reported:     # (a rendezvous READ's id: its error)
                     self.error_reported = True
                     self._stash(0 if wc.wr_id & INTERNAL else wc.wr_id, wc.status, wc.opcode)
@@ -663,17 +790,19 @@ cdef class VerbsTransport(Transport):
 
     cdef int _drain_recv(self) noexcept nogil:
         """Reap receive completions (wake-ups, immediates) and repost their WRs."""
-        cdef int k, i, ok = 0
+        cdef int k, i, ok = 0, rc
         if self.rcq == NULL or not rmv_trylock(&self.rlock):
             return 0
         k = ibv_poll_cq(self.rcq, WC_BATCH, self.rwcb)
         for i in range(k):
             if self.rwcb[i].status != IBV_WC_SUCCESS:
-                self._fail(RM_ERR_PEER_LOST)
+                self._wc_error(&self.rwcb[i], FAIL_RECV_WC)
             else:
                 ok += 1
-        if ok and self.state == 1 and self._post_recvs(ok):
-            self._fail(RM_ERR_PEER_LOST)
+        if ok and self.state == 1:
+            rc = self._post_recvs(ok)
+            if rc:
+                self._fail(RM_ERR_PEER_LOST, FAIL_POST, rc)
         self.n_recv_completions += ok
         rm_spin_unlock(&self.rlock)
         return k
@@ -752,7 +881,7 @@ cdef class VerbsTransport(Transport):
             rm_spin_unlock(&self.lock)
         self._drain_recv()
         if self.state == 1 and self._sock_dead():
-            self._fail(RM_ERR_PEER_LOST)
+            self._fail(RM_ERR_PEER_LOST, FAIL_SOCKET)
         return self.state
 
 
