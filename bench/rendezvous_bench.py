@@ -109,7 +109,7 @@ def run_rdmamw(strategy: str, sizes: list[int], provider: str, bytes_per_run: in
     """One strategy in a fresh sender process (so its peak RSS is its own)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    plan = tune.schedule(sizes, bytes_per_run, runs)
+    plan = tune.schedule(sizes, bytes_per_run, runs, min_messages=8)
     p = ctx.Process(target=_rdmamw_child, args=(strategy, plan, provider, cores, q))
     p.start()
     try:

@@ -47,6 +47,7 @@ def test_table_and_schedule():
     assert "4 KiB" in text and "4 MiB" in text and "crossover: 4 MiB" in text
     assert tune.schedule([4 * K, 64 * M], 256 * M, 3) == [(4 * K, 65536, 3), (64 * M, 4, 3)]
     assert tune.schedule([64 * M], 1 * M, 1) == [(64 * M, 2, 1)]
+    assert tune.schedule([64 * M], 256 * M, 1, min_messages=8) == [(64 * M, 8, 1)]
 
 
 def test_cli_dispatch_keeps_the_collectives_tune():
