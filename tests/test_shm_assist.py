@@ -217,10 +217,16 @@ def test_streams_between_processes_land_whole(monkeypatch, assist, strategy):
 
 
 def test_settings_come_from_the_environment(monkeypatch):
-    assert assist_settings() == (MiB, CHUNK)
+    assert assist_settings() == (MiB, CHUNK, 10.0)
     monkeypatch.setenv("RDMAMW_SHM_ASSIST", "4M")
     monkeypatch.setenv("RDMAMW_SHM_ASSIST_CHUNK", "1M")
-    assert assist_settings() == (4 * MiB, MiB)
+    monkeypatch.setenv("RDMAMW_SHM_ASSIST_STALL", "2.5")
+    assert assist_settings() == (4 * MiB, MiB, 2.5)
+    for bad in ("0", "-1", "soon"):
+        monkeypatch.setenv("RDMAMW_SHM_ASSIST_STALL", bad)
+        with pytest.raises(ConfigError, match="RDMAMW_SHM_ASSIST_STALL"):
+            assist_settings()
+    monkeypatch.setenv("RDMAMW_SHM_ASSIST_STALL", "10")
     monkeypatch.setenv("RDMAMW_SHM_ASSIST", "lots")
     with pytest.raises(ConfigError, match="RDMAMW_SHM_ASSIST"):
         assist_settings()
@@ -264,5 +270,44 @@ def test_a_helper_killed_mid_copy_is_peer_lost_or_a_whole_message(delay_ms):
                 assert np.array_equal(buf, np.arange(size, dtype=np.uint8))
             ch.close()
         finally:
+            p.kill()
+            p.wait(30)
+
+
+@pytest.mark.parametrize("delay_ms", [5, 15, 40])
+def test_a_helper_stopped_mid_copy_does_not_hang_the_receiver(monkeypatch, delay_ms):
+    """SIGSTOP the sender while it helps: a chunk it claimed stays unfinished, and after
+    RDMAMW_SHM_ASSIST_STALL seconds the receiver gives up with PeerLost (or, if the
+    stop fell between chunks, it copied the rest itself and has the whole message)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    monkeypatch.setenv("RDMAMW_SHM_ASSIST_STALL", "1")
+    size = 256 * MiB
+    with rdmamw.listen(LISTEN_ADDRESS["shm"](), slot_size=4096, rendezvous="read") as lst:
+        p = subprocess.Popen([sys.executable, "-c", HELPER_DIES, lst.address, str(size)],
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            ch = lst.accept(timeout=60)
+            assert p.stdout.readline().strip() == "sent"
+            buf = np.zeros(size, np.uint8)
+            stopper = threading.Timer(delay_ms / 1000, p.send_signal, (signal.SIGSTOP,))
+            stopper.start()
+            t0 = time.monotonic()
+            try:
+                n = ch.recv_into(buf, timeout=30)
+            except rdmamw.PeerLost:
+                n = None
+            took = time.monotonic() - t0
+            stopper.join()
+            assert took < 10
+            if n is not None:
+                assert n == size
+                assert np.array_equal(buf, np.arange(size, dtype=np.uint8))
+            ch.close()
+        finally:
+            p.send_signal(signal.SIGCONT)
             p.kill()
             p.wait(30)

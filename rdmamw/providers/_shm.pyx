@@ -16,7 +16,8 @@ area (a second memfd both map) and the reader copies it from there. A large CMA 
 WRITE is assisted (rdmamw/include/rm_assist.h): the exposing side, while idle, copies
 part of it, so one message moves with two cores."""
 
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from libc.string cimport memcpy, memset
 
 from rdmamw._core cimport (
@@ -153,6 +154,12 @@ cdef int _cma(int pid, bint write, char *local, uint64_t remote, uint64_t n) noe
     return 0
 
 
+cdef inline int64_t _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
 def cma_probe(int pid, size_t addr) -> int:
     """Read 8 bytes at ``addr`` in process ``pid`` with process_vm_readv: the word, or
     -errno (EPERM: CMA is not permitted here)."""
@@ -194,6 +201,7 @@ cdef class ShmTransport(Transport):
     cdef uint32_t job_seq
     cdef uint64_t assist_min        # READs/WRITEs of at least this many bytes ask (0: never)
     cdef uint64_t assist_chunk      # smallest chunk
+    cdef int64_t assist_stall_ns    # a helper's chunk unfinished this long: PeerLost
     cdef public uint64_t n_assist_jobs          # my READs/WRITEs that asked for help
     cdef public uint64_t n_assist_chunks_got    # chunks of them the peer copied
     cdef public uint64_t bytes_assist_given     # bytes I copied for the peer's jobs
@@ -280,11 +288,14 @@ cdef class ShmTransport(Transport):
         self.can_expose = True
         self.max_expose = 0 if peers else self.arena_size
 
-    def _set_assist(self, uint64_t min_bytes, uint64_t chunk):
+    def _set_assist(self, uint64_t min_bytes, uint64_t chunk, double stall_s=10.0):
         """Ask the peer to help with CMA READs/WRITEs of at least ``min_bytes`` (0: never),
-        cut into chunks of at least ``chunk`` bytes (at most 64 of them)."""
+        cut into chunks of at least ``chunk`` bytes (at most 64 of them); a chunk the
+        peer claimed and has not finished after ``stall_s`` seconds (it was stopped)
+        fails the channel instead of waiting for ever."""
         self.assist_min = min_bytes
         self.assist_chunk = max(chunk, <uint64_t>ASSIST_ALIGN)
+        self.assist_stall_ns = <int64_t>(stall_s * 1e9)
 
     # test hooks: drive the assisted READ/WRITE by hand, as an honest or hostile peer would
     def _expose_range(self, size_t addr, size_t length, bint writable=False):
@@ -480,6 +491,7 @@ cdef class ShmTransport(Transport):
         when it returns."""
         cdef uint64_t len = wr.length, chunk, off, mine = 0, theirs, full, fin, bad
         cdef uint32_t n, seq, spins = 0
+        cdef int64_t started = 0
         cdef bint write = wr.opcode == RM_WR_WRITE
         cdef int i, rc = 0
         n = <uint32_t>((len + self.assist_chunk - 1) // self.assist_chunk)
@@ -518,8 +530,13 @@ cdef class ShmTransport(Transport):
                 rm_cpu_relax()
                 continue
             sched_yield()
-            if spins % 256 == 0 and (self._peer_exited() or self.peer_state() < 0):
-                return RM_ERR_PEER_LOST     # it can copy no more
+            if spins % 256 == 0:
+                if self._peer_exited() or self.peer_state() < 0:
+                    return RM_ERR_PEER_LOST     # it can copy no more
+                if started == 0:
+                    started = _now_ns()
+                elif _now_ns() - started > self.assist_stall_ns:
+                    return RM_ERR_PEER_LOST     # stopped mid-chunk: see docs/api.md
         bad = rm_load_acquire64(&self.job.bad) & theirs
         self.n_assist_chunks_got += rm_popcount64(theirs & ~bad)
         i = 0

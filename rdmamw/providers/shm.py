@@ -24,7 +24,7 @@ import time
 import msgpack
 
 from rdmamw import _layout
-from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
+from rdmamw.errors import ConfigError, PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.memory.units import parse_bytes
 from rdmamw.providers import Connected
 from rdmamw.providers import _wire as fr
@@ -46,13 +46,24 @@ def cma_allowed() -> bool:
     return os.environ.get("RDMAMW_SHM_CMA", "1") not in ("0", "off", "no", "false")
 
 
-def assist_settings() -> tuple[int, int]:
-    """(smallest READ or WRITE the exposing side is asked to help with, smallest chunk)
-    for the assisted copies of rdmamw/include/rm_assist.h: ``RDMAMW_SHM_ASSIST`` bytes (0: off,
-    default 1 MiB) and ``RDMAMW_SHM_ASSIST_CHUNK`` (default 256 KiB)."""
+def assist_settings() -> tuple[int, int, float]:
+    """(smallest READ or WRITE the exposing side is asked to help with, smallest chunk,
+    seconds a helper may hold an unfinished chunk) for the assisted copies of
+    rdmamw/include/rm_assist.h: ``RDMAMW_SHM_ASSIST`` bytes (0: off, default 1 MiB),
+    ``RDMAMW_SHM_ASSIST_CHUNK`` (default 256 KiB), ``RDMAMW_SHM_ASSIST_STALL`` (default
+    10 s; a peer stopped mid-chunk then fails the channel rather than hang it)."""
     env = os.environ
+    stall = env.get("RDMAMW_SHM_ASSIST_STALL", "10")
+    try:
+        stall_s = float(stall)
+    except ValueError:
+        stall_s = -1.0
+    if not stall_s > 0:
+        raise ConfigError(f"RDMAMW_SHM_ASSIST_STALL: {stall!r} is not a positive number "
+                          "of seconds")
     return (parse_bytes(env.get("RDMAMW_SHM_ASSIST", "1M"), "RDMAMW_SHM_ASSIST"),
-            parse_bytes(env.get("RDMAMW_SHM_ASSIST_CHUNK", "256K"), "RDMAMW_SHM_ASSIST_CHUNK"))
+            parse_bytes(env.get("RDMAMW_SHM_ASSIST_CHUNK", "256K"), "RDMAMW_SHM_ASSIST_CHUNK"),
+            stall_s)
 
 
 def _address(name: str) -> bytes:
