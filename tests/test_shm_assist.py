@@ -242,13 +242,14 @@ h.wait(timeout=60)          # idle here: helps with the receiver's READ until ki
 """
 
 
-@pytest.mark.parametrize("delay_ms", [2, 20, 1000])
-def test_a_helper_killed_mid_copy_is_peer_lost_or_a_whole_message(delay_ms):
-    """SIGKILL the sender while it helps with the receiver's READ of its 256 MiB: the
-    receiver gets PeerLost or the whole, right message; never a hang or a part."""
+def _read_while_signalled(sig, delay_ms: int) -> tuple[int | None, float]:
+    """A sender process sends 256 MiB (arange pattern) and helps with its READ; ``sig``
+    reaches it ``delay_ms`` into the receiver's ``recv_into``. (bytes received or None
+    for PeerLost, seconds the call took); a message reported whole must be right."""
     import signal
     import subprocess
     import sys
+    import time
 
     size = 256 * MiB
     with rdmamw.listen(LISTEN_ADDRESS["shm"](), slot_size=4096, rendezvous="read") as lst:
@@ -258,20 +259,32 @@ def test_a_helper_killed_mid_copy_is_peer_lost_or_a_whole_message(delay_ms):
             ch = lst.accept(timeout=60)
             assert p.stdout.readline().strip() == "sent"
             buf = np.zeros(size, np.uint8)
-            killer = threading.Timer(delay_ms / 1000, p.send_signal, (signal.SIGKILL,))
-            killer.start()
+            timer = threading.Timer(delay_ms / 1000, p.send_signal, (sig,))
+            timer.start()
+            t0 = time.monotonic()
             try:
                 n = ch.recv_into(buf, timeout=30)
             except rdmamw.PeerLost:
                 n = None
-            killer.join()
+            took = time.monotonic() - t0
+            timer.join()
             if n is not None:
                 assert n == size
                 assert np.array_equal(buf, np.arange(size, dtype=np.uint8))
             ch.close()
+            return n, took
         finally:
+            p.send_signal(signal.SIGCONT)
             p.kill()
             p.wait(30)
+
+
+@pytest.mark.parametrize("delay_ms", [2, 20, 1000])
+def test_a_helper_killed_mid_copy_is_peer_lost_or_a_whole_message(delay_ms):
+    """SIGKILL the sender while it helps with the receiver's READ of its 256 MiB: the
+    receiver gets PeerLost or the whole, right message; never a hang or a part."""
+    import signal
+    _read_while_signalled(signal.SIGKILL, delay_ms)
 
 
 @pytest.mark.parametrize("delay_ms", [5, 15, 40])
@@ -280,34 +293,6 @@ def test_a_helper_stopped_mid_copy_does_not_hang_the_receiver(monkeypatch, delay
     RDMAMW_SHM_ASSIST_STALL seconds the receiver gives up with PeerLost (or, if the
     stop fell between chunks, it copied the rest itself and has the whole message)."""
     import signal
-    import subprocess
-    import sys
-    import time
-
     monkeypatch.setenv("RDMAMW_SHM_ASSIST_STALL", "1")
-    size = 256 * MiB
-    with rdmamw.listen(LISTEN_ADDRESS["shm"](), slot_size=4096, rendezvous="read") as lst:
-        p = subprocess.Popen([sys.executable, "-c", HELPER_DIES, lst.address, str(size)],
-                             stdout=subprocess.PIPE, text=True)
-        try:
-            ch = lst.accept(timeout=60)
-            assert p.stdout.readline().strip() == "sent"
-            buf = np.zeros(size, np.uint8)
-            stopper = threading.Timer(delay_ms / 1000, p.send_signal, (signal.SIGSTOP,))
-            stopper.start()
-            t0 = time.monotonic()
-            try:
-                n = ch.recv_into(buf, timeout=30)
-            except rdmamw.PeerLost:
-                n = None
-            took = time.monotonic() - t0
-            stopper.join()
-            assert took < 10
-            if n is not None:
-                assert n == size
-                assert np.array_equal(buf, np.arange(size, dtype=np.uint8))
-            ch.close()
-        finally:
-            p.send_signal(signal.SIGCONT)
-            p.kill()
-            p.wait(30)
+    _n, took = _read_while_signalled(signal.SIGSTOP, delay_ms)
+    assert took < 10
