@@ -1,7 +1,15 @@
 # The mini-verbs interface: the one narrow waist between the batch engine (above)
 # and the providers verbs / shm / tcp (below). A provider subclasses Transport in
 # Cython and implements the nogil methods; everything above is provider-agnostic.
-from libc.stdint cimport int32_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+
+cdef inline int64_t now_ns() noexcept nogil:
+    """Monotonic nanoseconds: the engine's and the providers' one clock."""
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
 
 # Work-request opcodes and flags.
 cdef enum:

@@ -38,7 +38,6 @@ from cpython.pythread cimport (
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy, memset
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from rdmamw.bitmap._phase cimport (
     RecvBitmaps,
@@ -126,10 +125,15 @@ cdef uint32_t RECV_CALL_BYTES = 1 << 20 # slot memory one recv_batch call may ha
 cdef int64_t GIL_SPIN_NS = 3000         # a receive polls this long before releasing the GIL
 cdef uint32_t FLUSH_BYTES = 1 << 18     # slot memory released before a lazy write-back
 
-cdef inline int64_t now_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+cdef int _release_lease(object lease) except -1:
+    """End a registration-cache Lease; one released already (the cache was closed
+    under it) is fine."""
+    try:
+        lease.release()
+    except RegistrationError:
+        pass
+    return 0
+
 
 cdef inline uint32_t pad8(uint32_t n) noexcept nogil:
     return (n + 7u) & ~7u
@@ -883,10 +887,7 @@ cdef class Engine:
         """Release a Lease taken by _lease and drop our reference (GIL held)."""
         cdef object obj = <object>lease
         Py_XDECREF(lease)
-        try:
-            obj.release()
-        except RegistrationError:
-            pass                # released already (the cache was closed under it)
+        _release_lease(obj)
 
     cdef void _release_bufs(self, Py_ssize_t n) noexcept:
         cdef Py_ssize_t i
@@ -1695,10 +1696,7 @@ cdef class Engine:
                 rc = self._rndv_read(<uint64_t>dst.view.buf, d, lkey, registered)
         finally:
             if lease is not None:
-                try:
-                    lease.release()
-                except RegistrationError:
-                    pass
+                _release_lease(lease)
         if rc != 0:
             self._raise_read(rc, d)
         return 0

@@ -17,7 +17,6 @@ WRITE is assisted (rdmamw/include/rm_assist.h): the exposing side, while idle, c
 part of it, so one message moves with two cores."""
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t
-from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from libc.string cimport memcpy, memset
 
 from rdmamw._core cimport (
@@ -38,6 +37,7 @@ from rdmamw._core cimport (
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
     Transport,
+    now_ns,
     rm_mem,
     rm_wr,
 )
@@ -154,12 +154,6 @@ cdef int _cma(int pid, bint write, char *local, uint64_t remote, uint64_t n) noe
     return 0
 
 
-cdef inline int64_t _now_ns() noexcept nogil:
-    cdef timespec ts
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
-
-
 def cma_probe(int pid, size_t addr) -> int:
     """Read 8 bytes at ``addr`` in process ``pid`` with process_vm_readv: the word, or
     -errno (EPERM: CMA is not permitted here)."""
@@ -251,12 +245,9 @@ cdef class ShmTransport(Transport):
         """Wire the exposure tables (at the given offsets of each block) and map both
         staging areas; the memfds stay the caller's, ``pidfd`` becomes ours."""
         cdef void *p
-        if my_xtab_off + sizeof(rm_xtab) > self.my_size \
-                or peer_xtab_off + sizeof(rm_xtab) > self.peer_size:
-            raise ValueError("exposure table outside the block")
         if my_xtab_off + XTAB_BYTES > self.my_size \
                 or peer_xtab_off + XTAB_BYTES > self.peer_size:
-            raise ValueError("assist job record outside the block")
+            raise ValueError("exposure table (and assist job record) outside the block")
         self.xtab = <rm_xtab *>(self.my_base + my_xtab_off)
         self.peer_xtab = <rm_xtab *>(self.peer_base + peer_xtab_off)
         memset(self.xtab, 0, XTAB_BYTES)
@@ -534,8 +525,8 @@ cdef class ShmTransport(Transport):
                 if self._peer_exited() or self.peer_state() < 0:
                     return RM_ERR_PEER_LOST     # it can copy no more
                 if started == 0:
-                    started = _now_ns()
-                elif _now_ns() - started > self.assist_stall_ns:
+                    started = now_ns()
+                elif now_ns() - started > self.assist_stall_ns:
                     return RM_ERR_PEER_LOST     # stopped mid-chunk: see docs/api.md
         bad = rm_load_acquire64(&self.job.bad) & theirs
         self.n_assist_chunks_got += rm_popcount64(theirs & ~bad)

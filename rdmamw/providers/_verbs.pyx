@@ -40,6 +40,7 @@ from rdmamw._core cimport (
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
     Transport,
+    now_ns,
     rm_wc,
     rm_mem,
     rm_wr,
@@ -58,18 +59,12 @@ cdef extern from *:
     static inline int rmv_trylock(volatile int *l) {
         return __atomic_exchange_n((int *)l, 1, __ATOMIC_ACQUIRE) == 0;
     }
-    static inline long long rmv_now_ns(void) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-    }
     static inline int rmv_set_nonblock(int fd) {
         int fl = fcntl(fd, F_GETFL);
         return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
     }
     """
     int rmv_trylock(int *l) nogil
-    long long rmv_now_ns() nogil
     int rmv_set_nonblock(int fd) nogil
     uint32_t htonl(uint32_t v) nogil
     struct pollfd:
@@ -507,7 +502,7 @@ cdef class VerbsTransport(Transport):
             shutdown(self.sock, SHUT_RDWR)
 
     cdef void _drain_sq(self, int64_t budget_ns) noexcept nogil:
-        cdef int64_t end = rmv_now_ns() + budget_ns
+        cdef int64_t end = now_ns() + budget_ns
         cdef ibv_send_wr *w
         rm_spin_lock(&self.lock)
         if self.unsig and self.state == 1:
@@ -519,7 +514,7 @@ cdef class VerbsTransport(Transport):
             w.wr.rdma.remote_addr = self.peer_addr[RM_REGION_CTRL]
             w.wr.rdma.rkey = self.peer_rkey
             self._post_chain(1, True)
-        while self.state == 1 and self.sq_done < self.sq_posted and rmv_now_ns() < end:
+        while self.state == 1 and self.sq_done < self.sq_posted and now_ns() < end:
             if self._poll_send_locked() == 0:
                 rm_cpu_relax()
         rm_spin_unlock(&self.lock)
@@ -711,7 +706,7 @@ cdef class VerbsTransport(Transport):
         cdef int64_t t, start = 0, next_sock = 0
         while self.sq_depth - (self.sq_posted - self.sq_done) < count:
             if self._poll_send_locked() == 0:
-                t = rmv_now_ns()
+                t = now_ns()
                 if start == 0:
                     start = t
                     next_sock = t + SOCK_CHECK_NS
