@@ -13,13 +13,17 @@
  * helper that never comes costs nothing, and no helper copy can still be running
  * after the initiator has reported the operation done.
  *
- * The claim word packs (seq, n, next): a helper that read the job's fields acts on them
- * only if its compare-and-swap on the word of that same seq succeeds, which proves the
- * fields were stable while it read them (the initiator rewrites them only after all
- * n chunks were claimed and finished, and seq never repeats). The helper checks the
- * exposed range against its own exposure table (READ or WRITE access, as the job
- * says); addresses the initiator wrote are never used on the initiator's side, and
- * the helper's copies into or out of the initiator go through the kernel's checks. */
+ * The claim word packs (seq, n, next). The record lives in the initiator's block, which
+ * the helper maps read-write, so neither side trusts what the other may have written:
+ * each side reads the job's fields once into its own memory (the initiator never reads
+ * them back: it knows its job), checks that copy, and claims with its own copy of n,
+ * so a rewritten word (same seq, other n or next) yields no chunk outside the job; a
+ * claim returns each index at most once per caller (the caller's mask of indices it
+ * already took), so a word reset to next = 0 gets no chunk copied twice. The helper
+ * checks the exposed range against its private copy of its exposure table (the one in
+ * its block is a mirror the peer could forge); addresses the initiator wrote are never
+ * used on the initiator's side, and the helper's copies into or out of the initiator
+ * go through the kernel's checks. */
 #ifndef RM_ASSIST_H
 #define RM_ASSIST_H
 #include <stdint.h>
@@ -57,16 +61,24 @@ static inline void rm_assist_publish(rm_assist *a, uint32_t seq, uint32_t write,
     __atomic_store_n(&a->claim, rm_assist_word(seq, n, 0), __ATOMIC_RELEASE);
 }
 
-/* Either side: claim the next chunk of job `seq`; its index, or -1 when all are taken
- * (or the job is no longer `seq`). */
-static inline int rm_assist_claim(rm_assist *a, uint32_t seq) {
+/* Either side: claim the next chunk of job `seq`, which has `n` chunks by the caller's
+ * own account (never the n in the shared word); `*taken` is the caller's mask of the
+ * indices it claimed already. The index (now also in *taken), or -1 when all are taken,
+ * the job is no longer `seq`, or the word was rewritten (another n, an index out of
+ * range or handed out twice). */
+static inline int rm_assist_claim(rm_assist *a, uint32_t seq, uint32_t n, uint64_t *taken) {
     uint64_t w = __atomic_load_n(&a->claim, __ATOMIC_ACQUIRE);
+    if (n == 0 || n > RM_ASSIST_MAX_CHUNKS) return -1;
     for (;;) {
-        uint32_t n = (w >> 8) & 0xFF, next = w & 0xFF;
-        if ((uint32_t)(w >> 32) != seq || next >= n) return -1;
+        uint32_t next = w & 0xFF;
+        if ((uint32_t)(w >> 32) != seq || ((w >> 8) & 0xFF) != n || next >= n
+                || (*taken >> next) & 1)
+            return -1;
         if (__atomic_compare_exchange_n(&a->claim, &w, w + 1, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE))
+                                        __ATOMIC_ACQUIRE)) {
+            *taken |= 1ull << next;
             return (int)next;
+        }
     }
 }
 
@@ -85,7 +97,7 @@ static inline uint32_t rm_assist_offer(const rm_assist *a, rm_assist *out) {
     return (uint32_t)(w >> 32);
 }
 
-/* Helper: chunk i is finished (ok = 0: its copy failed). */
+/* Helper: chunk i (< 64, from its own claim) is finished (ok = 0: its copy failed). */
 static inline void rm_assist_finish(rm_assist *a, int i, int ok) {
     if (!ok) __atomic_fetch_or(&a->bad, 1ull << i, __ATOMIC_RELAXED);
     __atomic_fetch_or(&a->fin, 1ull << i, __ATOMIC_RELEASE);

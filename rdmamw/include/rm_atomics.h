@@ -69,4 +69,9 @@ static inline void rm_spin_lock(volatile int *l) {
     }
 }
 static inline void rm_spin_unlock(volatile int *l) { __atomic_store_n((int *)l, 0, __ATOMIC_RELEASE); }
+/* 1 if the lock was free and is now ours, else 0 (for work that may be skipped). */
+static inline int rm_spin_trylock(volatile int *l) {
+    return !__atomic_load_n((int *)l, __ATOMIC_RELAXED)
+        && !__atomic_exchange_n((int *)l, 1, __ATOMIC_ACQUIRE);
+}
 #endif

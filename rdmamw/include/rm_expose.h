@@ -8,7 +8,12 @@
  * un-exposed, the entry reused) does not match the entry's current key. Only the
  * exposing side writes the table: fields first, then the key with release order; it
  * clears the key first on removal. A reader loads the key (acquire), copies the
- * fields, and re-loads the key: a range it acts on was exposed under that key. */
+ * fields, and re-loads the key: a range it acts on was exposed under that key.
+ *
+ * shm: the authoritative table is private to the exposing process; the table in its
+ * shared block is only a mirror (rm_xtab_mirror / rm_xtab_retract) that the peer
+ * reads to check its own READs and WRITEs. The peer maps that block read-write, so the
+ * exposing side never checks anything against the mirror. */
 #ifndef RM_EXPOSE_H
 #define RM_EXPOSE_H
 #include <stdint.h>
@@ -107,6 +112,24 @@ static inline uint64_t rm_xtab_fit(const rm_xtab *t, uint64_t size, uint64_t len
         if (ok) best = cand;
     }
     return best;
+}
+
+/* Publish the entry of `key` in the private table `src` into the mirror `t`. */
+static inline void rm_xtab_mirror(rm_xtab *t, const rm_xtab *src, uint32_t key) {
+    uint32_t i = key & 0xFF;
+    if (key == 0 || i >= RM_XTAB_N) return;
+    __atomic_store_n(&t->e[i].key, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->e[i].addr, src->e[i].addr, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->e[i].len, src->e[i].len, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->e[i].staged, src->e[i].staged, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->e[i].access, src->e[i].access, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->e[i].key, key, __ATOMIC_RELEASE);
+}
+
+/* Withdraw entry `key` from the mirror `t`. */
+static inline void rm_xtab_retract(rm_xtab *t, uint32_t key) {
+    uint32_t i = key & 0xFF;
+    if (key != 0 && i < RM_XTAB_N) __atomic_store_n(&t->e[i].key, 0, __ATOMIC_RELEASE);
 }
 
 /* Still exposed under `key`? (after a copy, to know the source did not go away) */

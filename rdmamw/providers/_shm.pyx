@@ -17,6 +17,7 @@ WRITE is assisted (rdmamw/include/rm_assist.h): the exposing side, while idle, c
 part of it, so one message moves with two cores."""
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
 
 from rdmamw._core cimport (
@@ -49,6 +50,11 @@ from rdmamw.bitmap._phase cimport (
     rm_popcount64,
     rm_store_release64,
 )
+
+cdef extern from "rm_atomics.h" nogil:
+    int rm_spin_trylock(int *l)
+    uint32_t rm_load_acquire32(const uint32_t *p)
+    void rm_store_release32(uint32_t *p, uint32_t v)
 
 cdef extern from "sys/mman.h" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
@@ -103,6 +109,8 @@ cdef extern from "rm_expose.h" nogil:
     int rm_xtab_find(const rm_xtab *t, uint32_t key, uint64_t addr, uint64_t len,
                      uint32_t access, rm_xent *out)
     int rm_xtab_alive(const rm_xtab *t, uint32_t key)
+    void rm_xtab_mirror(rm_xtab *t, const rm_xtab *src, uint32_t key)
+    void rm_xtab_retract(rm_xtab *t, uint32_t key)
     uint64_t rm_xtab_fit(const rm_xtab *t, uint64_t size, uint64_t len)
 
 cdef extern from "rm_assist.h" nogil:
@@ -114,7 +122,7 @@ cdef extern from "rm_assist.h" nogil:
     void rm_assist_publish(rm_assist *a, uint32_t seq, uint32_t write, uint64_t remote,
                            uint64_t local, uint64_t len, uint64_t chunk, uint32_t key,
                            uint32_t n)
-    int rm_assist_claim(rm_assist *a, uint32_t seq)
+    int rm_assist_claim(rm_assist *a, uint32_t seq, uint32_t n, uint64_t *taken)
     uint32_t rm_assist_offer(const rm_assist *a, rm_assist *out)
     void rm_assist_finish(rm_assist *a, int i, int ok)
 
@@ -178,8 +186,10 @@ cdef class ShmTransport(Transport):
     cdef int peer_evfd
     cdef int state
     # rendezvous
-    cdef rm_xtab *xtab              # mine, in my block: the peer checks its READs against it
-    cdef rm_xtab *peer_xtab         # the peer's, in its block
+    cdef rm_xtab *xpriv             # my exposures, private: what I check the peer against
+    cdef rm_xtab *xtab              # their mirror in my block: the peer checks its READs
+                                    # against it (and could forge it: I never read it)
+    cdef rm_xtab *peer_xtab         # the peer's mirror, in its block
     cdef int xlock                  # guards changes to my table (two engine threads)
     cdef int peer_pid
     cdef int pidfd                  # the peer process (-1: not available); pid reuse guard
@@ -196,6 +206,8 @@ cdef class ShmTransport(Transport):
     cdef uint64_t assist_min        # READs/WRITEs of at least this many bytes ask (0: never)
     cdef uint64_t assist_chunk      # smallest chunk
     cdef int64_t assist_stall_ns    # a helper's chunk unfinished this long: PeerLost
+    cdef int assist_busy            # one engine thread at a time helps with the peer's job
+    cdef uint32_t assist_key        # the exposure it copies from/into now (unexpose waits)
     cdef public uint64_t n_assist_jobs          # my READs/WRITEs that asked for help
     cdef public uint64_t n_assist_chunks_got    # chunks of them the peer copied
     cdef public uint64_t bytes_assist_given     # bytes I copied for the peer's jobs
@@ -248,6 +260,10 @@ cdef class ShmTransport(Transport):
         if my_xtab_off + XTAB_BYTES > self.my_size \
                 or peer_xtab_off + XTAB_BYTES > self.peer_size:
             raise ValueError("exposure table (and assist job record) outside the block")
+        if self.xpriv == NULL:
+            self.xpriv = <rm_xtab *>calloc(1, sizeof(rm_xtab))
+            if self.xpriv == NULL:
+                raise MemoryError("exposure table")
         self.xtab = <rm_xtab *>(self.my_base + my_xtab_off)
         self.peer_xtab = <rm_xtab *>(self.peer_base + peer_xtab_off)
         memset(self.xtab, 0, XTAB_BYTES)
@@ -345,6 +361,7 @@ cdef class ShmTransport(Transport):
             munmap(self.my_base, self.my_size)
         if self.peer_base != NULL:
             munmap(self.peer_base, self.peer_size)
+        free(self.xpriv)
 
     cdef void _close_fds(self) noexcept:
         if self.sock >= 0:
@@ -480,6 +497,8 @@ cdef class ShmTransport(Transport):
         wake the peer, copy every chunk it has not claimed, wait for the ones it has,
         redo any it could not do. Returns as _cma does; no helper copy is still running
         when it returns."""
+        # the record sits in my block, which the peer can write: n, chunk and len are
+        # this function's own, claims are checked against them, fin/bad are masked
         cdef uint64_t len = wr.length, chunk, off, mine = 0, theirs, full, fin, bad
         cdef uint32_t n, seq, spins = 0
         cdef int64_t started = 0
@@ -502,10 +521,9 @@ cdef class ShmTransport(Transport):
         self.n_assist_jobs += 1
         self.wake_peer()
         while True:
-            i = rm_assist_claim(self.job, seq)
+            i = rm_assist_claim(self.job, seq, n, &mine)
             if i < 0:
                 break
-            mine |= (<uint64_t>1) << i
             if rc == 0:             # after a failure: only claim, so nobody starts more
                 off = <uint64_t>i * chunk
                 rc = _cma(self.peer_pid, write, <char *>wr.local_addr + off,
@@ -543,14 +561,22 @@ cdef class ShmTransport(Transport):
     cdef int assist(self) noexcept nogil:
         """Help with the peer's assisted READ or WRITE on offer, if any: claim chunks
         of it and copy them (READ: push with process_vm_writev; WRITE: pull with
-        process_vm_readv). Only for a range I exposed to it with that access (not
-        staged); the number of chunks done."""
+        process_vm_readv); the number of chunks done.
+
+        The job record is in the peer's block: its fields are read once into ``j`` and
+        only that copy is checked and used; chunks are claimed against this copy's
+        ``n``. The range must lie in an entry of my *private* exposure table with the
+        job's access (not staged), and stay exposed for each chunk (``unexpose`` waits
+        for the chunk in progress). Only when the peer could copy by itself (it reads
+        me by CMA): help never needs more privilege than the peer has."""
         cdef rm_assist j
         cdef rm_xent xe
         cdef uint32_t seq, n
-        cdef uint64_t off, piece
+        cdef uint64_t off, piece, taken = 0
         cdef int i, rc, did = 0
-        if self.peer_job == NULL or not self.cma or self.state != 1:
+        cdef bint ok
+        if self.peer_job == NULL or self.xpriv == NULL or not self.cma \
+                or not self.peer_cma or self.state != 1:
             return 0
         seq = rm_assist_offer(self.peer_job, &j)
         if seq == 0:
@@ -559,22 +585,33 @@ cdef class ShmTransport(Transport):
         if n < 2 or n > RM_ASSIST_MAX_CHUNKS or j.chunk == 0 or j.chunk > j.len \
                 or (n - 1) * j.chunk >= j.len or n * j.chunk < j.len or j.write > 1:
             return 0
-        if rm_xtab_find(self.xtab, j.key, j.remote, j.len,
-                        RM_XACC_WRITE if j.write else RM_XACC_READ, &xe) != 0 \
-                or xe.staged != RM_XNONE:
-            return 0
-        while True:
-            i = rm_assist_claim(self.peer_job, seq)
+        if not rm_spin_trylock(&self.assist_busy):
+            return 0                # my other engine thread is helping already
+        rm_spin_lock(&self.xlock)
+        ok = rm_xtab_find(self.xpriv, j.key, j.remote, j.len,
+                          RM_XACC_WRITE if j.write else RM_XACC_READ, &xe) == 0 \
+            and xe.staged == RM_XNONE
+        if ok:
+            rm_store_release32(&self.assist_key, j.key)
+        rm_spin_unlock(&self.xlock)
+        while ok:
+            i = rm_assist_claim(self.peer_job, seq, n, &taken)
             if i < 0:
                 break
             off = <uint64_t>i * j.chunk
             piece = min(j.chunk, j.len - off)
-            # my exposed range is the local side; READ: I write the peer, WRITE: I read it
-            rc = _cma(self.peer_pid, not j.write, <char *>(j.remote + off), j.local + off, piece)
+            if not rm_xtab_alive(self.xpriv, j.key) or self._peer_exited():
+                rc = RM_ERR_BOUNDS  # un-exposed meanwhile, or the pid is not the peer's
+            else:
+                # my exposed range is the local side; READ: I write the peer, WRITE: I read it
+                rc = _cma(self.peer_pid, not j.write, <char *>(j.remote + off), j.local + off,
+                          piece)
             rm_assist_finish(self.peer_job, i, rc == 0)
             if rc == 0:
                 self.bytes_assist_given += piece
             did += 1
+        rm_store_release32(&self.assist_key, 0)
+        rm_spin_unlock(&self.assist_busy)
         return did
 
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
@@ -588,27 +625,31 @@ cdef class ShmTransport(Transport):
         out.handle = out.lkey = out.rkey = 0
         if access == RM_ACCESS_LOCAL:
             return 0
-        if self.xtab == NULL or self.state != 1:
+        if self.xpriv == NULL or self.state != 1:
             return RM_ERR_CLOSED
         if access == RM_ACCESS_REMOTE_WRITE:
             if not self.peer_cma:
                 return RM_ERR_UNSUPPORTED
             rm_spin_lock(&self.xlock)
-            key = rm_xtab_add(self.xtab, addr, length, RM_XACC_WRITE, RM_XNONE)
+            key = rm_xtab_add(self.xpriv, addr, length, RM_XACC_WRITE, RM_XNONE)
+            rm_xtab_mirror(self.xtab, self.xpriv, key)
             rm_spin_unlock(&self.xlock)
         elif access == RM_ACCESS_REMOTE_READ:
             if not self.peer_cma and length > self.arena_size:
                 return RM_ERR_UNSUPPORTED
             rm_spin_lock(&self.xlock)
             if not self.peer_cma:       # stage a copy where the peer can map it
-                staged = rm_xtab_fit(self.xtab, self.arena_size, length)
+                staged = rm_xtab_fit(self.xpriv, self.arena_size, length)
                 if staged == RM_XNONE:
                     rm_spin_unlock(&self.xlock)
                     return RM_ERR_AGAIN     # wait for done bits to free some
-            key = rm_xtab_add(self.xtab, addr, length, RM_XACC_READ, staged)
+            key = rm_xtab_add(self.xpriv, addr, length, RM_XACC_READ, staged)
             rm_spin_unlock(&self.xlock)
             if key != 0 and staged != RM_XNONE:
                 memcpy(self.arena + staged, <void *>addr, length)
+            rm_spin_lock(&self.xlock)   # the peer may look only once the copy is there
+            rm_xtab_mirror(self.xtab, self.xpriv, key)
+            rm_spin_unlock(&self.xlock)
         else:
             return RM_ERR_UNSUPPORTED
         if key == 0:
@@ -617,11 +658,15 @@ cdef class ShmTransport(Transport):
         return 0
 
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
+        """Withdraw a range; returns once no helper copy of mine touches it any more."""
         cdef rm_xent xe
-        if self.xtab != NULL:
+        if self.xpriv != NULL:
             rm_spin_lock(&self.xlock)
-            rm_xtab_del(self.xtab, handle, &xe)
+            if rm_xtab_del(self.xpriv, handle, &xe):
+                rm_xtab_retract(self.xtab, handle)
             rm_spin_unlock(&self.xlock)
+            while handle != 0 and rm_load_acquire32(&self.assist_key) == handle:
+                rm_cpu_relax()      # one chunk of assist() (my other thread) in progress
         return 0
 
     cdef int wake_peer(self) noexcept nogil:
@@ -678,3 +723,35 @@ cdef class ShmTransport(Transport):
             self.state = RM_ERR_PEER_LOST      # the engine tells a clean close by CTRL
             return self.state
         return 1
+
+
+# ---- test hooks: a hostile peer's moves (tests/test_shm_hostile.py); never called by
+# the package. They write the other side's shared records the way a peer process can.
+
+def _forge_peer_xtab(ShmTransport tp, uint32_t index, uint64_t addr, uint64_t length,
+                     uint32_t key, uint32_t access):
+    """Write an entry into the peer's exposure table as mapped here (index < 255)."""
+    cdef uint64_t *e
+    if tp.peer_xtab == NULL or index >= RM_XTAB_N:
+        raise ValueError("no peer table or index out of range")
+    e = <uint64_t *>(<char *>tp.peer_xtab + 32 + 32 * index)
+    e[0], e[1], e[2] = addr, length, RM_XNONE
+    (<uint32_t *>&e[3])[0] = key
+    (<uint32_t *>&e[3])[1] = access
+
+
+def _hammer_job(ShmTransport tp, uint32_t seq, uint32_t n_ok, uint32_t n_bad,
+                uint32_t next_bad, uint64_t iters):
+    """Rewrite my job's claim word ``iters`` times, alternating the honest (seq, n_ok, 0)
+    and a hostile (seq, n_bad, next_bad), without the GIL (run it in a thread)."""
+    cdef uint64_t k, good = (<uint64_t>seq << 32) | (n_ok & 0xFF) << 8
+    cdef uint64_t bad = (<uint64_t>seq << 32) | (n_bad & 0xFF) << 8 | (next_bad & 0xFF)
+    cdef int s
+    with nogil:
+        for k in range(iters):
+            rm_store_release64(&tp.job.claim, good)
+            for s in range(<int>(k % 64)):
+                rm_cpu_relax()
+            rm_store_release64(&tp.job.claim, bad)
+            for s in range(<int>(k % 16)):
+                rm_cpu_relax()
