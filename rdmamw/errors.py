@@ -16,6 +16,11 @@ class PeerNotFound(RdmamwError, ConnectionError):
     """Nobody listens at the address (within the open timeout)."""
 
 
+class PeerRefused(RdmamwError, PermissionError):
+    """The other side may not connect: a shm peer of another user (see
+    ``RDMAMW_SHM_ALLOW_UIDS``). The message names the peer and how to let it in."""
+
+
 class ChannelClosed(RdmamwError):
     """The channel was closed, by this side or cleanly by the peer."""
 
@@ -70,6 +75,7 @@ __all__ = [
     "MessageTooLarge",
     "PeerLost",
     "PeerNotFound",
+    "PeerRefused",
     "ProtocolError",
     "ProviderUnavailable",
     "RdmamwError",

@@ -5,7 +5,10 @@ connection exchanges msgpack hellos (ring sizes, mode), then each side hands the
 an anonymous memfd holding its block and an eventfd for wake-ups (SCM_RIGHTS). No
 segment has a name, so nothing is ever left in /dev/shm, even after SIGKILL: the
 memory goes when the last mapping does. Only processes of the same user may connect
-(SO_PEERCRED).
+(SO_PEERCRED; ``RDMAMW_SHM_ALLOW_UIDS`` lets listed other users in, root included).
+Every memfd is sealed against shrinking and growing before it is handed over, and a
+peer's descriptors are checked (sealed memfds of the announced sizes, an eventfd)
+before anything is mapped: a peer cannot truncate a block under us (SIGBUS).
 
 For rendezvous each side also hands over a staging memfd (sparse until used) and the
 two sides test, with a probe word, whether each may read the other's memory with
@@ -15,22 +18,32 @@ the staged path is used; ``RDMAMW_SHM_STAGING`` sizes the staging area (bytes, d
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import secrets
 import socket
+import stat
 import struct
 import time
 
 import msgpack
 
 from rdmamw import _layout
-from rdmamw.errors import ConfigError, PeerNotFound, ProtocolError, RdmamwError, Timeout
+from rdmamw.errors import (
+    ConfigError,
+    PeerNotFound,
+    PeerRefused,
+    ProtocolError,
+    RdmamwError,
+    Timeout,
+)
 from rdmamw.memory.units import parse_bytes
 from rdmamw.providers import Connected
 from rdmamw.providers import _wire as fr
 from rdmamw.providers._shm import XTAB_BYTES, ShmTransport, cma_probe
 
 PROTOCOL_VERSION = 1
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
 _PREFIX = b"\0rdmamw-shm/"
 #: the exposure table follows the regions in each block (page-rounded)
 XTAB_SPACE = (XTAB_BYTES + _layout.PAGE - 1) // _layout.PAGE * _layout.PAGE
@@ -75,13 +88,78 @@ def _address(name: str) -> bytes:
     return raw
 
 
+def allowed_uids() -> frozenset[int] | None:
+    """Other users whose processes may connect (``RDMAMW_SHM_ALLOW_UIDS``: a comma list
+    of uids, or ``any``); None for any. Our own uid always may; root is not special."""
+    raw = os.environ.get("RDMAMW_SHM_ALLOW_UIDS", "").strip()
+    if raw.lower() in ("any", "*"):
+        return None
+    try:
+        uids = frozenset(int(u) for u in raw.split(",") if u.strip())
+    except ValueError:
+        uids = frozenset([-1])
+    if any(u < 0 for u in uids):
+        raise ConfigError(f"RDMAMW_SHM_ALLOW_UIDS: {raw!r} is not a comma list of uids "
+                          "or 'any'")
+    return uids
+
+
 def _check_peer_user(conn: socket.socket) -> int:
-    """The peer's pid (from the kernel, not from the peer), if it is our user."""
+    """The peer's pid (from the kernel, not from the peer), if it is our user or one
+    ``RDMAMW_SHM_ALLOW_UIDS`` lets in; else PeerRefused."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, _gid = struct.unpack("3i", creds)
-    if uid != os.getuid() and os.getuid() != 0:
-        raise RdmamwError(f"refusing shm peer of uid {uid}")
+    allowed = allowed_uids()
+    if uid != os.getuid() and allowed is not None and uid not in allowed:
+        raise PeerRefused(f"refusing shm peer pid {pid} of uid {uid} (we are uid "
+                          f"{os.getuid()}); set RDMAMW_SHM_ALLOW_UIDS={uid} on this side "
+                          "to let that user in")
     return pid
+
+
+#: what every block and staging memfd must carry: no shrinking (SIGBUS in whoever maps
+#: it), no growing, and no further seals (F_SEAL_FUTURE_WRITE would fail our mapping)
+SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
+def _sealed_memfd(name: str, size: int) -> int:
+    """A memfd of ``size`` bytes, mode 0600 (it has no name anyone could open it by
+    anyway), sealed with SEALS."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.fchmod(fd, 0o600)
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_memfd(fd: int, size: int, what: str) -> None:
+    """The peer's ``what`` must be a sealed memfd of at least ``size`` bytes (checked
+    before it is mapped); else ProtocolError."""
+    st = os.fstat(fd)
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        seals = 0
+    if not stat.S_ISREG(st.st_mode) or seals & SEALS != SEALS \
+            or seals & (fcntl.F_SEAL_WRITE | F_SEAL_FUTURE_WRITE):
+        raise ProtocolError(f"peer's {what} is not a memfd sealed against resizing "
+                            f"(seals {seals:#x}); refusing to map it")
+    if st.st_size < size:
+        raise ProtocolError(f"peer's {what} is {st.st_size} bytes, expected {size}")
+
+
+def _check_eventfd(fd: int) -> None:
+    try:
+        kind = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        kind = "?"
+    if kind != "anon_inode:[eventfd]":
+        raise ProtocolError(f"peer's wake-up descriptor is {kind!r}, not an eventfd")
+    os.set_blocking(fd, False)      # a wake-up must never block us
 
 
 def _regions(lay: _layout.Layout) -> tuple:
@@ -124,29 +202,28 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
     theirs = _layout.endpoint_layout(peer_slots, peer_slot_size, slots)
     my_total, peer_total = mine.total + XTAB_SPACE, theirs.total + XTAB_SPACE
     stage = staging_bytes()
-    memfd = os.memfd_create(f"rdmamw-shm-{name}", os.MFD_CLOEXEC)
-    evfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-    stagefd = os.memfd_create(f"rdmamw-stage-{name}", os.MFD_CLOEXEC)
+    memfd = stagefd = evfd = pidfd = -1
     peer_fds: list[int] = []
-    pidfd = -1
     try:
-        for fd, size in ((memfd, my_total), (stagefd, stage)):
-            os.fchmod(fd, 0o600)  # no name to find it by; and no group/other rights either
-            os.ftruncate(fd, size)
+        memfd = _sealed_memfd(f"rdmamw-shm-{name}", my_total)
+        stagefd = _sealed_memfd(f"rdmamw-stage-{name}", stage)
+        evfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         socket.send_fds(conn, [msgpack.packb({"size": my_total, "stage": stage})],
                         [memfd, evfd, stagefd])
         data, peer_fds, _flags, _addr = socket.recv_fds(conn, fr.MAX_HELLO, 3)
         if len(peer_fds) != 3:
             raise ProtocolError(f"peer sent {len(peer_fds)} descriptors, expected 3")
-        info = msgpack.unpackb(data) if data else None
-        peer_size = os.fstat(peer_fds[0]).st_size
-        if not isinstance(info, dict) or info.get("size") != peer_total \
-                or peer_size < peer_total:
-            raise ProtocolError(f"peer block is {peer_size} bytes, expected {peer_total}")
+        info = fr.decode(data)
+        if info.get("size") != peer_total:
+            raise ProtocolError(f"peer block of {info.get('size')!r} bytes, expected "
+                                f"{peer_total}")
         peer_stage = info.get("stage")
         if not isinstance(peer_stage, int) or isinstance(peer_stage, bool) \
-                or not 0 < peer_stage <= os.fstat(peer_fds[2]).st_size:
+                or not 0 < peer_stage <= 1 << 40:
             raise ProtocolError(f"peer staging area of {peer_stage!r} bytes")
+        _check_memfd(peer_fds[0], peer_total, "block")
+        _check_eventfd(peer_fds[1])
+        _check_memfd(peer_fds[2], peer_stage, "staging area")
         tp = ShmTransport()
         tp._attach(conn.fileno(), memfd, my_total, peer_fds[0], peer_total, evfd,
                    peer_fds[1], _regions(mine), _regions(theirs))
