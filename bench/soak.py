@@ -178,6 +178,7 @@ class Peer:
     report: dict | None = None
     messages: int = 0
     bytes: int = 0
+    connected: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -230,6 +231,7 @@ class Hub:
                 raise AssertionError(f"first message of kind {kind}")
             with self.lock:
                 peer = self.peers[(pid, inc)]
+            peer.connected.set()
             while True:
                 for m in ch.recv_batch(timeout=None):
                     self.check(peer, m)
@@ -306,7 +308,7 @@ class Hub:
             return [p for p in self.peers.values() if p.killed_at is None]
 
     def kill_one(self) -> None:
-        live = [p for p in self.live() if p.proc.poll() is None]
+        live = [p for p in self.live() if p.proc.poll() is None and p.connected.is_set()]
         if not live:
             return
         victim = self.rng.choice(live)
