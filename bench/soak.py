@@ -73,12 +73,13 @@ def resources() -> dict:
 
 def peer_main(a: argparse.Namespace) -> int:
     rng = random.Random(a.seed)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())    # the hub's "finish now"
     p = pool(a.pool_seed)
     ch = rdmamw.Channel.open(a.peer, timeout=30)
     limit = ch.eager_limit
     big = min(4 * limit, a.max_size)
     ch.send(HDR.pack(HELLO, a.incarnation, a.id) + msgpack.packb({"pid": os.getpid()})).wait(30)
-    stop = threading.Event()
     counts = [0] * a.threads
     errors: list[str] = []
     ticks = {"n": 0}
@@ -118,7 +119,6 @@ def peer_main(a: argparse.Namespace) -> int:
     rx = threading.Thread(target=receiver, daemon=True)
     for t in (*threads, rx):
         t.start()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     forks = fork_failures = 0
     next_fork = time.monotonic() + rng.uniform(0.5, 2) * a.fork_every if a.fork_every else None
     while not stop.is_set() and not errors:
