@@ -1,0 +1,328 @@
+"""What a hostile peer may make us do: allocate no more than the settings allow (hello
+caps, RDMAMW_MAX_MESSAGE_SIZE), and hold no wait past its deadline or on a spinning
+core (a tcp READ nobody answers, a sequence gap)."""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import struct
+import threading
+import time
+import tracemalloc
+
+import msgpack
+import numpy as np
+import pytest
+
+import rdmamw
+from rdmamw import _layout, _rendezvous
+from rdmamw.channel import channel as channel_mod
+from rdmamw.errors import ConfigError
+from rdmamw.providers import _wire, tcp
+from tests.conftest import make_pair, unique_name
+from tests.tcp_util import HEARTBEAT, PUBLISH, READ_RESP, WRITE, frame, raw_peer
+
+SLOT = 4096
+BIG = 3 * SLOT + 123
+DESC = struct.Struct("<QQQIHH")     # addr, length, index, key, kind, entry
+HDR = struct.Struct("<QIHHII")      # seq, used, count, flags, check, reserved
+HUGE_RINGS = [(1 << 20, 65536), (16, 1 << 30), (1 << 20, 8192)]
+
+
+def _accept_in_thread(lst, timeout=10.0):
+    got: dict = {"errors": []}
+
+    def run():
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and "ch" not in got:
+            try:
+                got["ch"] = lst.accept(timeout=max(0.01, deadline - time.monotonic()))
+            except rdmamw.ProtocolError as e:  # a refused peer: go on accepting
+                got["errors"].append(e)
+            except BaseException as e:  # noqa: BLE001 - handed to the test
+                got["err"] = e
+                return
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, got
+
+
+# ---- hello caps ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("slots,slot_size", HUGE_RINGS)
+def test_hello_decoders_refuse_a_ring_above_the_cap(slots, slot_size):
+    hello = {"v": 1, "slots": slots, "slot_size": slot_size, "mode": "batched"}
+    with pytest.raises(rdmamw.ProtocolError, match="RDMAMW_MAX_PEER_RING"):
+        _wire.check_hello(hello, 1, None)
+    with pytest.raises(rdmamw.ProtocolError, match="RDMAMW_MAX_PEER_RING"):
+        tcp.parse_hello(hello, accepting=True)
+
+
+def test_default_cap_fits_the_default_and_ps_rings_with_margin():
+    for slots, slot_size in [(128, 65536), (16, 1 << 20), (3, 64 << 20)]:
+        hello = {"v": 1, "slots": slots, "slot_size": slot_size, "mode": "ack"}
+        assert _wire.check_hello(hello, 1, None) == (slots, slot_size, "ack")
+        assert tcp.parse_hello(hello, accepting=True)["slots"] == slots
+
+
+def test_peer_ring_cap_setting(monkeypatch):
+    hello = {"v": 1, "slots": 16, "slot_size": 1 << 20, "mode": "ack"}
+    monkeypatch.setenv("RDMAMW_MAX_PEER_RING", "8M")
+    with pytest.raises(rdmamw.ProtocolError, match="RDMAMW_MAX_PEER_RING"):
+        tcp.parse_hello(hello, accepting=True)
+    monkeypatch.setenv("RDMAMW_MAX_PEER_RING", "1G")
+    assert tcp.parse_hello(hello, accepting=True)["slot_size"] == 1 << 20
+    monkeypatch.setenv("RDMAMW_MAX_PEER_RING", "lots")
+    with pytest.raises(ConfigError, match="RDMAMW_MAX_PEER_RING"):
+        _layout.max_peer_ring()
+
+
+@pytest.mark.parametrize("slots,slot_size", HUGE_RINGS[:2])
+def test_tcp_hello_with_a_huge_ring_is_refused_and_the_listener_goes_on(slots, slot_size):
+    with rdmamw.listen("tcp://127.0.0.1:0", slots=16, slot_size=SLOT) as lst:
+        t, got = _accept_in_thread(lst)
+        s = raw_peer(lst.address, slots=slots, slot_size=slot_size)
+        s.settimeout(5)
+        assert s.recv(1) == b""             # refused: the listener hung up
+        s.close()
+        a = rdmamw.Channel.open(lst.address, timeout=5, slots=16, slot_size=SLOT)
+        t.join(10)
+        assert "err" not in got, got.get("err")
+        b = got["ch"]
+        a.send(b"fine")
+        assert bytes(b.recv(timeout=5)) == b"fine"
+        a.close(), b.close()
+
+
+@pytest.mark.parametrize("slots,slot_size", HUGE_RINGS[:2])
+def test_shm_hello_with_a_huge_ring_is_refused_and_the_listener_goes_on(slots, slot_size):
+    name = unique_name()
+    with rdmamw.listen(f"shm://{name}", slots=16, slot_size=SLOT) as lst:
+        t, got = _accept_in_thread(lst)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(b"\0rdmamw-shm/" + name.encode())
+        hello = msgpack.packb({"v": 1, "slots": slots, "slot_size": slot_size,
+                               "mode": "batched", "pid": 1})
+        s.sendall(struct.pack("<I", len(hello)) + hello)
+        s.settimeout(5)
+        try:
+            while s.recv(4096):             # its hello, then EOF: refused
+                pass
+        except ConnectionResetError:
+            pass
+        s.close()
+        a = rdmamw.Channel.open(f"shm://{name}", timeout=5, slots=16, slot_size=SLOT)
+        t.join(10)
+        assert "err" not in got, got.get("err")
+        b = got["ch"]
+        a.send(b"fine")
+        assert bytes(b.recv(timeout=5)) == b"fine"
+        a.close(), b.close()
+
+
+# ---- the maximum message size -----------------------------------------------------
+
+@pytest.mark.parametrize("text,value", [("64K", 65536), ("1G", 1 << 30), ("1048576", 1 << 20),
+                                        ("4G", 0xFFFFFFFF)])
+def test_max_message_size_setting(monkeypatch, text, value):
+    monkeypatch.setenv("RDMAMW_MAX_MESSAGE_SIZE", text)
+    assert channel_mod.max_message_size() == value
+
+
+def test_max_message_size_default_is_one_gib(monkeypatch):
+    monkeypatch.delenv("RDMAMW_MAX_MESSAGE_SIZE", raising=False)
+    assert channel_mod.max_message_size() == 1 << 30
+
+
+@pytest.mark.parametrize("bad", ["big", "-5", "0", ""])
+def test_bad_max_message_size_is_config_error(monkeypatch, bad):
+    monkeypatch.setenv("RDMAMW_MAX_MESSAGE_SIZE", bad)
+    with pytest.raises(ConfigError, match="RDMAMW_MAX_MESSAGE_SIZE"):
+        channel_mod.max_message_size()
+    with pytest.raises(ConfigError, match="max_message_size"):
+        rdmamw.listen(f"shm://{unique_name()}", max_message_size=0)
+
+
+def _desc_address(ch) -> int:
+    deadline = time.monotonic() + 10
+    while not ch._debug_state()["pending"] and time.monotonic() < deadline:
+        time.sleep(0.001)
+    (slot,) = ch._debug_state()["pending"]
+    addr = ch._debug_slot_address(slot) + 64
+    assert struct.unpack("<II", ctypes.string_at(addr, 8)) == (DESC.size, 1)
+    return addr + 8
+
+
+@pytest.fixture
+def alloc_spy(monkeypatch):
+    sizes: list[int] = []
+    real = _rendezvous.allocate
+
+    def spy(n):
+        sizes.append(n)
+        return real(n)
+
+    monkeypatch.setattr(_rendezvous, "allocate", spy)
+    return sizes
+
+
+@pytest.mark.parametrize("length,limit", [(0xFFFFFFFF, None), (BIG + 1, BIG)])
+def test_oversized_descriptor_is_refused_once_and_the_channel_goes_on(
+        provider, alloc_spy, length, limit):
+    """A descriptor above max_message_size: MessageTooLarge once, naming both sizes,
+    nothing allocated or read; the sender's handle completes; the next message comes."""
+    kw = {} if limit is None else {"max_message_size": limit}
+    a, b, lst = make_pair(slot_size=SLOT, provider=provider, rendezvous="read", **kw)
+    try:
+        src = np.full(BIG, 7, np.uint8)
+        h = a.send(src)
+        addr = _desc_address(b)
+        vals = list(DESC.unpack(ctypes.string_at(addr, DESC.size)))
+        vals[1] = length
+        ctypes.memmove(addr, DESC.pack(*vals), DESC.size)
+        tracemalloc.start()
+        try:
+            with pytest.raises(rdmamw.MessageTooLarge, match=f"{length}.*{limit or 1 << 30}"):
+                b.recv(timeout=5)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert alloc_spy == [] and peak < 1 << 20
+        h.wait(timeout=5)                   # the refusal completes the sender's handle
+        a.send(b"next")
+        assert bytes(b.recv(timeout=5)) == b"next"
+        a.send(src)                         # and rendezvous goes on too
+        assert bytes(b.recv(timeout=5)) == src.tobytes()
+        assert alloc_spy == [BIG]
+    finally:
+        b.close(), a.close(), lst.close()
+
+
+def test_oversized_message_into_a_posted_buffer_is_refused_and_the_buffer_returned(provider):
+    a, b, lst = make_pair(slot_size=SLOT, provider=provider, rendezvous="read",
+                          max_message_size=2 * BIG)
+    try:
+        posted = bytearray(4 * BIG)
+        b.post_recv(posted)
+        src = np.full(BIG, 9, np.uint8)
+        a.send(src)
+        addr = _desc_address(b)
+        vals = list(DESC.unpack(ctypes.string_at(addr, DESC.size)))
+        vals[1] = 3 * BIG
+        ctypes.memmove(addr, DESC.pack(*vals), DESC.size)
+        with pytest.raises(rdmamw.MessageTooLarge):
+            b.recv(timeout=5)
+        assert posted == bytearray(len(posted))   # nothing read into it
+        a.send(src)                               # the next goes to a new destination
+        assert bytes(b.recv(timeout=5)) == src.tobytes()
+    finally:
+        b.close(), a.close(), lst.close()
+
+
+def test_sender_refuses_locally_above_the_peers_limit(provider):
+    """The receiver announces its limit; the sender raises MessageTooLarge before
+    sending anything, and the channel goes on."""
+    a, b, lst = make_pair(slot_size=SLOT, provider=provider, rendezvous="read",
+                          max_message_size=BIG)
+    try:
+        deadline = time.monotonic() + 5
+        while a.peer_max_message_size == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)               # tcp: the announcement is a frame
+        assert a.peer_max_message_size == BIG
+        with pytest.raises(rdmamw.MessageTooLarge, match="max_message_size"):
+            a.send_batch([b"small", np.zeros(BIG + 1, np.uint8)])
+        a.send(np.ones(BIG, np.uint8))
+        assert bytes(b.recv(timeout=5)) == np.ones(BIG, np.uint8).tobytes()
+    finally:
+        b.close(), a.close(), lst.close()
+
+
+# ---- waits sleep and end at their deadline ---------------------------------------
+
+def _cpu_and_wall(fn):
+    c0, w0 = time.process_time(), time.monotonic()
+    try:
+        fn()
+        err = None
+    except rdmamw.RdmamwError as e:
+        err = e
+    return time.process_time() - c0, time.monotonic() - w0, err
+
+
+def _silent_reader_peer(lst, length: int, stop: threading.Event):
+    """A tcp peer that sends one READ descriptor, heartbeats and never answers READs."""
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(ch=lst.accept(timeout=10)))
+    t.start()
+    s = raw_peer(lst.address, slots=16, slot_size=SLOT)
+    t.join()
+    body = struct.pack("<II", DESC.size, 1) + DESC.pack(0x10000, length, 0, 1, 1, 0)
+    seq = 0
+    hdr = HDR.pack(seq, len(body), 1, 2, ~seq & 0xFFFFFFFF, 0)
+    s.sendall(frame(WRITE, 3, 0, hdr + bytes(64 - HDR.size) + body)
+              + frame(PUBLISH, 1, 0, struct.pack("<Q", 1)))
+
+    def heartbeat():
+        while not stop.wait(0.1):
+            try:
+                s.sendall(frame(HEARTBEAT))
+                s.setblocking(False)
+                try:
+                    while s.recv(1 << 16):      # drain what the receiver sends
+                        pass
+                except BlockingIOError:
+                    pass
+                s.setblocking(True)
+            except OSError:
+                return
+
+    hb = threading.Thread(target=heartbeat, daemon=True)
+    hb.start()
+    return got["ch"], s, hb
+
+
+def test_tcp_rendezvous_read_obeys_the_timeout_and_sleeps():
+    stop = threading.Event()
+    with rdmamw.listen("tcp://127.0.0.1:0", slots=16, slot_size=SLOT) as lst:
+        b, s, hb = _silent_reader_peer(lst, 100_000, stop)
+        killer = threading.Timer(4.0, stop.set)     # today: hang up after 4 s
+        killer.start()
+        try:
+            cpu, wall, err = _cpu_and_wall(lambda: b.recv(timeout=0.5))
+            assert isinstance(err, rdmamw.Timeout), err
+            assert wall < 1.5, wall
+            assert cpu < 0.3 * wall, (cpu, wall)
+            # the READ stays posted: when the answer comes, nothing was lost
+            payload = bytes(range(256)) * (100_000 // 256) + bytes(100_000 % 256)
+            stop.set()
+            hb.join()
+            s.setblocking(True)
+            s.sendall(frame(READ_RESP, 0, 0, payload))
+            m = b.recv(timeout=5)
+            assert bytes(m) == payload
+        finally:
+            killer.cancel()
+            stop.set()
+            b.close()
+            s.close()
+
+
+def test_sequence_gap_sleeps_instead_of_spinning():
+    a, b, lst = make_pair(slots=4, slot_size=256)
+    try:
+        a.send(b"one")
+        (slot,) = b._debug_state()["pending"]
+        addr = b._debug_slot_address(slot)
+        hdr = list(HDR.unpack(ctypes.string_at(addr, HDR.size)))
+        hdr[0], hdr[4] = 1, ~1 & 0xFFFFFFFF     # in the window, but seq 0 never comes
+        ctypes.memmove(addr, HDR.pack(*hdr), HDR.size)
+        cpu, wall, err = _cpu_and_wall(lambda: b.recv_batch(timeout=1.0))
+        assert isinstance(err, rdmamw.Timeout), err
+        assert 0.9 < wall < 1.6, wall
+        assert cpu < 0.3 * wall, (cpu, wall)
+        with pytest.raises(rdmamw.ProtocolError, match="never arrived"):
+            b.recv_batch(timeout=3)         # the gap still fails after gap_timeout
+    finally:
+        a.close(), b.close(), lst.close()
