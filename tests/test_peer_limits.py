@@ -128,19 +128,19 @@ def test_shm_hello_with_a_huge_ring_is_refused_and_the_listener_goes_on(slots, s
                                         ("4G", 0xFFFFFFFF)])
 def test_max_message_size_setting(monkeypatch, text, value):
     monkeypatch.setenv("RDMAMW_MAX_MESSAGE_SIZE", text)
-    assert channel_mod.max_message_size() == value
+    assert channel_mod.message_limit() == value
 
 
 def test_max_message_size_default_is_one_gib(monkeypatch):
     monkeypatch.delenv("RDMAMW_MAX_MESSAGE_SIZE", raising=False)
-    assert channel_mod.max_message_size() == 1 << 30
+    assert channel_mod.message_limit() == 1 << 30
 
 
 @pytest.mark.parametrize("bad", ["big", "-5", "0", ""])
 def test_bad_max_message_size_is_config_error(monkeypatch, bad):
     monkeypatch.setenv("RDMAMW_MAX_MESSAGE_SIZE", bad)
     with pytest.raises(ConfigError, match="RDMAMW_MAX_MESSAGE_SIZE"):
-        channel_mod.max_message_size()
+        channel_mod.message_limit()
     with pytest.raises(ConfigError, match="max_message_size"):
         rdmamw.listen(f"shm://{unique_name()}", max_message_size=0)
 
