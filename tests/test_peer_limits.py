@@ -250,26 +250,39 @@ def _cpu_and_wall(fn):
     return time.process_time() - c0, time.monotonic() - w0, err
 
 
-def _silent_reader_peer(lst, length: int, stop: threading.Event):
-    """A tcp peer that sends one READ descriptor, heartbeats and never answers READs."""
+STRIDE = 64 + SLOT
+
+
+def _slot(slot: int, seq: int, body: bytes, flags: int) -> bytes:
+    """The frames that put one slot into the receiver's ring and publish it (its
+    arrival bit: first use of every slot here, so phase 1)."""
+    hdr = HDR.pack(seq, len(body), 1, flags, ~seq & 0xFFFFFFFF, 0)
+    return frame(WRITE, 3, slot * STRIDE, hdr + bytes(64 - HDR.size) + body)
+
+
+def _publish(slots: list[int]) -> bytes:
+    return frame(PUBLISH, 1, 0, struct.pack("<Q", sum(1 << i for i in slots)))
+
+
+def _raw_channel(lst):
+    """(accepted channel, socket of a hand-made tcp peer)."""
     got: dict = {}
     t = threading.Thread(target=lambda: got.update(ch=lst.accept(timeout=10)))
     t.start()
     s = raw_peer(lst.address, slots=16, slot_size=SLOT)
     t.join()
-    body = struct.pack("<II", DESC.size, 1) + DESC.pack(0x10000, length, 0, 1, 1, 0)
-    seq = 0
-    hdr = HDR.pack(seq, len(body), 1, 2, ~seq & 0xFFFFFFFF, 0)
-    s.sendall(frame(WRITE, 3, 0, hdr + bytes(64 - HDR.size) + body)
-              + frame(PUBLISH, 1, 0, struct.pack("<Q", 1)))
+    return got["ch"], s
 
-    def heartbeat():
+
+def _heartbeats(s, stop: threading.Event) -> threading.Thread:
+    """Keep the hand-made peer alive (and drain what the receiver sends) until stop."""
+    def run():
         while not stop.wait(0.1):
             try:
                 s.sendall(frame(HEARTBEAT))
                 s.setblocking(False)
                 try:
-                    while s.recv(1 << 16):      # drain what the receiver sends
+                    while s.recv(1 << 16):
                         pass
                 except BlockingIOError:
                     pass
@@ -277,35 +290,102 @@ def _silent_reader_peer(lst, length: int, stop: threading.Event):
             except OSError:
                 return
 
-    hb = threading.Thread(target=heartbeat, daemon=True)
+    hb = threading.Thread(target=run, daemon=True)
     hb.start()
-    return got["ch"], s, hb
+    return hb
 
 
-def test_tcp_rendezvous_read_obeys_the_timeout_and_sleeps():
+READ_LEN = 100_000
+PAYLOAD = bytes(range(256)) * (READ_LEN // 256) + bytes(READ_LEN % 256)
+RNDV_RECORD = struct.pack("<II", DESC.size, 1) + DESC.pack(0x10000, READ_LEN, 0, 1, 1, 0)
+
+
+@pytest.mark.parametrize("first,then", [("recv", "recv"), ("recv", "recv_into"),
+                                        ("recv_into", "recv"), ("recv_into", "recv_into")])
+def test_tcp_rendezvous_read_obeys_the_timeout_and_sleeps(first, then):
+    """A peer that heartbeats but never answers the READ: Timeout at the deadline,
+    sleeping; the READ stays in flight and the next receive (of any kind) gets the
+    message once the answer comes."""
     stop = threading.Event()
     with rdmamw.listen("tcp://127.0.0.1:0", slots=16, slot_size=SLOT) as lst:
-        b, s, hb = _silent_reader_peer(lst, 100_000, stop)
+        b, s = _raw_channel(lst)
+        s.sendall(_slot(0, 0, RNDV_RECORD, 2) + _publish([0]))
+        hb = _heartbeats(s, stop)
         killer = threading.Timer(4.0, stop.set)     # today: hang up after 4 s
         killer.start()
+        bufs = [bytearray(READ_LEN + 10), bytearray(READ_LEN)]
+        call = {"recv": lambda buf: b.recv(timeout=0.5),
+                "recv_into": lambda buf: b.recv_into(buf, timeout=0.5)}
         try:
-            cpu, wall, err = _cpu_and_wall(lambda: b.recv(timeout=0.5))
+            cpu, wall, err = _cpu_and_wall(lambda: call[first](bufs[0]))
             assert isinstance(err, rdmamw.Timeout), err
             assert wall < 1.5, wall
             assert cpu < 0.3 * wall, (cpu, wall)
-            # the READ stays posted: when the answer comes, nothing was lost
-            payload = bytes(range(256)) * (100_000 // 256) + bytes(100_000 % 256)
             stop.set()
             hb.join()
             s.setblocking(True)
-            s.sendall(frame(READ_RESP, 0, 0, payload))
-            m = b.recv(timeout=5)
-            assert bytes(m) == payload
+            s.sendall(frame(READ_RESP, 0, 0, PAYLOAD))
+            if then == "recv":
+                assert bytes(b.recv(timeout=5)) == PAYLOAD
+            else:
+                assert b.recv_into(bufs[1], timeout=5) == READ_LEN
+                assert bytes(bufs[1]) == PAYLOAD
+            s.sendall(_slot(1, 1, b"after", 1) + _publish([0, 1]))
+            assert bytes(b.recv(timeout=5)) == b"after"
         finally:
             killer.cancel()
             stop.set()
+            s.close()               # first: b's close then need not wait for the peer
             b.close()
-            s.close()
+
+
+def test_descriptor_rewritten_while_its_read_is_in_flight_is_protocol_error():
+    stop = threading.Event()
+    with rdmamw.listen("tcp://127.0.0.1:0", slots=16, slot_size=SLOT) as lst:
+        b, s = _raw_channel(lst)
+        s.sendall(_slot(0, 0, RNDV_RECORD, 2) + _publish([0]))
+        hb = _heartbeats(s, stop)
+        killer = threading.Timer(4.0, stop.set)     # today: hang up after 4 s
+        killer.start()
+        try:
+            with pytest.raises(rdmamw.Timeout):
+                b.recv(timeout=0.3)
+            stop.set()
+            hb.join()
+            s.setblocking(True)     # the peer makes the descriptor 10x longer
+            bigger = struct.pack("<II", DESC.size, 1) + DESC.pack(0x10000, 10 * READ_LEN,
+                                                                  0, 1, 1, 0)
+            s.sendall(_slot(0, 0, bigger, 2) + frame(READ_RESP, 0, 0, PAYLOAD))
+            time.sleep(0.2)
+            with pytest.raises(rdmamw.ProtocolError, match="rewrote"):
+                b.recv(timeout=5)
+        finally:
+            killer.cancel()
+            stop.set()
+            s.close()               # first: b's close then need not wait for the peer
+            b.close()
+
+
+def test_sequence_gap_that_closes_is_delivered_at_once():
+    """Slot 1 arrives, slot 0 only 0.3 s later: the receiver sleeps meanwhile and
+    delivers both as soon as the gap closes."""
+    with rdmamw.listen("tcp://127.0.0.1:0", slots=16, slot_size=SLOT) as lst:
+        b, s = _raw_channel(lst)
+        try:
+            s.sendall(_slot(1, 1, b"two", 1) + _publish([1]))
+            later = threading.Timer(0.3, lambda: s.sendall(_slot(0, 0, b"one", 1)
+                                                           + _publish([0, 1])))
+            later.start()
+            got = []
+            cpu, wall, err = _cpu_and_wall(
+                lambda: got.extend(bytes(m) for m in b.recv_batch(timeout=3)))
+            later.join()
+            assert err is None and got == [b"one", b"two"]
+            assert 0.25 < wall < 1.0, wall
+            assert cpu < 0.5 * wall, (cpu, wall)
+        finally:
+            s.close()               # first: b's close then need not wait for the peer
+            b.close()
 
 
 def test_sequence_gap_sleeps_instead_of_spinning():
