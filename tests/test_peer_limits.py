@@ -4,6 +4,7 @@ core (a tcp READ nobody answers, a sequence gap)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import socket
 import struct
@@ -300,70 +301,70 @@ PAYLOAD = bytes(range(256)) * (READ_LEN // 256) + bytes(READ_LEN % 256)
 RNDV_RECORD = struct.pack("<II", DESC.size, 1) + DESC.pack(0x10000, READ_LEN, 0, 1, 1, 0)
 
 
+@contextlib.contextmanager
+def _silent_reader():
+    """A tcp peer that sent one READ descriptor and heartbeats but answers no READ:
+    yields (channel, socket, quiet); quiet() stops the heartbeats so the test may write
+    frames itself. The heartbeats stop after 4 s anyway (the code before this fix
+    waited for that)."""
+    stop = threading.Event()
+    with rdmamw.listen("tcp://127.0.0.1:0", slots=16, slot_size=SLOT) as lst:
+        b, s = _raw_channel(lst)
+        s.sendall(_slot(0, 0, RNDV_RECORD, 2) + _publish([0]))
+        hb = _heartbeats(s, stop)
+        killer = threading.Timer(4.0, stop.set)
+        killer.start()
+
+        def quiet():
+            stop.set()
+            hb.join()
+            s.setblocking(True)
+
+        try:
+            yield b, s, quiet
+        finally:
+            killer.cancel()
+            stop.set()
+            s.close()               # first: b's close then need not wait for the peer
+            b.close()
+
+
 @pytest.mark.parametrize("first,then", [("recv", "recv"), ("recv", "recv_into"),
                                         ("recv_into", "recv"), ("recv_into", "recv_into")])
 def test_tcp_rendezvous_read_obeys_the_timeout_and_sleeps(first, then):
     """A peer that heartbeats but never answers the READ: Timeout at the deadline,
     sleeping; the READ stays in flight and the next receive (of any kind) gets the
     message once the answer comes."""
-    stop = threading.Event()
-    with rdmamw.listen("tcp://127.0.0.1:0", slots=16, slot_size=SLOT) as lst:
-        b, s = _raw_channel(lst)
-        s.sendall(_slot(0, 0, RNDV_RECORD, 2) + _publish([0]))
-        hb = _heartbeats(s, stop)
-        killer = threading.Timer(4.0, stop.set)     # today: hang up after 4 s
-        killer.start()
+    with _silent_reader() as (b, s, quiet):
         bufs = [bytearray(READ_LEN + 10), bytearray(READ_LEN)]
         call = {"recv": lambda buf: b.recv(timeout=0.5),
                 "recv_into": lambda buf: b.recv_into(buf, timeout=0.5)}
-        try:
-            cpu, wall, err = _cpu_and_wall(lambda: call[first](bufs[0]))
-            assert isinstance(err, rdmamw.Timeout), err
-            assert wall < 1.5, wall
-            assert cpu < 0.3 * wall, (cpu, wall)
-            stop.set()
-            hb.join()
-            s.setblocking(True)
-            s.sendall(frame(READ_RESP, 0, 0, PAYLOAD))
-            if then == "recv":
-                assert bytes(b.recv(timeout=5)) == PAYLOAD
-            else:
-                assert b.recv_into(bufs[1], timeout=5) == READ_LEN
-                assert bytes(bufs[1]) == PAYLOAD
-            s.sendall(_slot(1, 1, b"after", 1) + _publish([0, 1]))
-            assert bytes(b.recv(timeout=5)) == b"after"
-        finally:
-            killer.cancel()
-            stop.set()
-            s.close()               # first: b's close then need not wait for the peer
-            b.close()
+        cpu, wall, err = _cpu_and_wall(lambda: call[first](bufs[0]))
+        assert isinstance(err, rdmamw.Timeout), err
+        assert wall < 1.5, wall
+        assert cpu < 0.3 * wall, (cpu, wall)
+        quiet()
+        s.sendall(frame(READ_RESP, 0, 0, PAYLOAD))
+        if then == "recv":
+            assert bytes(b.recv(timeout=5)) == PAYLOAD
+        else:
+            assert b.recv_into(bufs[1], timeout=5) == READ_LEN
+            assert bytes(bufs[1]) == PAYLOAD
+        s.sendall(_slot(1, 1, b"after", 1) + _publish([0, 1]))
+        assert bytes(b.recv(timeout=5)) == b"after"
 
 
 def test_descriptor_rewritten_while_its_read_is_in_flight_is_protocol_error():
-    stop = threading.Event()
-    with rdmamw.listen("tcp://127.0.0.1:0", slots=16, slot_size=SLOT) as lst:
-        b, s = _raw_channel(lst)
-        s.sendall(_slot(0, 0, RNDV_RECORD, 2) + _publish([0]))
-        hb = _heartbeats(s, stop)
-        killer = threading.Timer(4.0, stop.set)     # today: hang up after 4 s
-        killer.start()
-        try:
-            with pytest.raises(rdmamw.Timeout):
-                b.recv(timeout=0.3)
-            stop.set()
-            hb.join()
-            s.setblocking(True)     # the peer makes the descriptor 10x longer
-            bigger = struct.pack("<II", DESC.size, 1) + DESC.pack(0x10000, 10 * READ_LEN,
-                                                                  0, 1, 1, 0)
-            s.sendall(_slot(0, 0, bigger, 2) + frame(READ_RESP, 0, 0, PAYLOAD))
-            time.sleep(0.2)
-            with pytest.raises(rdmamw.ProtocolError, match="rewrote"):
-                b.recv(timeout=5)
-        finally:
-            killer.cancel()
-            stop.set()
-            s.close()               # first: b's close then need not wait for the peer
-            b.close()
+    with _silent_reader() as (b, s, quiet):
+        with pytest.raises(rdmamw.Timeout):
+            b.recv(timeout=0.3)
+        quiet()                 # the peer makes the descriptor 10x longer, then answers
+        bigger = struct.pack("<II", DESC.size, 1) + DESC.pack(0x10000, 10 * READ_LEN,
+                                                              0, 1, 1, 0)
+        s.sendall(_slot(0, 0, bigger, 2) + frame(READ_RESP, 0, 0, PAYLOAD))
+        time.sleep(0.2)
+        with pytest.raises(rdmamw.ProtocolError, match="rewrote"):
+            b.recv(timeout=5)
 
 
 def test_sequence_gap_that_closes_is_delivered_at_once():
