@@ -82,6 +82,8 @@ cdef class Transport:
     cdef rm_region peer[RM_NREGIONS]      # the peer's regions, as sizes for bounds checks
     cdef readonly bint direct_source      # WRITE may source from any process memory (no MR)
     cdef readonly bint synchronous        # post() has executed the chain when it returns
+    cdef readonly bint async_read         # a SIGNALED READ completes later, in poll(), even
+                                          # on a synchronous transport (tcp: the peer answers)
     cdef readonly uint32_t max_inline
     cdef readonly bint can_expose         # expose() works: rendezvous is possible
     cdef readonly uint64_t max_expose     # largest range expose() takes (0: no limit)

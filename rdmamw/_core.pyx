@@ -37,7 +37,7 @@ from cpython.pythread cimport (
 )
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcpy, memset
+from libc.string cimport memcmp, memcpy, memset
 
 from rdmamw.bitmap._phase cimport (
     RecvBitmaps,
@@ -68,6 +68,9 @@ cdef extern from "Python.h":
 cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
+cdef extern from "sched.h" nogil:
+    int sched_yield()
+
 # ---- wire format (docs/protocol.md) --------------------------------------------
 
 ctypedef struct rm_slot_hdr:
@@ -89,6 +92,7 @@ cdef enum:
     CTRL_CREDIT_WAIT = 0    # word index (x8 bytes): see rdmamw/_layout.py
     CTRL_RX_SLEEP = 8
     CTRL_CLOSED = 16
+    CTRL_MAX_MSG = 64       # the largest message the peer takes (0: not announced)
     CTRL_RNDV_DONE = 128    # rendezvous-done bitmap (one word: RNDV_N entries)
     CTRL_ADVERT = 256       # RNDV_N advertised destinations of 4 words (docs/protocol.md)
 
@@ -114,6 +118,8 @@ cdef enum:
 
 cdef uint64_t RNDV_WRID = (<uint64_t>1) << 62   # wr_id of a rendezvous READ (async transports)
 cdef uint64_t MAX_WR_BYTES = 0xFFFFFFFF
+cdef int READ_NAP_MS = 1                # a READ wait, past its spin, sleeps this long at most
+cdef int64_t READ_SPIN_NS = 1000000     # ... and spins spin_us plus 1 ns a byte, up to this
 cdef int64_t CLOSE_RNDV_NS = 5000000000          # close() waits this long for pending READs
 
 cdef uint32_t NONE = 0xFFFFFFFF
@@ -467,6 +473,7 @@ cdef class Engine:
     cdef uint32_t cur_used
     cdef uint16_t cur_flags
     cdef int64_t gap_since
+    cdef uint32_t gap_pending           # slots pending behind the gap (they do not wake us)
     cdef uint32_t max_open
     cdef int64_t gap_timeout_ns
 
@@ -518,6 +525,15 @@ cdef class Engine:
     cdef object posted                  # deque of _Dest from post_recv, in index order
     cdef uint64_t *advsrc               # sources of advert writes (registered)
     cdef uint32_t lkey_adv
+    cdef uint64_t max_msg               # the largest message this side takes
+    cdef int64_t rx_until               # the running receive call's deadline (0: none)
+    cdef _Dest rd_dst                   # a READ still in flight when a receive timed out:
+    cdef object rd_lease                # its destination, the destination's lease or
+    cdef rm_mem rd_mem                  # exposure, its descriptor, index + 1 (0: none),
+    cdef rm_desc rd_desc                # and whether rd_dst is a recv_into buffer
+    cdef uint64_t rd_want
+    cdef bint rd_user
+    cdef uint64_t n_rndv_refused
     cdef uint64_t rndv_read_done        # async transports: last READ completed (index + 1)
     cdef int rndv_read_status
     cdef uint64_t n_rndv_sends, n_rndv_writes, n_rndv_reads, n_rndv_bytes, n_rndv_recv
@@ -546,12 +562,14 @@ cdef class Engine:
     def _setup(self, Transport tp, uint32_t nslots, uint32_t slot_size, uint32_t peer_nslots,
                uint32_t peer_slot_size, str mode="batched", double spin_us=100.0,
                double gap_timeout=2.0, flush_fraction=0.25, str rendezvous="off",
-               rndv_threshold=None):
+               rndv_threshold=None, uint64_t max_message_size=1 << 30):
         """Wire the engine to a connected transport whose regions follow _layout.
 
         ``rendezvous`` is "off", "read" or "write" (rdmamw/channel/rendezvous.py resolves
         "auto"); messages above ``rndv_threshold`` (at most, and by default, the peer's
-        slot_size) then go by rendezvous when the transport can expose memory."""
+        slot_size) then go by rendezvous when the transport can expose memory. A
+        rendezvous message above ``max_message_size`` is refused (MessageTooLarge); the
+        limit is announced to the peer, whose sender then refuses it locally."""
         if mode not in ("batched", "ack"):
             raise ValueError(f"mode must be 'batched' or 'ack', not {mode!r}")
         if rendezvous not in ("off", "read", "write"):
@@ -560,6 +578,8 @@ cdef class Engine:
             raise ValueError("rndv_threshold must be >= 0")
         if not 0.0 < flush_fraction <= 1.0:
             raise ValueError("flush_fraction must be in (0, 1]")
+        if max_message_size == 0:
+            raise ValueError("max_message_size must be at least 1")
         _layout.check_ring(nslots, slot_size)
         _layout.check_ring(peer_nslots, peer_slot_size)
         self.tp = tp
@@ -631,10 +651,17 @@ cdef class Engine:
         self.spin_ns = <int64_t>(spin_us * 1000.0)
         self.gap_timeout_ns = <int64_t>(gap_timeout * 1e9)
         self._grow(64)
+        self.max_msg = min(max_message_size, MAX_WR_BYTES)
+        self.words[3] = self.max_msg        # announce it in the peer's CTRL_MAX_MSG
+        self._put_word(RM_REGION_CTRL, CTRL_MAX_MSG, &self.words[3])
         self.closed = False
 
     def __dealloc__(self):
         cdef uint32_t i
+        if self.rd_want and self.rd_dst is not None:
+            # dropped with a READ in flight: its destination must outlive the transport
+            # (tcp's progress thread may still write into it), so it is leaked
+            Py_XINCREF(<PyObject *>self.rd_dst)
         if not self.closed and self.tp is not None and not self.peer_gone:
             # dropped without close(): still tell the peer it was a clean close
             self._put_word(RM_REGION_CTRL, CTRL_CLOSED, &self.words[1])
@@ -815,6 +842,7 @@ cdef class Engine:
         cdef object item
         cdef size_t limit = self.peer_slot_size
         cdef bint rndv
+        cdef uint64_t peer_max = rm_load_acquire64(&self.ctrl[CTRL_MAX_MSG])
         self.batch_bytes = 0
         for i in range(n):
             item = <object>items[i]
@@ -843,6 +871,12 @@ cdef class Engine:
                 raise MessageTooLarge(
                     f"message {i} is {self.lens[i]} bytes; rendezvous takes at most "
                     f"{min(MAX_WR_BYTES, self.tp.max_expose or MAX_WR_BYTES)} bytes here; "
+                    f"nothing was sent")
+            if rndv and peer_max and self.lens[i] > peer_max:
+                self._release_bufs(i + 1)
+                raise MessageTooLarge(
+                    f"message {i} is {self.lens[i]} bytes; the peer takes at most "
+                    f"{peer_max} (its max_message_size / RDMAMW_MAX_MESSAGE_SIZE); "
                     f"nothing was sent")
             if self.lens[i] > limit and not rndv:
                 self._release_bufs(i + 1)
@@ -1492,6 +1526,7 @@ cdef class Engine:
             self.gap_since = 0
         else:
             t = now_ns()
+            self.gap_pending = k
             if self.gap_since == 0:
                 self.gap_since = t
             elif t - self.gap_since > self.gap_timeout_ns:
@@ -1620,42 +1655,55 @@ cdef class Engine:
     cdef _Dest _rndv_receive(self, char *base, _Dest into):
         """Bring the rendezvous message described at ``base`` into ``into``, its posted
         destination, or a new one; flip its done bit. On any error nothing is
-        consumed: the message stays receivable (or the channel is broken)."""
+        consumed: the message stays receivable (or the channel is broken), except a
+        message above max_message_size, which is refused (see _refuse)."""
         cdef rm_desc d
         cdef _Dest dst, posted = None
-        cdef int rc
         memcpy(&d, base, DESC_BYTES)    # read once: the peer may rewrite the slot
         self._check_desc(&d)
         if self.posted and (<_Dest>self.posted[0]).index == d.index:
             posted = self.posted[0]
+        if d.length > self.max_msg:
+            self._refuse(&d, posted)
         if d.kind == DESC_WRITTEN and (posted is None or not posted.advertised
                                        or <uint64_t>posted.view.len < d.length):
             self._fail(f"rendezvous {d.index} claims to be written into a destination "
                        f"this side did not advertise (or that is too small)")
-        if into is not None:
-            if posted is not None:
-                raise ValueError(f"rendezvous message {d.index} goes to the buffer posted "
-                                 f"for it with post_recv; receive it with recv/recv_batch")
-            dst = into
-        elif posted is not None:
-            dst = posted
+        if into is not None and posted is not None:
+            raise ValueError(f"rendezvous message {d.index} goes to the buffer posted "
+                             f"for it with post_recv; receive it with recv/recv_batch")
+        if self.rd_want:
+            dst = self._resume_read(&d, into, posted)
         else:
-            dst = _dest(_rendezvous.allocate(d.length))
+            dst = into if into is not None else posted
+            if dst is None:
+                dst = _dest(_rendezvous.allocate(d.length))
+            self._check_room(dst, posted, &d)
+            if d.kind == DESC_READ:
+                self._read_into(dst, &d, into is not None)
+                self.n_rndv_reads += 1
+        if posted is not None:
+            self._drop_posted()
+        self.n_rndv_recv += 1
+        self.n_rndv_bytes_recv += d.length
+        self.last_rndv_len = d.length
+        self._rndv_consumed(&d)
+        return dst
+
+    cdef int _check_room(self, _Dest dst, _Dest posted, rm_desc *d) except -1:
+        """BufferTooSmall (the message stays) unless ``dst`` holds the message."""
         if <uint64_t>dst.view.len < d.length:
             if dst is posted:           # hand the posted buffer back; the message stays
                 self._drop_posted()
             raise BufferTooSmall(f"the next message is {d.length} bytes; the "
                                  f"{'posted ' if dst is posted else ''}buffer holds "
                                  f"{dst.view.len}", needed=d.length)
-        if d.kind == DESC_READ:
-            self._read_into(dst, &d)
-            self.n_rndv_reads += 1
-        if dst is posted:
-            self._drop_posted()
+        return 0
+
+    cdef void _rndv_consumed(self, rm_desc *d) noexcept:
+        """Message ``d.index`` is taken out of the stream: flip its done bit (the sender
+        may release its source)."""
         self.rrndv_next += 1
-        self.n_rndv_recv += 1
-        self.n_rndv_bytes_recv += d.length
-        self.last_rndv_len = d.length
         rm_spin_lock(&self.spin)
         self.words[2] ^= (<uint64_t>1) << d.entry
         self.done_unflushed += 1
@@ -1663,7 +1711,24 @@ cdef class Engine:
                 rm_load_acquire64(&self.ctrl[CTRL_CREDIT_WAIT])):
             self._flush_locked()
         rm_spin_unlock(&self.spin)
-        return dst
+
+    cdef int _refuse(self, rm_desc *d, _Dest posted) except -1:
+        """A message above max_message_size: consume its record without allocating or
+        reading anything, tell the sender it is done with it, raise MessageTooLarge
+        once. The channel goes on with the next message."""
+        cdef uint32_t slot = self.cur_slot
+        if posted is not None:
+            self._drop_posted()
+        self._rndv_consumed(d)
+        self.n_rndv_refused += 1
+        self._advance(DESC_BYTES, 0)
+        self._release_one(slot)
+        if not self.closed and not self.peer_gone:
+            self._flush()
+        raise MessageTooLarge(f"the peer sent rendezvous message {d.index} of {d.length} "
+                              f"bytes; this channel takes at most {self.max_msg} bytes "
+                              f"(max_message_size / RDMAMW_MAX_MESSAGE_SIZE): it was "
+                              f"refused unread; the next message follows")
 
     cdef int _check_desc(self, rm_desc *d) except -1:
         if d.kind != DESC_READ and d.kind != DESC_WRITTEN:
@@ -1675,82 +1740,145 @@ cdef class Engine:
             self._fail(f"rendezvous descriptor of {d.length} bytes")
         return 0
 
-    cdef int _read_into(self, _Dest dst, rm_desc *d) except -1:
+    cdef int _read_into(self, _Dest dst, rm_desc *d, bint user) except -1:
         """READ the described message into ``dst``: through a cached registration of
         its owner when the transport registers memory (a pooled or reused buffer is then
-        registered once), else exposed for this READ only."""
+        registered once), else exposed for this READ only. On an asynchronous READ that
+        outlives the receive's deadline, Timeout: the READ stays in flight (rd_*) and
+        the next receive call finishes it (_resume_read)."""
         cdef int rc
-        cdef uint32_t lkey = 0
+        cdef rm_mem mem
+        cdef rm_wr wr
+        cdef bint wait = not self.tp.synchronous or self.tp.async_read
         cdef bint registered = False
         lease = None
+        mem.handle = 0
+        mem.lkey = 0
         if self.cache_ok and self.regcache_dst is not None:
             try:
                 lease = self._lease(self.regcache_dst, dst.obj)
             except MessageTooLarge as e:
                 raise ProtocolError(f"cannot register the destination of rendezvous "
                                     f"message {d.index}: {e.__cause__}") from e
-            lkey = lease.handle[1]
+            mem.lkey = lease.handle[1]
             registered = True
-        try:
-            with nogil:
-                rc = self._rndv_read(<uint64_t>dst.view.buf, d, lkey, registered)
-        finally:
-            if lease is not None:
-                _release_lease(lease)
-        if rc != 0:
-            self._raise_read(rc, d)
-        return 0
-
-    cdef int _rndv_read(self, uint64_t dst, rm_desc *d, uint32_t lkey,
-                        bint registered) noexcept nogil:
-        """READ the described message into dst (``registered``: under ``lkey``, else
-        exposed here); 0 once it is there."""
-        cdef rm_mem mem
-        cdef rm_wr wr
-        cdef int rc
-        cdef uint64_t want = d.index + 1, done
-        cdef int status = 0
-        cdef int64_t next_check
-        mem.handle = 0
-        mem.lkey = lkey
-        if not registered:
-            rc = self.tp.expose(dst, d.length, RM_ACCESS_LOCAL, &mem)
-            if rc != 0:
-                return rc
-        wr.wr_id = RNDV_WRID | want
-        wr.local_addr = dst
+        wr.wr_id = RNDV_WRID | (d.index + 1)
+        wr.local_addr = <uint64_t>dst.view.buf
         wr.remote_off = d.addr
         wr.length = <uint32_t>d.length
-        wr.lkey = mem.lkey
         wr.rkey = d.key
         wr.opcode = RM_WR_READ
-        wr.flags = RM_WR_EXPOSED if self.tp.synchronous else RM_WR_EXPOSED | RM_WR_SIGNALED
+        wr.flags = RM_WR_EXPOSED | RM_WR_SIGNALED if wait else RM_WR_EXPOSED
         wr.imm = 0
-        rc = self.tp.post(&wr, 1)
-        if rc == 0 and not self.tp.synchronous:
-            next_check = now_ns() + PEER_CHECK_NS
-            while True:
-                self._reap()
-                rm_spin_lock(&self.reap_lock)       # done and status: one completion's
-                done, status = self.rndv_read_done, self.rndv_read_status
-                rm_spin_unlock(&self.reap_lock)
-                if done == want:
-                    break
-                if self.peer_gone:
-                    rc = RM_ERR_PEER_LOST
-                    break
-                if now_ns() >= next_check:      # a QP in error flushes the READ; a
-                    # transport that saw the peer die some other way says so here
-                    if self._peer_status() == RM_ERR_PEER_LOST:
-                        rc = RM_ERR_PEER_LOST
-                        break
-                    next_check = now_ns() + PEER_CHECK_NS
-                rm_cpu_relax()
-            if rc == 0 and status != 0:
+        with nogil:
+            rc = 0 if registered else self.tp.expose(
+                wr.local_addr, d.length, RM_ACCESS_LOCAL, &mem)
+            if rc == 0:
+                wr.lkey = mem.lkey
+                rc = self.tp.post(&wr, 1)
+        if rc != 0 or not wait:
+            self.tp.unexpose(mem.handle)
+            if lease is not None:
+                _release_lease(lease)
+            if rc != 0:
+                self._raise_read(rc, d)
+            return 0
+        self.rd_dst, self.rd_lease, self.rd_mem = dst, lease, mem
+        self.rd_desc, self.rd_want, self.rd_user = d[0], d.index + 1, user
+        return self._wait_read()
+
+    cdef _Dest _resume_read(self, rm_desc *d, _Dest into, _Dest posted):
+        """Finish the READ an earlier receive left in flight; the message lands where
+        this call says (copied there if that is not where it was being read)."""
+        cdef _Dest src = self.rd_dst, dst
+        if memcmp(d, &self.rd_desc, DESC_BYTES) != 0:
+            self._fail(f"the peer rewrote rendezvous descriptor {d.index} while it was "
+                       f"being read")
+        dst = into if into is not None else posted
+        if dst is None and not self.rd_user:
+            dst = src
+        if dst is not None:
+            self._check_room(dst, posted, d)
+        self._wait_read()
+        self.n_rndv_reads += 1
+        if dst is None:
+            dst = _dest(_rendezvous.allocate(d.length))
+        if dst.view.buf != src.view.buf:
+            memcpy(dst.view.buf, src.view.buf, d.length)
+        return dst
+
+    cdef int _wait_read(self) except -1:
+        """Wait for the READ in flight until the receive's deadline (Timeout: it stays
+        in flight), in slices that let signals through; then end it."""
+        cdef int rc
+        cdef int64_t deadline = self.rx_until
+        cdef rm_desc d = self.rd_desc
+        while True:
+            with nogil:
+                rc = self._read_wait(self._slice_end(deadline))
+            if rc != 1:
+                break
+            if deadline and now_ns() >= deadline:
+                raise Timeout(f"rendezvous message {d.index} ({d.length} bytes) is still "
+                              f"being read; receive again to finish it (nothing is lost)")
+            PyErr_CheckSignals()
+        self._end_read()
+        if rc != 0:
+            self._raise_read(rc, &d)
+        return 0
+
+    cdef int _read_wait(self, int64_t until) noexcept nogil:
+        """Spin, then sleep, until the READ in flight completed (0, or a RM_ERR_* if it
+        failed), ``until`` passes (1) or the peer is lost (RM_ERR_PEER_LOST). It
+        spins about as long as the data takes at 1 GB/s (at most READ_SPIN_NS more than
+        spin_us), yielding the core: the answer needs CPU here too (tcp's progress
+        thread)."""
+        cdef int64_t t = now_ns()
+        cdef int64_t spin_end = t + self.spin_ns + <int64_t>min(self.rd_desc.length,
+                                                                <uint64_t>READ_SPIN_NS)
+        cdef int64_t next_check = t + PEER_CHECK_NS
+        cdef uint64_t done
+        cdef int status
+        while True:
+            self._reap()
+            rm_spin_lock(&self.reap_lock)       # done and status: one completion's
+            done, status = self.rndv_read_done, self.rndv_read_status
+            rm_spin_unlock(&self.reap_lock)
+            if done == self.rd_want:
+                if status == 0:
+                    return 0
                 # IBV_WC_REM_INV_REQ_ERR / REM_ACCESS_ERR: outside the peer's MR
-                rc = RM_ERR_BOUNDS if status in (9, 10) else RM_ERR_PEER_LOST
-        self.tp.unexpose(mem.handle)
-        return rc
+                return RM_ERR_BOUNDS if status in (9, 10) else RM_ERR_PEER_LOST
+            if self.peer_gone:
+                return RM_ERR_PEER_LOST
+            t = now_ns()
+            if t >= next_check:         # a QP in error flushes the READ; a transport
+                # that saw the peer die some other way says so here
+                if self._peer_status() == RM_ERR_PEER_LOST:
+                    return RM_ERR_PEER_LOST
+                next_check = t + PEER_CHECK_NS
+            if t >= until:
+                return 1
+            if t < spin_end:
+                sched_yield()
+                continue
+            self.tp.n_sleeps += 1       # tcp wakes us when the answer is in
+            self.tp.wait(min(READ_NAP_MS, <int>((until - t) // 1000000) + 1))
+
+    cdef int _end_read(self) except -1:
+        """The READ in flight is over (or the transport closed): give back its exposure
+        and lease."""
+        cdef object lease = self.rd_lease
+        if self.rd_want == 0:
+            return 0
+        self.tp.unexpose(self.rd_mem.handle)
+        self.rd_mem.handle = 0
+        self.rd_lease = None
+        self.rd_dst = None
+        self.rd_want = 0
+        if lease is not None:
+            _release_lease(lease)
+        return 0
 
     cdef int _raise_read(self, int rc, rm_desc *d) except -1:
         cdef int st
@@ -1836,7 +1964,13 @@ cdef class Engine:
                 return False
 
     cdef bint _has_arrivals(self) noexcept nogil:
-        return self.cur_left != 0 or self.ready_len != 0 or self.rbm.pending(self.pend, 1) != 0
+        """Something to deliver, or a slot arrived since the last look found a gap (the
+        slots waiting behind a gap do not count: waiting for the gap sleeps)."""
+        if self.cur_left != 0 or self.ready_len != 0:
+            return True
+        if self.gap_since == 0:
+            return self.rbm.pending(self.pend, 1) != 0
+        return self.rbm.pending(self.pend, self.gap_pending + 1) > self.gap_pending
 
     cdef int _wait_arrival(self, int64_t until, bint spin) noexcept nogil:
         """Spin, then sleep, until something arrived (1), ``until`` passes (0), or
@@ -1923,6 +2057,7 @@ cdef class Engine:
             raise ProtocolError(self.broken)
         deadline = _deadline(timeout)
         self._lock(self.recv_lock)
+        self.rx_until = deadline
         try:
             while True:
                 if self.broken is not None:
@@ -1995,6 +2130,7 @@ cdef class Engine:
                 self.tp.wake_peer()
             rm_spin_unlock(&self.spin)
         self.tp.close()
+        self._end_read()            # a READ left in flight: nothing writes into it now
 
     def stats(self) -> dict:
         """Counters of this endpoint; everything that hit the transport is counted."""
@@ -2017,6 +2153,7 @@ cdef class Engine:
             "rndv_reads": self.n_rndv_reads,
             "rndv_bytes_received": self.n_rndv_bytes_recv,
             "rndv_done_writebacks": self.n_done_wb,
+            "rndv_refused": self.n_rndv_refused,
         }
         if self.tp is not None:
             d.update(self.tp.counters())
@@ -2026,6 +2163,16 @@ cdef class Engine:
     def rndv_pending(self) -> int:
         """Rendezvous messages sent whose sources the receiver has not released yet."""
         return self.rndv_next - self.rndv_released
+
+    @property
+    def max_message_size(self) -> int:
+        """Largest message this side takes (larger ones are refused: MessageTooLarge)."""
+        return self.max_msg
+
+    @property
+    def peer_max_message_size(self) -> int:
+        """Largest message the peer takes, as it announced (0 until it has)."""
+        return rm_load_acquire64(&self.ctrl[CTRL_MAX_MSG]) if self.ctrl != NULL else 0
 
     @property
     def eager_limit(self) -> int:

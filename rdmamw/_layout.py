@@ -5,7 +5,11 @@ peer never tells us an offset we would have to trust."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+from rdmamw.errors import ProtocolError
+from rdmamw.memory.units import parse_bytes
 
 PAGE = 4096
 LINE = 64
@@ -16,6 +20,10 @@ CTRL_RX_SLEEP = 64        # peer (as receiver) sleeps; wake it after publishing 
 CTRL_CLOSED = 128         # peer closed the channel cleanly
 MAX_SLOTS = 1 << 20
 MAX_SLOT_SIZE = 1 << 30
+#: the largest ring (slots x stride) a peer's hello may ask us to hold for it: our
+#: staging copy of its ring (and on shm our mapping of its block) has that size
+MAX_PEER_RING_ENV = "RDMAMW_MAX_PEER_RING"
+DEFAULT_MAX_PEER_RING = 256 << 20
 
 
 def _round_up(n: int, to: int) -> int:
@@ -36,6 +44,28 @@ def check_ring(slots: int, slot_size: int) -> None:
         raise ValueError(f"slots must be in [1, {MAX_SLOTS}], got {slots}")
     if not (64 <= slot_size <= MAX_SLOT_SIZE):
         raise ValueError(f"slot_size must be in [64, {MAX_SLOT_SIZE}], got {slot_size}")
+
+
+def max_peer_ring() -> int:
+    """RDMAMW_MAX_PEER_RING in bytes (default 256 MiB: the default 128 x 64 KiB ring,
+    the parameter server's 16 x 1 MiB and 3 x 64 MiB eager rings fit), or ConfigError."""
+    env = os.environ.get(MAX_PEER_RING_ENV)
+    return DEFAULT_MAX_PEER_RING if env is None else parse_bytes(env, MAX_PEER_RING_ENV)
+
+
+def check_peer_ring(slots: int, slot_size: int) -> None:
+    """The ring a peer's hello announces is valid and fits RDMAMW_MAX_PEER_RING, else
+    ProtocolError: checked before anything is allocated for it (ConfigError for a bad
+    setting)."""
+    cap = max_peer_ring()
+    try:
+        check_ring(slots, slot_size)
+    except ValueError as e:
+        raise ProtocolError(f"peer ring: {e}") from None
+    size = slots * slot_stride(slot_size)
+    if size > cap:
+        raise ProtocolError(f"peer ring: {slots} slots of {slot_size} bytes need {size} "
+                            f"bytes, more than {MAX_PEER_RING_ENV} = {cap} allows")
 
 
 @dataclass(frozen=True)

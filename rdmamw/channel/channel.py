@@ -6,12 +6,13 @@ import os
 from functools import partial
 from typing import Any
 
-from rdmamw import _rendezvous
+from rdmamw import _layout, _rendezvous
 from rdmamw._core import Engine
 from rdmamw.channel.address import split_address
-from rdmamw.errors import ProviderUnavailable
+from rdmamw.errors import ConfigError, ProviderUnavailable
 from rdmamw.memory.counters import channel_stats
 from rdmamw.memory.regcache import RegCache
+from rdmamw.memory.units import parse_bytes
 from rdmamw.providers import Connected, provider
 
 #: Defaults for the ring this endpoint receives on. 128 slots of 64 KiB: 8 MiB per
@@ -21,6 +22,22 @@ DEFAULT_SLOT_SIZE = int(os.environ.get("RDMAMW_SLOT_SIZE", 65536))
 DEFAULT_SPIN_US = float(os.environ.get("RDMAMW_SPIN_US", 100.0))
 DEFAULT_OPEN_TIMEOUT = 30.0
 MODES = ("batched", "ack")
+MAX_MESSAGE_SIZE_ENV = "RDMAMW_MAX_MESSAGE_SIZE"
+DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
+WIRE_MAX_MESSAGE = (1 << 32) - 1    # a rendezvous descriptor's length field
+
+
+def message_limit(value: int | str | None = None) -> int:
+    """The largest message a channel takes: ``value`` (the keyword), else
+    RDMAMW_MAX_MESSAGE_SIZE, else 1 GiB; sizes above the wire's 4 GiB - 1 mean the
+    wire's limit. ConfigError for anything that is not a positive byte size."""
+    what = "max_message_size" if value is not None else MAX_MESSAGE_SIZE_ENV
+    if value is None:
+        value = os.environ.get(MAX_MESSAGE_SIZE_ENV, DEFAULT_MAX_MESSAGE_SIZE)
+    n = parse_bytes(value, what)
+    if n < 1:
+        raise ConfigError(f"{what}: {value!r} must be at least 1 byte")
+    return min(n, WIRE_MAX_MESSAGE)
 
 
 class Channel(Engine):
@@ -52,7 +69,8 @@ class Channel(Engine):
     def open(cls, peer: str | int, *, mode: str = "batched", timeout: float | None = None,
              slots: int = DEFAULT_SLOTS, slot_size: int = DEFAULT_SLOT_SIZE,
              spin_us: float = DEFAULT_SPIN_US, rendezvous: str = "auto",
-             rndv_threshold: int | None = None) -> Channel:
+             rndv_threshold: int | None = None,
+             max_message_size: int | str | None = None) -> Channel:
         """Connect to ``peer`` (``"shm://NAME"``, ``"tcp://HOST:PORT"``, or after
         :func:`rdmamw.init` a rank: both ranks call ``open`` with the other's rank and
         the provider is chosen for them), retrying while nobody listens yet.
@@ -66,10 +84,14 @@ class Channel(Engine):
         receiver READs from our buffer), ``"write"`` (we WRITE into a buffer the receiver
         posted with ``post_recv``, else it READs), ``"off"`` (eager only: larger messages
         raise MessageTooLarge) or ``"auto"`` (the tuned strategy, else read).
-        ``rndv_threshold`` lowers the size above which rendezvous is used."""
+        ``rndv_threshold`` lowers the size above which rendezvous is used.
+
+        ``max_message_size`` (bytes or "1G"; default RDMAMW_MAX_MESSAGE_SIZE, else
+        1 GiB) is the largest message this side takes: a larger one is refused with
+        MessageTooLarge, by the peer's sender once it knows the limit, else here."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-        rndv = (rendezvous, rndv_threshold)
+        rndv = (rendezvous, rndv_threshold, message_limit(max_message_size))
         _rendezvous.check(rendezvous, rndv_threshold)      # bad options fail first
         t = DEFAULT_OPEN_TIMEOUT if timeout is None else float(timeout)
         if isinstance(peer, int) and not isinstance(peer, bool):
@@ -94,7 +116,7 @@ class Channel(Engine):
 
 
 def _make(cls: type[Channel], conn: Connected, spin_us: float,
-          rndv: tuple[str, int | None] = ("auto", None)) -> Channel:
+          rndv: tuple[str, int | None, int | None] = ("auto", None, None)) -> Channel:
     ch = cls()
     try:
         scheme = conn.peer.partition("://")[0]
@@ -104,7 +126,8 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
                                       f"expose memory to its peer (yet)")
         ch._setup(conn.transport, conn.slots, conn.slot_size, conn.peer_slots,
                   conn.peer_slot_size, conn.mode, spin_us, rendezvous=strategy,
-                  rndv_threshold=threshold)
+                  rndv_threshold=threshold,
+                  max_message_size=message_limit(rndv[2]))
         tp = conn.transport
         if strategy != "off" and hasattr(tp, "mr_register"):
             # a large buffer is registered on its first send (or receive), not per
@@ -126,9 +149,11 @@ class Listener:
 
     def __init__(self, address: str, *, slots: int = DEFAULT_SLOTS,
                  slot_size: int = DEFAULT_SLOT_SIZE, spin_us: float = DEFAULT_SPIN_US,
-                 rendezvous: str = "auto", rndv_threshold: int | None = None) -> None:
+                 rendezvous: str = "auto", rndv_threshold: int | None = None,
+                 max_message_size: int | str | None = None) -> None:
         _rendezvous.check(rendezvous, rndv_threshold)
-        self._rndv = (rendezvous, rndv_threshold)
+        _layout.max_peer_ring()             # a bad RDMAMW_MAX_PEER_RING fails here
+        self._rndv = (rendezvous, rndv_threshold, message_limit(max_message_size))
         scheme, where = split_address(address)
         self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)
         self._spin_us = spin_us
@@ -155,5 +180,5 @@ class Listener:
 
 def listen(address: str, **ring: Any) -> Listener:
     """Listen at ``address`` (``"shm://NAME"``); ``ring`` takes slots, slot_size, spin_us,
-    rendezvous, rndv_threshold (as :meth:`Channel.open`)."""
+    rendezvous, rndv_threshold, max_message_size (as :meth:`Channel.open`)."""
     return Listener(address, **ring)

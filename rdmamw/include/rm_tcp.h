@@ -99,6 +99,14 @@ static inline void rt_signal(rt_conn *c) {
     (void)r;                /* EAGAIN: the counter is already non-zero, fine */
 }
 
+/* READ k is answered: count it, and wake an engine waiting for it (as a PUBLISH does:
+ * rt_wait re-checks pub_gen after announcing that it waits, so no wake-up is lost). */
+static inline void rt_read_done(rt_conn *c, uint64_t k) {
+    __atomic_store_n(&c->rd_done, k + 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&c->pub_gen, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&c->waiting, __ATOMIC_SEQ_CST)) rt_signal(c);
+}
+
 /* Mark the connection down (first reason wins), wake the local waiter, and make
  * the peer see EOF. */
 static void rt_lose(rt_conn *c, int why, int err) {
@@ -335,7 +343,7 @@ static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
             f->length)
             return -RT_WHY_FRAME;
         c->rd_err[k % RT_RD_MAX] = 1;
-        __atomic_store_n(&c->rd_done, k + 1, __ATOMIC_RELEASE);
+        rt_read_done(c, k);
         return 0;
     case RT_READ_RESP:
         k = __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE);
@@ -344,7 +352,7 @@ static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
             return -RT_WHY_FRAME;
         rc = rt_rx(c, (char *)(uintptr_t)c->rd_addr[k % RT_RD_MAX], f->length, nh, nh_got);
         if (rc) return rc;
-        __atomic_store_n(&c->rd_done, k + 1, __ATOMIC_RELEASE);
+        rt_read_done(c, k);
         return 0;
     default:
         return -RT_WHY_FRAME;

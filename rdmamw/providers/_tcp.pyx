@@ -45,6 +45,7 @@ from rdmamw._core cimport (
     RM_WR_WRITE_IMM,
     Transport,
     rm_mem,
+    rm_wc,
     rm_wr,
 )
 
@@ -158,6 +159,8 @@ cdef class TcpTransport(Transport):
     cdef uint64_t reg_lo[MAX_LOCAL]
     cdef uint64_t reg_hi[MAX_LOCAL]
     cdef uint32_t nreg
+    cdef uint64_t aread_id          # the asynchronous READ in flight: its wr_id ...
+    cdef uint64_t aread_seq         # ... and rd_posted after it (0: none)
 
     def __cinit__(self):
         self.c = <rt_conn *>calloc(1, sizeof(rt_conn))
@@ -179,6 +182,7 @@ cdef class TcpTransport(Transport):
         self.can_expose = True
         self.direct_source = True       # sendmsg reads the sources before post() returns
         self.synchronous = True
+        self.async_read = True          # a rendezvous READ waits in the engine (deadline)
         self.max_inline = 1 << 30
 
     def _attach(self, int sock, int evfd, size_t block_addr, size_t block_size,
@@ -269,6 +273,7 @@ cdef class TcpTransport(Transport):
         cdef rt_frame *f
         cdef int st = rt_state(self.c), rc
         cdef uint64_t target, posted
+        cdef bint deferred = True       # one exposed SIGNALED READ: poll() says when done
         if st != RT_UP:
             return st
         for i in range(n):      # validate the whole chain first: all or nothing
@@ -277,7 +282,9 @@ cdef class TcpTransport(Transport):
                 if wr.rkey > 0xFFFF or wr.flags & RM_WR_PUBLISH or (
                         wr.opcode != RM_WR_READ and wr.opcode != RM_WR_WRITE):
                     return RM_ERR_BOUNDS
-                nreads += wr.opcode == RM_WR_READ
+                if wr.opcode == RM_WR_READ:
+                    nreads += 1
+                    deferred = deferred and (wr.flags & RM_WR_SIGNALED) != 0
                 continue
             if wr.rkey >= RM_NREGIONS or wr.remote_off > self.peer[wr.rkey].length \
                     or wr.length > self.peer[wr.rkey].length - wr.remote_off:
@@ -286,10 +293,12 @@ cdef class TcpTransport(Transport):
                 if wr.flags & RM_WR_PUBLISH or not self._registered(wr.local_addr, wr.length):
                     return RM_ERR_BOUNDS
                 nreads += 1
+                deferred = False        # region READs (tests) finish inside post()
             elif wr.opcode != RM_WR_WRITE and wr.opcode != RM_WR_WRITE_IMM:
                 return RM_ERR_BOUNDS
             if wr.flags & RM_WR_PUBLISH and ((wr.remote_off | wr.length | wr.local_addr) & 7):
                 return RM_ERR_BOUNDS
+        deferred = deferred and nreads == 1 and self.aread_seq == 0
         if nreads > RT_RD_MAX or self._reserve(n) != 0:
             return RM_ERR_BOUNDS if nreads > RT_RD_MAX else RM_ERR_OS
         pthread_mutex_lock(&self.c.send_mu)
@@ -328,13 +337,18 @@ cdef class TcpTransport(Transport):
             self.iov[k].iov_len = wr.length
             k += 1
         rt_atomic_store64(&self.c.rd_posted, posted, __ATOMIC_RELEASE)
+        if deferred:
+            for i in range(n):
+                if wrs[i].opcode == RM_WR_READ:
+                    self.aread_id = wrs[i].wr_id
+            rt_atomic_store64(&self.aread_seq, posted, __ATOMIC_RELEASE)
         rc = rt_send_locked(self.c, self.iov, k)
         pthread_mutex_unlock(&self.c.send_mu)
         if rc != 0:
             return rc
         self.n_doorbells += 1
         self.n_wrs += n
-        if nreads:      # synchronous: the READ targets are filled when post() returns
+        if nreads and not deferred:     # the READ targets are filled when post() returns
             while rt_atomic_load64(&self.c.rd_done, __ATOMIC_ACQUIRE) < posted:
                 st = rt_state(self.c)
                 if st != RT_UP:
@@ -346,8 +360,24 @@ cdef class TcpTransport(Transport):
         for i in range(n):
             if wrs[i].flags & RM_WR_SIGNALED:
                 self.n_signaled += 1
-                self.complete_now(wrs[i].wr_id, wrs[i].opcode)
+                if not (deferred and wrs[i].opcode == RM_WR_READ):
+                    self.complete_now(wrs[i].wr_id, wrs[i].opcode)
         return 0
+
+    cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil:
+        """The soft completions, then the deferred READ once the peer answered it
+        (status 10, a remote access error, if it refused)."""
+        cdef int k = Transport.poll(self, wcs, maxn)
+        cdef uint64_t seq = rt_atomic_load64(&self.aread_seq, __ATOMIC_ACQUIRE)
+        if seq and <uint32_t>k < maxn and \
+                rt_atomic_load64(&self.c.rd_done, __ATOMIC_ACQUIRE) >= seq:
+            wcs[k].wr_id = self.aread_id
+            wcs[k].status = 10 if self.c.rd_err[(seq - 1) % RT_RD_MAX] else 0
+            wcs[k].opcode = RM_WR_READ
+            rt_atomic_store64(&self.aread_seq, 0, __ATOMIC_RELEASE)
+            self.n_completions += 1
+            k += 1
+        return k
 
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil:

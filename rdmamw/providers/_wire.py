@@ -64,10 +64,7 @@ def check_hello(peer: dict, version: int, mode: str | None) -> tuple[int, int, s
     if field(peer, "v", int) != version:
         raise ProtocolError(f"peer speaks protocol version {peer['v']}, we speak {version}")
     peer_slots, peer_slot_size = field(peer, "slots", int), field(peer, "slot_size", int)
-    try:
-        _layout.check_ring(peer_slots, peer_slot_size)
-    except ValueError as e:
-        raise ProtocolError(f"peer ring: {e}") from None
+    _layout.check_peer_ring(peer_slots, peer_slot_size)
     if mode is None:
         mode = field(peer, "mode", str)
         if mode not in ("batched", "ack"):

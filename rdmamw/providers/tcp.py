@@ -68,10 +68,7 @@ def parse_hello(peer: dict, accepting: bool) -> dict:
         raise ProtocolError(f"peer speaks protocol version {peer['v']}, we speak "
                             f"{PROTOCOL_VERSION}")
     out = {"slots": field(peer, "slots", int), "slot_size": field(peer, "slot_size", int)}
-    try:
-        _layout.check_ring(out["slots"], out["slot_size"])
-    except ValueError as e:
-        raise ProtocolError(f"peer ring: {e}") from None
+    _layout.check_peer_ring(out["slots"], out["slot_size"])
     hb = peer.get("hb", 0.25)
     if not isinstance(hb, (int, float)) or isinstance(hb, bool) or not 0 <= hb <= 60:
         raise ProtocolError("handshake field 'hb' is not a heartbeat interval")
