@@ -20,6 +20,11 @@ class ChannelClosed(RdmamwError):
     """The channel was closed, by this side or cleanly by the peer."""
 
 
+class InheritedChannel(ChannelClosed):
+    """A channel or listener used in a child process after ``fork``: it belongs to the
+    parent, which still uses it. The child must open its own channels."""
+
+
 class Timeout(RdmamwError, TimeoutError):
     """A blocking call reached its timeout.
 
@@ -67,6 +72,7 @@ __all__ = [
     "BufferTooSmall",
     "ChannelClosed",
     "ConfigError",
+    "InheritedChannel",
     "MessageTooLarge",
     "PeerLost",
     "PeerNotFound",

@@ -6,7 +6,7 @@ import os
 from functools import partial
 from typing import Any
 
-from rdmamw import _rendezvous
+from rdmamw import _fork, _rendezvous
 from rdmamw._core import Engine
 from rdmamw.channel.address import split_address
 from rdmamw.errors import ProviderUnavailable
@@ -131,6 +131,7 @@ class Listener:
         self._rndv = (rendezvous, rndv_threshold)
         scheme, where = split_address(address)
         self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)
+        self._owner = _fork.pid()
         self._spin_us = spin_us
         #: the address peers open; with an ephemeral port (``:0``) the one really bound
         self.address: str = self._impl.address
@@ -138,9 +139,18 @@ class Listener:
     def accept(self, timeout: float | None = None) -> Channel:
         """Wait for one peer (up to ``timeout`` s, None = forever) and return its Channel;
         the mode is the one the opener asked for."""
+        if self._owner != _fork.pid():
+            _fork.refuse("listener", self._owner)
         return _make(Channel, self._impl.accept(timeout), self._spin_us, self._rndv)
 
     def close(self) -> None:
+        """Stop listening. In a fork child only the child's copy of the listening
+        socket is closed; the parent keeps listening."""
+        if self._owner != _fork.pid():
+            sock = getattr(self._impl, "_sock", None)
+            if sock is not None:
+                sock.close()        # the descriptor only: no shutdown, no threads
+            return
         self._impl.close()
 
     def __enter__(self) -> Listener:

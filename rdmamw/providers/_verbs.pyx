@@ -195,6 +195,7 @@ cdef class VerbsTransport(Transport):
         cdef void *mem = NULL
         if len(regions) != RM_NREGIONS:
             raise ValueError("need one (offset, length) per region")
+        fork_safety()
         lst = ibv_get_device_list(&num)
         if lst == NULL:
             raise OSError(errno, f"ibv_get_device_list: {strerror(errno).decode()}")
@@ -426,6 +427,8 @@ cdef class VerbsTransport(Transport):
     def mr_deregister(self, handle):
         """Deregister an MR of mr_register (the cache calls it once nothing uses it)."""
         cdef size_t p = handle[0]
+        if self.inherited():
+            return          # a fork child: the MR is the parent's (same uverbs file)
         if self.cached_mrs.pop(p, 0) is None:
             with nogil:
                 ibv_dereg_mr(<ibv_mr *>p)
@@ -494,6 +497,9 @@ cdef class VerbsTransport(Transport):
         thread of ours blocked in wait() wakes. The verbs objects are destroyed only
         when the transport dies, so no other thread can be inside them; the block
         stays allocated while Messages may point into it."""
+        if self.inherited():
+            self.state = RM_ERR_CLOSED  # a fork child: nothing here is ours to drain
+            return
         if self.state == 1:
             with nogil:
                 self._drain_sq(1000000000)
@@ -524,6 +530,10 @@ cdef class VerbsTransport(Transport):
         if self.sock >= 0:
             close(self.sock)
             self.sock = -1
+        if self.inherited():
+            # a fork child shares the parent's uverbs file: destroying a QP, CQ or MR
+            # here would destroy the parent's; the kernel frees them with the parent
+            return
         if self.qp != NULL:
             ibv_destroy_qp(self.qp)
             self.qp = NULL
@@ -878,6 +888,22 @@ cdef class VerbsTransport(Transport):
         if self.state == 1 and self._sock_dead():
             self._fail(RM_ERR_PEER_LOST, FAIL_SOCKET)
         return self.state
+
+
+cdef int _fork_init_rc = -1
+
+
+def fork_safety() -> str:
+    """Follow rdma-core's fork rule: ``ibv_fork_init()`` before the first device is
+    opened (called once here; RDMAV_FORK_SAFE does the same). On kernels that copy
+    pinned pages at fork (5.13+; rdma-core asks over netlink) it is a no-op and the
+    answer is "unneeded"; on older ones registered memory is MADV_DONTFORK ("enabled":
+    a child must not touch buffers the parent registered); "disabled" if memory was
+    registered before (EINVAL) so the parent's registrations are not fork safe."""
+    global _fork_init_rc
+    if _fork_init_rc < 0:
+        _fork_init_rc = ibv_fork_init()
+    return ("disabled", "enabled", "unneeded")[min(max(ibv_is_fork_initialized(), 0), 2)]
 
 
 def probe(int max_gids=32):
