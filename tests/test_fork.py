@@ -220,3 +220,14 @@ def test_dataloader_like_fork_pool(fpair):
     assert results == [[x * x for x in range(20)]] * 3
     assert got == sent
     talk(a, b, b"after")
+
+
+def test_child_cannot_open_by_rank(monkeypatch):
+    """The child is not the parent's rank: Channel.open(rank) refuses in it, and
+    finalize() there leaves the parent's listener alone."""
+    from rdmamw import bootstrap
+    w = bootstrap.World(0, 2, "test", "job", {0: {"host": "h"}, 1: {"host": "h"}})
+    monkeypatch.setattr(bootstrap, "_world", w)
+    assert in_child(lambda: expect_inherited(lambda: rdmamw.Channel.open(1, timeout=1))) == OK
+    assert in_child(bootstrap.finalize) == OK
+    assert bootstrap.world() is w

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdmamw import auth
+from rdmamw import _fork, auth
 from rdmamw.bootstrap import store
 from rdmamw.bootstrap.env import LaunchInfo, detect
 from rdmamw.errors import ProviderUnavailable, RdmamwError
@@ -46,6 +46,7 @@ class World:
     _tcp: Any = None                     # our tcp listener (lower rank of a pair accepts)
     _stash: dict[int, list[Connected]] = field(default_factory=dict)
     _accept_lock: threading.Lock = field(default_factory=threading.Lock)
+    _owner: int = field(default_factory=_fork.pid)     # a fork child is not this rank
 
     def provider_for(self, rank: int) -> str:
         """The transport a channel to ``rank`` uses (the same choice on both sides)."""
@@ -75,6 +76,8 @@ class World:
             return self._stash[rank].pop(0)
 
     def close(self) -> None:
+        if self._owner != _fork.pid():
+            return              # a fork child: the listener and stash are the parent's
         if self._tcp is not None:
             self._tcp.close()
             self._tcp = None
@@ -169,6 +172,8 @@ def connect_rank(rank: int, *, mode: str, timeout: float, slots: int,
                  slot_size: int) -> Connected:
     """A connected transport to ``rank`` (the lower rank of the pair accepts)."""
     w = world()
+    if w._owner != _fork.pid():
+        _fork.refuse(f"job membership (rank {w.rank})", w._owner)
     scheme = w.provider_for(rank)
     mod = provider(scheme)
     lower = w.rank < rank
