@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-from rdmamw import _fork, _rendezvous
+from rdmamw import _fork, _rendezvous, auth
 from rdmamw._core import Engine
 from rdmamw.channel.address import split_address
-from rdmamw.errors import ProviderUnavailable
+from rdmamw.errors import PeerLost, ProviderUnavailable, RdmamwError, Timeout
 from rdmamw.memory.counters import channel_stats
 from rdmamw.memory.regcache import RegCache
 from rdmamw.providers import Connected, provider
@@ -21,6 +23,30 @@ DEFAULT_SLOT_SIZE = int(os.environ.get("RDMAMW_SLOT_SIZE", 65536))
 DEFAULT_SPIN_US = float(os.environ.get("RDMAMW_SPIN_US", 100.0))
 DEFAULT_OPEN_TIMEOUT = 30.0
 MODES = ("batched", "ack")
+#: transports whose connections prove the shared token (rdmamw.auth; verbs with the
+#: side-channel handshake of issue 13): without a usable token listen() and open()
+#: fail at once with ConfigError, rather than every handshake later
+TOKEN_SCHEMES = ("tcp", "verbs")
+
+
+@contextmanager
+def _os_errors(what: str) -> Iterator[None]:
+    """Socket and system errors of connection set-up reach the user as rdmamw errors
+    that say what to do: a connection the peer broke (reset, hung up) is PeerLost, any
+    other OSError (no permission, out of descriptors or memory) ProviderUnavailable."""
+    try:
+        yield
+    except RdmamwError:
+        raise
+    except TimeoutError as e:
+        raise Timeout(f"{what}: the peer did not finish the set-up in time ({e}); "
+                      f"retry") from e
+    except ConnectionError as e:
+        raise PeerLost(f"{what}: the peer broke the connection during set-up ({e}); "
+                       f"check that it runs the same rdmamw version and retry") from e
+    except OSError as e:
+        raise ProviderUnavailable(f"{what}: {e} (check permissions and the limits on "
+                                  f"open files and locked memory: ulimit -n / -l)") from e
 
 
 class Channel(Engine):
@@ -74,12 +100,17 @@ class Channel(Engine):
         t = DEFAULT_OPEN_TIMEOUT if timeout is None else float(timeout)
         if isinstance(peer, int) and not isinstance(peer, bool):
             from rdmamw.bootstrap import connect_rank
-            conn = connect_rank(peer, mode=mode, timeout=t, slots=slots, slot_size=slot_size)
+            with _os_errors(f"opening a channel to rank {peer}"):
+                conn = connect_rank(peer, mode=mode, timeout=t, slots=slots,
+                                    slot_size=slot_size)
             conn.peer_rank = peer
         else:
             scheme, where = split_address(peer)
-            conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
-                                            slot_size=slot_size)
+            if scheme in TOKEN_SCHEMES:
+                auth.token()
+            with _os_errors(f"opening {peer}"):
+                conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
+                                                slot_size=slot_size)
         return _make(cls, conn, spin_us, rndv)
 
     def __enter__(self) -> Channel:
@@ -130,7 +161,10 @@ class Listener:
         _rendezvous.check(rendezvous, rndv_threshold)
         self._rndv = (rendezvous, rndv_threshold)
         scheme, where = split_address(address)
-        self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)
+        if scheme in TOKEN_SCHEMES:
+            auth.token()
+        with _os_errors(f"listening on {address}"):
+            self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)
         self._owner = _fork.pid()
         self._spin_us = spin_us
         #: the address peers open; with an ephemeral port (``:0``) the one really bound
@@ -141,7 +175,9 @@ class Listener:
         the mode is the one the opener asked for."""
         if self._owner != _fork.pid():
             _fork.refuse("listener", self._owner)
-        return _make(Channel, self._impl.accept(timeout), self._spin_us, self._rndv)
+        with _os_errors(f"accepting on {self.address}"):
+            conn = self._impl.accept(timeout)
+        return _make(Channel, conn, self._spin_us, self._rndv)
 
     def close(self) -> None:
         """Stop listening. In a fork child only the child's copy of the listening

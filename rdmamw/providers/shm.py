@@ -138,7 +138,7 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
         data, peer_fds, _flags, _addr = socket.recv_fds(conn, fr.MAX_HELLO, 3)
         if len(peer_fds) != 3:
             raise ProtocolError(f"peer sent {len(peer_fds)} descriptors, expected 3")
-        info = msgpack.unpackb(data) if data else None
+        info = fr.decode(data) if data else None
         peer_size = os.fstat(peer_fds[0]).st_size
         if not isinstance(info, dict) or info.get("size") != peer_total \
                 or peer_size < peer_total:
