@@ -315,18 +315,53 @@ def test_malformed_shm_hello_is_protocol_error(info):
     t.join(5)
 
 
-def test_tcp_reset_during_handshake_is_peer_lost():
-    """A listener that resets the connection mid-handshake: PeerLost, not a raw
-    ConnectionResetError."""
+def _resetting_server(delay: float = 0.2) -> tuple[socket.socket, threading.Thread]:
+    """A TCP server that accepts one connection and resets it (RST, not FIN)."""
     srv = socket.create_server(("127.0.0.1", 0))
 
     def serve() -> None:
         conn, _ = srv.accept()
-        time.sleep(0.2)                             # the opener waits for our hello
+        time.sleep(delay)                           # the other side waits for a hello
         conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        conn.close()                                # RST, not FIN
+        conn.close()
     t = threading.Thread(target=serve, daemon=True)
     t.start()
+    return srv, t
+
+
+def test_tcp_reset_during_handshake_is_peer_lost():
+    """A listener that resets the connection mid-handshake: PeerLost, not a raw
+    ConnectionResetError."""
+    srv, t = _resetting_server()
     with srv, pytest.raises(rdmamw.PeerLost, match="retry"):
         rdmamw.Channel.open(f"tcp://127.0.0.1:{srv.getsockname()[1]}", timeout=5)
     t.join(5)
+
+
+def test_init_with_a_resetting_rank_zero_is_peer_lost(monkeypatch):
+    from rdmamw import bootstrap
+    srv, t = _resetting_server()
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(srv.getsockname()[1]))
+    monkeypatch.setattr(bootstrap, "_world", None)
+    with srv, pytest.raises(rdmamw.PeerLost, match="rdmamw.init"):
+        rdmamw.init(timeout=5)
+    t.join(5)
+
+
+@pytest.mark.parametrize("name, value", [("RDMAMW_SLOTS", "lots"), ("RDMAMW_SLOT_SIZE", "-1"),
+                                         ("RDMAMW_SPIN_US", "fast"),
+                                         ("RDMAMW_INIT_TIMEOUT", "nan")])
+def test_bad_numeric_setting_is_config_error_naming_it(name, value):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", "import rdmamw"], cwd=root, timeout=60,
+                         capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=root, **{name: value}))
+    assert out.returncode != 0
+    assert f"rdmamw.errors.ConfigError: {name}={value!r}" in out.stderr, out.stderr

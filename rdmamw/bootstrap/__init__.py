@@ -19,11 +19,12 @@ from typing import Any
 from rdmamw import _fork, auth
 from rdmamw.bootstrap import store
 from rdmamw.bootstrap.env import LaunchInfo, detect
-from rdmamw.errors import ProviderUnavailable, RdmamwError
+from rdmamw.errors import ProviderUnavailable, RdmamwError, setup_errors
 from rdmamw.providers import PROVIDERS, Connected, provider
+from rdmamw.settings import number
 
 log = logging.getLogger("rdmamw.bootstrap")
-DEFAULT_INIT_TIMEOUT = float(os.environ.get("RDMAMW_INIT_TIMEOUT", 60.0))
+DEFAULT_INIT_TIMEOUT = number("RDMAMW_INIT_TIMEOUT", 60.0)
 
 
 def host_key() -> str:
@@ -104,7 +105,8 @@ def init(timeout: float | None = None, *, slots: int | None = None,
         info = detect()
         t = DEFAULT_INIT_TIMEOUT if timeout is None else float(timeout)
         ring = (slots or DEFAULT_SLOTS, slot_size or DEFAULT_SLOT_SIZE)
-        _world = _rendezvous(info, t, ring)
+        with setup_errors("rdmamw.init()"):
+            _world = _rendezvous(info, t, ring)
         return _world
 
 

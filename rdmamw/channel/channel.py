@@ -2,51 +2,29 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 from rdmamw import _fork, _rendezvous, auth
 from rdmamw._core import Engine
 from rdmamw.channel.address import split_address
-from rdmamw.errors import PeerLost, ProviderUnavailable, RdmamwError, Timeout
+from rdmamw.errors import ProviderUnavailable, setup_errors
 from rdmamw.memory.counters import channel_stats
 from rdmamw.memory.regcache import RegCache
 from rdmamw.providers import Connected, provider
+from rdmamw.settings import number
 
 #: Defaults for the ring this endpoint receives on. 128 slots of 64 KiB: 8 MiB per
 #: endpoint, eager messages up to 64 KiB, a batch of 256 x 8 B fits in one slot.
-DEFAULT_SLOTS = int(os.environ.get("RDMAMW_SLOTS", 128))
-DEFAULT_SLOT_SIZE = int(os.environ.get("RDMAMW_SLOT_SIZE", 65536))
-DEFAULT_SPIN_US = float(os.environ.get("RDMAMW_SPIN_US", 100.0))
+DEFAULT_SLOTS = number("RDMAMW_SLOTS", 128, int, 1)
+DEFAULT_SLOT_SIZE = number("RDMAMW_SLOT_SIZE", 65536, int, 1)
+DEFAULT_SPIN_US = number("RDMAMW_SPIN_US", 100.0)
 DEFAULT_OPEN_TIMEOUT = 30.0
 MODES = ("batched", "ack")
 #: transports whose connections prove the shared token (rdmamw.auth; verbs with the
 #: side-channel handshake of issue 13): without a usable token listen() and open()
 #: fail at once with ConfigError, rather than every handshake later
 TOKEN_SCHEMES = ("tcp", "verbs")
-
-
-@contextmanager
-def _os_errors(what: str) -> Iterator[None]:
-    """Socket and system errors of connection set-up reach the user as rdmamw errors
-    that say what to do: a connection the peer broke (reset, hung up) is PeerLost, any
-    other OSError (no permission, out of descriptors or memory) ProviderUnavailable."""
-    try:
-        yield
-    except RdmamwError:
-        raise
-    except TimeoutError as e:
-        raise Timeout(f"{what}: the peer did not finish the set-up in time ({e}); "
-                      f"retry") from e
-    except ConnectionError as e:
-        raise PeerLost(f"{what}: the peer broke the connection during set-up ({e}); "
-                       f"check that it runs the same rdmamw version and retry") from e
-    except OSError as e:
-        raise ProviderUnavailable(f"{what}: {e} (check permissions and the limits on "
-                                  f"open files and locked memory: ulimit -n / -l)") from e
 
 
 class Channel(Engine):
@@ -100,7 +78,7 @@ class Channel(Engine):
         t = DEFAULT_OPEN_TIMEOUT if timeout is None else float(timeout)
         if isinstance(peer, int) and not isinstance(peer, bool):
             from rdmamw.bootstrap import connect_rank
-            with _os_errors(f"opening a channel to rank {peer}"):
+            with setup_errors(f"opening a channel to rank {peer}"):
                 conn = connect_rank(peer, mode=mode, timeout=t, slots=slots,
                                     slot_size=slot_size)
             conn.peer_rank = peer
@@ -108,7 +86,7 @@ class Channel(Engine):
             scheme, where = split_address(peer)
             if scheme in TOKEN_SCHEMES:
                 auth.token()
-            with _os_errors(f"opening {peer}"):
+            with setup_errors(f"opening {peer}"):
                 conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
                                                 slot_size=slot_size)
         return _make(cls, conn, spin_us, rndv)
@@ -163,7 +141,7 @@ class Listener:
         scheme, where = split_address(address)
         if scheme in TOKEN_SCHEMES:
             auth.token()
-        with _os_errors(f"listening on {address}"):
+        with setup_errors(f"listening on {address}"):
             self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)
         self._owner = _fork.pid()
         self._spin_us = spin_us
@@ -175,7 +153,7 @@ class Listener:
         the mode is the one the opener asked for."""
         if self._owner != _fork.pid():
             _fork.refuse("listener", self._owner)
-        with _os_errors(f"accepting on {self.address}"):
+        with setup_errors(f"accepting on {self.address}"):
             conn = self._impl.accept(timeout)
         return _make(Channel, conn, self._spin_us, self._rndv)
 
