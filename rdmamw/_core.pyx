@@ -50,6 +50,8 @@ from rdmamw.bitmap._phase cimport (
     rm_spin_unlock,
 )
 
+import logging
+
 from rdmamw import _fork, _layout, _rendezvous
 from rdmamw.errors import (
     BufferTooSmall,
@@ -67,6 +69,8 @@ cdef extern from "Python.h":
 
 cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
+
+_log = logging.getLogger("rdmamw.channel")
 
 # this process's pid, refreshed in a fork child: ownership checks compare with it
 cdef int _pid = _fork.pid()
@@ -439,6 +443,7 @@ cdef class Engine:
     cdef readonly bint peer_gone
     cdef object broken
     cdef int owner_pid                  # the process that set it up (rdmamw/_fork.py)
+    cdef bint lost_logged               # PeerLost is logged once, with its cause
 
     # my receive ring
     cdef char *ring
@@ -767,7 +772,11 @@ cdef class Engine:
     cdef str _lost(self, str what):
         """``what``, with the provider's account of the failure when it has one."""
         detail = self.tp.error_detail()
-        return f"{what}: {detail}" if detail else what
+        msg = f"{what}: {detail}" if detail else what
+        if not self.lost_logged:
+            self.lost_logged = True
+            _log.info("PeerLost on the channel with %s: %s", getattr(self, "peer", "?"), msg)
+        return msg
 
     # ---- small posts: control words and reclaim write-back ------------------------
 

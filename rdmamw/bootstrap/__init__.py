@@ -51,16 +51,23 @@ class World:
 
     def provider_for(self, rank: int) -> str:
         """The transport a channel to ``rank`` uses (the same choice on both sides)."""
+        return self.provider_choice(rank)[0]
+
+    def provider_choice(self, rank: int) -> tuple[str, str]:
+        """(the transport for ``rank``, why it was chosen)."""
         if rank not in self.peers or rank == self.rank:
             raise ValueError(f"rank {rank} is not a peer (world of {self.world_size}, "
                              f"I am {self.rank})")
         forced = os.environ.get("RDMAMW_PROVIDER")
         if forced:
-            return forced
+            return forced, "forced by RDMAMW_PROVIDER"
         me, other = self.peers[self.rank], self.peers[rank]
         if "verbs" in PROVIDERS and me.get("verbs") and other.get("verbs"):
-            return "verbs"
-        return "shm" if me.get("host") == other.get("host") else "tcp"
+            return "verbs", "both ranks have a usable RDMA device"
+        if me.get("host") == other.get("host"):
+            return "shm", "same host (kernel and network namespace)"
+        return "tcp", (f"different hosts ({me.get('hostname')} / {other.get('hostname')}) "
+                       f"and no RDMA device on both")
 
     def accept_tcp(self, rank: int, timeout: float) -> Connected:
         """The next tcp connection from ``rank``; others that arrive meanwhile wait in
@@ -176,7 +183,8 @@ def connect_rank(rank: int, *, mode: str, timeout: float, slots: int,
     w = world()
     if w._owner != _fork.pid():
         _fork.refuse(f"job membership (rank {w.rank})", w._owner)
-    scheme = w.provider_for(rank)
+    scheme, why = w.provider_choice(rank)
+    log.info("rank %d -> rank %d: %s provider (%s)", w.rank, rank, scheme, why)
     mod = provider(scheme)
     lower = w.rank < rank
     if scheme == "tcp":

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from typing import Any
 
 from rdmamw import _fork, _rendezvous, auth
 from rdmamw._core import Engine
 from rdmamw.channel.address import split_address
-from rdmamw.errors import ProviderUnavailable, setup_errors
+from rdmamw.errors import ProviderUnavailable, Timeout, setup_errors
 from rdmamw.memory.counters import channel_stats
 from rdmamw.memory.regcache import RegCache
 from rdmamw.providers import Connected, provider
@@ -25,6 +26,7 @@ MODES = ("batched", "ack")
 #: side-channel handshake of issue 13): without a usable token listen() and open()
 #: fail at once with ConfigError, rather than every handshake later
 TOKEN_SCHEMES = ("tcp", "verbs")
+log = logging.getLogger("rdmamw.channel")
 
 
 class Channel(Engine):
@@ -82,6 +84,7 @@ class Channel(Engine):
                 conn = connect_rank(peer, mode=mode, timeout=t, slots=slots,
                                     slot_size=slot_size)
             conn.peer_rank = peer
+            return _make(cls, conn, spin_us, rndv, f"opened to rank {peer} at {{peer}}")
         else:
             scheme, where = split_address(peer)
             if scheme in TOKEN_SCHEMES:
@@ -89,7 +92,7 @@ class Channel(Engine):
             with setup_errors(f"opening {peer}"):
                 conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
                                                 slot_size=slot_size)
-        return _make(cls, conn, spin_us, rndv)
+        return _make(cls, conn, spin_us, rndv, "opened to {peer}")
 
     def __enter__(self) -> Channel:
         return self
@@ -103,7 +106,10 @@ class Channel(Engine):
 
 
 def _make(cls: type[Channel], conn: Connected, spin_us: float,
-          rndv: tuple[str, int | None] = ("auto", None)) -> Channel:
+          rndv: tuple[str, int | None] = ("auto", None), how: str = "opened to {peer}"
+          ) -> Channel:
+    """The Channel over a connected transport; logs the connection (info) once, ``how``
+    with ``{peer}`` standing for the peer's address."""
     ch = cls()
     try:
         scheme = conn.peer.partition("://")[0]
@@ -127,6 +133,10 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
         raise
     ch.peer = conn.peer
     ch.peer_rank = conn.peer_rank
+    log.info("channel %s: mode %s, ring %dx%d B here / %dx%d B there, rendezvous %s "
+             "(threshold %s)", how.replace("{peer}", conn.peer), conn.mode, conn.slots,
+             conn.slot_size, conn.peer_slots, conn.peer_slot_size, ch.rendezvous,
+             ch.rndv_threshold if ch.rendezvous != "off" else "-")
     return ch
 
 
@@ -153,9 +163,20 @@ class Listener:
         the mode is the one the opener asked for."""
         if self._owner != _fork.pid():
             _fork.refuse("listener", self._owner)
-        with setup_errors(f"accepting on {self.address}"):
-            conn = self._impl.accept(timeout)
-        return _make(Channel, conn, self._spin_us, self._rndv)
+        try:
+            with setup_errors(f"accepting on {self.address}"):
+                conn = self._impl.accept(timeout)
+        except Timeout:
+            raise
+        except Exception as e:
+            log.warning("%s refused a peer: %s", self.address, e)
+            raise
+        how = f"accepted on {self.address}"
+        if conn.peer != self.address:
+            how += " from {peer}"
+        if conn.peer_rank is not None:
+            how += f" (rank {conn.peer_rank})"
+        return _make(Channel, conn, self._spin_us, self._rndv, how)
 
     def close(self) -> None:
         """Stop listening. In a fork child only the child's copy of the listening
