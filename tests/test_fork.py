@@ -212,7 +212,7 @@ def test_dataloader_like_fork_pool(fpair):
     tx.start()
     for _ in range(3):
         with ctx.Pool(2) as pool:
-            results.append(pool.map(_square, range(20)))
+            results.append(pool.map_async(_square, range(20)).get(timeout=30))
             pool.close()
             pool.join()
     tx.join(30)

@@ -14,6 +14,9 @@ The block the peer may write (CTRL/ARRIVAL/RECLAIM/RING) is registered with remo
 write only; buffers of register_local() are local-only. Every WR is bounds-checked
 against the peer's regions before any of a chain is posted."""
 
+import logging
+import os
+
 from libc.errno cimport EAGAIN, EINTR, errno
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, realloc
@@ -894,16 +897,28 @@ cdef int _fork_init_rc = -1
 
 
 def fork_safety() -> str:
-    """Follow rdma-core's fork rule: ``ibv_fork_init()`` before the first device is
-    opened (called once here; RDMAV_FORK_SAFE does the same). On kernels that copy
-    pinned pages at fork (5.13+; rdma-core asks over netlink) it is a no-op and the
-    answer is "unneeded"; on older ones registered memory is MADV_DONTFORK ("enabled":
-    a child must not touch buffers the parent registered); "disabled" if memory was
-    registered before (EINVAL) so the parent's registrations are not fork safe."""
+    """rdma-core's fork rule, applied once before the first device is opened:
+    "unneeded" when the kernel copies DMA-pinned pages at fork (5.13+; rdma-core asks it
+    over netlink): then ``ibv_fork_init()`` is *not* called, because rdma-core 44
+    (Debian 12) still marks every registered range MADV_DONTFORK when it is, and a
+    registration of heap memory takes whole pages of the Python heap out of every
+    child (children crash at once; test_fork.py in the VM). On older kernels it is
+    called: "enabled" (registered pages are not mapped in a child), or "disabled" if
+    memory was registered before (EINVAL). RDMAV_FORK_SAFE / IBV_FORK_SAFE make
+    libibverbs call it anyway: a warning says so."""
     global _fork_init_rc
+    cdef int status = <int>ibv_is_fork_initialized()
     if _fork_init_rc < 0:
-        _fork_init_rc = ibv_fork_init()
-    return ("disabled", "enabled", "unneeded")[min(max(ibv_is_fork_initialized(), 0), 2)]
+        _fork_init_rc = 0
+        if status != IBV_FORK_UNNEEDED:
+            _fork_init_rc = ibv_fork_init()
+            status = <int>ibv_is_fork_initialized()
+        elif os.environ.get("RDMAV_FORK_SAFE") or os.environ.get("IBV_FORK_SAFE"):
+            logging.getLogger("rdmamw.verbs").warning(
+                "RDMAV_FORK_SAFE/IBV_FORK_SAFE is set although this kernel copies "
+                "pinned pages at fork: registered pages of the Python heap will be "
+                "missing in fork children (unset it)")
+    return ("disabled", "enabled", "unneeded")[min(max(status, 0), 2)]
 
 
 def probe(int max_gids=32):
