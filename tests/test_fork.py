@@ -160,6 +160,46 @@ def test_child_pool_not_locked_by_parent_thread():
         t.join()
 
 
+def test_child_regcache_not_locked_by_parent_thread():
+    """Same for a registration cache: a lease taken (or collected) in the child."""
+    from rdmamw.memory.regcache import RegCache
+    cache = RegCache(lambda addr, length: (addr, length), lambda handle: None)
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with cache._lock:
+            inside.set()
+            leave.wait(10)
+    t = threading.Thread(target=hold)
+    t.start()
+    inside.wait(5)
+    try:
+        assert in_child(lambda: cache.acquire(bytearray(4096)).release(), deadline=5) == OK
+    finally:
+        leave.set()
+        t.join()
+
+
+def test_child_opens_its_own_channel(provider):
+    """Inherited channels are refused, but a child can open channels of its own."""
+    a, b, lst = make_pair(provider=provider)
+
+    def child() -> int:
+        with rdmamw.Channel.open(lst.address, timeout=10) as mine:
+            mine.send(b"from the child").wait(5)
+            return OK if bytes(mine.recv(timeout=10)) == b"to the child" else 5
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(code=in_child(child, deadline=20)))
+    t.start()
+    with lst.accept(timeout=10) as c:
+        assert bytes(c.recv(timeout=10)) == b"from the child"
+        c.send(b"to the child").wait(5)
+        t.join(20)
+    assert got["code"] == OK
+    talk(a, b, b"after")
+    a.close(), b.close(), lst.close()
+
+
 def test_child_listener(provider):
     """A child can neither accept on nor close the parent's listening socket."""
     lst = rdmamw.listen({"shm": f"shm://fork-l-{os.getpid()}", "tcp": "tcp://127.0.0.1:0",
