@@ -7,7 +7,7 @@
 >>> [bytes(m) for m in lst_side.recv_batch()]       # doctest: +SKIP
 """
 
-from rdmamw import errors
+from rdmamw import errors, log
 from rdmamw.bootstrap import World, finalize, init, world
 from rdmamw.channel import Channel, Listener, Message, SendHandle, listen
 from rdmamw.errors import (
@@ -24,6 +24,8 @@ from rdmamw.errors import (
 )
 
 __version__ = "0.1.0"
+
+log.configure()     # RDMAMW_LOG_LEVEL / RDMAMW_LOG_FILE (rdmamw/log.py)
 
 __all__ = [
     "BufferTooSmall",

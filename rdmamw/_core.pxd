@@ -87,6 +87,7 @@ cdef class Transport:
     cdef readonly uint32_t max_inline
     cdef readonly bint can_expose         # expose() works: rendezvous is possible
     cdef readonly uint64_t max_expose     # largest range expose() takes (0: no limit)
+    cdef readonly int owner_pid           # the process that made it (rdmamw/_fork.py)
     # counters: everything that hits the "NIC"
     cdef public uint64_t n_doorbells      # post calls (ibv_post_send equivalents)
     cdef public uint64_t n_wrs
@@ -116,3 +117,6 @@ cdef class Transport:
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil
     cdef int unexpose(self, uint32_t handle) noexcept nogil
+    # True in a fork child: the connection is the parent's, so close() and dealloc
+    # must touch nothing shared (no shutdown, no close word, no thread join, no verbs)
+    cdef bint inherited(self) noexcept nogil

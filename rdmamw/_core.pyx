@@ -50,7 +50,9 @@ from rdmamw.bitmap._phase cimport (
     rm_spin_unlock,
 )
 
-from rdmamw import _layout, _rendezvous
+import logging
+
+from rdmamw import _fork, _layout, _rendezvous
 from rdmamw.errors import (
     BufferTooSmall,
     ChannelClosed,
@@ -70,6 +72,17 @@ cdef extern from "stdlib.h" nogil:
 
 cdef extern from "sched.h" nogil:
     int sched_yield()
+
+_log = logging.getLogger("rdmamw.channel")
+
+# this process's pid, refreshed in a fork child: ownership checks compare with it
+cdef int _pid = _fork.pid()
+
+
+@_fork.at_child
+def _refresh_pid():
+    global _pid
+    _pid = _fork.pid()
 
 # ---- wire format (docs/protocol.md) --------------------------------------------
 
@@ -203,6 +216,12 @@ cdef class Transport:
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
         return 0
 
+    cdef bint inherited(self) noexcept nogil:
+        return self.owner_pid != _pid
+
+    def __cinit__(self, *args, **kwargs):
+        self.owner_pid = _pid
+
     def error_detail(self):
         """What failed the connection, in the provider's words (a work completion's
         status, a failed call), or None: it goes into PeerLost's message."""
@@ -254,6 +273,7 @@ cdef class SendHandle:
     def done(self) -> bool:
         """True once the batch's buffers may be reused: its work requests completed
         and the receiver has taken every rendezvous message of it (done bits back)."""
+        self.eng._check_owner()
         return self.eng._poll_done(self.batch) and self.eng._rndv_poll(self.rndv)
 
     def wait(self, timeout=None) -> None:
@@ -262,6 +282,7 @@ cdef class SendHandle:
         cdef uint64_t target = self.rndv
         cdef int st
         cdef bint first = True
+        eng._check_owner()
         while not eng._poll_done(self.batch):
             if eng.peer_gone:
                 raise PeerLost(eng._lost("peer lost before the batch completed"))
@@ -427,6 +448,8 @@ cdef class Engine:
     cdef readonly bint closed
     cdef readonly bint peer_gone
     cdef object broken
+    cdef int owner_pid                  # the process that set it up (rdmamw/_fork.py)
+    cdef bint lost_logged               # PeerLost is logged once, with its cause
 
     # my receive ring
     cdef char *ring
@@ -558,6 +581,7 @@ cdef class Engine:
         self.words[1] = 1          # words[2]: the done bits of what I received (rendezvous)
         self.cur_slot = NONE
         self.closed = True      # until _setup succeeds
+        self.owner_pid = _pid
 
     def _setup(self, Transport tp, uint32_t nslots, uint32_t slot_size, uint32_t peer_nslots,
                uint32_t peer_slot_size, str mode="batched", double spin_us=100.0,
@@ -662,7 +686,8 @@ cdef class Engine:
             # dropped with a READ in flight: its destination must outlive the transport
             # (tcp's progress thread may still write into it), so it is leaked
             Py_XINCREF(<PyObject *>self.rd_dst)
-        if not self.closed and self.tp is not None and not self.peer_gone:
+        if not self.closed and self.tp is not None and not self.peer_gone \
+                and self.owner_pid == _pid:
             # dropped without close(): still tell the peer it was a clean close
             self._put_word(RM_REGION_CTRL, CTRL_CLOSED, &self.words[1])
             rm_fence_seq_cst()
@@ -726,7 +751,14 @@ cdef class Engine:
 
     # ---- state checks -------------------------------------------------------------
 
+    cdef int _check_owner(self) except -1:
+        if self.owner_pid != _pid:
+            _fork.refuse("channel", self.owner_pid)
+        return 0
+
     cdef int _check_usable(self) except -1:
+        if self.owner_pid != _pid:
+            _fork.refuse("channel", self.owner_pid)
         if self.broken is not None:
             raise ProtocolError(self.broken)
         if self.closed:
@@ -767,7 +799,11 @@ cdef class Engine:
     cdef str _lost(self, str what):
         """``what``, with the provider's account of the failure when it has one."""
         detail = self.tp.error_detail()
-        return f"{what}: {detail}" if detail else what
+        msg = f"{what}: {detail}" if detail else what
+        if not self.lost_logged:
+            self.lost_logged = True
+            _log.info("PeerLost on the channel with %s: %s", getattr(self, "peer", "?"), msg)
+        return msg
 
     # ---- small posts: control words and reclaim write-back ------------------------
 
@@ -824,8 +860,8 @@ cdef class Engine:
         if slot >= self.nslots or self.slot_refs[slot] == 0:
             return
         self.slot_refs[slot] -= 1
-        if self.slot_refs[slot]:
-            return
+        if self.slot_refs[slot] or self.owner_pid != _pid:
+            return          # in a fork child the slot is the parent's to give back
         rm_spin_lock(&self.spin)
         self.rbm.release(slot)
         if not self.closed and not self.peer_gone and (
@@ -2053,6 +2089,7 @@ cdef class Engine:
         cdef bint first_wait = True
         cdef list out = []
         cdef Py_ssize_t n
+        self._check_owner()
         if self.broken is not None:
             raise ProtocolError(self.broken)
         deadline = _deadline(timeout)
@@ -2101,6 +2138,9 @@ cdef class Engine:
         received what was sent. Messages already received stay readable."""
         cdef int64_t until
         if self.closed:
+            return
+        if self.owner_pid != _pid:
+            self.closed = True      # a fork child: the connection is the parent's
             return
         if self.tp is not None and self.rndv_released < self.rndv_next:
             # the receiver may still be READing our sources: give it a bounded time

@@ -10,12 +10,15 @@ rendezvous message that ``recv_batch`` receives without a posted buffer."""
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 import numpy as np
 
 STRATEGIES = ("auto", "read", "write", "off")
 DEFAULT = {"strategy": "read", "threshold": None}   # None: the peer's eager limit
+log = logging.getLogger("rdmamw.channel")
+_logged: set[tuple[str, str]] = set()
 
 
 def _memory(name: str) -> Any:
@@ -32,6 +35,11 @@ def tuned(provider: str) -> dict:
     if mod is None or not hasattr(mod, "lookup"):
         return dict(DEFAULT)
     got = dict(mod.lookup(provider) or {})
+    source = str(got.get("source", "built-in defaults"))
+    if (provider, source) not in _logged:       # once per provider and tuning file
+        _logged.add((provider, source))
+        log.info("rendezvous for %s: %s above %s B, from %s", provider, got.get("strategy"),
+                 got.get("threshold"), source)
     thr = got.get("threshold")
     return {"strategy": got.get("strategy") or DEFAULT["strategy"],
             "threshold": thr if isinstance(thr, int) and not isinstance(thr, bool)

@@ -8,13 +8,15 @@ which is enough for processes of one user on one host or a shared home."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
 import secrets
 import socket
+import time
 
-from rdmamw.errors import ProtocolError
+from rdmamw.errors import ConfigError, ProtocolError
 from rdmamw.providers._wire import recv_exact
 
 MAGIC = b"RDMW"
@@ -43,6 +45,7 @@ def _token_file() -> str:
 
 
 def token() -> bytes:
+    """The shared token (see the module doc), or ConfigError saying how to provide one."""
     env = os.environ.get("RDMAMW_TOKEN")
     if env:
         return env.encode()
@@ -50,21 +53,38 @@ def token() -> bytes:
         return _installed
     path = _token_file()
     try:
-        with open(path, "rb") as f:
-            data = f.read().strip()
+        return _file_token(path)
+    except OSError as e:
+        raise ConfigError(
+            f"no RDMAMW_TOKEN is set and the per-user token file {path} cannot be used "
+            f"({e.strerror or e}): set RDMAMW_TOKEN to the same secret in every process "
+            f"of the job, or make {os.path.dirname(path)} writable (or point "
+            f"XDG_CONFIG_HOME at a writable directory)") from None
+
+
+def _file_token(path: str) -> bytes:
+    """The token in ``path``, created (mode 0600) on first use; OSError if it cannot
+    be read or made."""
+    for _ in range(100):
+        try:
+            with open(path, "rb") as f:
+                data: bytes | None = f.read().strip()
+        except FileNotFoundError:
+            data = None
         if data:
             return data
-    except FileNotFoundError:
-        pass
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    fresh = secrets.token_hex(32).encode()
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:       # another process won the race: use its token
-        return token()
-    with os.fdopen(fd, "wb") as f:
-        f.write(fresh)
-    return fresh
+        if data is None:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:     # another process won the race: use its token
+                continue
+            fresh = secrets.token_hex(32).encode()
+            with os.fdopen(fd, "wb") as f:
+                f.write(fresh)
+            return fresh
+        time.sleep(0.01)                # empty: its creator is about to write it
+    raise OSError(errno.ENODATA, "the file is empty")
 
 
 def _mac(key: bytes, label: bytes, a: bytes, b: bytes) -> bytes:

@@ -3,6 +3,9 @@ bounded time; all derive from :class:`RdmamwError`."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class RdmamwError(Exception):
     """Base of every rdmamw error."""
@@ -23,6 +26,11 @@ class PeerRefused(RdmamwError, PermissionError):
 
 class ChannelClosed(RdmamwError):
     """The channel was closed, by this side or cleanly by the peer."""
+
+
+class InheritedChannel(ChannelClosed):
+    """A channel or listener used in a child process after ``fork``: it belongs to the
+    parent, which still uses it. The child must open its own channels."""
 
 
 class Timeout(RdmamwError, TimeoutError):
@@ -68,10 +76,31 @@ class RegistrationError(RdmamwError, BufferError):
     buffer or registration lease was released twice."""
 
 
+@contextmanager
+def setup_errors(what: str) -> Iterator[None]:
+    """Socket and system errors of connection set-up reach the user as rdmamw errors
+    that say what to do: a connection the peer broke (reset, hung up) is PeerLost, any
+    other OSError (no permission, out of descriptors or memory) ProviderUnavailable."""
+    try:
+        yield
+    except RdmamwError:
+        raise
+    except TimeoutError as e:
+        raise Timeout(f"{what}: the peer did not finish the set-up in time ({e}); "
+                      f"retry") from e
+    except ConnectionError as e:
+        raise PeerLost(f"{what}: the peer broke the connection during set-up ({e}); "
+                       f"check that it runs the same rdmamw version and retry") from e
+    except OSError as e:
+        raise ProviderUnavailable(f"{what}: {e} (check permissions and the limits on "
+                                  f"open files and locked memory: ulimit -n / -l)") from e
+
+
 __all__ = [
     "BufferTooSmall",
     "ChannelClosed",
     "ConfigError",
+    "InheritedChannel",
     "MessageTooLarge",
     "PeerLost",
     "PeerNotFound",
@@ -81,4 +110,5 @@ __all__ = [
     "RdmamwError",
     "RegistrationError",
     "Timeout",
+    "setup_errors",
 ]

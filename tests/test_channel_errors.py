@@ -246,3 +246,122 @@ def test_no_shm_names_ever_created():
     during = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     a.close(), b.close(), lst.close()
     assert during == before
+
+
+# ---- errors that are not ours reach the user as RdmamwError (issue 13, item 9) -----
+
+@pytest.fixture
+def no_token(tmp_path, monkeypatch):
+    """No RDMAMW_TOKEN, no installed token, and a home where no config dir can be made
+    (a regular file: unwritable even for root)."""
+    from rdmamw import auth
+    home = tmp_path / "home"
+    home.write_text("")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("RDMAMW_TOKEN", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setattr(auth, "_installed", None)
+
+
+def test_no_token_anywhere_is_config_error_on_open_and_listen(no_token):
+    from rdmamw.errors import ConfigError
+    with pytest.raises(ConfigError, match="RDMAMW_TOKEN.*writable"):
+        rdmamw.listen("tcp://127.0.0.1:0")          # not a listener that drops everyone
+    with pytest.raises(ConfigError, match="RDMAMW_TOKEN.*writable"):
+        rdmamw.Channel.open("tcp://127.0.0.1:9", timeout=1)
+
+
+def test_no_token_listener_side_of_the_store(no_token, monkeypatch):
+    """The listener side of every authenticated handshake (here the bare auth step a
+    tcp listener and the bootstrap store run) says why, instead of an OSError."""
+    from rdmamw import auth
+    from rdmamw.errors import ConfigError
+    a, b = socket.socketpair()
+    with a, b, pytest.raises(ConfigError, match="RDMAMW_TOKEN"):
+        auth.accept_side(a)
+
+
+def _fake_shm_listener(name: str, info: bytes):
+    """A listener that speaks the shm hello, then hands over valid descriptors with a
+    malformed ``info`` frame."""
+    from rdmamw.providers import _wire as fr
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(b"\0rdmamw-shm/" + name.encode())
+    srv.listen(1)
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            fr.recv_frame(conn)
+            fr.send_frame(conn, {"v": 1, "slots": 16, "slot_size": 4096})
+            socket.recv_fds(conn, 4096, 3)
+            fds = [os.memfd_create("x"), os.eventfd(0), os.memfd_create("y")]
+            os.ftruncate(fds[0], 1 << 20)
+            socket.send_fds(conn, [info], fds)
+            for fd in fds:
+                os.close(fd)
+            conn.recv(1)
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return srv, t
+
+
+@pytest.mark.parametrize("info", [b"\xc1", b"\x81\xa4size", b"\x01\x02", b"\x81\x01\x02"])
+def test_malformed_shm_hello_is_protocol_error(info):
+    name = unique_name("badhello")
+    srv, t = _fake_shm_listener(name, info)
+    with srv, pytest.raises(rdmamw.ProtocolError):
+        rdmamw.Channel.open(f"shm://{name}", timeout=5, slots=16, slot_size=4096)
+    t.join(5)
+
+
+def _resetting_server(delay: float = 0.2) -> tuple[socket.socket, threading.Thread]:
+    """A TCP server that accepts one connection and resets it (RST, not FIN)."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = srv.accept()
+        time.sleep(delay)                           # the other side waits for a hello
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return srv, t
+
+
+def test_tcp_reset_during_handshake_is_peer_lost():
+    """A listener that resets the connection mid-handshake: PeerLost, not a raw
+    ConnectionResetError."""
+    srv, t = _resetting_server()
+    with srv, pytest.raises(rdmamw.PeerLost, match="retry"):
+        rdmamw.Channel.open(f"tcp://127.0.0.1:{srv.getsockname()[1]}", timeout=5)
+    t.join(5)
+
+
+def test_init_with_a_resetting_rank_zero_is_peer_lost(monkeypatch):
+    from rdmamw import bootstrap
+    srv, t = _resetting_server()
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(srv.getsockname()[1]))
+    monkeypatch.setattr(bootstrap, "_world", None)
+    with srv, pytest.raises(rdmamw.PeerLost, match="rdmamw.init"):
+        rdmamw.init(timeout=5)
+    t.join(5)
+
+
+@pytest.mark.parametrize("name, value", [("RDMAMW_SLOTS", "lots"), ("RDMAMW_SLOT_SIZE", "-1"),
+                                         ("RDMAMW_SPIN_US", "fast"),
+                                         ("RDMAMW_INIT_TIMEOUT", "nan")])
+def test_bad_numeric_setting_is_config_error_naming_it(name, value):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", "import rdmamw"], cwd=root, timeout=60,
+                         capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=root, **{name: value}))
+    assert out.returncode != 0
+    assert f"rdmamw.errors.ConfigError: {name}={value!r}" in out.stderr, out.stderr

@@ -16,14 +16,15 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdmamw import auth
+from rdmamw import _fork, auth
 from rdmamw.bootstrap import store
 from rdmamw.bootstrap.env import LaunchInfo, detect
-from rdmamw.errors import ProviderUnavailable, RdmamwError
+from rdmamw.errors import ProviderUnavailable, RdmamwError, setup_errors
 from rdmamw.providers import PROVIDERS, Connected, provider
+from rdmamw.settings import number
 
 log = logging.getLogger("rdmamw.bootstrap")
-DEFAULT_INIT_TIMEOUT = float(os.environ.get("RDMAMW_INIT_TIMEOUT", 60.0))
+DEFAULT_INIT_TIMEOUT = number("RDMAMW_INIT_TIMEOUT", 60.0)
 
 
 def host_key() -> str:
@@ -46,19 +47,27 @@ class World:
     _tcp: Any = None                     # our tcp listener (lower rank of a pair accepts)
     _stash: dict[int, list[Connected]] = field(default_factory=dict)
     _accept_lock: threading.Lock = field(default_factory=threading.Lock)
+    _owner: int = field(default_factory=_fork.pid)     # a fork child is not this rank
 
     def provider_for(self, rank: int) -> str:
         """The transport a channel to ``rank`` uses (the same choice on both sides)."""
+        return self.provider_choice(rank)[0]
+
+    def provider_choice(self, rank: int) -> tuple[str, str]:
+        """(the transport for ``rank``, why it was chosen)."""
         if rank not in self.peers or rank == self.rank:
             raise ValueError(f"rank {rank} is not a peer (world of {self.world_size}, "
                              f"I am {self.rank})")
         forced = os.environ.get("RDMAMW_PROVIDER")
         if forced:
-            return forced
+            return forced, "forced by RDMAMW_PROVIDER"
         me, other = self.peers[self.rank], self.peers[rank]
         if "verbs" in PROVIDERS and me.get("verbs") and other.get("verbs"):
-            return "verbs"
-        return "shm" if me.get("host") == other.get("host") else "tcp"
+            return "verbs", "both ranks have a usable RDMA device"
+        if me.get("host") == other.get("host"):
+            return "shm", "same host (kernel and network namespace)"
+        return "tcp", (f"different hosts ({me.get('hostname')} / {other.get('hostname')}) "
+                       f"and no RDMA device on both")
 
     def accept_tcp(self, rank: int, timeout: float) -> Connected:
         """The next tcp connection from ``rank``; others that arrive meanwhile wait in
@@ -75,6 +84,8 @@ class World:
             return self._stash[rank].pop(0)
 
     def close(self) -> None:
+        if self._owner != _fork.pid():
+            return              # a fork child: the listener and stash are the parent's
         if self._tcp is not None:
             self._tcp.close()
             self._tcp = None
@@ -101,7 +112,8 @@ def init(timeout: float | None = None, *, slots: int | None = None,
         info = detect()
         t = DEFAULT_INIT_TIMEOUT if timeout is None else float(timeout)
         ring = (slots or DEFAULT_SLOTS, slot_size or DEFAULT_SLOT_SIZE)
-        _world = _rendezvous(info, t, ring)
+        with setup_errors("rdmamw.init()"):
+            _world = _rendezvous(info, t, ring)
         return _world
 
 
@@ -169,7 +181,10 @@ def connect_rank(rank: int, *, mode: str, timeout: float, slots: int,
                  slot_size: int) -> Connected:
     """A connected transport to ``rank`` (the lower rank of the pair accepts)."""
     w = world()
-    scheme = w.provider_for(rank)
+    if w._owner != _fork.pid():
+        _fork.refuse(f"job membership (rank {w.rank})", w._owner)
+    scheme, why = w.provider_choice(rank)
+    log.info("rank %d -> rank %d: %s provider (%s)", w.rank, rank, scheme, why)
     mod = provider(scheme)
     lower = w.rank < rank
     if scheme == "tcp":

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rdmamw.errors import RdmamwError
+from rdmamw.errors import ConfigError, RdmamwError
 
 DEFAULT_PORT = 29500        # torchrun's default MASTER_PORT
 
@@ -35,7 +35,7 @@ def _int(env: Mapping[str, str], key: str) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise RdmamwError(f"environment variable {key}={value!r} is not an integer") from None
+        raise ConfigError(f"environment variable {key}={value!r} is not an integer") from None
 
 
 def first_slurm_host(nodelist: str) -> str:

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import partial
 from typing import Any
 
-from rdmamw import _layout, _rendezvous
+from rdmamw import _fork, _layout, _rendezvous, auth
 from rdmamw._core import Engine
 from rdmamw.channel.address import split_address
-from rdmamw.errors import ConfigError, ProviderUnavailable
+from rdmamw.errors import ConfigError, ProviderUnavailable, Timeout, setup_errors
 from rdmamw.memory.counters import channel_stats
 from rdmamw.memory.regcache import RegCache
 from rdmamw.memory.units import parse_bytes
 from rdmamw.providers import Connected, provider
+from rdmamw.settings import number
 
 #: Defaults for the ring this endpoint receives on. 128 slots of 64 KiB: 8 MiB per
 #: endpoint, eager messages up to 64 KiB, a batch of 256 x 8 B fits in one slot.
-DEFAULT_SLOTS = int(os.environ.get("RDMAMW_SLOTS", 128))
-DEFAULT_SLOT_SIZE = int(os.environ.get("RDMAMW_SLOT_SIZE", 65536))
-DEFAULT_SPIN_US = float(os.environ.get("RDMAMW_SPIN_US", 100.0))
+DEFAULT_SLOTS = number("RDMAMW_SLOTS", 128, int, 1)
+DEFAULT_SLOT_SIZE = number("RDMAMW_SLOT_SIZE", 65536, int, 1)
+DEFAULT_SPIN_US = number("RDMAMW_SPIN_US", 100.0)
 DEFAULT_OPEN_TIMEOUT = 30.0
 MODES = ("batched", "ack")
 MAX_MESSAGE_SIZE_ENV = "RDMAMW_MAX_MESSAGE_SIZE"
@@ -38,6 +40,13 @@ def message_limit(value: int | str | None = None) -> int:
     if n < 1:
         raise ConfigError(f"{what}: {value!r} must be at least 1 byte")
     return min(n, WIRE_MAX_MESSAGE)
+
+
+#: transports whose connections prove the shared token (rdmamw.auth; verbs with the
+#: side-channel handshake of issue 13): without a usable token listen() and open()
+#: fail at once with ConfigError, rather than every handshake later
+TOKEN_SCHEMES = ("tcp", "verbs")
+log = logging.getLogger("rdmamw.channel")
 
 
 class Channel(Engine):
@@ -96,13 +105,19 @@ class Channel(Engine):
         t = DEFAULT_OPEN_TIMEOUT if timeout is None else float(timeout)
         if isinstance(peer, int) and not isinstance(peer, bool):
             from rdmamw.bootstrap import connect_rank
-            conn = connect_rank(peer, mode=mode, timeout=t, slots=slots, slot_size=slot_size)
+            with setup_errors(f"opening a channel to rank {peer}"):
+                conn = connect_rank(peer, mode=mode, timeout=t, slots=slots,
+                                    slot_size=slot_size)
             conn.peer_rank = peer
+            return _make(cls, conn, spin_us, rndv, f"opened to rank {peer} at {{peer}}")
         else:
             scheme, where = split_address(peer)
-            conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
-                                            slot_size=slot_size)
-        return _make(cls, conn, spin_us, rndv)
+            if scheme in TOKEN_SCHEMES:
+                auth.token()
+            with setup_errors(f"opening {peer}"):
+                conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
+                                                slot_size=slot_size)
+        return _make(cls, conn, spin_us, rndv, "opened to {peer}")
 
     def __enter__(self) -> Channel:
         return self
@@ -116,7 +131,10 @@ class Channel(Engine):
 
 
 def _make(cls: type[Channel], conn: Connected, spin_us: float,
-          rndv: tuple[str, int | None, int | None] = ("auto", None, None)) -> Channel:
+          rndv: tuple[str, int | None, int | None] = ("auto", None, None),
+          how: str = "opened to {peer}") -> Channel:
+    """The Channel over a connected transport; logs the connection (info) once, ``how``
+    with ``{peer}`` standing for the peer's address."""
     ch = cls()
     try:
         scheme = conn.peer.partition("://")[0]
@@ -141,6 +159,10 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
         raise
     ch.peer = conn.peer
     ch.peer_rank = conn.peer_rank
+    log.info("channel %s: mode %s, ring %dx%d B here / %dx%d B there, rendezvous %s "
+             "(threshold %s)", how.replace("{peer}", conn.peer), conn.mode, conn.slots,
+             conn.slot_size, conn.peer_slots, conn.peer_slot_size, ch.rendezvous,
+             ch.rndv_threshold if ch.rendezvous != "off" else "-")
     return ch
 
 
@@ -155,7 +177,11 @@ class Listener:
         _layout.max_peer_ring()             # a bad RDMAMW_MAX_PEER_RING fails here
         self._rndv = (rendezvous, rndv_threshold, message_limit(max_message_size))
         scheme, where = split_address(address)
-        self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)
+        if scheme in TOKEN_SCHEMES:
+            auth.token()
+        with setup_errors(f"listening on {address}"):
+            self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)
+        self._owner = _fork.pid()
         self._spin_us = spin_us
         #: the address peers open; with an ephemeral port (``:0``) the one really bound
         self.address: str = self._impl.address
@@ -163,9 +189,31 @@ class Listener:
     def accept(self, timeout: float | None = None) -> Channel:
         """Wait for one peer (up to ``timeout`` s, None = forever) and return its Channel;
         the mode is the one the opener asked for."""
-        return _make(Channel, self._impl.accept(timeout), self._spin_us, self._rndv)
+        if self._owner != _fork.pid():
+            _fork.refuse("listener", self._owner)
+        try:
+            with setup_errors(f"accepting on {self.address}"):
+                conn = self._impl.accept(timeout)
+        except Timeout:
+            raise
+        except Exception as e:
+            log.warning("%s refused a peer: %s", self.address, e)
+            raise
+        how = f"accepted on {self.address}"
+        if conn.peer != self.address:
+            how += " from {peer}"
+        if conn.peer_rank is not None:
+            how += f" (rank {conn.peer_rank})"
+        return _make(Channel, conn, self._spin_us, self._rndv, how)
 
     def close(self) -> None:
+        """Stop listening. In a fork child only the child's copy of the listening
+        socket is closed; the parent keeps listening."""
+        if self._owner != _fork.pid():
+            sock = getattr(self._impl, "_sock", None)
+            if sock is not None:
+                sock.close()        # the descriptor only: no shutdown, no threads
+            return
         self._impl.close()
 
     def __enter__(self) -> Listener:

@@ -13,7 +13,6 @@ Messages a fast peer already sent for the next collective wait in a per-peer que
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -24,19 +23,20 @@ import numpy as np
 
 from rdmamw.channel import Channel, Message
 from rdmamw.errors import ChannelClosed, PeerLost, RdmamwError
+from rdmamw.settings import number
 
 #: Ring of each collective channel: 16 slots x 1 MiB. Large chunks cut the
 #: per-chunk Python cost of big arrays: on shm a 64 MiB allreduce at 2 ranks took
 #: 32-37 ms with 256 KiB chunks and 14-18 ms with 1 MiB ones (bench/allreduce_bench.py,
 #: quiet machine); 4 MiB chunks were slower again (cache). The window below never
 #: fills more than a quarter of the ring.
-COLL_SLOTS = int(os.environ.get("RDMAMW_COLL_SLOTS", 16))
-COLL_SLOT_SIZE = int(os.environ.get("RDMAMW_COLL_SLOT_SIZE", 1024 * 1024))
-MIN_CHUNK = int(os.environ.get("RDMAMW_COLL_MIN_CHUNK", 16 * 1024))
+COLL_SLOTS = number("RDMAMW_COLL_SLOTS", 16, int, 1)
+COLL_SLOT_SIZE = number("RDMAMW_COLL_SLOT_SIZE", 1024 * 1024, int, 1)
+MIN_CHUNK = number("RDMAMW_COLL_MIN_CHUNK", 16 * 1024, int, 1)
 #: Chunks a transfer is cut into below max_chunk. 1: on shm a 1 MiB allreduce at 2
 #: ranks took 0.19-0.22 ms whole vs 0.31 ms in quarters (per-chunk Python cost beats
 #: the overlap at that size); above max_chunk transfers are pipelined anyway.
-PIECES = int(os.environ.get("RDMAMW_COLL_PIECES", 1))
+PIECES = number("RDMAMW_COLL_PIECES", 1, int, 1)
 MAGIC = "rdmamw-coll-1"
 BYE = b"rdmamw-coll-bye"
 

@@ -12,6 +12,7 @@ Precedence: ``algorithm=`` argument > ``RDMAMW_ALLREDUCE_ALGORITHM`` > the confi
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,7 @@ def load(path: str | os.PathLike | None = None) -> Model:
     p = Path(path) if path else default_path()
     if not p.exists():
         return Model()
+    logging.getLogger("rdmamw.collectives").info("collectives cost model from %s", p)
     return Model.from_json(json.loads(p.read_text()), str(p))
 
 

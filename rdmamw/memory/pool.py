@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from rdmamw import _fork
 from rdmamw.errors import ConfigError, RegistrationError
 from rdmamw.memory.units import parse_bytes
 
@@ -157,6 +158,7 @@ class BufferPool:
         self.overflows = 0
         self.registrations = self.deregistrations = 0
         self._closed = False
+        _pools.add(self)
 
     # ---- use ---------------------------------------------------------------------
 
@@ -280,6 +282,23 @@ class BufferPool:
                 return
             shard.free[block.tier].append(block)
             shard.idle_bytes += size
+
+
+#: every live pool, so a fork child can give each fresh locks
+_pools: weakref.WeakSet[BufferPool] = weakref.WeakSet()
+
+
+@_fork.at_child
+def _unlock_in_child() -> None:
+    """A thread of the parent may have held a pool's lock at the fork; it does not
+    exist in the child, where the next acquire (or a buffer's finalizer at exit) would
+    wait for it forever. The buffers themselves are the child's own copies."""
+    global _default_lock
+    _default_lock = threading.Lock()
+    for pool in list(_pools):
+        pool._lock = threading.RLock()
+        for shard in pool._shards:
+            shard.lock = threading.RLock()
 
 
 # ---- the process-wide pool for received rendezvous messages ------------------------

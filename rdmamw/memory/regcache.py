@@ -40,6 +40,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
+from rdmamw import _fork
 from rdmamw.errors import RegistrationError
 from rdmamw.memory.buffer import by_identity, owner, owner_span, span
 from rdmamw.memory.units import parse_bytes
@@ -147,6 +148,7 @@ class RegCache:
         self.hits = self.misses = self.evictions = self.invalidations = 0
         self.uncached = 0
         self.bytes_pinned = 0
+        _caches.add(self)
 
     # ---- use ---------------------------------------------------------------------
 
@@ -373,6 +375,21 @@ class _Guard:
         finally:
             c._owner = None
             c._lock.release()
+
+
+#: every live cache, so a fork child can give each a fresh lock
+_caches: weakref.WeakSet[RegCache] = weakref.WeakSet()
+
+
+@_fork.at_child
+def _unlock_in_child() -> None:
+    """A thread of the parent may have held a cache's lock at the fork; that thread
+    does not exist in the child, so a lease collected there would wait for it forever.
+    (The registrations themselves stay the parent's: the transport of an inherited
+    channel deregisters nothing in a child.)"""
+    for cache in list(_caches):
+        cache._lock = threading.Lock()
+        cache._owner = None
 
 
 def _freed_callback(cache: RegCache, e: _Entry) -> Callable[[Any], None]:

@@ -175,6 +175,12 @@ cdef extern from "infiniband/verbs.h" nogil:
         uint32_t byte_len
         unsigned int wc_flags
 
+    cdef enum ibv_fork_status:
+        IBV_FORK_DISABLED
+        IBV_FORK_ENABLED
+        IBV_FORK_UNNEEDED
+    int ibv_fork_init()
+    ibv_fork_status ibv_is_fork_initialized()
     ibv_device **ibv_get_device_list(int *num)
     void ibv_free_device_list(ibv_device **lst)
     const char *ibv_get_device_name(ibv_device *d)

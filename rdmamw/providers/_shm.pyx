@@ -382,6 +382,8 @@ cdef class ShmTransport(Transport):
         cdef uint64_t one = 1
         if self.state == 1:
             self.state = RM_ERR_CLOSED
+        if self.inherited():
+            return      # a fork child: shutdown would hang up the parent's connection
         if self.sock >= 0:
             shutdown(self.sock, SHUT_RDWR)
         if self.my_evfd >= 0:

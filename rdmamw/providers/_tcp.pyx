@@ -418,6 +418,11 @@ cdef class TcpTransport(Transport):
         last Message pointing into it is gone (the engine holds this object)."""
         if self.c == NULL:
             return
+        if self.inherited():
+            # a fork child: the progress threads are the parent's (not in this process)
+            # and a close frame on the shared socket would hang up the parent's peer
+            self.started = self.responder_started = False
+            self.c.state = RT_CLOSED
         if self.started:
             with nogil:
                 rt_close_graceful(self.c, 2000000000)
@@ -438,7 +443,7 @@ cdef class TcpTransport(Transport):
     def __dealloc__(self):
         if self.c != NULL:
             self.close()
-            if self.mutex_ready:
+            if self.mutex_ready and not self.inherited():    # a parent's thread may hold one
                 pthread_mutex_destroy(&self.c.send_mu)
                 pthread_mutex_destroy(&self.c.xp_mu)
                 pthread_mutex_destroy(&self.c.xw_mu)

@@ -14,6 +14,9 @@ The block the peer may write (CTRL/ARRIVAL/RECLAIM/RING) is registered with remo
 write only; buffers of register_local() are local-only. Every WR is bounds-checked
 against the peer's regions before any of a chain is posted."""
 
+import logging
+import os
+
 from libc.errno cimport EAGAIN, EINTR, errno
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, realloc
@@ -195,6 +198,7 @@ cdef class VerbsTransport(Transport):
         cdef void *mem = NULL
         if len(regions) != RM_NREGIONS:
             raise ValueError("need one (offset, length) per region")
+        fork_safety()
         lst = ibv_get_device_list(&num)
         if lst == NULL:
             raise OSError(errno, f"ibv_get_device_list: {strerror(errno).decode()}")
@@ -426,6 +430,8 @@ cdef class VerbsTransport(Transport):
     def mr_deregister(self, handle):
         """Deregister an MR of mr_register (the cache calls it once nothing uses it)."""
         cdef size_t p = handle[0]
+        if self.inherited():
+            return          # a fork child: the MR is the parent's (same uverbs file)
         if self.cached_mrs.pop(p, 0) is None:
             with nogil:
                 ibv_dereg_mr(<ibv_mr *>p)
@@ -494,6 +500,9 @@ cdef class VerbsTransport(Transport):
         thread of ours blocked in wait() wakes. The verbs objects are destroyed only
         when the transport dies, so no other thread can be inside them; the block
         stays allocated while Messages may point into it."""
+        if self.inherited():
+            self.state = RM_ERR_CLOSED  # a fork child: nothing here is ours to drain
+            return
         if self.state == 1:
             with nogil:
                 self._drain_sq(1000000000)
@@ -524,6 +533,10 @@ cdef class VerbsTransport(Transport):
         if self.sock >= 0:
             close(self.sock)
             self.sock = -1
+        if self.inherited():
+            # a fork child shares the parent's uverbs file: destroying a QP, CQ or MR
+            # here would destroy the parent's; the kernel frees them with the parent
+            return
         if self.qp != NULL:
             ibv_destroy_qp(self.qp)
             self.qp = NULL
@@ -878,6 +891,34 @@ cdef class VerbsTransport(Transport):
         if self.state == 1 and self._sock_dead():
             self._fail(RM_ERR_PEER_LOST, FAIL_SOCKET)
         return self.state
+
+
+cdef int _fork_init_rc = -1
+
+
+def fork_safety() -> str:
+    """rdma-core's fork rule, applied once before the first device is opened:
+    "unneeded" when the kernel copies DMA-pinned pages at fork (5.13+; rdma-core asks it
+    over netlink): then ``ibv_fork_init()`` is *not* called, because rdma-core 44
+    (Debian 12) still marks every registered range MADV_DONTFORK when it is, and a
+    registration of heap memory takes whole pages of the Python heap out of every
+    child (children crash at once; test_fork.py in the VM). On older kernels it is
+    called: "enabled" (registered pages are not mapped in a child), or "disabled" if
+    memory was registered before (EINVAL). RDMAV_FORK_SAFE / IBV_FORK_SAFE make
+    libibverbs call it anyway: a warning says so."""
+    global _fork_init_rc
+    cdef int status = <int>ibv_is_fork_initialized()
+    if _fork_init_rc < 0:
+        _fork_init_rc = 0
+        if status != IBV_FORK_UNNEEDED:
+            _fork_init_rc = ibv_fork_init()
+            status = <int>ibv_is_fork_initialized()
+        elif os.environ.get("RDMAV_FORK_SAFE") or os.environ.get("IBV_FORK_SAFE"):
+            logging.getLogger("rdmamw.verbs").warning(
+                "RDMAV_FORK_SAFE/IBV_FORK_SAFE is set although this kernel copies "
+                "pinned pages at fork: registered pages of the Python heap will be "
+                "missing in fork children (unset it)")
+    return ("disabled", "enabled", "unneeded")[min(max(status, 0), 2)]
 
 
 def probe(int max_gids=32):

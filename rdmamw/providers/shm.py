@@ -51,7 +51,7 @@ XTAB_SPACE = (XTAB_BYTES + _layout.PAGE - 1) // _layout.PAGE * _layout.PAGE
 
 def staging_bytes() -> int:
     """Size of the staging area used when CMA is not permitted."""
-    return int(os.environ.get("RDMAMW_SHM_STAGING", 1 << 30))
+    return parse_bytes(os.environ.get("RDMAMW_SHM_STAGING", 1 << 30), "RDMAMW_SHM_STAGING")
 
 
 def cma_allowed() -> bool:

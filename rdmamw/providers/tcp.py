@@ -24,6 +24,7 @@ from rdmamw.providers import Connected
 from rdmamw.providers._tcp import TcpTransport, alloc_block, free_block
 from rdmamw.providers._wire import SocketListener, field, recv_frame, send_frame
 from rdmamw.providers.shm import _regions
+from rdmamw.settings import number
 
 PROTOCOL_VERSION = 1
 HANDSHAKE_TIMEOUT = 10.0
@@ -31,11 +32,11 @@ log = logging.getLogger("rdmamw.tcp")
 
 
 def heartbeat() -> float:
-    return float(os.environ.get("RDMAMW_TCP_HEARTBEAT", 0.25))
+    return number("RDMAMW_TCP_HEARTBEAT", 0.25)
 
 
 def peer_timeout() -> float:
-    return float(os.environ.get("RDMAMW_TCP_PEER_TIMEOUT", 1.5))
+    return number("RDMAMW_TCP_PEER_TIMEOUT", 1.5)
 
 
 def parse(where: str) -> tuple[str, int]:

@@ -5,14 +5,13 @@ ascending rank order on both sides (the rule of ``Channel.open(rank)``)."""
 
 from __future__ import annotations
 
-import os
-
 import rdmamw
 from rdmamw.channel import Channel
 from rdmamw.ps.consistency import Consistency
 from rdmamw.ps.server import KVServer
 from rdmamw.ps.worker import KVWorker
 from rdmamw.sched import Dsana
+from rdmamw.settings import number
 
 #: Ring of each parameter-server channel: 16 slots x 1 MiB, as the collectives'. Big
 #: blocks cut the per-block Python cost of large tensors: a 4 MiB push+pull on shm
@@ -20,8 +19,8 @@ from rdmamw.sched import Dsana
 #: with 1 MiB blocks ~1.15-1.3x (bench/ps_bench.py, loaded box). Small messages are
 #: packed into one slot, so the few slots do not limit small tensors.
 #: RDMAMW_SLOTS / RDMAMW_SLOT_SIZE, when set, win (as for every channel).
-PS_SLOTS = int(os.environ.get("RDMAMW_SLOTS", 16))
-PS_SLOT_SIZE = int(os.environ.get("RDMAMW_SLOT_SIZE", 1 << 20))
+PS_SLOTS = number("RDMAMW_SLOTS", 16, int, 1)
+PS_SLOT_SIZE = number("RDMAMW_SLOT_SIZE", 1 << 20, int, 1)
 
 
 def connect(servers: int, open_timeout: float = 60.0, *, slots: int = PS_SLOTS,
