@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: demo test test-slow vm-deps bench bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
+.PHONY: demo test test-slow soak vm-deps bench bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
 	bench-verbs fuzz-tcp lint build clean
 
 $(VPY):
@@ -31,7 +31,16 @@ test: vm-deps $(STAMP)
 	bash scripts/setup_torch.sh $(VPY)
 	$(VPY) -m ruff check .
 	$(VPY) -m pytest -q -p no:cacheprovider
-	bash scripts/test-device.sh $(VPY)
+	$(VPY) bench/soak.py --provider shm --seconds $(SOAK_SECONDS)
+	$(VPY) bench/soak.py --provider tcp --seconds $(SOAK_SECONDS)
+	SOAK_SECONDS=$(SOAK_SECONDS) bash scripts/test-device.sh $(VPY)
+
+# the randomized soak (bench/soak.py, docs/benchmarks.md): 60 s per provider in `make
+# test` (verbs inside the VM); `make soak SOAK_SECONDS=1800 SOAK_PROVIDER=tcp` for a long run
+SOAK_SECONDS ?= 60
+SOAK_PROVIDER ?= shm
+soak: $(STAMP)
+	$(VPY) bench/soak.py --provider $(SOAK_PROVIDER) --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
 
 vm-deps:
 	@if [ "$${RDMAMW_VM:-1}" != 0 ]; then bash scripts/rxe-vm.sh --deps; fi

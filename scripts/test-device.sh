@@ -16,5 +16,7 @@ if ! "$VPY" -c "import rdmamw.providers._verbs" 2>/dev/null; then
 fi
 bash scripts/pyverbs-link.sh "$VPY"
 t0=$(date +%s)
-scripts/rxe-vm.sh "RDMAMW_TEST_PROVIDERS=verbs $VPY -m pytest -q -p no:cacheprovider -m device -rs ${RDMAMW_DEVICE_PYTEST_ARGS:-}"
-echo "[test-device] device tests passed in the VM ($(( $(date +%s) - t0 )) s)"
+# the device tests, then the soak on verbs (bench/soak.py; smaller messages: TCG is slow)
+scripts/rxe-vm.sh "RDMAMW_TEST_PROVIDERS=verbs $VPY -m pytest -q -p no:cacheprovider -m device -rs ${RDMAMW_DEVICE_PYTEST_ARGS:-} \
+  && $VPY bench/soak.py --provider verbs --seconds ${SOAK_SECONDS:-60} --peers 2 --threads 1 --max-size 262144"
+echo "[test-device] device tests and the verbs soak passed in the VM ($(( $(date +%s) - t0 )) s)"
