@@ -254,7 +254,8 @@ def test_bad_descriptor_over_the_wire_is_dropped(caplog):
     """A peer with the token whose descriptor is bad is dropped and logged; its QP
     never leaves INIT, and the listener goes on accepting."""
     caplog.set_level(logging.WARNING, logger="rdmamw.verbs")
-    with verbs.listen("127.0.0.1:0", slots=8, slot_size=256) as lst:
+    lst = verbs.listen("127.0.0.1:0", slots=8, slot_size=256)
+    try:
         with pytest.raises(rdmamw.Timeout):
             lst.accept(timeout=0.05)                         # start serving
         s = socket.create_connection(("127.0.0.1", lst.port), timeout=20)
@@ -269,6 +270,8 @@ def test_bad_descriptor_over_the_wire_is_dropped(caplog):
         s.close()
         with pytest.raises(rdmamw.Timeout):
             lst.accept(timeout=0.5)
+    finally:
+        lst.close()
     assert any("descriptor version 7" in r.getMessage() for r in caplog.records)
 
 
