@@ -122,16 +122,18 @@ class HandshakeListener(Generic[T]):
             if self._closed:
                 return
             self._closed = True
+            self._ready.notify_all()
+            os.eventfd_write(self._wake, 1)
+        if self._loop is not None:
+            self._loop.join()             # no new handshakes from here on
+        with self._lock:
             left, self._done = list(self._done), deque()
             for p in self._pending:
                 p.cut(expired=False)
             workers = list(self._workers)
-            self._ready.notify_all()
-            os.eventfd_write(self._wake, 1)
-        if self._loop is not None:
-            self._loop.join()
-        for t in workers:
-            t.join(self._timeout + 1)
+        end = time.monotonic() + self._timeout + 1
+        for t in workers:                 # cut above: they end at their next read
+            t.join(max(0.0, end - time.monotonic()))
         self._sock.close()
         os.close(self._wake)
         for item in left:
@@ -162,7 +164,7 @@ class HandshakeListener(Generic[T]):
                     return
                 now = time.monotonic()
                 for p in self._pending:
-                    if p.deadline <= now:
+                    if p.deadline <= now and not p.expired:
                         p.cut(expired=True)
                 wait = min((p.deadline for p in self._pending if not p.expired), default=None)
                 room = self._held < self._limit
@@ -175,7 +177,10 @@ class HandshakeListener(Generic[T]):
             ms = None if wait is None else max(0, int((wait - now) * 1000) + 1)
             for fd, _ in poll.poll(ms):
                 if fd == self._wake:
-                    os.eventfd_read(self._wake)
+                    try:
+                        os.eventfd_read(self._wake)
+                    except BlockingIOError:
+                        pass
                 elif listening:
                     self._take()
 
@@ -202,7 +207,17 @@ class HandshakeListener(Generic[T]):
             self._held += 1
             self._pending.add(p)
             self._workers.add(t)
-        t.start()
+        try:
+            t.start()
+        except RuntimeError as e:         # no thread to be had: drop this one, go on
+            with self._lock:
+                self._held -= 1
+                self._pending.discard(p)
+                self._workers.discard(t)
+                p.watch.close()
+            conn.close()
+            self._log.warning("rdmamw: %s dropped a connection: %s", self.address, e)
+            time.sleep(0.1)
 
     def _serve(self, conn: socket.socket, addr: Any, p: _Pending) -> None:
         """One connection's handshake (its own thread): queue the result or drop it."""
