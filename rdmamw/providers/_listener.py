@@ -230,14 +230,16 @@ class HandshakeListener(Generic[T]):
             conn.close()
         except Exception as e:  # noqa: BLE001 - whatever the peer made us raise: drop it
             reason = str(e) or type(e).__name__
+            p.expired = p.expired or isinstance(e, TimeoutError)
             conn.close()
         with self._ready:
             self._pending.discard(p)
             self._workers.discard(threading.current_thread())
             p.watch.close()
+            closed = self._closed
             if p.expired:
                 reason = f"did not finish the handshake within {self._timeout:g} s"
-            keep = reason is None and not self._closed
+            keep = reason is None and not closed
             if keep:
                 self._done.append(item)
                 self._ready.notify()
@@ -245,7 +247,10 @@ class HandshakeListener(Generic[T]):
                 self._held -= 1
         if not keep and item is not None and not isinstance(item, Exception):
             self._discard(item)
-        if reason is not None:
+        if closed:                        # cut by close(): not the peer's doing
+            self._log.debug("rdmamw: %s closed during a handshake with %s", self.address,
+                            peer)
+        elif reason is not None:
             self._log.warning("rdmamw: dropped connection from %s to %s: %s", peer,
                               self.address, reason)
         self._poke()
