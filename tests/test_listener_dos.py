@@ -5,6 +5,7 @@ the verbs side channel proves the token before it says anything about its QP."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
@@ -209,6 +210,20 @@ def _first_error(ch: rdmamw.Channel) -> BaseException | None:
         except rdmamw.RdmamwError as e:
             return e
     return None
+
+
+@pytest.mark.parametrize("provider", HOST_PROVIDERS)
+def test_a_listener_dropped_without_close_leaves_nothing_behind(provider):
+    fds0, threads0 = fds(), threading.active_count()
+    lst = rdmamw.listen(LISTEN_ADDRESS[provider]())
+    address = lst.address
+    with pytest.raises(rdmamw.Timeout):
+        lst.accept(timeout=0.05)                # the loop runs
+    del lst
+    gc.collect()
+    assert settle(threading.active_count, threads0) == threads0
+    assert settle(fds, fds0) == fds0
+    rdmamw.listen(address).close()              # the address is free again
 
 
 def test_close_wakes_a_blocked_accept():

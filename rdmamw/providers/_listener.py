@@ -18,6 +18,7 @@ import select
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Generic, TypeVar
 
@@ -80,7 +81,8 @@ class HandshakeListener(Generic[T]):
         self._held = 0                    # pending + done: bounded by _limit
         self._closed = False
         self._loop: threading.Thread | None = None
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._wake = -1                   # eventfd that wakes the loop (from _start on)
+        self._abandoned: weakref.finalize | None = None
 
     # ---- what a provider supplies ----------------------------------------------------
     def _handshake(self, conn: socket.socket, addr: Any) -> T:
@@ -123,7 +125,9 @@ class HandshakeListener(Generic[T]):
                 return
             self._closed = True
             self._ready.notify_all()
-            os.eventfd_write(self._wake, 1)
+            if self._abandoned is not None:
+                self._abandoned.detach()
+                os.eventfd_write(self._wake, 1)
         if self._loop is not None:
             self._loop.join()             # no new handshakes from here on
         with self._lock:
@@ -135,17 +139,23 @@ class HandshakeListener(Generic[T]):
         for t in workers:                 # cut above: they end at their next read
             t.join(max(0.0, end - time.monotonic()))
         self._sock.close()
-        os.close(self._wake)
+        if self._wake >= 0:
+            os.close(self._wake)
         for item in left:
             if not isinstance(item, Exception):
                 self._discard(item)
 
     # ---- the loop ------------------------------------------------------------------------
     def _start(self) -> None:
+        """Start the loop. It holds the listener only weakly, so a listener dropped
+        without close() is still collected (its socket closes), and the loop ends."""
         if self._loop is None and not self._closed:
             self._sock.setblocking(False)
-            self._loop = threading.Thread(target=self._run, daemon=True,
-                                          name=f"rdmamw-listen {self.address}")
+            self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._abandoned = weakref.finalize(self, os.eventfd_write, self._wake, 1)
+            self._loop = threading.Thread(
+                target=_run, args=(weakref.ref(self), self._wake, self._sock.fileno()),
+                daemon=True, name=f"rdmamw-listen {self.address}")
             self._loop.start()
 
     def _poke(self) -> None:
@@ -154,35 +164,18 @@ class HandshakeListener(Generic[T]):
             if not self._closed:
                 os.eventfd_write(self._wake, 1)
 
-    def _run(self) -> None:
-        poll = select.poll()
-        poll.register(self._wake, select.POLLIN)
-        listening = False
-        while True:
-            with self._lock:
-                if self._closed:
-                    return
-                now = time.monotonic()
-                for p in self._pending:
-                    if p.deadline <= now and not p.expired:
-                        p.cut(expired=True)
-                wait = min((p.deadline for p in self._pending if not p.expired), default=None)
-                room = self._held < self._limit
-            if room != listening:         # full: new peers wait in the kernel's queue
-                if room:
-                    poll.register(self._sock, select.POLLIN)
-                else:
-                    poll.unregister(self._sock)
-                listening = room
-            ms = None if wait is None else max(0, int((wait - now) * 1000) + 1)
-            for fd, _ in poll.poll(ms):
-                if fd == self._wake:
-                    try:
-                        os.eventfd_read(self._wake)
-                    except BlockingIOError:
-                        pass
-                elif listening:
-                    self._take()
+    def _tick(self) -> tuple[bool, float | None] | None:
+        """(room for another handshake, seconds to the next deadline), after cutting the
+        handshakes past theirs; None once closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            now = time.monotonic()
+            for p in self._pending:
+                if p.deadline <= now and not p.expired:
+                    p.cut(expired=True)
+            wait = min((p.deadline for p in self._pending if not p.expired), default=None)
+            return self._held < self._limit, None if wait is None else wait - now
 
     def _take(self) -> None:
         try:
@@ -254,3 +247,35 @@ class HandshakeListener(Generic[T]):
             self._log.warning("rdmamw: dropped connection from %s to %s: %s", peer,
                               self.address, reason)
         self._poke()
+
+
+def _run(ref: weakref.ref, wake: int, sock: int) -> None:
+    """The accept loop of one listener: wait for a connection (while there is room), a
+    deadline or a wake-up; hold the listener only while acting on it."""
+    poll = select.poll()
+    poll.register(wake, select.POLLIN)
+    listening = False
+    while True:
+        me = ref()
+        tick = None if me is None else me._tick()
+        if tick is None:
+            if me is None:                # dropped without close(): nobody else will
+                os.close(wake)
+            return
+        room, wait = tick
+        del me
+        if room != listening:             # full: new peers wait in the kernel's queue
+            if room:
+                poll.register(sock, select.POLLIN)
+            else:
+                poll.unregister(sock)
+            listening = room
+        for fd, _ in poll.poll(None if wait is None else max(0, int(wait * 1000) + 1)):
+            if fd == wake:
+                try:
+                    os.eventfd_read(wake)
+                except BlockingIOError:
+                    pass
+            elif listening and (me := ref()) is not None:
+                me._take()
+                del me
