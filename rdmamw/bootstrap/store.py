@@ -1,7 +1,8 @@
 """The rendezvous store: rank 0 collects every rank's endpoint descriptor and hands
 the whole table back, once. Connections prove the shared token (rdmamw.auth) before
-a byte of msgpack is read; garbage is logged and dropped, never fatal. A rank that
-never shows up makes init() fail with a Timeout that names it, on every rank."""
+a byte of msgpack is read; joins are served concurrently with a deadline each, and
+garbage or silence is logged and dropped, never fatal. A rank that never shows up makes
+init() fail with a Timeout that names it, on every rank."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rdmamw import auth
-from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
+from rdmamw.errors import PeerLost, PeerNotFound, ProtocolError, RdmamwError, Timeout
+from rdmamw.providers._listener import HandshakeListener
 from rdmamw.providers._wire import field, recv_frame, send_frame
 
 log = logging.getLogger("rdmamw.bootstrap")
 JOIN_LIMIT = 16384
-STEP_TIMEOUT = 10.0             # one joiner's handshake; a slow one cannot stall rank 0
 
 
 def _table_limit(world_size: int) -> int:
@@ -87,14 +89,45 @@ def parse_join(join: dict) -> tuple[int | None, str | None, dict]:
     return rank, role, desc
 
 
+@dataclass
+class _Join:
+    """A joiner that proved the token and sent its descriptor; it waits on ``conn``
+    for the table."""
+
+    conn: socket.socket
+    peer: str
+    rank: int | None
+    role: str | None
+    desc: dict
+
+
+class _Joins(HandshakeListener[_Join]):
+    """Rank 0's store socket: joins are read concurrently, a deadline each, so silent
+    or hostile sockets delay no rank (rdmamw/providers/_listener.py)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        host, port = sock.getsockname()[:2]
+        self.address = f"the rendezvous on {host}:{port}"
+        super().__init__(sock, log)
+
+    def _handshake(self, conn: socket.socket, addr) -> _Join:
+        auth.accept_side(conn)
+        return _Join(conn, self._peer(conn, addr), *parse_join(recv_frame(conn, JOIN_LIMIT)))
+
+    def _discard(self, item: _Join) -> None:
+        item.conn.close()
+
+
 def serve(sock: socket.socket, world_size: int, me: dict, timeout: float,
           ranges: dict[str, range] | None = None) -> tuple[dict[int, dict], str]:
     """Rank 0: collect all descriptors (rank 0's is ``me``), reply the table and a
-    job id to every rank, return both. Timeout names the ranks that never came."""
+    job id to every rank, return both. Timeout names the ranks that never came.
+    ``sock`` is closed on return."""
     ranks = _Ranks(world_size, ranges or {})
     ranks.table[0] = me
     conns: list[tuple[socket.socket, int]] = []
     deadline = time.monotonic() + timeout
+    joins = _Joins(sock)
     try:
         while ranks.missing():
             left = deadline - time.monotonic()
@@ -104,29 +137,28 @@ def serve(sock: socket.socket, world_size: int, me: dict, timeout: float,
                     _try_send(c, {"ok": False, "missing": missing})
                 raise Timeout(f"rdmamw.init(): ranks {missing} of {world_size} never joined "
                               f"the rendezvous within {timeout:g} s")
-            sock.settimeout(left)
             try:
-                conn, addr = sock.accept()
-            except TimeoutError:
+                j = joins.accept(left)
+            except Timeout:
                 continue
             try:
-                conn.settimeout(min(STEP_TIMEOUT, max(left, 1.0)))
-                auth.accept_side(conn)
-                rank, role, desc = parse_join(recv_frame(conn, JOIN_LIMIT))
-                rank = ranks.assign(rank, role)
-                desc["rank"] = rank
-                ranks.table[rank] = desc
-                conns.append((conn, rank))
-            except (ProtocolError, OSError) as e:
-                log.warning("rdmamw rendezvous: dropped connection from %s: %s", addr, e)
-                _try_send(conn, {"ok": False, "error": str(e)})
-                conn.close()
+                rank = ranks.assign(j.rank, j.role)
+            except ProtocolError as e:
+                log.warning("rdmamw: dropped connection from %s to %s: %s", j.peer,
+                            joins.address, e)
+                _try_send(j.conn, {"ok": False, "error": str(e)})
+                j.conn.close()
+                continue
+            j.desc["rank"] = rank
+            ranks.table[rank] = j.desc
+            conns.append((j.conn, rank))
         job = secrets.token_hex(6)
         table = [ranks.table[r] for r in range(world_size)]
         for c, r in conns:
             _try_send(c, {"ok": True, "job": job, "rank": r, "table": table})
         return ranks.table, job
     finally:
+        joins.close()
         for c, _ in conns:
             c.close()
 
@@ -168,6 +200,9 @@ def join(host: str, port: int, rank: int | None, role: str | None,
         raise Timeout(f"rdmamw.init(): no table from rank 0 within {timeout:g} s") from None
     except ProtocolError as e:
         raise PeerNotFound(f"rdmamw.init(): rendezvous with {host}:{port} failed: {e}") from None
+    except OSError as e:
+        raise PeerLost(f"rdmamw.init(): lost the connection to rank 0 (rendezvous "
+                       f"{host}:{port}): {e}; is rank 0 still running?") from None
     finally:
         conn.close()
     if reply.get("ok") is not True:

@@ -1,4 +1,5 @@
-"""Byte sizes as users write them in environment variables and options ("64M", "1G")."""
+"""Byte sizes and durations as users write them in environment variables and options
+("64M", "1G", "0.5")."""
 
 from __future__ import annotations
 
@@ -27,6 +28,18 @@ def parse_bytes(text: str | int, what: str = "size") -> int:
                               "(examples: 65536, 64K, 256M, 1G)")
     if value < 0:
         raise ConfigError(f"{what}: {text!r} must not be negative")
+    return value
+
+
+def parse_seconds(text: str | float, what: str = "duration") -> float:
+    """``"10"``, ``"0.5"`` -> seconds, which must be positive and finite; else ConfigError
+    naming ``what``."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{what}: {text!r} is not a positive number of seconds")
     return value
 
 

@@ -70,16 +70,3 @@ def check_hello(peer: dict, version: int, mode: str | None) -> tuple[int, int, s
         if mode not in ("batched", "ack"):
             raise ProtocolError(f"peer asked for unknown mode {mode!r}")
     return peer_slots, peer_slot_size, mode
-
-
-class SocketListener:
-    """Base of the providers' listeners: each accepts on one listening socket
-    (``_sock``), which is also what a caller can wait on (``fileno``)."""
-
-    _sock: socket.socket
-
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
-    def close(self) -> None:
-        self._sock.close()

@@ -9,6 +9,8 @@ memory goes when the last mapping does. Only processes of the same user may conn
 Every memfd is sealed against shrinking and growing before it is handed over, and a
 peer's descriptors are checked (sealed memfds of the announced sizes, an eventfd)
 before anything is mapped: a peer cannot truncate a block under us (SIGBUS).
+The listener serves handshakes concurrently, each with a deadline
+(rdmamw/providers/_listener.py): a refused or failed peer is logged and dropped.
 
 For rendezvous each side also hands over a staging memfd (sparse until used) and the
 two sides test, with a probe word, whether each may read the other's memory with
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import secrets
 import socket
@@ -40,10 +43,12 @@ from rdmamw.errors import (
 from rdmamw.memory.units import parse_bytes
 from rdmamw.providers import Connected
 from rdmamw.providers import _wire as fr
+from rdmamw.providers._listener import HandshakeListener
 from rdmamw.providers._shm import XTAB_BYTES, ShmTransport, cma_probe
 
 PROTOCOL_VERSION = 1
 F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
+log = logging.getLogger("rdmamw.shm")
 _PREFIX = b"\0rdmamw-shm/"
 #: the exposure table follows the regions in each block (page-rounded)
 XTAB_SPACE = (XTAB_BYTES + _layout.PAGE - 1) // _layout.PAGE * _layout.PAGE
@@ -246,40 +251,39 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
     return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, f"shm://{name}")
 
 
-class ShmListener(fr.SocketListener):
-    """Accepts shm connections on ``shm://NAME``."""
+class ShmListener(HandshakeListener[Connected]):
+    """Accepts shm connections on ``shm://NAME``; a peer of another user, or one that
+    fails the handshake, is logged and dropped."""
 
     def __init__(self, name: str, slots: int, slot_size: int) -> None:
         _layout.check_ring(slots, slot_size)
         self.name, self.slots, self.slot_size = name, slots, slot_size
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            self._sock.bind(_address(name))
+            sock.bind(_address(name))
+            sock.listen(128)
+            super().__init__(sock, log)
         except OSError as e:
-            self._sock.close()
+            sock.close()
             if e.errno == errno.EADDRINUSE:
                 raise RdmamwError(f"shm://{name} is already being listened on") from None
             raise
-        self._sock.listen(128)
+        except BaseException:
+            sock.close()
+            raise
 
     @property
     def address(self) -> str:
         return f"shm://{self.name}"
 
-    def accept(self, timeout: float | None) -> Connected:
-        self._sock.settimeout(timeout)
-        try:
-            conn, _ = self._sock.accept()
-        except TimeoutError:
-            raise Timeout(f"no connection to {self.address} within {timeout} s") from None
-        try:
-            conn.settimeout(10.0 if timeout is None else max(timeout, 1.0))
-            pid = _check_peer_user(conn)
-            return _handshake(conn, self.name, self.slots, self.slot_size, None, pid)
-        except BaseException:
-            if conn.fileno() >= 0:
-                conn.close()
-            raise
+    def _peer(self, conn: socket.socket, addr) -> str:
+        pid, uid, _gid = struct.unpack("3i", conn.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        return f"pid {pid} (uid {uid})"
+
+    def _handshake(self, conn: socket.socket, addr) -> Connected:
+        pid = _check_peer_user(conn)
+        return _handshake(conn, self.name, self.slots, self.slot_size, None, pid)
 
 
 def listen(where: str, *, slots: int, slot_size: int) -> ShmListener:

@@ -3,8 +3,9 @@
 ``tcp://HOST:PORT`` (``PORT`` 0 = ephemeral; the listener reports the bound port).
 Each connection first proves the shared token both ways (rdmamw.auth), then the
 two sides exchange msgpack hellos with their ring sizes, allocate their blocks and
-hand the socket to the C progress thread (rdmamw/providers/_tcp.pyx). A peer that
-fails any step is logged and dropped; the listener keeps accepting.
+hand the socket to the C progress thread (rdmamw/providers/_tcp.pyx). The listener
+serves handshakes concurrently (rdmamw/providers/_listener.py): a peer that fails any
+step or its deadline is logged and dropped; the listener keeps accepting.
 
 Liveness is tunable: ``RDMAMW_TCP_HEARTBEAT`` (s between heartbeats while idle,
 default 0.25) and ``RDMAMW_TCP_PEER_TIMEOUT`` (s of silence before PeerLost, default
@@ -21,13 +22,13 @@ import time
 from rdmamw import _layout, auth
 from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import Connected
+from rdmamw.providers._listener import HandshakeListener
 from rdmamw.providers._tcp import TcpTransport, alloc_block, free_block
-from rdmamw.providers._wire import SocketListener, field, recv_frame, send_frame
+from rdmamw.providers._wire import field, recv_frame, send_frame
 from rdmamw.providers.shm import _regions
 from rdmamw.settings import number
 
 PROTOCOL_VERSION = 1
-HANDSHAKE_TIMEOUT = 10.0
 log = logging.getLogger("rdmamw.tcp")
 
 
@@ -125,54 +126,41 @@ def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None
                      peer.get("rank"))
 
 
-class TcpListener(SocketListener):
+class TcpListener(HandshakeListener[Connected]):
     """Accepts tcp connections; bad or unauthenticated peers are logged and dropped."""
 
     def __init__(self, where: str, slots: int, slot_size: int) -> None:
         _layout.check_ring(slots, slot_size)
         host, port = parse(where)
         self.slots, self.slot_size = slots, slot_size
-        self._sock = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            self._sock.bind((host, port))
+            sock.bind((host, port))
         except OSError as e:
-            self._sock.close()
+            sock.close()
             if e.errno == errno.EADDRINUSE:
                 raise RdmamwError(f"tcp://{where}: port {port} is already in use") from None
             if e.errno == errno.EADDRNOTAVAIL:
                 raise RdmamwError(f"tcp://{where}: {host} is not an address of this "
                                   f"host") from None
             raise
-        self._sock.listen(128)
-        bound = self._sock.getsockname()
-        self.host, self.port = host, bound[1]
+        sock.listen(128)
+        self.host, self.port = host, sock.getsockname()[1]
+        try:
+            super().__init__(sock, log)
+        except BaseException:
+            sock.close()
+            raise
 
     @property
     def address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"tcp://{host}:{self.port}"
 
-    def accept(self, timeout: float | None) -> Connected:
-        """The next peer that completes the handshake, within ``timeout`` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise Timeout(f"no connection to {self.address} within {timeout} s")
-            self._sock.settimeout(left)
-            try:
-                conn, addr = self._sock.accept()
-            except TimeoutError:
-                raise Timeout(f"no connection to {self.address} within {timeout} s") from None
-            try:
-                _tune(conn)
-                conn.settimeout(HANDSHAKE_TIMEOUT)
-                return _handshake(conn, self.slots, self.slot_size, None, None)
-            except (ProtocolError, OSError) as e:
-                log.warning("rdmamw tcp: dropped connection from %s to %s: %s", addr,
-                            self.address, e)
-                conn.close()
+    def _handshake(self, conn: socket.socket, addr) -> Connected:
+        _tune(conn)
+        return _handshake(conn, self.slots, self.slot_size, None, None)
 
 
 def listen(where: str, *, slots: int, slot_size: int) -> TcpListener:

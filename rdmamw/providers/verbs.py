@@ -1,9 +1,10 @@
 """The ``verbs`` provider's control path: a TCP side channel for the handshake.
 
 ``verbs://HOST:PORT[?opt=value&...]``: the listener accepts TCP connections there
-(port 0 = ephemeral; ``address`` reports the bound one). Both sides exchange msgpack
-hellos (ring sizes, mode), open the RDMA device, create their QP and registered block,
-then exchange endpoint descriptors (QPN, PSN, GID, block address, rkey, regions,
+(port 0 = ephemeral; ``address`` reports the bound one). Both sides first prove the
+shared token (rdmamw.auth, as tcp does), then exchange msgpack hellos (ring sizes,
+mode), open the RDMA device, create their QP and registered block, then exchange
+endpoint descriptors (QPN, PSN, GID, block address, rkey, regions,
 version) and move the QP to RTS. The socket then stays open only so each side sees
 the other's death as EOF. The wire format is in docs/protocol.md ("verbs connection
 set-up"). Options (also from ``RDMAMW_VERBS_*`` environment variables): ``device``,
@@ -13,19 +14,22 @@ set-up"). Options (also from ``RDMAMW_VERBS_*`` environment variables): ``device
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import socket
 import time
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
-from rdmamw import _layout
+from rdmamw import _layout, auth
 from rdmamw.errors import PeerNotFound, ProtocolError, ProviderUnavailable, RdmamwError, Timeout
 from rdmamw.providers import Connected
 from rdmamw.providers import _wire as fr
 from rdmamw.providers import verbs_device as dev
+from rdmamw.providers._listener import HandshakeListener
 
 PROTOCOL_VERSION = 1
+log = logging.getLogger("rdmamw.verbs")
 DESCRIPTOR_VERSION = 1
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 
@@ -110,8 +114,13 @@ def check_descriptor(d: dict, theirs: _layout.Layout) -> dict:
 
 def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
                mode: str | None, peer_name: str) -> Connected:
-    """Hellos, then descriptors, then a ready barrier. ``mode`` is None on accept."""
+    """Token check, hellos, then descriptors, then a ready barrier. ``mode`` is None on
+    accept. Nothing about us (pid, QP, rkey) crosses before the token check."""
     _layout.check_ring(slots, slot_size)
+    if mode is None:
+        auth.accept_side(conn)
+    else:
+        auth.open_side(conn)
     hello = {"v": PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid()}
     if mode is not None:
         hello["mode"] = mode
@@ -154,8 +163,9 @@ def _tcp_options(conn: socket.socket) -> None:
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
 
-class VerbsListener(fr.SocketListener):
-    """Accepts verbs connections; the TCP side channel listens on HOST:PORT."""
+class VerbsListener(HandshakeListener[Connected]):
+    """Accepts verbs connections; the TCP side channel listens on HOST:PORT. A peer
+    without the token, or one that fails the handshake, is logged and dropped."""
 
     def __init__(self, where: str, slots: int, slot_size: int) -> None:
         _layout.check_ring(slots, slot_size)
@@ -163,39 +173,31 @@ class VerbsListener(fr.SocketListener):
         dev.require()
         self.slots, self.slot_size = slots, slot_size
         fam = socket.AF_INET6 if ":" in self.w.host else socket.AF_INET
-        self._sock = socket.socket(fam, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        sock = socket.socket(fam, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
-            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self._sock.bind((self.w.host, self.w.port))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.w.host, self.w.port))
+            sock.listen(128)
+            self.port = sock.getsockname()[1]
+            super().__init__(sock, log)
         except OSError as e:
-            self._sock.close()
+            sock.close()
             if e.errno == errno.EADDRINUSE:
                 raise RdmamwError(f"verbs://{self.w.host}:{self.w.port} is in use") from None
             raise
-        self._sock.listen(128)
-        self.port = self._sock.getsockname()[1]
+        except BaseException:
+            sock.close()
+            raise
 
     @property
     def address(self) -> str:
         host = f"[{self.w.host}]" if ":" in self.w.host else self.w.host
         return f"verbs://{host}:{self.port}"
 
-    def accept(self, timeout: float | None) -> Connected:
-        self._sock.settimeout(timeout)
-        try:
-            conn, peer = self._sock.accept()
-        except TimeoutError:
-            raise Timeout(f"no connection to {self.address} within {timeout} s") from None
-        try:
-            _tcp_options(conn)
-            conn.settimeout(10.0 if timeout is None else max(timeout, 1.0))
-            return _handshake(conn, self.w, self.slots, self.slot_size, None,
-                              f"verbs://{peer[0]}:{peer[1]}")
-        except TimeoutError:
-            raise Timeout(f"handshake on {self.address} timed out") from None
-        finally:
-            if conn.fileno() >= 0:
-                conn.close()
+    def _handshake(self, conn: socket.socket, addr) -> Connected:
+        _tcp_options(conn)
+        return _handshake(conn, self.w, self.slots, self.slot_size, None,
+                          f"verbs://{self._peer(conn, addr)}")
 
 
 def listen(where: str, *, slots: int, slot_size: int) -> VerbsListener:

@@ -1,13 +1,15 @@
 """An independent verbs peer: pyverbs + msgpack only, no rdmamw code.
 
 It opens a channel to an rdmamw ``verbs://`` listener by following docs/protocol.md
-(hello, endpoint descriptors, ready), then RDMA-WRITEs slots (SINGLE and PACKED, with
+(token proof, hello, endpoint descriptors, ready), then RDMA-WRITEs slots (SINGLE and PACKED, with
 headers) and the arrival-bitmap word last in one chain, waits for the receiver's
 reclaim write-back in its own block, and closes by setting the peer's CTRL.closed.
 
     pyverbs_sender.py HOST PORT NMSGS        prints "sent N", "reclaimed", "closed"
 """
 
+import hashlib
+import hmac
 import os
 import socket
 import struct
@@ -69,21 +71,44 @@ def send(sock, obj):
 
 
 def recv(sock):
-    def exact(n):
-        b = b""
-        while len(b) < n:
-            c = sock.recv(n - len(b))
-            if not c:
-                raise SystemExit("listener closed the connection")
-            b += c
-        return b
-    (n,) = struct.unpack("<I", exact(4))
-    return msgpack.unpackb(exact(n))
+    (n,) = struct.unpack("<I", exact(sock, 4))
+    return msgpack.unpackb(exact(sock, n))
+
+
+def exact(sock, n):
+    b = b""
+    while len(b) < n:
+        c = sock.recv(n - len(b))
+        if not c:
+            raise SystemExit("listener closed the connection")
+        b += c
+    return b
+
+
+# ---- docs/protocol.md: the token proof (as for tcp) -------------------------------
+def token():
+    if os.environ.get("RDMAMW_TOKEN"):
+        return os.environ["RDMAMW_TOKEN"].encode()
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    with open(os.path.join(base, "rdmamw", "token"), "rb") as f:
+        return f.read().strip()
+
+
+def prove_token(sock):
+    key = token()
+    hello = exact(sock, 21)
+    assert hello[:5] == b"RDMW\x01", hello
+    nonce_l, nonce_o = hello[5:], os.urandom(16)
+    mac = hmac.new(key, b"open" + nonce_l + nonce_o, hashlib.sha256).digest()
+    sock.sendall(b"RDMW\x01" + nonce_o + mac)
+    want = hmac.new(key, b"accept" + nonce_o + nonce_l, hashlib.sha256).digest()
+    assert hmac.compare_digest(exact(sock, 32), want), "the listener does not know the token"
 
 
 def main():
     host, port, nmsgs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     sock = socket.create_connection((host, port), timeout=20)
+    prove_token(sock)
     send(sock, {"v": 1, "slots": SLOTS, "slot_size": SLOT_SIZE, "mode": "batched",
                 "pid": os.getpid()})
     hello = recv(sock)

@@ -1,0 +1,281 @@
+"""The one accept loop of every listener (shm, tcp, verbs, the bootstrap store), so that
+no client, however slow or hostile, stalls a listener.
+
+A daemon thread, started by the first ``accept()``, takes connections off the listening
+socket and runs each one's handshake in a thread of its own with a deadline
+(``RDMAMW_HANDSHAKE_TIMEOUT`` s, default 10; the loop shuts down a socket whose
+handshake outlives it). Finished handshakes wait in a queue for ``accept()``; failed
+ones are logged with the peer and the reason, and dropped. At most
+``RDMAMW_LISTEN_BACKLOG`` connections (default 16) are in a handshake or finished but
+not yet accepted; more wait in the kernel's listen queue. ``close()`` stops the loop,
+cuts the handshakes under way and closes what was never accepted."""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Generic, TypeVar
+
+from rdmamw.errors import ChannelClosed, ConfigError, ProviderUnavailable, Timeout
+from rdmamw.memory.units import parse_seconds
+
+T = TypeVar("T")
+
+#: failures that are ours, not the peer's: accept() raises them instead of dropping
+LOCAL_ERRORS = (ProviderUnavailable, ConfigError)
+
+
+def handshake_timeout() -> float:
+    """Seconds one connection may take to finish its handshake (RDMAMW_HANDSHAKE_TIMEOUT)."""
+    return parse_seconds(os.environ.get("RDMAMW_HANDSHAKE_TIMEOUT", "10"),
+                         "RDMAMW_HANDSHAKE_TIMEOUT")
+
+
+def listen_backlog() -> int:
+    """Connections a listener holds in a handshake or unaccepted (RDMAMW_LISTEN_BACKLOG)."""
+    text = os.environ.get("RDMAMW_LISTEN_BACKLOG", "16")
+    if not text.strip().isdigit() or not 0 < int(text) <= 4096:
+        raise ConfigError(f"RDMAMW_LISTEN_BACKLOG: {text!r} is not a number of "
+                          "connections from 1 to 4096")
+    return int(text)
+
+
+class _Pending:
+    """One handshake under way; ``watch`` is a duplicate of its socket that the loop
+    shuts down at the deadline (or on close), which wakes every read on it."""
+
+    __slots__ = ("deadline", "expired", "watch")
+
+    def __init__(self, watch: socket.socket, deadline: float) -> None:
+        self.watch, self.deadline, self.expired = watch, deadline, False
+
+    def cut(self, expired: bool) -> None:
+        self.expired = self.expired or expired
+        try:
+            self.watch.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class HandshakeListener(Generic[T]):
+    """Base of the listeners: serves ``_handshake(conn, addr) -> T`` concurrently on the
+    bound, listening socket ``sock``. Subclasses supply ``_handshake`` and ``address``,
+    and ``_discard`` when a T is not a :class:`~rdmamw.providers.Connected`."""
+
+    address: str
+
+    def __init__(self, sock: socket.socket, log: logging.Logger) -> None:
+        self._timeout, self._limit = handshake_timeout(), listen_backlog()
+        self._sock, self._log = sock, log
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._done: deque[T | Exception] = deque()
+        self._pending: set[_Pending] = set()
+        self._workers: set[threading.Thread] = set()
+        self._held = 0                    # pending + done: bounded by _limit
+        self._closed = False
+        self._loop: threading.Thread | None = None
+        self._wake = -1                   # eventfd that wakes the loop (from _start on)
+        self._abandoned: weakref.finalize | None = None
+
+    # ---- what a provider supplies ----------------------------------------------------
+    def _handshake(self, conn: socket.socket, addr: Any) -> T:
+        raise NotImplementedError
+
+    def _discard(self, item: T) -> None:
+        """Close a finished connection nobody accepted."""
+        item.transport.close()            # type: ignore[attr-defined]
+
+    def _peer(self, conn: socket.socket, addr: Any) -> str:
+        """The peer as the log names it."""
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            return f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}"
+        return repr(addr)
+
+    # ---- public ------------------------------------------------------------------------
+    def accept(self, timeout: float | None) -> T:
+        """The next peer that finished its handshake, within ``timeout`` s (None: wait)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._ready:
+            self._start()
+            while not self._done:
+                if self._closed:
+                    raise ChannelClosed(f"the listener on {self.address} was closed")
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    raise Timeout(f"no connection to {self.address} within {timeout} s")
+                self._ready.wait(left)
+            item = self._done.popleft()
+            self._held -= 1
+        self._poke()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Stop accepting; cut handshakes under way; close what was never accepted."""
+        with self._ready:
+            if self._closed:
+                return
+            self._closed = True
+            self._ready.notify_all()
+            if self._abandoned is not None:
+                self._abandoned.detach()
+                os.eventfd_write(self._wake, 1)
+        if self._loop is not None:
+            self._loop.join()             # no new handshakes from here on
+        with self._lock:
+            left, self._done = list(self._done), deque()
+            for p in self._pending:
+                p.cut(expired=False)
+            workers = list(self._workers)
+        end = time.monotonic() + self._timeout + 1
+        for t in workers:                 # cut above: they end at their next read
+            t.join(max(0.0, end - time.monotonic()))
+        self._sock.close()
+        if self._wake >= 0:
+            os.close(self._wake)
+        for item in left:
+            if not isinstance(item, Exception):
+                self._discard(item)
+
+    # ---- the loop ------------------------------------------------------------------------
+    def _start(self) -> None:
+        """Start the loop. It holds the listener only weakly, so a listener dropped
+        without close() is still collected (its socket closes), and the loop ends."""
+        if self._loop is None and not self._closed:
+            self._sock.setblocking(False)
+            self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+            self._abandoned = weakref.finalize(self, os.eventfd_write, self._wake, 1)
+            self._loop = threading.Thread(
+                target=_run, args=(weakref.ref(self), self._wake, self._sock.fileno()),
+                daemon=True, name=f"rdmamw-listen {self.address}")
+            self._loop.start()
+
+    def _poke(self) -> None:
+        """Wake the loop (a slot came free); after close() the eventfd is gone."""
+        with self._lock:
+            if not self._closed:
+                os.eventfd_write(self._wake, 1)
+
+    def _tick(self) -> tuple[bool, float | None] | None:
+        """(room for another handshake, seconds to the next deadline), after cutting the
+        handshakes past theirs; None once closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            now = time.monotonic()
+            for p in self._pending:
+                if p.deadline <= now and not p.expired:
+                    p.cut(expired=True)
+            wait = min((p.deadline for p in self._pending if not p.expired), default=None)
+            return self._held < self._limit, None if wait is None else wait - now
+
+    def _take(self) -> None:
+        try:
+            conn, addr = self._sock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        except OSError as e:              # out of fds, say: keep going, but do not spin
+            self._log.warning("rdmamw: %s cannot accept: %s", self.address, e)
+            time.sleep(0.1)
+            return
+        conn.settimeout(self._timeout)
+        try:
+            p = _Pending(conn.dup(), time.monotonic() + self._timeout)
+        except OSError as e:
+            conn.close()
+            self._log.warning("rdmamw: %s dropped a connection: %s", self.address, e)
+            time.sleep(0.1)
+            return
+        t = threading.Thread(target=self._serve, args=(conn, addr, p), daemon=True,
+                             name=f"rdmamw-handshake {self.address}")
+        with self._lock:
+            self._held += 1
+            self._pending.add(p)
+            self._workers.add(t)
+        try:
+            t.start()
+        except RuntimeError as e:         # no thread to be had: drop this one, go on
+            with self._lock:
+                self._held -= 1
+                self._pending.discard(p)
+                self._workers.discard(t)
+                p.watch.close()
+            conn.close()
+            self._log.warning("rdmamw: %s dropped a connection: %s", self.address, e)
+            time.sleep(0.1)
+
+    def _serve(self, conn: socket.socket, addr: Any, p: _Pending) -> None:
+        """One connection's handshake (its own thread): queue the result or drop it."""
+        peer, item, reason = "?", None, None
+        try:
+            peer = self._peer(conn, addr)
+            item = self._handshake(conn, addr)
+        except LOCAL_ERRORS as e:
+            item = e
+            conn.close()
+        except Exception as e:  # noqa: BLE001 - whatever the peer made us raise: drop it
+            reason = str(e) or type(e).__name__
+            p.expired = p.expired or isinstance(e, TimeoutError)
+            conn.close()
+        with self._ready:
+            self._pending.discard(p)
+            self._workers.discard(threading.current_thread())
+            p.watch.close()
+            closed = self._closed
+            if p.expired:
+                reason = f"did not finish the handshake within {self._timeout:g} s"
+            keep = reason is None and not closed
+            if keep:
+                self._done.append(item)
+                self._ready.notify()
+            else:
+                self._held -= 1
+        if not keep and item is not None and not isinstance(item, Exception):
+            self._discard(item)
+        if closed:                        # cut by close(): not the peer's doing
+            self._log.debug("rdmamw: %s closed during a handshake with %s", self.address,
+                            peer)
+        elif reason is not None:
+            self._log.warning("rdmamw: dropped connection from %s to %s: %s", peer,
+                              self.address, reason)
+        self._poke()
+
+
+def _run(ref: weakref.ref, wake: int, sock: int) -> None:
+    """The accept loop of one listener: wait for a connection (while there is room), a
+    deadline or a wake-up; hold the listener only while acting on it."""
+    poll = select.poll()
+    poll.register(wake, select.POLLIN)
+    listening = False
+    while True:
+        me = ref()
+        tick = None if me is None else me._tick()
+        if tick is None:
+            if me is None:                # dropped without close(): nobody else will
+                os.close(wake)
+            return
+        room, wait = tick
+        del me
+        if room != listening:             # full: new peers wait in the kernel's queue
+            if room:
+                poll.register(sock, select.POLLIN)
+            else:
+                poll.unregister(sock)
+            listening = room
+        for fd, _ in poll.poll(None if wait is None else max(0, int(wait * 1000) + 1)):
+            if fd == wake:
+                try:
+                    os.eventfd_read(wake)
+                except BlockingIOError:
+                    pass
+            elif listening and (me := ref()) is not None:
+                me._take()
+                del me
