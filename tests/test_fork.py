@@ -4,6 +4,7 @@ collection, a send) leaves the parent's connection to its peer intact."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -139,45 +140,42 @@ def test_child_drops_received_messages(provider):
     a.close(), b.close(), lst.close()
 
 
-def test_child_pool_not_locked_by_parent_thread():
-    """A parent thread inside the buffer pool at the fork leaves no lock held in the
-    child (a received large message is allocated there, and freed at exit)."""
-    from rdmamw.memory import pool
-    shard = pool.default_pool()._my_shard()
+@contextlib.contextmanager
+def held_by_a_thread(*locks):
+    """Another thread of this process holds ``locks`` for the duration (so a fork
+    inside happens while they are held)."""
     inside, leave = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with shard.lock, pool.default_pool()._lock:
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
             inside.set()
             leave.wait(10)
     t = threading.Thread(target=hold)
     t.start()
     inside.wait(5)
     try:
-        assert in_child(lambda: len(pool.allocate(100_000)) != 100_000, deadline=5) == OK
+        yield
     finally:
         leave.set()
         t.join()
+
+
+def test_child_pool_not_locked_by_parent_thread():
+    """A parent thread inside the buffer pool at the fork leaves no lock held in the
+    child (a received large message is allocated there, and freed at exit)."""
+    from rdmamw.memory import pool
+    with held_by_a_thread(pool.default_pool()._my_shard().lock, pool.default_pool()._lock):
+        assert in_child(lambda: len(pool.allocate(100_000)) != 100_000, deadline=5) == OK
 
 
 def test_child_regcache_not_locked_by_parent_thread():
     """Same for a registration cache: a lease taken (or collected) in the child."""
     from rdmamw.memory.regcache import RegCache
     cache = RegCache(lambda addr, length: (addr, length), lambda handle: None)
-    inside, leave = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with cache._lock:
-            inside.set()
-            leave.wait(10)
-    t = threading.Thread(target=hold)
-    t.start()
-    inside.wait(5)
-    try:
+    with held_by_a_thread(cache._lock):
         assert in_child(lambda: cache.acquire(bytearray(4096)).release(), deadline=5) == OK
-    finally:
-        leave.set()
-        t.join()
 
 
 def test_child_opens_its_own_channel(provider):
