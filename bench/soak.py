@@ -248,7 +248,8 @@ class Hub:
                 elif isinstance(e, PeerLost):
                     self.fail(f"peer {peer.id}.{peer.incarnation}: PeerLost though alive: {e}")
         except BaseException as e:      # noqa: BLE001 (every failure is listed)
-            self.fail(f"peer {peer.id if peer else '?'}: {type(e).__name__}: {e}")
+            who = f"{peer.id}.{peer.incarnation}" if peer else "?"
+            self.fail(f"peer {who}: {type(e).__name__}: {e}")
         finally:
             for m in held:
                 m.release()
@@ -335,6 +336,9 @@ class Hub:
                 p.killed_at = time.monotonic()
 
     def finish(self, base: dict | None, elapsed: float) -> dict:
+        for p in self.live():   # a peer still starting (slow in the VM) connects first
+            if p.proc.poll() is None and not p.connected.wait(60):
+                self.fail(f"peer {p.id}.{p.incarnation} never connected")
         for p in self.live():
             p.proc.send_signal(signal.SIGTERM)
         for p in self.live():
