@@ -134,6 +134,7 @@ cdef uint64_t MAX_WR_BYTES = 0xFFFFFFFF
 cdef int READ_NAP_MS = 1                # a READ wait, past its spin, sleeps this long at most
 cdef int64_t READ_SPIN_NS = 1000000     # ... and spins spin_us plus 1 ns a byte, up to this
 cdef int64_t CLOSE_RNDV_NS = 5000000000          # close() waits this long for pending READs
+cdef int64_t DYING_NS = 1000000000      # a refused READ: how long to look for the peer's death
 
 cdef uint32_t NONE = 0xFFFFFFFF
 cdef int64_t SLICE_NS = 50000000        # return to the GIL this often while blocked (signals)
@@ -779,6 +780,18 @@ cdef class Engine:
             self.peer_gone = True
             return RM_ERR_PEER_LOST
         return RM_OK
+
+    cdef int _peer_dying(self) noexcept nogil:
+        """After a refused READ: is the peer dying? A process killed mid-READ may have
+        its memory registrations torn down before its connection shows EOF (verbs: the
+        NIC answers 'remote access error'), so look for up to DYING_NS."""
+        cdef int64_t until = now_ns() + DYING_NS
+        cdef int st
+        while True:
+            st = self._peer_status()
+            if st != RM_OK or now_ns() >= until:
+                return st
+            self.tp.wait(10)
 
     cdef int _raise_post(self, int rc) except -1:
         if rc == RM_ERR_BOUNDS:
@@ -1918,6 +1931,11 @@ cdef class Engine:
 
     cdef int _raise_read(self, int rc, rm_desc *d) except -1:
         cdef int st
+        if rc == RM_ERR_BOUNDS:
+            with nogil:
+                st = self._peer_dying()
+            if st == RM_ERR_PEER_LOST:
+                rc = st     # its memory went with it: not the peer's lie, its death
         if rc == RM_ERR_BOUNDS:
             self._fail(f"rendezvous descriptor {d.index} ({d.length} bytes at {d.addr:#x}, "
                        f"key {d.key:#x}) is outside what the sender exposed; nothing read")

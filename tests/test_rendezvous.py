@@ -391,6 +391,29 @@ def test_sender_dies_before_the_read_peer_lost(provider, cma):
         ch.close()
 
 
+def test_a_read_refused_because_the_sender_died_is_peer_lost(provider):
+    """A killed sender's registrations may go before its connection shows EOF (rxe
+    then answers the READ 'remote access error'): a refused READ from a peer that is
+    dead is PeerLost, not a ProtocolError blaming it. Here the refusal is a key the
+    dead sender never exposed (the soak found the real case on verbs)."""
+    with rdmamw.listen(LISTEN_ADDRESS[provider](), slot_size=4096, rendezvous="read") as lst:
+        p = subprocess.Popen([sys.executable, "-c", SENDER_DIES, lst.address],
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                             env={**os.environ, "RDMAMW_SHM_CMA": "1"})
+        ch = lst.accept(timeout=60)
+        assert p.stdout.readline().strip() == "sent"
+        addr = _desc_address(ch)
+        vals = list(DESC.unpack(ctypes.string_at(addr, DESC.size)))
+        vals[3] = (vals[3] + 1) & 0xFFFFFFFF            # key: one the sender never had
+        ctypes.memmove(addr, DESC.pack(*vals), DESC.size)
+        p.wait(30)
+        buf = np.zeros(8 << 20, np.uint8)
+        with pytest.raises(rdmamw.PeerLost):
+            ch.recv_into(buf, timeout=10)
+        assert not buf.any()
+        ch.close()
+
+
 def test_auto_asks_the_tuned_thresholds(monkeypatch):
     """The glue to rdmamw.memory: its lookup decides "auto"; without it, read."""
     import types

@@ -578,7 +578,7 @@ cdef class ShmTransport(Transport):
         cdef int i, rc, did = 0
         cdef bint ok
         if self.peer_job == NULL or self.xpriv == NULL or not self.cma \
-                or not self.peer_cma or self.state != 1:
+                or not self.peer_cma or self.state != 1 or self.inherited():
             return 0
         seq = rm_assist_offer(self.peer_job, &j)
         if seq == 0:
@@ -627,8 +627,8 @@ cdef class ShmTransport(Transport):
         out.handle = out.lkey = out.rkey = 0
         if access == RM_ACCESS_LOCAL:
             return 0
-        if self.xpriv == NULL or self.state != 1:
-            return RM_ERR_CLOSED
+        if self.xpriv == NULL or self.state != 1 or self.inherited():
+            return RM_ERR_CLOSED        # (a fork child: the table is the parent's)
         if access == RM_ACCESS_REMOTE_WRITE:
             if not self.peer_cma:
                 return RM_ERR_UNSUPPORTED
@@ -662,7 +662,7 @@ cdef class ShmTransport(Transport):
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
         """Withdraw a range; returns once no helper copy of mine touches it any more."""
         cdef rm_xent xe
-        if self.xpriv != NULL:
+        if self.xpriv != NULL and not self.inherited():
             rm_spin_lock(&self.xlock)
             if rm_xtab_del(self.xpriv, handle, &xe):
                 rm_xtab_retract(self.xtab, handle)

@@ -367,7 +367,7 @@ cdef class VerbsTransport(Transport):
         cdef uint32_t i, k
         cdef ibv_mr *mr
         out.handle = out.lkey = out.rkey = 0
-        if self.pd == NULL or self.state != 1:
+        if self.pd == NULL or self.state != 1 or self.inherited():
             return RM_ERR_CLOSED
         if access == RM_ACCESS_REMOTE_READ:
             flags |= IBV_ACCESS_REMOTE_READ
@@ -399,6 +399,8 @@ cdef class VerbsTransport(Transport):
 
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
         cdef ibv_mr *mr = NULL
+        if self.inherited():
+            return 0        # a fork child: the MR is the parent's (same uverbs file)
         if 0 < handle <= XMR_N:
             rm_spin_lock(&self.xlock)
             mr = self.xmrs[handle - 1]
