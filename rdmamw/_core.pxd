@@ -109,6 +109,10 @@ cdef class Transport:
     cdef int wake_peer(self) noexcept nogil
     cdef int wait(self, int timeout_ms) noexcept nogil
     cdef int peer_state(self) noexcept nogil
+    # the peer's process is gone (its end of the connection closed), as opposed to a
+    # failed request: a refused READ is then its death, not a lie (verbs: the QP fails
+    # on either, so only the side channel tells)
+    cdef bint peer_exited(self) noexcept nogil
     cdef int assist(self) noexcept nogil  # idle: help the peer with its work (shm: copies)
     # rendezvous: make [addr, addr+length) readable/writable by the peer (or only usable
     # locally); the provider bounds-checks the peer's EXPOSED work requests against it.

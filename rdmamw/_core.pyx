@@ -134,7 +134,7 @@ cdef uint64_t MAX_WR_BYTES = 0xFFFFFFFF
 cdef int READ_NAP_MS = 1                # a READ wait, past its spin, sleeps this long at most
 cdef int64_t READ_SPIN_NS = 1000000     # ... and spins spin_us plus 1 ns a byte, up to this
 cdef int64_t CLOSE_RNDV_NS = 5000000000          # close() waits this long for pending READs
-cdef int64_t DYING_NS = 1000000000      # a refused READ: how long to look for the peer's death
+cdef int64_t DYING_NS = 200000000       # a refused READ: how long to look for the peer's death
 
 cdef uint32_t NONE = 0xFFFFFFFF
 cdef int64_t SLICE_NS = 50000000        # return to the GIL this often while blocked (signals)
@@ -216,6 +216,9 @@ cdef class Transport:
 
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
         return 0
+
+    cdef bint peer_exited(self) noexcept nogil:
+        return self.peer_state() < 0
 
     cdef bint inherited(self) noexcept nogil:
         return self.owner_pid != _pid
@@ -786,12 +789,12 @@ cdef class Engine:
         its memory registrations torn down before its connection shows EOF (verbs: the
         NIC answers 'remote access error'), so look for up to DYING_NS."""
         cdef int64_t until = now_ns() + DYING_NS
-        cdef int st
-        while True:
-            st = self._peer_status()
-            if st != RM_OK or now_ns() >= until:
-                return st
+        while not self.tp.peer_exited():
+            if now_ns() >= until:
+                return RM_OK
             self.tp.wait(10)
+        self.peer_gone = True
+        return RM_ERR_PEER_LOST
 
     cdef int _raise_post(self, int rc) except -1:
         if rc == RM_ERR_BOUNDS:

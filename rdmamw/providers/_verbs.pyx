@@ -883,6 +883,9 @@ cdef class VerbsTransport(Transport):
             return self.peer_state()
         return 0
 
+    cdef bint peer_exited(self) noexcept nogil:
+        return self._sock_dead()    # the QP's state says nothing of the process
+
     cdef int peer_state(self) noexcept nogil:
         if self.state != 1:
             return self.state
