@@ -55,6 +55,8 @@ cdef extern from *:
     """
     #include <arpa/inet.h>
     #include <fcntl.h>
+    #include <netinet/in.h>
+    #include <netinet/tcp.h>
     #include <poll.h>
     #include <sys/socket.h>
     #include <time.h>
@@ -66,9 +68,20 @@ cdef extern from *:
         int fl = fcntl(fd, F_GETFL);
         return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
     }
+    /* Did the other end close (FIN or RST)? From the TCP state, which our own
+     * shutdown does not hide: TIME_WAIT, CLOSE, CLOSE_WAIT, LAST_ACK, CLOSING. */
+    static inline int rmv_peer_closed(int fd) {
+        struct tcp_info ti;
+        socklen_t n = sizeof ti;
+        if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &n) != 0) return 1;
+        return ti.tcpi_state == TCP_TIME_WAIT || ti.tcpi_state == TCP_CLOSE
+            || ti.tcpi_state == TCP_CLOSE_WAIT || ti.tcpi_state == TCP_LAST_ACK
+            || ti.tcpi_state == TCP_CLOSING;
+    }
     """
     int rmv_trylock(int *l) nogil
     int rmv_set_nonblock(int fd) nogil
+    int rmv_peer_closed(int fd) nogil
     uint32_t htonl(uint32_t v) nogil
     struct pollfd:
         int fd
@@ -884,7 +897,9 @@ cdef class VerbsTransport(Transport):
         return 0
 
     cdef bint peer_exited(self) noexcept nogil:
-        return self._sock_dead()    # the QP's state says nothing of the process
+        # the QP's state says nothing of the process, and our own shutdown (on a failed
+        # completion) makes our socket read EOF: ask TCP whether the peer closed
+        return rmv_peer_closed(self.sock)
 
     cdef int peer_state(self) noexcept nogil:
         if self.state != 1:
