@@ -24,7 +24,7 @@ from rdmamw.bootstrap import store
 from rdmamw.bootstrap.launch import free_port
 from rdmamw.errors import ConfigError
 from rdmamw.providers import _wire, tcp
-from tests.conftest import LISTEN_ADDRESS, NO_DEVICE, VERBS_OK, unique_name
+from tests.helpers import LISTEN_ADDRESS, NO_DEVICE, VERBS_OK, unique_name
 from tests.test_bootstrap import WORKER, clean_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

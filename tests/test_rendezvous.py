@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
-from tests.conftest import LISTEN_ADDRESS, make_pair
+from tests.helpers import LISTEN_ADDRESS, make_pair
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

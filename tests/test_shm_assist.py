@@ -17,7 +17,7 @@ import rdmamw
 from rdmamw.errors import ConfigError
 from rdmamw.providers import shm
 from rdmamw.providers.shm import assist_settings
-from tests.conftest import LISTEN_ADDRESS
+from tests.helpers import LISTEN_ADDRESS
 
 MiB = 1 << 20
 CHUNK = 256 << 10
