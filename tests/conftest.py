@@ -13,6 +13,7 @@ SUITE_HOME = isolate()      # before rdmamw is imported: no user config, no RDMA
 import pytest  # noqa: E402
 
 from tests.helpers import (  # noqa: E402
+    CMA_PATHS,
     VERBS_OK,
     VERBS_WHY,
     make_pair,
@@ -54,7 +55,29 @@ def mode(request):
     return request.param
 
 
-@pytest.fixture(params=[provider_param(p) for p in providers_under_test()])
+def _parametrized_here(metafunc, name: str) -> bool:
+    for m in metafunc.definition.iter_markers("parametrize"):
+        names = m.args[0]
+        if name in ([n.strip() for n in names.split(",")] if isinstance(names, str) else names):
+            return True
+    return False
+
+
+def pytest_generate_tests(metafunc) -> None:
+    """``provider`` runs on every provider under test; with ``cma`` too, on each
+    provider's own copy paths (CMA_PATHS) only: no parameter that can only skip."""
+    if "provider" not in metafunc.fixturenames or _parametrized_here(metafunc, "provider"):
+        return
+    names = providers_under_test()
+    if "cma" in metafunc.fixturenames:
+        metafunc.parametrize(("provider", "cma"),
+                             [provider_param(p, c) for p in names
+                              for c in CMA_PATHS.get(p, ("direct",))], indirect=True)
+    else:
+        metafunc.parametrize("provider", [provider_param(p) for p in names], indirect=True)
+
+
+@pytest.fixture
 def provider(request):
     return request.param
 

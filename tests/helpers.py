@@ -46,13 +46,20 @@ def providers_under_test() -> list[str]:
     return list(dict.fromkeys(p for p in names if p))
 
 
-def provider_param(name: str):
+#: the rendezvous copy paths each provider has (only shm has a staged one): tests that
+#: take the ``cma`` fixture run on these, not on a product that would always skip
+CMA_PATHS = {"shm": ("direct", "staged")}
+
+
+def provider_param(name: str, *more: str):
+    """``name`` (and ``more`` values of other parameters) marked as a device test where
+    it is one, skipped where there is no device."""
     if name not in DEVICE_PROVIDERS:
-        return name
+        return pytest.param(name, *more)
     marks = [pytest.mark.device]
     if name not in LISTEN_ADDRESS:
         marks.append(pytest.mark.skip(reason=NO_DEVICE))
-    return pytest.param(name, marks=marks)
+    return pytest.param(name, *more, marks=marks)
 
 
 def make_pair(mode: str = "batched", slots: int = 16, slot_size: int = 4096,
@@ -89,3 +96,16 @@ def send_until_peer_lost(ch, since: float, batch: int = 8, rounds: int = 10_000,
         for _ in range(rounds):
             ch.send_batch([b"x" * 100] * batch, timeout=timeout)
     assert time.monotonic() - since < 2.0
+
+
+def reap(procs) -> None:
+    """Kill and wait for every process in ``procs`` still running (in a ``finally``:
+    when a timeout fired or an assertion failed, no rank outlives its test)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.communicate(timeout=30)
+        except (ValueError, OSError):     # its pipes were closed already: just wait
+            p.wait(timeout=30)

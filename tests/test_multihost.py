@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.helpers import reap
 from tests.test_bootstrap import ROOT, WORKER, clean_env, json_objects
 
 pytestmark = pytest.mark.skipif(
@@ -68,7 +69,10 @@ def test_four_ranks_on_two_hosts(two_hosts):
     hosts, _ = two_hosts
     a, b = sorted(hosts)
     procs = start_ranks(hosts, [a, a, b, b])
-    outs = [p.communicate(timeout=180) for p in procs]
+    try:
+        outs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        reap(procs)
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     res = {r["rank"]: r for out, _ in outs for r in json_objects(out)}
@@ -82,15 +86,19 @@ def test_host_link_down_gives_peer_lost_within_two_seconds(two_hosts):
     hosts, devs = two_hosts
     a, b = sorted(hosts)
     procs = start_ranks(hosts, [a, b, b], hold=True, RDMAMW_TCP_PEER_TIMEOUT="1.0")
-    lines = [p.stdout.readline() for p in procs]
-    if not all(lines):
-        pytest.fail("a rank failed: " + " | ".join(p.communicate(timeout=60)[1] for p in procs))
-    first = [json.loads(line) for line in lines]                 # traffic went through
-    assert first[0]["providers"] == {"1": "tcp", "2": "tcp"}
-    time.sleep(0.3)
-    t_down = time.time()
-    ip("-n", b, "link", "set", devs[b], "down")                  # host b vanishes
-    outs = [p.communicate(timeout=60) for p in procs]
+    try:
+        lines = [p.stdout.readline() for p in procs]
+        if not all(lines):
+            pytest.fail("a rank failed: " + " | ".join(p.communicate(timeout=60)[1]
+                                                       for p in procs))
+        first = [json.loads(line) for line in lines]             # traffic went through
+        assert first[0]["providers"] == {"1": "tcp", "2": "tcp"}
+        time.sleep(0.3)
+        t_down = time.time()
+        ip("-n", b, "link", "set", devs[b], "down")              # host b vanishes
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        reap(procs)
     lost = json.loads(outs[0][0])["lost"]
     assert set(lost) == {"1", "2"}, outs
     assert max(lost.values()) - t_down < 2.0, (lost, t_down)

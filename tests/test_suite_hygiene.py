@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFTEST = os.path.join(ROOT, "tests", "conftest.py")
 ORDERING = "tests/test_channel_basic.py::test_batch_of_mixed_buffers_keeps_order"
@@ -63,3 +65,21 @@ def test_conftest_is_imported_once(tmp_path):
     out = pytest_run("--collect-only", "-p", "conftest_probe", "tests", env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "CONFTEST-MODULES ['conftest']" in out.stdout, out.stdout[-2000:]
+
+
+def test_ranks_still_running_when_a_timeout_fires_are_reaped(monkeypatch):
+    """What run_job (test_bootstrap) does when its ranks do not finish in time: the
+    timeout propagates and no rank is left running."""
+    from tests import test_bootstrap
+    procs = []
+    real = subprocess.Popen
+
+    def popen(*a, **k):
+        procs.append(real([sys.executable, "-c", "import time; time.sleep(60)"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        return procs[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(subprocess.TimeoutExpired):
+        test_bootstrap.run_job(2, timeout=0.5)
+    assert len(procs) == 2 and [p.poll() for p in procs] == [-9, -9]
