@@ -5,6 +5,7 @@ device half really ran."""
 from __future__ import annotations
 
 import os
+import shutil
 
 from tests.isolation import isolate
 
@@ -20,6 +21,11 @@ from tests.helpers import (  # noqa: E402
     provider_param,
     providers_under_test,
 )
+
+
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(SUITE_HOME, ignore_errors=True)      # nothing of the suite's stays
+
 
 #: inside scripts/rxe-vm.sh: a device that does not work is a failure, not a skip
 IN_VM = os.environ.get("RXEVM_GUEST") == "1"
