@@ -16,7 +16,14 @@ if ! "$VPY" -c "import rdmamw.providers._verbs" 2>/dev/null; then
 fi
 bash scripts/pyverbs-link.sh "$VPY"
 t0=$(date +%s)
+# the guest writes its results here (the current directory is shared with the VM)
+JUNIT=$(mktemp -p . .device-junit.XXXXXX.xml); trap 'rm -f "$JUNIT"' EXIT
 # the device tests, then the soak on verbs (bench/soak.py; smaller messages: TCG is slow)
-scripts/rxe-vm.sh "RDMAMW_TEST_PROVIDERS=verbs $VPY -m pytest -q -p no:cacheprovider -m device -rs ${RDMAMW_DEVICE_PYTEST_ARGS:-} \
+scripts/rxe-vm.sh "RDMAMW_TEST_PROVIDERS=verbs $VPY -m pytest -q -p no:cacheprovider -m device -rs --junitxml=$JUNIT ${RDMAMW_DEVICE_PYTEST_ARGS:-} \
   && $VPY bench/soak.py --provider verbs --seconds ${SOAK_SECONDS:-60} --peers 2 --threads 1 --max-size 262144"
-echo "[test-device] device tests and the verbs soak passed in the VM ($(( $(date +%s) - t0 )) s)"
+# all skipped is not passed: some device test must have run and passed
+passed=$("$VPY" scripts/junit_passed.py "$JUNIT")
+if [ "$passed" -lt 1 ]; then
+  echo "[test-device] FAILED: no device test passed in the VM (all skipped?)" >&2; exit 1
+fi
+echo "[test-device] $passed device tests and the verbs soak passed in the VM ($(( $(date +%s) - t0 )) s)"

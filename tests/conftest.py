@@ -1,83 +1,59 @@
-"""Shared fixtures: channel pairs in one process (a thread accepts) and helpers for
-tests that need a second process."""
+"""Fixtures (the helpers the test modules import are in tests/helpers.py), the suite's
+own settings (tests/isolation.py) and, inside the soft-RoCE VM, the rule that the
+device half really ran."""
 
 from __future__ import annotations
 
-import itertools
 import os
-import threading
-import time
+import shutil
 
-import pytest
+from tests.isolation import isolate
 
-import rdmamw
+SUITE_HOME = isolate()      # before rdmamw is imported: no user config, no RDMAMW_* tuning
 
-_names = itertools.count()
+import pytest  # noqa: E402
 
-
-def unique_name(tag: str = "t") -> str:
-    return f"{tag}-{os.getpid()}-{next(_names)}"
-
-
-def _verbs_status() -> tuple[bool, str]:
-    from rdmamw.providers import verbs_device
-    return verbs_device.status()
-
-
-VERBS_OK, VERBS_WHY = _verbs_status()
-#: why device tests skip here (they run inside scripts/rxe-vm.sh: `make test`)
-NO_DEVICE = f"needs an RDMA device (runs in the soft-RoCE VM): {VERBS_WHY}"
-
-#: providers the channel suite runs on; a provider joins by adding its listen-address
-#: factory here (tests that need a device skip with a reason where there is none)
-LISTEN_ADDRESS = {
-    "shm": lambda: f"shm://{unique_name()}",
-    "tcp": lambda: "tcp://127.0.0.1:0",      # ephemeral port; Listener.address is the bound one
-}
-if VERBS_OK:
-    LISTEN_ADDRESS["verbs"] = lambda: "verbs://127.0.0.1:0"
-DEVICE_PROVIDERS = {"verbs"}
+from tests.helpers import (  # noqa: E402
+    CMA_PATHS,
+    VERBS_OK,
+    VERBS_WHY,
+    make_pair,
+    provider_param,
+    providers_under_test,
+)
 
 
-def test_providers() -> list[str]:
-    wanted = os.environ.get("RDMAMW_TEST_PROVIDERS")
-    names = wanted.split(",") if wanted else [*LISTEN_ADDRESS, *DEVICE_PROVIDERS]
-    return list(dict.fromkeys(p for p in names if p))
+def pytest_unconfigure(config) -> None:
+    shutil.rmtree(SUITE_HOME, ignore_errors=True)      # nothing of the suite's stays
 
 
-def _provider_param(name: str):
-    if name not in DEVICE_PROVIDERS:
-        return name
-    marks = [pytest.mark.device]
-    if name not in LISTEN_ADDRESS:
-        marks.append(pytest.mark.skip(reason=NO_DEVICE))
-    return pytest.param(name, marks=marks)
+#: inside scripts/rxe-vm.sh: a device that does not work is a failure, not a skip
+IN_VM = os.environ.get("RXEVM_GUEST") == "1"
 
 
-def make_pair(mode: str = "batched", slots: int = 16, slot_size: int = 4096,
-              peer_slots: int | None = None, peer_slot_size: int | None = None,
-              spin_us: float = 50.0, provider: str = "shm", **chan):
-    """(opener, acceptor, listener): the opener receives on slots x slot_size, the
-    acceptor on peer_slots x peer_slot_size (default: the same); ``chan`` takes the
-    rendezvous options of both."""
-    lst = rdmamw.listen(LISTEN_ADDRESS[provider](), slots=peer_slots or slots,
-                        slot_size=peer_slot_size or slot_size, spin_us=spin_us, **chan)
-    got: dict = {}
+def pytest_sessionstart(session) -> None:
+    if IN_VM and not VERBS_OK:
+        pytest.exit(f"inside the soft-RoCE VM (RXEVM_GUEST=1) but the RDMA device is not "
+                    f"usable: {VERBS_WHY}; the device tests would all skip", returncode=1)
 
-    def accept() -> None:
-        try:
-            got["ch"] = lst.accept(timeout=10)
-        except BaseException as e:  # noqa: BLE001 - handed to the test thread
-            got["err"] = e
 
-    t = threading.Thread(target=accept)
-    t.start()
-    a = rdmamw.Channel.open(lst.address, mode=mode, timeout=10, slots=slots,
-                            slot_size=slot_size, spin_us=spin_us, **chan)
-    t.join(10)
-    if "err" in got:
-        raise got["err"]
-    return a, got["ch"], lst
+_device_passed: list[str] = []
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.when == "call" and report.passed and "device" in report.keywords:
+        _device_passed.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """In the VM, a run that selected device tests of which none passed did not test
+    the device (they all skipped): fail it."""
+    selected = any(i.get_closest_marker("device") for i in getattr(session, "items", ()))
+    if IN_VM and exitstatus == 0 and selected and not _device_passed:
+        session.exitstatus = 1
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.write_line("FAILED: inside the VM no device test passed", red=True)
 
 
 @pytest.fixture(params=["batched", "ack"])
@@ -85,7 +61,29 @@ def mode(request):
     return request.param
 
 
-@pytest.fixture(params=[_provider_param(p) for p in test_providers()])
+def _parametrized_here(metafunc, name: str) -> bool:
+    for m in metafunc.definition.iter_markers("parametrize"):
+        names = m.args[0]
+        if name in ([n.strip() for n in names.split(",")] if isinstance(names, str) else names):
+            return True
+    return False
+
+
+def pytest_generate_tests(metafunc) -> None:
+    """``provider`` runs on every provider under test; with ``cma`` too, on each
+    provider's own copy paths (CMA_PATHS) only: no parameter that can only skip."""
+    if "provider" not in metafunc.fixturenames or _parametrized_here(metafunc, "provider"):
+        return
+    names = providers_under_test()
+    if "cma" in metafunc.fixturenames:
+        metafunc.parametrize(("provider", "cma"),
+                             [provider_param(p, c) for p in names
+                              for c in CMA_PATHS.get(p, ("direct",))], indirect=True)
+    else:
+        metafunc.parametrize("provider", [provider_param(p) for p in names], indirect=True)
+
+
+@pytest.fixture
 def provider(request):
     return request.param
 
@@ -97,21 +95,3 @@ def pair(mode, provider):
     a.close()
     b.close()
     lst.close()
-
-
-def shm_entries() -> set[str]:
-    """What rdmamw could have left in /dev/shm (it should never leave anything)."""
-    try:
-        return {n for n in os.listdir("/dev/shm") if "rdmamw" in n}
-    except FileNotFoundError:
-        return set()
-
-
-def send_until_peer_lost(ch, since: float, batch: int = 8, rounds: int = 10_000,
-                         timeout: float | None = None) -> None:
-    """Send batches on ``ch`` until it raises PeerLost (the ring fills, then the dead
-    peer must be noticed); that must come within 2 s of ``since`` (monotonic)."""
-    with pytest.raises(rdmamw.PeerLost):
-        for _ in range(rounds):
-            ch.send_batch([b"x" * 100] * batch, timeout=timeout)
-    assert time.monotonic() - since < 2.0

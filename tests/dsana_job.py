@@ -2,9 +2,11 @@
 optionally with the DSANA scheduler), the others fit a linear model by least squares
 on a fixed data set. Each round is one global batch; a worker computes the mean
 gradient over its share (its DSANA assignment, or an equal split) and pushes it with
-its sample count. Worker 0 sleeps --slow ms per sample: a slower machine. Each rank
-prints one JSON line: the server its stats, a worker its final weights and every
-round's (offset, share).
+its sample count. Worker 0 takes --slow ms per sample more: a slower machine. The
+compute times are synthetic (nothing sleeps): each worker reports share x ms per sample
+as its compute time (report_compute), so the scheduler sees fixed inputs, whatever the
+load on the machine. Each rank prints one JSON line: the server its stats, a worker its
+final weights and every round's (offset, share).
 
 --stream: push each key as it is "computed" (push_part, last key first) and pull
 with pull_stream, waiting per key, to check the overlapped path gives the same
@@ -58,13 +60,19 @@ def reference(rounds: int, batch: int, lr: float, mu: float) -> np.ndarray:
     return np.concatenate([w, b])
 
 
+def report_compute(node, seconds: float) -> None:
+    """Make the worker's next push report ``seconds`` of compute (the worker measures
+    from the end of its pull, minus its communication): a synthetic clock, no sleep."""
+    node._pulled_at, node._comm_s = time.monotonic() - seconds, 0.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sched", default="none")
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--batch", type=int, default=60)
-    ap.add_argument("--slow", type=float, default=0.0, help="worker 0: ms per sample")
-    ap.add_argument("--base", type=float, default=0.2, help="every worker: ms per sample")
+    ap.add_argument("--slow", type=float, default=0.0, help="worker 0: ms per sample more")
+    ap.add_argument("--base", type=float, default=20.0, help="every worker: ms per sample")
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--chunk", type=int, default=0)
     ap.add_argument("--ignore-plan", action="store_true",
@@ -99,7 +107,7 @@ def main() -> None:
             stream.join()
         lo = r * a.batch + off
         g = grads(params[0], params[1], x[lo:lo + share], y[lo:lo + share])
-        time.sleep(1e-3 * share * (a.base + (a.slow if me == 0 else 0.0)))
+        report_compute(node, 1e-3 * share * (a.base + (a.slow if me == 0 else 0.0)))
         if a.stream:
             node.push_part(["b"], [g[1]])        # backward: the last layer first
             node.push_part(["w"], [g[0]])

@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 
-from tests.conftest import make_pair
+from tests.helpers import make_pair
 
 
 def main(provider: str) -> int:

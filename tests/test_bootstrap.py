@@ -18,6 +18,7 @@ import rdmamw
 from rdmamw.bootstrap import detect
 from rdmamw.bootstrap.env import first_slurm_host
 from rdmamw.bootstrap.launch import free_port
+from tests.helpers import reap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "bootstrap_worker.py")
@@ -98,7 +99,10 @@ def run_job(n: int, timeout: float = 120, hold: bool = False, **env: str):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=ROOT)
              for r in range(n)]
-    outs = [p.communicate(timeout=timeout) for p in procs]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        reap(procs)
     for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     return [json.loads(out.splitlines()[0]) for out, _ in outs]
@@ -125,7 +129,10 @@ def test_torchrun_agent_store_keeps_master_port():
                                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                                                 TORCHELASTIC_USE_AGENT_STORE="True"))
                  for r in range(2)]
-        outs = [p.communicate(timeout=120) for p in procs]
+        try:
+            outs = [p.communicate(timeout=120) for p in procs]
+        finally:
+            reap(procs)
         for p, (_out, err) in zip(procs, outs, strict=True):
             assert p.returncode == 0, err
         assert [json.loads(o.splitlines()[0])["rank"] for o, _ in outs] == [0, 1]
@@ -161,7 +168,10 @@ def test_missing_rank_times_out_naming_it():
                               env=clean_env(RANK=str(r), WORLD_SIZE="4",
                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
              for r in (0, 2)]
-    errs = [p.communicate(timeout=60)[1] for p in procs]
+    try:
+        errs = [p.communicate(timeout=60)[1] for p in procs]
+    finally:
+        reap(procs)
     for p, err in zip(procs, errs, strict=True):
         assert p.returncode != 0
         assert "Timeout" in err and "[1, 3]" in err, err
@@ -206,7 +216,10 @@ def test_ps_lite_roles_get_ranks_from_the_store():
     procs = [subprocess.Popen([sys.executable, WORKER, "60"], cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=clean_env(DMLC_ROLE=role, **base)) for role in roles]
-    outs = [p.communicate(timeout=120) for p in procs]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        reap(procs)
     for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     ranks = [json_objects(out)[0]["rank"] for out, _ in outs]
@@ -219,17 +232,20 @@ def test_garbage_at_the_store_is_dropped_and_the_job_goes_on():
     r0 = subprocess.Popen([sys.executable, WORKER, "60"], cwd=ROOT, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           env=clean_env(RANK="0", **env))
-    for _ in range(200):
-        try:
-            with socket.create_connection(("127.0.0.1", int(port)), timeout=5) as s:
-                s.sendall(b"\x00garbage that is no proof of the token" * 3)
-                s.recv(100)
-            break
-        except ConnectionRefusedError:
-            time.sleep(0.05)
-    r1 = subprocess.run([sys.executable, WORKER, "60"], cwd=ROOT, text=True,
-                        capture_output=True, env=clean_env(RANK="1", **env), timeout=120)
-    out0, err0 = r0.communicate(timeout=120)
+    try:
+        for _ in range(200):
+            try:
+                with socket.create_connection(("127.0.0.1", int(port)), timeout=5) as s:
+                    s.sendall(b"\x00garbage that is no proof of the token" * 3)
+                    s.recv(100)
+                break
+            except ConnectionRefusedError:
+                time.sleep(0.05)
+        r1 = subprocess.run([sys.executable, WORKER, "60"], cwd=ROOT, text=True,
+                            capture_output=True, env=clean_env(RANK="1", **env), timeout=120)
+        out0, err0 = r0.communicate(timeout=120)
+    finally:
+        reap([r0])
     assert r0.returncode == 0 and r1.returncode == 0, (err0, r1.stderr)
     assert "dropped connection" in err0
 

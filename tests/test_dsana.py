@@ -42,12 +42,19 @@ def covers_every_round(workers: list[dict], batch: int) -> None:
 
 
 def test_dsana_moves_work_off_the_straggler_and_still_makes_plain_bsp_steps():
-    server, workers = run(4, "--sched", "dsana", "--rounds", "30", "--slow", "1.0")
+    """Worker 0 reports 6x the others' compute per sample (synthetic timings: the
+    scheduler's inputs are fixed, not sleeps on a loaded machine)."""
+    server, workers = run(4, "--sched", "dsana", "--rounds", "30", "--slow", "100")
     for w in workers:
         assert w["max_rel_err"] < 1e-9 and w["moved"] > 0.1
     covers_every_round(workers, 60)
+    assert [w["plan"][0][1] for w in workers] == [20] * 3
     last = [w["plan"][-1][1] for w in workers]
-    assert last[0] < 15 and min(last[1:]) > 20           # 1.2 vs 0.2 ms per sample
+    # 120 vs 20 ms per sample: the plan the scheduler makes from those timings alone
+    from test_sched import simulate
+    _, log = simulate(lambda r, w: 1e-3 * (20 + (100 if w == 0 else 0)), 30, batch=60,
+                      workers=[0, 1, 2])
+    assert last == [log[-1][0][w][1] for w in range(3)] == [4, 28, 28]
     d = server["dsana"]
     assert d["changes"] >= 1 and d["classes"]["straggler"] == 1
 
@@ -55,7 +62,7 @@ def test_dsana_moves_work_off_the_straggler_and_still_makes_plain_bsp_steps():
 def test_the_comparison_can_fail():
     """Workers that ignore the plan (each computes an equal share but the server is
     told DSANA's) break the tiling and the result: the checks above are not vacuous."""
-    server, workers = run(4, "--sched", "dsana", "--rounds", "12", "--slow", "1.0",
+    server, workers = run(4, "--sched", "dsana", "--rounds", "12", "--slow", "100",
                           "--ignore-plan")
     assert max(w["max_rel_err"] for w in workers) > 1e-3
 
@@ -63,7 +70,7 @@ def test_the_comparison_can_fail():
 @pytest.mark.parametrize("sched", ["none", "dsana"])
 def test_chunked_overlapped_push_and_pull_give_the_same_model(sched):
     server, workers = run(3, "--sched", sched, "--rounds", "15", "--stream", "--chunk",
-                          "4096", "--slow", "0.5")
+                          "4096", "--slow", "50")
     for w in workers:
         assert w["max_rel_err"] < 1e-9 and w["compute_n"] == 15
     covers_every_round(workers, 60)
@@ -101,8 +108,8 @@ def test_demo_runs_bsp_with_and_without_dsana(tmp_path):
     s = dsana["sched"]
     assert s["sched"] == "dsana" and s["global_batch"] == 96
     assert s["first_shares"] == [32, 32, 32] and sum(s["last_shares"]) == 96
-    assert s["last_shares"][2] < min(s["last_shares"][:2])      # the last worker is 2x slower
-    assert s["plan_changes"] >= 1
+    # which shares follow depends on measured (real) compute times: what the scheduler
+    # makes of given timings is test_dsana_moves_work_off_the_straggler... above
 
 
 def test_demo_rejects_an_unknown_scheduler(tmp_path):

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import rdmamw
-from tests.conftest import LISTEN_ADDRESS, send_until_peer_lost, shm_entries, unique_name
+from tests.helpers import LISTEN_ADDRESS, send_until_peer_lost, unique_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -58,7 +58,7 @@ def memfd_count() -> int:
 
 
 def test_sender_killed_mid_stream_receiver_gets_peer_lost(provider):
-    before, fds = shm_entries(), memfd_count()
+    fds = memfd_count()
     with rdmamw.listen(LISTEN_ADDRESS[provider](), slots=8, slot_size=1024) as lst:
         p = spawn(STREAMER, lst.address, wait_ready=False)
         ch = lst.accept(timeout=60)
@@ -76,12 +76,10 @@ def test_sender_killed_mid_stream_receiver_gets_peer_lost(provider):
         # exactly once, in order, up to the last message that arrived
         assert received == [b"%d" % i for i in range(len(received))]
         ch.close()
-    assert shm_entries() == before
     assert memfd_count() == fds
 
 
 def test_receiver_killed_sender_gets_peer_lost():
-    before = shm_entries()
     address = f"shm://{unique_name('kill')}"
     p = spawn(SINK, address)
     ch = rdmamw.Channel.open(address, timeout=60, slots=8, slot_size=1024)
@@ -92,7 +90,6 @@ def test_receiver_killed_sender_gets_peer_lost():
     t_kill = time.monotonic()
     send_until_peer_lost(ch, t_kill)
     ch.close()
-    assert shm_entries() == before
 
 
 def test_blocked_receiver_notices_killed_peer_quickly():

@@ -17,7 +17,7 @@ import pytest
 
 import rdmamw
 from rdmamw.errors import InheritedChannel
-from tests.conftest import make_pair
+from tests.helpers import make_pair
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: child exit codes

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import rdmamw
 from rdmamw.providers import _wire, shm
-from tests.conftest import make_pair
+from tests.helpers import make_pair
 
 SLOT = 256
 HDR = struct.Struct("<QIHHII")

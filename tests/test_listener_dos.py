@@ -24,7 +24,7 @@ from rdmamw.bootstrap import store
 from rdmamw.bootstrap.launch import free_port
 from rdmamw.errors import ConfigError
 from rdmamw.providers import _wire, tcp
-from tests.conftest import LISTEN_ADDRESS, NO_DEVICE, VERBS_OK, unique_name
+from tests.helpers import LISTEN_ADDRESS, NO_DEVICE, VERBS_OK, reap, unique_name
 from tests.test_bootstrap import WORKER, clean_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -325,7 +325,7 @@ def test_silent_sockets_at_the_store_do_not_fail_init():
                             capture_output=True, env=clean_env(RANK="1", **env), timeout=120)
         out0, err0 = r0.communicate(timeout=120)
     finally:
-        r0.kill()
+        reap([r0])
         for s in silent:
             s.close()
     assert r0.returncode == 0 and r1.returncode == 0, (err0[-3000:], r1.stderr[-3000:])

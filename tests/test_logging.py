@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from rdmamw.bootstrap.launch import free_port
+from tests.helpers import reap
 from tests.test_bootstrap import WORKER, clean_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,7 +131,10 @@ def test_provider_choice_per_rank_is_logged():
                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                                             RDMAMW_LOG_LEVEL="info"))
              for r in (0, 1)]
-    errs = [p.communicate(timeout=120)[1] for p in procs]
+    try:
+        errs = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        reap(procs)
     assert [p.returncode for p in procs] == [0, 0], errs
     assert "rank 0 -> rank 1: shm provider (same host" in errs[0], errs[0]
     assert "rank 1 -> rank 0: shm provider (same host" in errs[1], errs[1]

@@ -9,7 +9,7 @@ import pytest
 from rdmamw.memory import pool as poolmod
 from rdmamw.memory import thresholds
 from rdmamw.memory.regcache import RegCache
-from tests.conftest import NO_DEVICE, VERBS_OK, make_pair
+from tests.helpers import NO_DEVICE, VERBS_OK, make_pair
 
 
 @pytest.fixture

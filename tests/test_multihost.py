@@ -4,6 +4,7 @@ create and delete the namespaces themselves and skip without root or ``ip``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -13,44 +14,23 @@ import time
 
 import pytest
 
+from tests.helpers import reap
+from tests.netns import ip, two_namespaces
 from tests.test_bootstrap import ROOT, WORKER, clean_env, json_objects
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None,
     reason="network namespaces need root and iproute2 (`ip`)")
 
-SUBNET = "10.231.{}.{}"
-
-
-def ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
-
-
 @pytest.fixture
 def two_hosts():
-    """{name: address} of two namespaces on one veth link; deleted afterwards."""
-    tag = f"{os.getpid() % 100000}"
-    a, b = f"rdmamwA{tag}", f"rdmamwB{tag}"
-    net = os.getpid() % 250 + 1
-    hosts = {a: SUBNET.format(net, 1), b: SUBNET.format(net, 2)}
-    try:
-        ip("netns", "add", a)
-        ip("netns", "add", b)
-        ip("link", "add", f"va{tag}", "netns", a, "type", "veth", "peer", "name", f"vb{tag}",
-           "netns", b)
-        for ns, dev in ((a, f"va{tag}"), (b, f"vb{tag}")):
-            ip("-n", ns, "addr", "add", f"{hosts[ns]}/24", "dev", dev)
-            ip("-n", ns, "link", "set", dev, "up")
-            ip("-n", ns, "link", "set", "lo", "up")
-    except subprocess.CalledProcessError as e:
-        for ns in (a, b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        pytest.skip(f"cannot create network namespaces here: {e.stderr!r}")
-    try:
-        yield hosts, {a: f"va{tag}", b: f"vb{tag}"}
-    finally:
-        for ns in (a, b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    """({name: address}, {name: device}) of two namespaces on one veth link."""
+    with contextlib.ExitStack() as stack:
+        try:
+            hosts_devs = stack.enter_context(two_namespaces())
+        except subprocess.CalledProcessError as e:
+            pytest.skip(f"cannot create network namespaces here: {e.stderr!r}")
+        yield hosts_devs
 
 
 def start_ranks(hosts: dict, placement: list[str], hold: bool = False, **env: str):
@@ -68,7 +48,10 @@ def test_four_ranks_on_two_hosts(two_hosts):
     hosts, _ = two_hosts
     a, b = sorted(hosts)
     procs = start_ranks(hosts, [a, a, b, b])
-    outs = [p.communicate(timeout=180) for p in procs]
+    try:
+        outs = [p.communicate(timeout=180) for p in procs]
+    finally:
+        reap(procs)
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
     res = {r["rank"]: r for out, _ in outs for r in json_objects(out)}
@@ -82,15 +65,19 @@ def test_host_link_down_gives_peer_lost_within_two_seconds(two_hosts):
     hosts, devs = two_hosts
     a, b = sorted(hosts)
     procs = start_ranks(hosts, [a, b, b], hold=True, RDMAMW_TCP_PEER_TIMEOUT="1.0")
-    lines = [p.stdout.readline() for p in procs]
-    if not all(lines):
-        pytest.fail("a rank failed: " + " | ".join(p.communicate(timeout=60)[1] for p in procs))
-    first = [json.loads(line) for line in lines]                 # traffic went through
-    assert first[0]["providers"] == {"1": "tcp", "2": "tcp"}
-    time.sleep(0.3)
-    t_down = time.time()
-    ip("-n", b, "link", "set", devs[b], "down")                  # host b vanishes
-    outs = [p.communicate(timeout=60) for p in procs]
+    try:
+        lines = [p.stdout.readline() for p in procs]
+        if not all(lines):
+            pytest.fail("a rank failed: " + " | ".join(p.communicate(timeout=60)[1]
+                                                       for p in procs))
+        first = [json.loads(line) for line in lines]             # traffic went through
+        assert first[0]["providers"] == {"1": "tcp", "2": "tcp"}
+        time.sleep(0.3)
+        t_down = time.time()
+        ip("-n", b, "link", "set", devs[b], "down")              # host b vanishes
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        reap(procs)
     lost = json.loads(outs[0][0])["lost"]
     assert set(lost) == {"1", "2"}, outs
     assert max(lost.values()) - t_down < 2.0, (lost, t_down)

@@ -21,7 +21,7 @@ from rdmamw import _layout, _rendezvous
 from rdmamw.channel import channel as channel_mod
 from rdmamw.errors import ConfigError
 from rdmamw.providers import _wire, tcp
-from tests.conftest import make_pair, unique_name
+from tests.helpers import make_pair, unique_name
 from tests.tcp_util import HEARTBEAT, PUBLISH, READ_RESP, WRITE, frame, raw_peer
 
 SLOT = 4096

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
-from tests.conftest import LISTEN_ADDRESS, make_pair
+from tests.helpers import LISTEN_ADDRESS, make_pair
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,13 +35,12 @@ def strategy(request):
     return request.param
 
 
-@pytest.fixture(params=["direct", "staged"])
-def cma(request, monkeypatch, provider):
-    """shm both ways: with CMA (process_vm_readv) and with it forbidden (staged); the
-    other providers have only the direct path."""
+@pytest.fixture
+def cma(request, monkeypatch):
+    """The copy path (conftest generates it with the provider, from CMA_PATHS): shm both
+    ways, with CMA (process_vm_readv) and with it forbidden (staged); the other
+    providers have only the direct path."""
     if request.param == "staged":
-        if provider != "shm":
-            pytest.skip("the staged path is the shm provider's")
         monkeypatch.setenv("RDMAMW_SHM_CMA", "0")
     return request.param
 

@@ -17,7 +17,7 @@ import rdmamw
 from rdmamw.errors import ConfigError
 from rdmamw.providers import shm
 from rdmamw.providers.shm import assist_settings
-from tests.conftest import LISTEN_ADDRESS
+from tests.helpers import LISTEN_ADDRESS
 
 MiB = 1 << 20
 CHUNK = 256 << 10
@@ -238,61 +238,110 @@ ch = rdmamw.Channel.open(sys.argv[1], timeout=60, slot_size=4096, rendezvous="re
 msg = numpy.arange(int(sys.argv[2]), dtype=numpy.uint8)
 h = ch.send(msg)
 print("sent", flush=True)
-h.wait(timeout=60)          # idle here: helps with the receiver's READ until killed
+h.wait(timeout=60)          # idle here: helps with the receiver's READ until signalled
+sys.stdin.read()            # then stays (holding the channel open) until killed
 """
 
 
-def _read_while_signalled(sig, delay_ms: int) -> tuple[int | None, float]:
-    """A sender process sends 256 MiB (arange pattern) and helps with its READ; ``sig``
-    reaches it ``delay_ms`` into the receiver's ``recv_into``. (bytes received or None
-    for PeerLost, seconds the call took); a message reported whole must be right."""
+SIZE = 256 * MiB
+#: 64 chunks of 4 MiB: each takes the helper milliseconds, so a helper signalled while
+#: it has finished one and chunks are left is inside (or claiming) the next
+ASSIST_CHUNK = "4M"
+
+
+def _read_with_helper(monkeypatch, sig=None, stall: str = "10") -> dict:
+    """A sender process sends 256 MiB (arange pattern) by READ and helps with it while
+    it idles. With ``sig``: a watcher sends it ``sig`` as soon as the receiver's job
+    record shows the helper finished a chunk while chunks were still unclaimed (the
+    helper is then mid-chunk) and notes that state; without: the helper is SIGKILLed
+    after ``recv_into`` returned. What happened: {"n": bytes or None (PeerLost),
+    "took": s, "at_signal": {fin, claimed, n}, "stats", "after": what a recv then raised}."""
     import signal
     import subprocess
     import sys
     import time
 
-    size = 256 * MiB
+    from rdmamw.channel import channel as chmod
+    monkeypatch.setenv("RDMAMW_SHM_ASSIST_CHUNK", ASSIST_CHUNK)
+    monkeypatch.setenv("RDMAMW_SHM_ASSIST_STALL", stall)
+    tps = []
+    make = chmod._make
+    monkeypatch.setattr(chmod, "_make", lambda cls, conn, *a, **k: (
+        tps.append(conn.transport), make(cls, conn, *a, **k))[1])
+    out: dict = {}
     with rdmamw.listen(LISTEN_ADDRESS["shm"](), slot_size=4096, rendezvous="read") as lst:
-        p = subprocess.Popen([sys.executable, "-c", HELPER_DIES, lst.address, str(size)],
-                             stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen([sys.executable, "-c", HELPER_DIES, lst.address, str(SIZE)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             ch = lst.accept(timeout=60)
+            tp = tps[-1]
             assert p.stdout.readline().strip() == "sent"
-            buf = np.zeros(size, np.uint8)
-            timer = threading.Timer(delay_ms / 1000, p.send_signal, (sig,))
-            timer.start()
+            buf = np.zeros(SIZE, np.uint8)
+            stop = threading.Event()
+
+            def watch() -> None:       # signal the helper inside a chunk of the job
+                n = SIZE // (4 * MiB)
+                while not stop.is_set():
+                    fin, claimed = tp._job_state()[0], tp._job_claimed()
+                    if fin and claimed < n:
+                        p.send_signal(sig)
+                        out["at_signal"] = {"fin": bin(fin).count("1"), "claimed": claimed,
+                                            "n": n}
+                        return
+
+            w = threading.Thread(target=watch)
+            if sig is not None:
+                w.start()
             t0 = time.monotonic()
             try:
-                n = ch.recv_into(buf, timeout=30)
+                out["n"] = ch.recv_into(buf, timeout=30)
             except rdmamw.PeerLost:
-                n = None
-            took = time.monotonic() - t0
-            timer.join()
-            if n is not None:
-                assert n == size
-                assert np.array_equal(buf, np.arange(size, dtype=np.uint8))
+                out["n"] = None
+            out["took"] = time.monotonic() - t0
+            stop.set()
+            if sig is not None:
+                w.join()
+            out["stats"] = ch.stats()
+            if out["n"] is not None:
+                assert out["n"] == SIZE
+                assert np.array_equal(buf, np.arange(SIZE, dtype=np.uint8))
+            if sig is None:             # the copy is over: now the helper dies
+                p.kill()
+                p.wait(30)
+                with pytest.raises(rdmamw.PeerLost):
+                    ch.recv(timeout=10)
             ch.close()
-            return n, took
+            return out
         finally:
             p.send_signal(signal.SIGCONT)
             p.kill()
             p.wait(30)
 
 
-@pytest.mark.parametrize("delay_ms", [2, 20, 1000])
-def test_a_helper_killed_mid_copy_is_peer_lost_or_a_whole_message(delay_ms):
-    """SIGKILL the sender while it helps with the receiver's READ of its 256 MiB: the
-    receiver gets PeerLost or the whole, right message; never a hang or a part."""
+def test_a_helper_killed_mid_chunk_is_peer_lost(monkeypatch):
+    """SIGKILL the sender while it holds a chunk of the receiver's READ of its 256 MiB:
+    that chunk will never be finished, so the receiver gets PeerLost (at once: the
+    process is gone), not a hang and not a part of the message."""
     import signal
-    _read_while_signalled(signal.SIGKILL, delay_ms)
+    out = _read_with_helper(monkeypatch, signal.SIGKILL)
+    print("killed mid-chunk:", out["at_signal"], out["n"], round(out["took"], 3))
+    assert out["at_signal"]["fin"] >= 1 and out["at_signal"]["claimed"] < 64, out
+    assert out["n"] is None and out["took"] < 5, out
 
 
-@pytest.mark.parametrize("delay_ms", [5, 15, 40])
-def test_a_helper_stopped_mid_copy_does_not_hang_the_receiver(monkeypatch, delay_ms):
-    """SIGSTOP the sender while it helps: a chunk it claimed stays unfinished, and after
-    RDMAMW_SHM_ASSIST_STALL seconds the receiver gives up with PeerLost (or, if the
-    stop fell between chunks, it copied the rest itself and has the whole message)."""
+def test_a_helper_stopped_mid_chunk_is_peer_lost_after_the_stall_timeout(monkeypatch):
+    """SIGSTOP the sender while it holds a chunk: it is alive but that chunk stays
+    unfinished; after RDMAMW_SHM_ASSIST_STALL (1 s) the receiver gives up: PeerLost."""
     import signal
-    monkeypatch.setenv("RDMAMW_SHM_ASSIST_STALL", "1")
-    _n, took = _read_while_signalled(signal.SIGSTOP, delay_ms)
-    assert took < 10
+    out = _read_with_helper(monkeypatch, signal.SIGSTOP, stall="1")
+    print("stopped mid-chunk:", out["at_signal"], out["n"], round(out["took"], 3))
+    assert out["at_signal"]["fin"] >= 1 and out["at_signal"]["claimed"] < 64, out
+    assert out["n"] is None and 1.0 <= out["took"] < 10, out
+
+
+def test_a_helper_killed_after_the_copy_leaves_the_whole_message(monkeypatch):
+    """The helper copied part of the message and is killed once it has arrived: the
+    message is whole and right (checked in the helper function), the next call PeerLost."""
+    out = _read_with_helper(monkeypatch)
+    print("killed after:", out["n"], out["stats"]["assist_chunks_got"], "chunks by the helper")
+    assert out["n"] == SIZE and out["stats"]["assist_chunks_got"] > 0, out

@@ -20,7 +20,7 @@ from rdmamw import _layout
 from rdmamw.errors import ConfigError, ProtocolError, Timeout
 from rdmamw.providers import _shm, shm
 from rdmamw.providers import _wire as fr
-from tests.conftest import unique_name
+from tests.helpers import unique_name
 
 NOBODY = 65534
 STAGE = 1 << 20

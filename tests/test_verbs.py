@@ -23,7 +23,7 @@ import rdmamw
 from rdmamw import _layout, auth, cli
 from rdmamw.channel.channel import Channel, _make
 from rdmamw.providers import _wire, verbs
-from tests.conftest import NO_DEVICE, VERBS_OK, make_pair, send_until_peer_lost
+from tests.helpers import NO_DEVICE, VERBS_OK, make_pair, send_until_peer_lost
 from tests.test_channel_basic import recv_all
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,111 @@
+"""Helpers the test modules import (``from tests.helpers import ...``): channel pairs in
+one process (a thread accepts), unique names, the providers under test. Fixtures live in
+conftest.py, which imports these: one module, one name counter."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+
+import pytest
+
+import rdmamw
+
+_names = itertools.count()
+
+
+def unique_name(tag: str = "t") -> str:
+    return f"{tag}-{os.getpid()}-{next(_names)}"
+
+
+def _verbs_status() -> tuple[bool, str]:
+    from rdmamw.providers import verbs_device
+    return verbs_device.status()
+
+
+VERBS_OK, VERBS_WHY = _verbs_status()
+#: why device tests skip here (they run inside scripts/rxe-vm.sh: `make test`)
+NO_DEVICE = f"needs an RDMA device (runs in the soft-RoCE VM): {VERBS_WHY}"
+
+#: providers the channel suite runs on; a provider joins by adding its listen-address
+#: factory here (tests that need a device skip with a reason where there is none)
+LISTEN_ADDRESS = {
+    "shm": lambda: f"shm://{unique_name()}",
+    "tcp": lambda: "tcp://127.0.0.1:0",      # ephemeral port; Listener.address is the bound one
+}
+if VERBS_OK:
+    LISTEN_ADDRESS["verbs"] = lambda: "verbs://127.0.0.1:0"
+DEVICE_PROVIDERS = {"verbs"}
+
+
+def providers_under_test() -> list[str]:
+    wanted = os.environ.get("RDMAMW_TEST_PROVIDERS")
+    names = wanted.split(",") if wanted else [*LISTEN_ADDRESS, *DEVICE_PROVIDERS]
+    return list(dict.fromkeys(p for p in names if p))
+
+
+#: the rendezvous copy paths each provider has (only shm has a staged one): tests that
+#: take the ``cma`` fixture run on these, not on a product that would always skip
+CMA_PATHS = {"shm": ("direct", "staged")}
+
+
+def provider_param(name: str, *more: str):
+    """``name`` (and ``more`` values of other parameters) marked as a device test where
+    it is one, skipped where there is no device."""
+    if name not in DEVICE_PROVIDERS:
+        return pytest.param(name, *more)
+    marks = [pytest.mark.device]
+    if name not in LISTEN_ADDRESS:
+        marks.append(pytest.mark.skip(reason=NO_DEVICE))
+    return pytest.param(name, *more, marks=marks)
+
+
+def make_pair(mode: str = "batched", slots: int = 16, slot_size: int = 4096,
+              peer_slots: int | None = None, peer_slot_size: int | None = None,
+              spin_us: float = 50.0, provider: str = "shm", **chan):
+    """(opener, acceptor, listener): the opener receives on slots x slot_size, the
+    acceptor on peer_slots x peer_slot_size (default: the same); ``chan`` takes the
+    rendezvous options of both."""
+    lst = rdmamw.listen(LISTEN_ADDRESS[provider](), slots=peer_slots or slots,
+                        slot_size=peer_slot_size or slot_size, spin_us=spin_us, **chan)
+    got: dict = {}
+
+    def accept() -> None:
+        try:
+            got["ch"] = lst.accept(timeout=10)
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            got["err"] = e
+
+    t = threading.Thread(target=accept)
+    t.start()
+    a = rdmamw.Channel.open(lst.address, mode=mode, timeout=10, slots=slots,
+                            slot_size=slot_size, spin_us=spin_us, **chan)
+    t.join(10)
+    if "err" in got:
+        raise got["err"]
+    return a, got["ch"], lst
+
+
+def send_until_peer_lost(ch, since: float, batch: int = 8, rounds: int = 10_000,
+                         timeout: float | None = None) -> None:
+    """Send batches on ``ch`` until it raises PeerLost (the ring fills, then the dead
+    peer must be noticed); that must come within 2 s of ``since`` (monotonic)."""
+    with pytest.raises(rdmamw.PeerLost):
+        for _ in range(rounds):
+            ch.send_batch([b"x" * 100] * batch, timeout=timeout)
+    assert time.monotonic() - since < 2.0
+
+
+def reap(procs) -> None:
+    """Kill and wait for every process in ``procs`` still running (in a ``finally``:
+    when a timeout fired or an assertion failed, no rank outlives its test)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        try:
+            p.communicate(timeout=30)
+        except (ValueError, OSError):     # its pipes were closed already: just wait
+            p.wait(timeout=30)
