@@ -3,6 +3,10 @@ below --servers serve, the others minimise 0.5 * |x - target|^2 over a few keys
 (one of them larger than the eager limit, so it travels in blocks). Each rank prints
 one JSON line: a server its stats, a worker its final values' error and metrics.
 
+--dump DIR: each worker saves its final values of every key to DIR/worker<index>.npz
+(the tests compare whole vectors); each server reports in ``blocks`` how many distinct
+blocks of each key it received (GRAD, INIT) and sent (VAL), counted from the headers.
+
 Faults: --die W:I makes worker W exit without a word before iteration I; --hang W:I:S
 makes it sleep S s there; --kill-server V makes server 0 exit without a word once
 its model reached version V."""
@@ -20,6 +24,7 @@ import numpy as np
 
 import rdmamw
 from rdmamw import ps
+from rdmamw.ps import wire
 
 KEYS = ["big", "b", "c", 7]
 
@@ -39,6 +44,26 @@ def emit(obj: dict) -> None:
     sys.stdout.flush()
 
 
+def count_blocks(node: ps.KVServer) -> dict[str, set]:
+    """Wrap this server's payload handler and sender (test job only) to record the
+    block offsets of each key: "grad:big" -> {0, 1020, ...}; "val:big" for replies."""
+    seen: dict[str, set] = {}
+    payload, send = node._payload, node._send
+
+    def on_payload(w: int, h: dict, m: object) -> None:
+        seen.setdefault(f"{h['op']}:{h['k']}", set()).add(h.get("o", 0))
+        payload(w, h, m)
+
+    def on_send(w: int, msgs: list) -> bool:
+        for m in msgs:
+            if isinstance(m, bytes) and (h := wire.unpack(m))["op"] == wire.VAL:
+                seen.setdefault(f"val:{h['k']}", set()).add(h["o"])
+        return send(w, msgs)
+
+    node._payload, node._send = on_payload, on_send
+    return seen
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--servers", type=int, default=2)
@@ -52,12 +77,14 @@ def main() -> None:
     ap.add_argument("--round-timeout", type=float, default=10.0)
     ap.add_argument("--bad", default="")
     ap.add_argument("--push-pull", action="store_true", help="one push_pull per iteration")
+    ap.add_argument("--dump", default="", help="directory for the workers' final values")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     c = ps.Consistency.parse(a.consistency, round_timeout=a.round_timeout)
     node = ps.start(a.servers, consistency=c, lr=0.2, momentum=0.5)
     rank = rdmamw.world().rank
     if isinstance(node, ps.KVServer):
+        seen = count_blocks(node)
         if a.kill_server and rank == 0:
             end = time.monotonic() + 60
             while node.policy.version < a.kill_server and time.monotonic() < end:
@@ -66,6 +93,7 @@ def main() -> None:
         stats = node.serve()
         stats["round_sizes"] = sorted(set(stats["round_sizes"]))
         stats["reported_times"] = [m["compute_s"]["n"] for m in node.worker_metrics().values()]
+        stats["blocks"] = {k: len(v) for k, v in seen.items()}
         emit({"role": "server", "rank": rank, **stats})
         node.close()
         return
@@ -104,7 +132,8 @@ def main() -> None:
     except rdmamw.PeerLost as e:
         out["peer_lost"] = str(e)
     out["error_norm"] = float(max(np.abs(xi - ti).max() for xi, ti in zip(x, tg, strict=True)))
-    out["x_big_head"] = [float(v) for v in x[0][:3]]
+    if a.dump:
+        np.savez(os.path.join(a.dump, f"worker{me}.npz"), *x)
     out["metrics"] = {k: v for k, v in node.metrics.as_dict().items() if k.startswith("bytes")}
     out["pushes"] = node.metrics.push.n
     emit(out)

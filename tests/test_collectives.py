@@ -30,10 +30,11 @@ UNTUNED = {"RDMAMW_COLL_CONFIG": os.path.join(ROOT, "tests", "no-such-config.jso
 
 
 def job(n: int, scenario: str, cfg: dict | None = None, timeout: float = 90,
-        expect_dead: tuple = ()) -> list[dict]:
+        expect_dead: tuple = (), env: dict | None = None) -> list[dict]:
     """Run ``n`` ranks of the worker; every rank (but ``expect_dead``) must succeed."""
     procs = spawn(n, [sys.executable, WORKER, scenario, json.dumps(cfg or {})], cwd=ROOT,
-                  env=UNTUNED, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  env={**UNTUNED, **(env or {})}, stdout=subprocess.PIPE,
+                  stderr=subprocess.PIPE, text=True)
     outs = []
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]
@@ -51,12 +52,25 @@ def job(n: int, scenario: str, cfg: dict | None = None, timeout: float = 90,
     return res
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8])
-def test_every_algorithm_dtype_and_op_matches_numpy(n):
+@pytest.mark.parametrize("n, labels", [(n, None) for n in range(1, 9)] + [
+    (2, "a,b"),                 # every rank a leader: only the leaders' step (rhd)
+    (3, "a,b,a"),               # 2 leaders (rhd), a group of 2 and one of 1
+    (5, "a,a,b,b,c"),           # 3 leaders (ring)
+    (6, "a,b,a,c,b,c"),         # 3 leaders, groups not contiguous in rank order
+    (8, "a,b,c,a,b,c,d,a"),     # 4 leaders (rhd), groups of 3, 2, 2, 1
+])
+def test_every_algorithm_dtype_and_op_matches_numpy(n, labels):
+    """On one host every rank shares one group, so hierarchical never reaches its
+    leaders' allreduce; forced labels make several groups and every op cross them."""
     lengths = [0, 1, 7, 1001] + ([40_003] if n <= 4 else [])   # 40003 x 8 B: several chunks
-    res = job(n, "matrix", {"lengths": lengths})
+    res = job(n, "matrix", {"lengths": lengths},
+              env=None if labels is None else {"RDMAMW_COLL_TOPOLOGY": labels})
     assert [r["rank"] for r in res] == list(range(n))
-    assert len({r["checks"] for r in res}) == 1
+    groups = [0] * n if labels is None else topology.labels_to_groups(labels.split(","))
+    per_length = 4 * 4 * 4 + 4 * 3      # algorithms x dtypes x ops, then 3 collectives x dtypes
+    for r in res:
+        assert r["groups"] == groups
+        assert r["checks"] == per_length * len(lengths)    # every case compared, none skipped
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

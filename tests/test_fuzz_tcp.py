@@ -7,6 +7,8 @@ the registered regions."""
 from __future__ import annotations
 
 import random
+import socket
+import threading
 
 import msgpack
 from hypothesis import HealthCheck, given, settings
@@ -58,6 +60,120 @@ def test_fuzz_token_handshake(data):
         raise AssertionError("random bytes proved the token")
     except auth.AuthError:
         pass
+
+
+#: ways to get a handshake message wrong, each one change from the right one
+FORGERIES = st.one_of(
+    st.tuples(st.just("right"), st.just(0)),
+    st.tuples(st.just("flip"), st.integers(0, 8 * auth.PROOF_BYTES - 1)),   # any one bit
+    st.tuples(st.just("cut"), st.integers(1, auth.PROOF_BYTES)),            # bytes short
+    st.tuples(st.sampled_from(["other key", "key prefix", "empty key", "other label",
+                               "swapped nonces", "other challenge", "zero mac",
+                               "bad version", "no mac"]), st.just(0)))
+
+
+def _forge(how: tuple, key: bytes, label: bytes, mine: bytes, theirs: bytes,
+           head: bytes) -> bytes:
+    """``head`` + the MAC over (``theirs``, ``mine``) under ``label``, changed as ``how``
+    says (the wire order of auth._mac: the challenger's nonce first)."""
+    kind, arg = how
+    k = {"other key": key + b"x", "key prefix": key[:-1], "empty key": b""}.get(kind, key)
+    lab = b"accept" if kind == "other label" and label == b"open" else \
+        b"open" if kind == "other label" else label
+    a, b = (mine, theirs) if kind == "swapped nonces" else (theirs, mine)
+    if kind == "other challenge":
+        a = bytes(x ^ 1 for x in a)
+    msg = head + (b"\0" * auth.MAC if kind == "zero mac" else auth._mac(k, lab, a, b))
+    if kind == "bad version":
+        msg = msg[:4] + bytes([auth.VERSION + 1]) + msg[5:]
+    elif kind == "no mac":
+        msg = head
+    elif kind == "flip":
+        msg = bytearray(msg)
+        msg[arg // 8 % len(msg)] ^= 1 << arg % 8
+        msg = bytes(msg)
+    elif kind == "cut":
+        msg = msg[:max(0, len(msg) - arg)]
+    return msg
+
+
+def _half(fn, sock, key: bytes) -> dict:
+    """Run one half of the handshake in a thread; it hangs up when done or refused."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            fn(sock, key)
+            out["ok"] = True
+        except auth.AuthError as e:
+            out["err"] = e
+        finally:
+            sock.shutdown(socket.SHUT_RDWR)
+
+    out["thread"] = threading.Thread(target=run, daemon=True)
+    out["thread"].start()
+    return out
+
+
+def _rest(s: socket.socket) -> bytes:
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    return data
+
+
+HANDSHAKE = settings(max_examples=200, deadline=None)
+KEY = b"the shared token"
+
+
+@HANDSHAKE
+@given(FORGERIES)
+def test_fuzz_listener_accepts_only_the_right_proof(how):
+    """The opener's proof, right or changed in one way: the listener accepts exactly
+    the right one (and then proves itself), refuses every other with AuthError and
+    sends nothing after its challenge, so the opener learns nothing."""
+    lst, opener = socket.socketpair()
+    with lst, opener:
+        opener.settimeout(5)
+        lst.settimeout(5)
+        side = _half(auth.accept_side, lst, KEY)
+        hello = auth._recv_exact(opener, auth.HELLO_BYTES)
+        nonce_l, nonce_o = hello[5:], bytes(range(auth.NONCE))
+        head = auth.MAGIC + bytes([auth.VERSION]) + nonce_o
+        opener.sendall(_forge(how, KEY, b"open", nonce_o, nonce_l, head))
+        opener.shutdown(socket.SHUT_WR)
+        answer = _rest(opener)
+        side["thread"].join(5)
+    if how[0] == "right":
+        assert side.get("ok") and answer == auth._mac(KEY, b"accept", nonce_o, nonce_l)
+    else:
+        assert isinstance(side.get("err"), auth.AuthError), (how, side)
+        assert answer == b"", how
+
+
+@HANDSHAKE
+@given(FORGERIES)
+def test_fuzz_opener_accepts_only_the_right_listener(how):
+    """The listener's challenge and proof, right or changed in one way: the opener
+    finishes only with the right ones and raises AuthError on any other."""
+    lst, opener = socket.socketpair()
+    with lst, opener:
+        lst.settimeout(5)
+        opener.settimeout(5)
+        side = _half(auth.open_side, opener, KEY)
+        nonce_l = bytes(range(100, 100 + auth.NONCE))
+        lst.sendall(auth.MAGIC + bytes([auth.VERSION]) + nonce_l)
+        proof = auth._recv_exact(lst, auth.PROOF_BYTES)
+        nonce_o = auth.check_proof(proof, KEY, nonce_l)        # the opener is honest
+        answer = _forge(how, KEY, b"accept", nonce_l, nonce_o, b"")
+        lst.sendall(answer)
+        lst.shutdown(socket.SHUT_WR)
+        _rest(lst)
+        side["thread"].join(5)
+    if answer == auth._mac(KEY, b"accept", nonce_o, nonce_l):
+        assert side.get("ok"), (how, side)
+    else:
+        assert isinstance(side.get("err"), auth.AuthError), (how, side)
 
 
 values = st.recursive(

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
@@ -284,16 +284,25 @@ def test_both_directions_at_once(rpair):
 DESC = struct.Struct("<QQQIHH")     # addr, length, index, key, kind, entry
 
 
-def _desc_address(ch) -> int:
-    """Address of the descriptor of the (only) pending rendezvous slot."""
+def _desc_addresses(ch, n: int = 1) -> list[int]:
+    """Addresses of the ``n`` descriptors in the (only) pending rendezvous slot."""
     deadline = time.monotonic() + 10
     while not ch._debug_state()["pending"] and time.monotonic() < deadline:
         time.sleep(0.001)           # tcp: the peer's frames land asynchronously
     (slot,) = ch._debug_state()["pending"]
-    addr = ch._debug_slot_address(slot) + 64          # payload: one PACKED record
-    length, flags = struct.unpack("<II", ctypes.string_at(addr, 8))
-    assert (length, flags) == (DESC.size, 1)
-    return addr + 8
+    addr = ch._debug_slot_address(slot) + 64          # payload: PACKED records
+    out = []
+    for _ in range(n):
+        length, flags = struct.unpack("<II", ctypes.string_at(addr, 8))
+        assert (length, flags) == (DESC.size, 1)
+        out.append(addr + 8)
+        addr += 8 + DESC.size
+    return out
+
+
+def _desc_address(ch) -> int:
+    """Address of the descriptor of the (only) pending rendezvous slot."""
+    return _desc_addresses(ch)[0]
 
 
 @pytest.mark.parametrize("change", [
@@ -328,37 +337,154 @@ def test_bad_descriptor_is_protocol_error_and_reads_nothing(provider, cma, chang
         b.close(), a.close(), lst.close()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                   HealthCheck.function_scoped_fixture])
-@given(raw=st.binary(min_size=DESC.size, max_size=DESC.size),
-       keep=st.sets(st.sampled_from(["addr", "length", "index", "key", "kind", "entry"])))
-def test_fuzz_descriptor_decoder(raw, keep):
-    """Whatever the descriptor says: the right bytes, a typed error, never a write
-    outside the destination or a crash."""
+NAMES = ("addr", "length", "index", "key", "kind", "entry")
+#: the fuzzed message, a message consumed before it (its key is stale: its exposure
+#: was removed), another one still exposed; the destination sits between the sizes
+OWN, STALE, OTHER, VIEW = 1000, 600, 3000, 2000
+GUARD = 4096
+
+
+def expected_outcome(v: dict, real: dict, live: dict, max_msg: int):
+    """What receiving descriptor ``v`` must do, in the receiver's order of checks: an
+    exception class, or the bytes it reads. ``live``: key -> (address, bytes) of what
+    the sender exposes now."""
+    if v["kind"] not in (1, 2):
+        return rdmamw.ProtocolError
+    if v["index"] != real["index"] or v["entry"] != v["index"] % 64:
+        return rdmamw.ProtocolError
+    if v["length"] == 0 or v["length"] > 0xFFFFFFFF:
+        return rdmamw.ProtocolError
+    if v["length"] > max_msg:
+        return rdmamw.MessageTooLarge
+    if v["kind"] == 2:              # written into a destination this side never advertised
+        return rdmamw.ProtocolError
+    if v["length"] > VIEW:
+        return rdmamw.BufferTooSmall
+    if v["key"] not in live:
+        return rdmamw.ProtocolError
+    base, data = live[v["key"]]
+    off = v["addr"] - base
+    if off < 0 or off + v["length"] > len(data):
+        return rdmamw.ProtocolError
+    return data[off:off + v["length"]]
+
+
+def receive_fuzzed(make) -> None:
+    """Expose three sources on the sender (one consumed: a stale key), let ``make``
+    rewrite the pending descriptor of OWN (``make(real, exposures, max_message_size)``
+    returns the fields; exposures: name -> (key, address, bytes)), and check that the
+    receiver does exactly what :func:`expected_outcome` says: the refusal it names,
+    nothing written anywhere on a refusal, the message still there after
+    BufferTooSmall, the next one after MessageTooLarge, a broken channel after a
+    ProtocolError."""
     a, b, lst = make_pair(slots=2, slot_size=256, rendezvous="read")
     try:
-        src = _pattern(1000, 7)
-        a.send(src)
-        addr = _desc_address(b)
-        names = ("addr", "length", "index", "key", "kind", "entry")
-        real = dict(zip(names, DESC.unpack(ctypes.string_at(addr, DESC.size)), strict=True))
-        fuzz = dict(zip(names, DESC.unpack(raw), strict=True))
-        vals = {k: real[k] if k in keep else fuzz[k] for k in names}
-        ctypes.memmove(addr, DESC.pack(*vals.values()), DESC.size)
-        guard = 4096
-        mem = bytearray(b"\xa5" * (2 * guard + 2000))
-        view = memoryview(mem)[guard:guard + 2000]
-        try:
-            n = b.recv_into(view, timeout=2)
-        except (rdmamw.ProtocolError, rdmamw.BufferTooSmall):
-            pass
-        else:       # only an in-bounds descriptor of the real message gets here
-            off = vals["addr"] - real["addr"]
-            assert bytes(view[:n]) == src.tobytes()[off:off + n]
+        srcs = {k: _pattern(n, seed) for seed, (k, n) in
+                enumerate({"stale": STALE, "own": OWN, "other": OTHER}.items())}
+        h = a.send(srcs["stale"])
+        stale = DESC.unpack(ctypes.string_at(_desc_address(b), DESC.size))
+        assert bytes(b.recv(timeout=5)) == srcs["stale"].tobytes()
+        h.wait(timeout=5)           # the sender has taken its exposure down
+        a.send_batch([srcs["own"], srcs["other"]])
+        own_at, other_at = _desc_addresses(b, 2)
+        real = dict(zip(NAMES, DESC.unpack(ctypes.string_at(own_at, DESC.size)), strict=True))
+        other = dict(zip(NAMES, DESC.unpack(ctypes.string_at(other_at, DESC.size)),
+                         strict=True))
+        exposures = {"own": (real["key"], real["addr"], srcs["own"].tobytes()),
+                     "other": (other["key"], other["addr"], srcs["other"].tobytes()),
+                     "stale": (stale[3], stale[0], srcs["stale"].tobytes())}
+        vals = make(real, exposures, b.max_message_size)
+        vals["key"] &= 0xFFFFFFFF
+        vals["entry"] &= 0xFFFF
+        vals["kind"] &= 0xFFFF
+        vals = {k: vals[k] % (1 << 64) for k in NAMES}
+        ctypes.memmove(own_at, DESC.pack(*vals.values()), DESC.size)
+        live = {key: (addr, data) for name, (key, addr, data) in exposures.items()
+                if name != "stale"}
+        want = expected_outcome(vals, real, live, b.max_message_size)
+        mem = bytearray(b"\xa5" * (2 * GUARD + VIEW))
+        view = memoryview(mem)[GUARD:GUARD + VIEW]
+        if isinstance(want, bytes):
+            assert b.recv_into(view, timeout=5) == len(want), vals
+            assert bytes(view[:len(want)]) == want
+            mem[GUARD:GUARD + len(want)] = b"\xa5" * len(want)
+        else:
+            with pytest.raises(want) as e:
+                b.recv_into(view, timeout=5)
+            assert type(e.value) is want, (vals, e.value)
         del view
-        assert mem[:guard] == b"\xa5" * guard and mem[-guard:] == b"\xa5" * guard
+        assert mem == b"\xa5" * len(mem), "written outside what was read"
+        if want is rdmamw.BufferTooSmall:    # kept: received whole into a bigger buffer
+            assert e.value.needed == vals["length"]
+        elif want is rdmamw.MessageTooLarge:    # refused unread; the next one follows
+            assert bytes(b.recv(timeout=5)) == srcs["other"].tobytes()
+        elif want is rdmamw.ProtocolError:
+            with pytest.raises(rdmamw.ProtocolError):   # a failed channel stays failed
+                b.recv(timeout=0)
     finally:        # the broken receiver first: the sender's close stops waiting for it
         b.close(), a.close(), lst.close()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=st.binary(min_size=DESC.size, max_size=DESC.size),
+       keep=st.sets(st.sampled_from(NAMES)))
+def test_fuzz_descriptor_decoder(raw, keep):
+    """Any field may be anything: each descriptor gets exactly the outcome the checks
+    name (a typed refusal, or the right bytes), never a write outside the destination."""
+    fuzz = dict(zip(NAMES, DESC.unpack(raw), strict=True))
+    receive_fuzzed(lambda real, _ex, _max: {k: real[k] if k in keep else fuzz[k] for k in NAMES})
+
+
+KEYS = ("own", "own", "own", "other", "stale", "own+1", "own-1", "own+gen", "high", "zero")
+
+
+@st.composite
+def edge_reads(draw) -> tuple:
+    """A READ whose key, start and end sit at or one off the limits of an exposure
+    (own, another live one, a stale one) or of the destination and the size limits."""
+    key = draw(st.sampled_from(KEYS))
+    base = draw(st.sampled_from(["key", "key", "own", "other", "stale"]))
+    edge = draw(st.sampled_from(["start", "end", "end", "size"]))
+    if edge == "start":             # off at -1 / 0 / +1, any length from there
+        off = draw(st.sampled_from([-1, 0, 1]))
+        length = ("fit", draw(st.sampled_from([-1, 0, 1, -7])))
+    elif edge == "end":             # the read ends one short of / at / one past the end
+        off = draw(st.one_of(st.sampled_from([0, 0, 1, -1, 64]), st.integers(-8, 4096)))
+        length = ("fit", draw(st.sampled_from([-1, 0, 1])))
+    else:                           # the destination's, the wire's and max_message's limits
+        off = draw(st.sampled_from([0, 0, 1]))
+        length = ("abs", draw(st.sampled_from([1, VIEW - 1, VIEW, VIEW + 1, 0, 0xFFFFFFFF,
+                                               1 << 32, "max", "max+1"])))
+    return key, base, off, length
+
+
+def _edge_fields(case: tuple, real: dict, ex: dict, max_msg: int) -> dict:
+    key, base, off, (how, n) = case
+    n = {"max": max_msg, "max+1": max_msg + 1}.get(n, n)
+    name = key if key in ex else "own"
+    k = {"own+1": real["key"] + 1, "own-1": real["key"] - 1, "own+gen": real["key"] + 0x100,
+         "high": real["key"] | 0x10000, "zero": 0}.get(key, ex[name][0])
+    target = ex[name if base == "key" else base]
+    length = len(target[2]) - off + n if how == "fit" else n
+    return {**real, "key": k, "addr": target[1] + off, "length": length}
+
+
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=edge_reads())
+@example(case=("own", "key", 0, ("fit", 1)))        # one byte past the end
+@example(case=("own", "key", -1, ("fit", 0)))       # one byte before the start
+@example(case=("own", "key", 0, ("fit", 0)))        # exactly the exposure
+@example(case=("own", "key", 1, ("fit", 0)))        # from the second byte to the end
+@example(case=("other", "own", 0, ("fit", 0)))      # another exposure's key
+@example(case=("stale", "key", 0, ("fit", 0)))      # a key taken down
+@example(case=("other", "key", 1000, ("fit", 0)))   # the other exposure, to its end
+def test_fuzz_descriptor_bounds(case):
+    """Reads at the edges: accepted up to the last exposed byte, refused one past it,
+    under any key but the one of the exposure read (live, stale or never made). Few
+    drawn cases besides the named ones: each READ refused by the bounds check costs
+    the receiver DYING_NS (1 s) looking for the sender's death first. The same check
+    gets many cases in test_shm_assist.py's job fuzz."""
+    receive_fuzzed(lambda real, ex, max_msg: _edge_fields(case, real, ex, max_msg))
 
 
 SENDER_DIES = """

@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
@@ -116,39 +116,88 @@ def test_a_destination_the_helper_cannot_write_is_marked_bad_not_a_crash(pair):
     assert b._job_state() == (0b1111, 0b1111)     # the reader redoes them
 
 
-@settings(max_examples=150, deadline=None,
+def _valid_geometry(length: int, chunk: int, n: int) -> bool:
+    """n chunks of ``chunk`` bytes cover ``length`` exactly, the last one not empty."""
+    return 2 <= n <= 64 and 0 < chunk <= length and (n - 1) * chunk < length <= n * chunk
+
+
+KEYS = ("own",) * 7 + ("other", "stale", "own+1", "own-1", "own+gen", "high")
+
+
+@st.composite
+def edge_jobs(draw) -> tuple:
+    """A job whose start, end, chunk geometry and key sit at or one off their limits
+    (the exposure is 1 MiB; "other" is another live exposure, "stale" a removed one);
+    about a fifth of them are sound, so both sides of each limit are tried."""
+    if draw(st.booleans()):         # the start at -1 / 0 / +1, any end
+        off = draw(st.sampled_from([-1, 0, 1]))
+        length = max(1, MiB - off + draw(st.one_of(st.sampled_from([-1, 0, 1]),
+                                                   st.integers(-MiB, 0))))
+    else:                           # the end one short of / at / one past the exposure's
+        off = draw(st.one_of(st.sampled_from([0, 1, -1, CHUNK]), st.integers(-CHUNK, MiB)))
+        length = max(1, MiB - off + draw(st.sampled_from([-1, 0, 1])))
+    if draw(st.integers(0, 9)) < 7:     # sound: 2..64 chunks, each between the limits
+        n = draw(st.one_of(st.sampled_from([2, 4, 64]), st.integers(2, 64)))
+        per, wide = -(-length // n), -(-length // (n - 1))
+        chunk = draw(st.one_of(st.sampled_from([per, wide - 1]),
+                               st.integers(per, max(per, wide - 1))))
+    else:                               # one off: too few / many chunks, too small / big
+        n = draw(st.sampled_from([0, 1, 2, 4, 64, 65, 255]))
+        per, wide = -(-length // max(n, 1)), -(-length // max(n - 1, 1))
+        chunk = draw(st.sampled_from([per - 1, wide, 0, length, length + 1, 2 * MiB]))
+    return off, length, max(chunk, 0), n, draw(st.sampled_from(KEYS)), draw(st.booleans()), \
+        draw(st.sampled_from([True] * 6 + [False]))
+
+
+@settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(off=st.integers(-2 * CHUNK, 3 * CHUNK), length=st.integers(1, 2 * MiB),
-       chunk=st.integers(0, 2 * MiB), n=st.integers(0, 255),
-       key_delta=st.sampled_from([0, 0, 1, 0x100]), write=st.booleans())
-def test_fuzzed_jobs_never_copy_outside_the_exposure(pair, off, length, chunk, n, key_delta,
-                                                      write):
-    """a exposes the second MiB of `mem` (READ, or WRITE); b offers random jobs on it.
-    Whatever a copies stays inside that MiB (READ: nothing else reaches b's `other`;
-    WRITE: nothing else of `mem` changes)."""
+@given(job=edge_jobs())
+@example(job=(0, MiB + 1, (MiB + 1) // 4 + 1, 4, "own", False, True))  # one byte past the end
+@example(job=(0, MiB + 1, (MiB + 1) // 4 + 1, 4, "own", True, True))
+@example(job=(-1, MiB, CHUNK, 4, "own", False, True))                   # one byte before
+@example(job=(1, MiB, CHUNK, 4, "own", True, True))                     # shifted one past
+@example(job=(0, MiB, CHUNK, 4, "own", False, True))                    # exactly the exposure
+@example(job=(0, MiB, CHUNK, 4, "other", False, True))                  # another's key
+@example(job=(0, MiB, CHUNK, 4, "own", True, False))                    # read-only: no WRITE
+def test_fuzzed_jobs_do_exactly_what_the_exposure_allows(pair, job):
+    """a exposes the second MiB of ``mem`` (for the job's access, or the other one);
+    b offers a job at the edges of it. A job inside the exposure, under its key, with
+    a sound geometry is done whole (every chunk, the exact bytes); any other is
+    refused (nothing claimed, nothing copied): both sides of each limit."""
+    off, length, chunk, n, which, write, same_access = job
     a, b = pair
     mem = np.full(4 * MiB, 9, np.uint8)
     exposed = mem[MiB:2 * MiB]
     exposed[:] = 5
     other = np.zeros(4 * MiB, np.uint8) if not write else np.full(4 * MiB, 3, np.uint8)
-    key = a._expose_range(_addr(exposed), MiB, writable=write)
-    b._offer_job(_addr(exposed) + off, _addr(other), length, chunk, key + key_delta, n,
-                 write=write)
-    did = a._assist_now()
-    fin, bad = b._job_state()
-    if did:
-        assert key_delta == 0 and 0 <= off and off + length <= MiB and 2 <= n <= 64
-        assert bad == 0 and fin == (1 << n) - 1
-        if write:
+    spare = np.zeros(4096, np.uint8)
+    stale = a._expose_range(_addr(spare), spare.nbytes, writable=write)
+    a._unexpose_range(stale)
+    key = a._expose_range(_addr(exposed), MiB, writable=write == same_access)
+    other_key = a._expose_range(_addr(spare), spare.nbytes, writable=write)
+    k = {"own": key, "other": other_key, "stale": stale, "own+1": key + 1, "own-1": key - 1,
+         "own+gen": key + 0x100, "high": key | 0x10000}[which]
+    try:
+        b._offer_job(_addr(exposed) + off, _addr(other), length, chunk, k & 0xFFFFFFFF, n,
+                     write=write)
+        ok = (which == "own" and same_access and off >= 0 and off + length <= MiB
+              and _valid_geometry(length, chunk, n))
+        did = a._assist_now()
+        assert did == (n if ok else 0), (job, did)
+        assert b._job_state() == (((1 << n) - 1, 0) if ok else (0, 0))
+        assert (mem[:MiB] == 9).all() and (mem[2 * MiB:] == 9).all()
+        event("done" if ok else "refused")
+        if not ok:
+            assert (exposed == 5).all() and (other == (3 if write else 0)).all()
+        elif write:
             assert (exposed[off:off + length] == 3).all()
+            assert (exposed[:off] == 5).all() and (exposed[off + length:] == 5).all()
         else:
-            assert (other[:length] == 5).all()
-    assert (mem[:MiB] == 9).all() and (mem[2 * MiB:] == 9).all()
-    if not write:
-        assert not other[length if did else 0:].any()
-    if not did:
-        assert (exposed == 5).all() and fin == 0
-    a._unexpose_range(key)
+            assert (other[:length] == 5).all() and not other[length:].any()
+            assert (exposed == 5).all()
+    finally:
+        a._unexpose_range(key)
+        a._unexpose_range(other_key)
 
 
 def _stream_receiver(address, strategy, sizes, q):
