@@ -44,7 +44,7 @@ import rdmamw
 from rdmamw.errors import ChannelClosed, PeerLost, RdmamwError
 
 HDR = struct.Struct("<IIQ")          # kind, thread, seq
-DATA, END, HELLO, TICK = 1, 2, 3, 4
+DATA, END, HELLO, TICK, FORKED = 1, 2, 3, 4, 5
 POOL_BYTES = 8 << 20
 ADDRESS = {"shm": lambda: f"shm://rdmamw-soak-{os.getpid()}",
            "tcp": lambda: "tcp://127.0.0.1:0",
@@ -125,7 +125,9 @@ def peer_main(a: argparse.Namespace) -> int:
         time.sleep(0.05)
         if next_fork is not None and time.monotonic() >= next_fork:
             forks += 1
-            fork_failures += fork_child(ch, rng.choice(("exit", "close", "send")))
+            failed = fork_child(ch, rng.choice(("exit", "close", "send")))
+            fork_failures += failed
+            ch.send(HDR.pack(FORKED, failed, forks))     # counted by the hub as they come
             next_fork = time.monotonic() + a.fork_every
     stop.set()
     for t in threads:
@@ -176,6 +178,7 @@ class Peer:
     next_seq: dict = field(default_factory=dict)
     ended: dict = field(default_factory=dict)
     report: dict | None = None
+    forks: int = 0
     messages: int = 0
     bytes: int = 0
     connected: threading.Event = field(default_factory=threading.Event)
@@ -262,6 +265,11 @@ class Hub:
         kind, t, seq = HDR.unpack_from(m)
         if kind == END and t == 1 << 31:
             peer.report = msgpack.unpackb(bytes(memoryview(m)[HDR.size:]))
+            return
+        if kind == FORKED:
+            peer.forks += 1
+            if t:
+                self.fail(f"peer {peer.id}.{peer.incarnation}: fork child {seq} misbehaved")
             return
         if kind == END:
             peer.ended[t] = seq
@@ -370,7 +378,7 @@ class Hub:
             self.check_flat(base, end)
         with self.lock:
             peers = list(self.peers.values())
-        forks = sum(p.report["forks"] for p in peers if p.report)
+        forks = sum(p.forks for p in peers)
         return {
             "provider": self.a.provider, "seconds": round(elapsed, 1),
             "messages": sum(p.messages for p in peers),

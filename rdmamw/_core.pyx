@@ -787,11 +787,12 @@ cdef class Engine:
     cdef int _peer_dying(self) noexcept nogil:
         """After a refused READ: is the peer dying? A process killed mid-READ may have
         its memory registrations torn down before its connection shows EOF (verbs: the
-        NIC answers 'remote access error'), so look for up to DYING_NS."""
+        NIC answers 'remote access error' and the QP fails), so while our connection is
+        failed but the peer's end not yet seen closed, look for up to DYING_NS."""
         cdef int64_t until = now_ns() + DYING_NS
         while not self.tp.peer_exited():
-            if now_ns() >= until:
-                return RM_OK
+            if self.tp.peer_state() >= 0 or now_ns() >= until:
+                return RM_OK        # (a connection still up: the peer refused, alive)
             self.tp.wait(10)
         self.peer_gone = True
         return RM_ERR_PEER_LOST
