@@ -40,7 +40,7 @@ from rdmamw.errors import (
     RdmamwError,
     Timeout,
 )
-from rdmamw.memory.units import parse_bytes
+from rdmamw.memory.units import parse_bytes, parse_seconds
 from rdmamw.providers import Connected
 from rdmamw.providers import _wire as fr
 from rdmamw.providers._listener import HandshakeListener
@@ -71,14 +71,7 @@ def assist_settings() -> tuple[int, int, float]:
     ``RDMAMW_SHM_ASSIST_CHUNK`` (default 256 KiB), ``RDMAMW_SHM_ASSIST_STALL`` (default
     10 s; a peer stopped mid-chunk then fails the channel rather than hang it)."""
     env = os.environ
-    stall = env.get("RDMAMW_SHM_ASSIST_STALL", "10")
-    try:
-        stall_s = float(stall)
-    except ValueError:
-        stall_s = -1.0
-    if not stall_s > 0:
-        raise ConfigError(f"RDMAMW_SHM_ASSIST_STALL: {stall!r} is not a positive number "
-                          "of seconds")
+    stall_s = parse_seconds(env.get("RDMAMW_SHM_ASSIST_STALL", "10"), "RDMAMW_SHM_ASSIST_STALL")
     return (parse_bytes(env.get("RDMAMW_SHM_ASSIST", "1M"), "RDMAMW_SHM_ASSIST"),
             parse_bytes(env.get("RDMAMW_SHM_ASSIST_CHUNK", "256K"), "RDMAMW_SHM_ASSIST_CHUNK"),
             stall_s)
