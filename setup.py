@@ -42,6 +42,7 @@ def have_verbs_h() -> bool:
 
 extensions = [
     ext("rdmamw.bitmap._phase", "rdmamw/bitmap/_phase.pyx"),
+    ext("rdmamw.transport._base", "rdmamw/transport/_base.pyx"),
     ext("rdmamw._core", "rdmamw/_core.pyx"),
     ext("rdmamw.providers._shm", "rdmamw/providers/_shm.pyx"),
     ext("rdmamw.providers._tcp", "rdmamw/providers/_tcp.pyx"),

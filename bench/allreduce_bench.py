@@ -185,7 +185,7 @@ def run(system: str, n: int, cfg: dict) -> dict:
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     if system == "rdmamw":
         sys.path.insert(0, str(HERE.parent))
-        from rdmamw.collectives.launch import spawn
+        from rdmamw.bootstrap.launch import spawn
         return result_of(spawn(n, [*me, "--rank", "rdmamw", arg], **pipes), 600)
     if system == "mpi4py":
         if not shutil.which("mpiexec"):
@@ -198,7 +198,7 @@ def run(system: str, n: int, cfg: dict) -> dict:
         if probe.returncode:
             return {"error": "torch not importable (optional: pip install torch)",
                     "untested": True}
-        from rdmamw.collectives.launch import free_port
+        from rdmamw.bootstrap.launch import free_port
         port = str(free_port())
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                "WORLD_SIZE": str(n)}

@@ -57,7 +57,7 @@ LAYERS = 4
 def train_child(a: argparse.Namespace) -> None:
     import rdmamw
     from rdmamw import ps
-    from rdmamw.ps import mlp
+    from rdmamw.apps.demo import mlp
     from rdmamw.sched import apportion
     keys = mlp.KEYS
     node = ps.start(1, consistency="bsp", lr=a.lr, momentum=0.9, sched=a.sched,
@@ -107,8 +107,8 @@ def train_child(a: argparse.Namespace) -> None:
 
 
 def train_job(a: argparse.Namespace, sched: str, straggler: float) -> dict:
+    from rdmamw.apps.demo import mlp
     from rdmamw.bootstrap.launch import run
-    from rdmamw.ps import mlp
     with tempfile.TemporaryDirectory() as out:
         data = os.path.join(out, "digits.npz")
         mlp.load().save(data)               # the ranks need not import sklearn

@@ -24,7 +24,8 @@ from rdmamw.providers._tcp import apply_stream  # noqa: E402
 
 from rdmamw import auth  # noqa: E402
 from rdmamw.errors import ProtocolError  # noqa: E402
-from rdmamw.providers import _wire, tcp  # noqa: E402
+from rdmamw.providers import tcp  # noqa: E402
+from rdmamw.transport import wire as _wire
 from tests.tcp_util import random_stream  # noqa: E402
 
 

@@ -11,7 +11,7 @@ Phases, all in this one run and each in fresh processes pinned to their own core
 
 * ``memcpy``: single-thread ``numpy.copyto`` between page-aligned buffers, per size;
 * ``rdmamw``: streaming per strategy (``eager``, ``read``, ``write``), exactly as
-  ``rdmamw tune rndv`` measures it (rdmamw/memory/tune.py: the receiver lands every
+  ``rdmamw tune rndv`` measures it (rdmamw/apps/tune_rndv.py: the receiver lands every
   message in its own preallocated buffer and checks the bytes), plus the peak RSS of
   each side while streaming up to 64 MiB;
 * ``mpi4py``: MPICH ``Isend``/persistent ``Recv`` streams of the same sizes
@@ -48,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from run import machine, parse, reap, spawn, wait_quiet  # noqa: E402
 
-from rdmamw.memory import tune  # noqa: E402
+from rdmamw.apps import tune_rndv as tune  # noqa: E402
 from rdmamw.memory.pool import aligned_empty  # noqa: E402
 from rdmamw.memory.regcache import RegCache  # noqa: E402
 from rdmamw.memory.units import human  # noqa: E402

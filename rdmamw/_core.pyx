@@ -39,9 +39,35 @@ from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
 
-from rdmamw.bitmap._phase cimport (
-    RecvBitmaps,
-    SendBitmaps,
+from rdmamw.bitmap._phase cimport RecvBitmaps, SendBitmaps
+from rdmamw.transport._base cimport (
+    RM_ACCESS_LOCAL,
+    RM_ACCESS_REMOTE_READ,
+    RM_ACCESS_REMOTE_WRITE,
+    RM_ERR_AGAIN,
+    RM_ERR_BOUNDS,
+    RM_ERR_CLOSED,
+    RM_ERR_OS,
+    RM_ERR_PEER_LOST,
+    RM_ERR_UNSUPPORTED,
+    RM_OK,
+    RM_REGION_ARRIVAL,
+    RM_REGION_CTRL,
+    RM_REGION_RECLAIM,
+    RM_REGION_RING,
+    RM_WR_EXPOSED,
+    RM_WR_INLINE,
+    RM_WR_PUBLISH,
+    RM_WR_READ,
+    RM_WR_SIGNALED,
+    RM_WR_WRITE,
+    Transport,
+    now_ns,
+    rm_mem,
+    rm_wc,
+    rm_wr,
+)
+from rdmamw.transport.atomics cimport (
     rm_copy,
     rm_cpu_relax,
     rm_fence_seq_cst,
@@ -52,7 +78,9 @@ from rdmamw.bitmap._phase cimport (
 
 import logging
 
-from rdmamw import _fork, _layout, _rendezvous
+from rdmamw import _fork, _rendezvous
+from rdmamw.transport import layout
+from rdmamw.transport.wire import MODES
 from rdmamw.errors import (
     BufferTooSmall,
     ChannelClosed,
@@ -102,7 +130,7 @@ cdef enum:
     REC_HDR = 8
 
 cdef enum:
-    CTRL_CREDIT_WAIT = 0    # word index (x8 bytes): see rdmamw/_layout.py
+    CTRL_CREDIT_WAIT = 0    # word index (x8 bytes): see rdmamw/layout.py
     CTRL_RX_SLEEP = 8
     CTRL_CLOSED = 16
     CTRL_MAX_MSG = 64       # the largest message the peer takes (0: not announced)
@@ -157,111 +185,6 @@ cdef int _release_lease(object lease) except -1:
 
 cdef inline uint32_t pad8(uint32_t n) noexcept nogil:
     return (n + 7u) & ~7u
-
-
-# ---- the provider interface ----------------------------------------------------
-
-cdef class Transport:
-    """Base of the providers' endpoints (mini-verbs). Subclasses implement the nogil
-    methods; this base refuses everything so a half-built transport fails loudly."""
-
-    cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
-        return RM_ERR_CLOSED
-
-    cdef void complete_now(self, uint64_t wr_id, uint32_t opcode) noexcept nogil:
-        """Record the completion of a signaled WR that post() already finished."""
-        cdef uint32_t slot
-        if self.soft_len == RM_SOFT_CQ:     # overrun: keep the newest (ids are monotonic)
-            self.soft_head = (self.soft_head + 1) % RM_SOFT_CQ
-            self.soft_len -= 1
-        slot = (self.soft_head + self.soft_len) % RM_SOFT_CQ
-        self.soft_cq[slot].wr_id = wr_id
-        self.soft_cq[slot].status = 0
-        self.soft_cq[slot].opcode = opcode
-        self.soft_len += 1
-
-    cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil:
-        cdef uint32_t k = 0
-        while k < maxn and self.soft_len:
-            wcs[k] = self.soft_cq[self.soft_head]
-            self.soft_head = (self.soft_head + 1) % RM_SOFT_CQ
-            self.soft_len -= 1
-            k += 1
-        self.n_completions += k
-        return k
-
-    cdef int wake_peer(self) noexcept nogil:
-        return RM_ERR_CLOSED
-
-    cdef int wait(self, int timeout_ms) noexcept nogil:
-        """Block until woken by the peer (1), timeout (0) or a peer event (<0)."""
-        return RM_ERR_CLOSED
-
-    cdef int peer_state(self) noexcept nogil:
-        """1 while the peer is reachable, RM_ERR_CLOSED or RM_ERR_PEER_LOST after."""
-        return RM_ERR_CLOSED
-
-    cdef int assist(self) noexcept nogil:
-        """Called while the engine is idle (spinning or about to sleep): a provider
-        whose peer's work requests are executed by CPUs may lend this one (shm: the
-        assisted READ of rdmamw/include/rm_assist.h). The number of pieces done."""
-        return 0
-
-    cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
-                    rm_mem *out) noexcept nogil:
-        """Make [addr, addr+length) usable by work requests (RM_ACCESS_LOCAL) and by
-        the peer's RM_WR_EXPOSED READs or WRITEs; fill ``out``. A provider that cannot
-        says RM_ERR_UNSUPPORTED (the engine then sends eagerly only)."""
-        return RM_ERR_UNSUPPORTED
-
-    cdef int unexpose(self, uint32_t handle) noexcept nogil:
-        return 0
-
-    cdef bint peer_exited(self) noexcept nogil:
-        return self.peer_state() < 0
-
-    cdef bint inherited(self) noexcept nogil:
-        return self.owner_pid != _pid
-
-    def __cinit__(self, *args, **kwargs):
-        self.owner_pid = _pid
-
-    def error_detail(self):
-        """What failed the connection, in the provider's words (a work completion's
-        status, a failed call), or None: it goes into PeerLost's message."""
-        return None
-
-    def register_local(self, size_t addr, size_t length):
-        """Make [addr, addr+length) usable as a work-request source or READ target;
-        return its lkey. The engine registers its staging ring and bitmap shadows once
-        at set-up. A provider that needs no registration returns 0."""
-        return 0
-
-    def close(self):
-        pass
-
-    def counters(self):
-        return {
-            "doorbells": self.n_doorbells,
-            "work_requests": self.n_wrs,
-            "signaled_completions": self.n_signaled,
-            "completions_polled": self.n_completions,
-            "wakeups_sent": self.n_wakeups,
-            "sleeps": self.n_sleeps,
-            "bytes_written": self.bytes_written,
-        }
-
-    def _region_view(self, int region):
-        """Writable view of one of my regions (the engine wires its bitmaps to it)."""
-        if not 0 <= region < RM_NREGIONS or self.local[region].length == 0:
-            raise ValueError(f"region {region} is not set up")
-        return <unsigned char[:self.local[region].length]> <unsigned char *>self.local[region].addr
-
-    def region_address(self, int region):
-        """Address of one of my regions (tests and debugging only)."""
-        if not 0 <= region < RM_NREGIONS:
-            raise IndexError(region)
-        return <size_t>self.local[region].addr
 
 
 # ---- handles and messages --------------------------------------------------------
@@ -598,7 +521,7 @@ cdef class Engine:
         slot_size) then go by rendezvous when the transport can expose memory. A
         rendezvous message above ``max_message_size`` is refused (MessageTooLarge); the
         limit is announced to the peer, whose sender then refuses it locally."""
-        if mode not in ("batched", "ack"):
+        if mode not in MODES:
             raise ValueError(f"mode must be 'batched' or 'ack', not {mode!r}")
         if rendezvous not in ("off", "read", "write"):
             raise ValueError(f"rendezvous must be 'off', 'read' or 'write', not {rendezvous!r}")
@@ -608,15 +531,15 @@ cdef class Engine:
             raise ValueError("flush_fraction must be in (0, 1]")
         if max_message_size == 0:
             raise ValueError("max_message_size must be at least 1")
-        _layout.check_ring(nslots, slot_size)
-        _layout.check_ring(peer_nslots, peer_slot_size)
+        layout.check_ring(nslots, slot_size)
+        layout.check_ring(peer_nslots, peer_slot_size)
         self.tp = tp
         self.mode = mode
         self.ack = mode == "ack"
         self.nslots, self.slot_size = nslots, slot_size
-        self.stride = _layout.slot_stride(slot_size)
+        self.stride = layout.slot_stride(slot_size)
         self.peer_nslots, self.peer_slot_size = peer_nslots, peer_slot_size
-        self.peer_stride = _layout.slot_stride(peer_slot_size)
+        self.peer_stride = layout.slot_stride(peer_slot_size)
         if tp.local[RM_REGION_RING].length < <uint64_t>nslots * self.stride:
             raise ValueError("transport ring region is smaller than the ring")
         if tp.peer[RM_REGION_RING].length < <uint64_t>peer_nslots * self.peer_stride:

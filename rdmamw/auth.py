@@ -17,7 +17,7 @@ import socket
 import time
 
 from rdmamw.errors import ConfigError, ProtocolError
-from rdmamw.providers._wire import recv_exact
+from rdmamw.transport.wire import recv_exact
 
 MAGIC = b"RDMW"
 VERSION = 1

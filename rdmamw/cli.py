@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 import rdmamw
+from rdmamw.transport.wire import MODES
 
 
 @dataclass
@@ -145,7 +146,7 @@ def demo_stream(args: argparse.Namespace) -> int:
           f"shm, {args.seconds:g} s per run\n")
     results = []
     for size, batch in ((8, 256), (65536, 16)):
-        for mode in ("batched", "ack"):
+        for mode in MODES:
             results.append(stream(mode, size, batch, args.seconds, progress=not args.quiet))
     print(_table(results))
     print()
@@ -178,13 +179,13 @@ def info(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     if given[:2] == ["tune", "rndv"]:    # rdmamw tune rndv -h
-        from rdmamw.memory.tune import main as tune_rndv
+        from rdmamw.apps.tune_rndv import main as tune_rndv
         return tune_rndv(given[2:])
     if given[:1] == ["tune"]:            # its own argument parser (rdmamw tune -h)
-        from rdmamw.collectives.tune import main as tune
+        from rdmamw.apps.tune_coll import main as tune
         return tune(given[1:])
     if given[:1] == ["demo"]:            # its own argument parser (rdmamw demo -h)
-        from rdmamw.ps.demo import main as demo
+        from rdmamw.apps.demo.demo import main as demo
         return demo(given[1:])
     parser = argparse.ArgumentParser(prog="rdmamw", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)

@@ -1,5 +1,5 @@
 """One rank of a collectives test job (started by tests/test_collectives.py through
-rdmamw.collectives.launch). ``python coll_worker.py SCENARIO [JSON]`` prints one
+rdmamw.bootstrap.launch). ``python coll_worker.py SCENARIO [JSON]`` prints one
 JSON line; every rank checks its own results against numpy on all ranks' inputs,
 which each rank regenerates from the same seeds."""
 

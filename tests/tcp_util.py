@@ -8,7 +8,7 @@ import struct
 
 from rdmamw import auth
 from rdmamw.providers import tcp
-from rdmamw.providers._wire import recv_frame, send_frame
+from rdmamw.transport.wire import recv_frame, send_frame
 
 FRAME = struct.Struct("<HHIQ")       # type, region, length, offset
 WRITE, PUBLISH, WAKE, READ_REQ, READ_RESP, HEARTBEAT, WRITE_IMM = range(1, 8)

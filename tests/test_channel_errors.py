@@ -281,7 +281,7 @@ def test_no_token_listener_side_of_the_store(no_token, monkeypatch):
 def _fake_shm_listener(name: str, info: bytes):
     """A listener that speaks the shm hello, then hands over valid descriptors with a
     malformed ``info`` frame."""
-    from rdmamw.providers import _wire as fr
+    from rdmamw.transport import wire as fr
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     srv.bind(b"\0rdmamw-shm/" + name.encode())
     srv.listen(1)

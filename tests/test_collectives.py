@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from rdmamw.bootstrap import World
+from rdmamw.bootstrap.launch import spawn
 from rdmamw.collectives import CollectiveMismatch, Communicator, allreduce, policy, topology
 from rdmamw.collectives import api as coll
-from rdmamw.collectives.launch import spawn
 from rdmamw.collectives.tree import binomial, chain
 from tests.helpers import reap
 from tests.netns import shape_link

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
-from rdmamw.providers import _wire, shm
+from rdmamw.providers import shm
+from rdmamw.transport import wire as _wire
 from tests.helpers import make_pair
 
 SLOT = 256

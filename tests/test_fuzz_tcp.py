@@ -17,7 +17,8 @@ from rdmamw.providers._tcp import apply_stream
 
 import rdmamw
 from rdmamw import auth
-from rdmamw.providers import _wire, tcp
+from rdmamw.providers import tcp
+from rdmamw.transport import wire as _wire
 from tests.tcp_util import FRAME, REGION, random_stream
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

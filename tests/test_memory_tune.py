@@ -1,4 +1,4 @@
-"""``rdmamw tune rndv`` (rdmamw/memory/tune.py): the choice from a table, the command."""
+"""``rdmamw tune rndv`` (rdmamw/apps/tune_rndv.py): the choice from a table, the command."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import sys
 import pytest
 
 import rdmamw
-from rdmamw.memory import thresholds, tune
+from rdmamw.apps import tune_rndv as tune
+from rdmamw.memory import thresholds
 
 K, M = 1 << 10, 1 << 20
 

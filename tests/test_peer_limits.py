@@ -17,10 +17,12 @@ import numpy as np
 import pytest
 
 import rdmamw
-from rdmamw import _layout, _rendezvous
+from rdmamw import _rendezvous
 from rdmamw.channel import channel as channel_mod
 from rdmamw.errors import ConfigError
-from rdmamw.providers import _wire, tcp
+from rdmamw.providers import tcp
+from rdmamw.transport import layout
+from rdmamw.transport import wire as _wire
 from tests.helpers import make_pair, unique_name
 from tests.tcp_util import HEARTBEAT, PUBLISH, READ_RESP, WRITE, frame, raw_peer
 
@@ -88,7 +90,7 @@ def test_peer_ring_cap_setting(monkeypatch):
     assert tcp.parse_hello(hello, accepting=True)["slot_size"] == 1 << 20
     monkeypatch.setenv("RDMAMW_MAX_PEER_RING", "lots")
     with pytest.raises(ConfigError, match="RDMAMW_MAX_PEER_RING"):
-        _layout.max_peer_ring()
+        layout.max_peer_ring()
 
 
 @pytest.mark.parametrize("slots,slot_size", HUGE_RINGS[:2])

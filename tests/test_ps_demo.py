@@ -17,10 +17,10 @@ pytest.importorskip("matplotlib")
 
 from test_ps import ROOT, clean_env  # noqa: E402
 
+from rdmamw.apps.demo import mlp, report  # noqa: E402
+from rdmamw.apps.demo.demo import configs, parser  # noqa: E402
+from rdmamw.apps.demo.train import Point, RunConfig, RunResult, Trainer  # noqa: E402
 from rdmamw.bootstrap.launch import free_port  # noqa: E402
-from rdmamw.ps import mlp, report  # noqa: E402
-from rdmamw.ps.demo import configs, parser  # noqa: E402
-from rdmamw.ps.train import Point, RunConfig, RunResult, Trainer  # noqa: E402
 
 SMALL = ["--workers", "2", "--servers", "1", "--epochs", "2", "--compute-ms", "1",
          "--quiet"]

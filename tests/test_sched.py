@@ -80,7 +80,7 @@ def test_bounds_always_let_the_workers_cover_the_batch():
 @pytest.fixture(scope="module")
 def mlp():
     pytest.importorskip("sklearn")
-    from rdmamw.ps import mlp
+    from rdmamw.apps.demo import mlp
     d = mlp.load()
     return mlp, d.xtr[:200], d.ytr[:200]
 

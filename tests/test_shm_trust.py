@@ -16,10 +16,10 @@ import msgpack
 import numpy as np
 import pytest
 
-from rdmamw import _layout
 from rdmamw.errors import ConfigError, ProtocolError, Timeout
 from rdmamw.providers import _shm, shm
-from rdmamw.providers import _wire as fr
+from rdmamw.transport import layout
+from rdmamw.transport import wire as fr
 from tests.helpers import unique_name
 
 NOBODY = 65534
@@ -38,10 +38,10 @@ def _hostile_open(conn: socket.socket, *, block=None, evfd=None, stage=None,
                   size_delta: int = 0) -> list[int]:
     """The opener's half of the shm handshake, by hand, with the descriptors given (an
     honest sealed one where None); returns the descriptors the acceptor sent."""
-    fr.send_frame(conn, {"v": shm.PROTOCOL_VERSION, "slots": 8, "slot_size": 4096,
+    fr.send_frame(conn, {"v": fr.PROTOCOL_VERSION, "slots": 8, "slot_size": 4096,
                          "pid": os.getpid(), "mode": "batched"})
     peer = fr.recv_frame(conn)
-    total = _layout.endpoint_layout(8, 4096, peer["slots"]).total + shm.XTAB_SPACE
+    total = layout.endpoint_layout(8, 4096, peer["slots"]).total + shm.XTAB_SPACE
     fds = [block if block is not None else _memfd(total),
            evfd if evfd is not None else os.eventfd(0, os.EFD_NONBLOCK),
            stage if stage is not None else _memfd(STAGE)]

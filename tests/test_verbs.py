@@ -20,9 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rdmamw
-from rdmamw import _layout, auth, cli
+from rdmamw import auth, cli
 from rdmamw.channel.channel import Channel, _make
-from rdmamw.providers import _wire, verbs
+from rdmamw.providers import verbs
+from rdmamw.transport import layout
+from rdmamw.transport import wire as _wire
 from tests.helpers import NO_DEVICE, VERBS_OK, make_pair, send_until_peer_lost
 from tests.test_channel_basic import recv_all
 
@@ -71,10 +73,10 @@ def test_parse_where_and_options():
             verbs.parse_where(bad)
 
 
-def _descriptor(theirs: _layout.Layout, **changes) -> dict:
+def _descriptor(theirs: layout.Layout, **changes) -> dict:
     d = {"v": 1, "qpn": 17, "psn": 5, "gid": bytes(16), "lid": 0, "mtu": 3,
          "addr": 0x7F0000000000, "rkey": 0x1234, "len": theirs.total,
-         "regions": verbs._regions(theirs), "event": False}
+         "regions": [list(r) for r in theirs.regions()], "event": False}
     d.update(changes)
     return d
 
@@ -86,7 +88,7 @@ def _descriptor(theirs: _layout.Layout, **changes) -> dict:
     {"regions": None}, {"event": 1}, {"lid": 1 << 16},
 ])
 def test_bad_descriptor_is_protocol_error(changes):
-    theirs = _layout.endpoint_layout(16, 4096, 8)
+    theirs = layout.endpoint_layout(16, 4096, 8)
     assert verbs.check_descriptor(_descriptor(theirs), theirs)
     with pytest.raises(rdmamw.ProtocolError):
         verbs.check_descriptor(_descriptor(theirs, **changes), theirs)
@@ -101,13 +103,13 @@ def test_bad_descriptor_is_protocol_error(changes):
                                           max_size=4))))
 def test_fuzz_descriptor(changes):
     """Any descriptor is either exactly right or a ProtocolError, never another error."""
-    theirs = _layout.endpoint_layout(16, 4096, 8)
+    theirs = layout.endpoint_layout(16, 4096, 8)
     d = _descriptor(theirs, **changes)
     try:
         verbs.check_descriptor(d, theirs)
     except rdmamw.ProtocolError:
         return
-    assert d["v"] == 1 and d["len"] == theirs.total and d["regions"] == verbs._regions(theirs)
+    assert d["v"] == 1 and d["len"] == theirs.total and d["regions"] == [list(r) for r in theirs.regions()]
     assert 0 < d["qpn"] < 1 << 24 and len(d["gid"]) == 16 and type(d["event"]) is bool
     assert 0 < d["addr"] and d["addr"] + d["len"] <= 1 << 64 and 0 <= d["rkey"] < 1 << 32
 
@@ -267,7 +269,7 @@ def test_bad_descriptor_over_the_wire_is_dropped(caplog):
         _wire.send_frame(s, {"v": 1, "slots": 8, "slot_size": 256, "mode": "batched",
                              "pid": 1})
         _wire.recv_frame(s)
-        theirs = _layout.endpoint_layout(8, 256, 8)
+        theirs = layout.endpoint_layout(8, 256, 8)
         _wire.recv_frame(s)                                  # the listener's descriptor
         _wire.send_frame(s, _descriptor(theirs, v=7))
         assert s.recv(100) == b""                            # dropped

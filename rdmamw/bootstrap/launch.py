@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -23,19 +24,43 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def job_env(rank: int, n: int, addr: str, port: int, token: str) -> dict[str, str]:
-    env = dict(os.environ)
+#: what a launcher around us may have set; a job we start must not inherit it
+LAUNCH_PREFIXES = ("OMPI_", "PMI_", "SLURM_", "DMLC_")
+LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+               "LOCAL_WORLD_SIZE", "RDMAMW_RANK", "RDMAMW_WORLD_SIZE", "RDMAMW_MASTER_ADDR",
+               "RDMAMW_MASTER_PORT")
+
+
+def job_env(rank: int, n: int, addr: str, port: int, token: str,
+            extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without any launcher's variables, plus rank
+    ``rank``'s torchrun-style ones, the job's token and ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCH_VARS and not k.startswith(LAUNCH_PREFIXES)}
+    env.update(extra or {})
     env.update(RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(n), MASTER_ADDR=addr, MASTER_PORT=str(port),
                RDMAMW_TOKEN=token)
     return env
 
 
+def spawn(n: int, cmd: Sequence[str], env: dict[str, str] | None = None,
+          addr: str = "127.0.0.1", **popen) -> list[subprocess.Popen]:
+    """Start ``cmd`` as ranks 0..n-1 of a new job and return the processes (stdout and
+    stderr as ``popen`` says); ``env`` is added to each rank's environment."""
+    token = os.environ.get("RDMAMW_TOKEN") or secrets.token_hex(32)
+    port = free_port(addr)
+    return [subprocess.Popen(list(cmd), env=job_env(r, n, addr, port, token, env), **popen)
+            for r in range(n)]
+
+
 def run(cmd: list[str], n: int, addr: str = "127.0.0.1", port: int = 0) -> int:
     """Run the job; return its exit code."""
-    token = os.environ.get("RDMAMW_TOKEN") or secrets.token_hex(32)
-    port = port or free_port(addr)
-    procs = [subprocess.Popen(cmd, env=job_env(r, n, addr, port, token)) for r in range(n)]
+    if port:
+        token = os.environ.get("RDMAMW_TOKEN") or secrets.token_hex(32)
+        procs = [subprocess.Popen(cmd, env=job_env(r, n, addr, port, token)) for r in range(n)]
+    else:
+        procs = spawn(n, cmd, addr=addr)
     code = 0
     try:
         while procs:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from rdmamw import auth
 from rdmamw.errors import PeerLost, PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers._listener import HandshakeListener
-from rdmamw.providers._wire import field, recv_frame, send_frame
+from rdmamw.transport.wire import field, recv_frame, send_frame
 
 log = logging.getLogger("rdmamw.bootstrap")
 JOIN_LIMIT = 16384

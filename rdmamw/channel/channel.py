@@ -7,7 +7,7 @@ import os
 from functools import partial
 from typing import Any
 
-from rdmamw import _fork, _layout, _rendezvous, auth
+from rdmamw import _fork, _rendezvous, auth
 from rdmamw._core import Engine
 from rdmamw.channel.address import split_address
 from rdmamw.errors import ConfigError, ProviderUnavailable, Timeout, setup_errors
@@ -16,6 +16,8 @@ from rdmamw.memory.regcache import RegCache
 from rdmamw.memory.units import parse_bytes
 from rdmamw.providers import Connected, provider
 from rdmamw.settings import number
+from rdmamw.transport import layout
+from rdmamw.transport.wire import MODES
 
 #: Defaults for the ring this endpoint receives on. 128 slots of 64 KiB: 8 MiB per
 #: endpoint, eager messages up to 64 KiB, a batch of 256 x 8 B fits in one slot.
@@ -23,7 +25,6 @@ DEFAULT_SLOTS = number("RDMAMW_SLOTS", 128, int, 1)
 DEFAULT_SLOT_SIZE = number("RDMAMW_SLOT_SIZE", 65536, int, 1)
 DEFAULT_SPIN_US = number("RDMAMW_SPIN_US", 100.0)
 DEFAULT_OPEN_TIMEOUT = 30.0
-MODES = ("batched", "ack")
 MAX_MESSAGE_SIZE_ENV = "RDMAMW_MAX_MESSAGE_SIZE"
 DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
 WIRE_MAX_MESSAGE = (1 << 32) - 1    # a rendezvous descriptor's length field
@@ -174,7 +175,7 @@ class Listener:
                  rendezvous: str = "auto", rndv_threshold: int | None = None,
                  max_message_size: int | str | None = None) -> None:
         _rendezvous.check(rendezvous, rndv_threshold)
-        _layout.max_peer_ring()             # a bad RDMAMW_MAX_PEER_RING fails here
+        layout.max_peer_ring()             # a bad RDMAMW_MAX_PEER_RING fails here
         self._rndv = (rendezvous, rndv_threshold, message_limit(max_message_size))
         scheme, where = split_address(address)
         if scheme in TOKEN_SCHEMES:

@@ -46,7 +46,7 @@ enum {
     RT_NTYPES = 11
 };
 enum { RT_NREG = 4, RT_RD_MAX = 256, RT_IOV_MAX = 1024 };
-/* state: 1 = up, else RM_ERR_PEER_LOST (-2) / RM_ERR_CLOSED (-3) of _core.pxd */
+/* state: 1 = up, else RM_ERR_PEER_LOST (-2) / RM_ERR_CLOSED (-3) of transport/_base.pxd */
 enum { RT_UP = 1, RT_LOST = -2, RT_CLOSED = -3 };
 /* why the connection went down (diagnostics) */
 enum { RT_WHY_NONE = 0, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL };

@@ -1,4 +1,4 @@
-"""Transports below the mini-verbs interface (rdmamw/_core.pxd).
+"""Transports below the mini-verbs interface (rdmamw/transport/_base.pxd).
 
 Each provider module offers ``listen(where, **ring) -> listener`` with
 ``listener.accept(timeout) -> Connected`` and ``connect(where, mode, timeout, **ring)

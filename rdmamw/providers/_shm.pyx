@@ -20,7 +20,7 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset
 
-from rdmamw._core cimport (
+from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_READ,
     RM_ACCESS_REMOTE_WRITE,
@@ -42,19 +42,17 @@ from rdmamw._core cimport (
     rm_mem,
     rm_wr,
 )
-from rdmamw.bitmap._phase cimport (
+from rdmamw.transport.atomics cimport (
     rm_cpu_relax,
-    rm_spin_lock,
-    rm_spin_unlock,
+    rm_load_acquire32,
     rm_load_acquire64,
     rm_popcount64,
+    rm_spin_lock,
+    rm_spin_trylock,
+    rm_spin_unlock,
+    rm_store_release32,
     rm_store_release64,
 )
-
-cdef extern from "rm_atomics.h" nogil:
-    int rm_spin_trylock(int *l)
-    uint32_t rm_load_acquire32(const uint32_t *p)
-    void rm_store_release32(uint32_t *p, uint32_t v)
 
 cdef extern from "sys/mman.h" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)

@@ -23,7 +23,7 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memset
 from posix.stdlib cimport posix_memalign
 
-from rdmamw._core cimport (
+from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_READ,
     RM_ACCESS_REMOTE_WRITE,

@@ -22,7 +22,7 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memcpy, memset, strerror
 
-from rdmamw._core cimport (
+from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_READ,
     RM_ACCESS_REMOTE_WRITE,
@@ -48,7 +48,7 @@ from rdmamw._core cimport (
     rm_mem,
     rm_wr,
 )
-from rdmamw.bitmap._phase cimport rm_cpu_relax, rm_spin_lock, rm_spin_unlock
+from rdmamw.transport.atomics cimport rm_cpu_relax, rm_spin_lock, rm_spin_unlock
 from rdmamw.providers._ibverbs cimport *
 
 cdef extern from *:

@@ -31,7 +31,6 @@ import time
 
 import msgpack
 
-from rdmamw import _layout
 from rdmamw.errors import (
     ConfigError,
     PeerNotFound,
@@ -42,16 +41,16 @@ from rdmamw.errors import (
 )
 from rdmamw.memory.units import parse_bytes, parse_seconds
 from rdmamw.providers import Connected
-from rdmamw.providers import _wire as fr
 from rdmamw.providers._listener import HandshakeListener
 from rdmamw.providers._shm import XTAB_BYTES, ShmTransport, cma_probe
+from rdmamw.transport import layout
+from rdmamw.transport import wire as fr
 
-PROTOCOL_VERSION = 1
 F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
 log = logging.getLogger("rdmamw.shm")
 _PREFIX = b"\0rdmamw-shm/"
 #: the exposure table follows the regions in each block (page-rounded)
-XTAB_SPACE = (XTAB_BYTES + _layout.PAGE - 1) // _layout.PAGE * _layout.PAGE
+XTAB_SPACE = (XTAB_BYTES + layout.PAGE - 1) // layout.PAGE * layout.PAGE
 
 
 def staging_bytes() -> int:
@@ -160,16 +159,6 @@ def _check_eventfd(fd: int) -> None:
     os.set_blocking(fd, False)      # a wake-up must never block us
 
 
-def _regions(lay: _layout.Layout) -> tuple:
-    # order = RM_REGION_CTRL, ARRIVAL, RECLAIM, RING
-    return (
-        (lay.ctrl, _layout.CTRL_SIZE),
-        (lay.arrival, lay.arrival_len),
-        (lay.reclaim, lay.reclaim_len),
-        (lay.ring, lay.ring_len),
-    )
-
-
 def _probe_cma(conn: socket.socket, tp: ShmTransport, peer_pid: int) -> None:
     """Can each side read the other with CMA? Each reads the other's random probe word
     both ways (CMA and its mapping of the same memory) and says whether they agree."""
@@ -189,15 +178,16 @@ def _probe_cma(conn: socket.socket, tp: ShmTransport, peer_pid: int) -> None:
 def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
                mode: str | None, peer_pid: int) -> Connected:
     """Exchange hellos and blocks. ``mode`` is given by the opener, None on accept."""
-    _layout.check_ring(slots, slot_size)
-    hello = {"v": PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid()}
+    layout.check_ring(slots, slot_size)
+    hello = {"v": fr.PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid()}
     if mode is not None:
         hello["mode"] = mode
     fr.send_frame(conn, hello)
-    peer_slots, peer_slot_size, mode = fr.check_hello(fr.recv_frame(conn), PROTOCOL_VERSION, mode)
+    peer = fr.recv_frame(conn)
+    peer_slots, peer_slot_size, mode = fr.check_hello(peer, fr.PROTOCOL_VERSION, mode)
 
-    mine = _layout.endpoint_layout(slots, slot_size, peer_slots)
-    theirs = _layout.endpoint_layout(peer_slots, peer_slot_size, slots)
+    mine = layout.endpoint_layout(slots, slot_size, peer_slots)
+    theirs = layout.endpoint_layout(peer_slots, peer_slot_size, slots)
     my_total, peer_total = mine.total + XTAB_SPACE, theirs.total + XTAB_SPACE
     stage = staging_bytes()
     memfd = stagefd = evfd = pidfd = -1
@@ -224,7 +214,7 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
         _check_memfd(peer_fds[2], peer_stage, "staging area")
         tp = ShmTransport()
         tp._attach(conn.fileno(), memfd, my_total, peer_fds[0], peer_total, evfd,
-                   peer_fds[1], _regions(mine), _regions(theirs))
+                   peer_fds[1], mine.regions(), theirs.regions())
         conn.detach()           # the transport owns the socket now
         evfd = peer_fds[1] = -1  # ... and both eventfds
         try:
@@ -249,7 +239,7 @@ class ShmListener(HandshakeListener[Connected]):
     fails the handshake, is logged and dropped."""
 
     def __init__(self, name: str, slots: int, slot_size: int) -> None:
-        _layout.check_ring(slots, slot_size)
+        layout.check_ring(slots, slot_size)
         self.name, self.slots, self.slot_size = name, slots, slot_size
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:

@@ -19,16 +19,15 @@ import os
 import socket
 import time
 
-from rdmamw import _layout, auth
+from rdmamw import auth
 from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import Connected
 from rdmamw.providers._listener import HandshakeListener
 from rdmamw.providers._tcp import TcpTransport, alloc_block, free_block
-from rdmamw.providers._wire import field, recv_frame, send_frame
-from rdmamw.providers.shm import _regions
 from rdmamw.settings import number
+from rdmamw.transport import layout
+from rdmamw.transport.wire import PROTOCOL_VERSION, check_hello, field, recv_frame, send_frame
 
-PROTOCOL_VERSION = 1
 log = logging.getLogger("rdmamw.tcp")
 
 
@@ -66,19 +65,14 @@ def _tune(sock: socket.socket) -> None:
 
 def parse_hello(peer: dict, accepting: bool) -> dict:
     """The checked fields of a peer's hello, or ProtocolError (a fuzz target)."""
-    if field(peer, "v", int) != PROTOCOL_VERSION:
-        raise ProtocolError(f"peer speaks protocol version {peer['v']}, we speak "
-                            f"{PROTOCOL_VERSION}")
-    out = {"slots": field(peer, "slots", int), "slot_size": field(peer, "slot_size", int)}
-    _layout.check_peer_ring(out["slots"], out["slot_size"])
+    slots, slot_size, mode = check_hello(peer, PROTOCOL_VERSION, None if accepting else "")
+    out = {"slots": slots, "slot_size": slot_size}
     hb = peer.get("hb", 0.25)
     if not isinstance(hb, (int, float)) or isinstance(hb, bool) or not 0 <= hb <= 60:
         raise ProtocolError("handshake field 'hb' is not a heartbeat interval")
     out["hb"] = float(hb)
     if accepting:
-        out["mode"] = field(peer, "mode", str)
-        if out["mode"] not in ("batched", "ack"):
-            raise ProtocolError(f"peer asked for unknown mode {out['mode']!r}")
+        out["mode"] = mode
         if "rank" in peer:
             out["rank"] = field(peer, "rank", int)
             if not 0 <= out["rank"] < 1 << 31:
@@ -89,7 +83,7 @@ def parse_hello(peer: dict, accepting: bool) -> dict:
 def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
                rank: int | None) -> Connected:
     """Token check, hellos, blocks; ``mode`` is given by the opener, None on accept."""
-    _layout.check_ring(slots, slot_size)
+    layout.check_ring(slots, slot_size)
     if mode is None:
         auth.accept_side(conn)
     else:
@@ -104,8 +98,8 @@ def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None
     peer = parse_hello(recv_frame(conn), accepting=mode is None)
     peer_slots, peer_slot_size, peer_hb = peer["slots"], peer["slot_size"], peer["hb"]
     mode = mode or peer["mode"]
-    mine = _layout.endpoint_layout(slots, slot_size, peer_slots)
-    theirs = _layout.endpoint_layout(peer_slots, peer_slot_size, slots)
+    mine = layout.endpoint_layout(slots, slot_size, peer_slots)
+    theirs = layout.endpoint_layout(peer_slots, peer_slot_size, slots)
     host, port = conn.getpeername()[:2]
     block = alloc_block(mine.total)
     evfd = -1
@@ -113,7 +107,7 @@ def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None
         evfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         tp = TcpTransport()
         conn.setblocking(False)
-        tp._attach(conn.fileno(), evfd, block, mine.total, _regions(mine), _regions(theirs),
+        tp._attach(conn.fileno(), evfd, block, mine.total, mine.regions(), theirs.regions(),
                    heartbeat(), max(peer_timeout(), 4 * peer_hb))
     except BaseException:
         free_block(block)
@@ -130,7 +124,7 @@ class TcpListener(HandshakeListener[Connected]):
     """Accepts tcp connections; bad or unauthenticated peers are logged and dropped."""
 
     def __init__(self, where: str, slots: int, slot_size: int) -> None:
-        _layout.check_ring(slots, slot_size)
+        layout.check_ring(slots, slot_size)
         host, port = parse(where)
         self.slots, self.slot_size = slots, slot_size
         sock = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC)

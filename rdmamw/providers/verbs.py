@@ -21,14 +21,14 @@ import time
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
-from rdmamw import _layout, auth
+from rdmamw import auth
 from rdmamw.errors import PeerNotFound, ProtocolError, ProviderUnavailable, RdmamwError, Timeout
 from rdmamw.providers import Connected
-from rdmamw.providers import _wire as fr
 from rdmamw.providers import verbs_device as dev
 from rdmamw.providers._listener import HandshakeListener
+from rdmamw.transport import layout
+from rdmamw.transport import wire as fr
 
-PROTOCOL_VERSION = 1
 log = logging.getLogger("rdmamw.verbs")
 DESCRIPTOR_VERSION = 1
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
@@ -77,13 +77,7 @@ def parse_where(where: str) -> Where:
     return Where(host, int(port), opts)
 
 
-def _regions(lay: _layout.Layout) -> list[list[int]]:
-    # order = RM_REGION_CTRL, ARRIVAL, RECLAIM, RING
-    return [[lay.ctrl, _layout.CTRL_SIZE], [lay.arrival, lay.arrival_len],
-            [lay.reclaim, lay.reclaim_len], [lay.ring, lay.ring_len]]
-
-
-def check_descriptor(d: dict, theirs: _layout.Layout) -> dict:
+def check_descriptor(d: dict, theirs: layout.Layout) -> dict:
     """Validate a peer's endpoint descriptor against the layout we computed for it;
     ProtocolError before anything is read or written."""
     if fr.field(d, "v", int) != DESCRIPTOR_VERSION:
@@ -104,9 +98,9 @@ def check_descriptor(d: dict, theirs: _layout.Layout) -> dict:
         raise ProtocolError(f"descriptor block of {length} bytes at {addr:#x}; the layout "
                             f"says {theirs.total}")
     regions = d.get("regions")
-    if regions != _regions(theirs):
+    if regions != [list(r) for r in theirs.regions()]:
         raise ProtocolError(f"descriptor regions {regions!r} differ from the layout "
-                            f"{_regions(theirs)!r}")
+                            f"{[list(r) for r in theirs.regions()]!r}")
     if not isinstance(d.get("event"), bool):
         raise ProtocolError("descriptor field 'event' missing or not a bool")
     return d
@@ -116,31 +110,32 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
                mode: str | None, peer_name: str) -> Connected:
     """Token check, hellos, then descriptors, then a ready barrier. ``mode`` is None on
     accept. Nothing about us (pid, QP, rkey) crosses before the token check."""
-    _layout.check_ring(slots, slot_size)
+    layout.check_ring(slots, slot_size)
     if mode is None:
         auth.accept_side(conn)
     else:
         auth.open_side(conn)
-    hello = {"v": PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid()}
+    hello = {"v": fr.PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid()}
     if mode is not None:
         hello["mode"] = mode
     fr.send_frame(conn, hello)
     peer = fr.recv_frame(conn)
-    peer_slots, peer_slot_size, mode = fr.check_hello(peer, PROTOCOL_VERSION, mode)
-    mine = _layout.endpoint_layout(slots, slot_size, peer_slots)
-    theirs = _layout.endpoint_layout(peer_slots, peer_slot_size, slots)
+    peer_slots, peer_slot_size, mode = fr.check_hello(peer, fr.PROTOCOL_VERSION, mode)
+    mine = layout.endpoint_layout(slots, slot_size, peer_slots)
+    theirs = layout.endpoint_layout(peer_slots, peer_slot_size, slots)
     o = w.opts
     name, port, gid_index = dev.choose(o["device"], o["port"], o["gid_index"])
     rq = o["rq_depth"] or 2 * (slots + peer_slots) + 64
     tp = dev.transport_class()()
     try:
         local = tp._open(name, port, gid_index, mine.total,
-                         tuple(tuple(r) for r in _regions(mine)), o["sq_depth"], rq,
+                         mine.regions(), o["sq_depth"], rq,
                          o["inline"], bool(o["event"]), o["poll_ms"], o["timeout"])
     except OSError as e:
         raise ProviderUnavailable(f"verbs device {name} port {port}: {e}") from None
     psn = int.from_bytes(os.urandom(3), "little")
-    local.update(v=DESCRIPTOR_VERSION, psn=psn, regions=_regions(mine), event=bool(o["event"]))
+    local.update(v=DESCRIPTOR_VERSION, psn=psn, regions=[list(r) for r in mine.regions()],
+                 event=bool(o["event"]))
     del local["inline"]
     fr.send_frame(conn, local)
     d = check_descriptor(fr.recv_frame(conn), theirs)
@@ -168,7 +163,7 @@ class VerbsListener(HandshakeListener[Connected]):
     without the token, or one that fails the handshake, is logged and dropped."""
 
     def __init__(self, where: str, slots: int, slot_size: int) -> None:
-        _layout.check_ring(slots, slot_size)
+        layout.check_ring(slots, slot_size)
         self.w = parse_where(where)
         dev.require()
         self.slots, self.slot_size = slots, slot_size

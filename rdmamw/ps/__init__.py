@@ -1,7 +1,7 @@
 """Parameter server on the public Channel API: sharded keys, block transfers, SGD
 with momentum on the servers, and the consistency models BSP, ASP, SSP(s), LSP(k),
 ALSP and hybrid, with optional delay compensation (see docs/ps.md). The training
-demo (``rdmamw demo``) is rdmamw.ps.demo on rdmamw.ps.train."""
+demo built on it (``rdmamw demo``) is in rdmamw.apps.demo."""
 
 from rdmamw.ps.consistency import Consistency
 from rdmamw.ps.job import connect, start, worker_index

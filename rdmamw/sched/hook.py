@@ -8,7 +8,7 @@ from typing import Any
 
 
 class ShareHook:
-    """A ``Trainer`` hook (rdmamw/ps/train.py): sets ``trainer.batch_size`` to the
+    """A ``Trainer`` hook (rdmamw/apps/demo/train.py): sets ``trainer.batch_size`` to the
     worker's share (``node.assignment``); records every plan it sees."""
 
     def __init__(self) -> None:

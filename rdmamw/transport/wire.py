@@ -9,10 +9,15 @@ import struct
 
 import msgpack
 
-from rdmamw import _layout
 from rdmamw.errors import ProtocolError
+from rdmamw.transport import layout
 
 MAX_HELLO = 4096
+#: the version every provider's hello carries (docs/protocol.md); bumped on any change
+#: to the ring layout, the slot headers or the control words
+PROTOCOL_VERSION = 1
+#: the channel modes: the bitmap protocol, and the per-message acknowledged baseline
+MODES = ("batched", "ack")
 
 
 def send_frame(conn: socket.socket, obj: dict) -> None:
@@ -64,9 +69,9 @@ def check_hello(peer: dict, version: int, mode: str | None) -> tuple[int, int, s
     if field(peer, "v", int) != version:
         raise ProtocolError(f"peer speaks protocol version {peer['v']}, we speak {version}")
     peer_slots, peer_slot_size = field(peer, "slots", int), field(peer, "slot_size", int)
-    _layout.check_peer_ring(peer_slots, peer_slot_size)
+    layout.check_peer_ring(peer_slots, peer_slot_size)
     if mode is None:
         mode = field(peer, "mode", str)
-        if mode not in ("batched", "ack"):
+        if mode not in MODES:
             raise ProtocolError(f"peer asked for unknown mode {mode!r}")
     return peer_slots, peer_slot_size, mode

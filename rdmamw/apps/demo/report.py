@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from rdmamw.ps.train import RunResult
+from rdmamw.apps.demo.train import RunResult
 
 
 def time_to(res: RunResult, accuracy: float) -> float | None:

@@ -163,11 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--topology", default=None, help="'host', 'hostname', 'probe' or labels")
     args = ap.parse_args(argv)
     if args.nprocs:
-        from rdmamw.collectives.launch import spawn
+        from rdmamw.bootstrap.launch import spawn
         rest = [a for a in (argv if argv is not None else sys.argv[1:])]
         i = rest.index("-n") if "-n" in rest else rest.index("--nprocs")
         del rest[i:i + 2]
-        procs = spawn(args.nprocs, [sys.executable, "-m", "rdmamw.collectives.tune", *rest],
+        procs = spawn(args.nprocs, [sys.executable, "-m", "rdmamw.apps.tune_coll", *rest],
                       stdout=None, stderr=subprocess.STDOUT)
         return max(p.wait() for p in procs)
     import rdmamw

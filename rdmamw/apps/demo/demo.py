@@ -6,7 +6,7 @@ Run plainly, it starts ``servers + workers`` local processes (shm between them).
 Under a launcher (torchrun, mpirun, srun; ``tcp`` across hosts) every rank runs the
 same command and worker 0 (rank ``servers``) prints the table and writes the files:
 
-    torchrun --nnodes 2 --nproc-per-node 3 ... -m rdmamw.ps.demo --workers 4 --servers 2
+    torchrun --nnodes 2 --nproc-per-node 3 ... -m rdmamw.apps.demo.demo --workers 4 --servers 2
     mpirun -n 6 -hosts a,b -genv MASTER_ADDR a rdmamw demo --workers 4 --servers 2
 """
 
@@ -18,10 +18,10 @@ import sys
 import tempfile
 import time
 
+from rdmamw.apps.demo import mlp, report
+from rdmamw.apps.demo.train import RankOutcome, RunConfig, run_rank
 from rdmamw.errors import RdmamwError
-from rdmamw.ps import mlp, report
 from rdmamw.ps.consistency import Consistency
-from rdmamw.ps.train import RankOutcome, RunConfig, run_rank
 
 DEFAULT_MODELS = "bsp,asp,ssp,lsp,alsp,hybrid"
 
@@ -133,7 +133,7 @@ def local(a: argparse.Namespace, argv: list[str]) -> int:
         # one BLAS thread per rank: the ranks already share the cores
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, "1")
-        code = run([sys.executable, "-m", "rdmamw.ps.demo", *argv, "--data", path], n)
+        code = run([sys.executable, "-m", "rdmamw.apps.demo.demo", *argv, "--data", path], n)
     if code:
         print(f"rdmamw demo: the job failed (exit code {code})", file=sys.stderr)
     return code

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 import rdmamw
-from rdmamw.ps import mlp
+from rdmamw.apps.demo import mlp
 from rdmamw.ps.job import connect
 from rdmamw.ps.server import KVServer
 from rdmamw.ps.worker import KVWorker

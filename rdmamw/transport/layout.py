@@ -81,6 +81,12 @@ class Layout:
     ring_len: int
     total: int
 
+    def regions(self) -> tuple[tuple[int, int], ...]:
+        """(offset, length) of each region, in RM_REGION_* order (CTRL, ARRIVAL,
+        RECLAIM, RING): what a provider's transport is wired with."""
+        return ((self.ctrl, CTRL_SIZE), (self.arrival, self.arrival_len),
+                (self.reclaim, self.reclaim_len), (self.ring, self.ring_len))
+
 
 def endpoint_layout(my_slots: int, my_slot_size: int, peer_slots: int) -> Layout:
     """The block of the endpoint that receives on a ring of ``my_slots`` and sends into

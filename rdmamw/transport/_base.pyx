@@ -1,0 +1,122 @@
+# cython: freethreading_compatible = False
+"""The transport interface's base class: what every provider's endpoint inherits.
+
+The declarations (work requests, completions, return codes, the clock, the fields of
+:class:`Transport`) are in ``_base.pxd``; the engine above and the providers below
+both cimport them from here, and neither imports the other."""
+
+from libc.stdint cimport uint32_t, uint64_t
+
+from rdmamw import _fork
+
+# this process's pid, refreshed in a fork child: ``inherited()`` compares with it
+cdef int _pid = _fork.pid()
+
+
+@_fork.at_child
+def _refresh_pid():
+    global _pid
+    _pid = _fork.pid()
+
+
+cdef class Transport:
+    """Base of the providers' endpoints (mini-verbs). Subclasses implement the nogil
+    methods; this base refuses everything so a half-built transport fails loudly."""
+
+    cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
+        return RM_ERR_CLOSED
+
+    cdef void complete_now(self, uint64_t wr_id, uint32_t opcode) noexcept nogil:
+        """Record the completion of a signaled WR that post() already finished."""
+        cdef uint32_t slot
+        if self.soft_len == RM_SOFT_CQ:     # overrun: keep the newest (ids are monotonic)
+            self.soft_head = (self.soft_head + 1) % RM_SOFT_CQ
+            self.soft_len -= 1
+        slot = (self.soft_head + self.soft_len) % RM_SOFT_CQ
+        self.soft_cq[slot].wr_id = wr_id
+        self.soft_cq[slot].status = 0
+        self.soft_cq[slot].opcode = opcode
+        self.soft_len += 1
+
+    cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil:
+        cdef uint32_t k = 0
+        while k < maxn and self.soft_len:
+            wcs[k] = self.soft_cq[self.soft_head]
+            self.soft_head = (self.soft_head + 1) % RM_SOFT_CQ
+            self.soft_len -= 1
+            k += 1
+        self.n_completions += k
+        return k
+
+    cdef int wake_peer(self) noexcept nogil:
+        return RM_ERR_CLOSED
+
+    cdef int wait(self, int timeout_ms) noexcept nogil:
+        """Block until woken by the peer (1), timeout (0) or a peer event (<0)."""
+        return RM_ERR_CLOSED
+
+    cdef int peer_state(self) noexcept nogil:
+        """1 while the peer is reachable, RM_ERR_CLOSED or RM_ERR_PEER_LOST after."""
+        return RM_ERR_CLOSED
+
+    cdef int assist(self) noexcept nogil:
+        """Called while the engine is idle (spinning or about to sleep): a provider
+        whose peer's work requests are executed by CPUs may lend this one (shm: the
+        assisted READ of rdmamw/include/rm_assist.h). The number of pieces done."""
+        return 0
+
+    cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
+                    rm_mem *out) noexcept nogil:
+        """Make [addr, addr+length) usable by work requests (RM_ACCESS_LOCAL) and by
+        the peer's RM_WR_EXPOSED READs or WRITEs; fill ``out``. A provider that cannot
+        says RM_ERR_UNSUPPORTED (the engine then sends eagerly only)."""
+        return RM_ERR_UNSUPPORTED
+
+    cdef int unexpose(self, uint32_t handle) noexcept nogil:
+        return 0
+
+    cdef bint peer_exited(self) noexcept nogil:
+        return self.peer_state() < 0
+
+    cdef bint inherited(self) noexcept nogil:
+        return self.owner_pid != _pid
+
+    def __cinit__(self, *args, **kwargs):
+        self.owner_pid = _pid
+
+    def error_detail(self):
+        """What failed the connection, in the provider's words (a work completion's
+        status, a failed call), or None: it goes into PeerLost's message."""
+        return None
+
+    def register_local(self, size_t addr, size_t length):
+        """Make [addr, addr+length) usable as a work-request source or READ target;
+        return its lkey. The engine registers its staging ring and bitmap shadows once
+        at set-up. A provider that needs no registration returns 0."""
+        return 0
+
+    def close(self):
+        pass
+
+    def counters(self):
+        return {
+            "doorbells": self.n_doorbells,
+            "work_requests": self.n_wrs,
+            "signaled_completions": self.n_signaled,
+            "completions_polled": self.n_completions,
+            "wakeups_sent": self.n_wakeups,
+            "sleeps": self.n_sleeps,
+            "bytes_written": self.bytes_written,
+        }
+
+    def _region_view(self, int region):
+        """Writable view of one of my regions (the engine wires its bitmaps to it)."""
+        if not 0 <= region < RM_NREGIONS or self.local[region].length == 0:
+            raise ValueError(f"region {region} is not set up")
+        return <unsigned char[:self.local[region].length]> <unsigned char *>self.local[region].addr
+
+    def region_address(self, int region):
+        """Address of one of my regions (tests and debugging only)."""
+        if not 0 <= region < RM_NREGIONS:
+            raise IndexError(region)
+        return <size_t>self.local[region].addr
