@@ -183,7 +183,8 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=4)
     ap.add_argument("--iters", type=int, default=30, help="per phase and round")
     ap.add_argument("--rounds", type=int, default=5)
-    from rdmamw.ps.job import PS_SLOT_SIZE, PS_SLOTS
+    from rdmamw.ps.job import ps_ring
+    PS_SLOTS, PS_SLOT_SIZE = ps_ring()
     ap.add_argument("--slots", type=int, default=PS_SLOTS,
                     help=f"ring slots of the channel (default {PS_SLOTS}, the PS's)")
     ap.add_argument("--slot-size", type=int, default=PS_SLOT_SIZE,

@@ -16,6 +16,7 @@ import secrets
 import socket
 import time
 
+from rdmamw import config
 from rdmamw.errors import ConfigError, ProtocolError
 from rdmamw.transport.wire import recv_exact
 
@@ -46,7 +47,7 @@ def _token_file() -> str:
 
 def token() -> bytes:
     """The shared token (see the module doc), or ConfigError saying how to provide one."""
-    env = os.environ.get("RDMAMW_TOKEN")
+    env = config.get("RDMAMW_TOKEN")
     if env:
         return env.encode()
     if _installed:

@@ -158,8 +158,28 @@ def demo_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_table() -> str:
+    """Every setting: its effective value and where it came from (``info --config``)."""
+    from rdmamw import config
+    rows = config.effective()
+    width = max(len(r["name"]) for r in rows)
+    lines, component = [], None
+    for r in rows:
+        if r["component"] != component:
+            component = r["component"]
+            lines.append(f"[{component}]")
+        value = "-" if r["value"] in (None, "") else r["value"]
+        lines.append(f"  {r['name']:<{width}}  {value!s:<14} ({r['source']})  {r['doc']}")
+    if config.unknown():
+        lines.append("unknown RDMAMW_* variables (typos?): " + ", ".join(config.unknown()))
+    return "\n".join(lines)
+
+
 def info(args: argparse.Namespace) -> int:
-    """Which providers work here, and why not."""
+    """Which providers work here, and why not; with --config, every setting."""
+    if args.config:
+        print(config_table())
+        return 0
     from rdmamw.providers import PLANNED, PROVIDERS, verbs_device, verbs_info
     print(f"rdmamw {rdmamw.__version__}")
     for scheme in PROVIDERS:
@@ -196,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=demo_stream)
     p = sub.add_parser("info", help="providers usable on this machine")
+    p.add_argument("--config", action="store_true",
+                   help="every RDMAMW_* setting: effective value and where it came from")
     p.set_defaults(func=info)
     sub.add_parser("tune", help="calibrate the collectives' cost model (rdmamw tune -h); "
                    "'rdmamw tune rndv': the eager/rendezvous threshold")

@@ -18,7 +18,7 @@ import logging
 import os
 import socket
 
-from rdmamw import _fork
+from rdmamw import _fork, config
 from rdmamw.errors import ConfigError
 
 LEVEL_ENV = "RDMAMW_LOG_LEVEL"
@@ -78,8 +78,8 @@ def configure() -> None:
     child, whose ``%p`` differs). Without them only the level is set, to warnings,
     and only if the application has not set one on "rdmamw" itself."""
     global _handler, _host
-    level_text = os.environ.get(LEVEL_ENV, "").strip()
-    pattern = os.environ.get(FILE_ENV, "").strip()
+    level_text = config.get(LEVEL_ENV)
+    pattern = config.get(FILE_ENV)
     level = parse_level(level_text) if level_text else None
     if level is not None:
         logger.setLevel(level)
@@ -104,13 +104,15 @@ def configure() -> None:
     _handler.addFilter(_Host())
     _handler.setFormatter(logging.Formatter(FORMAT))
     logger.addHandler(_handler)
-    settings = {k: ("***" if k == "RDMAMW_TOKEN" else v)
-                for k, v in sorted(os.environ.items()) if k.startswith("RDMAMW_")}
+    settings = {r["name"]: r["value"] for r in config.effective()
+                if r["source"] == "environment"}
     logger.info("rdmamw settings: %s", settings or "defaults")
+    if config.unknown():
+        logger.info("unknown RDMAMW_* variables (typos?): %s", ", ".join(config.unknown()))
 
 
 def _reopen_in_child() -> None:
-    if _handler is not None and "%p" in os.environ.get(FILE_ENV, ""):
+    if _handler is not None and "%p" in config.get(FILE_ENV):
         configure()
 
 

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from rdmamw.config import parse_bytes
 from rdmamw.errors import ConfigError
 from rdmamw.memory import thresholds as th
-from rdmamw.memory.units import human, parse_bytes
+from rdmamw.memory.units import human
 
 
 @pytest.fixture(autouse=True)

@@ -138,7 +138,7 @@ def test_max_message_size_default_is_one_gib(monkeypatch):
     assert channel_mod.message_limit() == 1 << 30
 
 
-@pytest.mark.parametrize("bad", ["big", "-5", "0", ""])
+@pytest.mark.parametrize("bad", ["big", "-5", "0"])
 def test_bad_max_message_size_is_config_error(monkeypatch, bad):
     monkeypatch.setenv("RDMAMW_MAX_MESSAGE_SIZE", bad)
     with pytest.raises(ConfigError, match="RDMAMW_MAX_MESSAGE_SIZE"):

@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from rdmamw.config import parse_bytes
 from rdmamw.memory import thresholds
 from rdmamw.memory.pool import aligned_empty
-from rdmamw.memory.units import human, parse_bytes
+from rdmamw.memory.units import human
 
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]

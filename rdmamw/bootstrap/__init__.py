@@ -16,15 +16,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdmamw import _fork, auth
+from rdmamw import _fork, auth, config
 from rdmamw.bootstrap import store
 from rdmamw.bootstrap.env import LaunchInfo, detect
 from rdmamw.errors import ProviderUnavailable, RdmamwError, setup_errors
 from rdmamw.providers import PROVIDERS, Connected, provider
-from rdmamw.settings import number
 
 log = logging.getLogger("rdmamw.bootstrap")
-DEFAULT_INIT_TIMEOUT = number("RDMAMW_INIT_TIMEOUT", 60.0)
 
 
 def host_key() -> str:
@@ -58,7 +56,7 @@ class World:
         if rank not in self.peers or rank == self.rank:
             raise ValueError(f"rank {rank} is not a peer (world of {self.world_size}, "
                              f"I am {self.rank})")
-        forced = os.environ.get("RDMAMW_PROVIDER")
+        forced = config.get("RDMAMW_PROVIDER")
         if forced:
             return forced, "forced by RDMAMW_PROVIDER"
         me, other = self.peers[self.rank], self.peers[rank]
@@ -105,13 +103,13 @@ def init(timeout: float | None = None, *, slots: int | None = None,
     environment, exchange descriptors through rank 0 (within ``timeout`` s, default
     ``RDMAMW_INIT_TIMEOUT`` or 60) and return the :class:`World`. Idempotent."""
     global _world
-    from rdmamw.channel.channel import DEFAULT_SLOT_SIZE, DEFAULT_SLOTS
     with _lock:
         if _world is not None:
             return _world
         info = detect()
-        t = DEFAULT_INIT_TIMEOUT if timeout is None else float(timeout)
-        ring = (slots or DEFAULT_SLOTS, slot_size or DEFAULT_SLOT_SIZE)
+        t = config.get("RDMAMW_INIT_TIMEOUT") if timeout is None else float(timeout)
+        ring = (slots or config.get("RDMAMW_SLOTS"),
+                slot_size or config.get("RDMAMW_SLOT_SIZE"))
         with setup_errors("rdmamw.init()"):
             _world = _rendezvous(info, t, ring)
         return _world

@@ -3,43 +3,41 @@
 from __future__ import annotations
 
 import logging
-import os
 from functools import partial
 from typing import Any
 
-from rdmamw import _fork, _rendezvous, auth
+from rdmamw import _fork, _rendezvous, auth, config
 from rdmamw._core import Engine
 from rdmamw.channel.address import split_address
 from rdmamw.errors import ConfigError, ProviderUnavailable, Timeout, setup_errors
 from rdmamw.memory.counters import channel_stats
 from rdmamw.memory.regcache import RegCache
-from rdmamw.memory.units import parse_bytes
 from rdmamw.providers import Connected, provider
-from rdmamw.settings import number
 from rdmamw.transport import layout
 from rdmamw.transport.wire import MODES
 
-#: Defaults for the ring this endpoint receives on. 128 slots of 64 KiB: 8 MiB per
-#: endpoint, eager messages up to 64 KiB, a batch of 256 x 8 B fits in one slot.
-DEFAULT_SLOTS = number("RDMAMW_SLOTS", 128, int, 1)
-DEFAULT_SLOT_SIZE = number("RDMAMW_SLOT_SIZE", 65536, int, 1)
-DEFAULT_SPIN_US = number("RDMAMW_SPIN_US", 100.0)
-DEFAULT_OPEN_TIMEOUT = 30.0
-MAX_MESSAGE_SIZE_ENV = "RDMAMW_MAX_MESSAGE_SIZE"
-DEFAULT_MAX_MESSAGE_SIZE = 1 << 30
 WIRE_MAX_MESSAGE = (1 << 32) - 1    # a rendezvous descriptor's length field
+
+
+def ring_options(slots: int | None, slot_size: int | None, spin_us: float | None
+                 ) -> tuple[int, int, float]:
+    """The ring this endpoint receives on and its spin time: the arguments, else
+    RDMAMW_SLOTS / RDMAMW_SLOT_SIZE / RDMAMW_SPIN_US (default 128 slots of 64 KiB: 8 MiB
+    per endpoint, eager messages up to 64 KiB, a batch of 256 x 8 B in one slot)."""
+    return (config.get("RDMAMW_SLOTS") if slots is None else slots,
+            config.get("RDMAMW_SLOT_SIZE") if slot_size is None else slot_size,
+            config.get("RDMAMW_SPIN_US") if spin_us is None else spin_us)
 
 
 def message_limit(value: int | str | None = None) -> int:
     """The largest message a channel takes: ``value`` (the keyword), else
     RDMAMW_MAX_MESSAGE_SIZE, else 1 GiB; sizes above the wire's 4 GiB - 1 mean the
     wire's limit. ConfigError for anything that is not a positive byte size."""
-    what = "max_message_size" if value is not None else MAX_MESSAGE_SIZE_ENV
     if value is None:
-        value = os.environ.get(MAX_MESSAGE_SIZE_ENV, DEFAULT_MAX_MESSAGE_SIZE)
-    n = parse_bytes(value, what)
+        return min(config.get("RDMAMW_MAX_MESSAGE_SIZE"), WIRE_MAX_MESSAGE)
+    n = config.parse_bytes(value, "max_message_size")
     if n < 1:
-        raise ConfigError(f"{what}: {value!r} must be at least 1 byte")
+        raise ConfigError(f"max_message_size: {value!r} must be at least 1 byte")
     return min(n, WIRE_MAX_MESSAGE)
 
 
@@ -77,8 +75,8 @@ class Channel(Engine):
 
     @classmethod
     def open(cls, peer: str | int, *, mode: str = "batched", timeout: float | None = None,
-             slots: int = DEFAULT_SLOTS, slot_size: int = DEFAULT_SLOT_SIZE,
-             spin_us: float = DEFAULT_SPIN_US, rendezvous: str = "auto",
+             slots: int | None = None, slot_size: int | None = None,
+             spin_us: float | None = None, rendezvous: str = "auto",
              rndv_threshold: int | None = None,
              max_message_size: int | str | None = None) -> Channel:
         """Connect to ``peer`` (``"shm://NAME"``, ``"tcp://HOST:PORT"``, or after
@@ -87,8 +85,9 @@ class Channel(Engine):
 
         ``mode="batched"`` is the bitmap protocol; ``mode="ack"`` the per-message
         acknowledged baseline. ``slots`` x ``slot_size`` is the ring *this* side
-        receives on; the peer's ``slot_size`` is the largest eager message.
-        ``timeout=None`` means 30 s for the connection to be made.
+        receives on; the peer's ``slot_size`` is the largest eager message (defaults:
+        RDMAMW_SLOTS, RDMAMW_SLOT_SIZE, RDMAMW_SPIN_US, docs/config.md).
+        ``timeout=None`` means RDMAMW_OPEN_TIMEOUT (30 s) for the connection to be made.
 
         Larger messages go by **rendezvous** (docs/api.md): ``rendezvous="read"`` (the
         receiver READs from our buffer), ``"write"`` (we WRITE into a buffer the receiver
@@ -103,7 +102,8 @@ class Channel(Engine):
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         rndv = (rendezvous, rndv_threshold, message_limit(max_message_size))
         _rendezvous.check(rendezvous, rndv_threshold)      # bad options fail first
-        t = DEFAULT_OPEN_TIMEOUT if timeout is None else float(timeout)
+        slots, slot_size, spin_us = ring_options(slots, slot_size, spin_us)
+        t = config.get("RDMAMW_OPEN_TIMEOUT") if timeout is None else float(timeout)
         if isinstance(peer, int) and not isinstance(peer, bool):
             from rdmamw.bootstrap import connect_rank
             with setup_errors(f"opening a channel to rank {peer}"):
@@ -170,11 +170,12 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
 class Listener:
     """Accepts channels at an address; see :func:`rdmamw.listen`."""
 
-    def __init__(self, address: str, *, slots: int = DEFAULT_SLOTS,
-                 slot_size: int = DEFAULT_SLOT_SIZE, spin_us: float = DEFAULT_SPIN_US,
+    def __init__(self, address: str, *, slots: int | None = None,
+                 slot_size: int | None = None, spin_us: float | None = None,
                  rendezvous: str = "auto", rndv_threshold: int | None = None,
                  max_message_size: int | str | None = None) -> None:
         _rendezvous.check(rendezvous, rndv_threshold)
+        slots, slot_size, spin_us = ring_options(slots, slot_size, spin_us)
         layout.max_peer_ring()             # a bad RDMAMW_MAX_PEER_RING fails here
         self._rndv = (rendezvous, rndv_threshold, message_limit(max_message_size))
         scheme, where = split_address(address)

@@ -21,22 +21,19 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from rdmamw import config
 from rdmamw.channel import Channel, Message
 from rdmamw.errors import ChannelClosed, PeerLost, RdmamwError
-from rdmamw.settings import number
 
 #: Ring of each collective channel: 16 slots x 1 MiB. Large chunks cut the
 #: per-chunk Python cost of big arrays: on shm a 64 MiB allreduce at 2 ranks took
 #: 32-37 ms with 256 KiB chunks and 14-18 ms with 1 MiB ones (bench/allreduce_bench.py,
 #: quiet machine); 4 MiB chunks were slower again (cache). The window below never
 #: fills more than a quarter of the ring.
-COLL_SLOTS = number("RDMAMW_COLL_SLOTS", 16, int, 1)
-COLL_SLOT_SIZE = number("RDMAMW_COLL_SLOT_SIZE", 1024 * 1024, int, 1)
-MIN_CHUNK = number("RDMAMW_COLL_MIN_CHUNK", 16 * 1024, int, 1)
-#: Chunks a transfer is cut into below max_chunk. 1: on shm a 1 MiB allreduce at 2
-#: ranks took 0.19-0.22 ms whole vs 0.31 ms in quarters (per-chunk Python cost beats
-#: the overlap at that size); above max_chunk transfers are pipelined anyway.
-PIECES = number("RDMAMW_COLL_PIECES", 1, int, 1)
+# RDMAMW_COLL_PIECES: chunks a transfer is cut into below max_chunk. 1 (default): on
+# shm a 1 MiB allreduce at 2 ranks took 0.19-0.22 ms whole vs 0.31 ms in quarters
+# (per-chunk Python cost beats the overlap at that size); above max_chunk transfers
+# are pipelined anyway.
 MAGIC = "rdmamw-coll-1"
 BYE = b"rdmamw-coll-bye"
 
@@ -60,7 +57,7 @@ class Communicator:
 
     def __init__(self, world: Any = None, *, topology: Any = None,
                  timeout: float | None = None, window: int | None = None,
-                 slots: int = COLL_SLOTS, slot_size: int = COLL_SLOT_SIZE) -> None:
+                 slots: int | None = None, slot_size: int | None = None) -> None:
         if world is None:
             import rdmamw
             world = rdmamw.init()
@@ -68,7 +65,11 @@ class Communicator:
         self.rank: int = world.rank
         self.size: int = world.world_size
         self.timeout = timeout
-        self.slots, self.slot_size = slots, slot_size
+        slots = config.get("RDMAMW_COLL_SLOTS") if slots is None else slots
+        self.slots = slots
+        self.slot_size = config.get("RDMAMW_COLL_SLOT_SIZE") if slot_size is None else slot_size
+        self.min_chunk = config.get("RDMAMW_COLL_MIN_CHUNK")
+        self.pieces = config.get("RDMAMW_COLL_PIECES")
         #: chunks a rank may send ahead of what it received in one exchange; below a
         #: quarter of the ring so pairwise and ring exchanges can never fill it
         self.window = window or max(1, min(16, slots // 4))
@@ -100,13 +101,14 @@ class Communicator:
 
     def chunk_elems(self, itemsize: int, n: int) -> int:
         """Elements per message of an ``n``-element transfer (both ends compute the
-        same): a PIECES-th of it (default: all of it), so a transfer larger than
-        ``max_chunk`` is a pipeline of chunks; at least MIN_CHUNK bytes (per-message
-        overhead) and at most ``max_chunk``, the smallest eager limit of any channel
-        of any rank (agreed in the header round: a channel accepted through init()'s
-        tcp listener has that listener's ring)."""
-        lo, hi = max(1, MIN_CHUNK // itemsize), max(1, self.max_chunk // itemsize)
-        return min(hi, max(lo, -(-n // PIECES)))
+        same): a RDMAMW_COLL_PIECES-th of it (default: all of it), so a transfer
+        larger than ``max_chunk`` is a pipeline of chunks; at least
+        RDMAMW_COLL_MIN_CHUNK bytes (per-message overhead) and at most ``max_chunk``,
+        the smallest eager limit of any channel of any rank (agreed in the header
+        round: a channel accepted through init()'s tcp listener has that listener's
+        ring)."""
+        lo, hi = max(1, self.min_chunk // itemsize), max(1, self.max_chunk // itemsize)
+        return min(hi, max(lo, -(-n // self.pieces)))
 
     def send(self, peer: int, msgs: list) -> None:
         try:

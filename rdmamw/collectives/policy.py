@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rdmamw import config
+
 ALGORITHMS = ("ring", "rhd", "hierarchical")
 CONFIG_ENV = "RDMAMW_COLL_CONFIG"
 ALGO_ENV = "RDMAMW_ALLREDUCE_ALGORITHM"
 
 
 def default_path() -> Path:
-    return Path(os.environ.get(CONFIG_ENV) or
+    return Path(config.get(CONFIG_ENV) or
                 Path.home() / ".config" / "rdmamw" / "collectives.json")
 
 
@@ -134,7 +136,7 @@ def choose(nbytes: int, groups: list[int], model: Model,
            algorithm: str | None = None) -> str:
     """The algorithm to run (the same answer on every rank for the same inputs)."""
     forced = algorithm if algorithm not in (None, "auto") else (
-        os.environ.get(ALGO_ENV) or model.algorithm)
+        config.get(ALGO_ENV) or model.algorithm)
     if forced and forced != "auto":
         if forced not in ALGORITHMS:
             raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, not {forced!r}")

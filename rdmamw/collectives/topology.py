@@ -13,11 +13,12 @@ Sources, in the order a user reaches for them:
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any
 
 import numpy as np
+
+from rdmamw import config
 
 PROBE_BYTES = 1 << 20
 PROBE_REPEAT = 5
@@ -32,7 +33,7 @@ def labels_to_groups(labels: list[Any]) -> list[int]:
 
 def resolve(comm: Any, spec: Any) -> list[int]:
     if spec is None:
-        spec = os.environ.get("RDMAMW_COLL_TOPOLOGY") or "host"
+        spec = config.get("RDMAMW_COLL_TOPOLOGY") or "host"
     n = comm.size
     if isinstance(spec, dict):
         spec = [spec[r] for r in range(n)]

@@ -31,23 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from rdmamw import _fork
+from rdmamw import _fork, config
 from rdmamw.errors import ConfigError, RegistrationError
-from rdmamw.memory.units import parse_bytes
 
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_TIERS = (64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB)
 POOL_BYTES_ENV = "RDMAMW_POOL_BYTES"
 POOL_SHARDS_ENV = "RDMAMW_POOL_SHARDS"
-DEFAULT_POOL_BYTES = 256 * MiB
 PAGE = 4096
-
-
-def _count(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"{what}: {text!r} is not a whole number") from None
 
 
 def _no_register(addr: int, length: int) -> None:
@@ -138,11 +129,9 @@ class BufferPool:
         if not tiers or any(t <= 0 for t in tiers) or list(tiers) != sorted(set(tiers)):
             raise ConfigError(f"tiers must be increasing positive sizes, not {tiers}")
         if max_bytes is None:
-            env = os.environ.get(POOL_BYTES_ENV)
-            max_bytes = parse_bytes(env, POOL_BYTES_ENV) if env else DEFAULT_POOL_BYTES
+            max_bytes = config.get(POOL_BYTES_ENV)
         if shards is None:
-            env = os.environ.get(POOL_SHARDS_ENV)
-            shards = _count(env, POOL_SHARDS_ENV) if env else min(8, os.cpu_count() or 1)
+            shards = config.get(POOL_SHARDS_ENV) or min(8, os.cpu_count() or 1)
         if shards < 1:
             raise ConfigError(f"shards must be >= 1, not {shards}")
         self.tiers = tuple(int(t) for t in tiers)

@@ -33,20 +33,17 @@ the part a use needs is registered, for that use (not the whole owner each time)
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from rdmamw import _fork
+from rdmamw import _fork, config
 from rdmamw.errors import RegistrationError
 from rdmamw.memory.buffer import by_identity, owner, owner_span, span
-from rdmamw.memory.units import parse_bytes
 
 MAX_BYTES_ENV = "RDMAMW_REGCACHE_BYTES"
-DEFAULT_MAX_BYTES = 1 << 30
 
 Register = Callable[[int, int], Any]
 Deregister = Callable[[Any], None]
@@ -54,8 +51,7 @@ Deregister = Callable[[Any], None]
 
 def default_max_bytes() -> int:
     """``$RDMAMW_REGCACHE_BYTES`` ("512M", "2G", bytes) or 1 GiB."""
-    env = os.environ.get(MAX_BYTES_ENV)
-    return parse_bytes(env, MAX_BYTES_ENV) if env else DEFAULT_MAX_BYTES
+    return config.get(MAX_BYTES_ENV)
 
 
 class _Entry:

@@ -28,8 +28,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rdmamw import config
+from rdmamw.config import parse_bytes
 from rdmamw.errors import ConfigError
-from rdmamw.memory.units import parse_bytes
 
 FILE_ENV = "RDMAMW_TUNE_FILE"
 STRATEGY_ENV = "RDMAMW_RNDV_STRATEGY"
@@ -49,7 +50,7 @@ FALLBACK: dict[str, Any] = {"strategy": "read", "threshold": 64 << 10}
 
 def default_path() -> Path:
     """``$RDMAMW_TUNE_FILE`` or ``~/.config/rdmamw/rendezvous.json``."""
-    return Path(os.environ.get(FILE_ENV) or
+    return Path(config.get(FILE_ENV) or
                 Path.home() / ".config" / "rdmamw" / "rendezvous.json")
 
 
@@ -88,12 +89,12 @@ def lookup(provider: str, path: str | os.PathLike | None = None) -> dict[str, An
                "source": str(p)}
     else:
         out = {**DEFAULTS.get(provider, FALLBACK), "source": "built-in defaults"}
-    env_s, env_t = os.environ.get(STRATEGY_ENV), os.environ.get(THRESHOLD_ENV)
+    env_s, env_t = config.get(STRATEGY_ENV), config.get(THRESHOLD_ENV)
     if env_s:
-        out["strategy"] = check_strategy(env_s.strip().lower(), STRATEGY_ENV)
+        out["strategy"] = env_s
         out["source"] += f" + {STRATEGY_ENV}"
-    if env_t:
-        out["threshold"] = parse_bytes(env_t, THRESHOLD_ENV)
+    if env_t is not None:
+        out["threshold"] = env_t
         out["source"] += f" + {THRESHOLD_ENV}"
     return out
 

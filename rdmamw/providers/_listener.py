@@ -22,8 +22,8 @@ import weakref
 from collections import deque
 from typing import Any, Generic, TypeVar
 
+from rdmamw import config
 from rdmamw.errors import ChannelClosed, ConfigError, ProviderUnavailable, Timeout
-from rdmamw.memory.units import parse_seconds
 
 T = TypeVar("T")
 
@@ -33,17 +33,12 @@ LOCAL_ERRORS = (ProviderUnavailable, ConfigError)
 
 def handshake_timeout() -> float:
     """Seconds one connection may take to finish its handshake (RDMAMW_HANDSHAKE_TIMEOUT)."""
-    return parse_seconds(os.environ.get("RDMAMW_HANDSHAKE_TIMEOUT", "10"),
-                         "RDMAMW_HANDSHAKE_TIMEOUT")
+    return config.get("RDMAMW_HANDSHAKE_TIMEOUT")
 
 
 def listen_backlog() -> int:
     """Connections a listener holds in a handshake or unaccepted (RDMAMW_LISTEN_BACKLOG)."""
-    text = os.environ.get("RDMAMW_LISTEN_BACKLOG", "16")
-    if not text.strip().isdigit() or not 0 < int(text) <= 4096:
-        raise ConfigError(f"RDMAMW_LISTEN_BACKLOG: {text!r} is not a number of "
-                          "connections from 1 to 4096")
-    return int(text)
+    return config.get("RDMAMW_LISTEN_BACKLOG")
 
 
 class _Pending:

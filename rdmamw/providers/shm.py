@@ -31,15 +31,14 @@ import time
 
 import msgpack
 
+from rdmamw import config
 from rdmamw.errors import (
-    ConfigError,
     PeerNotFound,
     PeerRefused,
     ProtocolError,
     RdmamwError,
     Timeout,
 )
-from rdmamw.memory.units import parse_bytes, parse_seconds
 from rdmamw.providers import Connected
 from rdmamw.providers._listener import HandshakeListener
 from rdmamw.providers._shm import XTAB_BYTES, ShmTransport, cma_probe
@@ -55,12 +54,12 @@ XTAB_SPACE = (XTAB_BYTES + layout.PAGE - 1) // layout.PAGE * layout.PAGE
 
 def staging_bytes() -> int:
     """Size of the staging area used when CMA is not permitted."""
-    return parse_bytes(os.environ.get("RDMAMW_SHM_STAGING", 1 << 30), "RDMAMW_SHM_STAGING")
+    return config.get("RDMAMW_SHM_STAGING")
 
 
 def cma_allowed() -> bool:
     """False when ``RDMAMW_SHM_CMA=0`` forbids process_vm_readv (tests, locked-down hosts)."""
-    return os.environ.get("RDMAMW_SHM_CMA", "1") not in ("0", "off", "no", "false")
+    return config.get("RDMAMW_SHM_CMA")
 
 
 def assist_settings() -> tuple[int, int, float]:
@@ -69,11 +68,8 @@ def assist_settings() -> tuple[int, int, float]:
     rdmamw/include/rm_assist.h: ``RDMAMW_SHM_ASSIST`` bytes (0: off, default 1 MiB),
     ``RDMAMW_SHM_ASSIST_CHUNK`` (default 256 KiB), ``RDMAMW_SHM_ASSIST_STALL`` (default
     10 s; a peer stopped mid-chunk then fails the channel rather than hang it)."""
-    env = os.environ
-    stall_s = parse_seconds(env.get("RDMAMW_SHM_ASSIST_STALL", "10"), "RDMAMW_SHM_ASSIST_STALL")
-    return (parse_bytes(env.get("RDMAMW_SHM_ASSIST", "1M"), "RDMAMW_SHM_ASSIST"),
-            parse_bytes(env.get("RDMAMW_SHM_ASSIST_CHUNK", "256K"), "RDMAMW_SHM_ASSIST_CHUNK"),
-            stall_s)
+    return (config.get("RDMAMW_SHM_ASSIST"), config.get("RDMAMW_SHM_ASSIST_CHUNK"),
+            config.get("RDMAMW_SHM_ASSIST_STALL"))
 
 
 def _address(name: str) -> bytes:
@@ -88,17 +84,8 @@ def _address(name: str) -> bytes:
 def allowed_uids() -> frozenset[int] | None:
     """Other users whose processes may connect (``RDMAMW_SHM_ALLOW_UIDS``: a comma list
     of uids, or ``any``); None for any. Our own uid always may; root is not special."""
-    raw = os.environ.get("RDMAMW_SHM_ALLOW_UIDS", "").strip()
-    if raw.lower() in ("any", "*"):
-        return None
-    try:
-        uids = frozenset(int(u) for u in raw.split(",") if u.strip())
-    except ValueError:
-        uids = frozenset([-1])
-    if any(u < 0 for u in uids):
-        raise ConfigError(f"RDMAMW_SHM_ALLOW_UIDS: {raw!r} is not a comma list of uids "
-                          "or 'any'")
-    return uids
+    uids = config.get("RDMAMW_SHM_ALLOW_UIDS")
+    return frozenset() if uids == "" else uids
 
 
 def _check_peer_user(conn: socket.socket) -> int:

@@ -19,12 +19,11 @@ import os
 import socket
 import time
 
-from rdmamw import auth
+from rdmamw import auth, config
 from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import Connected
 from rdmamw.providers._listener import HandshakeListener
 from rdmamw.providers._tcp import TcpTransport, alloc_block, free_block
-from rdmamw.settings import number
 from rdmamw.transport import layout
 from rdmamw.transport.wire import PROTOCOL_VERSION, check_hello, field, recv_frame, send_frame
 
@@ -32,11 +31,11 @@ log = logging.getLogger("rdmamw.tcp")
 
 
 def heartbeat() -> float:
-    return number("RDMAMW_TCP_HEARTBEAT", 0.25)
+    return config.get("RDMAMW_TCP_HEARTBEAT")
 
 
 def peer_timeout() -> float:
-    return number("RDMAMW_TCP_PEER_TIMEOUT", 1.5)
+    return config.get("RDMAMW_TCP_PEER_TIMEOUT")
 
 
 def parse(where: str) -> tuple[str, int]:

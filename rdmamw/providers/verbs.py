@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import parse_qsl
 
-from rdmamw import auth
+from rdmamw import auth, config
 from rdmamw.errors import PeerNotFound, ProtocolError, ProviderUnavailable, RdmamwError, Timeout
 from rdmamw.providers import Connected
 from rdmamw.providers import verbs_device as dev
@@ -33,17 +33,17 @@ log = logging.getLogger("rdmamw.verbs")
 DESCRIPTOR_VERSION = 1
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 
-#: option -> (environment variable, default)
+#: address option -> the setting it overrides (defaults and docs: rdmamw/config.py)
 OPTIONS = {
-    "device": ("RDMAMW_VERBS_DEVICE", ""),
-    "port": ("RDMAMW_VERBS_PORT", "0"),
-    "gid_index": ("RDMAMW_VERBS_GID_INDEX", "-1"),
-    "sq_depth": ("RDMAMW_VERBS_SQ_DEPTH", "256"),
-    "rq_depth": ("RDMAMW_VERBS_RQ_DEPTH", "0"),
-    "inline": ("RDMAMW_VERBS_INLINE", "256"),
-    "event": ("RDMAMW_VERBS_EVENT", "0"),
-    "poll_ms": ("RDMAMW_VERBS_POLL_MS", "1"),
-    "timeout": ("RDMAMW_VERBS_TIMEOUT", "14"),
+    "device": "RDMAMW_VERBS_DEVICE",
+    "port": "RDMAMW_VERBS_PORT",
+    "gid_index": "RDMAMW_VERBS_GID_INDEX",
+    "sq_depth": "RDMAMW_VERBS_SQ_DEPTH",
+    "rq_depth": "RDMAMW_VERBS_RQ_DEPTH",
+    "inline": "RDMAMW_VERBS_INLINE",
+    "event": "RDMAMW_VERBS_EVENT",
+    "poll_ms": "RDMAMW_VERBS_POLL_MS",
+    "timeout": "RDMAMW_VERBS_TIMEOUT",
 }
 
 
@@ -66,8 +66,9 @@ def parse_where(where: str) -> Where:
         if key not in OPTIONS:
             raise ValueError(f"unknown verbs option {key!r}; known: {', '.join(OPTIONS)}")
         opts[key] = value
-    for key, (env, default) in OPTIONS.items():
-        opts.setdefault(key, os.environ.get(env, default))
+    for key, name in OPTIONS.items():
+        if key not in opts:
+            opts[key] = config.get(name)
     for key in OPTIONS:
         if key != "device":
             try:

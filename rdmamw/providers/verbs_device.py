@@ -9,8 +9,8 @@ from __future__ import annotations
 import errno
 import functools
 import importlib
-import os
 
+from rdmamw import config
 from rdmamw.errors import ProviderUnavailable
 
 SYSFS = "/sys/class/infiniband"
@@ -110,9 +110,9 @@ def choose(device: str = "", port: int = 0, gid_index: int = -1) -> tuple[str, i
 def status() -> tuple[bool, str]:
     """(usable, reason or the choice) for `rdmamw info` and the tests."""
     try:
-        name, port, gid = choose(os.environ.get("RDMAMW_VERBS_DEVICE", ""),
-                                 int(os.environ.get("RDMAMW_VERBS_PORT", "0")),
-                                 int(os.environ.get("RDMAMW_VERBS_GID_INDEX", "-1")))
+        name, port, gid = choose(config.get("RDMAMW_VERBS_DEVICE"),
+                                 config.get("RDMAMW_VERBS_PORT"),
+                                 config.get("RDMAMW_VERBS_GID_INDEX"))
     except ProviderUnavailable as e:
         return False, str(e)
     return True, f"{name} port {port} GID index {gid}"

@@ -6,28 +6,37 @@ ascending rank order on both sides (the rule of ``Channel.open(rank)``)."""
 from __future__ import annotations
 
 import rdmamw
+from rdmamw import config
 from rdmamw.channel import Channel
 from rdmamw.ps.consistency import Consistency
 from rdmamw.ps.server import KVServer
 from rdmamw.ps.worker import KVWorker
 from rdmamw.sched import Dsana
-from rdmamw.settings import number
+
 
 #: Ring of each parameter-server channel: 16 slots x 1 MiB, as the collectives'. Big
 #: blocks cut the per-block Python cost of large tensors: a 4 MiB push+pull on shm
 #: with 64 KiB blocks (the global default ring) took ~1.6-1.8x the two raw transfers,
 #: with 1 MiB blocks ~1.15-1.3x (bench/ps_bench.py, loaded box). Small messages are
 #: packed into one slot, so the few slots do not limit small tensors.
-#: RDMAMW_SLOTS / RDMAMW_SLOT_SIZE, when set, win (as for every channel).
-PS_SLOTS = number("RDMAMW_SLOTS", 16, int, 1)
-PS_SLOT_SIZE = number("RDMAMW_SLOT_SIZE", 1 << 20, int, 1)
+#: Those are RDMAMW_PS_SLOTS / RDMAMW_PS_SLOT_SIZE; RDMAMW_SLOTS / RDMAMW_SLOT_SIZE,
+#: when set, win (as for every channel).
+def ps_ring() -> tuple[int, int]:
+    """(slots, slot_size) of a parameter-server channel's ring (docs/config.md)."""
+    def pick(general: str, ps: str) -> int:
+        return config.get(general if config.source(general) == "environment" else ps)
+    return (pick("RDMAMW_SLOTS", "RDMAMW_PS_SLOTS"),
+            pick("RDMAMW_SLOT_SIZE", "RDMAMW_PS_SLOT_SIZE"))
 
 
-def connect(servers: int, open_timeout: float = 60.0, *, slots: int = PS_SLOTS,
-            slot_size: int = PS_SLOT_SIZE) -> tuple[bool, dict[int, Channel]]:
+def connect(servers: int, open_timeout: float = 60.0, *, slots: int | None = None,
+            slot_size: int | None = None) -> tuple[bool, dict[int, Channel]]:
     """Join the job (``rdmamw.init()``) and open this rank's channels: (True, worker
     index -> channel) on a server, (False, server index -> channel) on a worker. The
     channels can carry one KVServer / KVWorker pair after another (see ``done()``)."""
+    default_slots, default_slot_size = ps_ring()
+    slots = default_slots if slots is None else slots
+    slot_size = default_slot_size if slot_size is None else slot_size
     w = rdmamw.init()
     if not 0 < servers < w.world_size:
         raise ValueError(f"need 1 .. {w.world_size - 1} servers in a world of "

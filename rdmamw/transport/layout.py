@@ -5,11 +5,10 @@ peer never tells us an offset we would have to trust."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
+from rdmamw import config
 from rdmamw.errors import ProtocolError
-from rdmamw.memory.units import parse_bytes
 
 PAGE = 4096
 LINE = 64
@@ -23,7 +22,6 @@ MAX_SLOT_SIZE = 1 << 30
 #: the largest ring (slots x stride) a peer's hello may ask us to hold for it: our
 #: staging copy of its ring (and on shm our mapping of its block) has that size
 MAX_PEER_RING_ENV = "RDMAMW_MAX_PEER_RING"
-DEFAULT_MAX_PEER_RING = 256 << 20
 
 
 def _round_up(n: int, to: int) -> int:
@@ -49,8 +47,7 @@ def check_ring(slots: int, slot_size: int) -> None:
 def max_peer_ring() -> int:
     """RDMAMW_MAX_PEER_RING in bytes (default 256 MiB: the default 128 x 64 KiB ring,
     the parameter server's 16 x 1 MiB and 3 x 64 MiB eager rings fit), or ConfigError."""
-    env = os.environ.get(MAX_PEER_RING_ENV)
-    return DEFAULT_MAX_PEER_RING if env is None else parse_bytes(env, MAX_PEER_RING_ENV)
+    return config.get(MAX_PEER_RING_ENV)
 
 
 def check_peer_ring(slots: int, slot_size: int) -> None:

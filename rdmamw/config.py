@@ -1,0 +1,317 @@
+"""Every ``RDMAMW_*`` setting, declared once: name, type, default and a one-line doc.
+
+As UCX declares each component's settings in one table (``ucs_config_field_t``) and
+NCCL reads each variable through one parser, the package reads its environment only
+through :func:`get`, at the moment a value is used (never at import, so a bad value
+fails the call that needs it, with a :class:`~rdmamw.errors.ConfigError` naming the
+variable and the value). Sizes take units (``64K``, ``1G``), durations too
+(``250ms``, ``10s``, ``2m``). ``rdmamw info --config`` prints the effective values and
+where each came from; docs/config.md is the table, kept in step by a test.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rdmamw.errors import ConfigError
+
+# ---- parsers: the text of a variable (or an option) -> a value -------------------------
+
+_BYTE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SECOND_UNITS = {"": 1.0, "S": 1.0, "MS": 1e-3, "US": 1e-6, "M": 60.0, "MIN": 60.0, "H": 3600.0}
+_TRUE = ("1", "on", "yes", "true")
+_FALSE = ("0", "off", "no", "false")
+
+
+def parse_bytes(text: str | int, what: str = "size") -> int:
+    """``"4096"``, ``"64K"``, ``"64KiB"``, ``"1g"`` -> bytes (binary multiples), else
+    ConfigError naming ``what``."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        s = str(text).strip().upper().removesuffix("IB").removesuffix("B")
+        unit = s[-1:] if s[-1:] in _BYTE_UNITS and s[-1:] else ""
+        digits = s[: len(s) - len(unit)].strip()
+        try:
+            number = float(digits) if digits else -1.0
+        except ValueError:
+            number = -1.0
+        value = int(number * _BYTE_UNITS[unit]) if math.isfinite(number) else -1
+        if value < 0:
+            raise ConfigError(f"{what}: {text!r} is not a byte size "
+                              "(examples: 65536, 64K, 256M, 1G)")
+    if value < 0:
+        raise ConfigError(f"{what}: {text!r} must not be negative")
+    return value
+
+
+def parse_seconds(text: str | float, what: str = "duration", *, zero: bool = False) -> float:
+    """``"10"``, ``"0.5"``, ``"250ms"``, ``"2m"`` -> seconds, positive (or zero if
+    ``zero``) and finite; else ConfigError naming ``what``."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        s = str(text).strip().upper()
+        digits = s.rstrip("SMINHU")
+        unit = s[len(digits):]
+        try:
+            value = float(digits) * _SECOND_UNITS[unit]
+        except (KeyError, ValueError):
+            value = -1.0
+    ok = (0 <= value if zero else 0 < value) and math.isfinite(value)
+    if not ok:
+        noun = "a non-negative" if zero else "a positive"
+        raise ConfigError(f"{what}: {text!r} is not {noun} duration (examples: 10, 0.5, "
+                          "250ms, 2m)")
+    return value
+
+
+def parse_number(text: str, what: str, kind: type = float, minimum: float = 0,
+                 maximum: float = math.inf) -> float:
+    """``text`` as ``kind`` (int or float) within [minimum, maximum], else ConfigError."""
+    try:
+        value = kind(str(text).strip())
+    except ValueError:
+        value = None
+    if value is None or value != value or not minimum <= value <= maximum:   # NaN != NaN
+        noun = "a whole number" if kind is int else "a number"
+        bound = f" from {minimum:g} to {maximum:g}" if maximum < math.inf else f" >= {minimum:g}"
+        raise ConfigError(f"{what}={text!r} is not {noun}{bound}")
+    return value
+
+
+def parse_bool(text: str, what: str) -> bool:
+    s = str(text).strip().lower()
+    if s in _TRUE or s in _FALSE:
+        return s in _TRUE
+    raise ConfigError(f"{what}={text!r} is not a yes/no value (1/0, on/off, yes/no, "
+                      "true/false)")
+
+
+# ---- the table ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Setting:
+    """One variable: how its text is read and what holds without it."""
+
+    name: str
+    kind: str                   # int float bytes seconds bool str choice path
+    default: Any
+    doc: str
+    component: str
+    minimum: float = 0
+    maximum: float = math.inf
+    choices: tuple[str, ...] = ()
+    secret: bool = False        # never printed (rdmamw info, the log)
+    check: Callable[[Any, str], Any] | None = None   # a further check of the parsed value
+
+    def parse(self, text: str) -> Any:
+        what = self.name
+        if self.kind == "int":
+            value = parse_number(text, what, int, self.minimum, self.maximum)
+        elif self.kind == "float":
+            value = parse_number(text, what, float, self.minimum, self.maximum)
+        elif self.kind == "bytes":
+            value = parse_bytes(text, what)
+            if not self.minimum <= value <= self.maximum:
+                raise ConfigError(f"{what}={text!r} is out of range "
+                                  f"[{self.minimum:.0f}, {self.maximum:.0f}] bytes")
+        elif self.kind == "seconds":
+            value = parse_seconds(text, what, zero=self.minimum == 0)
+            if not self.minimum <= value <= self.maximum:
+                raise ConfigError(f"{what}={text!r} is out of range "
+                                  f"[{self.minimum:g}, {self.maximum:g}] seconds")
+        elif self.kind == "bool":
+            value = parse_bool(text, what)
+        elif self.kind == "choice":
+            value = text.strip().lower()
+            if value not in self.choices:
+                raise ConfigError(f"{what}={text!r} is not one of {', '.join(self.choices)}")
+        else:                                   # str, path
+            value = text.strip()
+        return self.check(value, what) if self.check else value
+
+
+SETTINGS: dict[str, Setting] = {}
+
+
+def _declare(component: str, name: str, kind: str, default: Any, doc: str, **kw: Any) -> None:
+    if name in SETTINGS:
+        raise AssertionError(f"{name} declared twice")
+    SETTINGS[name] = Setting(name, kind, default, doc, component, **kw)
+
+
+def _uid_list(value: str, what: str) -> frozenset[int] | None:
+    if value.lower() in ("any", "*"):
+        return None
+    try:
+        uids = frozenset(int(u) for u in value.split(",") if u.strip())
+    except ValueError:
+        uids = frozenset([-1])
+    if any(u < 0 for u in uids):
+        raise ConfigError(f"{what}: {value!r} is not a comma list of uids or 'any'")
+    return uids
+
+
+K, M, G = 1 << 10, 1 << 20, 1 << 30
+D = _declare
+# channel
+D("channel", "RDMAMW_SLOTS", "int", 128, "slots in the ring a channel receives on", minimum=1,
+  maximum=1 << 20)
+D("channel", "RDMAMW_SLOT_SIZE", "bytes", 64 * K, "bytes per slot: the largest eager message",
+  minimum=64, maximum=G)
+D("channel", "RDMAMW_SPIN_US", "float", 100.0,
+  "microseconds a wait spins before it sleeps")
+D("channel", "RDMAMW_OPEN_TIMEOUT", "seconds", 30.0,
+  "seconds Channel.open / accept wait for the peer (timeout=None)", minimum=1e-3)
+D("channel", "RDMAMW_MAX_MESSAGE_SIZE", "bytes", G,
+  "largest message a channel accepts (above 4 GiB - 1: the wire's limit)", minimum=1)
+D("channel", "RDMAMW_MAX_PEER_RING", "bytes", 256 * M,
+  "largest ring (slots x stride) a peer's hello may ask us to hold for it")
+D("channel", "RDMAMW_HANDSHAKE_TIMEOUT", "seconds", 10.0,
+  "seconds one incoming connection may take to finish its handshake", minimum=1e-3)
+D("channel", "RDMAMW_LISTEN_BACKLOG", "int", 16,
+  "connections a listener holds in a handshake or unaccepted", minimum=1, maximum=4096)
+D("channel", "RDMAMW_TOKEN", "str", "",
+  "the job's shared secret (default: ~/.config/rdmamw/token, made on first use)", secret=True)
+# memory
+D("memory", "RDMAMW_REGCACHE_BYTES", "bytes", G,
+  "registered bytes the registration cache keeps per channel")
+D("memory", "RDMAMW_POOL_BYTES", "bytes", 256 * M, "bytes a buffer pool keeps")
+D("memory", "RDMAMW_POOL_SHARDS", "int", None,
+  "per-thread shards of a buffer pool (default min(8, CPUs))", minimum=1)
+D("memory", "RDMAMW_RNDV_STRATEGY", "choice", "",
+  "rendezvous strategy for large messages, over the tuning file",
+  choices=("read", "write", "off", ""))
+D("memory", "RDMAMW_RNDV_THRESHOLD", "bytes", None,
+  "size from which messages go by rendezvous, over the tuning file")
+D("memory", "RDMAMW_TUNE_FILE", "path", "",
+  "rendezvous tuning file (default ~/.config/rdmamw/rendezvous.json)")
+# shm
+D("shm", "RDMAMW_SHM_STAGING", "bytes", G,
+  "size of the staging area for rendezvous when CMA is not permitted")
+D("shm", "RDMAMW_SHM_CMA", "bool", True,
+  "use process_vm_readv/writev (CMA) for rendezvous between processes")
+D("shm", "RDMAMW_SHM_ASSIST", "bytes", M,
+  "messages from this size on are copied with the peer's help")
+D("shm", "RDMAMW_SHM_ASSIST_CHUNK", "bytes", 256 * K, "piece of an assisted copy")
+D("shm", "RDMAMW_SHM_ASSIST_STALL", "seconds", 10.0,
+  "seconds an assisted copy may make no progress before it fails", minimum=1e-3)
+D("shm", "RDMAMW_SHM_ALLOW_UIDS", "str", "",
+  "other users' uids that may connect (comma list, or 'any'); our own always may",
+  check=_uid_list)
+# tcp
+D("tcp", "RDMAMW_TCP_HEARTBEAT", "seconds", 0.25,
+  "interval of heartbeats on an idle tcp connection (0: none)")
+D("tcp", "RDMAMW_TCP_PEER_TIMEOUT", "seconds", 1.5,
+  "silence after which a tcp peer is lost", minimum=1e-3)
+# verbs
+D("verbs", "RDMAMW_VERBS_DEVICE", "str", "", "RDMA device name (default: the first usable)")
+D("verbs", "RDMAMW_VERBS_PORT", "int", 0, "device port (0: the first active)")
+D("verbs", "RDMAMW_VERBS_GID_INDEX", "int", -1, "GID index (-1: chosen by link layer)",
+  minimum=-1)
+D("verbs", "RDMAMW_VERBS_SQ_DEPTH", "int", 256, "send queue depth of a channel's QP", minimum=1)
+D("verbs", "RDMAMW_VERBS_RQ_DEPTH", "int", 0, "receive queue depth (0: from the ring)")
+D("verbs", "RDMAMW_VERBS_INLINE", "int", 256, "bytes sent inline in a work request")
+D("verbs", "RDMAMW_VERBS_EVENT", "int", 0,
+  "1: sleep on the completion channel (WRITE_WITH_IMM wake-ups)", maximum=1)
+D("verbs", "RDMAMW_VERBS_POLL_MS", "int", 1, "re-check interval of a sleeper without events")
+D("verbs", "RDMAMW_VERBS_TIMEOUT", "int", 14, "QP local ACK timeout exponent (4.096 us x 2^n)",
+  maximum=31)
+# bootstrap (the launcher variables are read with torchrun's, MPI's and Slurm's)
+D("bootstrap", "RDMAMW_RANK", "int", None, "this process's rank (set by a launcher)")
+D("bootstrap", "RDMAMW_WORLD_SIZE", "int", None, "ranks in the job (set by a launcher)",
+  minimum=1)
+D("bootstrap", "RDMAMW_MASTER_ADDR", "str", None, "rank 0's rendezvous address")
+D("bootstrap", "RDMAMW_MASTER_PORT", "int", None, "rank 0's rendezvous port", maximum=65535)
+D("bootstrap", "RDMAMW_INIT_TIMEOUT", "seconds", 60.0, "seconds rdmamw.init() waits for the job")
+D("bootstrap", "RDMAMW_PROVIDER", "choice", "",
+  "force one provider for channels opened by rank", choices=("shm", "tcp", "verbs", ""))
+# collectives
+D("collectives", "RDMAMW_COLL_SLOTS", "int", 16, "slots of a collective channel's ring",
+  minimum=1)
+D("collectives", "RDMAMW_COLL_SLOT_SIZE", "bytes", M, "slot bytes of a collective channel",
+  minimum=64, maximum=G)
+D("collectives", "RDMAMW_COLL_MIN_CHUNK", "bytes", 16 * K, "smallest pipeline chunk",
+  minimum=1)
+D("collectives", "RDMAMW_COLL_PIECES", "int", 1, "pipeline pieces per transfer", minimum=1)
+D("collectives", "RDMAMW_ALLREDUCE_ALGORITHM", "choice", "",
+  "force an allreduce algorithm", choices=("auto", "ring", "rhd", "hierarchical", ""))
+D("collectives", "RDMAMW_COLL_CONFIG", "path", "",
+  "cost-model file of `rdmamw tune` (default ~/.config/rdmamw/collectives.json)")
+D("collectives", "RDMAMW_COLL_TOPOLOGY", "str", "host",
+  "how ranks group for hierarchical algorithms: host, or labels")
+# parameter server
+D("ps", "RDMAMW_PS_SLOTS", "int", 16, "slots of a parameter-server channel's ring", minimum=1)
+D("ps", "RDMAMW_PS_SLOT_SIZE", "bytes", M, "slot bytes of a parameter-server channel",
+  minimum=64, maximum=G)
+# log
+D("log", "RDMAMW_LOG_LEVEL", "str", "",
+  "level of the 'rdmamw' logger: debug, info, warning (default), error, critical")
+D("log", "RDMAMW_LOG_FILE", "path", "",
+  "log to this file instead of stderr (%h: host name, %p: pid)")
+del D
+
+
+def get(name: str) -> Any:
+    """The value of ``name`` now: the environment's, parsed, or the default."""
+    setting = SETTINGS[name]
+    text = os.environ.get(name)
+    if text is None or text.strip() == "":
+        return setting.default
+    return setting.parse(text)
+
+
+def source(name: str) -> str:
+    """"environment" or "default"."""
+    text = os.environ.get(name)
+    return "default" if text is None or text.strip() == "" else "environment"
+
+
+#: variables of the build, the test suite and the benchmarks, not of the library
+NOT_LIBRARY = ("RDMAMW_VERBS", "RDMAMW_NATIVE", "RDMAMW_VM", "RDMAMW_TORCH",
+               "RDMAMW_TEST_PROVIDERS")
+
+
+def unknown() -> list[str]:
+    """``RDMAMW_*`` variables in the environment that no setting declares (typos)."""
+    return sorted(k for k in os.environ
+                  if k.startswith("RDMAMW_") and k not in SETTINGS and k not in NOT_LIBRARY)
+
+
+def effective() -> list[dict[str, Any]]:
+    """Every setting's current value and where it came from; a bad value is shown as
+    the error it raises (``rdmamw info --config``)."""
+    rows = []
+    for s in SETTINGS.values():
+        try:
+            value = get(s.name)
+            shown = "***" if s.secret and value else value
+        except ConfigError as e:
+            shown = f"ERROR: {e}"
+        rows.append({"name": s.name, "component": s.component, "value": shown,
+                     "source": source(s.name), "default": s.default, "kind": s.kind,
+                     "doc": s.doc})
+    return rows
+
+
+def markdown_table() -> str:
+    """The table of docs/config.md."""
+    lines = ["| variable | type | default | what it sets |", "|---|---|---|---|"]
+    for s in SETTINGS.values():
+        default = "-" if s.default in (None, "") else s.default
+        if s.kind == "bytes" and isinstance(default, int):
+            default = _human_bytes(default)
+        lines.append(f"| `{s.name}` | {s.kind} | {default} | {s.doc} |")
+    return "\n".join(lines) + "\n"
+
+
+def _human_bytes(n: int) -> str:
+    for unit, size in (("G", G), ("M", M), ("K", K)):
+        if n >= size and n % size == 0:
+            return f"{n // size}{unit}"
+    return str(n)
