@@ -78,7 +78,7 @@ def rank_rdmamw(cfg: dict) -> None:
                     times.append(time.perf_counter() - t0)
             assert y[0] == w.world_size and y[-1] == w.world_size
             out[f"{alg}/{nbytes}"] = statistics.median(times)
-        out[f"choice/{nbytes}"] = coll.policy.choose(nbytes, comm.groups(), comm.model)
+        out[f"choice/{nbytes}"] = coll.policy.choose(nbytes, coll.groups(comm), comm.model)
     if w.rank == 0:
         emit(out)
     comm.close()

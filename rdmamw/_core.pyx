@@ -22,6 +22,7 @@ from cpython.buffer cimport (
     PyBuffer_Release,
     PyObject_GetBuffer,
 )
+from cpython.bytearray cimport PyByteArray_FromStringAndSize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.ref cimport Py_XDECREF, Py_XINCREF, PyObject
@@ -78,7 +79,7 @@ from rdmamw.transport.atomics cimport (
 
 import logging
 
-from rdmamw import _fork, _rendezvous
+from rdmamw import _fork
 from rdmamw.transport import layout
 from rdmamw.transport.wire import MODES
 from rdmamw.errors import (
@@ -172,6 +173,12 @@ cdef uint64_t SNAP_DEPTH = 16           # arrival-word snapshots in flight (asyn
 cdef uint32_t RECV_CALL_BYTES = 1 << 20 # slot memory one recv_batch call may hand out
 cdef int64_t GIL_SPIN_NS = 3000         # a receive polls this long before releasing the GIL
 cdef uint32_t FLUSH_BYTES = 1 << 18     # slot memory released before a lazy write-back
+
+def _fresh_buffer(Py_ssize_t n):
+    """The engine's own rendezvous destination when nobody gave it an allocator: an
+    uninitialised bytearray (a Channel passes its pool's instead)."""
+    return PyByteArray_FromStringAndSize(NULL, n)
+
 
 cdef int _release_lease(object lease) except -1:
     """End a registration-cache Lease; one released already (the cache was closed
@@ -464,6 +471,9 @@ cdef class Engine:
     # and the entry's Lease is held until the transfer is over (done bit / READ done)
     cdef public object regcache         # sources the peer READs (or we WRITE from)
     cdef public object regcache_dst     # destinations we READ into (local access only)
+    # a writable buffer of n bytes for a rendezvous message received without a posted
+    # or given destination: the channel's pool (rdmamw.channel.rendezvous.allocate)
+    cdef public object allocate
     cdef bint cache_ok                  # the transport's keys come from the caches
     cdef PyObject **lease_of            # per message of the batch: its Lease (owned)
     cdef uint32_t *lease_keys           # ... its lkey and rkey
@@ -504,6 +514,7 @@ cdef class Engine:
         self.words = <uint64_t *>calloc(8, 8)
         if self.words == NULL:
             raise MemoryError()
+        self.allocate = _fresh_buffer
         self.words[0] = 0
         self.words[1] = 1          # words[2]: the done bits of what I received (rendezvous)
         self.cur_slot = NONE
@@ -581,7 +592,7 @@ cdef class Engine:
         self.advsrc = <uint64_t *>mem
         memset(self.advsrc, 0, RNDV_N * 32)
         self.lkey_adv = tp.register_local(<size_t>self.advsrc, RNDV_N * 32)
-        self.cache_ok = hasattr(tp, "mr_register")
+        self.cache_ok = tp.registers_memory
         if not tp.synchronous:
             self.snap = <uint64_t *>calloc(SNAP_DEPTH * self.sbm.nwords, 8)
             if self.snap == NULL:
@@ -1653,7 +1664,7 @@ cdef class Engine:
         else:
             dst = into if into is not None else posted
             if dst is None:
-                dst = _dest(_rendezvous.allocate(d.length))
+                dst = _dest(self.allocate(d.length))
             self._check_room(dst, posted, &d)
             if d.kind == DESC_READ:
                 self._read_into(dst, &d, into is not None)
@@ -1778,7 +1789,7 @@ cdef class Engine:
         self._wait_read()
         self.n_rndv_reads += 1
         if dst is None:
-            dst = _dest(_rendezvous.allocate(d.length))
+            dst = _dest(self.allocate(d.length))
         if dst.view.buf != src.view.buf:
             memcpy(dst.view.buf, src.view.buf, d.length)
         return dst
@@ -2170,8 +2181,10 @@ cdef class Engine:
             raise IndexError(slot)
         return <size_t>(self.ring + <size_t>slot * self.stride)
 
-    def _debug_state(self) -> dict:
-        """Internal counters and words, for diagnosing a stuck channel."""
+    def diagnostics(self) -> dict:
+        """The engine's sequence numbers, bitmap words, control words and rendezvous
+        state, for diagnosing a stuck channel (docs/api.md, "Diagnostics"); the keys
+        may change between versions, unlike ``stats()``'s."""
         cdef uint32_t i, held = 0
         for i in range(self.nslots):
             if self.slot_refs[i]:

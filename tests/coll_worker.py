@@ -91,7 +91,7 @@ def matrix(cfg: dict) -> dict:
         assert (v == n * (n - 1) // 2).all()
         b = coll.broadcast(np.full(7, me if me == k % n else -1, np.int32), root=k % n)
         assert (b == k % n).all()
-    return {"rank": me, "checks": checks, "groups": coll.default_comm().groups()}
+    return {"rank": me, "checks": checks, "groups": coll.groups()}
 
 
 def big(cfg: dict) -> dict:
@@ -178,7 +178,7 @@ def topo(cfg: dict) -> dict:
     rdmamw.init()
     comm = coll.Communicator(topology=cfg["topology"])
     me, n = comm.rank, comm.size
-    groups = comm.groups()
+    groups = coll.groups(comm)
     x = np.full(5000, me, np.int64)
     got = coll.allreduce(x, algorithm="hierarchical", comm=comm)
     assert (got == n * (n - 1) // 2).all()
@@ -201,9 +201,9 @@ def race(cfg: dict) -> dict:
             ts.append(time.perf_counter() - t0)
             assert (got == n).all()
         best[alg] = min(ts)
-    choice = coll.policy.choose(x.nbytes, comm.groups(), comm.model)
+    choice = coll.policy.choose(x.nbytes, coll.groups(comm), comm.model)
     comm.close()
-    return {"rank": comm.rank, "groups": comm.groups(), "best": best, "auto": choice}
+    return {"rank": comm.rank, "groups": coll.groups(comm), "best": best, "auto": choice}
 
 
 def main() -> None:

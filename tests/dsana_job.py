@@ -63,7 +63,7 @@ def reference(rounds: int, batch: int, lr: float, mu: float) -> np.ndarray:
 def report_compute(node, seconds: float) -> None:
     """Make the worker's next push report ``seconds`` of compute (the worker measures
     from the end of its pull, minus its communication): a synthetic clock, no sleep."""
-    node._pulled_at, node._comm_s = time.monotonic() - seconds, 0.0
+    node.compute_clock.restart(time.monotonic() - seconds)
 
 
 def main() -> None:

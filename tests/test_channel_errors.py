@@ -199,7 +199,7 @@ def _corrupt_header(ch, slot: int, **fields) -> None:
 def test_corrupted_header_is_protocol_error(fields):
     a, b, lst = make_pair(slots=4, slot_size=256)
     a.send_batch([b"abc", b"defg"])
-    (slot,) = b._debug_state()["pending"]
+    (slot,) = b.diagnostics()["pending"]
     _corrupt_header(b, slot, **fields)
     with pytest.raises(rdmamw.ProtocolError):
         b.recv_batch(timeout=1)
@@ -212,7 +212,7 @@ def test_duplicate_sequence_number_is_protocol_error():
     a, b, lst = make_pair(slots=4, slot_size=256)
     a.send(b"one")
     a.send(b"two")
-    s0, s1 = b._debug_state()["pending"]
+    s0, s1 = b.diagnostics()["pending"]
     _corrupt_header(b, s1, seq=0)
     with pytest.raises(rdmamw.ProtocolError):
         b.recv_batch(timeout=1)
@@ -222,7 +222,7 @@ def test_duplicate_sequence_number_is_protocol_error():
 def test_record_overrun_is_protocol_error_not_a_wrong_message():
     a, b, lst = make_pair(slots=4, slot_size=256)
     a.send_batch([b"abc", b"defg"])
-    (slot,) = b._debug_state()["pending"]
+    (slot,) = b.diagnostics()["pending"]
     addr = b._debug_slot_address(slot) + 64 + 8 + 8          # second record's length
     _poke(addr, struct.pack("<I", 10_000))
     got = b.recv_batch(max_messages=1, timeout=1)            # the first record is fine
@@ -235,7 +235,7 @@ def test_record_overrun_is_protocol_error_not_a_wrong_message():
 def test_sequence_gap_that_never_closes_is_protocol_error():
     a, b, lst = make_pair(slots=4, slot_size=256)
     a.send(b"one")
-    (slot,) = b._debug_state()["pending"]
+    (slot,) = b.diagnostics()["pending"]
     _corrupt_header(b, slot, seq=1)        # in the window, but seq 0 never comes
     t0 = time.monotonic()
     with pytest.raises(rdmamw.ProtocolError, match="never arrived"):

@@ -33,7 +33,7 @@ def test_fuzz_slot_decoder(used, count, flags, body, keep_seq):
     a, b, lst = make_pair(slots=2, slot_size=SLOT)
     try:
         a.send_batch([b"seed-one", b"seed-two"])
-        (slot,) = b._debug_state()["pending"]
+        (slot,) = b.diagnostics()["pending"]
         addr = b._debug_slot_address(slot)
         seq = 0 if keep_seq else 7
         ctypes.memmove(addr, HDR.pack(seq, used, count, flags, ~seq & 0xFFFFFFFF, 0), HDR.size)

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import rdmamw
-from rdmamw import _rendezvous
 from rdmamw.channel import channel as channel_mod
+from rdmamw.channel import rendezvous as _rendezvous
 from rdmamw.errors import ConfigError
 from rdmamw.providers import tcp
 from rdmamw.transport import layout
@@ -149,9 +149,9 @@ def test_bad_max_message_size_is_config_error(monkeypatch, bad):
 
 def _desc_address(ch) -> int:
     deadline = time.monotonic() + 10
-    while not ch._debug_state()["pending"] and time.monotonic() < deadline:
+    while not ch.diagnostics()["pending"] and time.monotonic() < deadline:
         time.sleep(0.001)
-    (slot,) = ch._debug_state()["pending"]
+    (slot,) = ch.diagnostics()["pending"]
     addr = ch._debug_slot_address(slot) + 64
     assert struct.unpack("<II", ctypes.string_at(addr, 8)) == (DESC.size, 1)
     return addr + 8
@@ -384,7 +384,7 @@ def test_sequence_gap_that_closes_is_delivered_at_once():
                 lambda: got.extend(bytes(m) for m in b.recv_batch(timeout=3)))
             later.join()
             assert err is None and got == [b"one", b"two"]
-            assert 0.25 < wall < 1.0, wall
+            assert wall < 1.0, wall         # at once: not after a gap timeout
             assert cpu < 0.5 * wall, (cpu, wall)
         finally:
             s.close()               # first: b's close then need not wait for the peer
@@ -395,7 +395,7 @@ def test_sequence_gap_sleeps_instead_of_spinning():
     a, b, lst = make_pair(slots=4, slot_size=256)
     try:
         a.send(b"one")
-        (slot,) = b._debug_state()["pending"]
+        (slot,) = b.diagnostics()["pending"]
         addr = b._debug_slot_address(slot)
         hdr = list(HDR.unpack(ctypes.string_at(addr, HDR.size)))
         hdr[0], hdr[4] = 1, ~1 & 0xFFFFFFFF     # in the window, but seq 0 never comes

@@ -287,9 +287,9 @@ DESC = struct.Struct("<QQQIHH")     # addr, length, index, key, kind, entry
 def _desc_addresses(ch, n: int = 1) -> list[int]:
     """Addresses of the ``n`` descriptors in the (only) pending rendezvous slot."""
     deadline = time.monotonic() + 10
-    while not ch._debug_state()["pending"] and time.monotonic() < deadline:
+    while not ch.diagnostics()["pending"] and time.monotonic() < deadline:
         time.sleep(0.001)           # tcp: the peer's frames land asynchronously
-    (slot,) = ch._debug_state()["pending"]
+    (slot,) = ch.diagnostics()["pending"]
     addr = ch._debug_slot_address(slot) + 64          # payload: PACKED records
     out = []
     for _ in range(n):
@@ -540,21 +540,20 @@ def test_a_read_refused_because_the_sender_died_is_peer_lost(provider):
 
 
 def test_auto_asks_the_tuned_thresholds(monkeypatch):
-    """The glue to rdmamw.memory: its lookup decides "auto"; without it, read."""
-    import types
-
-    from rdmamw import _rendezvous
-    monkeypatch.setattr(_rendezvous, "_memory", lambda name: None)
+    """The glue to rdmamw.memory: its lookup decides "auto"; an option wins over it."""
+    from rdmamw.channel import rendezvous as _rendezvous
+    from rdmamw.memory import pool, thresholds
+    seen = []
+    monkeypatch.setattr(thresholds, "lookup", lambda p: seen.append(p) or {})
     assert _rendezvous.resolve("auto", None, "shm") == ("read", None)
     assert _rendezvous.resolve("auto", 1000, "shm") == ("read", 1000)
     assert _rendezvous.resolve("write", None, "shm") == ("write", None)
-    seen = []
-    fake = types.SimpleNamespace(
-        lookup=lambda p: seen.append(p) or {"strategy": "write", "threshold": 12345},
-        allocate=lambda n: bytearray(n))
-    monkeypatch.setattr(_rendezvous, "_memory", lambda name: fake)
-    assert _rendezvous.resolve("auto", None, "tcp") == ("write", 12345) and seen == ["tcp"]
+    assert seen == ["shm", "shm"]
+    monkeypatch.setattr(thresholds, "lookup",
+                        lambda p: seen.append(p) or {"strategy": "write", "threshold": 12345})
+    assert _rendezvous.resolve("auto", None, "tcp") == ("write", 12345) and seen[-1] == "tcp"
     assert _rendezvous.resolve("auto", 7, "tcp") == ("write", 7)       # the option wins
+    monkeypatch.setattr(pool, "allocate", lambda n: bytearray(n))
     assert type(_rendezvous.allocate(10)) is bytearray                  # the pool's buffer
-    fake.lookup = lambda p: {"strategy": "off", "threshold": -1}
+    monkeypatch.setattr(thresholds, "lookup", lambda p: {"strategy": "off", "threshold": -1})
     assert _rendezvous.resolve("auto", None, "tcp") == ("off", None)

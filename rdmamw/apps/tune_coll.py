@@ -93,7 +93,7 @@ def _agreed(comm: Communicator, values: list[float], root: int = 0) -> list[floa
 def calibrate(comm: Communicator, sizes: list[int] = CHECK_SIZES,
               ping_sizes: list[int] = PING_SIZES) -> dict:
     """Run the calibration on every rank; returns the config (the same on all ranks)."""
-    groups = comm.groups()
+    groups = api.groups(comm)
     members = {g: [r for r, x in enumerate(groups) if x == g] for g in dict.fromkeys(groups)}
     big = next((m for m in members.values() if len(m) > 1), None)
     model = policy.Model(source="rdmamw tune")

@@ -6,8 +6,9 @@ import logging
 from functools import partial
 from typing import Any
 
-from rdmamw import _fork, _rendezvous, auth, config
+from rdmamw import _fork, auth, config
 from rdmamw._core import Engine
+from rdmamw.channel import rendezvous as _rendezvous
 from rdmamw.channel.address import split_address
 from rdmamw.errors import ConfigError, ProviderUnavailable, Timeout, setup_errors
 from rdmamw.memory.counters import channel_stats
@@ -148,7 +149,8 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
                   rndv_threshold=threshold,
                   max_message_size=message_limit(rndv[2]))
         tp = conn.transport
-        if strategy != "off" and hasattr(tp, "mr_register"):
+        ch.allocate = _rendezvous.allocate
+        if strategy != "off" and tp.registers_memory:
             # a large buffer is registered on its first send (or receive), not per
             # message; registrations are per channel (each has its own protection
             # domain), bounded by RDMAMW_REGCACHE_BYTES each

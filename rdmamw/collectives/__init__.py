@@ -13,10 +13,11 @@ from rdmamw.collectives.api import (
     barrier,
     broadcast,
     default_comm,
+    groups,
     reduce_scatter,
 )
 from rdmamw.collectives.comm import CollectiveMismatch, Communicator
 from rdmamw.collectives.policy import ALGORITHMS
 
 __all__ = ["ALGORITHMS", "CollectiveMismatch", "Communicator", "allgather", "allreduce",
-           "barrier", "broadcast", "default_comm", "reduce_scatter"]
+           "barrier", "broadcast", "default_comm", "groups", "reduce_scatter"]

@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 
-from rdmamw.collectives import hierarchical, policy, rhd, ring, tree
+from rdmamw.collectives import hierarchical, policy, rhd, ring, topology, tree
 from rdmamw.collectives._kernels import bounds
 from rdmamw.collectives.comm import Communicator
 from rdmamw.collectives.ops import check_dtype, ufunc
@@ -25,6 +25,15 @@ def default_comm() -> Communicator:
         if _default is None or _default.broken is not None:
             _default = Communicator()
         return _default
+
+
+def groups(comm: Communicator | None = None) -> list[int]:
+    """Group id per rank of ``comm`` (ranks of a group share fast links: topology.py),
+    resolved on first use, the same list on every rank."""
+    comm = comm or default_comm()
+    if comm.group_ids is None:
+        comm.group_ids = topology.resolve(comm, comm.topology_spec, allgather)
+    return comm.group_ids
 
 
 def _input(array: np.ndarray) -> np.ndarray:
@@ -63,8 +72,8 @@ def allreduce(array: np.ndarray, op: str = "sum", algorithm: str = "auto",
     flat = res.reshape(-1)
     x = flat if res is a else np.ascontiguousarray(a).reshape(-1)
     members = list(range(comm.size))
-    groups = comm.groups() if algorithm in ("auto", "hierarchical") else [0] * comm.size
-    alg = policy.choose(x.nbytes, groups, comm.model, algorithm)
+    ids = groups(comm) if algorithm in ("auto", "hierarchical") else [0] * comm.size
+    alg = policy.choose(x.nbytes, ids, comm.model, algorithm)
     if alg == "ring":
         peers, body = ring.peers(comm, members), lambda: ring.allreduce(comm, x, flat, uf,
                                                                          members)
@@ -72,10 +81,10 @@ def allreduce(array: np.ndarray, op: str = "sum", algorithm: str = "auto",
         peers, body = rhd.peers(comm, members), lambda: rhd.allreduce(comm, x, flat, uf,
                                                                        members)
     else:
-        peers = hierarchical.peers(comm, groups)
+        peers = hierarchical.peers(comm, ids)
 
         def body() -> None:
-            hierarchical.allreduce(comm, x, flat, uf, groups)
+            hierarchical.allreduce(comm, x, flat, uf, ids)
     comm.run(["allreduce", str(a.dtype), list(a.shape), op, -1, alg], peers, body)
     return res
 

@@ -77,7 +77,8 @@ class Communicator:
         from rdmamw.collectives import policy
         #: the tuned cost model (policy.load()); replace it to steer "auto"
         self.model = policy.load()
-        self._groups: list[int] | None = None
+        #: group id per rank, resolved on first use by rdmamw.collectives.api.groups
+        self.group_ids: list[int] | None = None
         self._chans: dict[int, Channel] = {}
         self._queues: dict[int, collections.deque[Message]] = {}
         self._lock = threading.RLock()
@@ -251,15 +252,6 @@ class Communicator:
             raise CollectiveMismatch(
                 f"collective #{lo[0][0]}: rank {lo[1]} called {describe(lo[0])} but rank "
                 f"{hi[1]} called {describe(hi[0])}")
-
-    # ---- topology ----------------------------------------------------------------------
-
-    def groups(self) -> list[int]:
-        """Group id per rank (ranks of a group share fast links); see topology.py."""
-        if self._groups is None:
-            from rdmamw.collectives.topology import resolve
-            self._groups = resolve(self, self.topology_spec)
-        return self._groups
 
     def close(self, linger: float = 5.0) -> None:
         """Close every channel; the communicator is done.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,10 @@ def labels_to_groups(labels: list[Any]) -> list[int]:
     return [ids.setdefault(lab, len(ids)) for lab in labels]
 
 
-def resolve(comm: Any, spec: Any) -> list[int]:
+def resolve(comm: Any, spec: Any, allgather: Callable[..., np.ndarray]) -> list[int]:
+    """Group id per rank from ``spec`` (labels, "host", "hostname" or "probe"; default
+    RDMAMW_COLL_TOPOLOGY); ``allgather(array, comm=comm)`` is the collective a probe
+    shares its measurements with (passed in: probing sits above the communicator)."""
     if spec is None:
         spec = config.get("RDMAMW_COLL_TOPOLOGY") or "host"
     n = comm.size
@@ -46,15 +50,15 @@ def resolve(comm: Any, spec: Any) -> list[int]:
     if spec in ("host", "hostname"):
         return labels_to_groups([comm.world.peers[r].get(spec) for r in range(n)])
     if spec == "probe":
-        return groups_from_bandwidth(probe(comm))
+        return groups_from_bandwidth(probe(comm, allgather))
     raise ValueError(f"unknown topology {spec!r}: use 'host', 'hostname', 'probe' or labels")
 
 
-def probe(comm: Any, nbytes: int = PROBE_BYTES) -> np.ndarray:
+def probe(comm: Any, allgather: Callable[..., np.ndarray],
+          nbytes: int = PROBE_BYTES) -> np.ndarray:
     """Bandwidth (bytes/s) between every pair: the two send ``nbytes`` to each other
     at once, best of a few, one pair at a time (concurrent pairs would share cores
     and links and blur the picture); returns the full matrix, the same on every rank."""
-    from rdmamw.collectives import api
     n, me = comm.size, comm.rank
     row = np.zeros(n, dtype=np.float64)
     buf = np.zeros(nbytes // 8, dtype=np.float64)
@@ -66,7 +70,7 @@ def probe(comm: Any, nbytes: int = PROBE_BYTES) -> np.ndarray:
                          lambda o=other: _measure(comm, o, buf, row))
             else:
                 comm.run(["probe", "float64", [a, b], "", -1, ""], [], lambda: None)
-    return api.allgather(row, comm=comm).reshape(n, n)
+    return allgather(row, comm=comm).reshape(n, n)
 
 
 def _measure(comm: Any, other: int, buf: np.ndarray, row: np.ndarray) -> None:

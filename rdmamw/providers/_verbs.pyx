@@ -352,6 +352,7 @@ cdef class VerbsTransport(Transport):
         self.sock = fd
         self.state = 1
         self.can_expose = True      # rendezvous: exposed READ/WRITE on registered MRs
+        self.registers_memory = True    # mr_register / mr_deregister
 
     def register_local(self, size_t addr, size_t length):
         """Register [addr, addr+length) for local access only (WR sources, READ

@@ -35,6 +35,25 @@ class Series:
                 "max": self.max}
 
 
+class ComputeClock:
+    """A worker's compute time: from the end of its last pull to its next push, less
+    the time it spent communicating meanwhile (push_part, stream waits): what it
+    reports to ALSP and DSANA."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None     # end of the last pull; None before the first
+        self.comm_s = 0.0
+
+    def restart(self, now: float) -> None:
+        self.since, self.comm_s = now, 0.0
+
+    def add_comm(self, seconds: float) -> None:
+        self.comm_s += seconds
+
+    def compute(self, now: float) -> float | None:
+        return None if self.since is None else max(0.0, now - self.since - self.comm_s)
+
+
 @dataclass
 class WorkerMetrics:
     """What one KVWorker measured; ``as_dict()`` for logs and JSON."""

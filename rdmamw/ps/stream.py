@@ -9,13 +9,35 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from rdmamw.ps.worker import KVWorker
+from rdmamw.ps.metrics import ComputeClock
+
+
+class StreamWorker(Protocol):
+    """What a stream needs of its worker (rdmamw.ps.worker.KVWorker has it): check a
+    pull and build its requests, send batches, receive replies into their arrays,
+    record a completed pull, send gradient parts; and the worker's compute clock,
+    which time blocked in a stream counts against."""
+
+    compute_clock: ComputeClock
+
+    def prepare_pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None
+                     ) -> tuple[list[np.ndarray], dict, dict[int, tuple[bytes, int]]]: ...
+
+    def send_batches(self, per: dict[int, list]) -> None: ...
+
+    def receive_pull(self, rids: dict[int, int], dest: dict | None,
+                     arrived: Callable[[Hashable], None] | None = None
+                     ) -> dict[int, dict]: ...
+
+    def complete_pull(self, replies: dict[int, dict], t0: float,
+                      restart_clock: bool = True) -> None: ...
+
+    def send_parts(self, keys: list, values: list) -> list: ...
 
 
 class PullStream:
@@ -23,13 +45,13 @@ class PullStream:
     blocked in :meth:`wait` / :meth:`join` counts as communication, not compute, in
     the worker's metrics."""
 
-    def __init__(self, worker: KVWorker, keys: list[Hashable], out: Sequence[np.ndarray],
+    def __init__(self, worker: StreamWorker, keys: list[Hashable], out: Sequence[np.ndarray],
                  first: dict[int, list] | None = None) -> None:
         """``first``: messages per server to send in the same batch, before the pull
         request (a push's clock)."""
         self.w, self.keys = worker, keys
         self.t0 = time.monotonic()
-        self.out, dest, reqs = worker._pull_msgs(keys, out)
+        self.out, dest, reqs = worker.prepare_pull(keys, out)
         self._index = {k: i for i, k in enumerate(keys)}
         self._ready = {k: threading.Event() for k in keys}
         self._error: BaseException | None = None
@@ -37,9 +59,9 @@ class PullStream:
         per = first if first is not None else {}
         for s, (m, _) in reqs.items():
             per.setdefault(s, []).append(m)
-        worker._send(per)
+        worker.send_batches(per)
         # the caller computes from here on; waits in wait() / join() are comms
-        worker._pulled_at, worker._comm_s = time.monotonic(), 0.0
+        worker.compute_clock.restart(time.monotonic())
         ids = {s: rid for s, (_, rid) in reqs.items()}
         self._thread = threading.Thread(target=self._run, args=(ids, dest),
                                         name="rdmamw-pull", daemon=True)
@@ -47,7 +69,8 @@ class PullStream:
 
     def _run(self, ids: dict[int, int], dest: dict) -> None:
         try:
-            self._heads = self.w._await(ids, dest, arrived=lambda k: self._ready[k].set())
+            self._heads = self.w.receive_pull(ids, dest,
+                                              arrived=lambda k: self._ready[k].set())
         except BaseException as e:      # handed to the caller by wait() / join()
             self._error = e
         finally:
@@ -58,7 +81,7 @@ class PullStream:
         """Block until ``key``'s value is complete in its ``out`` array; return it."""
         t = time.monotonic()
         self._ready[key].wait()
-        self.w._comm_s += time.monotonic() - t
+        self.w.compute_clock.add_comm(time.monotonic() - t)
         if self._error is not None:
             raise self._error
         return self.out[self._index[key]]
@@ -71,9 +94,8 @@ class PullStream:
         blocked = time.monotonic() - t
         if self._error is not None:
             raise self._error
-        pulled_at, comm = self.w._pulled_at, self.w._comm_s + blocked
-        self.w._pulled(self._heads, self.t0)
-        self.w._pulled_at, self.w._comm_s = pulled_at, comm   # the compute clock goes on
+        self.w.compute_clock.add_comm(blocked)
+        self.w.complete_pull(self._heads, self.t0, restart_clock=False)  # the caller computes on
         return self.out
 
 
@@ -81,7 +103,7 @@ class PushQueue:
     """The sender thread behind :meth:`KVWorker.push_part`: parts go out in the order
     given; :meth:`drain` waits until all are sent and re-raises a send's error."""
 
-    def __init__(self, worker: KVWorker) -> None:
+    def __init__(self, worker: StreamWorker) -> None:
         self.w = worker
         self._q: queue.Queue = queue.Queue()
         self._handles: list = []
@@ -101,7 +123,7 @@ class PushQueue:
             keys, values = item
             try:
                 if self._error is None:
-                    self._handles += self.w._send_parts(keys, values)
+                    self._handles += self.w.send_parts(keys, values)
             except BaseException as e:    # handed to the caller by drain()
                 self._error = e
             finally:

@@ -6,17 +6,15 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rdmamw.channel import Channel
 from rdmamw.errors import ProtocolError, RdmamwError, Timeout
 from rdmamw.ps import wire
-from rdmamw.ps.metrics import WorkerMetrics
-
-if TYPE_CHECKING:
-    from rdmamw.ps.stream import PullStream, PushQueue
+from rdmamw.ps.metrics import ComputeClock, WorkerMetrics
+from rdmamw.ps.stream import PullStream, PushQueue
 
 
 class PSError(RdmamwError):
@@ -48,9 +46,8 @@ class KVWorker:
         self.assignment: tuple[int, int, int] | None = None
         self.plan_shares: list[int] | None = None   # every worker's share, for reports
         self._ids = itertools.count()
-        self._pulled_at: float | None = None
-        self._comm_s = 0.0                      # time in push_part / stream waits since
-        self._handles: list = []                # the pull; push_part sends not yet waited
+        self.compute_clock = ComputeClock()
+        self._handles: list = []                # push_part sends not yet waited
         self._part_t0: float | None = None
         self._sender: PushQueue | None = None
 
@@ -75,7 +72,7 @@ class KVWorker:
         for s, ch in enumerate(self.chans):
             ids[s] = next(self._ids)
             ch.send_batch(per[s] + [wire.pack(wire.SYNC, id=ids[s])]).wait()
-        for s, h in self._await(ids, None).items():
+        for s, h in self.receive_pull(ids, None).items():
             self._served(s, h)
         for k, v in zip(keys, values, strict=True):
             self.shapes[k] = (v.shape, v.dtype)
@@ -86,7 +83,7 @@ class KVWorker:
         how many samples they are the mean over; round models then weight each
         gradient by it (needed when workers compute unequal shares: DSANA)."""
         t0 = time.monotonic()
-        self._send(self._push_msgs(keys, values, t0, samples))
+        self.send_batches(self._push_msgs(keys, values, t0, samples))
         self.metrics.push.add(time.monotonic() - t0)
 
     def push_part(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> None:
@@ -96,24 +93,23 @@ class KVWorker:
         the caller goes on. :meth:`push_end` completes the iteration; the arrays may
         not be changed before. Bad keys, shapes or dtypes raise here, before anything
         of this call is sent."""
-        from rdmamw.ps.stream import PushQueue
         t0 = time.monotonic()
         if self._part_t0 is None:
             self._part_t0 = t0
         keys, values = list(keys), list(values)
         self._validate(keys, values)
         if not self.send_thread:
-            self._handles += self._send_parts(keys, values)
+            self._handles += self.send_parts(keys, values)
         else:
             if self._sender is None:
                 self._sender = PushQueue(self)
             self._sender.put(keys, values)
-        self._comm_s += time.monotonic() - t0
+        self.compute_clock.add_comm(time.monotonic() - t0)
 
     def push_end(self, samples: int | None = None) -> None:
         """End the iteration begun by :meth:`push_part`: the clock to every server."""
         t0 = time.monotonic() if self._part_t0 is None else self._part_t0
-        self._send(self._push_msgs([], [], time.monotonic(), samples))
+        self.send_batches(self._push_msgs([], [], time.monotonic(), samples))
         self.metrics.push.add(time.monotonic() - t0)
 
     def pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None = None
@@ -121,8 +117,8 @@ class KVWorker:
         """Fetch the servers' current values of ``keys`` (into ``out`` if given), as
         soon as the consistency model lets this worker read."""
         t0 = time.monotonic()
-        out, dest, reqs = self._pull_msgs(keys, out)
-        self._send({s: [m] for s, (m, _) in reqs.items()})
+        out, dest, reqs = self.prepare_pull(keys, out)
+        self.send_batches({s: [m] for s, (m, _) in reqs.items()})
         self._pull_wait({s: rid for s, (_, rid) in reqs.items()}, dest, t0)
         return out
 
@@ -132,11 +128,11 @@ class KVWorker:
         """:meth:`push` then :meth:`pull` of the same keys, the pull request riding in
         the push's batch: one message exchange (and one server wake-up) fewer."""
         t0 = time.monotonic()
-        out, dest, reqs = self._pull_msgs(keys, out)
+        out, dest, reqs = self.prepare_pull(keys, out)
         per = self._push_msgs(keys, values, t0, samples)
         for s, (m, _) in reqs.items():
             per[s].append(m)
-        self._send(per)
+        self.send_batches(per)
         t1 = time.monotonic()
         self.metrics.push.add(t1 - t0)
         self._pull_wait({s: rid for s, (_, rid) in reqs.items()}, dest, t1)
@@ -150,9 +146,8 @@ class KVWorker:
             raise ValueError(f"samples must be >= 0, not {samples}")
         keys, values = list(keys), list(values)
         self._validate(keys, values)
-        t = None
-        if self._pulled_at is not None:
-            t = max(0.0, t0 - self._pulled_at - self._comm_s)
+        t = self.compute_clock.compute(t0)
+        if t is not None:
             self.metrics.compute.add(t)
         if self._sender is not None:
             self._handles += self._sender.drain()     # queued parts go before the clock
@@ -181,7 +176,9 @@ class KVWorker:
                 self.metrics.bytes_pushed += b.nbytes
         return per
 
-    def _send_parts(self, keys: list, values: list) -> list:
+    # -- what rdmamw.ps.stream uses (its StreamWorker protocol) -----------------------
+
+    def send_parts(self, keys: list, values: list) -> list:
         """Send GRAD blocks without a clock; the handles (waited for at the clock)."""
         return [self.chans[s].send_batch(m) for s, m in self._grad_msgs(keys, values).items()
                 if m]
@@ -196,21 +193,19 @@ class KVWorker:
         blocks in as they come, ``stream.wait(key)`` blocks only until that key is
         there (so the next forward pass starts on the first layer while the others
         are still arriving), ``stream.join()`` until all are."""
-        from rdmamw.ps.stream import PullStream
         return PullStream(self, list(keys), out)
 
     def push_end_pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray],
                       samples: int | None = None) -> PullStream:
         """:meth:`push_end` and :meth:`pull_stream` at once: the pull requests ride in
         the clock's batch (one message exchange and one server wake-up fewer)."""
-        from rdmamw.ps.stream import PullStream
         t0 = time.monotonic() if self._part_t0 is None else self._part_t0
         per = self._push_msgs([], [], time.monotonic(), samples)
         stream = PullStream(self, list(keys), out, first=per)
         self.metrics.push.add(stream.t0 - t0)
         return stream
 
-    def _pull_msgs(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None
+    def prepare_pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None
                    ) -> tuple[list[np.ndarray], dict, dict[int, tuple[bytes, int]]]:
         """Check a pull: (out arrays, their flat views by key, per server the PULL
         request and its id)."""
@@ -237,23 +232,26 @@ class KVWorker:
             reqs[s] = (wire.pack(wire.PULL, keys=ks, id=rid), rid)
         return out, dest, reqs
 
-    def _send(self, per: dict[int, list]) -> None:
+    def send_batches(self, per: dict[int, list]) -> None:
         handles = [self.chans[s].send_batch(msgs) for s, msgs in per.items() if msgs]
         handles, self._handles = self._handles + handles, []
         for h in handles:
             h.wait()                            # the caller may reuse its arrays now
 
     def _pull_wait(self, ids: dict[int, int], dest: dict, t0: float) -> None:
-        self._pulled(self._await(ids, dest), t0)
+        self.complete_pull(self.receive_pull(ids, dest), t0)
 
-    def _pulled(self, replies: dict[int, dict], t0: float) -> None:
-        """A pull is complete: model versions, merged count, DSANA's plan, timing."""
+    def complete_pull(self, replies: dict[int, dict], t0: float,
+                      restart_clock: bool = True) -> None:
+        """A pull is complete: model versions, merged count, DSANA's plan, timing
+        (a stream's caller has been computing already: it keeps the clock going)."""
         for s, h in replies.items():
             self._served(s, h)
         self.merged = min(int(h.get("merged", 0)) for h in replies.values())
-        self._pulled_at = time.monotonic()
-        self._comm_s = 0.0
-        self.metrics.pull.add(self._pulled_at - t0)
+        now = time.monotonic()
+        if restart_clock:
+            self.compute_clock.restart(now)
+        self.metrics.pull.add(now - t0)
 
     def _served(self, s: int, h: dict) -> None:
         """Server ``s``'s closing header: the model version read, maybe a plan."""
@@ -277,7 +275,7 @@ class KVWorker:
             except RdmamwError:
                 ids.pop(s, None)
         try:        # the acknowledgement: nothing sent after it reaches this server object
-            self._await(ids, None)
+            self.receive_pull(ids, None)
         except RdmamwError:
             pass
 
@@ -289,7 +287,7 @@ class KVWorker:
 
     # -- helpers --------------------------------------------------------------------
 
-    def _await(self, rids: dict[int, int], dest: dict | None,
+    def receive_pull(self, rids: dict[int, int], dest: dict | None,
                arrived: Callable[[Hashable], None] | None = None) -> dict[int, dict]:
         """Receive from the servers in ``rids`` (server -> request id) until each reply
         has ended, draining all of them as data comes (one server's big reply never

@@ -86,6 +86,9 @@ cdef class Transport:
                                           # on a synchronous transport (tcp: the peer answers)
     cdef readonly uint32_t max_inline
     cdef readonly bint can_expose         # expose() works: rendezvous is possible
+    cdef readonly bint registers_memory   # user buffers need mr_register() before use
+                                          # (verbs); the engine then takes its keys from
+                                          # the channel's registration caches
     cdef readonly uint64_t max_expose     # largest range expose() takes (0: no limit)
     cdef readonly int owner_pid           # the process that made it (rdmamw/_fork.py)
     # counters: everything that hits the "NIC"

@@ -1,5 +1,6 @@
-"""Rendezvous configuration and destinations: the one place that talks to
-``rdmamw.memory`` (tuned thresholds, pooled buffers) when it is there.
+"""Rendezvous configuration and destinations for a channel: the tuned thresholds and
+pooled buffers of ``rdmamw.memory``, which the engine below does not import (the
+channel hands it :func:`allocate` at set-up).
 
 ``resolve`` turns the ``rendezvous=`` / ``rndv_threshold=`` options of
 ``Channel.open`` into what the engine takes ("off", "read" or "write" plus a threshold).
@@ -9,11 +10,10 @@ rendezvous message that ``recv_batch`` receives without a posted buffer."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
-import numpy as np
+from rdmamw.memory import pool, thresholds
 
 STRATEGIES = ("auto", "read", "write", "off")
 DEFAULT = {"strategy": "read", "threshold": None}   # None: the peer's eager limit
@@ -21,20 +21,9 @@ log = logging.getLogger("rdmamw.channel")
 _logged: set[tuple[str, str]] = set()
 
 
-def _memory(name: str) -> Any:
-    """``rdmamw.memory.<name>`` if that module exists in this build, else None."""
-    try:
-        return importlib.import_module(f"rdmamw.memory.{name}")
-    except ImportError:
-        return None
-
-
 def tuned(provider: str) -> dict:
     """The measured strategy and threshold for ``provider``, or the built-in default."""
-    mod = _memory("thresholds")
-    if mod is None or not hasattr(mod, "lookup"):
-        return dict(DEFAULT)
-    got = dict(mod.lookup(provider) or {})
+    got = dict(thresholds.lookup(provider) or {})
     source = str(got.get("source", "built-in defaults"))
     if (provider, source) not in _logged:       # once per provider and tuning file
         _logged.add((provider, source))
@@ -67,10 +56,6 @@ def resolve(rendezvous: str, rndv_threshold: int | None, provider: str) -> tuple
 
 
 def allocate(nbytes: int) -> Any:
-    """A writable buffer of ``nbytes`` for a received rendezvous message: from the
-    ``rdmamw.memory`` pool when there is one, else a fresh (not zero-filled) numpy
-    array; the returned Message keeps it alive."""
-    pool = _memory("pool")
-    if pool is not None and hasattr(pool, "allocate"):
-        return pool.allocate(nbytes)
-    return np.empty(nbytes, np.uint8)
+    """A writable buffer of ``nbytes`` for a received rendezvous message, from the
+    ``rdmamw.memory`` pool; the returned Message keeps it alive."""
+    return pool.allocate(nbytes)

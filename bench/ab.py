@@ -1,0 +1,112 @@
+"""Before/after in one run: the code at a base commit against this tree, interleaved.
+
+    python bench/ab.py --base main~3                 # 5 rounds of A/B, then the table
+    python bench/ab.py --base 4408da6 --rounds 7 --no-rndv
+
+Refactors promise "no slower" (issue 15: within 5 % of the code before); this measures
+it the way the promise is stated. The base commit is checked out into a temporary git
+worktree and built there; then each round runs this tree's ``bench/run.py --only
+batched`` (8 B latency, 8 B rate at batches 1/16/256, 64 KiB stream) and
+``bench/rndv_quick.py --sizes 4M`` (the 4 MiB rendezvous stream) once with the base's
+package on ``PYTHONPATH`` and once with this tree's, alternating which goes first.
+The table gives the median of each metric per side and the ratio after/before (for
+latency, lower is better; for the others, higher). Run it on a quiet machine: other
+load shows in both sides, but adds noise to the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+#: (metric, label, higher is better)
+METRICS = [("lat8_med", "8 B one-way median [us]", False),
+           ("rate1", "8 B rate, batch 1 [msg/s]", True),
+           ("rate16", "8 B rate, batch 16 [msg/s]", True),
+           ("rate256", "8 B rate, batch 256 [msg/s]", True),
+           ("bw", "64 KiB stream [GB/s]", True),
+           ("rndv4m", "4 MiB rendezvous READ stream [GB/s]", True)]
+
+
+def build_base(ref: str, where: Path) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), ref],
+                   check=True, capture_output=True)
+    subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=where,
+                   check=True, capture_output=True)
+
+
+def measure(tree: Path, quick: bool, rndv: bool, tmp: Path) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = tmp / f"run-{tree.name}"
+    cmd = [sys.executable, str(HERE / "run.py"), "--only", "batched", "--out", str(out)]
+    subprocess.run(cmd + (["--quick"] if quick else []), env=env, check=True,
+                   capture_output=True, text=True)
+    latest = max(out.glob("bench-*.json"), key=lambda p: p.stat().st_mtime)
+    got = dict(json.loads(latest.read_text())["metrics"]["batched"])
+    if rndv:
+        r = subprocess.run([sys.executable, str(HERE / "rndv_quick.py"), "--sizes", "4M",
+                            "--reps", "3", "--variants", "read"],
+                           env=env, check=True, capture_output=True, text=True)
+        got["rndv4m"] = rndv_read_gbps(r.stdout)
+    return got
+
+
+def rndv_read_gbps(text: str) -> float | None:
+    """The "read" row of bench/rndv_quick.py's table (GB/s)."""
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["read"] and len(words) > 2 and words[2] == "GB/s":
+            return float(words[1])
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", required=True, help="the commit to compare against")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="bench/run.py --quick phases")
+    ap.add_argument("--no-rndv", action="store_true", help="leave out the 4 MiB stream")
+    ap.add_argument("--json", default=None, help="write every round's numbers here")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="rdmamw-ab-") as tmpdir:
+        tmp = Path(tmpdir)
+        base = tmp / "base"
+        print(f"[ab] building {a.base} in {base} ...", file=sys.stderr, flush=True)
+        build_base(a.base, base)
+        sides: dict[str, list[dict]] = {"before": [], "after": []}
+        try:
+            for r in range(a.rounds):
+                order = [("before", base), ("after", ROOT)]
+                for name, tree in order if r % 2 == 0 else order[::-1]:
+                    print(f"[ab] round {r + 1}/{a.rounds}: {name}", file=sys.stderr, flush=True)
+                    sides[name].append(measure(tree, a.quick, not a.no_rndv, tmp))
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                            str(base)], capture_output=True)
+    print(f"{'metric':<38} {'before':>12} {'after':>12} {'after/before':>13}")
+    for key, label, higher in METRICS:
+        vals = {n: [v[key] for v in rows if v.get(key) is not None] for n, rows in sides.items()}
+        if not vals["before"] or not vals["after"]:
+            continue
+        b, f = statistics.median(vals["before"]), statistics.median(vals["after"])
+        ratio = f / b if b else float("nan")
+        worse = (ratio < 0.95) if higher else (ratio > 1.05)
+        print(f"{label:<38} {b:>12.4g} {f:>12.4g} {ratio:>12.3f}{'  <-- worse' if worse else ''}")
+    print(f"medians of {a.rounds} interleaved rounds; load average now "
+          f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(sides, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
