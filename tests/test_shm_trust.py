@@ -37,18 +37,32 @@ def _memfd(size: int, seals: int | None = shm.SEALS) -> int:
 def _hostile_open(conn: socket.socket, *, block=None, evfd=None, stage=None,
                   size_delta: int = 0) -> list[int]:
     """The opener's half of the shm handshake, by hand, with the descriptors given (an
-    honest sealed one where None); returns the descriptors the acceptor sent."""
+    honest sealed one where None); it claims it cannot CMA the acceptor and offers no
+    probe word, so both staging areas are exchanged. Returns the descriptors the
+    acceptor sent (block, eventfd, and its staging area if it got that far)."""
     fr.send_frame(conn, {"v": fr.PROTOCOL_VERSION, "slots": 8, "slot_size": 4096,
                          "pid": os.getpid(), "mode": "batched"})
     peer = fr.recv_frame(conn)
     total = layout.endpoint_layout(8, 4096, peer["slots"]).total + shm.XTAB_SPACE
     fds = [block if block is not None else _memfd(total),
-           evfd if evfd is not None else os.eventfd(0, os.EFD_NONBLOCK),
-           stage if stage is not None else _memfd(STAGE)]
-    socket.send_fds(conn, [msgpack.packb({"size": total + size_delta, "stage": STAGE})], fds)
-    _data, theirs, _f, _a = socket.recv_fds(conn, fr.MAX_HELLO, 3)
+           evfd if evfd is not None else os.eventfd(0, os.EFD_NONBLOCK)]
+    stage = stage if stage is not None else _memfd(STAGE)
+    socket.send_fds(conn, [msgpack.packb({"size": total + size_delta})], fds)
+    _data, theirs, _f, _a = socket.recv_fds(conn, fr.MAX_HELLO, 2)
     for fd in fds:
         os.close(fd)
+    try:
+        fr.recv_frame(conn)                                 # the acceptor's probe word
+        fr.send_frame(conn, {"probe": 0})                   # ... and no word of ours
+        fr.recv_frame(conn)
+        fr.send_frame(conn, {"cma": False})
+        _data, staged, _f, _a = socket.recv_fds(conn, fr.MAX_HELLO, 1)
+        theirs += staged
+        socket.send_fds(conn, [msgpack.packb({"stage": STAGE})], [stage])
+    except (OSError, ProtocolError):
+        pass                                                # refused before that
+    finally:
+        os.close(stage)
     return theirs
 
 

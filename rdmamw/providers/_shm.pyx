@@ -249,12 +249,10 @@ cdef class ShmTransport(Transport):
         self.sock, self.my_evfd, self.peer_evfd = sock, my_evfd, peer_evfd
         self.state = 1
 
-    def _attach_rendezvous(self, size_t my_xtab_off, size_t peer_xtab_off, int my_arena_fd,
-                           size_t my_arena_size, int peer_arena_fd, size_t peer_arena_size,
-                           int peer_pid, int pidfd):
-        """Wire the exposure tables (at the given offsets of each block) and map both
-        staging areas; the memfds stay the caller's, ``pidfd`` becomes ours."""
-        cdef void *p
+    def _attach_rendezvous(self, size_t my_xtab_off, size_t peer_xtab_off, int peer_pid,
+                           int pidfd):
+        """Wire the exposure tables (at the given offsets of each block); ``pidfd``
+        becomes ours."""
         if my_xtab_off + XTAB_BYTES > self.my_size \
                 or peer_xtab_off + XTAB_BYTES > self.peer_size:
             raise ValueError("exposure table (and assist job record) outside the block")
@@ -267,15 +265,25 @@ cdef class ShmTransport(Transport):
         memset(self.xtab, 0, XTAB_BYTES)
         self.job = <rm_assist *>(self.my_base + my_xtab_off + sizeof(rm_xtab))
         self.peer_job = <rm_assist *>(self.peer_base + peer_xtab_off + sizeof(rm_xtab))
-        p = mmap(NULL, my_arena_size, PROT_READ | PROT_WRITE, MAP_SHARED, my_arena_fd, 0)
-        if p == MAP_FAILED:
-            raise OSError("mmap of own staging area failed")
-        self.arena, self.arena_size = <char *>p, my_arena_size
-        p = mmap(NULL, peer_arena_size, PROT_READ, MAP_SHARED, peer_arena_fd, 0)
-        if p == MAP_FAILED:
-            raise OSError("mmap of the peer's staging area failed")
-        self.peer_arena, self.peer_arena_size = <char *>p, peer_arena_size
         self.peer_pid, self.pidfd = peer_pid, pidfd
+
+    def _attach_staging(self, int my_arena_fd, size_t my_arena_size, int peer_arena_fd,
+                        size_t peer_arena_size):
+        """Map the staging areas a connection without CMA needs: mine (fd >= 0) when the
+        peer cannot CMA me, the peer's when I cannot CMA it; the memfds stay the
+        caller's. Channels with CMA both ways map neither (issue 14: a staging area is
+        1 GiB of virtual size per side)."""
+        cdef void *p
+        if my_arena_fd >= 0 and self.arena == NULL:
+            p = mmap(NULL, my_arena_size, PROT_READ | PROT_WRITE, MAP_SHARED, my_arena_fd, 0)
+            if p == MAP_FAILED:
+                raise OSError("mmap of own staging area failed")
+            self.arena, self.arena_size = <char *>p, my_arena_size
+        if peer_arena_fd >= 0 and self.peer_arena == NULL:
+            p = mmap(NULL, peer_arena_size, PROT_READ, MAP_SHARED, peer_arena_fd, 0)
+            if p == MAP_FAILED:
+                raise OSError("mmap of the peer's staging area failed")
+            self.peer_arena, self.peer_arena_size = <char *>p, peer_arena_size
 
     def _set_probe(self, uint64_t word):
         self.xtab.probe = word

@@ -12,10 +12,12 @@ before anything is mapped: a peer cannot truncate a block under us (SIGBUS).
 The listener serves handshakes concurrently, each with a deadline
 (rdmamw/providers/_listener.py): a refused or failed peer is logged and dropped.
 
-For rendezvous each side also hands over a staging memfd (sparse until used) and the
-two sides test, with a probe word, whether each may read the other's memory with
-``process_vm_readv`` (CMA; ptrace rules decide). ``RDMAMW_SHM_CMA=0`` forbids CMA, so
-the staged path is used; ``RDMAMW_SHM_STAGING`` sizes the staging area (bytes, default 1 GiB)."""
+For rendezvous the two sides test, with a probe word, whether each may read the other's
+memory with ``process_vm_readv`` (CMA; ptrace rules decide). A side the peer cannot CMA
+then hands over a staging memfd (sparse until used) for its copies; with CMA both ways
+(the usual case) there is none, so a channel maps only the two blocks.
+``RDMAMW_SHM_CMA=0`` forbids CMA, so the staged path is used; ``RDMAMW_SHM_STAGING``
+sizes the staging area (bytes, default 1 GiB)."""
 
 from __future__ import annotations
 
@@ -146,9 +148,10 @@ def _check_eventfd(fd: int) -> None:
     os.set_blocking(fd, False)      # a wake-up must never block us
 
 
-def _probe_cma(conn: socket.socket, tp: ShmTransport, peer_pid: int) -> None:
+def _probe_cma(conn: socket.socket, tp: ShmTransport, peer_pid: int, name: str) -> None:
     """Can each side read the other with CMA? Each reads the other's random probe word
-    both ways (CMA and its mapping of the same memory) and says whether they agree."""
+    both ways (CMA and its mapping of the same memory) and says whether they agree.
+    Where one side cannot, the staging areas that path needs are exchanged."""
     tp._set_probe(secrets.randbits(64))
     fr.send_frame(conn, {"probe": tp._probe_address()})
     addr = fr.field(fr.recv_frame(conn), "probe", int)
@@ -158,8 +161,41 @@ def _probe_cma(conn: socket.socket, tp: ShmTransport, peer_pid: int) -> None:
     peers = fr.recv_frame(conn).get("cma")
     if not isinstance(peers, bool):
         raise ProtocolError("handshake field 'cma' missing or not bool")
+    _exchange_staging(conn, tp, name, need_mine=not peers, need_peers=not mine)
     tp._set_cma(mine, peers)
     tp._set_assist(*assist_settings())
+
+
+def _exchange_staging(conn: socket.socket, tp: ShmTransport, name: str, need_mine: bool,
+                      need_peers: bool) -> None:
+    """Only a side the peer cannot CMA stages copies for it (a sparse memfd of
+    RDMAMW_SHM_STAGING bytes that the peer maps read-only): send ours if the peer
+    cannot CMA us, receive the peer's if we cannot CMA it. Both sides know both probe
+    results, so each knows what to expect."""
+    stagefd = -1
+    peer_fds: list[int] = []
+    try:
+        if need_mine:
+            stage = staging_bytes()
+            stagefd = _sealed_memfd(f"rdmamw-stage-{name}", stage)
+            socket.send_fds(conn, [msgpack.packb({"stage": stage})], [stagefd])
+        peer_stage = 0
+        if need_peers:
+            data, peer_fds, _flags, _addr = socket.recv_fds(conn, fr.MAX_HELLO, 1)
+            if len(peer_fds) != 1:
+                raise ProtocolError(f"peer sent {len(peer_fds)} descriptors for its "
+                                    "staging area, expected 1")
+            peer_stage = fr.decode(data).get("stage")
+            if not isinstance(peer_stage, int) or isinstance(peer_stage, bool) \
+                    or not 0 < peer_stage <= 1 << 40:
+                raise ProtocolError(f"peer staging area of {peer_stage!r} bytes")
+            _check_memfd(peer_fds[0], peer_stage, "staging area")
+        tp._attach_staging(stagefd, staging_bytes() if need_mine else 0,
+                           peer_fds[0] if peer_fds else -1, peer_stage)
+    finally:
+        for fd in (stagefd, *peer_fds):
+            if fd >= 0:
+                os.close(fd)
 
 
 def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
@@ -176,29 +212,22 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
     mine = layout.endpoint_layout(slots, slot_size, peer_slots)
     theirs = layout.endpoint_layout(peer_slots, peer_slot_size, slots)
     my_total, peer_total = mine.total + XTAB_SPACE, theirs.total + XTAB_SPACE
-    stage = staging_bytes()
-    memfd = stagefd = evfd = pidfd = -1
+    staging_bytes()             # a bad RDMAMW_SHM_STAGING fails before the peer waits
+    memfd = evfd = pidfd = -1
     peer_fds: list[int] = []
     try:
         memfd = _sealed_memfd(f"rdmamw-shm-{name}", my_total)
-        stagefd = _sealed_memfd(f"rdmamw-stage-{name}", stage)
         evfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        socket.send_fds(conn, [msgpack.packb({"size": my_total, "stage": stage})],
-                        [memfd, evfd, stagefd])
-        data, peer_fds, _flags, _addr = socket.recv_fds(conn, fr.MAX_HELLO, 3)
-        if len(peer_fds) != 3:
-            raise ProtocolError(f"peer sent {len(peer_fds)} descriptors, expected 3")
+        socket.send_fds(conn, [msgpack.packb({"size": my_total})], [memfd, evfd])
+        data, peer_fds, _flags, _addr = socket.recv_fds(conn, fr.MAX_HELLO, 2)
+        if len(peer_fds) != 2:
+            raise ProtocolError(f"peer sent {len(peer_fds)} descriptors, expected 2")
         info = fr.decode(data)
         if info.get("size") != peer_total:
             raise ProtocolError(f"peer block of {info.get('size')!r} bytes, expected "
                                 f"{peer_total}")
-        peer_stage = info.get("stage")
-        if not isinstance(peer_stage, int) or isinstance(peer_stage, bool) \
-                or not 0 < peer_stage <= 1 << 40:
-            raise ProtocolError(f"peer staging area of {peer_stage!r} bytes")
         _check_memfd(peer_fds[0], peer_total, "block")
         _check_eventfd(peer_fds[1])
-        _check_memfd(peer_fds[2], peer_stage, "staging area")
         tp = ShmTransport()
         tp._attach(conn.fileno(), memfd, my_total, peer_fds[0], peer_total, evfd,
                    peer_fds[1], mine.regions(), theirs.regions())
@@ -208,14 +237,13 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
             pidfd = os.pidfd_open(peer_pid)
         except (OSError, AttributeError):
             pidfd = -1          # no pidfd here: the socket still tells us of its death
-        tp._attach_rendezvous(mine.total, theirs.total, stagefd, stage, peer_fds[2],
-                              peer_stage, peer_pid, pidfd)
+        tp._attach_rendezvous(mine.total, theirs.total, peer_pid, pidfd)
         pidfd = -1
         with socket.socket(fileno=os.dup(tp.fileno())) as side:
             side.settimeout(conn.gettimeout())
-            _probe_cma(side, tp, peer_pid)
+            _probe_cma(side, tp, peer_pid, name)
     finally:
-        for fd in (memfd, evfd, stagefd, pidfd, *peer_fds[:1], *peer_fds[1:]):
+        for fd in (memfd, evfd, pidfd, *peer_fds[:1], *peer_fds[1:]):
             if fd >= 0:
                 os.close(fd)
     return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, f"shm://{name}")
