@@ -164,6 +164,8 @@ def info(args: argparse.Namespace) -> int:
     print(f"rdmamw {rdmamw.__version__}")
     for scheme in PROVIDERS:
         if scheme == "verbs":
+            loaded, lib = verbs_device.library()
+            print(f"  libibverbs: {'loaded from ' if loaded else 'not loaded: '}{lib}")
             ok, why = verbs_device.status()
             print(f"  verbs://  {'available on ' if ok else 'unavailable: '}{why}")
         else:
