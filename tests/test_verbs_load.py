@@ -203,3 +203,14 @@ def test_abi_declarations_match_rdma_core(tmp_path):
     assert len(ours) == sum(1 + len(m) for m in (*MEMBERS.values(), *UNIONS.values())) \
         + len(CONSTANTS) + 1
     assert ours == theirs
+
+
+def test_info_names_the_library_it_loaded(capsys):
+    from rdmamw import cli
+    from rdmamw.providers import verbs_device
+    loaded, path = verbs_device.library()
+    if not loaded:
+        pytest.skip(f"no libibverbs here: {path}")
+    assert os.path.isabs(path) and os.path.exists(path), path
+    assert cli.main(["info"]) == 0
+    assert f"  libibverbs: loaded from {path}\n" in capsys.readouterr().out
