@@ -25,7 +25,7 @@ demo: $(STAMP)
 
 # The device tests (marked `device`) skip on the host and run in a soft-RoCE VM
 # (scripts/test-device.sh; RDMAMW_VM=0 leaves them out). The apt packages come first
-# so the verbs extension is built against <infiniband/verbs.h>.
+# (rdma-core and pyverbs for the VM; the verbs extension itself needs no header).
 test: vm-deps $(STAMP)
 	bash scripts/setup_test_deps.sh
 	bash scripts/setup_torch.sh $(VPY)

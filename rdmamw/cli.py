@@ -1,6 +1,7 @@
 """The ``rdmamw`` command: ``demo`` (the main job: a parameter-server training
-cluster), ``demo-stream`` (batched vs ack streaming), ``info``, ``tune`` (the
-collectives' cost model) and ``tune rndv`` (the eager/rendezvous threshold)."""
+cluster), ``demo-stream`` (batched vs ack streaming), ``perf`` (perftest-style latency,
+bandwidth and message rate between two hosts), ``info``, ``tune`` (the collectives'
+cost model) and ``tune rndv`` (the eager/rendezvous threshold)."""
 
 from __future__ import annotations
 
@@ -184,6 +185,8 @@ def info(args: argparse.Namespace) -> int:
     print(f"rdmamw {rdmamw.__version__}")
     for scheme in PROVIDERS:
         if scheme == "verbs":
+            loaded, lib = verbs_device.library()
+            print(f"  libibverbs: {'loaded from ' if loaded else 'not loaded: '}{lib}")
             ok, why = verbs_device.status()
             print(f"  verbs://  {'available on ' if ok else 'unavailable: '}{why}")
         else:
@@ -204,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     if given[:1] == ["tune"]:            # its own argument parser (rdmamw tune -h)
         from rdmamw.apps.tune_coll import main as tune
         return tune(given[1:])
+    if given[:1] == ["perf"]:            # its own argument parser (rdmamw perf -h)
+        from rdmamw.apps.perf import main as perf
+        return perf(given[1:])
     if given[:1] == ["demo"]:            # its own argument parser (rdmamw demo -h)
         from rdmamw.apps.demo.demo import main as demo
         return demo(given[1:])
@@ -215,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=1.5, help="per run (default 1.5)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=demo_stream)
+    sub.add_parser("perf", help="latency, bandwidth and message rate between a server and "
+                                "a client, on any provider (rdmamw perf -h)")
     p = sub.add_parser("info", help="providers usable on this machine")
     p.add_argument("--config", action="store_true",
                    help="every RDMAMW_* setting: effective value and where it came from")

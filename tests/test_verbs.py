@@ -52,7 +52,7 @@ def test_without_the_extension_verbs_says_why_and_the_rest_works(monkeypatch):
     verbs_device._module.cache_clear()
     try:
         ok, why = verbs_device.status()
-        assert not ok and "libibverbs-dev" in why
+        assert not ok and "built without the verbs extension" in why
         with pytest.raises(rdmamw.ProviderUnavailable, match="built without the verbs"):
             rdmamw.listen("verbs://127.0.0.1:0")
         a, b, lst = make_pair(provider="shm")

@@ -1,10 +1,15 @@
-# The part of <infiniband/verbs.h> (libibverbs-dev) the verbs provider uses. pyverbs
-# ships no .pxd, so the data path declares the C API itself; field lists are partial
-# on purpose (Cython only needs the members it touches).
+# The part of libibverbs the verbs provider uses, from the project's own declarations
+# (rdmamw/include/rm_ibverbs.h: rdma-core's ABI, no <infiniband/verbs.h> at build time).
+# libibverbs is dlopen()ed by rm_ibv_load; the ibv_* names call through its table.
+# Field lists here are partial on purpose (Cython only needs the members it touches).
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 
-cdef extern from "infiniband/verbs.h" nogil:
+cdef extern from "rm_ibverbs.h" nogil:
+    int rm_ibv_load(const char *lib, char *err, size_t errlen)
+    bint rm_ibv_loaded()
+    char rm_ibv_path[4096]
+
     cdef struct ibv_device:
         pass
     cdef struct ibv_context:

@@ -1,5 +1,6 @@
 # cython: freethreading_compatible = False
-"""The ``verbs`` provider's data path: mini-verbs on an RC queue pair (libibverbs).
+"""The ``verbs`` provider's data path: mini-verbs on an RC queue pair (libibverbs,
+dlopen()ed by load() on first use: the extension does not link it).
 
 One post() is one chained ``ibv_send_wr`` list handed to ``ibv_post_send`` (one
 doorbell) unless it is longer than the send queue allows, then it goes in parts.
@@ -211,6 +212,7 @@ cdef class VerbsTransport(Transport):
         cdef void *mem = NULL
         if len(regions) != RM_NREGIONS:
             raise ValueError("need one (offset, length) per region")
+        _require()
         fork_safety()
         lst = ibv_get_device_list(&num)
         if lst == NULL:
@@ -914,6 +916,33 @@ cdef class VerbsTransport(Transport):
         return self.state
 
 
+LIBRARY = "libibverbs.so.1"     # RDMAMW_VERBS_LIBRARY: another name or a path
+
+
+def load() -> str:
+    """dlopen libibverbs (RDMAMW_VERBS_LIBRARY, default libibverbs.so.1, read on the
+    first call) and resolve every function this module calls, once; return the path of
+    the library loaded. OSError naming the library or the missing symbols."""
+    cdef char err[1024]
+    cdef int rc = 0
+    lib = os.environ.get("RDMAMW_VERBS_LIBRARY") or LIBRARY
+    if not rm_ibv_loaded():
+        rc = rm_ibv_load(lib.encode(), err, sizeof(err))
+    if rc == -1:
+        raise OSError(2, f"cannot load {lib} ({err.decode(errors='replace')}); install "
+                         f"rdma-core (libibverbs1) or point RDMAMW_VERBS_LIBRARY at it")
+    if rc != 0:
+        raise OSError(2, f"{rm_ibv_path.decode(errors='replace')} lacks "
+                         f"{err.decode(errors='replace')} (not libibverbs, or older than "
+                         f"rdma-core's libibverbs 1.1)")
+    return rm_ibv_path.decode(errors="replace")
+
+
+cdef _require():
+    if not rm_ibv_loaded():
+        load()
+
+
 cdef int _fork_init_rc = -1
 
 
@@ -928,6 +957,7 @@ def fork_safety() -> str:
     memory was registered before (EINVAL). RDMAV_FORK_SAFE / IBV_FORK_SAFE make
     libibverbs call it anyway: a warning says so."""
     global _fork_init_rc
+    _require()
     cdef int status = <int>ibv_is_fork_initialized()
     if _fork_init_rc < 0:
         _fork_init_rc = 0
@@ -945,7 +975,9 @@ def fork_safety() -> str:
 def probe(int max_gids=32):
     """Devices, ports and non-zero GIDs as libibverbs reports them (no pyverbs)."""
     cdef int num = 0, i, p, g
-    cdef ibv_device **lst = ibv_get_device_list(&num)
+    cdef ibv_device **lst
+    _require()
+    lst = ibv_get_device_list(&num)
     cdef ibv_context *ctx
     cdef ibv_device_attr dattr
     cdef ibv_port_attr pattr

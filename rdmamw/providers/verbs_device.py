@@ -1,8 +1,8 @@
 """Is the verbs provider usable here, and on which device, port and GID?
 
 No RDMA is an ordinary case: every answer is a reason string, never an ImportError
-of the library. The data-path extension is optional (built only with libibverbs-dev)
-and is imported lazily."""
+of the library. The data-path extension is always built and imported lazily; it
+dlopen()s libibverbs.so.1 here, on first use (``library()`` says which file)."""
 
 from __future__ import annotations
 
@@ -18,17 +18,25 @@ SYSFS = "/sys/class/infiniband"
 
 @functools.lru_cache(maxsize=1)
 def _module():
-    """The _verbs extension, or the reason it cannot be loaded."""
+    """The _verbs extension with libibverbs loaded, or the reason it cannot be."""
     name = "rdmamw.providers._verbs"
     try:
-        return importlib.import_module(name)
+        mod = importlib.import_module(name)
     except ModuleNotFoundError as e:
         if e.name != name:
             raise
-        return ("rdmamw was built without the verbs extension (<infiniband/verbs.h> from "
-                "libibverbs-dev was not found at build time)")
-    except ImportError as e:     # the extension is there, libibverbs.so is not
-        return f"libibverbs cannot be loaded ({e}); install rdma-core / libibverbs1"
+        return "rdmamw was built without the verbs extension (rdmamw.providers._verbs)"
+    try:
+        mod.load()
+    except OSError as e:
+        return e.strerror
+    return mod
+
+
+def library() -> tuple[bool, str]:
+    """(loaded, the path of the libibverbs loaded, or why none is)."""
+    mod = _module()
+    return (False, mod) if isinstance(mod, str) else (True, mod.load())
 
 
 def transport_class():
