@@ -210,6 +210,8 @@ D("tcp", "RDMAMW_TCP_HEARTBEAT", "seconds", 0.25,
 D("tcp", "RDMAMW_TCP_PEER_TIMEOUT", "seconds", 1.5,
   "silence after which a tcp peer is lost", minimum=1e-3)
 # verbs
+D("verbs", "RDMAMW_VERBS_LIBRARY", "str", "libibverbs.so.1",
+  "the libibverbs to dlopen: a name or a path")
 D("verbs", "RDMAMW_VERBS_DEVICE", "str", "", "RDMA device name (default: the first usable)")
 D("verbs", "RDMAMW_VERBS_PORT", "int", 0, "device port (0: the first active)")
 D("verbs", "RDMAMW_VERBS_GID_INDEX", "int", -1, "GID index (-1: chosen by link layer)",
@@ -273,7 +275,7 @@ def source(name: str) -> str:
 
 
 #: variables of the build, the test suite and the benchmarks, not of the library
-NOT_LIBRARY = ("RDMAMW_VERBS", "RDMAMW_NATIVE", "RDMAMW_VM", "RDMAMW_TORCH",
+NOT_LIBRARY = ("RDMAMW_NATIVE", "RDMAMW_VM", "RDMAMW_TORCH",
                "RDMAMW_TEST_PROVIDERS")
 
 

@@ -28,8 +28,9 @@ from dataclasses import asdict, dataclass
 import msgpack
 
 import rdmamw
+from rdmamw.config import parse_bytes
 from rdmamw.errors import ProtocolError, RdmamwError
-from rdmamw.memory.units import human, parse_bytes
+from rdmamw.memory.units import human
 from rdmamw.transport.wire import MODES
 
 DEFAULT_PORT = 18515

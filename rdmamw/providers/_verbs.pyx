@@ -18,6 +18,8 @@ against the peer's regions before any of a chain is posted."""
 import logging
 import os
 
+from rdmamw import config
+
 from libc.errno cimport EAGAIN, EINTR, errno
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, realloc
@@ -916,16 +918,13 @@ cdef class VerbsTransport(Transport):
         return self.state
 
 
-LIBRARY = "libibverbs.so.1"     # RDMAMW_VERBS_LIBRARY: another name or a path
-
-
 def load() -> str:
     """dlopen libibverbs (RDMAMW_VERBS_LIBRARY, default libibverbs.so.1, read on the
     first call) and resolve every function this module calls, once; return the path of
     the library loaded. OSError naming the library or the missing symbols."""
     cdef char err[1024]
     cdef int rc = 0
-    lib = os.environ.get("RDMAMW_VERBS_LIBRARY") or LIBRARY
+    lib = config.get("RDMAMW_VERBS_LIBRARY")
     if not rm_ibv_loaded():
         rc = rm_ibv_load(lib.encode(), err, sizeof(err))
     if rc == -1:
