@@ -39,6 +39,7 @@ extensions = [
     ext("rdmamw.providers._tcp", "rdmamw/providers/_tcp.pyx"),
     ext("rdmamw.memory._span", "rdmamw/memory/_span.pyx"),
     ext("rdmamw.ps._sgd", "rdmamw/ps/_sgd.pyx"),
+    ext("rdmamw.testing._hooks", "rdmamw/testing/_hooks.pyx"),
     ext("rdmamw.providers._verbs", "rdmamw/providers/_verbs.pyx"),
 ]
 extensions[-1].libraries = ["dl"]      # dlopen/dlvsym (in libc itself since glibc 2.34)

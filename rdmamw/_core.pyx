@@ -2175,12 +2175,6 @@ cdef class Engine:
         """Largest message the peer's ring takes (its slot_size)."""
         return self.peer_slot_size
 
-    def _debug_slot_address(self, uint32_t slot):
-        """Address of my ring's slot header (tests of malformed input only)."""
-        if slot >= self.nslots:
-            raise IndexError(slot)
-        return <size_t>(self.ring + <size_t>slot * self.stride)
-
     def diagnostics(self) -> dict:
         """The engine's sequence numbers, bitmap words, control words and rendezvous
         state, for diagnosing a stuck channel (docs/api.md, "Diagnostics"); the keys
@@ -2204,5 +2198,7 @@ cdef class Engine:
             "rndv_released": self.rndv_released, "rrndv_next": self.rrndv_next,
             "rndv_read_done": self.rndv_read_done, "rndv_read_status": self.rndv_read_status,
             "peer_gone": self.peer_gone,
+            "ring": {"address": <size_t>self.ring, "stride": self.stride,
+                     "slots": self.nslots},
             "transport_error": self.tp.error_detail() if self.tp is not None else None,
         }

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import rdmamw
+from rdmamw import testing as hooks
 from rdmamw.errors import RdmamwError
 from tests.helpers import make_pair, unique_name
 
@@ -178,7 +179,7 @@ def _peek(addr: int, n: int) -> bytes:
 
 
 def _corrupt_header(ch, slot: int, **fields) -> None:
-    addr = ch._debug_slot_address(slot)
+    addr = hooks.slot_address(ch, slot)
     seq, used, count, flags, check, res = HDR.unpack(_peek(addr, HDR.size))
     vals = dict(seq=seq, used=used, count=count, flags=flags, check=check, reserved=res)
     vals.update(fields)
@@ -223,7 +224,7 @@ def test_record_overrun_is_protocol_error_not_a_wrong_message():
     a, b, lst = make_pair(slots=4, slot_size=256)
     a.send_batch([b"abc", b"defg"])
     (slot,) = b.diagnostics()["pending"]
-    addr = b._debug_slot_address(slot) + 64 + 8 + 8          # second record's length
+    addr = hooks.slot_address(b, slot) + 64 + 8 + 8          # second record's length
     _poke(addr, struct.pack("<I", 10_000))
     got = b.recv_batch(max_messages=1, timeout=1)            # the first record is fine
     assert bytes(got[0]) == b"abc"

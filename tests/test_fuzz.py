@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
+from rdmamw import testing as hooks
 from rdmamw.providers import shm
 from rdmamw.transport import wire as _wire
 from tests.helpers import make_pair
@@ -34,7 +35,7 @@ def test_fuzz_slot_decoder(used, count, flags, body, keep_seq):
     try:
         a.send_batch([b"seed-one", b"seed-two"])
         (slot,) = b.diagnostics()["pending"]
-        addr = b._debug_slot_address(slot)
+        addr = hooks.slot_address(b, slot)
         seq = 0 if keep_seq else 7
         ctypes.memmove(addr, HDR.pack(seq, used, count, flags, ~seq & 0xFFFFFFFF, 0), HDR.size)
         ctypes.memmove(addr + 64, body, len(body))

@@ -13,11 +13,11 @@ import threading
 import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from rdmamw.providers._tcp import apply_stream
 
 import rdmamw
 from rdmamw import auth
 from rdmamw.providers import tcp
+from rdmamw.testing import apply_stream
 from rdmamw.transport import wire as _wire
 from tests.tcp_util import FRAME, REGION, random_stream
 

@@ -35,6 +35,7 @@ LIBS = set(BELOW["rdmamw.channel"]) | {"rdmamw.channel", "rdmamw"}
 BELOW["rdmamw.collectives"] = LIBS
 BELOW["rdmamw.sched"] = LIBS
 BELOW["rdmamw.ps"] = LIBS | {"rdmamw.sched"}
+BELOW["rdmamw.testing"] = {"rdmamw.errors", "rdmamw.transport", "rdmamw.providers"}
 #: applications may use every library, never each other's insides
 APPS = ("rdmamw.apps", "rdmamw.cli")
 
@@ -156,6 +157,13 @@ def test_no_library_imports_an_application():
     users = {m: {d for d in deps if _layer(d) in APPS} for m, deps in GRAPH.items()
              if _layer(m) not in APPS}
     assert {m: d for m, d in users.items() if d} == {}
+
+
+def test_the_package_never_imports_its_test_hooks():
+    users = {m for m, deps in GRAPH.items()
+             if _layer(m) != "rdmamw.testing" and any(_layer(d) == "rdmamw.testing"
+                                                      for d in deps)}
+    assert users == set()
 
 
 def test_every_module_has_a_layer():

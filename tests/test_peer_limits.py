@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import rdmamw
+from rdmamw import testing as hooks
 from rdmamw.channel import channel as channel_mod
 from rdmamw.channel import rendezvous as _rendezvous
 from rdmamw.errors import ConfigError
@@ -152,7 +153,7 @@ def _desc_address(ch) -> int:
     while not ch.diagnostics()["pending"] and time.monotonic() < deadline:
         time.sleep(0.001)
     (slot,) = ch.diagnostics()["pending"]
-    addr = ch._debug_slot_address(slot) + 64
+    addr = hooks.slot_address(ch, slot) + 64
     assert struct.unpack("<II", ctypes.string_at(addr, 8)) == (DESC.size, 1)
     return addr + 8
 
@@ -396,7 +397,7 @@ def test_sequence_gap_sleeps_instead_of_spinning():
     try:
         a.send(b"one")
         (slot,) = b.diagnostics()["pending"]
-        addr = b._debug_slot_address(slot)
+        addr = hooks.slot_address(b, slot)
         hdr = list(HDR.unpack(ctypes.string_at(addr, HDR.size)))
         hdr[0], hdr[4] = 1, ~1 & 0xFFFFFFFF     # in the window, but seq 0 never comes
         ctypes.memmove(addr, HDR.pack(*hdr), HDR.size)

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
+from rdmamw import testing as hooks
 from tests.helpers import LISTEN_ADDRESS, make_pair
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -290,7 +291,7 @@ def _desc_addresses(ch, n: int = 1) -> list[int]:
     while not ch.diagnostics()["pending"] and time.monotonic() < deadline:
         time.sleep(0.001)           # tcp: the peer's frames land asynchronously
     (slot,) = ch.diagnostics()["pending"]
-    addr = ch._debug_slot_address(slot) + 64          # payload: PACKED records
+    addr = hooks.slot_address(ch, slot) + 64          # payload: PACKED records
     out = []
     for _ in range(n):
         length, flags = struct.unpack("<II", ctypes.string_at(addr, 8))

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
+from rdmamw import testing as hooks
 from rdmamw.errors import ConfigError
 from rdmamw.providers import shm
 from rdmamw.providers.shm import assist_settings
@@ -50,33 +51,33 @@ def test_the_exposing_side_copies_every_chunk_it_claims(pair):
     a, b = pair                      # a exposes its source, b is the reader
     src = np.random.default_rng(1).integers(0, 256, MiB, dtype=np.uint8)
     dst = np.zeros(MiB, np.uint8)
-    key = a._expose_range(_addr(src), src.nbytes)
-    b._offer_job(_addr(src), _addr(dst), MiB, CHUNK, key, 4)
-    assert a._assist_now() == 4
+    key = hooks.expose_range(a, _addr(src), src.nbytes)
+    hooks.offer_job(b, _addr(src), _addr(dst), MiB, CHUNK, key, 4)
+    assert hooks.assist_now(a) == 4
     assert np.array_equal(dst, src)
-    assert b._job_state() == (0b1111, 0)
+    assert hooks.job_state(b) == (0b1111, 0)
     assert a.counters()["assist_bytes_given"] == MiB
-    assert a._assist_now() == 0            # nothing left to claim
+    assert hooks.assist_now(a) == 0            # nothing left to claim
 
 
 def test_a_write_job_is_pulled_into_the_exposed_destination(pair):
     a, b = pair                      # a exposes a destination, b is the writer
     src = np.random.default_rng(2).integers(0, 256, MiB + 5, dtype=np.uint8)
     dst = np.zeros(MiB + 5, np.uint8)
-    key = a._expose_range(_addr(dst), dst.nbytes, writable=True)
-    b._offer_job(_addr(dst), _addr(src), MiB + 5, CHUNK, key, 5, write=True)
-    assert a._assist_now() == 5
+    key = hooks.expose_range(a, _addr(dst), dst.nbytes, writable=True)
+    hooks.offer_job(b, _addr(dst), _addr(src), MiB + 5, CHUNK, key, 5, write=True)
+    assert hooks.assist_now(a) == 5
     assert np.array_equal(dst, src)
-    assert b._job_state() == (0b11111, 0)
+    assert hooks.job_state(b) == (0b11111, 0)
 
 
 def test_a_write_job_into_a_read_only_exposure_copies_nothing(pair):
     a, b = pair
     src = np.ones(MiB, np.uint8)
     dst = np.zeros(MiB, np.uint8)
-    key = a._expose_range(_addr(dst), MiB)           # exposed for READ only
-    b._offer_job(_addr(dst), _addr(src), MiB, CHUNK, key, 4, write=True)
-    assert a._assist_now() == 0
+    key = hooks.expose_range(a, _addr(dst), MiB)           # exposed for READ only
+    hooks.offer_job(b, _addr(dst), _addr(src), MiB, CHUNK, key, 4, write=True)
+    assert hooks.assist_now(a) == 0
     assert not dst.any()
 
 
@@ -87,7 +88,7 @@ def test_a_job_outside_what_was_exposed_copies_nothing(pair, case):
     src = np.full(2 * MiB, 7, np.uint8)
     dst = np.zeros(2 * MiB, np.uint8)
     base, n, chunk, length = _addr(src), 4, CHUNK, MiB
-    key = a._expose_range(base, MiB, writable=(case == "write_only"))
+    key = hooks.expose_range(a, base, MiB, writable=(case == "write_only"))
     remote = base
     if case == "outside":
         remote = base + MiB                          # the unexposed second half
@@ -101,19 +102,19 @@ def test_a_job_outside_what_was_exposed_copies_nothing(pair, case):
         n = 5                                        # 5 x 256 KiB > 1 MiB: bad geometry
     elif case == "chunk_zero":
         chunk = 0
-    b._offer_job(remote, _addr(dst), length, chunk, key, n)
-    assert a._assist_now() == 0
+    hooks.offer_job(b, remote, _addr(dst), length, chunk, key, n)
+    assert hooks.assist_now(a) == 0
     assert not dst.any()
-    assert b._job_state() == (0, 0)
+    assert hooks.job_state(b) == (0, 0)
 
 
 def test_a_destination_the_helper_cannot_write_is_marked_bad_not_a_crash(pair):
     a, b = pair
     src = np.ones(MiB, np.uint8)
-    key = a._expose_range(_addr(src), MiB)
-    b._offer_job(_addr(src), 4096, MiB, CHUNK, key, 4)   # page 1: unmapped
-    assert a._assist_now() == 4
-    assert b._job_state() == (0b1111, 0b1111)     # the reader redoes them
+    key = hooks.expose_range(a, _addr(src), MiB)
+    hooks.offer_job(b, _addr(src), 4096, MiB, CHUNK, key, 4)   # page 1: unmapped
+    assert hooks.assist_now(a) == 4
+    assert hooks.job_state(b) == (0b1111, 0b1111)     # the reader redoes them
 
 
 def _valid_geometry(length: int, chunk: int, n: int) -> bool:
@@ -171,20 +172,20 @@ def test_fuzzed_jobs_do_exactly_what_the_exposure_allows(pair, job):
     exposed[:] = 5
     other = np.zeros(4 * MiB, np.uint8) if not write else np.full(4 * MiB, 3, np.uint8)
     spare = np.zeros(4096, np.uint8)
-    stale = a._expose_range(_addr(spare), spare.nbytes, writable=write)
-    a._unexpose_range(stale)
-    key = a._expose_range(_addr(exposed), MiB, writable=write == same_access)
-    other_key = a._expose_range(_addr(spare), spare.nbytes, writable=write)
+    stale = hooks.expose_range(a, _addr(spare), spare.nbytes, writable=write)
+    hooks.unexpose_range(a, stale)
+    key = hooks.expose_range(a, _addr(exposed), MiB, writable=write == same_access)
+    other_key = hooks.expose_range(a, _addr(spare), spare.nbytes, writable=write)
     k = {"own": key, "other": other_key, "stale": stale, "own+1": key + 1, "own-1": key - 1,
          "own+gen": key + 0x100, "high": key | 0x10000}[which]
     try:
-        b._offer_job(_addr(exposed) + off, _addr(other), length, chunk, k & 0xFFFFFFFF, n,
+        hooks.offer_job(b, _addr(exposed) + off, _addr(other), length, chunk, k & 0xFFFFFFFF, n,
                      write=write)
         ok = (which == "own" and same_access and off >= 0 and off + length <= MiB
               and _valid_geometry(length, chunk, n))
-        did = a._assist_now()
+        did = hooks.assist_now(a)
         assert did == (n if ok else 0), (job, did)
-        assert b._job_state() == (((1 << n) - 1, 0) if ok else (0, 0))
+        assert hooks.job_state(b) == (((1 << n) - 1, 0) if ok else (0, 0))
         assert (mem[:MiB] == 9).all() and (mem[2 * MiB:] == 9).all()
         event("done" if ok else "refused")
         if not ok:
@@ -196,8 +197,8 @@ def test_fuzzed_jobs_do_exactly_what_the_exposure_allows(pair, job):
             assert (other[:length] == 5).all() and not other[length:].any()
             assert (exposed == 5).all()
     finally:
-        a._unexpose_range(key)
-        a._unexpose_range(other_key)
+        hooks.unexpose_range(a, key)
+        hooks.unexpose_range(a, other_key)
 
 
 def _stream_receiver(address, strategy, sizes, q):
@@ -331,7 +332,7 @@ def _read_with_helper(monkeypatch, sig=None, stall: str = "10") -> dict:
             def watch() -> None:       # signal the helper inside a chunk of the job
                 n = SIZE // (4 * MiB)
                 while not stop.is_set():
-                    fin, claimed = tp._job_state()[0], tp._job_claimed()
+                    fin, claimed = hooks.job_state(tp)[0], hooks.job_claimed(tp)
                     if fin and claimed < n:
                         p.send_signal(sig)
                         out["at_signal"] = {"fin": bin(fin).count("1"), "claimed": claimed,

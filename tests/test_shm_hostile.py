@@ -1,7 +1,7 @@
 """A hostile shm peer (issue 13, findings 1-2): it maps our block read-write, so it can
 forge the mirror of our exposure table and rewrite the claim word of its own assist
 job while we help with it. Neither may make us read or write anything outside what we
-exposed to it. The hooks in rdmamw.providers._shm write the shared records exactly as
+exposed to it. The hooks in rdmamw.testing write the shared records exactly as
 the peer process can."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rdmamw.providers import _shm
+from rdmamw import testing as hooks
 from tests import test_shm_assist
 from tests.test_shm_assist import CHUNK, MiB, _addr
 
@@ -30,11 +30,11 @@ def test_a_forged_entry_in_our_table_mirror_reads_nothing_of_ours(pair):
     secret = np.full(MiB, 0x5E, np.uint8)
     dst = np.zeros(MiB, np.uint8)
     key = (1 << 8) | 7
-    _shm._forge_peer_xtab(b, 7, 0, (1 << 64) - 1, key, RW)
-    b._offer_job(_addr(secret), _addr(dst), MiB, CHUNK, key, 4)
-    assert a._assist_now() == 0
+    hooks.forge_peer_xtab(b, 7, 0, (1 << 64) - 1, key, RW)
+    hooks.offer_job(b, _addr(secret), _addr(dst), MiB, CHUNK, key, 4)
+    assert hooks.assist_now(a) == 0
     assert not dst.any()
-    assert b._job_state() == (0, 0)
+    assert hooks.job_state(b) == (0, 0)
 
 
 def test_a_forged_entry_in_our_table_mirror_writes_nothing_of_ours(pair):
@@ -42,9 +42,9 @@ def test_a_forged_entry_in_our_table_mirror_writes_nothing_of_ours(pair):
     victim = np.full(MiB, 0x11, np.uint8)
     src = np.full(MiB, 0xEE, np.uint8)
     key = (1 << 8) | 9
-    _shm._forge_peer_xtab(b, 9, 0, (1 << 64) - 1, key, RW)
-    b._offer_job(_addr(victim), _addr(src), MiB, CHUNK, key, 4, write=True)
-    assert a._assist_now() == 0
+    hooks.forge_peer_xtab(b, 9, 0, (1 << 64) - 1, key, RW)
+    hooks.offer_job(b, _addr(victim), _addr(src), MiB, CHUNK, key, 4, write=True)
+    assert hooks.assist_now(a) == 0
     assert (victim == 0x11).all()
 
 
@@ -54,14 +54,14 @@ def test_a_forged_entry_cannot_widen_a_real_exposure(pair):
     a, b = pair
     mem = np.full(3 * MiB, 9, np.uint8)
     mem[:MiB] = 5
-    key = a._expose_range(_addr(mem), MiB)
-    _shm._forge_peer_xtab(b, key & 0xFF, _addr(mem), 3 * MiB, key, RW)
+    key = hooks.expose_range(a, _addr(mem), MiB)
+    hooks.forge_peer_xtab(b, key & 0xFF, _addr(mem), 3 * MiB, key, RW)
     dst = np.zeros(2 * MiB, np.uint8)
-    b._offer_job(_addr(mem), _addr(dst), 2 * MiB, 2 * CHUNK, key, 4)
-    assert a._assist_now() == 0
+    hooks.offer_job(b, _addr(mem), _addr(dst), 2 * MiB, 2 * CHUNK, key, 4)
+    assert hooks.assist_now(a) == 0
     assert not dst.any()
-    b._offer_job(_addr(mem), _addr(dst), MiB, CHUNK, key, 4)
-    assert a._assist_now() == 4
+    hooks.offer_job(b, _addr(mem), _addr(dst), MiB, CHUNK, key, 4)
+    assert hooks.assist_now(a) == 4
     assert (dst[:MiB] == 5).all() and not dst[MiB:].any()
 
 
@@ -73,15 +73,15 @@ def _hostile_claims(a, b, write: bool, n_bad: int, next_bad: int, seconds: float
     exposed = mem[MiB:2 * MiB]
     exposed[:] = 5
     other = np.full(16 * MiB, 3 if write else 0, np.uint8)
-    key = a._expose_range(_addr(exposed), MiB, writable=write)
+    key = hooks.expose_range(a, _addr(exposed), MiB, writable=write)
     end = time.monotonic() + seconds
     jobs = 0
     while time.monotonic() < end:
-        seq = b._offer_job(_addr(exposed), _addr(other), MiB, CHUNK, key, 4, write=write)
-        t = threading.Thread(target=_shm._hammer_job, args=(b, seq, 4, n_bad, next_bad, 2000))
+        seq = hooks.offer_job(b, _addr(exposed), _addr(other), MiB, CHUNK, key, 4, write=write)
+        t = threading.Thread(target=hooks.hammer_job, args=(b, seq, 4, n_bad, next_bad, 2000))
         t.start()
         while t.is_alive():
-            a._assist_now()
+            hooks.assist_now(a)
         t.join()
         jobs += 1
     assert jobs > 3
@@ -125,15 +125,15 @@ def test_fuzzed_jobs_with_concurrently_rewritten_claims_stay_inside(pair, n_ok, 
     other = np.full(4 * MiB, 3 if write else 0, np.uint8)
     chunk = MiB // n_ok // 65536 * 65536 or 65536
     length = min(MiB, max(1, n_ok * chunk + shift))
-    key = a._expose_range(_addr(exposed), MiB, writable=write)
-    seq = b._offer_job(_addr(exposed), _addr(other), length, chunk, key, n_ok, write=write)
-    t = threading.Thread(target=_shm._hammer_job, args=(b, seq, n_ok, n_bad, next_bad, 500))
+    key = hooks.expose_range(a, _addr(exposed), MiB, writable=write)
+    seq = hooks.offer_job(b, _addr(exposed), _addr(other), length, chunk, key, n_ok, write=write)
+    t = threading.Thread(target=hooks.hammer_job, args=(b, seq, n_ok, n_bad, next_bad, 500))
     t.start()
     while t.is_alive():
-        a._assist_now()
+        hooks.assist_now(a)
     t.join()
-    a._assist_now()
-    a._unexpose_range(key)
+    hooks.assist_now(a)
+    hooks.unexpose_range(a, key)
     if write:
         assert (mem[:MiB] == 9).all() and (mem[2 * MiB:] == 9).all()
     else:

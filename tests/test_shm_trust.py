@@ -16,8 +16,9 @@ import msgpack
 import numpy as np
 import pytest
 
+from rdmamw import testing as hooks
 from rdmamw.errors import ConfigError, ProtocolError, Timeout
-from rdmamw.providers import _shm, shm
+from rdmamw.providers import shm
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
 from tests.helpers import unique_name
@@ -225,8 +226,8 @@ def test_an_allowed_other_user_connects_but_gets_no_help_and_nothing_unexposed(
         tp = shm.connect(name, mode="batched", timeout=10, slots=8, slot_size=4096).transport
         dst = np.zeros(1 << 20, np.uint8)
         key = (1 << 8) | 7
-        _shm._forge_peer_xtab(tp, 7, 0, (1 << 64) - 1, key, 3)
-        tp._offer_job(addr, dst.__array_interface__["data"][0], 1 << 20, 1 << 18, key, 4)
+        hooks.forge_peer_xtab(tp, 7, 0, (1 << 64) - 1, key, 3)
+        hooks.offer_job(tp, addr, dst.__array_interface__["data"][0], 1 << 20, 1 << 18, key, 4)
         os.write(from_child, bytes([tp.cma_modes[0], tp.cma_modes[1]]))
         os.read(to_child, 1)
         ok = not dst.any()
@@ -241,7 +242,7 @@ def test_an_allowed_other_user_connects_but_gets_no_help_and_nothing_unexposed(
         tp = lst.accept(timeout=10).transport
         secret[:] = 0x5E                    # after the fork: only root's copy has it
         child_modes = os.read(to_root, 2)
-        did = tp._assist_now()
+        did = hooks.assist_now(tp)
         os.write(from_root, b"x")
         tp.close()
     finally:

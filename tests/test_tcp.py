@@ -14,6 +14,7 @@ import pytest
 
 import rdmamw
 from rdmamw import auth
+from rdmamw import testing as hooks
 from rdmamw.providers import tcp
 from tests.tcp_util import HEARTBEAT, PUBLISH, READ_RESP, WRITE, frame, raw_peer
 
@@ -183,11 +184,11 @@ def test_read_is_served_from_registered_regions_only():
         a = tcp.connect(lst.address[6:], mode="batched", timeout=5, slots=4, slot_size=128)
         t.join()
         b = got["c"]
-        ring = b.transport.region_address(3)
+        ring = hooks.region_address(b.transport, 3)
         ctypes.memmove(ring + 100, b"remote bytes", 12)
-        assert a.transport._read_remote(3, 100, 12) == b"remote bytes"
+        assert hooks.read_remote(a.transport, 3, 100, 12) == b"remote bytes"
         with pytest.raises(ValueError):
-            a.transport._read_remote(3, 1 << 30, 12)      # refused before anything is sent
+            hooks.read_remote(a.transport, 3, 1 << 30, 12)      # refused before anything is sent
         a.transport.close(), b.transport.close()
 
 

@@ -91,39 +91,6 @@ cdef extern from "sys/uio.h" nogil:
     ssize_t process_vm_writev(int pid, const iovec *local, unsigned long liovcnt,
                               const iovec *remote, unsigned long riovcnt, unsigned long flags)
 
-cdef extern from "rm_expose.h" nogil:
-    enum:
-        RM_XTAB_N, RM_XACC_READ, RM_XACC_WRITE
-    uint64_t RM_XNONE
-    ctypedef struct rm_xent:
-        uint64_t addr, len, staged
-        uint32_t key, access
-    ctypedef struct rm_xtab:
-        uint64_t probe
-        uint32_t gen, live
-    uint32_t rm_xtab_add(rm_xtab *t, uint64_t addr, uint64_t len, uint32_t access,
-                         uint64_t staged)
-    int rm_xtab_del(rm_xtab *t, uint32_t key, rm_xent *out)
-    int rm_xtab_find(const rm_xtab *t, uint32_t key, uint64_t addr, uint64_t len,
-                     uint32_t access, rm_xent *out)
-    int rm_xtab_alive(const rm_xtab *t, uint32_t key)
-    void rm_xtab_mirror(rm_xtab *t, const rm_xtab *src, uint32_t key)
-    void rm_xtab_retract(rm_xtab *t, uint32_t key)
-    uint64_t rm_xtab_fit(const rm_xtab *t, uint64_t size, uint64_t len)
-
-cdef extern from "rm_assist.h" nogil:
-    enum:
-        RM_ASSIST_MAX_CHUNKS
-    ctypedef struct rm_assist:
-        uint64_t claim, fin, bad, remote, local, len, chunk
-        uint32_t key, write
-    void rm_assist_publish(rm_assist *a, uint32_t seq, uint32_t write, uint64_t remote,
-                           uint64_t local, uint64_t len, uint64_t chunk, uint32_t key,
-                           uint32_t n)
-    int rm_assist_claim(rm_assist *a, uint32_t seq, uint32_t n, uint64_t *taken)
-    uint32_t rm_assist_offer(const rm_assist *a, rm_assist *out)
-    void rm_assist_finish(rm_assist *a, int i, int ok)
-
 cdef extern from "sched.h" nogil:
     int sched_yield()
 
@@ -174,41 +141,7 @@ def cma_probe(int pid, size_t addr) -> int:
     return <long long>(word >> 1)      # non-negative: the caller compares the same shift
 
 cdef class ShmTransport(Transport):
-    cdef char *my_base
-    cdef size_t my_size
-    cdef char *peer_base
-    cdef size_t peer_size
-    cdef char *peer_addr[RM_NREGIONS]
-    cdef int sock
-    cdef int my_evfd
-    cdef int peer_evfd
-    cdef int state
-    # rendezvous
-    cdef rm_xtab *xpriv             # my exposures, private: what I check the peer against
-    cdef rm_xtab *xtab              # their mirror in my block: the peer checks its READs
-                                    # against it (and could forge it: I never read it)
-    cdef rm_xtab *peer_xtab         # the peer's mirror, in its block
-    cdef int xlock                  # guards changes to my table (two engine threads)
-    cdef int peer_pid
-    cdef int pidfd                  # the peer process (-1: not available); pid reuse guard
-    cdef bint cma                   # I may process_vm_* the peer
-    cdef bint peer_cma              # the peer may process_vm_* me (else I stage for it)
-    cdef char *arena                # my staging area (the peer maps it too)
-    cdef uint64_t arena_size
-    cdef char *peer_arena
-    cdef uint64_t peer_arena_size
-    # assisted READ/WRITE (rm_assist.h)
-    cdef rm_assist *job             # my job record, in my block: the peer helps with it
-    cdef rm_assist *peer_job        # the peer's, in its block: I help with it
-    cdef uint32_t job_seq
-    cdef uint64_t assist_min        # READs/WRITEs of at least this many bytes ask (0: never)
-    cdef uint64_t assist_chunk      # smallest chunk
-    cdef int64_t assist_stall_ns    # a helper's chunk unfinished this long: PeerLost
-    cdef int assist_busy            # one engine thread at a time helps with the peer's job
-    cdef uint32_t assist_key        # the exposure it copies from/into now (unexpose waits)
-    cdef public uint64_t n_assist_jobs          # my READs/WRITEs that asked for help
-    cdef public uint64_t n_assist_chunks_got    # chunks of them the peer copied
-    cdef public uint64_t bytes_assist_given     # bytes I copied for the peer's jobs
+    """The shm endpoint; its fields are declared in _shm.pxd."""
 
     def __cinit__(self):
         self.sock = -1
@@ -309,44 +242,6 @@ cdef class ShmTransport(Transport):
         self.assist_min = min_bytes
         self.assist_chunk = max(chunk, <uint64_t>ASSIST_ALIGN)
         self.assist_stall_ns = <int64_t>(stall_s * 1e9)
-
-    # test hooks: drive the assisted READ/WRITE by hand, as an honest or hostile peer would
-    def _expose_range(self, size_t addr, size_t length, bint writable=False):
-        """Expose [addr, addr+length) to the peer; the key (tests)."""
-        cdef rm_mem m
-        cdef int rc = self.expose(addr, length,
-                                  RM_ACCESS_REMOTE_WRITE if writable else RM_ACCESS_REMOTE_READ,
-                                  &m)
-        if rc != 0:
-            raise OSError(f"expose failed ({rc})")
-        return m.rkey
-
-    def _unexpose_range(self, uint32_t key):
-        self.unexpose(key)
-
-    def _offer_job(self, size_t remote, size_t local, size_t length, size_t chunk,
-                   uint32_t key, uint32_t n, bint write=False):
-        """Publish an assisted READ (WRITE) job with these fields, copying nothing;
-        its seq."""
-        self.job_seq += 1
-        rm_assist_publish(self.job, self.job_seq, write, remote, local, length, chunk, key, n)
-        return self.job_seq
-
-    def _job_state(self):
-        """(fin, bad) of my job record."""
-        return self.job.fin, self.job.bad
-
-    def _job_claimed(self):
-        """Chunks of my current job claimed so far, by either side (tests: a helper
-        signalled while this is below the job's chunk count may hold one)."""
-        return <uint32_t>(rm_load_acquire64(&self.job.claim) & 0xFF)
-
-    def _assist_now(self):
-        """Help with the peer's job now, as the engine does when idle; chunks done."""
-        cdef int did
-        with nogil:
-            did = self.assist()
-        return did
 
     def counters(self):
         d = Transport.counters(self)
@@ -736,35 +631,3 @@ cdef class ShmTransport(Transport):
             self.state = RM_ERR_PEER_LOST      # the engine tells a clean close by CTRL
             return self.state
         return 1
-
-
-# ---- test hooks: a hostile peer's moves (tests/test_shm_hostile.py); never called by
-# the package. They write the other side's shared records the way a peer process can.
-
-def _forge_peer_xtab(ShmTransport tp, uint32_t index, uint64_t addr, uint64_t length,
-                     uint32_t key, uint32_t access):
-    """Write an entry into the peer's exposure table as mapped here (index < 255)."""
-    cdef uint64_t *e
-    if tp.peer_xtab == NULL or index >= RM_XTAB_N:
-        raise ValueError("no peer table or index out of range")
-    e = <uint64_t *>(<char *>tp.peer_xtab + 32 + 32 * index)
-    e[0], e[1], e[2] = addr, length, RM_XNONE
-    (<uint32_t *>&e[3])[0] = key
-    (<uint32_t *>&e[3])[1] = access
-
-
-def _hammer_job(ShmTransport tp, uint32_t seq, uint32_t n_ok, uint32_t n_bad,
-                uint32_t next_bad, uint64_t iters):
-    """Rewrite my job's claim word ``iters`` times, alternating the honest (seq, n_ok, 0)
-    and a hostile (seq, n_bad, next_bad), without the GIL (run it in a thread)."""
-    cdef uint64_t k, good = (<uint64_t>seq << 32) | (n_ok & 0xFF) << 8
-    cdef uint64_t bad = (<uint64_t>seq << 32) | (n_bad & 0xFF) << 8 | (next_bad & 0xFF)
-    cdef int s
-    with nogil:
-        for k in range(iters):
-            rm_store_release64(&tp.job.claim, good)
-            for s in range(<int>(k % 64)):
-                rm_cpu_relax()
-            rm_store_release64(&tp.job.claim, bad)
-            for s in range(<int>(k % 16)):
-                rm_cpu_relax()

@@ -49,85 +49,12 @@ from rdmamw.transport._base cimport (
     rm_wr,
 )
 
-cdef extern from "rm_expose.h" nogil:
-    enum:
-        RM_XACC_READ, RM_XACC_WRITE
-    ctypedef struct rm_xtab:
-        pass
-
-cdef extern from "sys/uio.h" nogil:
-    struct iovec:
-        void *iov_base
-        size_t iov_len
-
 cdef extern from "sched.h" nogil:
     int sched_yield()
 
 cdef extern from "unistd.h" nogil:
     int close(int fd)
 
-cdef extern from "pthread.h" nogil:
-    ctypedef unsigned long pthread_t
-    ctypedef struct pthread_mutex_t:
-        pass
-    ctypedef struct pthread_cond_t:
-        pass
-    int pthread_cond_init(pthread_cond_t *c, const void *attr)
-    int pthread_cond_destroy(pthread_cond_t *c)
-    int pthread_create(pthread_t *t, const void *attr, void *(*fn)(void *) noexcept nogil,
-                       void *arg)
-    int pthread_join(pthread_t t, void **ret)
-    int pthread_mutex_init(pthread_mutex_t *m, const void *attr)
-    int pthread_mutex_destroy(pthread_mutex_t *m)
-    int pthread_mutex_lock(pthread_mutex_t *m)
-    int pthread_mutex_unlock(pthread_mutex_t *m)
-
-cdef extern from "rm_tcp.h" nogil:
-    enum:
-        RT_WRITE, RT_PUBLISH, RT_WAKE, RT_READ_REQ, RT_READ_RESP, RT_HEARTBEAT
-        RT_WRITE_IMM, RT_XREAD_REQ, RT_XWRITE, RT_READ_ERR, RT_NTYPES
-        RT_NREG, RT_RD_MAX
-        RT_UP, RT_LOST, RT_CLOSED
-        RT_WHY_NONE, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL
-    ctypedef struct rt_frame:
-        uint16_t type
-        uint16_t region
-        uint32_t length
-        uint64_t offset
-    ctypedef struct rt_conn:
-        int sock, evfd
-        int state, stop, waiting, why, err_no
-        int closing, exited
-        uint64_t pub_gen, seen_gen
-        char *addr[4]
-        uint64_t len[4]
-        char *pubbuf
-        uint32_t pubcap
-        pthread_mutex_t send_mu
-        int64_t last_rx, last_tx, hb_ns, timeout_ns
-        uint64_t rd_addr[256]
-        uint32_t rd_len[256]
-        uint8_t rd_err[256]
-        uint64_t rd_posted, rd_done
-        void *xtab
-        pthread_mutex_t xp_mu, xw_mu, rq_mu
-        pthread_cond_t rq_cv
-        uint64_t frames_rx, bytes_rx, wakes_rx, heartbeats_tx
-        rt_frame bad
-    int64_t rt_now()
-    int rt_state(rt_conn *c)
-    void rt_lose(rt_conn *c, int why, int err)
-    int rt_send_locked(rt_conn *c, iovec *iov, int cnt)
-    int rt_send_empty(rt_conn *c, uint16_t type)
-    void *rt_progress(void *arg)
-    void *rt_responder(void *arg)
-    uint32_t rt_expose(rt_conn *c, uint64_t addr, uint64_t len, uint32_t access)
-    void rt_unexpose(rt_conn *c, uint32_t key)
-    void rt_close_graceful(rt_conn *c, int64_t linger_ns)
-    int rt_wait(rt_conn *c, int timeout_ms)
-    uint64_t rt_atomic_load64 "__atomic_load_n"(uint64_t *p, int order)
-    void rt_atomic_store64 "__atomic_store_n"(uint64_t *p, uint64_t v, int order)
-    int __ATOMIC_ACQUIRE, __ATOMIC_RELEASE, __ATOMIC_SEQ_CST
 
 assert RT_LOST == RM_ERR_PEER_LOST and RT_CLOSED == RM_ERR_CLOSED and RT_NREG == RM_NREGIONS
 
@@ -140,27 +67,8 @@ _WHY = {RT_WHY_NONE: "", RT_WHY_EOF: "peer closed the connection",
         RT_WHY_IO: "socket error", RT_WHY_TIMEOUT: "peer silent past the timeout",
         RT_WHY_FRAME: "malformed frame", RT_WHY_LOCAL: "closed locally"}
 
-cdef enum:
-    MAX_LOCAL = 32
-
-
 cdef class TcpTransport(Transport):
-    cdef rt_conn *c
-    cdef char *block
-    cdef size_t block_size
-    cdef pthread_t thread
-    cdef pthread_t responder
-    cdef bint responder_started
-    cdef bint started
-    cdef bint mutex_ready
-    cdef rt_frame *hdrs
-    cdef iovec *iov
-    cdef uint32_t cap
-    cdef uint64_t reg_lo[MAX_LOCAL]
-    cdef uint64_t reg_hi[MAX_LOCAL]
-    cdef uint32_t nreg
-    cdef uint64_t aread_id          # the asynchronous READ in flight: its wr_id ...
-    cdef uint64_t aread_seq         # ... and rd_posted after it (0: none)
+    """The tcp endpoint; its fields are declared in _tcp.pxd."""
 
     def __cinit__(self):
         self.c = <rt_conn *>calloc(1, sizeof(rt_conn))
@@ -457,34 +365,6 @@ cdef class TcpTransport(Transport):
         free(self.hdrs)
         free(self.iov)
 
-    def _read_remote(self, uint32_t rkey, uint64_t off, uint32_t length) -> bytes:
-        """READ ``length`` bytes at ``off`` of the peer's region ``rkey`` (tests and
-        debugging; the engine will use READ for rendezvous)."""
-        cdef rm_wr wr
-        cdef int rc
-        cdef char *buf = <char *>malloc(length or 1)
-        if buf == NULL:
-            raise MemoryError()
-        self.register_local(<size_t>buf, length)
-        memset(&wr, 0, sizeof(wr))
-        wr.local_addr = <uint64_t>buf
-        wr.remote_off = off
-        wr.length = length
-        wr.rkey = rkey
-        wr.opcode = RM_WR_READ
-        wr.flags = RM_WR_SIGNALED
-        try:
-            with nogil:
-                rc = self.post(&wr, 1)
-            if rc == RM_ERR_BOUNDS:
-                raise ValueError("READ outside the peer's regions")
-            if rc != 0:
-                raise ConnectionError(f"READ failed ({rc}): {self.error}")
-            return buf[:length]
-        finally:
-            self.nreg -= 1
-            free(buf)
-
     @property
     def error(self) -> str:
         """Why the connection went down ('' while it is up)."""
@@ -519,83 +399,3 @@ def alloc_block(size_t size) -> int:
 def free_block(size_t addr) -> None:
     """Free a block that was never handed to a transport."""
     free(<void *>addr)
-
-
-# ---- decoder harness (fuzzing only) ----------------------------------------------
-
-def apply_stream(bytes data, size_t region_bytes=4096, bint answer_reads=True) -> tuple:
-    """Feed ``data`` as the byte stream of a connection to a progress thread whose
-    four regions are ``region_bytes`` each, surrounded by guard bytes; return
-    (frames applied, why it stopped, guards intact). For the fuzz tests: whatever
-    the bytes, nothing outside the regions may change and nothing may crash.
-
-    ``answer_reads=False`` is the fast mode of bench/fuzz_tcp.py: no helper threads
-    (``data`` must fit the socket buffer), and the first READ_REQ that passes the
-    bounds check ends the stream (its answer cannot be sent)."""
-    cdef size_t guard = 4096
-    cdef size_t total = 2 * guard + RT_NREG * region_bytes
-    cdef char *mem = <char *>malloc(total)
-    cdef rt_conn *c = <rt_conn *>calloc(1, sizeof(rt_conn))
-    cdef int i
-    cdef bint intact = True
-    if mem == NULL or c == NULL:
-        free(mem)
-        free(c)
-        raise MemoryError()
-    memset(mem, 0xA5, total)
-    a, b = socket.socketpair()
-    evfd = os.eventfd(0, os.EFD_NONBLOCK)
-    threads = []
-    try:
-        a.setblocking(False)
-        pthread_mutex_init(&c.send_mu, NULL)
-        for i in range(RT_NREG):
-            c.addr[i] = mem + guard + i * region_bytes
-            c.len[i] = region_bytes
-            memset(c.addr[i], 0, region_bytes)
-        c.pubbuf = <char *>malloc(region_bytes)
-        c.pubcap = <uint32_t>region_bytes
-        c.sock = a.fileno()
-        c.evfd = evfd
-        c.state = RT_UP
-        c.timeout_ns = 2000000000
-        if answer_reads:    # READ_REQ frames are answered: drain so nothing blocks
-            threads = [threading.Thread(target=_drain, args=(b,), daemon=True),
-                       threading.Thread(target=_feed, args=(b, data), daemon=True)]
-            for t in threads:
-                t.start()
-        else:
-            b.sendall(data)
-            b.shutdown(socket.SHUT_WR)
-            b.shutdown(socket.SHUT_RD)
-        with nogil:
-            rt_progress(c)
-        for i in range(<int>guard):
-            if <unsigned char>mem[i] != 0xA5 or <unsigned char>mem[total - 1 - i] != 0xA5:
-                intact = False
-                break
-        return c.frames_rx, _WHY.get(c.why, c.why), intact
-    finally:
-        a.shutdown(socket.SHUT_RDWR)
-        for t in threads:
-            t.join()
-        a.close()
-        b.close()
-        os.close(evfd)
-        pthread_mutex_destroy(&c.send_mu)
-        free(c.pubbuf)
-        free(c)
-        free(mem)
-
-
-def _drain(sock) -> None:
-    while sock.recv(65536):
-        pass
-
-
-def _feed(sock, data: bytes) -> None:
-    try:
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass        # the decoder dropped the connection early: that is allowed

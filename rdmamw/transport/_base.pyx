@@ -114,9 +114,3 @@ cdef class Transport:
         if not 0 <= region < RM_NREGIONS or self.local[region].length == 0:
             raise ValueError(f"region {region} is not set up")
         return <unsigned char[:self.local[region].length]> <unsigned char *>self.local[region].addr
-
-    def region_address(self, int region):
-        """Address of one of my regions (tests and debugging only)."""
-        if not 0 <= region < RM_NREGIONS:
-            raise IndexError(region)
-        return <size_t>self.local[region].addr

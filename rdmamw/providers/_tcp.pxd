@@ -1,0 +1,106 @@
+# The tcp provider's endpoint and the C side it drives (rdmamw/include/rm_tcp.h),
+# declared here so the test-only hooks (rdmamw/testing/_tcp_hooks.pyx) can run the
+# frame decoder on its own; the package itself never imports them.
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+
+from rdmamw.transport._base cimport Transport, rm_wr
+
+cdef extern from "rm_expose.h" nogil:
+    enum:
+        RM_XACC_READ, RM_XACC_WRITE
+    ctypedef struct rm_xtab:
+        pass
+
+cdef extern from "sys/uio.h" nogil:
+    struct iovec:
+        void *iov_base
+        size_t iov_len
+
+cdef extern from "pthread.h" nogil:
+    ctypedef unsigned long pthread_t
+    ctypedef struct pthread_mutex_t:
+        pass
+    ctypedef struct pthread_cond_t:
+        pass
+    int pthread_cond_init(pthread_cond_t *c, const void *attr)
+    int pthread_cond_destroy(pthread_cond_t *c)
+    int pthread_create(pthread_t *t, const void *attr, void *(*fn)(void *) noexcept nogil,
+                       void *arg)
+    int pthread_join(pthread_t t, void **ret)
+    int pthread_mutex_init(pthread_mutex_t *m, const void *attr)
+    int pthread_mutex_destroy(pthread_mutex_t *m)
+    int pthread_mutex_lock(pthread_mutex_t *m)
+    int pthread_mutex_unlock(pthread_mutex_t *m)
+
+cdef extern from "rm_tcp.h" nogil:
+    enum:
+        RT_WRITE, RT_PUBLISH, RT_WAKE, RT_READ_REQ, RT_READ_RESP, RT_HEARTBEAT
+        RT_WRITE_IMM, RT_XREAD_REQ, RT_XWRITE, RT_READ_ERR, RT_NTYPES
+        RT_NREG, RT_RD_MAX
+        RT_UP, RT_LOST, RT_CLOSED
+        RT_WHY_NONE, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL
+    ctypedef struct rt_frame:
+        uint16_t type
+        uint16_t region
+        uint32_t length
+        uint64_t offset
+    ctypedef struct rt_conn:
+        int sock, evfd
+        int state, stop, waiting, why, err_no
+        int closing, exited
+        uint64_t pub_gen, seen_gen
+        char *addr[4]
+        uint64_t len[4]
+        char *pubbuf
+        uint32_t pubcap
+        pthread_mutex_t send_mu
+        int64_t last_rx, last_tx, hb_ns, timeout_ns
+        uint64_t rd_addr[256]
+        uint32_t rd_len[256]
+        uint8_t rd_err[256]
+        uint64_t rd_posted, rd_done
+        void *xtab
+        pthread_mutex_t xp_mu, xw_mu, rq_mu
+        pthread_cond_t rq_cv
+        uint64_t frames_rx, bytes_rx, wakes_rx, heartbeats_tx
+        rt_frame bad
+    int64_t rt_now()
+    int rt_state(rt_conn *c)
+    void rt_lose(rt_conn *c, int why, int err)
+    int rt_send_locked(rt_conn *c, iovec *iov, int cnt)
+    int rt_send_empty(rt_conn *c, uint16_t type)
+    void *rt_progress(void *arg)
+    void *rt_responder(void *arg)
+    uint32_t rt_expose(rt_conn *c, uint64_t addr, uint64_t len, uint32_t access)
+    void rt_unexpose(rt_conn *c, uint32_t key)
+    void rt_close_graceful(rt_conn *c, int64_t linger_ns)
+    int rt_wait(rt_conn *c, int timeout_ms)
+    uint64_t rt_atomic_load64 "__atomic_load_n"(uint64_t *p, int order)
+    void rt_atomic_store64 "__atomic_store_n"(uint64_t *p, uint64_t v, int order)
+    int __ATOMIC_ACQUIRE, __ATOMIC_RELEASE, __ATOMIC_SEQ_CST
+
+
+cdef enum:
+    MAX_LOCAL = 32
+
+
+cdef class TcpTransport(Transport):
+    cdef rt_conn *c
+    cdef char *block
+    cdef size_t block_size
+    cdef pthread_t thread
+    cdef pthread_t responder
+    cdef bint responder_started
+    cdef bint started
+    cdef bint mutex_ready
+    cdef rt_frame *hdrs
+    cdef iovec *iov
+    cdef uint32_t cap
+    cdef uint64_t reg_lo[MAX_LOCAL]
+    cdef uint64_t reg_hi[MAX_LOCAL]
+    cdef uint32_t nreg
+    cdef uint64_t aread_id          # the asynchronous READ in flight: its wr_id ...
+    cdef uint64_t aread_seq         # ... and rd_posted after it (0: none)
+
+    cdef bint _registered(self, uint64_t addr, uint64_t length) noexcept nogil
+    cdef int _reserve(self, uint32_t n) noexcept nogil

@@ -1,0 +1,228 @@
+# cython: freethreading_compatible = False
+"""Test-only hooks into the providers, kept out of their classes: drive a shm endpoint's
+assisted READ/WRITE by hand and write the peer's shared records as a (hostile) peer
+process can; feed tcp's frame decoder (rdmamw/include/rm_tcp.h) a byte stream on its own
+(the fuzz target) and READ through an endpoint; read a transport's region addresses.
+The package never imports this module (tests/test_layers.py checks); use it through
+:mod:`rdmamw.testing`."""
+
+import os
+import socket
+import threading
+
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memset
+
+from rdmamw.providers._shm cimport RM_XNONE, RM_XTAB_N, ShmTransport, rm_assist_publish
+from rdmamw.providers._tcp cimport (
+    RT_NREG,
+    RT_UP,
+    TcpTransport,
+    pthread_mutex_destroy,
+    pthread_mutex_init,
+    rt_conn,
+    rt_progress,
+)
+from rdmamw.transport._base cimport (
+    RM_ACCESS_REMOTE_READ,
+    RM_ACCESS_REMOTE_WRITE,
+    RM_ERR_BOUNDS,
+    RM_NREGIONS,
+    RM_WR_READ,
+    RM_WR_SIGNALED,
+    Transport,
+    rm_mem,
+    rm_wr,
+)
+from rdmamw.transport.atomics cimport rm_cpu_relax, rm_load_acquire64, rm_store_release64
+
+from rdmamw.providers._tcp import _WHY
+
+
+def region_address(Transport tp, int region):
+    """Address of one of the transport's own regions (RM_REGION_*)."""
+    if not 0 <= region < RM_NREGIONS:
+        raise IndexError(region)
+    return <size_t>tp.local[region].addr
+
+
+# ---- shm ---------------------------------------------------------------------------
+
+def expose_range(ShmTransport tp, size_t addr, size_t length, bint writable=False):
+    """Expose [addr, addr+length) to the peer; the key."""
+    cdef rm_mem m
+    cdef int rc = tp.expose(addr, length,
+                            RM_ACCESS_REMOTE_WRITE if writable else RM_ACCESS_REMOTE_READ, &m)
+    if rc != 0:
+        raise OSError(f"expose failed ({rc})")
+    return m.rkey
+
+
+def unexpose_range(ShmTransport tp, uint32_t key):
+    tp.unexpose(key)
+
+
+def offer_job(ShmTransport tp, size_t remote, size_t local, size_t length, size_t chunk,
+              uint32_t key, uint32_t n, bint write=False):
+    """Publish an assisted READ (WRITE) job with these fields, copying nothing; its seq."""
+    tp.job_seq += 1
+    rm_assist_publish(tp.job, tp.job_seq, write, remote, local, length, chunk, key, n)
+    return tp.job_seq
+
+
+def job_state(ShmTransport tp):
+    """(fin, bad) of my job record."""
+    return tp.job.fin, tp.job.bad
+
+
+def job_claimed(ShmTransport tp):
+    """Chunks of my current job claimed so far, by either side (a helper signalled
+    while this is below the job's chunk count may hold one)."""
+    return <uint32_t>(rm_load_acquire64(&tp.job.claim) & 0xFF)
+
+
+def assist_now(ShmTransport tp):
+    """Help with the peer's job now, as the engine does when idle; chunks done."""
+    cdef int did
+    with nogil:
+        did = tp.assist()
+    return did
+
+
+def forge_peer_xtab(ShmTransport tp, uint32_t index, uint64_t addr, uint64_t length,
+                    uint32_t key, uint32_t access):
+    """Write an entry into the peer's exposure table as mapped here (index < 255)."""
+    cdef uint64_t *e
+    if tp.peer_xtab == NULL or index >= RM_XTAB_N:
+        raise ValueError("no peer table or index out of range")
+    e = <uint64_t *>(<char *>tp.peer_xtab + 32 + 32 * index)
+    e[0], e[1], e[2] = addr, length, RM_XNONE
+    (<uint32_t *>&e[3])[0] = key
+    (<uint32_t *>&e[3])[1] = access
+
+
+def hammer_job(ShmTransport tp, uint32_t seq, uint32_t n_ok, uint32_t n_bad,
+               uint32_t next_bad, uint64_t iters):
+    """Rewrite my job's claim word ``iters`` times, alternating the honest (seq, n_ok, 0)
+    and a hostile (seq, n_bad, next_bad), without the GIL (run it in a thread)."""
+    cdef uint64_t k, good = (<uint64_t>seq << 32) | (n_ok & 0xFF) << 8
+    cdef uint64_t bad = (<uint64_t>seq << 32) | (n_bad & 0xFF) << 8 | (next_bad & 0xFF)
+    cdef int s
+    with nogil:
+        for k in range(iters):
+            rm_store_release64(&tp.job.claim, good)
+            for s in range(<int>(k % 64)):
+                rm_cpu_relax()
+            rm_store_release64(&tp.job.claim, bad)
+            for s in range(<int>(k % 16)):
+                rm_cpu_relax()
+
+
+# ---- tcp ---------------------------------------------------------------------------
+
+def read_remote(TcpTransport tp, uint32_t rkey, uint64_t off, uint32_t length) -> bytes:
+    """READ ``length`` bytes at ``off`` of the peer's region ``rkey`` (tests and
+    debugging; the engine will use READ for rendezvous)."""
+    cdef rm_wr wr
+    cdef int rc
+    cdef char *buf = <char *>malloc(length or 1)
+    if buf == NULL:
+        raise MemoryError()
+    tp.register_local(<size_t>buf, length)
+    memset(&wr, 0, sizeof(wr))
+    wr.local_addr = <uint64_t>buf
+    wr.remote_off = off
+    wr.length = length
+    wr.rkey = rkey
+    wr.opcode = RM_WR_READ
+    wr.flags = RM_WR_SIGNALED
+    try:
+        with nogil:
+            rc = tp.post(&wr, 1)
+        if rc == RM_ERR_BOUNDS:
+            raise ValueError("READ outside the peer's regions")
+        if rc != 0:
+            raise ConnectionError(f"READ failed ({rc}): {tp.error}")
+        return buf[:length]
+    finally:
+        tp.nreg -= 1
+        free(buf)
+
+
+def apply_stream(bytes data, size_t region_bytes=4096, bint answer_reads=True) -> tuple:
+    """Feed ``data`` as the byte stream of a connection to a progress thread whose
+    four regions are ``region_bytes`` each, surrounded by guard bytes; return
+    (frames applied, why it stopped, guards intact). For the fuzz tests: whatever
+    the bytes, nothing outside the regions may change and nothing may crash.
+
+    ``answer_reads=False`` is the fast mode of bench/fuzz_tcp.py: no helper threads
+    (``data`` must fit the socket buffer), and the first READ_REQ that passes the
+    bounds check ends the stream (its answer cannot be sent)."""
+    cdef size_t guard = 4096
+    cdef size_t total = 2 * guard + RT_NREG * region_bytes
+    cdef char *mem = <char *>malloc(total)
+    cdef rt_conn *c = <rt_conn *>calloc(1, sizeof(rt_conn))
+    cdef int i
+    cdef bint intact = True
+    if mem == NULL or c == NULL:
+        free(mem)
+        free(c)
+        raise MemoryError()
+    memset(mem, 0xA5, total)
+    a, b = socket.socketpair()
+    evfd = os.eventfd(0, os.EFD_NONBLOCK)
+    threads = []
+    try:
+        a.setblocking(False)
+        pthread_mutex_init(&c.send_mu, NULL)
+        for i in range(RT_NREG):
+            c.addr[i] = mem + guard + i * region_bytes
+            c.len[i] = region_bytes
+            memset(c.addr[i], 0, region_bytes)
+        c.pubbuf = <char *>malloc(region_bytes)
+        c.pubcap = <uint32_t>region_bytes
+        c.sock = a.fileno()
+        c.evfd = evfd
+        c.state = RT_UP
+        c.timeout_ns = 2000000000
+        if answer_reads:    # READ_REQ frames are answered: drain so nothing blocks
+            threads = [threading.Thread(target=_drain, args=(b,), daemon=True),
+                       threading.Thread(target=_feed, args=(b, data), daemon=True)]
+            for t in threads:
+                t.start()
+        else:
+            b.sendall(data)
+            b.shutdown(socket.SHUT_WR)
+            b.shutdown(socket.SHUT_RD)
+        with nogil:
+            rt_progress(c)
+        for i in range(<int>guard):
+            if <unsigned char>mem[i] != 0xA5 or <unsigned char>mem[total - 1 - i] != 0xA5:
+                intact = False
+                break
+        return c.frames_rx, _WHY.get(c.why, c.why), intact
+    finally:
+        a.shutdown(socket.SHUT_RDWR)
+        for t in threads:
+            t.join()
+        a.close()
+        b.close()
+        os.close(evfd)
+        pthread_mutex_destroy(&c.send_mu)
+        free(c.pubbuf)
+        free(c)
+        free(mem)
+
+
+def _drain(sock) -> None:
+    while sock.recv(65536):
+        pass
+
+
+def _feed(sock, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass        # the decoder dropped the connection early: that is allowed
