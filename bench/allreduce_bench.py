@@ -67,13 +67,13 @@ def rank_rdmamw(cfg: dict) -> None:
         y = np.empty_like(x)
         for alg in cfg["algorithms"]:      # every algorithm warm before any is timed
             for _ in range(warm):
-                coll.allreduce(x, algorithm=alg, out=y, comm=comm)
+                y = call(coll, x, alg, y, comm)
         for alg in cfg["algorithms"]:
             times = []
             for k in range(reps_for(nbytes, cfg["reps"]) + warm):
                 coll.barrier(comm=comm)
                 t0 = time.perf_counter()
-                coll.allreduce(x, algorithm=alg, out=y, comm=comm)
+                y = call(coll, x, alg, y, comm)
                 if k >= warm:
                     times.append(time.perf_counter() - t0)
             assert y[0] == w.world_size and y[-1] == w.world_size
@@ -83,6 +83,14 @@ def rank_rdmamw(cfg: dict) -> None:
         emit(out)
     comm.close()
     rdmamw.finalize()
+
+
+def call(coll, x: np.ndarray, alg: str, y: np.ndarray, comm) -> np.ndarray:
+    """One allreduce: into ``y``; "oop" is the training-loop form ``y = allreduce(x)``
+    (a new result each call, from the collectives' result pool, algorithm auto)."""
+    if alg == "oop":
+        return coll.allreduce(x, comm=comm)
+    return coll.allreduce(x, algorithm=alg, out=y, comm=comm)
 
 
 def rank_mpi(cfg: dict) -> None:
@@ -243,7 +251,8 @@ def main() -> int:
     ap.add_argument("--sizes", default="1M,64M", help="comma-separated, from " + str(list(SIZES)))
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default 200 / 15)")
-    ap.add_argument("--algorithms", default="auto,ring,rhd")
+    ap.add_argument("--algorithms", default="auto,ring,rhd,oop",
+                    help="oop: auto with a new result per call (y = allreduce(x))")
     ap.add_argument("--only", default=",".join(SYSTEMS))
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
