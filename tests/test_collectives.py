@@ -30,9 +30,10 @@ UNTUNED = {"RDMAMW_COLL_CONFIG": os.path.join(ROOT, "tests", "no-such-config.jso
 
 
 def job(n: int, scenario: str, cfg: dict | None = None, timeout: float = 90,
-        expect_dead: tuple = (), env: dict | None = None) -> list[dict]:
+        expect_dead: tuple = (), env: dict | None = None, worker: str = WORKER
+        ) -> list[dict]:
     """Run ``n`` ranks of the worker; every rank (but ``expect_dead``) must succeed."""
-    procs = spawn(n, [sys.executable, WORKER, scenario, json.dumps(cfg or {})], cwd=ROOT,
+    procs = spawn(n, [sys.executable, worker, scenario, json.dumps(cfg or {})], cwd=ROOT,
                   env={**UNTUNED, **(env or {})}, stdout=subprocess.PIPE,
                   stderr=subprocess.PIPE, text=True)
     outs = []
