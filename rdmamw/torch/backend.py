@@ -221,13 +221,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
             raise UnsupportedTensor(f"all_gather needs {self._size} output tensors")
         _same(outs, inp, "all_gather")
         h = coll.allgather(as_numpy(inp.contiguous()), comm=self.comm, async_op=True)
-
-        def finish(res: np.ndarray) -> list[list[Tensor]]:
-            for r, o in enumerate(outs):
-                o.copy_(from_numpy(res[r], o.dtype))
-            return [outs]
-
-        return work_after(h.future, finish)
+        return work_after(h.future, _rows_into(outs))
 
     def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Work:
         check(output)
@@ -265,13 +259,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
             _same(outs, inp, "gather")
         h = coll.gather(as_numpy(inp.contiguous()), root=root, comm=self.comm,
                         async_op=True)
-
-        def finish(res: np.ndarray | None) -> list[list[Tensor]]:
-            for r, o in enumerate(outs):
-                o.copy_(from_numpy(res[r], o.dtype))
-            return [outs]
-
-        return work_after(h.future, finish)
+        return work_after(h.future, _rows_into(outs))
 
     def scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
                 opts: Any = None) -> Work:
@@ -404,6 +392,15 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         for x in works:
             x.get_future().add_done_callback(one)
         return w
+
+
+def _rows_into(outs: list[Tensor]) -> Callable[[np.ndarray | None], list[list[Tensor]]]:
+    """The finishing step of the gathers: row r of the result into ``outs[r]``."""
+    def finish(res: np.ndarray | None) -> list[list[Tensor]]:
+        for r, o in enumerate(outs):
+            o.copy_(from_numpy(res[r], o.dtype))
+        return [outs]
+    return finish
 
 
 def _op(opts: Any) -> Any:
