@@ -136,3 +136,18 @@ def test_a_missing_rank_times_out_naming_it(tmp_path):
         assert code == 0, err[-2000:]
         assert "Timeout" in r["error"] and "ranks [2] of 3" in r["error"], r
         assert r["seconds"] < 3 + 3, r
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ddp_trains_like_gloo(n, tmp_path):
+    """DistributedDataParallel from one seed (ranks start with different parameters,
+    so DDP's initial broadcast matters; 1 MB buckets, so several all_reduces overlap
+    backward): the final parameters on rdmamw equal gloo's."""
+    final = {}
+    for backend in ("gloo", "rdmamw"):
+        out = tmp_path / f"{backend}.pt"
+        tjob(n, "ddp", {"backend": backend, "steps": 15, "out": str(out)})
+        final[backend] = torch.load(out)
+    assert len(final["gloo"]) == len(final["rdmamw"]) == 6
+    for a, b in zip(final["gloo"], final["rdmamw"], strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max()

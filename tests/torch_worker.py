@@ -202,6 +202,46 @@ def ops(cfg: dict) -> dict:
     return {"rank": me, "checks": checks}
 
 
+class Net(torch.nn.Module):
+    """The small CNN of bench/torch_bench.py (8x8 digits-sized inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 8, 3, padding=1)
+        self.fc1 = torch.nn.Linear(8 * 4 * 4, 64)
+        self.fc2 = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.max_pool2d(torch.relu(self.conv(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def ddp(cfg: dict) -> dict:
+    """DistributedDataParallel training from one seed on cfg's backend; rank 0 saves
+    the final parameters to cfg["out"] (the test compares rdmamw's with gloo's)."""
+    backend = cfg["backend"]
+    dist.init_process_group(backend)
+    me = dist.get_rank()
+    torch.manual_seed(0)
+    model = Net()
+    with torch.no_grad():             # ranks start apart: DDP's broadcast must align them
+        for p in model.parameters():
+            p.add_(me * 0.01)
+    net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cfg.get("bucket", 1))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1000 + me)
+    for _ in range(cfg["steps"]):
+        x = torch.randn(32, 1, 8, 8, generator=g)
+        y = torch.randint(0, 10, (32,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+    if me == 0:
+        torch.save([p.detach().clone() for p in model.parameters()], cfg["out"])
+    dist.destroy_process_group()
+    return {"rank": me}
+
+
 def hello(cfg: dict) -> dict:
     """init (cfg's init_method), one all_reduce, destroy."""
     me, n = init(cfg)
@@ -316,7 +356,7 @@ def size(cfg: dict) -> dict:
 def main() -> None:
     cfg = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     out = globals()[sys.argv[1]](cfg)
-    print(json.dumps(out), flush=True)
+    sys.stdout.write(json.dumps(out) + "\n")     # one write: ranks may share a pipe
     sys.stdout.flush()
     os._exit(0)       # (the die scenario's survivors hold a broken group)
 

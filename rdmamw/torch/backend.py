@@ -1,9 +1,11 @@
 """The ``torch.distributed`` backend "rdmamw": a Python ProcessGroup whose operations
 run on rdmamw's collectives (rdmamw.collectives) and channels.
 
-Every operation is asynchronous: it checks its tensors and op (a clear error before
-anything is sent), queues the collective on the group's communicator (one progress
-thread, call order kept) and returns a :class:`rdmamw.torch.work.Work`. Tensors are
+Every operation checks its tensors and op first (a clear error before anything is
+sent). An asynchronous one (``async_op=True``, and whatever C++ calls, such as DDP's
+bucket all_reduces) is queued on the group's communicator (one progress thread, call
+order kept) and returns a :class:`rdmamw.torch.work.Work` at once; a blocking one runs
+in the calling thread and returns a finished Work. Tensors are
 handed over as numpy views of their memory; only non-contiguous tensors, float16 /
 bfloat16 reductions (done in float32) and list-of-tensor layouts are staged through
 a copy."""
@@ -124,8 +126,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         name = op_name(_op(opts), t.dtype)
         buf, back = _staged(t, widen=True)
         x = as_numpy(buf)
-        h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=True)
-        return work_after(h.future, self._finish(buf, back, [t], name))
+        h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=_async(opts))
+        return work_after(h, self._finish(buf, back, [t], name))
 
     def allreduce_coalesced(self, tensors: list[Tensor], opts: Any = None) -> Work:
         if not tensors:
@@ -136,7 +138,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         wide = torch.float32 if tensors[0].dtype in WIDEN else tensors[0].dtype
         flat = torch.cat([t.reshape(-1).to(wide) for t in tensors])
         x = as_numpy(flat)
-        h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=True)
+        h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=_async(opts))
 
         def back() -> None:
             k = 0
@@ -144,7 +146,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                 t.copy_(flat[k:k + t.numel()].view(t.shape))
                 k += t.numel()
 
-        return work_after(h.future, self._finish(flat, back, tensors, name))
+        return work_after(h, self._finish(flat, back, tensors, name))
 
     def reduce(self, tensors: list[Tensor], opts: Any = None) -> Work:
         t = _one(tensors, "reduce")
@@ -154,10 +156,10 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         x = as_numpy(buf)
         mine = root == self._rank
         h = coll.reduce(x, op=_sum(name), root=root, out=x if mine else None,
-                        comm=self.comm, async_op=True)
+                        comm=self.comm, async_op=_async(opts))
         if not mine:
-            return work_after(h.future, lambda _: [t])
-        return work_after(h.future, self._finish(buf, back, [t], name))
+            return work_after(h, lambda _: [t])
+        return work_after(h, self._finish(buf, back, [t], name))
 
     def reduce_scatter(self, output_tensors: list[Tensor],
                        input_tensors: list[list[Tensor]], opts: Any = None) -> Work:
@@ -170,7 +172,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         wide = torch.float32 if out.dtype in WIDEN else out.dtype
         stack = torch.stack([i.to(wide) for i in ins])
         h = coll.reduce_scatter(as_numpy(stack), op=_sum(name), comm=self.comm,
-                                async_op=True)
+                                async_op=_async(opts))
 
         def finish(res: np.ndarray) -> list[Tensor]:
             part = torch.from_numpy(res)[0]
@@ -179,7 +181,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
             out.copy_(part)
             return [out]
 
-        return work_after(h.future, finish)
+        return work_after(h, finish)
 
     def reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any = None
                               ) -> Work:
@@ -196,8 +198,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         buf, back = _staged(output, widen=True)
         h = coll.reduce_scatter(as_numpy(src).reshape(n, -1), op=_sum(name),
                                 out=as_numpy(buf).reshape(1, -1), comm=self.comm,
-                                async_op=True)
-        return work_after(h.future, self._finish(buf, back, [output], name))
+                                async_op=_async(opts))
+        return work_after(h, self._finish(buf, back, [output], name))
 
     def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                         opts: Any = None) -> Work:
@@ -210,8 +212,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         t = _one(tensors, "broadcast")
         buf, back = _staged(t)
         h = coll.broadcast(as_numpy(buf), root=_root(opts, self._size), comm=self.comm,
-                           async_op=True)
-        return work_after(h.future, lambda _: (back(), [t])[1])
+                           async_op=_async(opts))
+        return work_after(h, lambda _: (back(), [t])[1])
 
     def allgather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
                   opts: Any = None) -> Work:
@@ -220,8 +222,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         if len(outs) != self._size:
             raise UnsupportedTensor(f"all_gather needs {self._size} output tensors")
         _same(outs, inp, "all_gather")
-        h = coll.allgather(as_numpy(inp.contiguous()), comm=self.comm, async_op=True)
-        return work_after(h.future, _rows_into(outs))
+        h = coll.allgather(as_numpy(inp.contiguous()), comm=self.comm, async_op=_async(opts))
+        return work_after(h, _rows_into(outs))
 
     def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Work:
         check(output)
@@ -234,8 +236,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                 f"{output.dtype}")
         buf, back = _staged(output)
         h = coll.allgather(as_numpy(input.contiguous()).reshape(-1),
-                           out=as_numpy(buf).reshape(n, -1), comm=self.comm, async_op=True)
-        return work_after(h.future, lambda _: (back(), [output])[1])
+                           out=as_numpy(buf).reshape(n, -1), comm=self.comm, async_op=_async(opts))
+        return work_after(h, lambda _: (back(), [output])[1])
 
     def allgather_coalesced(self, output_lists: list[list[Tensor]], inputs: list[Tensor],
                             opts: Any = None) -> Work:
@@ -258,8 +260,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                 raise UnsupportedTensor(f"gather needs {self._size} output tensors on root")
             _same(outs, inp, "gather")
         h = coll.gather(as_numpy(inp.contiguous()), root=root, comm=self.comm,
-                        async_op=True)
-        return work_after(h.future, _rows_into(outs))
+                        async_op=_async(opts))
+        return work_after(h, _rows_into(outs))
 
     def scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
                 opts: Any = None) -> Work:
@@ -273,8 +275,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                 raise UnsupportedTensor(f"scatter needs {self._size} input tensors on root")
             _same(ins, out, "scatter")
             src = as_numpy(torch.stack(list(ins)))
-        h = coll.scatter(src, root=root, out=as_numpy(buf), comm=self.comm, async_op=True)
-        return work_after(h.future, lambda _: (back(), [out])[1])
+        h = coll.scatter(src, root=root, out=as_numpy(buf), comm=self.comm, async_op=_async(opts))
+        return work_after(h, lambda _: (back(), [out])[1])
 
     def alltoall(self, output_tensors: list[Tensor], input_tensors: list[Tensor],
                  opts: Any = None) -> Work:
@@ -289,7 +291,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         x = torch.cat([t.reshape(-1) for t in input_tensors])
         rc = [t.numel() for t in output_tensors]
         h = coll.alltoall(as_numpy(x), [t.numel() for t in input_tensors], rc,
-                          comm=self.comm, async_op=True)
+                          comm=self.comm, async_op=_async(opts))
 
         def finish(res: np.ndarray) -> list[Tensor]:
             flat, k = from_numpy(res, dt), 0
@@ -298,7 +300,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                 k += t.numel()
             return output_tensors
 
-        return work_after(h.future, finish)
+        return work_after(h, finish)
 
     def all_to_all_single(self, output: Tensor, input: Tensor,
                           output_split_sizes: list[int] | None,
@@ -316,12 +318,12 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
             x, out = x.reshape(1), out.reshape(1)
         sc = list(input_split_sizes or []) or _even(x.shape[0], n, "input")
         rc = list(output_split_sizes or []) or _even(out.shape[0], n, "output")
-        h = coll.alltoall(x, sc, rc, out=out, comm=self.comm, async_op=True)
-        return work_after(h.future, lambda _: (back(), [output])[1])
+        h = coll.alltoall(x, sc, rc, out=out, comm=self.comm, async_op=_async(opts))
+        return work_after(h, lambda _: (back(), [output])[1])
 
     def barrier(self, opts: Any = None) -> Work:
-        h = coll.barrier(comm=self.comm, async_op=True)
-        return work_after(h.future, lambda _: [])
+        h = coll.barrier(comm=self.comm, async_op=_async(opts))
+        return work_after(h, lambda _: [])
 
     # ---- point to point --------------------------------------------------------------
 
@@ -331,7 +333,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         buf = t.contiguous()
         h = self.p2p.send(as_numpy(buf).reshape(-1).view(np.uint8), t.dtype,
                           tuple(t.shape), dst, tag)
-        return work_after(h.future, lambda _: (buf, [t])[1])
+        return work_after(h, lambda _: (buf, [t])[1])
 
     def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> Work:
         t = _one(tensors, "recv")
@@ -339,7 +341,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         buf, back = _staged(t)
         h = self.p2p.recv(as_numpy(buf).reshape(-1).view(np.uint8), t.dtype,
                           tuple(t.shape), src, tag)
-        return work_after(h.future, lambda _: (back(), [t])[1])
+        return work_after(h, lambda _: (back(), [t])[1])
 
     def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> Work:
         raise UnsupportedOp("the rdmamw backend needs recv's src (no receive from any "
@@ -401,6 +403,14 @@ def _rows_into(outs: list[Tensor]) -> Callable[[np.ndarray | None], list[list[Te
             o.copy_(from_numpy(res[r], o.dtype))
         return [outs]
     return finish
+
+
+def _async(opts: Any) -> bool:
+    """Whether the caller wants the Work before the operation is done. torch's
+    blocking calls (``dist.all_reduce(t)``) say no: they then run in this thread,
+    without a hand-over to the progress thread and back (the backend's overhead at 1
+    MiB). C++ callers (DDP's buckets) leave the default, yes: they overlap."""
+    return True if opts is None else bool(getattr(opts, "asyncOp", True))
 
 
 def _op(opts: Any) -> Any:

@@ -32,11 +32,10 @@ WIRE = {
 }
 #: dtypes reduced in float32
 WIDEN = (torch.float16, torch.bfloat16)
-#: (torch op, rdmamw name); a list: an options' ReduceOp compares equal to the
-#: RedOpType constants but does not hash like them
-OPS = [(ReduceOp.SUM, "sum"), (ReduceOp.PRODUCT, "prod"), (ReduceOp.MIN, "min"),
-       (ReduceOp.MAX, "max"), (ReduceOp.BAND, "band"), (ReduceOp.BOR, "bor"),
-       (ReduceOp.BXOR, "bxor"), (ReduceOp.AVG, "avg")]
+#: int(RedOpType) -> rdmamw's name (an options' ReduceOp object holds it in ``.op``)
+OPS = {int(ReduceOp.SUM): "sum", int(ReduceOp.PRODUCT): "prod", int(ReduceOp.MIN): "min",
+       int(ReduceOp.MAX): "max", int(ReduceOp.BAND): "band", int(ReduceOp.BOR): "bor",
+       int(ReduceOp.BXOR): "bxor", int(ReduceOp.AVG): "avg"}
 
 
 def check(t: torch.Tensor) -> None:
@@ -77,7 +76,10 @@ def label(op: object) -> str:
 def op_name(op: object, dtype: torch.dtype) -> str:
     """rdmamw's name of torch reduce op ``op`` on ``dtype`` ("avg" is sum then a
     division, floating point only), or UnsupportedOp."""
-    name = next((n for o, n in OPS if op == o), None)
+    try:
+        name = OPS.get(int(getattr(op, "op", op)))
+    except (TypeError, ValueError):
+        name = None
     if name is None:
         raise UnsupportedOp(f"reduce op {label(op)} is not supported by the rdmamw backend; "
                             f"use SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR or BXOR")

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future as TorchFuture
 
+from rdmamw.collectives.progress import Handle
 from rdmamw.errors import Timeout
 
 
@@ -65,9 +66,13 @@ class Work(dist.Work):
         self._done.set()
 
 
-def work_after(fut: Future, finish: Callable[[Any], Any]) -> Work:
-    """A Work done once ``fut`` is and ``finish(result)`` ran; its future's value is
-    what ``finish`` returns (a list of tensors)."""
+def work_after(h: Any, finish: Callable[[Any], Any]) -> Work:
+    """A Work done once the collective is (``h``: its progress.Handle, or its result
+    when it ran in this thread) and ``finish(result)`` ran; its future's value is what
+    ``finish`` returns (a list of tensors)."""
+    if not isinstance(h, Handle):
+        return completed(finish(h))
+    fut: Future = h.future
     w = Work()
 
     def done(f: Future) -> None:
