@@ -35,7 +35,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "peers"), str(HERE)]
 from common import emit, pin  # noqa: E402
-from run import cpu_busy, wait_quiet  # noqa: E402
+from run import cpu_busy, finish_report, wait_quiet  # noqa: E402
 
 SYSTEMS = ("numpy", "rdmamw", "mpi4py", "gloo")
 SIZES = {"1M": 1 << 20, "64M": 64 << 20}
@@ -288,16 +288,7 @@ def main() -> int:
     for key, r in res.items():
         if "error" in r:
             lines.append(f"{key}: NOT MEASURED - {r['error'][:300]}")
-    if max(meta["loadavg"][0], meta["loadavg_end"][0]) > 1.5:
-        lines.append(f"WARNING: load average {meta['loadavg'][0]:.1f} -> "
-                     f"{meta['loadavg_end'][0]:.1f} on {meta['cores']} cores: other jobs "
-                     "shared the cores, numbers are noisy")
-    print("\n".join(lines))
-    a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / f"allreduce-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"meta": meta, "config": cfg, "results": res,
-                                "table": lines}, indent=1))
-    print(f"raw results: {path}")
+    finish_report("allreduce", meta, cfg, res, lines, a.out)
     return 1 if any("error" in r and not r.get("untested") for r in res.values()) else 0
 
 

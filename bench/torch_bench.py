@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE / "peers"), str(HERE), str(ROOT)]
 from common import emit, pin  # noqa: E402
+from run import finish_report  # noqa: E402
 
 SIZES = {"1M": 1 << 20, "64M": 64 << 20}
 
@@ -145,15 +146,7 @@ def main() -> int:
         if "error" in v:
             lines.append(f"{k}: NOT MEASURED - {v['error'][-300:]}")
     meta["loadavg_end"] = os.getloadavg()
-    if max(meta["loadavg"][0], meta["loadavg_end"][0]) > 1.5:
-        lines.append(f"WARNING: load average {meta['loadavg'][0]:.1f} -> "
-                     f"{meta['loadavg_end'][0]:.1f} on {meta['cores']} cores: numbers are noisy")
-    print("\n".join(lines))
-    a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / f"torch-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"meta": meta, "config": cfg, "results": res,
-                                "table": lines}, indent=1))
-    print(f"raw results: {path}")
+    finish_report("torch", meta, cfg, res, lines, a.out)
     return 1 if any("error" in v for v in res.values()) else 0
 
 
