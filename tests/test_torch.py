@@ -151,3 +151,27 @@ def test_ddp_trains_like_gloo(n, tmp_path):
     assert len(final["gloo"]) == len(final["rdmamw"]) == 6
     for a, b in zip(final["gloo"], final["rdmamw"], strict=True):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max()
+
+
+# ---- in-process: meeting through a store -------------------------------------------
+
+
+def test_store_join_names_missing_ranks_and_refuses_bad_descriptors():
+    """bootstrap.kvstore.join on a torch HashStore: a rank that never publishes makes
+    the join time out naming it; a descriptor that is not one is a ProtocolError."""
+    import msgpack
+
+    from rdmamw.bootstrap import kvstore
+    from rdmamw.errors import ProtocolError, Timeout
+    kv = torch.distributed.HashStore()
+    with pytest.raises(Timeout, match=r"ranks \[1\] of 2 never published"):
+        kvstore.join(kv, 0, 2, 0.3, "127.0.0.1", "t1")
+    kv.set("t2/desc/1", msgpack.packb({"tcp": "http://evil", "host": "h"}))
+    with pytest.raises(ProtocolError, match="rank 1's descriptor"):
+        kvstore.join(kv, 0, 2, 5.0, "127.0.0.1", "t2")
+    kv.set("t3/desc/1", b"\xc1 not msgpack")
+    with pytest.raises(ProtocolError, match="rank 1's descriptor"):
+        kvstore.join(kv, 0, 2, 5.0, "127.0.0.1", "t3")
+    w = kvstore.join(kv, 0, 1, 5.0, "127.0.0.1", "t4")     # a world of one meets itself
+    assert w.world_size == 1 and w.peers[0]["rank"] == 0 and w.job
+    w.close()

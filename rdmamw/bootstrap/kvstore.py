@@ -64,7 +64,7 @@ def join(kv: KV, rank: int, size: int, timeout: float, ip: str, prefix: str = "r
         for r, k in keys.items():
             try:
                 got_rank, _, d = parse_join({"rank": r, "desc": msgpack.unpackb(kv.get(k))})
-            except (ValueError, TypeError, msgpack.UnpackException) as e:
+            except (ProtocolError, ValueError, TypeError, msgpack.UnpackException) as e:
                 raise ProtocolError(f"{what}: rank {r}'s descriptor is malformed: {e}") from e
             d["rank"] = got_rank
             table[r] = d
