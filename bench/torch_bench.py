@@ -4,8 +4,9 @@ called directly (the backend's own overhead), all in one run on this host (shm).
     python bench/torch_bench.py                         # 1 MiB, 64 MiB; 2 and 4 ranks
     python bench/torch_bench.py --sizes 1M --ranks 2 --reps 50 --ddp-steps 30
 
-Each rank is pinned to core ``rank mod cores``. all_reduce: float32, in place (the
-torch call), preceded by a barrier; rank 0's median. "direct" is
+Each rank is pinned to core ``rank mod cores`` and runs torch with one thread.
+all_reduce: float32, in place (the torch call), preceded by a barrier; rank 0's
+median. "direct" is
 ``rdmamw.collectives.allreduce(x, out=x)`` on the numpy view of the same tensor.
 DDP: the small CNN of tests/torch_worker.py (batch 32 of 8x8 images, 1 MB buckets),
 median seconds per training step (forward, backward with the bucket all_reduces,
@@ -57,6 +58,8 @@ def rank(cfg: dict) -> None:
     import rdmamw.torch  # noqa: F401 - registers the backend
     me = int(os.environ["RANK"])
     pin(me)
+    torch.set_num_threads(1)      # one core per rank (pinned): no intra-op threads
+    #                               spinning against the other ranks
     backend = cfg["backend"]
     dist.init_process_group(backend)
     out: dict = {}

@@ -354,6 +354,7 @@ def size(cfg: dict) -> dict:
 
 
 def main() -> None:
+    torch.set_num_threads(1)     # ranks share the cores: no intra-op threads spinning
     cfg = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
     out = globals()[sys.argv[1]](cfg)
     sys.stdout.write(json.dumps(out) + "\n")     # one write: ranks may share a pipe
