@@ -87,9 +87,13 @@ def rank_rdmamw(cfg: dict) -> None:
 
 def call(coll, x: np.ndarray, alg: str, y: np.ndarray, comm) -> np.ndarray:
     """One allreduce: into ``y``; "oop" is the training-loop form ``y = allreduce(x)``
-    (a new result each call, from the collectives' result pool, algorithm auto)."""
+    (a new result each call, from the collectives' result pool, algorithm auto);
+    "fresh" the same into a new ``numpy.empty`` each call (the page faults the pool
+    saves)."""
     if alg == "oop":
         return coll.allreduce(x, comm=comm)
+    if alg == "fresh":          # what oop cost before the result pool: new pages per call
+        return coll.allreduce(x, comm=comm, out=np.empty_like(x))
     return coll.allreduce(x, algorithm=alg, out=y, comm=comm)
 
 
@@ -252,7 +256,8 @@ def main() -> int:
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default 200 / 15)")
     ap.add_argument("--algorithms", default="auto,ring,rhd,oop",
-                    help="oop: auto with a new result per call (y = allreduce(x))")
+                    help="oop: auto with a new result per call (y = allreduce(x)); "
+                         "fresh: auto into a new numpy.empty per call")
     ap.add_argument("--only", default=",".join(SYSTEMS))
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
