@@ -11,6 +11,7 @@ a result larger than its largest tier (1 GiB) is a one-off allocation."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -32,7 +33,6 @@ def pool() -> BufferPool:
     global _pool
     with _lock:
         if _pool is None:
-            import os
             limit = parse_bytes(os.environ.get(BYTES_ENV) or DEFAULT_BYTES, BYTES_ENV)
             _pool = BufferPool(TIERS, max_bytes=limit, shards=1)
         return _pool
