@@ -35,7 +35,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE / "peers"), str(HERE)]
 from common import emit, pin  # noqa: E402
-from run import cpu_busy, wait_quiet  # noqa: E402
+from run import cpu_busy, finish_report, wait_quiet  # noqa: E402
 
 SYSTEMS = ("numpy", "rdmamw", "mpi4py", "gloo")
 SIZES = {"1M": 1 << 20, "64M": 64 << 20}
@@ -67,13 +67,13 @@ def rank_rdmamw(cfg: dict) -> None:
         y = np.empty_like(x)
         for alg in cfg["algorithms"]:      # every algorithm warm before any is timed
             for _ in range(warm):
-                coll.allreduce(x, algorithm=alg, out=y, comm=comm)
+                y = call(coll, x, alg, y, comm)
         for alg in cfg["algorithms"]:
             times = []
             for k in range(reps_for(nbytes, cfg["reps"]) + warm):
                 coll.barrier(comm=comm)
                 t0 = time.perf_counter()
-                coll.allreduce(x, algorithm=alg, out=y, comm=comm)
+                y = call(coll, x, alg, y, comm)
                 if k >= warm:
                     times.append(time.perf_counter() - t0)
             assert y[0] == w.world_size and y[-1] == w.world_size
@@ -83,6 +83,18 @@ def rank_rdmamw(cfg: dict) -> None:
         emit(out)
     comm.close()
     rdmamw.finalize()
+
+
+def call(coll, x: np.ndarray, alg: str, y: np.ndarray, comm) -> np.ndarray:
+    """One allreduce: into ``y``; "oop" is the training-loop form ``y = allreduce(x)``
+    (a new result each call, from the collectives' result pool, algorithm auto);
+    "fresh" the same into a new ``numpy.empty`` each call (the page faults the pool
+    saves)."""
+    if alg == "oop":
+        return coll.allreduce(x, comm=comm)
+    if alg == "fresh":          # what oop cost before the result pool: new pages per call
+        return coll.allreduce(x, comm=comm, out=np.empty_like(x))
+    return coll.allreduce(x, algorithm=alg, out=y, comm=comm)
 
 
 def rank_mpi(cfg: dict) -> None:
@@ -243,7 +255,9 @@ def main() -> int:
     ap.add_argument("--sizes", default="1M,64M", help="comma-separated, from " + str(list(SIZES)))
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default 200 / 15)")
-    ap.add_argument("--algorithms", default="auto,ring,rhd")
+    ap.add_argument("--algorithms", default="auto,ring,rhd,oop",
+                    help="oop: auto with a new result per call (y = allreduce(x)); "
+                         "fresh: auto into a new numpy.empty per call")
     ap.add_argument("--only", default=",".join(SYSTEMS))
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
@@ -279,16 +293,7 @@ def main() -> int:
     for key, r in res.items():
         if "error" in r:
             lines.append(f"{key}: NOT MEASURED - {r['error'][:300]}")
-    if max(meta["loadavg"][0], meta["loadavg_end"][0]) > 1.5:
-        lines.append(f"WARNING: load average {meta['loadavg'][0]:.1f} -> "
-                     f"{meta['loadavg_end'][0]:.1f} on {meta['cores']} cores: other jobs "
-                     "shared the cores, numbers are noisy")
-    print("\n".join(lines))
-    a.out.mkdir(parents=True, exist_ok=True)
-    path = a.out / f"allreduce-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"meta": meta, "config": cfg, "results": res,
-                                "table": lines}, indent=1))
-    print(f"raw results: {path}")
+    finish_report("allreduce", meta, cfg, res, lines, a.out)
     return 1 if any("error" in r and not r.get("untested") for r in res.values()) else 0
 
 

@@ -116,6 +116,23 @@ def wait_quiet(limit: float, busy_max: float = 10.0) -> float:
     return busy
 
 
+def finish_report(name: str, meta: dict, cfg: dict, res: dict, lines: list[str],
+                  out: Path) -> Path:
+    """Flag a loaded machine under the table, print it and write the JSON to
+    ``out/NAME-DATE.json``; returns the path."""
+    if max(meta["loadavg"][0], meta["loadavg_end"][0]) > 1.5:
+        lines.append(f"WARNING: load average {meta['loadavg'][0]:.1f} -> "
+                     f"{meta['loadavg_end'][0]:.1f} on {meta['cores']} cores: other jobs "
+                     "shared the cores, numbers are noisy")
+    print("\n".join(lines))
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"meta": meta, "config": cfg, "results": res,
+                                "table": lines}, indent=1))
+    print(f"raw results: {path}")
+    return path
+
+
 def spawn(cmd: list[str]) -> subprocess.Popen:
     """Start a peer in its own process group, so a hung pair can be killed as a unit."""
     return subprocess.Popen(

@@ -241,6 +241,8 @@ D("collectives", "RDMAMW_COLL_SLOT_SIZE", "bytes", M, "slot bytes of a collectiv
 D("collectives", "RDMAMW_COLL_MIN_CHUNK", "bytes", 16 * K, "smallest pipeline chunk",
   minimum=1)
 D("collectives", "RDMAMW_COLL_PIECES", "int", 1, "pipeline pieces per transfer", minimum=1)
+D("collectives", "RDMAMW_COLL_RESULT_BYTES", "bytes", G,
+  "idle bytes the pool of out-of-place collective results keeps")
 D("collectives", "RDMAMW_ALLREDUCE_ALGORITHM", "choice", "",
   "force an allreduce algorithm", choices=("auto", "ring", "rhd", "hierarchical", ""))
 D("collectives", "RDMAMW_COLL_CONFIG", "path", "",

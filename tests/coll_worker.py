@@ -94,6 +94,106 @@ def matrix(cfg: dict) -> dict:
     return {"rank": me, "checks": checks, "groups": coll.groups()}
 
 
+ALL_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+              "uint8", "uint16", "uint32", "uint64", "bool")
+ALL_OPS = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum,
+           "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+
+
+def values(rank: int, shape: tuple, dtype: str, seed: int, op: str = "sum") -> np.ndarray:
+    """Small values every dtype holds exactly, and whose reductions stay exact."""
+    rng = np.random.default_rng([seed, rank])
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if op == "prod":
+        return rng.choice([1, 1, 1, 2], size=shape).astype(dtype)
+    lo = -3 if np.dtype(dtype).kind in "fi" else 0
+    return rng.integers(lo, 4, size=shape).astype(dtype)
+
+
+def rooted(cfg: dict) -> dict:
+    """alltoall (even and uneven, counts given or learnt), gather, scatter, reduce
+    (every op the dtype allows) for every dtype, blocking and async_op, against numpy
+    on all ranks' inputs; results not given an ``out`` come from the results pool."""
+    w = rdmamw.init()
+    n, me, checks, seed = w.world_size, w.rank, 0, 100
+    for dt in ALL_DTYPES:
+        for length in cfg["lengths"]:
+            for asy in (False, True):
+                seed += 1
+
+                def done(x, asy=asy):
+                    return x.wait() if asy else x
+
+                # even alltoall: rows [j*m, (j+1)*m) to rank j, 2-d rows
+                m = max(1, length // n)
+                mine = values(me, (n * m, 3), dt, seed)
+                got = done(coll.alltoall(mine, async_op=asy))
+                want = np.concatenate([values(r, (n * m, 3), dt, seed)[me * m:(me + 1) * m]
+                                       for r in range(n)])
+                np.testing.assert_array_equal(got, want, err_msg=f"alltoall {dt}")
+                # uneven: rank r sends (r + j + length) % 4 rows to rank j
+                sc = [(me + j + length) % 4 for j in range(n)]
+                rc = [(r + me + length) % 4 for r in range(n)]
+                x = values(me, (sum(sc),), dt, seed + 1)
+                for given in (None, rc):
+                    got = done(coll.alltoall(x, sc, given, async_op=asy))
+                    parts = []
+                    for r in range(n):
+                        xr = values(r, (sum((r + j + length) % 4 for j in range(n)),), dt,
+                                    seed + 1)
+                        off = sum((r + j + length) % 4 for j in range(me))
+                        parts.append(xr[off:off + rc[r]])
+                    np.testing.assert_array_equal(got, np.concatenate(parts),
+                                                  err_msg=f"uneven alltoall {dt}")
+                    checks += 1
+                root = seed % n
+                # gather
+                g = done(coll.gather(values(me, (length,), dt, seed), root=root,
+                                     async_op=asy))
+                if me == root:
+                    np.testing.assert_array_equal(
+                        g, np.stack([values(r, (length,), dt, seed) for r in range(n)]))
+                else:
+                    assert g is None
+                # scatter
+                parts = values(root, (n, length, 2), dt, seed)
+                s = done(coll.scatter(parts if me == root else None, root=root,
+                                      out=None if me == root else np.empty((length, 2), dt),
+                                      async_op=asy))
+                np.testing.assert_array_equal(s, parts[me], err_msg=f"scatter {dt}")
+                # reduce: every op this dtype allows
+                for op, uf in ALL_OPS.items():
+                    if op in ("band", "bor", "bxor") and np.dtype(dt).kind not in "iub":
+                        continue
+                    seed += 1
+                    r_ = done(coll.reduce(values(me, (length,), dt, seed, op), op=op,
+                                          root=root, async_op=asy))
+                    if me == root:
+                        want = uf.reduce(np.stack([values(r, (length,), dt, seed, op)
+                                                   for r in range(n)]), axis=0, dtype=dt)
+                        np.testing.assert_array_equal(r_, want, err_msg=f"reduce {dt} {op}")
+                    else:
+                        assert r_ is None
+                    checks += 1
+                checks += 3
+    # several async collectives in flight at once complete in call order
+    hs = [coll.allreduce(np.full(1000, me + k, np.int64), async_op=True) for k in range(5)]
+    b = coll.broadcast(np.full(10, me, np.int32), root=n - 1)          # queues behind them
+    assert (b == n - 1).all()
+    for k, h in enumerate(hs):
+        assert (h.wait(timeout=30) == sum(r + k for r in range(n))).all()
+    # out-of-place results are recycled pool memory, not fresh pages
+    from rdmamw.collectives import results
+    before = results.pool().stats()
+    for _ in range(6):
+        coll.allreduce(np.ones(300_000, np.float32))
+    after = results.pool().stats()
+    return {"rank": me, "checks": checks,
+            "pool_allocations": after["allocations"] - before["allocations"],
+            "pool_reuses": after["reuses"] - before["reuses"]}
+
+
 def big(cfg: dict) -> dict:
     """Arrays of many chunks (pipelining, windows, more than a ring of data)."""
     rdmamw.init()
@@ -130,6 +230,23 @@ def mismatch(cfg: dict) -> dict:
             coll.allreduce(x, op="max" if odd else "sum", algorithm=cfg["alg"])
         elif kind == "call":
             coll.broadcast(x) if odd else coll.allreduce(x, algorithm=cfg["alg"])
+        elif kind == "alltoall":
+            coll.alltoall(np.ones(6 if odd else 3 * comm.size, np.float32), async_op=True
+                          ).wait()
+        elif kind == "gather":
+            coll.gather(np.ones(5, np.int64 if odd else np.int32), root=0)
+        elif kind == "scatter":
+            out = np.empty(4 if odd else 3, np.float32)
+            coll.scatter(np.ones((comm.size, 3), np.float32) if me == 0 else None, root=0,
+                         out=None if me == 0 else out)
+        elif kind == "reduce":
+            coll.reduce(x, op="min" if odd else "sum", root=1, async_op=True).wait()
+        elif kind == "counts":          # the odd rank expects a row more from rank 0
+            n = comm.size
+            rc = [2] * n
+            if odd:
+                rc[0] = 3
+            coll.alltoall(np.ones(2 * n, np.float32), [2] * n, rc)
         err = None
     except coll.CollectiveMismatch as e:
         err = str(e)

@@ -30,9 +30,10 @@ UNTUNED = {"RDMAMW_COLL_CONFIG": os.path.join(ROOT, "tests", "no-such-config.jso
 
 
 def job(n: int, scenario: str, cfg: dict | None = None, timeout: float = 90,
-        expect_dead: tuple = (), env: dict | None = None) -> list[dict]:
+        expect_dead: tuple = (), env: dict | None = None, worker: str = WORKER
+        ) -> list[dict]:
     """Run ``n`` ranks of the worker; every rank (but ``expect_dead``) must succeed."""
-    procs = spawn(n, [sys.executable, WORKER, scenario, json.dumps(cfg or {})], cwd=ROOT,
+    procs = spawn(n, [sys.executable, worker, scenario, json.dumps(cfg or {})], cwd=ROOT,
                   env={**UNTUNED, **(env or {})}, stdout=subprocess.PIPE,
                   stderr=subprocess.PIPE, text=True)
     outs = []
@@ -79,7 +80,22 @@ def test_arrays_of_many_chunks(n):
     job(n, "big", {"length": 3_000_001})
 
 
-@pytest.mark.parametrize("kind", ["shape", "dtype", "op", "call"])
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_alltoall_gather_scatter_reduce_match_numpy(n):
+    """Every dtype, even and uneven alltoall, every reduce op, blocking and async."""
+    lengths = [0, 1, 5, 70_001] if n <= 3 else [0, 1, 5]     # 70001 x 8 B: several chunks
+    res = job(n, "rooted", {"lengths": lengths})
+    assert [r["rank"] for r in res] == list(range(n))
+    for r in res:
+        # per length and blocking/async, for each of 12 dtypes: 2 uneven alltoalls + 3
+        # (even alltoall, gather, scatter), + one per reduce op (7 on the 9 integer and
+        # bool dtypes, 4 on the 3 float ones)
+        assert r["checks"] == len(lengths) * 2 * (12 * 5 + 9 * 7 + 3 * 4)
+        assert r["pool_allocations"] <= 2 and r["pool_reuses"] >= 4, r
+
+
+@pytest.mark.parametrize("kind", ["shape", "dtype", "op", "call", "alltoall", "gather",
+                                  "scatter", "reduce", "counts"])
 def test_mismatched_calls_raise_on_every_rank(kind):
     res = job(3, "mismatch", {"kind": kind, "odd": 2 if kind == "op" else 1, "alg": "rhd"})
     errors = {r["error"] for r in res}
@@ -87,7 +103,9 @@ def test_mismatched_calls_raise_on_every_rank(kind):
     msg = errors.pop()
     assert "rank" in msg and "called" in msg
     assert {"shape": "float32[101]", "dtype": "float64[100]", "op": "op=max",
-            "call": "broadcast("}[kind] in msg
+            "call": "broadcast(", "alltoall": "float32[6]", "gather": "int64[5]",
+            "scatter": "float32[4]", "reduce": "op=min", "counts": "recv_counts [3, 2, 2]"
+            }[kind] in msg
     assert all(r["after"] == 3 for r in res)               # still usable afterwards
 
 
@@ -133,7 +151,7 @@ def test_single_rank_results_and_argument_errors():
     np.testing.assert_array_equal(coll.reduce_scatter(x, comm=c), x)
     coll.barrier(comm=c)
     with pytest.raises(TypeError, match="dtype"):
-        allreduce(np.ones(3, np.int8), comm=c)
+        allreduce(np.ones(3, np.complex64), comm=c)
     with pytest.raises(ValueError, match="op must be"):
         allreduce(x, op="avg", comm=c)
     with pytest.raises(ValueError, match="integer"):

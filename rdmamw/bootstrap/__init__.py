@@ -176,9 +176,10 @@ def finalize() -> None:
 
 
 def connect_rank(rank: int, *, mode: str, timeout: float, slots: int,
-                 slot_size: int) -> Connected:
-    """A connected transport to ``rank`` (the lower rank of the pair accepts)."""
-    w = world()
+                 slot_size: int, in_world: World | None = None) -> Connected:
+    """A connected transport to ``rank`` of ``in_world`` (default: :func:`init`'s); the
+    lower rank of the pair accepts."""
+    w = in_world or world()
     if w._owner != _fork.pid():
         _fork.refuse(f"job membership (rank {w.rank})", w._owner)
     scheme, why = w.provider_choice(rank)

@@ -79,7 +79,7 @@ class Channel(Engine):
              slots: int | None = None, slot_size: int | None = None,
              spin_us: float | None = None, rendezvous: str = "auto",
              rndv_threshold: int | None = None,
-             max_message_size: int | str | None = None) -> Channel:
+             max_message_size: int | str | None = None, world: Any = None) -> Channel:
         """Connect to ``peer`` (``"shm://NAME"``, ``"tcp://HOST:PORT"``, or after
         :func:`rdmamw.init` a rank: both ranks call ``open`` with the other's rank and
         the provider is chosen for them), retrying while nobody listens yet.
@@ -98,7 +98,10 @@ class Channel(Engine):
 
         ``max_message_size`` (bytes or "1G"; default RDMAMW_MAX_MESSAGE_SIZE, else
         1 GiB) is the largest message this side takes: a larger one is refused with
-        MessageTooLarge, by the peer's sender once it knows the limit, else here."""
+        MessageTooLarge, by the peer's sender once it knows the limit, else here.
+
+        ``world``: the job a rank belongs to, default the one of :func:`rdmamw.init`
+        (another comes from rdmamw.bootstrap.kvstore.join, e.g. a torch process group)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
         rndv = (rendezvous, rndv_threshold, message_limit(max_message_size))
@@ -109,7 +112,7 @@ class Channel(Engine):
             from rdmamw.bootstrap import connect_rank
             with setup_errors(f"opening a channel to rank {peer}"):
                 conn = connect_rank(peer, mode=mode, timeout=t, slots=slots,
-                                    slot_size=slot_size)
+                                    slot_size=slot_size, in_world=world)
             conn.peer_rank = peer
             return _make(cls, conn, spin_us, rndv, f"opened to rank {peer} at {{peer}}")
         else:

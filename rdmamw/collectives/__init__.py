@@ -3,10 +3,13 @@
 >>> import numpy as np, rdmamw.collectives as coll
 >>> grad = np.ones(1 << 20, np.float32)
 >>> coll.allreduce(grad, out=grad)                 # doctest: +SKIP
+>>> h = coll.allreduce(grad, async_op=True)         # doctest: +SKIP
+>>> total = h.wait()                                # doctest: +SKIP
 
 Algorithms: ring, rhd (recursive halving-doubling), hierarchical (topology-aware)
 and auto (cost model, see policy.py and ``rdmamw tune``). docs/collectives.md."""
 
+from rdmamw.collectives.alltoall import alltoall
 from rdmamw.collectives.api import (
     allgather,
     allreduce,
@@ -18,6 +21,9 @@ from rdmamw.collectives.api import (
 )
 from rdmamw.collectives.comm import CollectiveMismatch, Communicator
 from rdmamw.collectives.policy import ALGORITHMS
+from rdmamw.collectives.progress import Handle
+from rdmamw.collectives.rooted import gather, reduce, scatter
 
-__all__ = ["ALGORITHMS", "CollectiveMismatch", "Communicator", "allgather", "allreduce",
-           "barrier", "broadcast", "default_comm", "groups", "reduce_scatter"]
+__all__ = ["ALGORITHMS", "CollectiveMismatch", "Communicator", "Handle", "allgather",
+           "allreduce", "alltoall", "barrier", "broadcast", "default_comm", "gather",
+           "groups", "reduce", "reduce_scatter", "scatter"]

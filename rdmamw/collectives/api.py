@@ -1,15 +1,19 @@
-"""The public collectives: allreduce, broadcast, reduce_scatter, allgather, barrier.
+"""The public collectives: allreduce, broadcast, reduce_scatter, allgather, barrier
+(alltoall, gather, scatter and reduce are in rooted.py).
 
 Each takes an optional ``comm``; without it they use one default
-:class:`Communicator` over the ranks of :func:`rdmamw.init` (called if needed)."""
+:class:`Communicator` over the ranks of :func:`rdmamw.init` (called if needed).
+``async_op=True`` returns a progress.Handle instead of the result (progress.py).
+Results not given an ``out`` come from the results pool (results.py)."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
-from rdmamw.collectives import hierarchical, policy, rhd, ring, topology, tree
+from rdmamw.collectives import hierarchical, policy, results, rhd, ring, topology, tree
 from rdmamw.collectives._kernels import bounds
 from rdmamw.collectives.comm import Communicator
 from rdmamw.collectives.ops import check_dtype, ufunc
@@ -45,7 +49,7 @@ def _input(array: np.ndarray) -> np.ndarray:
 
 def _output(array: np.ndarray, out: np.ndarray | None, shape: tuple) -> np.ndarray:
     if out is None:
-        return np.empty(shape, dtype=array.dtype)
+        return results.empty(shape, array.dtype)
     if not isinstance(out, np.ndarray) or out.shape != shape or out.dtype != array.dtype:
         raise ValueError(f"out must be a {array.dtype} array of shape {shape}")
     if not out.flags.c_contiguous or not out.flags.writeable:
@@ -56,8 +60,8 @@ def _output(array: np.ndarray, out: np.ndarray | None, shape: tuple) -> np.ndarr
 
 
 def allreduce(array: np.ndarray, op: str = "sum", algorithm: str = "auto",
-              out: np.ndarray | None = None, *, comm: Communicator | None = None
-              ) -> np.ndarray:
+              out: np.ndarray | None = None, *, comm: Communicator | None = None,
+              async_op: bool = False) -> Any:
     """Reduce ``array`` over all ranks with ``op`` (sum, prod, max, min; band, bor,
     bxor on integers) and return the result on every rank: in ``out`` if given (in
     place when ``out is array``), else in a new array.
@@ -85,12 +89,12 @@ def allreduce(array: np.ndarray, op: str = "sum", algorithm: str = "auto",
 
         def body() -> None:
             hierarchical.allreduce(comm, x, flat, uf, ids)
-    comm.run(["allreduce", str(a.dtype), list(a.shape), op, -1, alg], peers, body)
-    return res
+    return comm.call(["allreduce", str(a.dtype), list(a.shape), op, -1, alg], peers,
+                     lambda: (body(), res)[1], async_op)
 
 
-def broadcast(array: np.ndarray, root: int = 0, *, comm: Communicator | None = None
-              ) -> np.ndarray:
+def broadcast(array: np.ndarray, root: int = 0, *, comm: Communicator | None = None,
+              async_op: bool = False) -> Any:
     """Overwrite ``array`` on every rank with ``root``'s (in place; returns it)."""
     comm = comm or default_comm()
     a = _input(array)
@@ -101,13 +105,12 @@ def broadcast(array: np.ndarray, root: int = 0, *, comm: Communicator | None = N
     members = list(range(comm.size))
     flat = a.reshape(-1)
     peers = tree.peers(members, root, comm.rank, flat.nbytes) if comm.size > 1 else []
-    comm.run(["broadcast", str(a.dtype), list(a.shape), "", root, ""], peers,
-             lambda: tree.broadcast(comm, flat, root, members))
-    return a
+    return comm.call(["broadcast", str(a.dtype), list(a.shape), "", root, ""], peers,
+                     lambda: (tree.broadcast(comm, flat, root, members), a)[1], async_op)
 
 
 def reduce_scatter(array: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
-                   comm: Communicator | None = None) -> np.ndarray:
+                   comm: Communicator | None = None, async_op: bool = False) -> Any:
     """Reduce ``array`` over all ranks and return this rank's part of the result.
 
     The flattened array is split into ``size`` contiguous parts, part ``i`` starting
@@ -125,22 +128,22 @@ def reduce_scatter(array: np.ndarray, op: str = "sum", out: np.ndarray | None = 
         shape = (b[i + 1] - b[i],)
     res = _output(a, out, shape)
     members = list(range(n))
-    scratch = np.empty_like(x)
 
-    def body() -> None:
+    def body() -> np.ndarray:
         if n > 1:
+            scratch = results.empty(x.shape, x.dtype)
             ring.reduce_scatter(comm, x, scratch, uf, members, shift=-1)
             np.copyto(res.reshape(-1), scratch[b[i]:b[i + 1]])
         else:
             np.copyto(res.reshape(-1), x)
+        return res
 
-    comm.run(["reduce_scatter", str(a.dtype), list(a.shape), op, -1, ""],
-             ring.peers(comm, members), body)
-    return res
+    return comm.call(["reduce_scatter", str(a.dtype), list(a.shape), op, -1, ""],
+                     ring.peers(comm, members), body, async_op)
 
 
 def allgather(array: np.ndarray, out: np.ndarray | None = None, *,
-              comm: Communicator | None = None) -> np.ndarray:
+              comm: Communicator | None = None, async_op: bool = False) -> Any:
     """Every rank's ``array`` stacked: shape ``(size, *array.shape)``, row r from rank r."""
     comm = comm or default_comm()
     a = _input(array)
@@ -150,13 +153,13 @@ def allgather(array: np.ndarray, out: np.ndarray | None = None, *,
     N = a.size
     np.copyto(flat[i * N:(i + 1) * N], a.reshape(-1))
     members = list(range(n))
-    comm.run(["allgather", str(a.dtype), list(a.shape), "", -1, ""],
-             ring.peers(comm, members),
-             lambda: ring.allgather(comm, flat, members, i, [k * N for k in range(n + 1)]))
-    return res
+    bl = [k * N for k in range(n + 1)]
+    return comm.call(["allgather", str(a.dtype), list(a.shape), "", -1, ""],
+                     ring.peers(comm, members),
+                     lambda: (ring.allgather(comm, flat, members, i, bl), res)[1], async_op)
 
 
-def barrier(*, comm: Communicator | None = None) -> None:
+def barrier(*, comm: Communicator | None = None, async_op: bool = False) -> Any:
     """Return once every rank has entered the barrier."""
     comm = comm or default_comm()
-    comm.run(["barrier", "-", [], "", -1, ""], [], lambda: None)
+    return comm.call(["barrier", "-", [], "", -1, ""], [], lambda: None, async_op)

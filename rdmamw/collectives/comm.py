@@ -85,6 +85,7 @@ class Communicator:
         self.max_chunk = slot_size
         self.seq = 0
         self.broken: BaseException | None = None
+        self._progress: Any = None          # progress.Progress, on the first async call
 
     # ---- channels --------------------------------------------------------------------
 
@@ -96,7 +97,7 @@ class Communicator:
         smaller ranks, so no cycle (deadlock) can form."""
         for p in sorted(set(peers) - {self.rank} - set(self._chans)):
             ch = Channel.open(p, timeout=self.timeout or 30.0, slots=self.slots,
-                              slot_size=self.slot_size)
+                              slot_size=self.slot_size, world=self.world)
             self._chans[p] = ch
             self._queues[p] = collections.deque()
 
@@ -212,6 +213,19 @@ class Communicator:
                 self._break(e)
                 raise
 
+    def call(self, header: list, peers: Iterable[int], body: Callable[[], Any],
+             async_op: bool = False) -> Any:
+        """:meth:`run` now (returns ``body()``'s value), or with ``async_op`` on this
+        communicator's progress thread (returns a progress.Handle). Calls keep their
+        order either way: a blocking call queues behind pending asynchronous ones."""
+        if async_op or (self._progress is not None and self._progress.busy()):
+            if self._progress is None:
+                from rdmamw.collectives.progress import Progress
+                self._progress = Progress(f"rdmamw-coll-{self.rank}")
+            h = self._progress.submit(lambda: self.run(header, peers, body))
+            return h if async_op else h.wait()
+        return self.run(header, peers, body)
+
     def _break(self, e: BaseException) -> None:
         self.broken = e
         self.close()
@@ -259,6 +273,9 @@ class Communicator:
         Unless broken, it first trades a goodbye with each peer (waiting up to
         ``linger`` s in all): a tcp socket closed while the peer still has our data in
         flight can be reset and lose it, so we leave only once each peer has finished."""
+        if self._progress is not None:
+            self._progress.stop(linger)
+            self._progress = None
         if self.broken is None and self._chans:
             self._goodbye(linger)
         for q in self._queues.values():

@@ -18,14 +18,18 @@ OPS = {
     "bxor": np.bitwise_xor,
 }
 BITWISE = ("band", "bor", "bxor")
-DTYPES = tuple(np.dtype(t) for t in ("float32", "float64", "int32", "int64"))
+#: every fixed-size numeric numpy dtype (bool too: sum/max is "or", prod/min is "and").
+#: float16 reduces in float16 here; rdmamw.torch widens float16 and bfloat16 to float32.
+DTYPES = tuple(np.dtype(t) for t in (
+    "float16", "float32", "float64", "int8", "int16", "int32", "int64",
+    "uint8", "uint16", "uint32", "uint64", "bool"))
 
 
 def ufunc(op: str, dtype: np.dtype) -> np.ufunc:
     """The ufunc for ``op`` on ``dtype``, or a ValueError naming what is allowed."""
     if op not in OPS:
         raise ValueError(f"op must be one of {sorted(OPS)}, not {op!r}")
-    if op in BITWISE and dtype.kind != "i":
+    if op in BITWISE and dtype.kind not in "iub":
         raise ValueError(f"op {op!r} needs an integer dtype, not {dtype}")
     return OPS[op]
 

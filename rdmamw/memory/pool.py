@@ -308,11 +308,12 @@ def default_pool() -> BufferPool:
     return _default
 
 
-def allocate(nbytes: int) -> np.ndarray:
-    """A writable uint8 array of ``nbytes`` from :func:`default_pool`. It goes back to
-    the pool when the array (and every view of it) is collected, so the holder (a
-    received ``Message``) decides when the memory is reusable; nothing to release."""
-    pb = default_pool().acquire(nbytes)
+def allocate(nbytes: int, pool: BufferPool | None = None) -> np.ndarray:
+    """A writable uint8 array of ``nbytes`` from ``pool`` (default :func:`default_pool`).
+    It goes back to the pool when the array (and every view of it) is collected, so the
+    holder (a received ``Message``, a collective's result) decides when the memory is
+    reusable; nothing to release."""
+    pb = (pool or default_pool()).acquire(nbytes)
     # numpy points a view's .base at the first array that owns its data or whose base
     # is not an array: an array over a memoryview is such a base, so every view of
     # the result keeps the result (and so the block) alive

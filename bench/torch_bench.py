@@ -1,0 +1,157 @@
+"""torch.distributed on the rdmamw backend vs gloo, and vs rdmamw's collectives
+called directly (the backend's own overhead), all in one run on this host (shm).
+
+    python bench/torch_bench.py                         # 1 MiB, 64 MiB; 2 and 4 ranks
+    python bench/torch_bench.py --sizes 1M --ranks 2 --reps 50 --ddp-steps 30
+
+Each rank is pinned to core ``rank mod cores`` and runs torch with one thread.
+all_reduce: float32, in place (the torch call), preceded by a barrier; rank 0's
+median. "direct" is
+``rdmamw.collectives.allreduce(x, out=x)`` on the numpy view of the same tensor.
+DDP: the small CNN of tests/torch_worker.py (batch 32 of 8x8 images, 1 MB buckets),
+median seconds per training step (forward, backward with the bucket all_reduces,
+SGD step). Prints the ratios the targets of issue 16 are stated in and writes the
+JSON to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(HERE / "peers"), str(HERE), str(ROOT)]
+from common import emit, pin  # noqa: E402
+from run import finish_report  # noqa: E402
+
+SIZES = {"1M": 1 << 20, "64M": 64 << 20}
+
+
+def reps_for(nbytes: int, reps: int | None) -> int:
+    return reps or (100 if nbytes <= 1 << 20 else 12)
+
+
+def timed(fn, barrier, reps: int) -> float:
+    for _ in range(max(2, reps // 10)):          # warm (pages, pools, channels)
+        fn()
+    ts = []
+    for _ in range(reps):
+        barrier()
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def rank(cfg: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import rdmamw.torch  # noqa: F401 - registers the backend
+    me = int(os.environ["RANK"])
+    pin(me)
+    torch.set_num_threads(1)      # one core per rank (pinned): no intra-op threads
+    #                               spinning against the other ranks
+    backend = cfg["backend"]
+    dist.init_process_group(backend)
+    out: dict = {}
+    for nbytes in cfg["sizes"]:
+        x = torch.ones(nbytes // 4)
+        out[f"{backend}/{nbytes}"] = timed(lambda x=x: dist.all_reduce(x), dist.barrier,
+                                          reps_for(nbytes, cfg["reps"]))
+        if backend == "rdmamw":
+            import rdmamw.collectives as coll
+            comm = dist.distributed_c10d._get_default_group().comm
+            a = x.numpy()
+            out[f"direct/{nbytes}"] = timed(
+                lambda a=a, c=comm: coll.allreduce(a, out=a, comm=c),
+                lambda c=comm: coll.barrier(comm=c), reps_for(nbytes, cfg["reps"]))
+    if cfg["ddp_steps"]:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from torch_worker import Net
+        torch.manual_seed(0)
+        net = torch.nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(me)
+        batches = [(torch.randn(32, 1, 8, 8, generator=g), torch.randint(0, 10, (32,),
+                                                                           generator=g))
+                   for _ in range(8)]
+        k = [0]
+
+        def step() -> None:
+            x, y = batches[k[0] % len(batches)]
+            k[0] += 1
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+
+        out[f"ddp-{backend}"] = timed(step, lambda: None, cfg["ddp_steps"])
+    if me == 0:
+        emit(out)
+    dist.destroy_process_group()
+
+
+def run(backend: str, n: int, cfg: dict) -> dict:
+    from rdmamw.bootstrap.launch import spawn
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    procs = spawn(n, [sys.executable, __file__, "--rank", json.dumps({**cfg,
+                                                                       "backend": backend})],
+                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    outs = [p.communicate(timeout=900) for p in procs]
+    for out, _ in outs:
+        for line in out.splitlines():
+            if line.startswith("RESULT "):
+                return json.loads(line[7:])
+    return {"error": outs[0][1][-1500:]}
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--rank":
+        rank(json.loads(sys.argv[2]))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1M,64M")
+    ap.add_argument("--ranks", default="2,4")
+    ap.add_argument("--reps", type=int, default=None, help="default 100 / 12 by size")
+    ap.add_argument("--ddp-steps", type=int, default=40, help="0: no DDP")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    a = ap.parse_args()
+    cfg = {"sizes": [SIZES[s] for s in a.sizes.split(",")], "reps": a.reps,
+           "ddp_steps": a.ddp_steps}
+    meta = {"started": dt.datetime.now().isoformat(timespec="seconds"),
+            "loadavg": os.getloadavg(), "cores": len(os.sched_getaffinity(0))}
+    res, lines = {}, []
+    for n in [int(v) for v in a.ranks.split(",")]:
+        for backend in ("rdmamw", "gloo"):
+            print(f"[torch] {backend} x{n} ...", file=sys.stderr, flush=True)
+            res[f"{backend}/{n}"] = run(backend, n, cfg)
+        r, g = res[f"rdmamw/{n}"], res[f"gloo/{n}"]
+        for nbytes in cfg["sizes"]:
+            t, tg, td = r.get(f"rdmamw/{nbytes}"), g.get(f"gloo/{nbytes}"), \
+                r.get(f"direct/{nbytes}")
+            if t and tg and td:
+                lines.append(f"{nbytes >> 20:>3d} MiB  {n} ranks  rdmamw {t * 1e3:8.3f} ms  "
+                             f"gloo {tg * 1e3:8.3f} ms ({tg / t:5.2f}x faster)  direct "
+                             f"{td * 1e3:8.3f} ms (backend {t / td:4.2f}x of direct)")
+        d, dg = r.get("ddp-rdmamw"), g.get("ddp-gloo")
+        if d and dg:
+            lines.append(f"DDP step  {n} ranks  rdmamw {d * 1e3:8.3f} ms  gloo "
+                         f"{dg * 1e3:8.3f} ms  (rdmamw/gloo {d / dg:4.2f}x)")
+    for k, v in res.items():
+        if "error" in v:
+            lines.append(f"{k}: NOT MEASURED - {v['error'][-300:]}")
+    meta["loadavg_end"] = os.getloadavg()
+    finish_report("torch", meta, cfg, res, lines, a.out)
+    return 1 if any("error" in v for v in res.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,456 @@
+"""The ``torch.distributed`` backend "rdmamw": a Python ProcessGroup whose operations
+run on rdmamw's collectives (rdmamw.collectives) and channels.
+
+Every operation checks its tensors and op first (a clear error before anything is
+sent). An asynchronous one (``async_op=True``, and whatever C++ calls, such as DDP's
+bucket all_reduces) is queued on the group's communicator (one progress thread, call
+order kept) and returns a :class:`rdmamw.torch.work.Work` at once; a blocking one runs
+in the calling thread and returns a finished Work. Tensors are
+handed over as numpy views of their memory; only non-contiguous tensors, float16 /
+bfloat16 reductions (done in float32) and list-of-tensor layouts are staged through
+a copy."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import rdmamw.collectives as coll
+from rdmamw.bootstrap import kvstore
+from rdmamw.bootstrap.env import detect
+from rdmamw.collectives.comm import Communicator
+from rdmamw.errors import ConfigError, RdmamwError
+from rdmamw.torch.p2p import PointToPoint
+from rdmamw.torch.tensors import WIDEN, UnsupportedOp, UnsupportedTensor, as_numpy, check, op_name
+from rdmamw.torch.work import Work, completed, work_after
+
+Tensor = torch.Tensor
+
+
+def local_ip(store: Any) -> str:
+    """The address our tcp listener advertises: the one this host reaches the
+    TCPStore's host from (no packet is sent); 127.0.0.1 for a store on this host or
+    without a host (FileStore, HashStore: then all ranks share this host's files)."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    host = getattr(store, "host", None)
+    if not host or host in ("localhost", "127.0.0.1", "::1"):
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                           socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def from_numpy(a: np.ndarray, dtype: torch.dtype) -> Tensor:
+    """A tensor over numpy memory (no copy); bfloat16 from its uint16 bits."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _staged(t: Tensor, widen: bool = False) -> tuple[Tensor, Callable[[], None]]:
+    """(a contiguous buffer standing for ``t``, what copies it back into ``t``): ``t``
+    itself when it is contiguous and not widened (float16 / bfloat16 -> float32)."""
+    if widen and t.dtype in WIDEN:
+        buf = t.to(torch.float32, memory_format=torch.contiguous_format)
+    elif not t.is_contiguous():
+        buf = t.contiguous()
+    else:
+        return t, lambda: None
+    return buf, lambda: t.copy_(buf)
+
+
+def _one(tensors: Sequence[Tensor], what: str) -> Tensor:
+    if len(tensors) != 1:
+        raise UnsupportedTensor(f"{what}: the rdmamw backend takes one tensor per call, "
+                                f"not {len(tensors)}")
+    check(tensors[0])
+    return tensors[0]
+
+
+def _same(ts: Sequence[Tensor], like: Tensor, what: str) -> None:
+    for t in ts:
+        check(t)
+        if t.dtype != like.dtype or t.shape != like.shape:
+            raise UnsupportedTensor(f"{what}: every tensor must be {like.dtype}"
+                                    f"{list(like.shape)}, not {t.dtype}{list(t.shape)}")
+
+
+class ProcessGroupRdmamw(dist.ProcessGroup):
+    """A process group on rdmamw (see the module doc and docs/torch.md)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta
+                 ) -> None:
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        secs = timeout.total_seconds()
+        ip = local_ip(store)
+        world = kvstore.join(store, rank, size, secs, ip, "rdmamw/coll", launcher="torch")
+        try:
+            pworld = kvstore.join(store, rank, size, secs, ip, "rdmamw/p2p",
+                                  launcher="torch")
+        except BaseException:
+            world.close()
+            raise
+        self.comm = Communicator(world, timeout=secs)
+        self.p2p = PointToPoint(pworld, secs)
+
+    # ---- identity --------------------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return "rdmamw"
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupRdmamw(rank={self._rank}, size={self._size})"
+
+    # ---- reductions ------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[Tensor], opts: Any = None) -> Work:
+        t = _one(tensors, "all_reduce")
+        name = op_name(_op(opts), t.dtype)
+        buf, back = _staged(t, widen=True)
+        x = as_numpy(buf)
+        h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=_async(opts))
+        return work_after(h, self._finish(buf, back, [t], name))
+
+    def allreduce_coalesced(self, tensors: list[Tensor], opts: Any = None) -> Work:
+        if not tensors:
+            return completed([])
+        _same([t.reshape(-1)[:0] for t in tensors], tensors[0].reshape(-1)[:0],
+              "all_reduce_coalesced")
+        name = op_name(_op(opts), tensors[0].dtype)
+        wide = torch.float32 if tensors[0].dtype in WIDEN else tensors[0].dtype
+        flat = torch.cat([t.reshape(-1).to(wide) for t in tensors])
+        x = as_numpy(flat)
+        h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=_async(opts))
+
+        def back() -> None:
+            k = 0
+            for t in tensors:
+                t.copy_(flat[k:k + t.numel()].view(t.shape))
+                k += t.numel()
+
+        return work_after(h, self._finish(flat, back, tensors, name))
+
+    def reduce(self, tensors: list[Tensor], opts: Any = None) -> Work:
+        t = _one(tensors, "reduce")
+        name = op_name(_op(opts), t.dtype)
+        root = _root(opts, self._size)
+        buf, back = _staged(t, widen=True)
+        x = as_numpy(buf)
+        mine = root == self._rank
+        h = coll.reduce(x, op=_sum(name), root=root, out=x if mine else None,
+                        comm=self.comm, async_op=_async(opts))
+        if not mine:
+            return work_after(h, lambda _: [t])
+        return work_after(h, self._finish(buf, back, [t], name))
+
+    def reduce_scatter(self, output_tensors: list[Tensor],
+                       input_tensors: list[list[Tensor]], opts: Any = None) -> Work:
+        out = _one(output_tensors, "reduce_scatter")
+        ins = input_tensors[0] if len(input_tensors) == 1 else []
+        if len(ins) != self._size:
+            raise UnsupportedTensor(f"reduce_scatter needs {self._size} input tensors")
+        _same(ins, out, "reduce_scatter")
+        name = op_name(_op(opts), out.dtype)
+        wide = torch.float32 if out.dtype in WIDEN else out.dtype
+        stack = torch.stack([i.to(wide) for i in ins])
+        h = coll.reduce_scatter(as_numpy(stack), op=_sum(name), comm=self.comm,
+                                async_op=_async(opts))
+
+        def finish(res: np.ndarray) -> list[Tensor]:
+            part = torch.from_numpy(res)[0]
+            if name == "avg":
+                part = part / self._size
+            out.copy_(part)
+            return [out]
+
+        return work_after(h, finish)
+
+    def reduce_scatter_single(self, output: Tensor, input: Tensor, opts: Any = None
+                              ) -> Work:
+        check(output)
+        check(input)
+        n = self._size
+        if input.dtype != output.dtype or input.numel() != n * output.numel():
+            raise UnsupportedTensor(
+                f"reduce_scatter_tensor: input must be {n} x the output's "
+                f"{output.numel()} elements of {output.dtype}, not {input.numel()} of "
+                f"{input.dtype}")
+        name = op_name(_op(opts), output.dtype)
+        src, _ = _staged(input, widen=True)
+        buf, back = _staged(output, widen=True)
+        h = coll.reduce_scatter(as_numpy(src).reshape(n, -1), op=_sum(name),
+                                out=as_numpy(buf).reshape(1, -1), comm=self.comm,
+                                async_op=_async(opts))
+        return work_after(h, self._finish(buf, back, [output], name))
+
+    def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
+                                        opts: Any = None) -> Work:
+        return self._all([self.reduce_scatter_single(o, i, opts)
+                          for o, i in zip(outputs, inputs, strict=True)], outputs)
+
+    # ---- data movement ---------------------------------------------------------------
+
+    def broadcast(self, tensors: list[Tensor], opts: Any = None) -> Work:
+        t = _one(tensors, "broadcast")
+        buf, back = _staged(t)
+        h = coll.broadcast(as_numpy(buf), root=_root(opts, self._size), comm=self.comm,
+                           async_op=_async(opts))
+        return work_after(h, lambda _: (back(), [t])[1])
+
+    def allgather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
+                  opts: Any = None) -> Work:
+        inp = _one(input_tensors, "all_gather")
+        outs = output_tensors[0] if len(output_tensors) == 1 else []
+        if len(outs) != self._size:
+            raise UnsupportedTensor(f"all_gather needs {self._size} output tensors")
+        _same(outs, inp, "all_gather")
+        h = coll.allgather(as_numpy(inp.contiguous()), comm=self.comm, async_op=_async(opts))
+        return work_after(h, _rows_into(outs))
+
+    def all_gather_single(self, output: Tensor, input: Tensor, opts: Any = None) -> Work:
+        check(output)
+        check(input)
+        n = self._size
+        if input.dtype != output.dtype or output.numel() != n * input.numel():
+            raise UnsupportedTensor(
+                f"all_gather_into_tensor: output must hold {n} x the input's "
+                f"{input.numel()} elements of {input.dtype}, not {output.numel()} of "
+                f"{output.dtype}")
+        buf, back = _staged(output)
+        h = coll.allgather(as_numpy(input.contiguous()).reshape(-1),
+                           out=as_numpy(buf).reshape(n, -1), comm=self.comm, async_op=_async(opts))
+        return work_after(h, lambda _: (back(), [output])[1])
+
+    def allgather_coalesced(self, output_lists: list[list[Tensor]], inputs: list[Tensor],
+                            opts: Any = None) -> Work:
+        return self._all([self.allgather([o], [i], opts)
+                          for o, i in zip(output_lists, inputs, strict=True)], output_lists)
+
+    def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
+                                    opts: Any = None) -> Work:
+        return self._all([self.all_gather_single(o, i, opts)
+                          for o, i in zip(outputs, inputs, strict=True)], outputs)
+
+    def gather(self, output_tensors: list[list[Tensor]], input_tensors: list[Tensor],
+               opts: Any = None) -> Work:
+        inp = _one(input_tensors, "gather")
+        root = _root(opts, self._size)
+        outs: list[Tensor] = []
+        if root == self._rank:
+            outs = output_tensors[0] if len(output_tensors) == 1 else []
+            if len(outs) != self._size:
+                raise UnsupportedTensor(f"gather needs {self._size} output tensors on root")
+            _same(outs, inp, "gather")
+        h = coll.gather(as_numpy(inp.contiguous()), root=root, comm=self.comm,
+                        async_op=_async(opts))
+        return work_after(h, _rows_into(outs))
+
+    def scatter(self, output_tensors: list[Tensor], input_tensors: list[list[Tensor]],
+                opts: Any = None) -> Work:
+        out = _one(output_tensors, "scatter")
+        root = _root(opts, self._size)
+        buf, back = _staged(out)
+        src = None
+        if root == self._rank:
+            ins = input_tensors[0] if len(input_tensors) == 1 else []
+            if len(ins) != self._size:
+                raise UnsupportedTensor(f"scatter needs {self._size} input tensors on root")
+            _same(ins, out, "scatter")
+            src = as_numpy(torch.stack(list(ins)))
+        h = coll.scatter(src, root=root, out=as_numpy(buf), comm=self.comm, async_op=_async(opts))
+        return work_after(h, lambda _: (back(), [out])[1])
+
+    def alltoall(self, output_tensors: list[Tensor], input_tensors: list[Tensor],
+                 opts: Any = None) -> Work:
+        n = self._size
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise UnsupportedTensor(f"all_to_all needs {n} input and {n} output tensors")
+        dt = input_tensors[0].dtype
+        for t in (*output_tensors, *input_tensors):
+            check(t)
+            if t.dtype != dt:
+                raise UnsupportedTensor(f"all_to_all: every tensor must be {dt}, not {t.dtype}")
+        x = torch.cat([t.reshape(-1) for t in input_tensors])
+        rc = [t.numel() for t in output_tensors]
+        h = coll.alltoall(as_numpy(x), [t.numel() for t in input_tensors], rc,
+                          comm=self.comm, async_op=_async(opts))
+
+        def finish(res: np.ndarray) -> list[Tensor]:
+            flat, k = from_numpy(res, dt), 0
+            for t in output_tensors:
+                t.copy_(flat[k:k + t.numel()].view(t.shape))
+                k += t.numel()
+            return output_tensors
+
+        return work_after(h, finish)
+
+    def all_to_all_single(self, output: Tensor, input: Tensor,
+                          output_split_sizes: list[int] | None,
+                          input_split_sizes: list[int] | None, opts: Any = None) -> Work:
+        check(output)
+        check(input)
+        n = self._size
+        if input.dtype != output.dtype:
+            raise UnsupportedTensor(f"all_to_all_single: input {input.dtype} and output "
+                                    f"{output.dtype} differ")
+        src, _ = _staged(input)
+        buf, back = _staged(output)
+        x, out = as_numpy(src), as_numpy(buf)
+        if x.ndim == 0:
+            x, out = x.reshape(1), out.reshape(1)
+        sc = list(input_split_sizes or []) or _even(x.shape[0], n, "input")
+        rc = list(output_split_sizes or []) or _even(out.shape[0], n, "output")
+        h = coll.alltoall(x, sc, rc, out=out, comm=self.comm, async_op=_async(opts))
+        return work_after(h, lambda _: (back(), [output])[1])
+
+    def barrier(self, opts: Any = None) -> Work:
+        h = coll.barrier(comm=self.comm, async_op=_async(opts))
+        return work_after(h, lambda _: [])
+
+    # ---- point to point --------------------------------------------------------------
+
+    def send(self, tensors: list[Tensor], dst: int, tag: int = 0) -> Work:
+        t = _one(tensors, "send")
+        self._peer(dst)
+        buf = t.contiguous()
+        h = self.p2p.send(as_numpy(buf).reshape(-1).view(np.uint8), t.dtype,
+                          tuple(t.shape), dst, tag)
+        return work_after(h, lambda _: (buf, [t])[1])
+
+    def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> Work:
+        t = _one(tensors, "recv")
+        self._peer(src)
+        buf, back = _staged(t)
+        h = self.p2p.recv(as_numpy(buf).reshape(-1).view(np.uint8), t.dtype,
+                          tuple(t.shape), src, tag)
+        return work_after(h, lambda _: (back(), [t])[1])
+
+    def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> Work:
+        raise UnsupportedOp("the rdmamw backend needs recv's src (no receive from any "
+                            "source)")
+
+    # ---- life ------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        self.comm.close()
+        self.comm.world.close()
+        self.p2p.close()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+    # ---- helpers ---------------------------------------------------------------------
+
+    def _peer(self, r: int) -> None:
+        if not 0 <= r < self._size or r == self._rank:
+            raise ValueError(f"rank {r} is not another rank of this group of {self._size}")
+
+    def _finish(self, buf: Tensor, back: Callable[[], None], value: Any,
+                name: str) -> Callable[[Any], Any]:
+        def finish(_: Any) -> Any:
+            if name == "avg":
+                buf.div_(self._size)
+            back()
+            return value
+        return finish
+
+    def _all(self, works: list[Work], value: Any) -> Work:
+        """One Work for several (the coalesced calls): done when the last is; they
+        run in order on the progress thread."""
+        w = Work()
+        left = [len(works)]
+
+        def one(_: Any) -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                try:
+                    for x in works:
+                        x.wait()
+                except BaseException as e:  # noqa: BLE001 - handed to the waiter
+                    w._finish(error=e)
+                    return
+                w._finish(value)
+
+        if not works:
+            w._finish(value)
+        for x in works:
+            x.get_future().add_done_callback(one)
+        return w
+
+
+def _rows_into(outs: list[Tensor]) -> Callable[[np.ndarray | None], list[list[Tensor]]]:
+    """The finishing step of the gathers: row r of the result into ``outs[r]``."""
+    def finish(res: np.ndarray | None) -> list[list[Tensor]]:
+        for r, o in enumerate(outs):
+            o.copy_(from_numpy(res[r], o.dtype))
+        return [outs]
+    return finish
+
+
+def _async(opts: Any) -> bool:
+    """Whether the caller wants the Work before the operation is done. torch's
+    blocking calls (``dist.all_reduce(t)``) say no: they then run in this thread,
+    without a hand-over to the progress thread and back (the backend's overhead at 1
+    MiB). C++ callers (DDP's buckets) leave the default, yes: they overlap."""
+    return True if opts is None else bool(getattr(opts, "asyncOp", True))
+
+
+def _op(opts: Any) -> Any:
+    return dist.ReduceOp.SUM if opts is None else opts.reduceOp
+
+
+def _sum(name: str) -> str:
+    return "sum" if name == "avg" else name
+
+
+def _root(opts: Any, size: int) -> int:
+    root = 0 if opts is None else opts.rootRank
+    if not 0 <= root < size:
+        raise ValueError(f"root {root} is not a rank of this group of {size}")
+    return root
+
+
+def _even(rows: int, n: int, what: str) -> list[int]:
+    if rows % n:
+        raise UnsupportedTensor(f"all_to_all_single: the {what}'s {rows} rows do not "
+                                f"split evenly over {n} ranks; pass split sizes")
+    return [rows // n] * n
+
+
+def create(opts: Any, backend_options: Any = None) -> ProcessGroupRdmamw:
+    """torch's factory for the "rdmamw" backend (extended API: store, group rank and
+    size, timeout, and the global ranks of a new group; empty for the default group)."""
+    if not opts.global_ranks_in_group:
+        _check_launcher(opts.group_size)
+    return ProcessGroupRdmamw(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+
+
+def _check_launcher(size: int) -> None:
+    """The default group's size must be the launcher's world size, when there is a
+    launcher: else some ranks would wait for ranks that never come."""
+    try:
+        info = detect()
+    except RdmamwError:
+        return          # no launcher (tcp:// or file:// with explicit ranks)
+    if info.world_size != size:
+        raise ConfigError(f"init_process_group(world_size={size}) but the launcher "
+                          f"({info.launcher}) started {info.world_size} ranks; pass the "
+                          f"launcher's WORLD_SIZE or none")

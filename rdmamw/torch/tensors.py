@@ -1,0 +1,92 @@
+"""CPU tensors as numpy arrays without a copy, and torch's reduce ops as rdmamw's.
+
+numpy has no bfloat16: a bfloat16 tensor moves as its uint16 bits, and reductions of
+bfloat16 and float16 run in float32 (one rounding at the end, as a float32 sum of
+the ranks' values rounded once), never in the 16-bit type. bool reduces as "or"
+(SUM, MAX, BOR) and "and" (PRODUCT, MIN, BAND)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.distributed import ReduceOp
+
+from rdmamw.errors import RdmamwError
+
+
+class UnsupportedTensor(RdmamwError, TypeError):
+    """A tensor the rdmamw backend cannot move: not on the CPU, sparse, or of a dtype
+    it does not carry. Raised before anything is sent."""
+
+
+class UnsupportedOp(RdmamwError, ValueError):
+    """A reduce op the rdmamw backend does not have for this dtype (raised before
+    anything is sent)."""
+
+
+#: torch dtype -> the numpy dtype it travels as
+WIRE = {
+    torch.float16: np.float16, torch.bfloat16: np.uint16, torch.float32: np.float32,
+    torch.float64: np.float64, torch.int8: np.int8, torch.int16: np.int16,
+    torch.int32: np.int32, torch.int64: np.int64, torch.uint8: np.uint8, torch.bool: np.bool_,
+}
+#: dtypes reduced in float32
+WIDEN = (torch.float16, torch.bfloat16)
+#: int(RedOpType) -> rdmamw's name (an options' ReduceOp object holds it in ``.op``)
+OPS = {int(ReduceOp.SUM): "sum", int(ReduceOp.PRODUCT): "prod", int(ReduceOp.MIN): "min",
+       int(ReduceOp.MAX): "max", int(ReduceOp.BAND): "band", int(ReduceOp.BOR): "bor",
+       int(ReduceOp.BXOR): "bxor", int(ReduceOp.AVG): "avg"}
+
+
+def check(t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise UnsupportedTensor(f"expected a torch.Tensor, not {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise UnsupportedTensor(
+            f"the rdmamw backend moves CPU tensors only, not {t.device} ones; copy it to "
+            f"the CPU (t.cpu()) or use a GPU backend (nccl) for {t.device.type} tensors")
+    if t.layout != torch.strided:
+        raise UnsupportedTensor(f"the rdmamw backend needs dense tensors, not {t.layout}")
+    if t.dtype not in WIRE:
+        names = ", ".join(str(d).replace("torch.", "") for d in WIRE)
+        raise UnsupportedTensor(f"dtype {t.dtype} is not supported by the rdmamw backend; "
+                                f"use one of {names}")
+
+
+def as_numpy(t: torch.Tensor) -> np.ndarray:
+    """The tensor's memory as a numpy array of its wire dtype (no copy); ``t`` must
+    be contiguous."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def label(op: object) -> str:
+    """``ReduceOp.SUM`` for any form of it (options hold objects that print badly)."""
+    for name in ("SUM", "PRODUCT", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR",
+                 "PREMUL_SUM", "UNUSED"):
+        try:
+            if op == getattr(ReduceOp, name):
+                return f"ReduceOp.{name}"
+        except (AttributeError, TypeError):
+            continue
+    return repr(op)
+
+
+def op_name(op: object, dtype: torch.dtype) -> str:
+    """rdmamw's name of torch reduce op ``op`` on ``dtype`` ("avg" is sum then a
+    division, floating point only), or UnsupportedOp."""
+    try:
+        name = OPS.get(int(getattr(op, "op", op)))
+    except (TypeError, ValueError):
+        name = None
+    if name is None:
+        raise UnsupportedOp(f"reduce op {label(op)} is not supported by the rdmamw backend; "
+                            f"use SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR or BXOR")
+    floating = dtype.is_floating_point
+    if name in ("band", "bor", "bxor") and floating:
+        raise UnsupportedOp(f"{label(op)} needs an integer or bool tensor, not {dtype}")
+    if name == "avg" and not floating:
+        raise UnsupportedOp(f"AVG needs a floating-point tensor, not {dtype} (use SUM and "
+                            f"divide)")
+    return name

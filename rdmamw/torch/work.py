@@ -1,0 +1,98 @@
+"""torch ``Work`` for rdmamw's non-blocking operations: done (or failed) when the
+rdmamw handle is, after the backend's finishing step (copy back a non-contiguous or
+widened tensor, divide for AVG) ran on the progress thread. ``wait()`` raises the
+operation's own error (CollectiveMismatch, PeerLost, ...); ``get_future()`` is a
+torch Future of the output tensors (what DDP's communication hooks chain on).
+
+(torch's ``_create_work_from_future`` is not used: its wait() returns True even
+when the future failed.)"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future as TorchFuture
+
+from rdmamw.collectives.progress import Handle
+from rdmamw.errors import Timeout
+
+
+class Work(dist.Work):
+    """Done when its torch future is (no Event: a blocking call's Work is made done,
+    and an Event would be a third of the backend's per-call cost)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._tf: TorchFuture = TorchFuture()
+        self._error = False
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        secs = timeout.total_seconds() if timeout else 0.0
+        if secs > 0 and not self._tf.done():
+            end, pause = time.monotonic() + secs, 0.0001
+            while not self._tf.done():
+                if time.monotonic() >= end:
+                    raise Timeout(f"rdmamw: operation not done after {secs:g} s")
+                time.sleep(pause)
+                pause = min(0.01, pause * 2)
+        self._tf.wait()             # raises the operation's error
+        return True
+
+    def get_future(self) -> TorchFuture:
+        return self._tf
+
+    def is_completed(self) -> bool:
+        return self._tf.done()
+
+    def is_success(self) -> bool:
+        return self._tf.done() and not self._error
+
+    def exception(self) -> BaseException | None:
+        if not (self._tf.done() and self._error):
+            return None
+        try:
+            self._tf.wait()
+        except BaseException as e:  # noqa: BLE001 - it is the answer
+            return e
+        return None
+
+    def _finish(self, value: Any = None, error: BaseException | None = None) -> None:
+        if error is not None:
+            self._error = True
+            self._tf.set_exception(error)
+        else:
+            self._tf.set_result(value)
+
+
+def work_after(h: Any, finish: Callable[[Any], Any]) -> Work:
+    """A Work done once the collective is (``h``: its progress.Handle, or its result
+    when it ran in this thread) and ``finish(result)`` ran; its future's value is what
+    ``finish`` returns (a list of tensors)."""
+    if not isinstance(h, Handle):
+        return completed(finish(h))
+    fut: Future = h.future
+    w = Work()
+
+    def done(f: Future) -> None:
+        try:
+            value = finish(f.result())
+        except BaseException as e:  # noqa: BLE001 - handed to the waiter
+            w._finish(error=e)
+            return
+        w._finish(value)
+
+    fut.add_done_callback(done)
+    return w
+
+
+def completed(value: list[torch.Tensor]) -> Work:
+    """A Work that is already done (nothing to communicate)."""
+    w = Work()
+    w._finish(value)
+    return w
