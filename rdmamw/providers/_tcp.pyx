@@ -49,6 +49,12 @@ from rdmamw.transport._base cimport (
     rm_wr,
 )
 
+cdef extern from "sys/mman.h" nogil:
+    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
+    int munmap(void *addr, size_t length)
+    int PROT_READ, PROT_WRITE, MAP_PRIVATE, MAP_ANONYMOUS
+    void *MAP_FAILED
+
 cdef extern from "sched.h" nogil:
     int sched_yield()
 
@@ -361,7 +367,8 @@ cdef class TcpTransport(Transport):
             free(self.c.pubbuf)
             free(self.c)
             self.c = NULL
-        free(self.block)
+        if self.block != NULL:
+            munmap(self.block, self.block_size)
         free(self.hdrs)
         free(self.iov)
 
@@ -387,15 +394,16 @@ cdef class TcpTransport(Transport):
 
 
 def alloc_block(size_t size) -> int:
-    """A zeroed, page-aligned block for an endpoint's regions; pass it to _attach,
-    which then owns it."""
-    cdef void *p = NULL
-    if posix_memalign(&p, 4096, size) != 0:
+    """A zeroed, page-aligned block for an endpoint's regions, committed page by page
+    as the peer's frames land (an idle channel's ring costs no resident memory); pass
+    it to _attach, which then owns it."""
+    cdef void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        -1, 0)
+    if p == MAP_FAILED:
         raise MemoryError()
-    memset(p, 0, size)
     return <size_t>p
 
 
-def free_block(size_t addr) -> None:
+def free_block(size_t addr, size_t size) -> None:
     """Free a block that was never handed to a transport."""
-    free(<void *>addr)
+    munmap(<void *>addr, size)

@@ -109,7 +109,7 @@ def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None
         tp._attach(conn.fileno(), evfd, block, mine.total, mine.regions(), theirs.regions(),
                    heartbeat(), max(peer_timeout(), 4 * peer_hb))
     except BaseException:
-        free_block(block)
+        free_block(block, mine.total)
         if evfd >= 0:
             os.close(evfd)
         raise
