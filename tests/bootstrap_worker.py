@@ -2,7 +2,11 @@
 to every other rank, messages both ways, one JSON line of results on stdout.
 
 ``--hold``: afterwards watch the channels to other hosts (tcp) and report when each
-one raised PeerLost (the fault tests take a host's link down)."""
+one raised PeerLost (the fault tests take a host's link down).
+
+``FAKE_VERBS_FABRIC=10.1.0.1/24`` (tests only): this rank's descriptor claims a RoCE
+port with that address, on that network, so that two "hosts" without RDMA show the
+choice between fabrics."""
 
 from __future__ import annotations
 
@@ -16,8 +20,22 @@ import numpy as np
 import rdmamw
 
 
+def fake_fabric(spec: str) -> None:
+    """Replace this rank's verbs descriptor entry with one RoCE port on ``spec``."""
+    import ipaddress
+
+    from rdmamw.providers import verbs_rank
+    ip = ipaddress.ip_interface(spec)
+    port = verbs_rank.Port("rxefake", 1, 1, ipaddress.IPv6Address(f"::ffff:{ip.ip}").packed,
+                           "ethernet", f"roce:{ip.network}")
+    verbs_rank.advertise = lambda *a: ({"addr": "verbs://127.0.0.1:9",
+                                        "ports": [port.as_dict()]}, None)
+
+
 def main() -> None:
     hold = "--hold" in sys.argv
+    if os.environ.get("FAKE_VERBS_FABRIC"):
+        fake_fabric(os.environ["FAKE_VERBS_FABRIC"])
     w = rdmamw.init(timeout=float(sys.argv[1]) if len(sys.argv) > 1 and
                     sys.argv[1][0].isdigit() else 60)
     chans = {r: rdmamw.Channel.open(r, timeout=60) for r in range(w.world_size)
@@ -33,7 +51,9 @@ def main() -> None:
         assert np.frombuffer(got[1000], np.float32).tolist() == [float(r)] * 16384
     out = {"rank": w.rank, "world": w.world_size, "launcher": w.launcher,
            "token_from_env": bool(os.environ.get("RDMAMW_TOKEN")),
-           "providers": {r: ch.peer.split("://")[0] for r, ch in chans.items()}}
+           "providers": {r: ch.peer.split("://")[0] for r, ch in chans.items()},
+           "channel_provider": {r: ch.provider for r, ch in chans.items()},
+           "stats_provider": {r: ch.stats()["provider"] for r, ch in chans.items()}}
     print(json.dumps(out), flush=True)
     if hold:
         lost: dict = {}
