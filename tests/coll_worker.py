@@ -5,6 +5,7 @@ which each rank regenerates from the same seeds."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -204,6 +205,36 @@ def race(cfg: dict) -> dict:
     choice = coll.policy.choose(x.nbytes, comm.groups(), comm.model)
     comm.close()
     return {"rank": comm.rank, "groups": comm.groups(), "best": best, "auto": choice}
+
+
+def digests(cfg: dict) -> dict:
+    """sha256 of each algorithm's allreduce of the same random float32 inputs (the
+    sums' rounding depends on the order: two providers must give identical bytes), and
+    what each of the job's channels ran on and carried."""
+    w = rdmamw.init()
+    out: dict = {"rank": w.rank, "digests": {}}
+    for alg in ("ring", "rhd", "hierarchical"):
+        x = np.random.default_rng([7, w.rank]).standard_normal(cfg["length"]).astype(np.float32)
+        out["digests"][alg] = hashlib.sha256(coll.allreduce(x, algorithm=alg).tobytes()).hexdigest()
+    out["channels"] = channels()
+    return out
+
+
+def stack(cfg: dict) -> dict:
+    """The matrix (every result against numpy), then the digests."""
+    out = matrix(cfg)
+    out.update(digests(cfg))
+    return out
+
+
+def channels() -> dict:
+    """Provider and counters of each channel of the default communicator."""
+    out = {}
+    for p, ch in coll.default_comm()._chans.items():
+        st = ch.stats()
+        out[p] = {k: st[k] for k in ("provider", "bytes", "bytes_received", "bytes_written",
+                                      "batches", "doorbells")}
+    return out
 
 
 def main() -> None:

@@ -123,6 +123,20 @@ class Channel(Engine):
                                                 slot_size=slot_size)
         return _make(cls, conn, spin_us, rndv, "opened to {peer}")
 
+    def close(self) -> None:
+        """Close this endpoint (see the engine's ``close``); logs (info) what went
+        through the channel and on which provider."""
+        if self.closed:
+            return
+        Engine.close(self)
+        if log.isEnabledFor(logging.INFO):
+            st = Engine.stats(self)
+            log.info("channel to %s closed (%s): %d messages / %d bytes sent in %d batches "
+                     "(%d doorbells), %d messages / %d bytes received",
+                     getattr(self, "peer", "?"), getattr(self, "provider", "?"),
+                     st["messages"], st["bytes"], st["batches"], st["doorbells"],
+                     st["messages_received"], st["bytes_received"])
+
     def __enter__(self) -> Channel:
         return self
 
