@@ -62,6 +62,10 @@ CHOICES = [
     (desc(0, "A", port("fe80000000000000", "infiniband")), desc(1, "B", port("10.1.0.2/24")),
      "tcp", "not verbs: no common fabric: rank 0 is on ib:fe80000000000000, rank 1 on "
      "roce:10.1.0.0/24"),
+    # a declared fabric joins what the addresses would not
+    (desc(0, "A", {**port("10.1.0.1/24"), "fabric": "net:lab"}),
+     desc(1, "B", {**port("10.2.0.1/24"), "fabric": "net:lab"}), "verbs",
+     "common fabric net:lab"),
     (desc(0, "A", port("10.1.0.1/24")), desc(1, "B"), "tcp",
      "not verbs: rank 1 has no usable RDMA port (no RDMA device found)"),
 ]
@@ -110,6 +114,9 @@ MALFORMED = {
     "fabric garbage": lambda v: v["ports"][0].update(fabric="roce:banana"),
     "fabric kind": lambda v: v["ports"][0].update(fabric="ib:0a01000000000000"),
     "ib prefix": lambda v: v["ports"][0].update(link="infiniband"),
+    "declared empty": lambda v: v["ports"][0].update(fabric="net:"),
+    "declared too long": lambda v: v["ports"][0].update(fabric="net:" + "x" * 65),
+    "declared unprintable": lambda v: v["ports"][0].update(fabric="net:a\nb"),
 }
 
 
@@ -221,3 +228,13 @@ def test_bad_interface_selector_fails_every_rank():
         reap(procs)
     for p, err in zip(procs, errs, strict=True):
         assert p.returncode != 0 and "RDMAMW_SOCKET_IFNAME='=nosuchif0' selects no" in err, err
+
+
+def test_declared_fabric_setting(monkeypatch):
+    monkeypatch.setenv("RDMAMW_VERBS_FABRIC", " lab-1 ")
+    assert verbs_rank.declared_fabric() == ("net:lab-1", "")
+    monkeypatch.setenv("RDMAMW_VERBS_FABRIC", "x" * 65)
+    with pytest.raises(ConfigError, match="RDMAMW_VERBS_FABRIC='xxx.* is not a name of 1 to 64"):
+        verbs_rank.declared_fabric()
+    monkeypatch.delenv("RDMAMW_VERBS_FABRIC")
+    assert verbs_rank.declared_fabric() is None

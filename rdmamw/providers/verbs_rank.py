@@ -4,7 +4,9 @@ store, and whether two ranks can reach each other over RDMA.
 A rank lists its usable ports (``RDMAMW_VERBS_DEVICE`` / ``_PORT`` / ``_GID_INDEX``
 narrow them), each with the GID it uses, the link layer and a *fabric*: the subnet
 prefix on InfiniBand (``ib:fe80000000000000``), the IP network of the GID on RoCE
-(``roce:10.77.0.0/24``). Two ranks connect over verbs when they share a fabric; the
+(``roce:10.77.0.0/24``), or the name ``RDMAMW_VERBS_FABRIC`` declares (``net:NAME``:
+routed RoCE v2 across subnets, or devices whose netdev this network namespace does not
+see). Two ranks connect over verbs when they share a fabric; the
 queue pairs are set up through the side channel of the lower rank's one verbs
 listener (``addr``), whose address is in the descriptor too. A rank without a usable
 port says why instead (``{"why": ...}``). docs/protocol.md has the format."""
@@ -20,13 +22,14 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from rdmamw.errors import ProtocolError, ProviderUnavailable
+from rdmamw.errors import ConfigError, ProtocolError, ProviderUnavailable
 from rdmamw.providers import verbs_device as dev
 
 log = logging.getLogger("rdmamw.verbs")
 PREFERENCE = 200            # above tcp, below shm (inside a host shm is faster)
 LINKS = {0: "infiniband", 1: "infiniband", 2: "ethernet"}
 MAX_PORTS = 16
+MAX_FABRIC = 64
 SIOCGIFNETMASK = 0x891B
 
 
@@ -105,6 +108,7 @@ def local_ports() -> tuple[list[Port], str]:
                                     _int_setting("RDMAMW_VERBS_GID_INDEX", -1))
     except ProviderUnavailable as e:
         return [], str(e)
+    declared = declared_fabric()
     ports = []
     for d, p, index in found:
         label = f"{d['name']} port {p['port']}"
@@ -113,7 +117,7 @@ def local_ports() -> tuple[list[Port], str]:
             why.append(f"{label} has no GID at index {index}")
             continue
         link = LINKS.get(p.get("link_layer", 0), "infiniband")
-        fabric, no = fabric_of(d["name"], p["port"], index, gids[index], link)
+        fabric, no = declared or fabric_of(d["name"], p["port"], index, gids[index], link)
         if not fabric:
             why.append(f"{label}: {no}")
             continue
@@ -121,6 +125,18 @@ def local_ports() -> tuple[list[Port], str]:
     if ports:
         return ports[:MAX_PORTS], ""
     return [], "no usable RDMA port: " + ("; ".join(why) or "none matches the settings")
+
+
+def declared_fabric() -> tuple[str, str] | None:
+    """("net:NAME", "") from RDMAMW_VERBS_FABRIC, None when unset; ConfigError when
+    it is not a short printable name."""
+    name = os.environ.get("RDMAMW_VERBS_FABRIC", "").strip()
+    if not name:
+        return None
+    if len(name) > MAX_FABRIC or not name.isprintable():
+        raise ConfigError(f"RDMAMW_VERBS_FABRIC={name!r} is not a name of 1 to "
+                          f"{MAX_FABRIC} printable characters")
+    return f"net:{name}", ""
 
 
 def _int_setting(name: str, default: int) -> int:
@@ -187,6 +203,10 @@ def _port(rank: Any, p: Any) -> Port:
                          f"GID {port.gid.hex()}: out of range")
     if port.link not in ("infiniband", "ethernet"):
         raise _bad(rank, f"link layer {port.link!r}")
+    if port.fabric.startswith("net:"):      # declared (RDMAMW_VERBS_FABRIC)
+        if not 0 < len(port.fabric) - 4 <= MAX_FABRIC or not port.fabric.isprintable():
+            raise _bad(rank, f"declared fabric {port.fabric!r}")
+        return port
     if port.link == "infiniband":
         if port.fabric != "ib:" + port.gid[:8].hex():
             raise _bad(rank, f"fabric {port.fabric!r} is not the subnet prefix of GID "
