@@ -7,6 +7,7 @@ verbs are in test_verbs_rank.py (VM)."""
 from __future__ import annotations
 
 import ipaddress
+import logging
 import subprocess
 import sys
 import time
@@ -18,8 +19,9 @@ from rdmamw.bootstrap import choice, ifname
 from rdmamw.bootstrap.launch import free_port
 from rdmamw.errors import ConfigError
 from rdmamw.providers import verbs_rank
-from tests.helpers import reap
+from tests.helpers import make_pair, reap
 from tests.test_bootstrap import ROOT, WORKER, clean_env, run_job
+from tests.test_channel_basic import recv_all
 
 
 def port(addr: str, link: str = "ethernet", dev: str = "rxe0") -> dict:
@@ -238,3 +240,20 @@ def test_declared_fabric_setting(monkeypatch):
         verbs_rank.declared_fabric()
     monkeypatch.delenv("RDMAMW_VERBS_FABRIC")
     assert verbs_rank.declared_fabric() is None
+
+
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+def test_a_channel_says_its_provider_and_logs_what_it_carried(provider, caplog):
+    a, b, lst = make_pair(provider=provider)
+    try:
+        assert a.provider == b.provider == a.stats()["provider"] == provider
+        a.send_batch([b"x" * 100] * 3)
+        assert len(recv_all(b, 3)) == 3
+        with caplog.at_level(logging.INFO, logger="rdmamw.channel"):
+            a.close()
+            a.close()               # once only
+    finally:
+        b.close(), lst.close()
+    lines = [r.getMessage() for r in caplog.records if "closed" in r.getMessage()]
+    assert len(lines) == 1 and f"closed ({provider}): 3 messages / 300 bytes sent in 1 " \
+        "batches" in lines[0], lines
