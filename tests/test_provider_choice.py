@@ -153,6 +153,10 @@ def test_a_forced_provider_must_connect_every_pair():
         d["forced"] = "ib"
     with pytest.raises(ConfigError, match="RDMAMW_PROVIDER='ib' is not a provider"):
         choice.check_forced(table)
+    table[1]["forced"] = ["verbs"]          # a malformed descriptor from the store
+    with pytest.raises(rdmamw.ProtocolError, match="rank 1's descriptor from the store is "
+                       r"malformed: 'forced' is \['verbs'\], not a string"):
+        choice.check_forced(table)
 
 
 def start(n: int, *, timeout: float = 60, **env: str) -> list[subprocess.Popen]:

@@ -6,7 +6,7 @@ forces one; then every pair of ranks must be able to use it."""
 
 from __future__ import annotations
 
-from rdmamw.errors import ConfigError, ProviderUnavailable
+from rdmamw.errors import ConfigError, ProtocolError, ProviderUnavailable
 from rdmamw.providers import PROVIDERS, provider
 
 
@@ -32,6 +32,10 @@ def check_forced(peers: dict[int, dict]) -> str:
     checking that all ranks agree and that every pair can use it; the same error on
     every rank (all judge the same table), naming the ranks and the reason."""
     said = {r: d.get("forced", "") for r, d in sorted(peers.items())}
+    for r, v in said.items():
+        if not isinstance(v, str):
+            raise ProtocolError(f"rank {r}'s descriptor from the store is malformed: "
+                                f"'forced' is {v!r}, not a string")
     if len(set(said.values())) > 1:
         raise ConfigError("ranks disagree on RDMAMW_PROVIDER: " + ", ".join(
             f"rank {r}: {v or '(unset)'}" for r, v in said.items()))
