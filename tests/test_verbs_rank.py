@@ -72,12 +72,15 @@ def test_torchrun_style_job_runs_on_verbs():
     check_verbs_job([json_objects(o)[0] for o, _ in outs], 2)
 
 
+@pytest.mark.timeout(300)
 def test_forced_verbs_where_a_rank_has_no_device_fails_every_rank():
+    """The error comes as soon as the table does: well within the init timeout (120 s
+    here, which the whole run, interpreter start-up under TCG included, stays below)."""
     t0 = time.monotonic()
-    procs = start(3, args=("20",), RDMAMW_PROVIDER="verbs",
+    procs = start(3, args=("120",), RDMAMW_PROVIDER="verbs",
                   per_rank=[{}, {}, {"RDMAMW_VERBS_DEVICE": "nosuch0"}])
-    outs = finish(procs, 120)
-    assert time.monotonic() - t0 < 20 + 15            # the init timeout, and start-up
+    outs = finish(procs, 200)
+    assert time.monotonic() - t0 < 120
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode != 0
         assert ("ProviderUnavailable: RDMAMW_PROVIDER=verbs, but rank 0 and rank 2 cannot "
