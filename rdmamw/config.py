@@ -212,6 +212,8 @@ D("tcp", "RDMAMW_TCP_PEER_TIMEOUT", "seconds", 1.5,
 # verbs
 D("verbs", "RDMAMW_VERBS_LIBRARY", "str", "libibverbs.so.1",
   "the libibverbs to dlopen: a name or a path")
+D("verbs", "RDMAMW_VERBS_FABRIC", "str", "",
+  "declare this rank's fabric (net:NAME) instead of deriving it from its GID")
 D("verbs", "RDMAMW_VERBS_DEVICE", "str", "", "RDMA device name (default: the first usable)")
 D("verbs", "RDMAMW_VERBS_PORT", "int", 0, "device port (0: the first active)")
 D("verbs", "RDMAMW_VERBS_GID_INDEX", "int", -1, "GID index (-1: chosen by link layer)",
@@ -230,6 +232,8 @@ D("bootstrap", "RDMAMW_WORLD_SIZE", "int", None, "ranks in the job (set by a lau
   minimum=1)
 D("bootstrap", "RDMAMW_MASTER_ADDR", "str", None, "rank 0's rendezvous address")
 D("bootstrap", "RDMAMW_MASTER_PORT", "int", None, "rank 0's rendezvous port", maximum=65535)
+D("bootstrap", "RDMAMW_SOCKET_IFNAME", "str", "",
+  "interfaces for the tcp and bootstrap addresses: prefixes, =exact, ^ excludes")
 D("bootstrap", "RDMAMW_INIT_TIMEOUT", "seconds", 60.0, "seconds rdmamw.init() waits for the job")
 D("bootstrap", "RDMAMW_PROVIDER", "choice", "",
   "force one provider for channels opened by rank", choices=("shm", "tcp", "verbs", ""))

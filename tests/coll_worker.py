@@ -5,6 +5,7 @@ which each rank regenerates from the same seeds."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -321,6 +322,54 @@ def race(cfg: dict) -> dict:
     choice = coll.policy.choose(x.nbytes, coll.groups(comm), comm.model)
     comm.close()
     return {"rank": comm.rank, "groups": coll.groups(comm), "best": best, "auto": choice}
+
+
+def digests(cfg: dict) -> dict:
+    """sha256 of each algorithm's allreduce of the same random float32 inputs (the
+    sums' rounding depends on the order: two providers must give identical bytes), and
+    what each of the job's channels ran on and carried."""
+    w = rdmamw.init()
+    out: dict = {"rank": w.rank, "digests": {}}
+    for alg in ("ring", "rhd", "hierarchical"):
+        x = np.random.default_rng([7, w.rank]).standard_normal(cfg["length"]).astype(np.float32)
+        out["digests"][alg] = hashlib.sha256(coll.allreduce(x, algorithm=alg).tobytes()).hexdigest()
+    out["channels"] = channels()
+    return out
+
+
+def stack(cfg: dict) -> dict:
+    """A short pass over every collective (the VM is slow): each allreduce algorithm on
+    int64 (exact against numpy) and on float32 (its digest, to compare providers),
+    broadcast, allgather, reduce_scatter and barrier."""
+    w = rdmamw.init()
+    n, me, length = w.world_size, w.rank, cfg["length"]
+    checks = 0
+    for alg in ("ring", "rhd", "hierarchical", "auto"):
+        got = coll.allreduce(data(me, length, "int64", 1), algorithm=alg)
+        np.testing.assert_array_equal(got, expect(n, length, "int64", 1, "sum"), err_msg=alg)
+        checks += 1
+    x = data(me, length, "float64", 2)
+    coll.broadcast(x, root=n - 1)
+    np.testing.assert_array_equal(x, data(n - 1, length, "float64", 2))
+    g = coll.allgather(data(me, length, "int32", 3))
+    for r in range(n):
+        np.testing.assert_array_equal(g[r], data(r, length, "int32", 3))
+    part = coll.reduce_scatter(data(me, n * 5, "int64", 4))
+    np.testing.assert_array_equal(part, expect(n, n * 5, "int64", 4, "sum")[me * 5:(me + 1) * 5])
+    coll.barrier()
+    out = digests(cfg)
+    out["checks"] = checks + 3
+    return out
+
+
+def channels() -> dict:
+    """Provider and counters of each channel of the default communicator."""
+    out = {}
+    for p, ch in coll.default_comm()._chans.items():
+        st = ch.stats()
+        out[p] = {k: st[k] for k in ("provider", "bytes", "bytes_received", "bytes_written",
+                                      "batches", "doorbells")}
+    return out
 
 
 def main() -> None:

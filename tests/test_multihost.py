@@ -33,13 +33,16 @@ def two_hosts():
         yield hosts_devs
 
 
-def start_ranks(hosts: dict, placement: list[str], hold: bool = False, **env: str):
+def start_ranks(hosts: dict, placement: list[str], hold: bool = False,
+                per_rank: list[dict] | None = None, **env: str):
+    """The worker as ranks 0.. in the namespaces of ``placement``; ``per_rank``: more
+    variables for each rank."""
     master = hosts[placement[0]]
     port = str(29000 + os.getpid() % 1000)
     return [subprocess.Popen(
         ["ip", "netns", "exec", ns, sys.executable, WORKER, "60"] + (["--hold"] if hold else []),
         env=clean_env(RANK=str(r), WORLD_SIZE=str(len(placement)), MASTER_ADDR=master,
-                      MASTER_PORT=port, **env),
+                      MASTER_PORT=port, **env, **(per_rank[r] if per_rank else {})),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         for r, ns in enumerate(placement)]
 
@@ -83,3 +86,26 @@ def test_host_link_down_gives_peer_lost_within_two_seconds(two_hosts):
     assert max(lost.values()) - t_down < 2.0, (lost, t_down)
     for out, err in outs[1:]:             # ...and host b's ranks lose rank 0 as well
         assert out and "0" in json.loads(out)["lost"], err
+
+
+def test_ranks_on_different_fabrics_fall_back_to_tcp_and_say_why(two_hosts):
+    """Two hosts whose RDMA ports are on different networks (descriptors faked by the
+    worker: this machine has no RDMA): tcp, and the log gives the fabrics."""
+    hosts, _ = two_hosts
+    a, b = sorted(hosts)
+    procs = start_ranks(hosts, [a, b], RDMAMW_LOG_LEVEL="info",
+                        per_rank=[{"FAKE_VERBS_FABRIC": "10.1.0.1/24"},
+                                  {"FAKE_VERBS_FABRIC": "10.2.0.7/24"}])
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        reap(procs)
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+    res = {r["rank"]: r for out, _ in outs for r in json_objects(out)}
+    assert res[0]["channel_provider"] == {"1": "tcp"} and res[1]["channel_provider"] == {"0": "tcp"}
+    for (me, other), (_, err) in zip([(0, 1), (1, 0)], outs, strict=True):
+        assert (f"rank {me} -> rank {other}: tcp provider (tcp reaches every host; not shm: "
+                f"different hosts") in err, err
+        assert ("; not verbs: no common fabric: rank 0 is on roce:10.1.0.0/24, rank 1 on "
+                "roce:10.2.0.0/24)") in err, err

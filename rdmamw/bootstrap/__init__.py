@@ -1,8 +1,9 @@
 """Bootstrap: ``rdmamw.init()`` learns this process's rank from the launcher, meets
 every other rank through the store on rank 0 and keeps their endpoint descriptors,
-so ``Channel.open(rank)`` can connect by rank with the best provider: ``verbs`` when
-both ends have a usable device, ``shm`` when the peer shares this host (same kernel
-and network namespace), else ``tcp``; ``RDMAMW_PROVIDER`` forces one.
+so ``Channel.open(rank)`` can connect by rank with the best provider. The providers
+choose (rdmamw/bootstrap/choice.py): ``shm`` when the peer shares this host (same
+kernel and network namespace), ``verbs`` across hosts on a common RDMA fabric, else
+``tcp``; ``RDMAMW_PROVIDER`` forces one.
 
 Of each pair, the lower rank accepts and the higher rank connects, so both sides of
 a pair call ``Channel.open(other_rank)``."""
@@ -17,20 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rdmamw import _fork, auth, config
-from rdmamw.bootstrap import store
+from rdmamw.bootstrap import choice, ifname, store
 from rdmamw.bootstrap.env import LaunchInfo, detect
-from rdmamw.errors import ProviderUnavailable, RdmamwError, setup_errors
-from rdmamw.providers import PROVIDERS, Connected, provider
+from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, setup_errors
+from rdmamw.providers import Connected, provider, verbs_rank
+from rdmamw.providers.shm import host_key
 
 log = logging.getLogger("rdmamw.bootstrap")
-
-
-def host_key() -> str:
-    """Equal for two processes exactly when shm works between them: same kernel boot
-    and same network namespace (shm:// names are abstract sockets, per namespace)."""
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        boot = f.read().strip()
-    return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
 
 
 @dataclass
@@ -42,8 +36,10 @@ class World:
     launcher: str
     job: str
     peers: dict[int, dict]
-    _tcp: Any = None                     # our tcp listener (lower rank of a pair accepts)
-    _stash: dict[int, list[Connected]] = field(default_factory=dict)
+    #: our listeners by provider (tcp; verbs when we have a usable port): the lower
+    #: rank of a pair accepts on them
+    _listeners: dict[str, Any] = field(default_factory=dict)
+    _stash: dict[tuple[str, int], list[Connected]] = field(default_factory=dict)
     _accept_lock: threading.Lock = field(default_factory=threading.Lock)
     _owner: int = field(default_factory=_fork.pid)     # a fork child is not this rank
 
@@ -56,37 +52,49 @@ class World:
         if rank not in self.peers or rank == self.rank:
             raise ValueError(f"rank {rank} is not a peer (world of {self.world_size}, "
                              f"I am {self.rank})")
-        forced = config.get("RDMAMW_PROVIDER")
-        if forced:
-            return forced, "forced by RDMAMW_PROVIDER"
-        me, other = self.peers[self.rank], self.peers[rank]
-        if "verbs" in PROVIDERS and me.get("verbs") and other.get("verbs"):
-            return "verbs", "both ranks have a usable RDMA device"
-        if me.get("host") == other.get("host"):
-            return "shm", "same host (kernel and network namespace)"
-        return "tcp", (f"different hosts ({me.get('hostname')} / {other.get('hostname')}) "
-                       f"and no RDMA device on both")
+        me = self.peers[self.rank]
+        if me.get("forced"):
+            return me["forced"], "forced by RDMAMW_PROVIDER"
+        return choice.choose(me, self.peers[rank])
 
-    def accept_tcp(self, rank: int, timeout: float) -> Connected:
-        """The next tcp connection from ``rank``; others that arrive meanwhile wait in
-        a stash for their own ``Channel.open``."""
+    def verbs_pin(self, rank: int | None) -> Any:
+        """The port a verbs channel with ``rank`` uses here and the GID that rank's
+        handshake must show (from the two descriptors); ProtocolError if none."""
+        from rdmamw.providers.verbs import Pin
+        if rank is None or rank not in self.peers or rank == self.rank:
+            raise ProtocolError(f"a verbs connection by rank from rank {rank}, which is "
+                                f"not a peer of rank {self.rank}")
+        lower, higher = sorted((self.rank, rank))
+        got = verbs_rank.pair(self.peers[lower], self.peers[higher])
+        if isinstance(got, str):
+            raise ProtocolError(f"no verbs channel between rank {self.rank} and rank "
+                                f"{rank}: {got}")
+        mine, theirs = got if self.rank == lower else got[::-1]
+        return Pin(mine.dev, mine.port, mine.gid_index, theirs.gid)
+
+    def accept(self, scheme: str, rank: int, timeout: float) -> Connected:
+        """The next ``scheme`` connection from ``rank``; others that arrive meanwhile
+        wait in a stash for their own ``Channel.open``."""
+        lst = self._listeners.get(scheme)
+        if lst is None:
+            raise ProviderUnavailable(f"rank {self.rank} has no {scheme} listener")
         with self._accept_lock:
-            while not self._stash.get(rank):
-                conn = self._tcp.accept(timeout)
+            while not self._stash.get((scheme, rank)):
+                conn = lst.accept(timeout)
                 if conn.peer_rank is None or conn.peer_rank not in self.peers:
-                    log.warning("rdmamw: dropped a tcp channel from unknown rank %s",
-                                conn.peer_rank)
+                    log.warning("rdmamw: dropped a %s channel from unknown rank %s",
+                                scheme, conn.peer_rank)
                     conn.transport.close()
                     continue
-                self._stash.setdefault(conn.peer_rank, []).append(conn)
-            return self._stash[rank].pop(0)
+                self._stash.setdefault((scheme, conn.peer_rank), []).append(conn)
+            return self._stash[(scheme, rank)].pop(0)
 
     def close(self) -> None:
         if self._owner != _fork.pid():
-            return              # a fork child: the listener and stash are the parent's
-        if self._tcp is not None:
-            self._tcp.close()
-            self._tcp = None
+            return              # a fork child: the listeners and stash are the parent's
+        for lst in self._listeners.values():
+            lst.close()
+        self._listeners.clear()
         for conns in self._stash.values():
             for c in conns:
                 c.transport.close()
@@ -115,48 +123,71 @@ def init(timeout: float | None = None, *, slots: int | None = None,
         return _world
 
 
-def _descriptor(ip: str, ring: tuple[int, int]) -> tuple[dict, Any]:
+class _Listeners(dict):
+    """This rank's listeners while it joins; the verbs one asks the World (made after
+    the table comes) which port and GID each opener's rank gets."""
+
+    world: World | None = None
+
+    def pin(self, rank: int | None) -> Any:
+        if self.world is None:
+            raise ProtocolError("a verbs connection before the job's table is known")
+        return self.world.verbs_pin(rank)
+
+    def close(self) -> None:
+        for lst in self.values():
+            lst.close()
+
+
+def _descriptor(ip: str, ring: tuple[int, int], made: _Listeners) -> dict:
+    """This rank's descriptor (docs/protocol.md); its listeners go into ``made``."""
+    ip = ifname.selected_address() or ip
     tcp = provider("tcp").listen(f"{ip}:0", slots=ring[0], slot_size=ring[1])
+    made["tcp"] = tcp
     desc = {"host": host_key(), "hostname": socket.gethostname(), "pid": os.getpid(),
-            "tcp": tcp.address, "verbs": False}
-    return desc, tcp
+            "tcp": tcp.address, "forced": config.get("RDMAMW_PROVIDER")}
+    try:
+        desc["verbs"], lst = verbs_rank.advertise(ip, ring[0], ring[1], made.pin,
+                                                  provider("verbs").listen)
+    except ProviderUnavailable as e:
+        desc["verbs"], lst = {"why": str(e)}, None
+    if lst is not None:
+        made["verbs"] = lst
+    return desc
 
 
 def _rendezvous(info: LaunchInfo, timeout: float, ring: tuple[int, int]) -> World:
-    if info.rank == 0:
-        sock = store.listen(info.master_addr, info.master_port)
-        tcp = None
-        try:
-            desc, tcp = _descriptor(sock.getsockname()[0], ring)
-            ranges = {}
-            if info.role is not None:        # ps-lite: servers first, then workers
-                servers = int(os.environ.get("DMLC_NUM_SERVER", 0))
-                ranges = {"server": range(1, 1 + servers),
-                          "worker": range(1 + servers, info.world_size)}
-            desc["rank"] = 0
-            table, job = store.serve(sock, info.world_size, desc, timeout, ranges)
-        except BaseException:
-            if tcp is not None:
-                tcp.close()
-            raise
-        finally:
-            sock.close()
-        return World(0, info.world_size, info.launcher, job, table, tcp)
-    made: list[Any] = []
-
-    def make_desc(ip: str) -> dict:
-        desc, tcp = _descriptor(ip, ring)
-        made.append(tcp)
-        return desc
-
+    made = _Listeners()
     try:
-        table, job, rank = store.join(info.master_addr, info.master_port, info.rank,
-                                      info.role, make_desc, info.world_size, timeout)
+        if info.rank == 0:
+            sock = store.listen(info.master_addr, info.master_port)
+            try:
+                desc = _descriptor(sock.getsockname()[0], ring, made)
+                ranges = {}
+                if info.role is not None:        # ps-lite: servers first, then workers
+                    servers = int(os.environ.get("DMLC_NUM_SERVER", 0))
+                    ranges = {"server": range(1, 1 + servers),
+                              "worker": range(1 + servers, info.world_size)}
+                desc["rank"] = 0
+                table, job = store.serve(sock, info.world_size, desc, timeout, ranges)
+            finally:
+                sock.close()
+            rank = 0
+        else:
+            def make_desc(ip: str) -> dict:
+                made.close()
+                made.clear()
+                return _descriptor(ip, ring, made)
+
+            table, job, rank = store.join(info.master_addr, info.master_port, info.rank,
+                                          info.role, make_desc, info.world_size, timeout,
+                                          ifname.selected_address())
+        choice.check_forced(table)
     except BaseException:
-        for tcp in made:
-            tcp.close()
+        made.close()
         raise
-    return World(rank, info.world_size, info.launcher, job, table, made[-1])
+    made.world = World(rank, info.world_size, info.launcher, job, table, dict(made))
+    return made.world
 
 
 def world() -> World:
@@ -186,11 +217,6 @@ def connect_rank(rank: int, *, mode: str, timeout: float, slots: int,
     log.info("rank %d -> rank %d: %s provider (%s)", w.rank, rank, scheme, why)
     mod = provider(scheme)
     lower = w.rank < rank
-    if scheme == "tcp":
-        if lower:
-            return w.accept_tcp(rank, timeout)
-        return mod.connect(w.peers[rank]["tcp"].partition("://")[2], mode=mode,
-                           timeout=timeout, slots=slots, slot_size=slot_size, rank=w.rank)
     if scheme == "shm":
         name = f"rdmamw-{w.job}-{min(rank, w.rank)}-{max(rank, w.rank)}"
         if lower:
@@ -200,7 +226,16 @@ def connect_rank(rank: int, *, mode: str, timeout: float, slots: int,
             finally:
                 lst.close()
         return mod.connect(name, mode=mode, timeout=timeout, slots=slots, slot_size=slot_size)
-    raise ProviderUnavailable(f"provider {scheme!r} cannot open channels by rank yet")
+    if lower:
+        return w.accept(scheme, rank, timeout)
+    ring = {"mode": mode, "timeout": timeout, "slots": slots, "slot_size": slot_size,
+            "rank": w.rank}
+    if scheme == "tcp":
+        return mod.connect(w.peers[rank]["tcp"].partition("://")[2], **ring)
+    if scheme == "verbs":
+        addr, _ports = verbs_rank.parse(w.peers[rank])      # type: ignore[misc]
+        return mod.connect(addr.partition("://")[2], pin=w.verbs_pin(rank), **ring)
+    raise ProviderUnavailable(f"provider {scheme!r} cannot open channels by rank")
 
 
 __all__ = ["LaunchInfo", "World", "auth", "connect_rank", "detect", "finalize", "init",

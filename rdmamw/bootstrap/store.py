@@ -172,15 +172,19 @@ def _try_send(conn: socket.socket, obj: dict) -> None:
 
 def join(host: str, port: int, rank: int | None, role: str | None,
          make_desc: Callable[[str], dict],
-         world_size: int, timeout: float) -> tuple[dict[int, dict], str, int]:
+         world_size: int, timeout: float,
+         source: str | None = None) -> tuple[dict[int, dict], str, int]:
     """Ranks > 0: send our descriptor, made from the local IP the store is reached
-    from (so our listener binds the interface the others can reach), wait for the
-    table. Returns (table, job id, our rank)."""
+    from (so our listener binds the interface the others can reach; ``source``, the
+    interface RDMAMW_SOCKET_IFNAME selects, when given), wait for the table. Returns
+    (table, job id, our rank)."""
     deadline = time.monotonic() + timeout
     while True:
         conn = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         conn.settimeout(max(0.05, min(2.0, deadline - time.monotonic())))
         try:
+            if source:
+                conn.bind((source, 0))
             conn.connect((host, port))
             break
         except (ConnectionRefusedError, TimeoutError, OSError) as e:

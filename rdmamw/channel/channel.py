@@ -58,6 +58,8 @@ class Channel(Engine):
 
     peer: str
     peer_rank: int | None       # set when opened by rank (rdmamw.init)
+    #: what the channel runs on: "shm", "tcp" or "verbs" (also in :meth:`stats`)
+    provider: str
     #: the registration caches of a transport that registers memory (verbs): the
     #: sources of large sends (``regcache``: the peer READs them) and the buffers large
     #: messages are READ into (``regcache_dst``); None on shm and tcp, which expose
@@ -68,10 +70,11 @@ class Channel(Engine):
     def stats(self) -> dict:
         """The engine's counters plus the memory ones (rdmamw/memory/counters.py):
         ``registrations``, ``regcache_hits`` / ``_misses`` / ..., ``bytes_pinned`` of
-        this channel's registration cache, and ``pool_*`` of the process-wide pool that
-        receives large messages without a posted destination."""
+        this channel's registration cache, ``pool_*`` of the process-wide pool that
+        receives large messages without a posted destination, and ``provider``."""
         d = Engine.stats(self)
         d.update(channel_stats((self.regcache, self.regcache_dst)))
+        d["provider"] = self.provider
         return d
 
     @classmethod
@@ -124,6 +127,20 @@ class Channel(Engine):
                                                 slot_size=slot_size)
         return _make(cls, conn, spin_us, rndv, "opened to {peer}")
 
+    def close(self) -> None:
+        """Close this endpoint (see the engine's ``close``); logs (info) what went
+        through the channel and on which provider."""
+        if self.closed:
+            return
+        Engine.close(self)
+        if log.isEnabledFor(logging.INFO):
+            st = Engine.stats(self)
+            log.info("channel to %s closed (%s): %d messages / %d bytes sent in %d batches "
+                     "(%d doorbells), %d messages / %d bytes received",
+                     getattr(self, "peer", "?"), getattr(self, "provider", "?"),
+                     st["messages"], st["bytes"], st["batches"], st["doorbells"],
+                     st["messages_received"], st["bytes_received"])
+
     def __enter__(self) -> Channel:
         return self
 
@@ -165,6 +182,7 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
         raise
     ch.peer = conn.peer
     ch.peer_rank = conn.peer_rank
+    ch.provider = scheme
     log.info("channel %s: mode %s, ring %dx%d B here / %dx%d B there, rendezvous %s "
              "(threshold %s)", how.replace("{peer}", conn.peer), conn.mode, conn.slots,
              conn.slot_size, conn.peer_slots, conn.peer_slot_size, ch.rendezvous,

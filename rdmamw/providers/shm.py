@@ -284,6 +284,28 @@ class ShmListener(HandshakeListener[Connected]):
         return _handshake(conn, self.name, self.slots, self.slot_size, None, pid)
 
 
+#: inside a host shm beats every network provider
+PREFERENCE = 300
+
+
+def host_key() -> str:
+    """Equal for two processes exactly when shm works between them: same kernel boot
+    and same network namespace (shm:// names are abstract sockets, per namespace)."""
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
+
+
+def can_connect(me: dict, peer: dict) -> tuple[int, str]:
+    """(preference, why) for a channel between the ranks of two bootstrap descriptors:
+    shm when both run on one kernel in one network namespace."""
+    if me.get("host") == peer.get("host") and isinstance(me.get("host"), str):
+        return PREFERENCE, "same host (kernel boot id and network namespace)"
+    a, b = sorted((me, peer), key=lambda d: d.get("rank", 0))
+    return 0, (f"different hosts ({a.get('hostname')} / {b.get('hostname')}) or "
+               f"network namespaces")
+
+
 def listen(where: str, *, slots: int, slot_size: int) -> ShmListener:
     return ShmListener(where, slots, slot_size)
 

@@ -156,6 +156,17 @@ class TcpListener(HandshakeListener[Connected]):
         return _handshake(conn, self.slots, self.slot_size, None, None)
 
 
+#: tcp reaches any rank whose listener address it can route to: the last resort
+PREFERENCE = 100
+
+
+def can_connect(me: dict, peer: dict) -> tuple[int, str]:
+    """(preference, why) for a channel between the ranks of two bootstrap descriptors."""
+    if not (isinstance(me.get("tcp"), str) and isinstance(peer.get("tcp"), str)):
+        return 0, "a rank has no tcp listener address"
+    return PREFERENCE, "tcp reaches every host"
+
+
 def listen(where: str, *, slots: int, slot_size: int) -> TcpListener:
     return TcpListener(where, slots, slot_size)
 

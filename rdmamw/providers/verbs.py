@@ -18,14 +18,15 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import parse_qsl
 
-from rdmamw import auth, config
+from rdmamw import auth
 from rdmamw.errors import PeerNotFound, ProtocolError, ProviderUnavailable, RdmamwError, Timeout
-from rdmamw.providers import Connected
+from rdmamw.providers import Connected, verbs_rank
 from rdmamw.providers import verbs_device as dev
 from rdmamw.providers._listener import HandshakeListener
+from rdmamw.providers.verbs_address import Where, parse_where
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
 
@@ -33,49 +34,16 @@ log = logging.getLogger("rdmamw.verbs")
 DESCRIPTOR_VERSION = 1
 _U32, _U64 = (1 << 32) - 1, (1 << 64) - 1
 
-#: address option -> the setting it overrides (defaults and docs: rdmamw/config.py)
-OPTIONS = {
-    "device": "RDMAMW_VERBS_DEVICE",
-    "port": "RDMAMW_VERBS_PORT",
-    "gid_index": "RDMAMW_VERBS_GID_INDEX",
-    "sq_depth": "RDMAMW_VERBS_SQ_DEPTH",
-    "rq_depth": "RDMAMW_VERBS_RQ_DEPTH",
-    "inline": "RDMAMW_VERBS_INLINE",
-    "event": "RDMAMW_VERBS_EVENT",
-    "poll_ms": "RDMAMW_VERBS_POLL_MS",
-    "timeout": "RDMAMW_VERBS_TIMEOUT",
-}
-
-
 @dataclass(frozen=True)
-class Where:
-    host: str
+class Pin:
+    """The port a connection by rank uses (both ends agree on it from the store's
+    descriptors), and the GID the peer's descriptor in the store gave: the peer's
+    handshake must show the same one."""
+
+    device: str
     port: int
-    opts: dict
-
-
-def parse_where(where: str) -> Where:
-    """``"HOST:PORT?opt=v"`` -> Where; IPv6 hosts in brackets."""
-    hostport, _, query = where.partition("?")
-    host, sep, port = hostport.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"verbs address {where!r} is not HOST:PORT")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    opts = {}
-    for key, value in parse_qsl(query, keep_blank_values=True):
-        if key not in OPTIONS:
-            raise ValueError(f"unknown verbs option {key!r}; known: {', '.join(OPTIONS)}")
-        opts[key] = value
-    for key, name in OPTIONS.items():
-        if key not in opts:
-            opts[key] = config.get(name)
-    for key in OPTIONS:
-        if key != "device":
-            try:
-                opts[key] = int(opts[key])
-            except ValueError:
-                raise ValueError(f"verbs option {key}={opts[key]!r} is not an integer") from None
-    return Where(host, int(port), opts)
+    gid_index: int
+    peer_gid: bytes
 
 
 def check_descriptor(d: dict, theirs: layout.Layout) -> dict:
@@ -108,9 +76,13 @@ def check_descriptor(d: dict, theirs: layout.Layout) -> dict:
 
 
 def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
-               mode: str | None, peer_name: str) -> Connected:
+               mode: str | None, peer_name: str, rank: int | None = None,
+               pin: Pin | Callable[[int | None], Pin] | None = None) -> Connected:
     """Token check, hellos, then descriptors, then a ready barrier. ``mode`` is None on
-    accept. Nothing about us (pid, QP, rkey) crosses before the token check."""
+    accept. Nothing about us (pid, QP, rkey) crosses before the token check. ``rank``:
+    ours, sent in the opener's hello (connections by rank); ``pin``: the port to use and
+    the GID the peer must show, or (accepting) a function of the opener's rank giving
+    them."""
     layout.check_ring(slots, slot_size)
     if mode is None:
         auth.accept_side(conn)
@@ -119,39 +91,60 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
     hello = {"v": fr.PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid()}
     if mode is not None:
         hello["mode"] = mode
+        if rank is not None:
+            hello["rank"] = rank
     fr.send_frame(conn, hello)
     peer = fr.recv_frame(conn)
     peer_slots, peer_slot_size, mode = fr.check_hello(peer, fr.PROTOCOL_VERSION, mode)
+    peer_rank = None
+    if "rank" in peer:
+        peer_rank = fr.field(peer, "rank", int)
+        if not 0 <= peer_rank < 1 << 31:
+            raise ProtocolError(f"peer claims rank {peer_rank}")
+    if callable(pin):
+        pin = pin(peer_rank)
     mine = layout.endpoint_layout(slots, slot_size, peer_slots)
     theirs = layout.endpoint_layout(peer_slots, peer_slot_size, slots)
     o = w.opts
-    name, port, gid_index = dev.choose(o["device"], o["port"], o["gid_index"])
+    if pin is not None:
+        name, port, gid_index = dev.choose(pin.device, pin.port, pin.gid_index)
+    else:
+        name, port, gid_index = dev.choose(o["device"], o["port"], o["gid_index"])
     rq = o["rq_depth"] or 2 * (slots + peer_slots) + 64
     tp = dev.transport_class()()
     try:
-        local = tp._open(name, port, gid_index, mine.total,
-                         mine.regions(), o["sq_depth"], rq,
-                         o["inline"], bool(o["event"]), o["poll_ms"], o["timeout"])
-    except OSError as e:
-        raise ProviderUnavailable(f"verbs device {name} port {port}: {e}") from None
-    psn = int.from_bytes(os.urandom(3), "little")
-    local.update(v=DESCRIPTOR_VERSION, psn=psn, regions=[list(r) for r in mine.regions()],
-                 event=bool(o["event"]))
-    del local["inline"]
-    fr.send_frame(conn, local)
-    d = check_descriptor(fr.recv_frame(conn), theirs)
-    try:
-        tp._connect(psn, d["qpn"], d["psn"], d["gid"], d["lid"], d["mtu"], d["addr"],
-                    d["rkey"], tuple(tuple(r) for r in d["regions"]), d["event"])
-    except OSError as e:
-        raise PeerNotFound(f"cannot connect the queue pair to {peer_name}: {e}") from None
-    # both QPs are in RTR before either side writes
-    fr.send_frame(conn, {"ready": True})
-    if fr.recv_frame(conn).get("ready") is not True:
-        raise ProtocolError("peer did not confirm the queue pair")
+        try:
+            local = tp._open(name, port, gid_index, mine.total,
+                             mine.regions(), o["sq_depth"], rq,
+                             o["inline"], bool(o["event"]), o["poll_ms"], o["timeout"])
+        except OSError as e:
+            raise ProviderUnavailable(f"verbs device {name} port {port}: {e}") from None
+        psn = int.from_bytes(os.urandom(3), "little")
+        local.update(v=DESCRIPTOR_VERSION, psn=psn, regions=[list(r) for r in mine.regions()],
+                     event=bool(o["event"]))
+        del local["inline"]
+        fr.send_frame(conn, local)
+        d = check_descriptor(fr.recv_frame(conn), theirs)
+        if pin is not None and d["gid"] != pin.peer_gid:
+            raise ProtocolError(f"{peer_name} shows GID {d['gid'].hex()} in its handshake, "
+                                f"but {pin.peer_gid.hex()} in its descriptor in the store")
+        try:
+            tp._connect(psn, d["qpn"], d["psn"], d["gid"], d["lid"], d["mtu"], d["addr"],
+                        d["rkey"], tuple(tuple(r) for r in d["regions"]), d["event"])
+        except OSError as e:
+            raise PeerNotFound(f"cannot connect the queue pair to {peer_name}: {e}") from None
+        # both QPs are in RTR before either side writes
+        fr.send_frame(conn, {"ready": True})
+        if fr.recv_frame(conn).get("ready") is not True:
+            raise ProtocolError("peer did not confirm the queue pair")
+    except BaseException:
+        tp.close()
+        tp = None       # the last reference: QP, CQs and registrations go now
+        raise
     conn.settimeout(None)
     tp._attach_socket(conn.detach())
-    return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, peer_name)
+    return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, peer_name,
+                     peer_rank)
 
 
 def _tcp_options(conn: socket.socket) -> None:
@@ -163,11 +156,12 @@ class VerbsListener(HandshakeListener[Connected]):
     """Accepts verbs connections; the TCP side channel listens on HOST:PORT. A peer
     without the token, or one that fails the handshake, is logged and dropped."""
 
-    def __init__(self, where: str, slots: int, slot_size: int) -> None:
+    def __init__(self, where: str, slots: int, slot_size: int,
+                 pin: Callable[[int | None], Pin] | None = None) -> None:
         layout.check_ring(slots, slot_size)
         self.w = parse_where(where)
         dev.require()
-        self.slots, self.slot_size = slots, slot_size
+        self.slots, self.slot_size, self.pin = slots, slot_size, pin
         fam = socket.AF_INET6 if ":" in self.w.host else socket.AF_INET
         sock = socket.socket(fam, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
@@ -193,15 +187,20 @@ class VerbsListener(HandshakeListener[Connected]):
     def _handshake(self, conn: socket.socket, addr) -> Connected:
         _tcp_options(conn)
         return _handshake(conn, self.w, self.slots, self.slot_size, None,
-                          f"verbs://{self._peer(conn, addr)}")
+                          f"verbs://{self._peer(conn, addr)}", pin=self.pin)
 
 
-def listen(where: str, *, slots: int, slot_size: int) -> VerbsListener:
-    return VerbsListener(where, slots, slot_size)
+def listen(where: str, *, slots: int, slot_size: int,
+           pin: Callable[[int | None], Pin] | None = None) -> VerbsListener:
+    """Listen on ``verbs://where``; ``pin`` (bootstrap) gives the port and the GID to
+    expect for each opener's rank."""
+    return VerbsListener(where, slots, slot_size, pin)
 
 
-def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int) -> Connected:
-    """Connect to ``verbs://where``, retrying until ``timeout`` while nobody listens."""
+def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int,
+            rank: int | None = None, pin: Pin | None = None) -> Connected:
+    """Connect to ``verbs://where``, retrying until ``timeout`` while nobody listens;
+    ``rank`` and ``pin`` for a connection by rank (bootstrap)."""
     w = parse_where(where)
     dev.require()
     deadline = time.monotonic() + timeout
@@ -222,9 +221,19 @@ def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int
     try:
         _tcp_options(conn)
         conn.settimeout(max(1.0, deadline - time.monotonic()))
-        return _handshake(conn, w, slots, slot_size, mode, name)
+        return _handshake(conn, w, slots, slot_size, mode, name, rank, pin)
     except TimeoutError:
         raise Timeout(f"handshake with {name} timed out") from None
     finally:
         if conn.fileno() >= 0:
             conn.close()
+
+
+#: across hosts on a common fabric verbs beats tcp; inside a host shm beats it
+PREFERENCE = verbs_rank.PREFERENCE
+
+
+def can_connect(me: dict, peer: dict) -> tuple[int, str]:
+    """(preference, why) for a channel between the ranks of two bootstrap descriptors:
+    verbs when they share a fabric (rdmamw/providers/verbs_rank.py)."""
+    return verbs_rank.can_connect(me, peer)

@@ -86,13 +86,15 @@ def _best_gid(gids: list) -> int:
     return 0
 
 
-def choose(device: str = "", port: int = 0, gid_index: int = -1) -> tuple[str, int, int]:
-    """(device, port, gid index) to use: the named ones, else the first active port."""
+def candidates(device: str = "", port: int = 0,
+               gid_index: int = -1) -> tuple[list[tuple[dict, dict, int]], list[str]]:
+    """The active ports the settings allow, as (device, port, gid index) with the
+    probe's dicts, in order, and why each other one is not usable."""
     found = devices()
     if not found:
         raise ProviderUnavailable("no RDMA device found (no driver loaded, or no rxe/siw "
                                   "link: `rdma link add rxe0 type rxe netdev eth0`)")
-    why = []
+    out, why = [], []
     for d in found:
         if device and d["name"] != device:
             continue
@@ -108,11 +110,20 @@ def choose(device: str = "", port: int = 0, gid_index: int = -1) -> tuple[str, i
             if not p["gids"] and gid_index < 0:
                 why.append(f"{d['name']} port {p['port']} has no GID")
                 continue
-            return d["name"], p["port"], gid_index if gid_index >= 0 else _best_gid(p["gids"])
-    if device and not why:
+            out.append((d, p, gid_index if gid_index >= 0 else _best_gid(p["gids"])))
+    if device and not out and not why:
         names = ", ".join(d["name"] for d in found)
         raise ProviderUnavailable(f"no RDMA device {device!r} (found: {names})")
-    raise ProviderUnavailable("no usable RDMA port: " + "; ".join(why))
+    return out, why
+
+
+def choose(device: str = "", port: int = 0, gid_index: int = -1) -> tuple[str, int, int]:
+    """(device, port, gid index) to use: the named ones, else the first active port."""
+    found, why = candidates(device, port, gid_index)
+    if not found:
+        raise ProviderUnavailable("no usable RDMA port: " + "; ".join(why))
+    d, p, gid = found[0]
+    return d["name"], p["port"], gid
 
 
 def status() -> tuple[bool, str]:

@@ -1,0 +1,112 @@
+"""Two "hosts" in the soft-RoCE VM, chosen by the providers themselves (no
+RDMAMW_PROVIDER): the ranks run in two network namespaces (tests/netns.py), each
+"host" has its own rxe device over one end of a veth pair, so the automatic choice
+must give shm inside a namespace and verbs across, with the RDMA traffic on the wire.
+
+The rxe devices live in the initial namespace with policy routing that sends their
+traffic over the veth pair (as ../shared/softroce's veth2 set-up): the VM's 6.1 rxe
+routes in the initial namespace only, so an rxe inside a namespace cannot send
+(ibv_rc_pingpong: "local QP operation error"). A rank in a namespace therefore cannot
+see its device's netdev, and the hosts declare their fabric (RDMAMW_VERBS_FABRIC)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from tests.helpers import NO_DEVICE, VERBS_OK, reap
+from tests.netns import ip
+from tests.test_bootstrap import json_objects
+from tests.test_multihost import start_ranks, two_hosts  # noqa: F401 - the fixture
+
+pytestmark = [pytest.mark.device, pytest.mark.skipif(not VERBS_OK, reason=NO_DEVICE),
+              pytest.mark.timeout(400),
+              pytest.mark.skipif(os.geteuid() != 0 or shutil.which("rdma") is None,
+                                 reason="needs root and rdma (iproute2)")]
+WIRE = {"rxeA": ("rvA", "10.79.0.1"), "rxeB": ("rvB", "10.79.0.2")}
+
+
+def sh(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+
+
+@contextlib.contextmanager
+def rxe_over_veth():
+    """rxeA on rvA and rxeB on rvB, a veth pair; their traffic crosses the wire."""
+    (a_dev, a_ip), (b_dev, b_ip) = WIRE["rxeA"], WIRE["rxeB"]
+    undo: list[tuple[str, ...]] = []
+    try:
+        ip("link", "add", a_dev, "type", "veth", "peer", "name", b_dev)
+        undo.append(("ip", "link", "del", a_dev))
+        for dev, addr in ((a_dev, a_ip), (b_dev, b_ip)):
+            ip("addr", "add", f"{addr}/24", "dev", dev)
+            ip("link", "set", dev, "up")
+        for c in ("all", a_dev, b_dev):
+            sh("sysctl", "-qw", f"net.ipv4.conf.{c}.accept_local=1",
+               f"net.ipv4.conf.{c}.rp_filter=0")
+        # both addresses are local: without these rules the kernel would use lo
+        ip("rule", "add", "pref", "100", "lookup", "local")
+        undo.append(("ip", "rule", "del", "pref", "100"))
+        ip("rule", "del", "pref", "0")
+        undo.append(("ip", "rule", "add", "pref", "0", "lookup", "local"))
+        ip("route", "add", f"{b_ip}/32", "dev", a_dev, "src", a_ip, "table", "100")
+        ip("route", "add", f"{a_ip}/32", "dev", b_dev, "src", b_ip, "table", "101")
+        ip("rule", "add", "pref", "10", "iif", "lo", "to", b_ip, "lookup", "100")
+        undo.append(("ip", "rule", "del", "pref", "10"))
+        ip("rule", "add", "pref", "11", "iif", "lo", "to", a_ip, "lookup", "101")
+        undo.append(("ip", "rule", "del", "pref", "11"))
+        for rxe, (dev, _) in WIRE.items():
+            sh("rdma", "link", "add", rxe, "type", "rxe", "netdev", dev)
+            undo.append(("rdma", "link", "delete", rxe))
+        for rxe in WIRE:        # the IPv4 GID appears a moment after the link
+            path = f"/sys/class/infiniband/{rxe}/ports/1/gids/1"
+            for _ in range(100):
+                with open(path) as f:
+                    if f.read().startswith("0000:0000:0000:0000:0000:ffff:"):
+                        break
+                time.sleep(0.1)
+        yield
+    finally:
+        for cmd in reversed(undo):
+            subprocess.run(cmd, capture_output=True, timeout=30)
+
+
+def tx_bytes(dev: str) -> int:
+    with open(f"/sys/class/net/{dev}/statistics/tx_bytes") as f:
+        return int(f.read())
+
+
+def test_shm_inside_a_namespace_verbs_across(two_hosts):  # noqa: F811 - the fixture
+    hosts, _ = two_hosts
+    a, b = sorted(hosts)
+    with rxe_over_veth():
+        tx0 = tx_bytes(WIRE["rxeA"][0])
+        per_rank = [{"RDMAMW_VERBS_DEVICE": d} for d in ("rxeA", "rxeA", "rxeB", "rxeB")]
+        procs = start_ranks(hosts, [a, a, b, b], per_rank=per_rank,
+                            RDMAMW_VERBS_FABRIC="vm-veth", RDMAMW_LOG_LEVEL="info")
+        try:
+            outs = [p.communicate(timeout=300) for p in procs]
+        finally:
+            reap(procs)
+        tx1 = tx_bytes(WIRE["rxeA"][0])
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    res = {r["rank"]: r for out, _ in outs for r in json_objects(out)}
+    same = {(0, 1), (1, 0), (2, 3), (3, 2)}
+    for rank, r in res.items():
+        assert r["channel_provider"] == {
+            str(p): "shm" if (rank, p) in same else "verbs" for p in range(4) if p != rank}, r
+        for p, t in r["traffic"].items():
+            if (rank, int(p)) not in same:
+                assert t["doorbells"] - t["wakeups_sent"] == 10 and t["bytes_written"] > 0
+    # both "hosts" wrote about 2 x 77 kB to each of the other's ranks, over rxeA -> rvA
+    assert tx1 - tx0 > 4 * 70_000, (tx0, tx1)
+    err0 = outs[0][1]
+    assert "rank 0 -> rank 1: shm provider (same host" in err0, err0
+    assert ("rank 0 -> rank 2: verbs provider (common fabric net:vm-veth (rxeA port 1 / "
+            "rxeB port 1); not shm: different hosts") in err0, err0
