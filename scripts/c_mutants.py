@@ -131,10 +131,10 @@ MUTANTS: list[CMutant] = [
             (f"{BITS}::test_dirty_spans", "tests/test_bitmap_properties.py"),
             "the arrival span published misses the last word allocated"),
     CMutant("bitmap-last-word-mask", PHASE,
-            "(&self.reclaim[w]))\n            if w == self.nwords - 1:\n                free_bits &= "
-            "self.last_mask\n            if free_bits:",
-            "(&self.reclaim[w]))\n            if w == self.nwords:\n                free_bits &= "
-            "self.last_mask\n            if free_bits:",
+            "if w == self.nwords - 1:\n                free_bits &= self.last_mask\n"
+            "            if free_bits:",
+            "if w == self.nwords:\n                free_bits &= self.last_mask\n"
+            "            if free_bits:",
             (f"{BITS}::test_full_ring_then_alloc_returns_fewer",),
             "slots past nslots in the last word are handed out"),
 ]
