@@ -156,7 +156,7 @@ def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[str, str, f
 
 
 def run_module(module: str, workers: list[Path], args, log) -> ModuleResult:
-    tests = MODULE_TESTS[module]
+    tests = args.tests or MODULE_TESTS[module]
     res = ModuleResult(module, tests)
     allm = [m for f in files_of(module) for m in make_mutants(f)]
     if args.only:
@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("MUTATE_JOBS", "1")))
     ap.add_argument("--seed", type=int, default=int(os.environ.get("MUTATE_SEED", "1")))
     ap.add_argument("--only", nargs="*", default=[], help="mutant names to (re)run")
+    ap.add_argument("--tests", nargs="*", default=[],
+                    help="run these tests instead of the module's MODULE_TESTS")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
     ap.add_argument("--out", default=os.environ.get("MUTATE_OUT", "mutants-py.json"))
     args = ap.parse_args(argv)
