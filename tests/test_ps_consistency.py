@@ -172,6 +172,10 @@ def test_alsp_plans_k_and_groups_from_times():
         pol2.observe(w, sec)
     assert pol2.k == 2 and pol2.groups == [[0, 1], [2]]
     assert (pol2.stats["k"], pol2.stats["groups"]) == (2, [[0, 1], [2]])   # what it reports
+    pol3 = Adaptive([0, 1, 2], bound=2, timeout=10, ratio=1.5, global_every=0)
+    for w, sec in enumerate([2.5, 1.05, 1.0]):      # the fast ones are not the low ranks
+        pol3.observe(w, sec)
+    assert pol3.k == 2 and pol3.groups == [[2, 1], [0]]
     pol2.lost(2)
     assert pol2.k == 2 and pol2.groups == [[0, 1]]
 
