@@ -235,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tests", nargs="*", default=[],
                     help="run these tests instead of the module's MODULE_TESTS")
     ap.add_argument("--list", action="store_true", help="list the mutants, run nothing")
+    ap.add_argument("--fail-under", type=float, default=85.0,
+                    help="exit 1 when a module's score (killed %% of those run) is lower")
     ap.add_argument("--out", default=os.environ.get("MUTATE_OUT", "mutants-py.json"))
     args = ap.parse_args(argv)
 
@@ -261,7 +263,11 @@ def main(argv: list[str] | None = None) -> int:
                 [{**asdict(r), "mutants": [{k: v for k, v in asdict(m).items() if k != "source"}
                                            for m in r.mutants]} for r in results], indent=1))
     log("\n" + score_table(results))
-    return 0
+    low = [r.module for r in results
+           if r.mutants and 100 * r.count("killed", "timeout") / len(r.mutants) < args.fail_under]
+    if low:
+        log(f"under {args.fail_under:.0f} %: {' '.join(low)}")
+    return 1 if low else 0
 
 
 if __name__ == "__main__":
