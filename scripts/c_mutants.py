@@ -38,6 +38,7 @@ EXPOSE, TCP = "rdmamw/include/rm_expose.h", "rdmamw/include/rm_tcp.h"
 CORE, PHASE = "rdmamw/_core.pyx", "rdmamw/bitmap/_phase.pyx"
 RNDV = "tests/test_rendezvous.py"
 HOSTILE = "tests/test_shm_hostile.py"
+ASSIST = "tests/test_shm_assist.py"
 TCPT = "tests/test_tcp.py::test_malformed_frame_drops_the_connection"
 ERRS = "tests/test_channel_errors.py"
 BITS = "tests/test_bitmap_unit.py"
@@ -50,18 +51,14 @@ MUTANTS: list[CMutant] = [
             "a READ one byte longer than the exposure is served"),
     CMutant("expose-end-plus-one", EXPOSE,
             "addr - out->addr > out->len - len)", "addr - out->addr > out->len - len + 1)",
-            (f"{RNDV}::test_bad_descriptor_is_protocol_error_and_reads_nothing",
-             f"{RNDV}::test_fuzz_descriptor_bounds"),
+            (f"{RNDV}::test_fuzz_descriptor_bounds",
+             f"{ASSIST}::test_a_job_outside_what_was_exposed_copies_nothing"),
             "a range ending one byte past the exposure is served"),
     CMutant("expose-no-access-check", EXPOSE,
             "if (!(out->access & access) || addr", "if (addr",
-            (HOSTILE,),
+            (f"{ASSIST}::test_a_write_job_into_a_read_only_exposure_copies_nothing",
+             f"{ASSIST}::test_a_job_outside_what_was_exposed_copies_nothing"),
             "a read-only exposure can be written (and a write-only one read)"),
-    CMutant("expose-key-high-bits", EXPOSE,
-            "if (key == 0 || (key >> 16) || i >= RM_XTAB_N) return -1;",
-            "if (key == 0 || i >= RM_XTAB_N) return -1;",
-            (HOSTILE, f"{RNDV}::test_fuzz_descriptor_bounds"),
-            "a forged key with high bits set aliases a live entry"),
     CMutant("tcp-region-offset-past-end", TCP,
             "off <= c->len[region] &&", "off <= c->len[region] + 8 &&",
             (TCPT, "tests/test_fuzz_tcp.py::test_fuzz_frame_decoder_near_the_edges"),

@@ -129,6 +129,8 @@ def guarded_channel(lst):
     frame(WRITE, region=4, payload=b"x"),                          # no such region
     frame(WRITE, region=3, offset=1 << 40, payload=b"x"),          # far outside
     frame(WRITE, region=0, offset=4090, payload=b"12345678"),      # straddles the end
+    frame(WRITE, region=0, offset=4089, payload=b"12345678"),      # ends one byte past it
+    frame(WRITE, region=0, offset=4097, payload=b"x"),             # starts one byte past it
     frame(WRITE, region=1, offset=0, length=0xFFFFFFFF),           # huge length
     frame(PUBLISH, region=1, offset=4, payload=b"12345678"),       # unaligned words
     frame(READ_RESP, payload=b"unasked"),                          # no READ outstanding
