@@ -13,6 +13,7 @@ no longer tests what it claims). Exit status 1 when any survived.
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,6 +138,29 @@ MUTANTS: list[CMutant] = [
 ]
 
 
+def copy_with_generated(dest: Path) -> Path:
+    """copy_tree plus the generated .c files (mtimes kept): only what a mutant touches
+    is rebuilt."""
+    copy_tree(dest)
+    for c in (ROOT / "rdmamw").rglob("*.c"):
+        shutil.copy2(c, dest / c.relative_to(ROOT))
+    return dest
+
+
+def touch_includers(tree: Path, path: str) -> None:
+    """Cython sees a header named in ``cdef extern from``, not one a header includes
+    (rm_tcp.h includes rm_expose.h): touch the .pyx files that name the mutated header
+    or a header that includes it, so their extensions are rebuilt."""
+    name = Path(path).name
+    if not name.endswith(".h"):
+        return
+    inc = tree / "rdmamw" / "include"
+    names = {name} | {h.name for h in inc.glob("*.h") if f'#include "{name}"' in h.read_text()}
+    for pyx in (tree / "rdmamw").rglob("*.pyx"):
+        if any(f'extern from "{n}"' in pyx.read_text() for n in names):
+            pyx.touch()
+
+
 def build(tree: Path) -> tuple[bool, str]:
     p = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
                        cwd=tree, capture_output=True, text=True)
@@ -163,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     survived = []
     with tempfile.TemporaryDirectory(prefix="rdmamw-cmut-") as tmp:
-        tree = copy_tree(Path(tmp) / "tree")
+        tree = copy_with_generated(Path(tmp) / "tree")
         ok, out = build(tree)
         if not ok:
             sys.exit(f"the copy does not build:\n{out}")
@@ -172,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             text = target.read_text()
             before = sos(tree)
             target.write_text(text.replace(m.original, m.replacement))
+            touch_includers(tree, m.path)
             t0 = time.monotonic()
             try:
                 ok, out = build(tree)

@@ -190,11 +190,14 @@ def _corrupt_header(ch, slot: int, **fields) -> None:
 
 @pytest.mark.parametrize("fields", [
     dict(seq=12345),                      # out of the window
+    dict(seq=4),                          # one past the window (4 slots from seq 0)
     dict(seq=0, check=0),                 # torn header: check does not match
     dict(used=1 << 20),                   # larger than the slot
+    dict(used=257),                       # one byte larger than the slot
     dict(count=0),
     dict(flags=7),
     dict(count=5000),                     # more records than bytes
+    dict(count=20),                       # fewer bytes than 20 record headers take
 ])
 def test_corrupted_header_is_protocol_error(fields):
     a, b, lst = make_pair(slots=4, slot_size=256)
@@ -219,12 +222,15 @@ def test_duplicate_sequence_number_is_protocol_error():
     a.close(), b.close(), lst.close()
 
 
-def test_record_overrun_is_protocol_error_not_a_wrong_message():
+@pytest.mark.parametrize("past", [10_000, 1])
+def test_record_overrun_is_protocol_error_not_a_wrong_message(past):
+    """The second record claims ``past`` bytes more than the slot's used bytes hold."""
     a, b, lst = make_pair(slots=4, slot_size=256)
     a.send_batch([b"abc", b"defg"])
     (slot,) = b._debug_state()["pending"]
+    used = HDR.unpack(_peek(b._debug_slot_address(slot), HDR.size))[1]
     addr = b._debug_slot_address(slot) + 64 + 8 + 8          # second record's length
-    _poke(addr, struct.pack("<I", 10_000))
+    _poke(addr, struct.pack("<I", used - 16 - 8 + past))     # after 16 bytes + its header
     got = b.recv_batch(max_messages=1, timeout=1)            # the first record is fine
     assert bytes(got[0]) == b"abc"
     with pytest.raises(rdmamw.ProtocolError):

@@ -142,8 +142,8 @@ def test_malformed_frame_drops_the_connection(bad):
         ch, s = guarded_channel(lst)
         s.sendall(frame(WRITE, region=3, offset=64, payload=b"ok"))   # a legal write
         s.sendall(bad)
-        with pytest.raises(rdmamw.PeerLost):
-            ch.recv(timeout=5)
+        with pytest.raises(rdmamw.PeerLost, match="malformed frame"):   # not the silence
+            ch.recv(timeout=5)                      # of a raw peer that sends no heartbeat
         assert_hung_up(s)                           # ...and it hung up on the peer
         s.close()
         ch.close()
