@@ -83,7 +83,7 @@ MUTANTS: list[CMutant] = [
             "    case RT_READ_REQ:\n        if (!rt_in_region(c, f->region, f->offset, "
             "f->length)) return -RT_WHY_FRAME;",
             "    case RT_READ_REQ:\n        if (f->region >= RT_NREG) return -RT_WHY_FRAME;",
-            ("tests/test_tcp.py::test_read_is_served_from_registered_regions_only",),
+            (TCPT,),
             "a READ of any offset of a region is served"),
     CMutant("slot-used-past-slot", CORE,
             "if h.used > self.slot_size or", "if h.used > self.slot_size + 64 or",

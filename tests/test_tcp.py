@@ -15,7 +15,7 @@ import pytest
 import rdmamw
 from rdmamw import auth
 from rdmamw.providers import tcp
-from tests.tcp_util import HEARTBEAT, PUBLISH, READ_RESP, WRITE, frame, raw_peer
+from tests.tcp_util import HEARTBEAT, PUBLISH, READ_REQ, READ_RESP, WRITE, frame, raw_peer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -133,7 +133,9 @@ def guarded_channel(lst):
     frame(WRITE, region=0, offset=4097, payload=b"x"),             # starts one byte past it
     frame(WRITE, region=1, offset=0, length=0xFFFFFFFF),           # huge length
     frame(PUBLISH, region=1, offset=4, payload=b"12345678"),       # unaligned words
+    frame(PUBLISH, region=3, offset=0, payload=bytes(65536)),      # more than a publish holds
     frame(READ_RESP, payload=b"unasked"),                          # no READ outstanding
+    frame(READ_REQ, region=0, offset=4090, length=8),              # a READ past the end
     frame(99),                                                     # unknown type
     frame(HEARTBEAT, region=1),                                    # junk in an empty frame
 ])
