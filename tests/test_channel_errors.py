@@ -188,23 +188,24 @@ def _corrupt_header(ch, slot: int, **fields) -> None:
                          vals["check"], vals["reserved"]))
 
 
-@pytest.mark.parametrize("fields", [
-    dict(seq=12345),                      # out of the window
-    dict(seq=4),                          # one past the window (4 slots from seq 0)
-    dict(seq=0, check=0),                 # torn header: check does not match
-    dict(used=1 << 20),                   # larger than the slot
-    dict(used=257),                       # one byte larger than the slot
-    dict(count=0),
-    dict(flags=7),
-    dict(count=5000),                     # more records than bytes
-    dict(count=20),                       # fewer bytes than 20 record headers take
+@pytest.mark.parametrize("fields, says", [
+    (dict(seq=12345), "sequence number 12345"),              # out of the window
+    (dict(seq=4), "sequence number 4 "),                     # one past it (4 slots from 0)
+    (dict(seq=0, check=0), "sequence number 0 .check 0x0"),  # torn: check does not match
+    (dict(used=1 << 20), "malformed header: used=1048576"),  # larger than the slot
+    (dict(used=257), "malformed header: used=257"),          # one byte larger
+    (dict(count=0), "malformed header: .* count=0 "),
+    (dict(flags=7), "malformed header: .* flags=7"),
+    (dict(count=5000), "malformed header: .* count=5000"),   # more records than bytes
+    (dict(count=20), "malformed header: .* count=20 "),      # fewer bytes than 20 headers
 ])
-def test_corrupted_header_is_protocol_error(fields):
+def test_corrupted_header_is_protocol_error(fields, says):
+    """Refused by the header check that names the field, not by a later accident."""
     a, b, lst = make_pair(slots=4, slot_size=256)
     a.send_batch([b"abc", b"defg"])
     (slot,) = b._debug_state()["pending"]
     _corrupt_header(b, slot, **fields)
-    with pytest.raises(rdmamw.ProtocolError):
+    with pytest.raises(rdmamw.ProtocolError, match=says):
         b.recv_batch(timeout=1)
     with pytest.raises(rdmamw.ProtocolError):       # the channel stays failed
         b.recv_batch(timeout=0)
