@@ -86,6 +86,15 @@ def test_bsp_matches_the_sequential_result_and_applies_n_per_round(how, tmp_path
     assert sum(s["keys"] for s in servers) == 4                  # sharded over both
 
 
+def test_asp_with_one_worker_matches_the_sequential_result(tmp_path):
+    """ASP applies each block as it arrives (the server's direct path): with one worker
+    the order is fixed, so the result is the sequential one, every element."""
+    servers, workers, _ = run_job(3, "--servers", "2", "--iters", "6", "--consistency", "asp",
+                                  "--dump", str(tmp_path))
+    assert len(workers) == 1 and all(s["applied"] == 6 for s in servers)
+    assert_whole_values(tmp_path, 0, bsp_reference(6, 40000))
+
+
 @pytest.mark.parametrize("how", [[], ["--push-pull"]])
 def test_tensors_larger_than_the_rings_go_through_in_blocks(how, tmp_path):
     """8 slots of 4 KiB: each 160 KB push and reply is 40 blocks through a 32 KiB ring,
