@@ -56,7 +56,9 @@ MODULE_TESTS: dict[str, list[str]] = {
                            "8-a,b,c,a,b,c,d,a")],
     "sched/": ["tests/test_sched.py"],
     "bitmap/model.py": ["tests/test_bitmap_unit.py", "tests/test_bitmap_properties.py"],
-    "auth.py": ["tests/test_fuzz_tcp.py", "tests/test_channel_errors.py"],
+    "auth.py": ["tests/test_fuzz_tcp.py", "tests/test_channel_errors.py",
+                "tests/test_tcp.py::test_token_file_is_private",
+                "tests/test_tcp.py::test_token_file_defaults_to_the_home_config"],
     "bootstrap/": ["tests/test_bootstrap.py"],
 }
 

@@ -138,7 +138,7 @@ def test_consistency_models_converge_and_keep_their_invariant(mode, check):
 @pytest.mark.parametrize("bad, match", [
     ("shape", "key 'b'"),
     ("unknown", "'nope'"),
-    ("init", "key 'c'"),
+    ("init", "key 'c' initialised as float32 (5, 2) but the server holds float32 (2, 5)"),
 ])
 def test_errors_name_the_key(bad, match):
     _, workers, _ = run_job(3, "--servers", "1", "--iters", "2", "--bad", bad)

@@ -205,6 +205,15 @@ def test_token_file_is_private(tmp_path, monkeypatch):
     assert auth.token() == tok
 
 
+def test_token_file_defaults_to_the_home_config(tmp_path, monkeypatch):
+    monkeypatch.delenv("RDMAMW_TOKEN", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    auth.set_token(None)
+    tok = auth.token()
+    assert (tmp_path / ".config" / "rdmamw" / "token").read_bytes() == tok
+
+
 def test_ipv6_loopback():
     if not socket.has_ipv6:
         pytest.skip("no IPv6 here")
