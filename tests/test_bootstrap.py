@@ -258,3 +258,15 @@ def test_local_launcher_shares_a_fresh_token():
     res = sorted(json_objects(out.stdout), key=lambda r: r["rank"])
     assert [r["rank"] for r in res] == [0, 1, 2]
     assert all(r["token_from_env"] for r in res)
+
+
+def test_local_launcher_exits_with_the_first_failing_ranks_code():
+    """A rank that fails makes the job fail with its code (the others are stopped);
+    a job whose ranks all succeed exits 0."""
+    from rdmamw.bootstrap import launch
+    fail = "import os, sys, time; r = os.environ['RANK']; time.sleep(30 if r == '0' else 0); " \
+           "sys.exit(3 if r == '1' else 0)"
+    t0 = time.monotonic()
+    assert launch.run([sys.executable, "-c", fail], 2) == 3
+    assert time.monotonic() - t0 < 25                 # rank 0 was stopped, not awaited
+    assert launch.run([sys.executable, "-c", "pass"], 2) == 0
