@@ -58,7 +58,8 @@ MODULE_TESTS: dict[str, list[str]] = {
     "bitmap/model.py": ["tests/test_bitmap_unit.py", "tests/test_bitmap_properties.py"],
     "auth.py": ["tests/test_fuzz_tcp.py", "tests/test_channel_errors.py",
                 "tests/test_tcp.py::test_token_file_is_private",
-                "tests/test_tcp.py::test_token_file_defaults_to_the_home_config"],
+                "tests/test_tcp.py::test_token_file_defaults_to_the_home_config",
+                "tests/test_tcp.py::test_an_empty_token_file_is_a_config_error_that_says_so"],
     "bootstrap/": ["tests/test_bootstrap.py"],
 }
 

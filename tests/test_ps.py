@@ -86,6 +86,12 @@ def test_bsp_matches_the_sequential_result_and_applies_n_per_round(how, tmp_path
     assert sum(s["keys"] for s in servers) == 4                  # sharded over both
 
 
+def test_a_fresh_peer_has_counted_nothing():
+    from rdmamw.ps.metrics import PeerMetrics
+    d = PeerMetrics().as_dict()
+    assert (d["gradients"], d["bytes_in"], d["bytes_out"]) == (0, 0, 0)
+
+
 def test_asp_with_one_worker_matches_the_sequential_result(tmp_path):
     """ASP applies each block as it arrives (the server's direct path): with one worker
     the order is fixed, so the result is the sequential one, every element."""

@@ -14,6 +14,7 @@ import pytest
 
 import rdmamw
 from rdmamw import auth
+from rdmamw.errors import ConfigError
 from rdmamw.providers import tcp
 from tests.tcp_util import HEARTBEAT, PUBLISH, READ_REQ, READ_RESP, WRITE, frame, raw_peer
 
@@ -212,6 +213,16 @@ def test_token_file_defaults_to_the_home_config(tmp_path, monkeypatch):
     auth.set_token(None)
     tok = auth.token()
     assert (tmp_path / ".config" / "rdmamw" / "token").read_bytes() == tok
+
+
+def test_an_empty_token_file_is_a_config_error_that_says_so(tmp_path, monkeypatch):
+    monkeypatch.delenv("RDMAMW_TOKEN", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    (tmp_path / "rdmamw").mkdir()
+    (tmp_path / "rdmamw" / "token").write_bytes(b"")     # its creator never wrote it
+    auth.set_token(None)
+    with pytest.raises(ConfigError, match=r"cannot be used \(the file is empty\)"):
+        auth.token()
 
 
 def test_ipv6_loopback():
