@@ -125,7 +125,8 @@ def main() -> None:
     ref = reference(a.rounds, a.batch, lr, mu)
     emit({"role": "worker", "index": me, "plan": plan,
           "max_rel_err": float(np.abs(got - ref).max() / np.abs(ref).max()),
-          "moved": float(np.abs(got).max()), "compute_n": node.metrics.compute.n})
+          "moved": float(np.abs(got).max()), "compute_n": node.metrics.compute.n,
+          "chunk": node.chunk})
     node.close()
 
 

@@ -73,6 +73,7 @@ def test_chunked_overlapped_push_and_pull_give_the_same_model(sched):
                           "4096", "--slow", "50")
     for w in workers:
         assert w["max_rel_err"] < 1e-9 and w["compute_n"] == 15
+        assert w["chunk"] == 4096                   # ps.start handed the block size on
     covers_every_round(workers, 60)
 
 

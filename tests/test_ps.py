@@ -86,6 +86,14 @@ def test_bsp_matches_the_sequential_result_and_applies_n_per_round(how, tmp_path
     assert sum(s["keys"] for s in servers) == 4                  # sharded over both
 
 
+def test_start_has_the_documented_defaults():
+    import inspect
+
+    from rdmamw import ps
+    p = inspect.signature(ps.start).parameters
+    assert (p["consistency"].default, p["lr"].default, p["momentum"].default) == ("bsp", 0.1, 0.9)
+
+
 def test_a_fresh_peer_has_counted_nothing():
     from rdmamw.ps.metrics import PeerMetrics
     d = PeerMetrics().as_dict()
