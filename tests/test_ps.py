@@ -76,7 +76,7 @@ def test_bsp_matches_the_sequential_result_and_applies_n_per_round(how, tmp_path
     per_push = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes(40000))
     for w in workers:
         assert_whole_values(tmp_path, w["index"], ref)
-        assert w["pushes"] == 12
+        assert w["pushes"] == 12 and w["merged"] == 36         # 12 rounds of 3 gradients
         assert w["metrics"]["bytes_pushed"] == 12 * per_push
         assert w["metrics"]["bytes_pulled"] == 13 * per_push     # the first pull too
     for s in servers:
@@ -102,9 +102,10 @@ def test_a_fresh_peer_has_counted_nothing():
 
 def test_asp_with_one_worker_matches_the_sequential_result(tmp_path):
     """ASP applies each block as it arrives (the server's direct path): with one worker
-    the order is fixed, so the result is the sequential one, every element."""
+    the order is fixed, so the result is the sequential one, every element. (With a
+    wait limit: the worker's deadline path.)"""
     servers, workers, _ = run_job(3, "--servers", "2", "--iters", "6", "--consistency", "asp",
-                                  "--dump", str(tmp_path))
+                                  "--timeout", "60", "--dump", str(tmp_path))
     assert len(workers) == 1 and all(s["applied"] == 6 for s in servers)
     assert_whole_values(tmp_path, 0, bsp_reference(6, 40000))
 
