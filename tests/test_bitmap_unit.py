@@ -254,6 +254,9 @@ def test_ring_model_on_both_implementations() -> None:
         SlotRingModel(65, send=SendBitmaps(65), recv=RecvBitmaps(65)),
         SlotRingModel(65),
     ]
+    # the twin really runs the Cython sides (a model that swapped in its own would
+    # compare the model with itself)
+    assert isinstance(rings[0].send, SendBitmaps) and isinstance(rings[0].recv, RecvBitmaps)
     for ring in rings:
         assert ring.flush_threshold == 16
         for _ in range(20):
