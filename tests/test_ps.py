@@ -94,6 +94,30 @@ def test_start_has_the_documented_defaults():
     assert (p["consistency"].default, p["lr"].default, p["momentum"].default) == ("bsp", 0.1, 0.9)
 
 
+def test_a_pull_stream_hands_its_failure_to_the_caller():
+    """The receiving thread's PeerLost reaches wait() and join(), not a stale value."""
+    import rdmamw
+    from rdmamw.ps.stream import PullStream
+
+    class DeadServers:                  # the KVWorker surface PullStream uses
+        _pulled_at = _comm_s = 0.0
+
+        def _pull_msgs(self, keys, out):
+            return out, {}, {0: (b"", 1)}
+
+        def _send(self, per):
+            pass
+
+        def _await(self, ids, dest, arrived):
+            raise rdmamw.PeerLost("server 0 went away")
+
+    stream = PullStream(DeadServers(), ["w"], [np.zeros(2)])
+    with pytest.raises(rdmamw.PeerLost, match="went away"):
+        stream.wait("w")
+    with pytest.raises(rdmamw.PeerLost, match="went away"):
+        stream.join()
+
+
 def test_a_fresh_peer_has_counted_nothing():
     from rdmamw.ps.metrics import PeerMetrics
     d = PeerMetrics().as_dict()
