@@ -8,10 +8,12 @@ process, and most of the PS, collectives and bootstrap code runs in child proces
 "no tests" and are never run; and it forks the pytest process per mutant while the
 engine's threads are live. Here each mutant is written, alone, into a copy of the tree
 (with the built extensions), and the module's own tests (MODULE_TESTS) run in a fresh
-pytest with the copy first on PYTHONPATH, so child processes import the mutant too.
+pytest with the copy first on PYTHONPATH, so child processes import the mutant too;
+a mutant they miss runs against the module's slower tests (SECOND_TESTS) as well.
 
-    scripts/mutate.py [--modules ps/server.py,sched] [--budget 600] [--max 0] [--jobs 1]
-                      [--seed 1] [--only NAME ...] [--list] [--out mutants-py.json]
+    scripts/mutate.py [--modules ps/server.py,sched/] [--budget 600] [--max 0] [--jobs 1]
+                      [--seed 1] [--only NAME ...] [--tests FILE::TEST ...] [--list]
+                      [--fail-under 85] [--out mutants-py.json]
 
 A module's run stops at --budget seconds (a random sample of its mutants, seeded,
 when it does not finish); --max caps the count. Results: one line per mutant
