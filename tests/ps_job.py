@@ -132,6 +132,8 @@ def main() -> None:
                 node.pull(KEYS, out=x)
     except rdmamw.PeerLost as e:
         out["peer_lost"] = str(e)
+    except rdmamw.Timeout as e:
+        out["timeout"] = str(e)
     out["error_norm"] = float(max(np.abs(xi - ti).max() for xi, ti in zip(x, tg, strict=True)))
     if a.dump:
         np.savez(os.path.join(a.dump, f"worker{me}.npz"), *x)

@@ -201,6 +201,15 @@ def test_a_hung_worker_times_out_of_the_round():
     assert servers[0]["dropped"] >= 1
 
 
+def test_a_workers_wait_limit_ends_a_pull_the_round_keeps_open():
+    """Worker 1 hangs 5 s; BSP keeps the round open (10 s round timeout), so the others'
+    pulls outlast their 1 s wait limit: Timeout, not an endless wait."""
+    _, workers, _ = run_job(4, "--servers", "1", "--iters", "4", "--hang", "1:1:5",
+                            "--timeout", "1", ok=False)
+    by = {w["index"]: w for w in workers}      # (the hung one may not get to report)
+    assert "timeout" in by[0] and "timeout" in by[2], workers
+
+
 def test_a_dead_server_raises_peer_lost_on_the_workers():
     _, workers, _ = run_job(4, "--servers", "2", "--iters", "50", "--kill-server", "3",
                             ok=False)
