@@ -75,11 +75,12 @@ def main() -> None:
     ap.add_argument("--base", type=float, default=20.0, help="every worker: ms per sample")
     ap.add_argument("--stream", action="store_true")
     ap.add_argument("--chunk", type=int, default=0)
+    ap.add_argument("--consistency", default="bsp")
     ap.add_argument("--ignore-plan", action="store_true",
                     help="compute the equal split but report DSANA's share (a broken worker)")
     a = ap.parse_args()
     lr, mu = 0.05, 0.5
-    node = ps.start(1, consistency="bsp", lr=lr, momentum=mu, sched=a.sched,
+    node = ps.start(1, consistency=a.consistency, lr=lr, momentum=mu, sched=a.sched,
                     global_batch=a.batch, chunk=a.chunk or None, send_thread=a.stream)
     if isinstance(node, ps.KVServer):
         stats = node.serve()
@@ -125,7 +126,8 @@ def main() -> None:
     ref = reference(a.rounds, a.batch, lr, mu)
     emit({"role": "worker", "index": me, "plan": plan,
           "max_rel_err": float(np.abs(got - ref).max() / np.abs(ref).max()),
-          "moved": float(np.abs(got).max()), "compute_n": node.metrics.compute.n})
+          "moved": float(np.abs(got).max()), "compute_n": node.metrics.compute.n,
+          "chunk": node.chunk})
     node.close()
 
 

@@ -75,13 +75,14 @@ def main() -> None:
     ap.add_argument("--hang", default="")
     ap.add_argument("--kill-server", type=int, default=0)
     ap.add_argument("--round-timeout", type=float, default=10.0)
+    ap.add_argument("--timeout", type=float, default=None, help="the workers' wait limit")
     ap.add_argument("--bad", default="")
     ap.add_argument("--push-pull", action="store_true", help="one push_pull per iteration")
     ap.add_argument("--dump", default="", help="directory for the workers' final values")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     c = ps.Consistency.parse(a.consistency, round_timeout=a.round_timeout)
-    node = ps.start(a.servers, consistency=c, lr=0.2, momentum=0.5)
+    node = ps.start(a.servers, consistency=c, lr=0.2, momentum=0.5, timeout=a.timeout)
     rank = rdmamw.world().rank
     if isinstance(node, ps.KVServer):
         seen = count_blocks(node)
@@ -131,11 +132,14 @@ def main() -> None:
                 node.pull(KEYS, out=x)
     except rdmamw.PeerLost as e:
         out["peer_lost"] = str(e)
+    except rdmamw.Timeout as e:
+        out["timeout"] = str(e)
     out["error_norm"] = float(max(np.abs(xi - ti).max() for xi, ti in zip(x, tg, strict=True)))
     if a.dump:
         np.savez(os.path.join(a.dump, f"worker{me}.npz"), *x)
     out["metrics"] = {k: v for k, v in node.metrics.as_dict().items() if k.startswith("bytes")}
     out["pushes"] = node.metrics.push.n
+    out["merged"] = node.merged
     emit(out)
     if "peer_lost" not in out:
         node.close()

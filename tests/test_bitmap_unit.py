@@ -254,6 +254,9 @@ def test_ring_model_on_both_implementations() -> None:
         SlotRingModel(65, send=SendBitmaps(65), recv=RecvBitmaps(65)),
         SlotRingModel(65),
     ]
+    # the twin really runs the Cython sides (a model that swapped in its own would
+    # compare the model with itself)
+    assert isinstance(rings[0].send, SendBitmaps) and isinstance(rings[0].recv, RecvBitmaps)
     for ring in rings:
         assert ring.flush_threshold == 16
         for _ in range(20):
@@ -272,3 +275,12 @@ def test_ring_model_on_both_implementations() -> None:
 def test_ring_model_rejects_mismatched_sizes() -> None:
     with pytest.raises(ValueError):
         SlotRingModel(10, send=SendBitmapsModel(11))
+
+
+def test_ring_model_delivers_exactly_k_work_requests() -> None:
+    ring = SlotRingModel(16)
+    ring.send_batch(3)                          # 3 data writes, then the arrival word
+    assert len(ring.wire) == 4
+    assert ring.deliver_wire(1) == 1 and len(ring.wire) == 3
+    assert ring.deliver_wire(2) == 2 and len(ring.wire) == 1
+    assert ring.deliver_wire() == 1 and not ring.wire

@@ -189,20 +189,24 @@ def _corrupt_header(ch, slot: int, **fields) -> None:
                          vals["check"], vals["reserved"]))
 
 
-@pytest.mark.parametrize("fields", [
-    dict(seq=12345),                      # out of the window
-    dict(seq=0, check=0),                 # torn header: check does not match
-    dict(used=1 << 20),                   # larger than the slot
-    dict(count=0),
-    dict(flags=7),
-    dict(count=5000),                     # more records than bytes
+@pytest.mark.parametrize("fields, says", [
+    (dict(seq=12345), "sequence number 12345"),              # out of the window
+    (dict(seq=4), "sequence number 4 "),                     # one past it (4 slots from 0)
+    (dict(seq=0, check=0), "sequence number 0 .check 0x0"),  # torn: check does not match
+    (dict(used=1 << 20), "malformed header: used=1048576"),  # larger than the slot
+    (dict(used=257), "malformed header: used=257"),          # one byte larger
+    (dict(count=0), "malformed header: .* count=0 "),
+    (dict(flags=7), "malformed header: .* flags=7"),
+    (dict(count=5000), "malformed header: .* count=5000"),   # more records than bytes
+    (dict(count=20), "malformed header: .* count=20 "),      # fewer bytes than 20 headers
 ])
-def test_corrupted_header_is_protocol_error(fields):
+def test_corrupted_header_is_protocol_error(fields, says):
+    """Refused by the header check that names the field, not by a later accident."""
     a, b, lst = make_pair(slots=4, slot_size=256)
     a.send_batch([b"abc", b"defg"])
     (slot,) = b.diagnostics()["pending"]
     _corrupt_header(b, slot, **fields)
-    with pytest.raises(rdmamw.ProtocolError):
+    with pytest.raises(rdmamw.ProtocolError, match=says):
         b.recv_batch(timeout=1)
     with pytest.raises(rdmamw.ProtocolError):       # the channel stays failed
         b.recv_batch(timeout=0)
@@ -220,12 +224,15 @@ def test_duplicate_sequence_number_is_protocol_error():
     a.close(), b.close(), lst.close()
 
 
-def test_record_overrun_is_protocol_error_not_a_wrong_message():
+@pytest.mark.parametrize("past", [10_000, 1])
+def test_record_overrun_is_protocol_error_not_a_wrong_message(past):
+    """The second record claims ``past`` bytes more than the slot's used bytes hold."""
     a, b, lst = make_pair(slots=4, slot_size=256)
     a.send_batch([b"abc", b"defg"])
     (slot,) = b.diagnostics()["pending"]
+    used = HDR.unpack(_peek(hooks.slot_address(b, slot), HDR.size))[1]
     addr = hooks.slot_address(b, slot) + 64 + 8 + 8          # second record's length
-    _poke(addr, struct.pack("<I", 10_000))
+    _poke(addr, struct.pack("<I", used - 16 - 8 + past))     # after 16 bytes + its header
     got = b.recv_batch(max_messages=1, timeout=1)            # the first record is fine
     assert bytes(got[0]) == b"abc"
     with pytest.raises(rdmamw.ProtocolError):

@@ -17,7 +17,8 @@ from rdmamw.bootstrap import World
 from rdmamw.bootstrap.launch import spawn
 from rdmamw.collectives import CollectiveMismatch, Communicator, allreduce, policy, topology
 from rdmamw.collectives import api as coll
-from rdmamw.collectives.tree import binomial, chain
+from rdmamw.collectives.tree import TREE_BYTES, binomial, chain
+from rdmamw.collectives.tree import shape as tree_shape
 from tests.helpers import reap
 from tests.netns import shape_link
 from tests.test_bootstrap import clean_env
@@ -183,6 +184,14 @@ def test_trees_reach_every_rank_once(n):
                 for c in children:
                     assert shape(members, root, c)[0] == r
             assert sorted(kids) == [r for r in members if r != root]
+
+
+def test_broadcast_tree_is_binomial_up_to_tree_bytes_then_a_chain():
+    members = [0, 1, 2, 3, 4]
+    for r in members:
+        assert tree_shape(members, 0, r, TREE_BYTES) == binomial(members, 0, r)
+        assert tree_shape(members, 0, r, TREE_BYTES + 1) == chain(members, 0, r)
+    assert binomial(members, 0, 0) != chain(members, 0, 0)      # the two differ here
 
 
 def test_groups_from_bandwidth():

@@ -59,6 +59,17 @@ def test_dsana_moves_work_off_the_straggler_and_still_makes_plain_bsp_steps():
     assert d["changes"] >= 1 and d["classes"]["straggler"] == 1
 
 
+def test_delay_compensation_leaves_bsp_with_weighted_shares_exact():
+    """BSP gradients are never stale, so delay compensation (dc) corrects nothing: the
+    per-sample weighted rounds with dc give the plain result (the server's weighted
+    dc path, which compensates into a scratch array before weighting)."""
+    server, workers = run(4, "--sched", "dsana", "--rounds", "10", "--slow", "100",
+                          "--consistency", "bsp:dc0.1")
+    assert server["mode"] == "bsp"
+    for w in workers:
+        assert w["max_rel_err"] < 1e-9 and w["compute_n"] == 10
+
+
 def test_the_comparison_can_fail():
     """Workers that ignore the plan (each computes an equal share but the server is
     told DSANA's) break the tiling and the result: the checks above are not vacuous."""
@@ -73,6 +84,7 @@ def test_chunked_overlapped_push_and_pull_give_the_same_model(sched):
                           "4096", "--slow", "50")
     for w in workers:
         assert w["max_rel_err"] < 1e-9 and w["compute_n"] == 15
+        assert w["chunk"] == 4096                   # ps.start handed the block size on
     covers_every_round(workers, 60)
 
 

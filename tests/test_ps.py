@@ -76,7 +76,7 @@ def test_bsp_matches_the_sequential_result_and_applies_n_per_round(how, tmp_path
     per_push = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes(40000))
     for w in workers:
         assert_whole_values(tmp_path, w["index"], ref)
-        assert w["pushes"] == 12
+        assert w["pushes"] == 12 and w["merged"] == 36         # 12 rounds of 3 gradients
         assert w["metrics"]["bytes_pushed"] == 12 * per_push
         assert w["metrics"]["bytes_pulled"] == 13 * per_push     # the first pull too
     for s in servers:
@@ -84,6 +84,54 @@ def test_bsp_matches_the_sequential_result_and_applies_n_per_round(how, tmp_path
         assert s["below_quorum"] == 0
         assert s["max_staleness"] == 0 and s["lost"] == []
     assert sum(s["keys"] for s in servers) == 4                  # sharded over both
+
+
+def test_start_has_the_documented_defaults():
+    import inspect
+
+    from rdmamw import ps
+    p = inspect.signature(ps.start).parameters
+    assert (p["consistency"].default, p["lr"].default, p["momentum"].default) == ("bsp", 0.1, 0.9)
+
+
+def test_a_pull_stream_hands_its_failure_to_the_caller():
+    """The receiving thread's PeerLost reaches wait() and join(), not a stale value."""
+    import rdmamw
+    from rdmamw.ps.stream import PullStream
+
+    class DeadServers:                  # the KVWorker surface PullStream uses
+        _pulled_at = _comm_s = 0.0
+
+        def _pull_msgs(self, keys, out):
+            return out, {}, {0: (b"", 1)}
+
+        def _send(self, per):
+            pass
+
+        def _await(self, ids, dest, arrived):
+            raise rdmamw.PeerLost("server 0 went away")
+
+    stream = PullStream(DeadServers(), ["w"], [np.zeros(2)])
+    with pytest.raises(rdmamw.PeerLost, match="went away"):
+        stream.wait("w")
+    with pytest.raises(rdmamw.PeerLost, match="went away"):
+        stream.join()
+
+
+def test_a_fresh_peer_has_counted_nothing():
+    from rdmamw.ps.metrics import PeerMetrics
+    d = PeerMetrics().as_dict()
+    assert (d["gradients"], d["bytes_in"], d["bytes_out"]) == (0, 0, 0)
+
+
+def test_asp_with_one_worker_matches_the_sequential_result(tmp_path):
+    """ASP applies each block as it arrives (the server's direct path): with one worker
+    the order is fixed, so the result is the sequential one, every element. (With a
+    wait limit: the worker's deadline path.)"""
+    servers, workers, _ = run_job(3, "--servers", "2", "--iters", "6", "--consistency", "asp",
+                                  "--timeout", "60", "--dump", str(tmp_path))
+    assert len(workers) == 1 and all(s["applied"] == 6 for s in servers)
+    assert_whole_values(tmp_path, 0, bsp_reference(6, 40000))
 
 
 @pytest.mark.parametrize("how", [[], ["--push-pull"]])
@@ -129,7 +177,7 @@ def test_consistency_models_converge_and_keep_their_invariant(mode, check):
 @pytest.mark.parametrize("bad, match", [
     ("shape", "key 'b'"),
     ("unknown", "'nope'"),
-    ("init", "key 'c'"),
+    ("init", "key 'c' initialised as float32 (5, 2) but the server holds float32 (2, 5)"),
 ])
 def test_errors_name_the_key(bad, match):
     _, workers, _ = run_job(3, "--servers", "1", "--iters", "2", "--bad", bad)
@@ -151,6 +199,15 @@ def test_a_hung_worker_times_out_of_the_round():
     assert servers[0]["timeouts"] >= 1 and "closed after" in err
     assert servers[0]["max_staleness"] == 0       # its late gradient was dropped, not applied
     assert servers[0]["dropped"] >= 1
+
+
+def test_a_workers_wait_limit_ends_a_pull_the_round_keeps_open():
+    """Worker 1 hangs 5 s; BSP keeps the round open (10 s round timeout), so the others'
+    pulls outlast their 1 s wait limit: Timeout, not an endless wait."""
+    _, workers, _ = run_job(4, "--servers", "1", "--iters", "4", "--hang", "1:1:5",
+                            "--timeout", "1", ok=False)
+    by = {w["index"]: w for w in workers}      # (the hung one may not get to report)
+    assert "timeout" in by[0] and "timeout" in by[2], workers
 
 
 def test_a_dead_server_raises_peer_lost_on_the_workers():

@@ -118,11 +118,14 @@ def test_a_late_gradient_joins_the_round_but_does_not_close_it():
     assert pol.close(1.0) == [2, 0, 1] and pol.stats["below_quorum"] == 0
 
 
-def test_a_round_with_every_live_worker_in_it_closes_even_with_late_ones():
+def test_a_round_with_every_live_worker_in_it_closes_even_with_late_ones(caplog):
     pol = Consistency.parse("lsp:3:2", round_timeout=5.0).policy([0, 1, 2])
     pol.on_push(0, 0, 0.0), pol.on_push(1, 0, 0.0)
-    assert pol.close_due(6.0) and sorted(pol.close(6.0)) == [0, 1]    # timed out without 2
-    assert pol.stats["below_quorum"] == 1
+    with caplog.at_level("WARNING", logger="rdmamw.ps"):
+        assert pol.close_due(6.0) and sorted(pol.close(6.0)) == [0, 1]  # timed out without 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "rdmamw.ps: round 0 closed after 5.0 s without workers [2]"]
+    assert pol.stats["below_quorum"] == 1 and pol.stats["timeouts"] == 1
     pol.on_push(2, 0, 7.0), pol.on_push(0, 1, 7.0)
     assert not pol.close_due(7.0)
     pol.on_push(1, 1, 7.0)                    # 2 fresh < 3, but nobody else is left
@@ -168,8 +171,20 @@ def test_alsp_plans_k_and_groups_from_times():
     for w, sec in enumerate([1.0, 1.05, 2.5]):
         pol2.observe(w, sec)
     assert pol2.k == 2 and pol2.groups == [[0, 1], [2]]
+    assert (pol2.stats["k"], pol2.stats["groups"]) == (2, [[0, 1], [2]])   # what it reports
+    pol3 = Adaptive([0, 1, 2], bound=2, timeout=10, ratio=1.5, global_every=0)
+    for w, sec in enumerate([2.5, 1.05, 1.0]):      # the fast ones are not the low ranks
+        pol3.observe(w, sec)
+    assert pol3.k == 2 and pol3.groups == [[2, 1], [0]]
     pol2.lost(2)
     assert pol2.k == 2 and pol2.groups == [[0, 1]]
+
+
+def test_alsp_loses_a_worker_that_never_reported_a_time():
+    pol = Adaptive([0, 1, 2], bound=1, timeout=10, ratio=1.5, global_every=0)
+    pol.observe(0, 1.0), pol.observe(1, 1.0)
+    pol.lost(2)                                  # no time of its own: nothing to forget
+    assert pol.live == {0, 1} and pol.k == 2 and pol.groups == [[0, 1]]
 
 
 def test_alsp_is_bsp_until_every_worker_has_a_time():
@@ -203,6 +218,8 @@ def test_parse_errors(text, err):
 def test_parse():
     c = Consistency.parse("lsp:3:2")
     assert (c.mode, c.k, c.bound) == ("lsp", 3, 2)
+    c = Consistency.parse("lsp:3")                    # the bound keeps its default
+    assert (c.mode, c.k, c.bound) == ("lsp", 3, 1)
     assert Consistency.parse("ssp:4").s == 4
     assert Consistency.parse("ALSP:3").bound == 3
     h = Consistency.parse("hybrid:3")
@@ -211,6 +228,14 @@ def test_parse():
     assert Consistency.parse("hybrid", dc=0.0).dc == 0.0
     assert (Consistency.parse("ssp:2:dc0.1").s, Consistency.parse("ssp:2:dc0.1").dc) == (2, 0.1)
     assert Consistency.parse("bsp").dc == 0.0
+
+
+@pytest.mark.parametrize("spec", ["bsp", "asp", "ssp:1", "lsp:2:1", "alsp:1", "hybrid:2"])
+def test_each_workers_clock_counts_its_pushes(spec):
+    pushes: list = []
+    r = simulate(spec, [1.0, 1.3, 4.0], iters=12, pushes=pushes)
+    assert r["policy"].clock == {w: 12 for w in range(3)} == {
+        w: sum(p[0] == w for p in pushes) for w in range(3)}
 
 
 def test_round_sizes_are_counted():

@@ -42,9 +42,10 @@ def test_compensation_is_nothing_for_a_fresh_gradient_and_the_formula_otherwise(
     SGD(0.1, 0.9, dc=2.0).accumulate(acc_dc, g, w, bak=w.copy())     # pulled == now
     assert np.array_equal(acc_plain, acc_dc)
     bak = (w - 0.5).astype(dt)
+    acc_far += 1                        # it adds to what the round holds already
     SGD(0.1, 0.9, dc=2.0).accumulate(acc_far, g, w, bak)
     g64 = g.astype(np.float64)
-    expect = g64 + 2.0 * g64 * g64 * (w.astype(np.float64) - bak)
+    expect = 1 + g64 + 2.0 * g64 * g64 * (w.astype(np.float64) - bak)
     assert np.allclose(acc_far, expect, rtol=1e-2 if dt == np.float16 else 1e-5, atol=1e-3)
 
 

@@ -476,6 +476,7 @@ def _edge_fields(case: tuple, real: dict, ex: dict, max_msg: int) -> dict:
 @example(case=("own", "key", -1, ("fit", 0)))       # one byte before the start
 @example(case=("own", "key", 0, ("fit", 0)))        # exactly the exposure
 @example(case=("own", "key", 1, ("fit", 0)))        # from the second byte to the end
+@example(case=("own", "key", 1, ("fit", 1)))        # from the second byte to one past it
 @example(case=("other", "own", 0, ("fit", 0)))      # another exposure's key
 @example(case=("stale", "key", 0, ("fit", 0)))      # a key taken down
 @example(case=("other", "key", 1000, ("fit", 0)))   # the other exposure, to its end

@@ -152,6 +152,30 @@ def test_classifier_hysteresis_keeps_a_borderline_worker_in_its_class():
     assert got == [STRAGGLER] * 5 + [NORMAL]
 
 
+def test_classifier_enters_a_class_at_its_threshold_exactly():
+    c = Classifier([0, 1, 2], alpha=1.0)
+    for w, x in ((0, 1.3), (1, 1.0), (2, 0.8)):        # ratios to the median 1.0
+        c.observe(w, x, 1, 0.0)
+    assert c.update(0.0) == {0: STRAGGLER, 1: NORMAL, 2: FAST}
+
+
+def test_classifier_with_zero_times_keeps_everybody_normal():
+    c = Classifier([0, 1, 2], alpha=1.0)
+    for w in range(3):
+        c.observe(w, 0.0, 4, 0.0)                      # too fast to measure: median 0
+    assert c.update(0.0) == dict.fromkeys(range(3), NORMAL)
+
+
+def test_a_lost_worker_leaves_the_plan_and_the_counts_start_at_zero():
+    d = Dsana([0, 1, 2], 30)
+    assert {k: v for k, v in d.stats.items() if isinstance(v, int)} == {
+        k: 0 for k, v in d.stats.items() if isinstance(v, int)}
+    for w in range(3):
+        d.observe(w, 1.0, 10, 0.0)
+    d.lost(1)
+    assert d.classes()[1] == FAILED and sorted(d.plan(0.5)) == [0, 2]
+
+
 def test_classifier_marks_silent_workers_failed_not_slow_and_readmits_them():
     c = Classifier([0, 1, 2, 3], fail_after=2.0, alpha=1.0)
     for t in range(3):
@@ -280,7 +304,7 @@ def test_a_move_the_cost_model_refuses_keeps_the_old_plan():
 
 
 def test_dsana_rejects_bad_configs():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one worker"):
         Dsana([], 10)
     with pytest.raises(ValueError):
         Dsana([0, 1, 2], 2)

@@ -81,7 +81,7 @@ def test_a_write_job_into_a_read_only_exposure_copies_nothing(pair):
     assert not dst.any()
 
 
-@pytest.mark.parametrize("case", ["outside", "past_end", "wrong_key", "write_only",
+@pytest.mark.parametrize("case", ["outside", "past_end", "one_past_end", "wrong_key", "write_only",
                                   "too_many_chunks", "chunks_too_small", "chunk_zero"])
 def test_a_job_outside_what_was_exposed_copies_nothing(pair, case):
     a, b = pair
@@ -94,6 +94,8 @@ def test_a_job_outside_what_was_exposed_copies_nothing(pair, case):
         remote = base + MiB                          # the unexposed second half
     elif case == "past_end":
         remote, length, n = base + CHUNK, MiB, 4     # runs 256 KiB past the end
+    elif case == "one_past_end":
+        remote = base + 1                            # its last byte is one past the end
     elif case == "wrong_key":
         key ^= 0x100
     elif case == "too_many_chunks":

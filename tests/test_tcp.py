@@ -15,8 +15,9 @@ import pytest
 import rdmamw
 from rdmamw import auth
 from rdmamw import testing as hooks
+from rdmamw.errors import ConfigError
 from rdmamw.providers import tcp
-from tests.tcp_util import HEARTBEAT, PUBLISH, READ_RESP, WRITE, frame, raw_peer
+from tests.tcp_util import HEARTBEAT, PUBLISH, READ_REQ, READ_RESP, WRITE, frame, raw_peer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -130,9 +131,13 @@ def guarded_channel(lst):
     frame(WRITE, region=4, payload=b"x"),                          # no such region
     frame(WRITE, region=3, offset=1 << 40, payload=b"x"),          # far outside
     frame(WRITE, region=0, offset=4090, payload=b"12345678"),      # straddles the end
+    frame(WRITE, region=0, offset=4089, payload=b"12345678"),      # ends one byte past it
+    frame(WRITE, region=0, offset=4097, payload=b"x"),             # starts one byte past it
     frame(WRITE, region=1, offset=0, length=0xFFFFFFFF),           # huge length
     frame(PUBLISH, region=1, offset=4, payload=b"12345678"),       # unaligned words
+    frame(PUBLISH, region=3, offset=0, payload=bytes(65536)),      # more than a publish holds
     frame(READ_RESP, payload=b"unasked"),                          # no READ outstanding
+    frame(READ_REQ, region=0, offset=4090, length=8),              # a READ past the end
     frame(99),                                                     # unknown type
     frame(HEARTBEAT, region=1),                                    # junk in an empty frame
 ])
@@ -141,8 +146,8 @@ def test_malformed_frame_drops_the_connection(bad):
         ch, s = guarded_channel(lst)
         s.sendall(frame(WRITE, region=3, offset=64, payload=b"ok"))   # a legal write
         s.sendall(bad)
-        with pytest.raises(rdmamw.PeerLost):
-            ch.recv(timeout=5)
+        with pytest.raises(rdmamw.PeerLost, match="malformed frame"):   # not the silence
+            ch.recv(timeout=5)                      # of a raw peer that sends no heartbeat
         assert_hung_up(s)                           # ...and it hung up on the peer
         s.close()
         ch.close()
@@ -184,7 +189,7 @@ def test_read_is_served_from_registered_regions_only():
         a = tcp.connect(lst.address[6:], mode="batched", timeout=5, slots=4, slot_size=128)
         t.join()
         b = got["c"]
-        ring = hooks.region_address(b.transport, 3)
+        ring = hooks.region_address(hooks, b.transport, 3)
         ctypes.memmove(ring + 100, b"remote bytes", 12)
         assert hooks.read_remote(a.transport, 3, 100, 12) == b"remote bytes"
         with pytest.raises(ValueError):
@@ -200,6 +205,25 @@ def test_token_file_is_private(tmp_path, monkeypatch):
     path = tmp_path / "rdmamw" / "token"
     assert path.read_bytes() == tok and (path.stat().st_mode & 0o077) == 0
     assert auth.token() == tok
+
+
+def test_token_file_defaults_to_the_home_config(tmp_path, monkeypatch):
+    monkeypatch.delenv("RDMAMW_TOKEN", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    auth.set_token(None)
+    tok = auth.token()
+    assert (tmp_path / ".config" / "rdmamw" / "token").read_bytes() == tok
+
+
+def test_an_empty_token_file_is_a_config_error_that_says_so(tmp_path, monkeypatch):
+    monkeypatch.delenv("RDMAMW_TOKEN", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    (tmp_path / "rdmamw").mkdir()
+    (tmp_path / "rdmamw" / "token").write_bytes(b"")     # its creator never wrote it
+    auth.set_token(None)
+    with pytest.raises(ConfigError, match=r"cannot be used \(the file is empty\)"):
+        auth.token()
 
 
 def test_ipv6_loopback():

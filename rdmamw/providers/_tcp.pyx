@@ -372,6 +372,10 @@ cdef class TcpTransport(Transport):
         free(self.hdrs)
         free(self.iov)
 
+    def error_detail(self):
+        """Why the connection went down, for PeerLost's message (None while it is up)."""
+        return self.error or None
+
     @property
     def error(self) -> str:
         """Why the connection went down ('' while it is up)."""
