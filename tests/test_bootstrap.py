@@ -270,23 +270,3 @@ def test_local_launcher_exits_with_the_first_failing_ranks_code():
     assert launch.run([sys.executable, "-c", fail], 2) == 3
     assert time.monotonic() - t0 < 25                 # rank 0 was stopped, not awaited
     assert launch.run([sys.executable, "-c", "pass"], 2) == 0
-
-
-def test_provider_choice_between_two_ranks(monkeypatch):
-    """verbs when both ranks have a usable device, else shm on one host, else tcp; the
-    same answer on both sides."""
-    from rdmamw.bootstrap import World
-    monkeypatch.delenv("RDMAMW_PROVIDER", raising=False)
-    peers = {0: {"host": "h1", "hostname": "a", "verbs": True},
-             1: {"host": "h1", "hostname": "a", "verbs": True},
-             2: {"host": "h1", "hostname": "a"},
-             3: {"host": "h2", "hostname": "b"}}
-    worlds = [World(r, 4, "test", "job", peers) for r in range(4)]
-    want = {(0, 1): ("verbs", "both ranks have a usable RDMA device"),
-            (0, 2): ("shm", "same host (kernel and network namespace)"),
-            (2, 3): ("tcp", "different hosts (a / b) and no RDMA device on both")}
-    for (a, b), choice in want.items():
-        assert worlds[a].provider_choice(b) == choice
-        assert worlds[b].provider_choice(a)[0] == choice[0]
-    monkeypatch.setenv("RDMAMW_PROVIDER", "tcp")
-    assert worlds[0].provider_choice(1) == ("tcp", "forced by RDMAMW_PROVIDER")

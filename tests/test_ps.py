@@ -97,18 +97,19 @@ def test_start_has_the_documented_defaults():
 def test_a_pull_stream_hands_its_failure_to_the_caller():
     """The receiving thread's PeerLost reaches wait() and join(), not a stale value."""
     import rdmamw
+    from rdmamw.ps.metrics import ComputeClock
     from rdmamw.ps.stream import PullStream
 
-    class DeadServers:                  # the KVWorker surface PullStream uses
-        _pulled_at = _comm_s = 0.0
+    class DeadServers:                  # the StreamWorker surface PullStream uses
+        compute_clock = ComputeClock()
 
-        def _pull_msgs(self, keys, out):
+        def prepare_pull(self, keys, out):
             return out, {}, {0: (b"", 1)}
 
-        def _send(self, per):
+        def send_batches(self, per):
             pass
 
-        def _await(self, ids, dest, arrived):
+        def receive_pull(self, ids, dest, arrived=None):
             raise rdmamw.PeerLost("server 0 went away")
 
     stream = PullStream(DeadServers(), ["w"], [np.zeros(2)])

@@ -189,7 +189,7 @@ def test_read_is_served_from_registered_regions_only():
         a = tcp.connect(lst.address[6:], mode="batched", timeout=5, slots=4, slot_size=128)
         t.join()
         b = got["c"]
-        ring = hooks.region_address(hooks, b.transport, 3)
+        ring = hooks.region_address(b.transport, 3)
         ctypes.memmove(ring + 100, b"remote bytes", 12)
         assert hooks.read_remote(a.transport, 3, 100, 12) == b"remote bytes"
         with pytest.raises(ValueError):

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import msgpack
 
 from rdmamw import config
-from rdmamw.bootstrap import World, _descriptor
+from rdmamw.bootstrap import World, _descriptor, _Listeners, choice
 from rdmamw.bootstrap.store import parse_join
 from rdmamw.errors import ProtocolError, Timeout
 
@@ -52,9 +52,10 @@ def join(kv: KV, rank: int, size: int, timeout: float, ip: str, prefix: str = "r
     """This rank's :class:`World` of ``size`` ranks met through ``kv`` (see module doc)."""
     what = f"joining {size} ranks through the store"
     deadline = time.monotonic() + timeout
-    desc, tcp = _descriptor(ip, ring or (config.get("RDMAMW_SLOTS"),
-                                         config.get("RDMAMW_SLOT_SIZE")))
+    made = _Listeners()
     try:
+        desc = _descriptor(ip, ring or (config.get("RDMAMW_SLOTS"),
+                                        config.get("RDMAMW_SLOT_SIZE")), made)
         desc["rank"] = rank
         if rank == 0:
             kv.set(f"{prefix}/job", secrets.token_hex(6).encode())
@@ -70,7 +71,9 @@ def join(kv: KV, rank: int, size: int, timeout: float, ip: str, prefix: str = "r
             d["rank"] = got_rank
             table[r] = d
         job = kv.get(f"{prefix}/job").decode("ascii", "replace")
+        choice.check_forced(table)
     except BaseException:
-        tcp.close()
+        made.close()
         raise
-    return World(rank, size, launcher, job, table, tcp)
+    made.world = World(rank, size, launcher, job, table, dict(made))
+    return made.world
