@@ -1,0 +1,90 @@
+"""rdmamw.torch.DistributedOptimizer end to end: small jobs of tests/torch_ps_job.py
+(1 server + 2 workers on shm). BSP must give exactly what one process computes on
+the concatenated batches with the same torch optimizer (SGD with momentum, Adam)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from test_ps import ROOT, clean_env  # noqa: E402
+from torch_ps_job import batches, inner, model  # noqa: E402
+
+JOB = os.path.join(ROOT, "tests", "torch_ps_job.py")
+
+
+def job(*args: str, n: int = 3) -> list[dict]:
+    p = subprocess.run([sys.executable, "-m", "rdmamw.bootstrap.launch", "-n", str(n), "--",
+                        sys.executable, JOB, *args], cwd=ROOT,
+                       env={**clean_env(), "OMP_NUM_THREADS": "1"},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    return sorted((r for r in rows if r["role"] == "worker"), key=lambda r: r["index"])
+
+
+def single_process(opt: str, init: list, iters: int, batch: int) -> list:
+    """The same model and optimizer in one process on the whole global batches."""
+    net = model(seed=99)
+    with torch.no_grad():
+        for p, v in zip(net.parameters(), init, strict=True):
+            p.copy_(v)
+    o = inner(opt, net.parameters())
+    for x, y in batches(iters, batch):
+        o.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        o.step()
+    return [p.detach() for p in net.parameters()]
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_bsp_equals_one_process_on_the_concatenated_batches(opt, tmp_path):
+    iters = 6
+    workers = job("--opt", opt, "--iters", str(iters), "--dump", str(tmp_path))
+    assert [w.get("error") for w in workers] == [None, None]
+    dumps = [torch.load(tmp_path / f"worker{i}.pt") for i in range(2)]
+    for a, b in zip(dumps[0]["init"], dumps[1]["init"], strict=True):
+        assert torch.equal(a, b)            # the first worker's values, broadcast
+    ref = single_process(opt, dumps[0]["init"], iters, 8)
+    start = [p.clone() for p in dumps[0]["init"]]
+    assert any(not torch.allclose(r, s) for r, s in zip(ref, start, strict=True))
+    for d in dumps:
+        for got, want in zip(d["final"], ref, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("mode", ["asp", "ssp:2"])
+def test_asynchronous_models_converge(mode):
+    workers = job("--consistency", mode, "--iters", "60", "--opt", "adam")
+    assert len(workers) == 2
+    for w in workers:
+        assert "error" not in w, w
+        assert w["final_loss"] < 0.3 * w["init_loss"], w
+
+
+def test_parameters_the_names_miss_are_refused():
+    workers = job("--bad", "unregistered")
+    assert all("not in named_parameters" in w["error"] for w in workers), workers
+    assert all(w["error"].startswith("DistributedOptimizerError") for w in workers)
+
+
+def test_shapes_that_differ_across_workers_name_the_parameter():
+    workers = job("--bad", "shape")
+    errors = [w.get("error") or "" for w in workers]
+    assert any("0.weight" in e for e in errors), workers
+
+
+@pytest.mark.parametrize("param, text", [
+    (torch.zeros(3, dtype=torch.bfloat16), "float16/32/64"),
+    (torch.zeros(4, 4).t(), "contiguous"),
+])
+def test_parameters_the_servers_cannot_hold_are_refused_before_sending(param, text):
+    from rdmamw.torch.optim import DistributedOptimizer, DistributedOptimizerError
+    with pytest.raises(DistributedOptimizerError, match=text):
+        DistributedOptimizer(torch.optim.SGD([param.requires_grad_()], lr=0.1), None)
