@@ -81,7 +81,8 @@ def test_shapes_that_differ_across_workers_name_the_parameter():
 
 
 @pytest.mark.parametrize("param, text", [
-    (torch.zeros(3, dtype=torch.bfloat16), "float16/32/64"),
+    (torch.zeros(3, dtype=torch.bfloat16), "float32 or float64"),
+    (torch.zeros(3, dtype=torch.float16), "float32 or float64"),
     (torch.zeros(4, 4).t(), "contiguous"),
 ])
 def test_parameters_the_servers_cannot_hold_are_refused_before_sending(param, text):
@@ -90,21 +91,25 @@ def test_parameters_the_servers_cannot_hold_are_refused_before_sending(param, te
         DistributedOptimizer(torch.optim.SGD([param.requires_grad_()], lr=0.1), None)
 
 
-def test_the_example_trains_the_cnn_under_each_model(tmp_path):
+def test_the_example_trains_the_cnn_under_each_model_with_and_without_dsana(tmp_path):
     pytest.importorskip("sklearn")
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "t.json", tmp_path / "t.png"
     p = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "torch_ps_train.py"),
                         "--workers", "2", "--servers", "1", "--epochs", "3",
                         "--compute-ms", "1", "--quiet", "--consistency", "bsp,lsp,asp",
+                        "--sched", "none,dsana",
                         "--json", str(out), "--plot", str(png)],
                        cwd=tmp_path, env={**clean_env(), "PYTHONPATH": ROOT},
                        capture_output=True, text=True, timeout=150)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "digits CNN in torch" in p.stdout and "test acc" in p.stdout
     r = json.loads(out.read_text())
-    assert [run["name"] for run in r["runs"]] == ["bsp", "lsp", "asp"]
+    assert [run["name"] for run in r["runs"]] == ["bsp", "bsp+dsana", "lsp", "lsp+dsana",
+                                                  "asp", "asp+dsana"]
     for run in r["runs"]:
         assert len(run["epochs"]) == 3
         assert run["final_accuracy"] > max(0.3, run["curve"][0]["accuracy"] + 0.15), run
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for run in r["runs"][1::2]:         # the workers trained on DSANA's shares of 64
+        assert run["sched"]["global_batch"] == 64 and sum(run["sched"]["last_shares"]) == 64

@@ -20,8 +20,9 @@ import torch
 from rdmamw.errors import RdmamwError
 from rdmamw.ps.worker import KVWorker
 
-#: parameter dtypes the servers add up (numpy has no bfloat16 arithmetic)
-DTYPES = (torch.float16, torch.float32, torch.float64)
+#: parameter dtypes the servers hold: their copy is a running sum of gradients, which
+#: float16 would round away (and numpy has no bfloat16); keep float32 master weights
+DTYPES = (torch.float32, torch.float64)
 
 
 class DistributedOptimizerError(RdmamwError, ValueError):
@@ -79,7 +80,8 @@ class DistributedOptimizer:
                         p.dtype not in DTYPES or not p.is_contiguous():
                     raise DistributedOptimizerError(
                         f"{where}: the servers hold dense contiguous CPU tensors of "
-                        f"float16/32/64, not {p.dtype} {p.layout} on {p.device}")
+                        f"float32 or float64 (keep float32 master weights for 16-bit "
+                        f"training), not {p.dtype} {p.layout} on {p.device}")
                 params.append(p)
                 keys.append(f"param.{g}.{i}" if names is None else names[id(p)])
         if len(set(keys)) != len(keys):
