@@ -16,6 +16,8 @@ torch = pytest.importorskip("torch")
 from test_ps import ROOT, clean_env  # noqa: E402
 from torch_ps_job import batches, inner, model  # noqa: E402
 
+from rdmamw.torch import DistributedOptimizer  # noqa: E402
+
 JOB = os.path.join(ROOT, "tests", "torch_ps_job.py")
 
 
@@ -59,7 +61,7 @@ def test_bsp_equals_one_process_on_the_concatenated_batches(opt, tmp_path):
             torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
 
 
-@pytest.mark.parametrize("mode", ["asp", "ssp:2"])
+@pytest.mark.parametrize("mode", ["asp", "ssp:2", "alsp:2", "hybrid:1:dc0.04"])
 def test_asynchronous_models_converge(mode):
     workers = job("--consistency", mode, "--iters", "60", "--opt", "adam")
     assert len(workers) == 2
@@ -113,3 +115,56 @@ def test_the_example_trains_the_cnn_under_each_model_with_and_without_dsana(tmp_
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for run in r["runs"][1::2]:         # the workers trained on DSANA's shares of 64
         assert run["sched"]["global_batch"] == 64 and sum(run["sched"]["last_shares"]) == 64
+
+
+class _Recorder:
+    """A KVWorker stand-in: records the pushes and when they came, serves pulls of
+    ``value - pulled`` (a server that merged ``step`` into each key)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, object] = {}
+        self.log: list[tuple[str, str]] = []
+        self.step = 0.0
+
+    def init(self, keys, values) -> None:
+        for k, v in zip(keys, values, strict=True):
+            self.values.setdefault(k, v.copy())
+
+    def pull(self, keys, out=None):
+        self.log.append(("pull", ""))
+        got = [self.values[k] - self.step for k in keys]
+        if out is None:
+            return got
+        for o, g in zip(out, got, strict=True):
+            o[...] = g
+        return out
+
+    def push_part(self, keys, values) -> None:
+        self.log.append(("push", keys[0]))
+
+    def push_end(self, samples=None) -> None:
+        self.log.append(("end", str(samples)))
+
+
+def test_gradients_go_out_during_backward_and_the_pulled_difference_is_the_gradient():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    node = _Recorder()
+    opt = DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=1.0), node,
+                               named_parameters=net.named_parameters())
+    before = [p.detach().clone() for p in net.parameters()]
+    net(torch.ones(5, 3)).sum().backward()
+    # pushed by backward's hooks, as backward reaches them (last layer first), before
+    # step() is called
+    pushed = [k for op, k in node.log if op == "push"]
+    assert len(pushed) == 4 and [k[0] for k in pushed] == ["1", "1", "0", "0"], pushed
+    assert set(pushed) == {"1.weight", "1.bias", "0.weight", "0.bias"}
+    node.step = 0.25                    # the servers merged 0.25 into every element
+    opt.step(samples=5)
+    assert node.log[-2:] == [("end", "5"), ("pull", "")]
+    for p, b in zip(net.parameters(), before, strict=True):
+        torch.testing.assert_close(p.grad, torch.full_like(p, 0.25))   # not backward's
+        torch.testing.assert_close(p.detach(), b - 0.25)                # SGD lr 1
+    opt.close()
+    net(torch.ones(5, 3)).sum().backward()
+    assert [op for op, _ in node.log].count("push") == 4               # hooks removed
