@@ -34,7 +34,9 @@ def ext(name: str, *sources: str) -> Extension:
 extensions = [
     ext("rdmamw.bitmap._phase", "rdmamw/bitmap/_phase.pyx"),
     ext("rdmamw.transport._base", "rdmamw/transport/_base.pyx"),
-    ext("rdmamw._core", "rdmamw/_core.pyx"),
+    *(ext(f"rdmamw.engine.{unit}", f"rdmamw/engine/{unit}.pyx") for unit in (
+        "_link", "_leases", "_batch", "_rndv_send", "_eager_send", "_eager_recv",
+        "_messages", "_rndv_recv", "_engine")),
     ext("rdmamw.providers._shm", "rdmamw/providers/_shm.pyx"),
     ext("rdmamw.providers._tcp", "rdmamw/providers/_tcp.pyx"),
     ext("rdmamw.memory._span", "rdmamw/memory/_span.pyx"),

@@ -23,7 +23,7 @@ BELOW = {
     "rdmamw.transport": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config"},
     "rdmamw.bitmap": {"rdmamw.transport"},
     "rdmamw.auth": {"rdmamw.errors", "rdmamw.config", "rdmamw.transport"},
-    "rdmamw._core": {"rdmamw.errors", "rdmamw._fork", "rdmamw.transport", "rdmamw.bitmap"},
+    "rdmamw.engine": {"rdmamw.errors", "rdmamw._fork", "rdmamw.transport", "rdmamw.bitmap"},
     "rdmamw.memory": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config"},
     "rdmamw.providers": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config", "rdmamw.log",
                          "rdmamw.transport", "rdmamw.auth"},

@@ -7,7 +7,7 @@ from functools import partial
 from typing import Any
 
 from rdmamw import _fork, auth, config
-from rdmamw._core import Engine
+from rdmamw.engine import Engine
 from rdmamw.channel import rendezvous as _rendezvous
 from rdmamw.channel.address import split_address
 from rdmamw.errors import ConfigError, ProviderUnavailable, Timeout, setup_errors
@@ -54,7 +54,7 @@ class Channel(Engine):
 
     Open one with :meth:`Channel.open` or :meth:`Listener.accept`. ``send_batch`` /
     ``send`` / ``recv_batch`` / ``recv`` / ``stats`` / ``close`` come from the Cython
-    engine (rdmamw/_core.pyx) and run without per-call Python overhead."""
+    engine (rdmamw/engine/) and run without per-call Python overhead."""
 
     peer: str
     peer_rank: int | None       # set when opened by rank (rdmamw.init)

@@ -1,0 +1,37 @@
+from cpython.ref cimport PyObject
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+
+from rdmamw.engine._link cimport Link
+
+
+cdef class SendBatch:
+    cdef Link link
+    # per message of the batch, grown on demand, never per message
+    cdef uint32_t cap
+    cdef Py_buffer *bufs            # the buffers we hold (held[i])
+    cdef char **ptrs
+    cdef size_t *lens
+    cdef uint8_t *held
+    cdef uint8_t *kind              # 1: goes by rendezvous
+    cdef uint8_t *msg_entry         # ... its rendezvous entry
+    cdef PyObject **lease_of        # ... its registration Lease (owned; verbs)
+    cdef uint32_t *lease_keys       # ... that Lease's lkey and rkey
+    cdef uint64_t bytes             # payload bytes of the batch
+    # the plan: slot k holds messages plan_start[k] .. plan_start[k + 1]
+    cdef uint32_t *plan_start
+    cdef uint32_t *plan_used
+    cdef uint16_t *plan_flags
+    # what the batch is checked against (set once, at set-up)
+    cdef uint32_t eager_limit       # the peer's slot_size
+    cdef bint ack                   # one message per slot
+    cdef bint rndv_on
+    cdef uint64_t rndv_threshold
+    cdef uint64_t rndv_limit        # the largest range one rendezvous moves here
+    cdef str rendezvous             # the resolved strategy, for error messages
+    cdef public object regcache     # sources the peer READs (or we WRITE from); verbs
+
+    cdef int grow(self, uint32_t n) except -1
+    cdef int acquire(self, object fast, Py_ssize_t n) except -1
+    cdef void release_bufs(self, Py_ssize_t n) noexcept
+    cdef uint32_t plan(self, uint32_t n) noexcept nogil
+    cdef uint32_t reclen(self, uint32_t i) noexcept nogil

@@ -1,0 +1,193 @@
+# cython: freethreading_compatible = False
+"""The messages of one send call: their buffers (held for the call), which go by
+rendezvous, and the plan that packs them into slots. Checked whole before anything is
+posted, so a bad or oversized item sends nothing."""
+
+cimport cython
+from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
+from cpython.ref cimport Py_XDECREF, Py_XINCREF
+from libc.stdlib cimport free, realloc
+from libc.string cimport memset
+
+from rdmamw.engine._frames cimport (
+    CTRL_MAX_MSG,
+    DESC_BYTES,
+    REC_HDR,
+    RM_MAX_WR_BYTES,
+    RNDV_N,
+    SLOT_PACKED,
+    SLOT_SINGLE,
+    pad8,
+)
+from rdmamw.engine._leases cimport end_owned, take_lease
+from rdmamw.transport.atomics cimport rm_load_acquire64
+
+from rdmamw.errors import MessageTooLarge
+
+cdef extern from "Python.h":
+    PyObject **PySequence_Fast_ITEMS(object o)
+
+
+cdef void *_grown(void *p, size_t n) except NULL:
+    """realloc that raises MemoryError (the old block stays valid then)."""
+    cdef void *q = realloc(p, n)
+    if q == NULL:
+        raise MemoryError()
+    return q
+
+
+@cython.final
+cdef class SendBatch:
+    """Scratch for the messages of one send call (amortised, never per message)."""
+
+    def __cinit__(self, Link link, uint32_t eager_limit, bint ack, bint rndv_on,
+                  uint64_t rndv_threshold, uint64_t rndv_limit, str rendezvous):
+        self.link = link
+        self.eager_limit = eager_limit
+        self.ack = ack
+        self.rndv_on = rndv_on
+        self.rndv_threshold = rndv_threshold
+        self.rndv_limit = rndv_limit
+        self.rendezvous = rendezvous
+        self.grow(64)
+
+    def __dealloc__(self):
+        cdef uint32_t i
+        for i in range(self.cap):
+            Py_XDECREF(self.lease_of[i])
+        free(self.bufs); free(self.ptrs); free(self.lens); free(self.held)
+        free(self.kind); free(self.msg_entry); free(self.lease_of); free(self.lease_keys)
+        free(self.plan_start); free(self.plan_used); free(self.plan_flags)
+
+    cdef int grow(self, uint32_t n) except -1:
+        """Room for batches of n messages (n + 1 plan entries)."""
+        if n <= self.cap:
+            return 0
+        cdef uint32_t c = max(n, 2 * self.cap)
+        self.bufs = <Py_buffer *>_grown(self.bufs, c * sizeof(Py_buffer))
+        self.ptrs = <char **>_grown(self.ptrs, c * sizeof(char *))
+        self.lens = <size_t *>_grown(self.lens, c * sizeof(size_t))
+        self.held = <uint8_t *>_grown(self.held, c)
+        self.kind = <uint8_t *>_grown(self.kind, c)
+        self.msg_entry = <uint8_t *>_grown(self.msg_entry, c)
+        self.lease_of = <PyObject **>_grown(self.lease_of, c * sizeof(PyObject *))
+        memset(self.lease_of + self.cap, 0, (c - self.cap) * sizeof(PyObject *))
+        self.lease_keys = <uint32_t *>_grown(self.lease_keys, c * 8)
+        self.plan_start = <uint32_t *>_grown(self.plan_start, c * 4)
+        self.plan_used = <uint32_t *>_grown(self.plan_used, c * 4)
+        self.plan_flags = <uint16_t *>_grown(self.plan_flags, c * 2)
+        self.cap = c
+        return 0
+
+    cdef int acquire(self, object fast, Py_ssize_t n) except -1:
+        """Hold the buffers of the n messages of ``fast`` and check each against the
+        limits; on a bad one release all and raise (nothing was sent)."""
+        cdef PyObject **items = PySequence_Fast_ITEMS(fast)
+        cdef Py_ssize_t i
+        cdef object item
+        cdef size_t limit = self.eager_limit
+        cdef bint rndv
+        cdef uint64_t peer_max = rm_load_acquire64(&self.link.ctrl[CTRL_MAX_MSG])
+        self.bytes = 0
+        for i in range(n):
+            item = <object>items[i]
+            self.kind[i] = 0
+            if PyBytes_CheckExact(item) and not (
+                    self.rndv_on and <uint64_t>PyBytes_GET_SIZE(item) > self.rndv_threshold):
+                self.ptrs[i] = PyBytes_AS_STRING(item)
+                self.lens[i] = <size_t>PyBytes_GET_SIZE(item)
+                self.held[i] = 0
+            else:
+                try:
+                    PyObject_GetBuffer(item, &self.bufs[i], PyBUF_C_CONTIGUOUS)
+                except (TypeError, BufferError, ValueError) as e:
+                    self.release_bufs(i)
+                    raise TypeError(
+                        f"message {i} ({type(item).__name__}) is not a C-contiguous "
+                        f"bytes-like object; nothing was sent") from e
+                self.held[i] = 1
+                self.ptrs[i] = <char *>self.bufs[i].buf
+                self.lens[i] = <size_t>self.bufs[i].len
+            self.bytes += self.lens[i]
+            rndv = self.rndv_on and self.lens[i] > self.rndv_threshold
+            if rndv and self.lens[i] > self.rndv_limit:
+                self.release_bufs(i + 1)
+                raise MessageTooLarge(
+                    f"message {i} is {self.lens[i]} bytes; rendezvous takes at most "
+                    f"{self.rndv_limit} bytes here; nothing was sent")
+            if rndv and peer_max and self.lens[i] > peer_max:
+                self.release_bufs(i + 1)
+                raise MessageTooLarge(
+                    f"message {i} is {self.lens[i]} bytes; the peer takes at most "
+                    f"{peer_max} (its max_message_size / RDMAMW_MAX_MESSAGE_SIZE); "
+                    f"nothing was sent")
+            if self.lens[i] > limit and not rndv:
+                self.release_bufs(i + 1)
+                raise MessageTooLarge(
+                    f"message {i} is {self.lens[i]} bytes; the peer's eager limit is "
+                    f"{limit} bytes (its slot_size) and rendezvous is "
+                    f"{self.rendezvous}; nothing was sent")
+            self.kind[i] = rndv
+            if rndv and self.regcache is not None:
+                try:
+                    lease = take_lease(self.regcache, item, self.link.closed)
+                except BaseException:
+                    self.release_bufs(i + 1)
+                    raise
+                self.lease_keys[2 * i] = lease.handle[1]
+                self.lease_keys[2 * i + 1] = lease.handle[2]
+                Py_XINCREF(<PyObject *>lease)
+                self.lease_of[i] = <PyObject *>lease
+        return 0
+
+    cdef void release_bufs(self, Py_ssize_t n) noexcept:
+        """Let go of what messages 0..n still hold (a rendezvous entry took its own)."""
+        cdef Py_ssize_t i
+        cdef PyObject *lease
+        for i in range(n):
+            if self.held[i]:
+                PyBuffer_Release(&self.bufs[i])
+                self.held[i] = 0
+            if self.lease_of[i] != NULL:    # a source that was never handed to an entry
+                lease = self.lease_of[i]
+                self.lease_of[i] = NULL
+                end_owned(lease)
+
+    cdef uint32_t plan(self, uint32_t n) noexcept nogil:
+        """Assign messages to slots: greedy packing, a lone message as SINGLE; the
+        number of slots."""
+        cdef uint32_t k = 0, i = 0, start, used, rec, nr
+        cdef uint32_t cap = self.eager_limit
+        while i < n:
+            start = i
+            if self.ack or (not self.kind[i] and REC_HDR + pad8(<uint32_t>self.lens[i]) > cap):
+                used = self.reclen(i)
+                i += 1
+            else:
+                used = 0
+                nr = 0      # a slot's descriptors must fit the entries: a quarter of them
+                while i < n:
+                    rec = self.reclen(i)
+                    if rec > cap - used or (self.kind[i] and nr == RNDV_N // 4):
+                        break
+                    nr += self.kind[i]
+                    used += rec
+                    i += 1
+            self.plan_start[k] = start
+            if i - start == 1 and not self.kind[start]:
+                self.plan_flags[k] = SLOT_SINGLE
+                self.plan_used[k] = <uint32_t>self.lens[start]
+            else:
+                self.plan_flags[k] = SLOT_PACKED
+                self.plan_used[k] = used
+            k += 1
+        self.plan_start[k] = n
+        return k
+
+    cdef inline uint32_t reclen(self, uint32_t i) noexcept nogil:
+        """Bytes of message i's record in a PACKED slot (a descriptor if rendezvous)."""
+        if self.kind[i]:
+            return REC_HDR + DESC_BYTES
+        return REC_HDR + pad8(<uint32_t>self.lens[i])
+

@@ -1,0 +1,47 @@
+from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
+
+from rdmamw.bitmap._phase cimport RecvBitmaps
+from rdmamw.engine._link cimport Link
+
+
+cdef class EagerReceiver:
+    cdef Link link
+    cdef RecvBitmaps rbm            # arrival (the peer writes) and reclaim (mine)
+    cdef char *ring
+    cdef readonly uint32_t nslots
+    cdef uint32_t stride
+    cdef readonly uint32_t slot_size
+    cdef uint32_t lkey_reclaim
+    cdef readonly uint64_t recv_seq # the next sequence number to deliver
+    # arrived slots, put in sequence order
+    cdef uint32_t *pend             # slots pending in the arrival bitmap
+    cdef uint32_t *pend_d           # ... their distance from recv_seq
+    cdef uint32_t *order            # distance -> slot (RM_NO_SLOT: not arrived)
+    cdef uint32_t *ready            # in order, not yet opened (a ring of nslots)
+    cdef uint32_t ready_head
+    cdef uint32_t ready_len
+    cdef int64_t gap_since          # a slot is missing since (0: no gap)
+    cdef uint32_t gap_pending       # slots pending behind the gap (they do not wake us)
+    cdef int64_t gap_timeout_ns
+    # the slot being read
+    cdef uint32_t *slot_refs        # messages handed out and not yet released, per slot
+    cdef uint32_t cur_slot
+    cdef uint32_t cur_left
+    cdef uint32_t cur_off
+    cdef uint32_t cur_used
+    cdef uint16_t cur_flags
+    cdef uint32_t max_open          # slots one receive call may open
+    # write-back of reclaim words (and the done word of rendezvous messages taken)
+    cdef readonly uint32_t flush_threshold
+    cdef uint32_t done_unflushed    # done bits flipped since the last write-back
+
+    cdef int fill_ready(self) except -1
+    cdef int open_slot(self) except -1
+    cdef int peek(self, char **pbase, uint32_t *plen, uint32_t *pflags) except -1
+    cdef void advance(self, uint32_t L, uint64_t nbytes) noexcept
+    cdef bint has_arrivals(self) noexcept nogil
+    cdef void release_one(self, uint32_t slot) noexcept
+    cdef bint unflushed(self) noexcept nogil
+    cdef int flush_locked(self) noexcept nogil
+    cdef int flush(self) noexcept nogil
+    cdef void flip_done(self, uint16_t entry) noexcept nogil

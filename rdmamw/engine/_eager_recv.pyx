@@ -1,0 +1,266 @@
+# cython: freethreading_compatible = False
+"""Eager receive: scan the arrival bitmap word-at-a-time, put arrived slots in
+sequence order, check every header and record before anything is handed out, and
+count the messages of each slot still held; a slot goes back (reclaim bit) when all
+are released, and the reclaim words travel back lazily, in batches."""
+
+cimport cython
+from libc.stdlib cimport free, malloc
+from libc.string cimport memset
+
+from rdmamw.engine._frames cimport (
+    CTRL_CREDIT_WAIT,
+    CTRL_RNDV_DONE,
+    DESC_BYTES,
+    REC_HDR,
+    REC_RNDV,
+    RM_NO_SLOT,
+    SLOT_HEADER,
+    SLOT_PACKED,
+    SLOT_SINGLE,
+    WORD_DONE,
+    pad8,
+    rm_slot_hdr,
+)
+from rdmamw.transport._base cimport (
+    RM_REGION_CTRL,
+    RM_REGION_RECLAIM,
+    RM_REGION_RING,
+    RM_WR_PUBLISH,
+    RM_WR_WRITE,
+    Transport,
+    now_ns,
+    rm_wr,
+)
+from rdmamw.transport.atomics cimport rm_fence_seq_cst, rm_load_acquire64, rm_spin_lock, rm_spin_unlock
+
+from rdmamw.transport import layout
+
+cdef uint32_t RECV_CALL_BYTES = 1 << 20 # slot memory one recv_batch call may hand out
+cdef uint32_t FLUSH_BYTES = 1 << 18     # slot memory released before a lazy write-back
+
+
+@cython.final
+cdef class EagerReceiver:
+    """The receiving half of the slot ring: my ring, its arrivals and reclaims."""
+
+    def __cinit__(self, Link link, uint32_t nslots, uint32_t slot_size, arrival,
+                  double gap_timeout, double flush_fraction, bint ack):
+        cdef Transport tp = link.tp
+        self.link = link
+        self.nslots, self.slot_size = nslots, slot_size
+        self.stride = layout.slot_stride(slot_size)
+        if tp.local[RM_REGION_RING].length < <uint64_t>nslots * self.stride:
+            raise ValueError("transport ring region is smaller than the ring")
+        self.ring = tp.local[RM_REGION_RING].addr
+        self.rbm = RecvBitmaps(nslots, arrival)
+        self.pend = <uint32_t *>malloc(4 * nslots)
+        self.pend_d = <uint32_t *>malloc(4 * nslots)
+        self.order = <uint32_t *>malloc(4 * nslots)
+        self.ready = <uint32_t *>malloc(4 * nslots)
+        self.slot_refs = <uint32_t *>malloc(4 * nslots)
+        if (self.pend == NULL or self.pend_d == NULL or self.order == NULL
+                or self.ready == NULL or self.slot_refs == NULL):
+            raise MemoryError()
+        memset(self.order, 0xFF, 4 * nslots)
+        memset(self.slot_refs, 0, 4 * nslots)
+        self.lkey_reclaim = tp.register_local(<size_t>self.rbm.reclaim, self.rbm.nwords * 8)
+        self.cur_slot = RM_NO_SLOT
+        self.gap_timeout_ns = <int64_t>(gap_timeout * 1e9)
+        # per receive call: at most a quarter of the ring and about RECV_CALL_BYTES of
+        # slots, so a caller holding the previous list never starves the sender and
+        # big slots come back in small groups
+        self.max_open = max(1, min(nslots // 4, RECV_CALL_BYTES // self.stride))
+        # write releases back after a quarter of the ring, or sooner when slots are big
+        self.flush_threshold = max(1, min(<uint32_t>(nslots * flush_fraction),
+                                          FLUSH_BYTES // self.stride))
+        if ack:
+            self.flush_threshold = 1
+
+    def __dealloc__(self):
+        free(self.pend); free(self.pend_d); free(self.order); free(self.ready)
+        free(self.slot_refs)
+
+    cdef int fill_ready(self) except -1:
+        """Move arrived slots, in sequence order, to the ready queue."""
+        cdef uint32_t k, i, j, s, d, delivered = 0
+        cdef rm_slot_hdr *h
+        cdef uint64_t seq
+        cdef uint32_t check
+        cdef int64_t t
+        k = self.rbm.pending(self.pend, self.nslots)
+        if k == 0:
+            self.gap_since = 0
+            return 0
+        for j in range(k):
+            s = self.pend[j]
+            h = <rm_slot_hdr *>(self.ring + <size_t>s * self.stride)
+            seq = (<volatile uint64_t *>&h.seq)[0]
+            check = (<volatile uint32_t *>&h.check)[0]
+            d = <uint32_t>(seq - self.recv_seq) if seq - self.recv_seq < self.nslots else RM_NO_SLOT
+            if d == RM_NO_SLOT or check != <uint32_t>~(<uint32_t>seq) or self.order[d] != RM_NO_SLOT:
+                for i in range(j):
+                    self.order[self.pend_d[i]] = RM_NO_SLOT
+                self.link.fail(
+                    f"slot {s} carries sequence number {seq} (check {check:#x}); "
+                    f"expected one of {self.recv_seq}..{self.recv_seq + self.nslots - 1}, "
+                    f"each once")
+            self.order[d] = s
+            self.pend_d[j] = d
+        while delivered < self.nslots and self.order[delivered] != RM_NO_SLOT:
+            s = self.order[delivered]
+            self.ready[(self.ready_head + self.ready_len) % self.nslots] = s
+            self.ready_len += 1
+            self.rbm.consume(s)
+            delivered += 1
+        for j in range(k):
+            self.order[self.pend_d[j]] = RM_NO_SLOT
+        self.recv_seq += delivered
+        if delivered:
+            self.gap_since = 0
+        else:
+            t = now_ns()
+            self.gap_pending = k
+            if self.gap_since == 0:
+                self.gap_since = t
+            elif t - self.gap_since > self.gap_timeout_ns:
+                self.link.fail(f"sequence number {self.recv_seq} never arrived while later "
+                               f"slots did")
+        return delivered
+
+    cdef int open_slot(self) except -1:
+        """Open the next ready slot: its header is read once and checked."""
+        cdef uint32_t s = self.ready[self.ready_head]
+        cdef rm_slot_hdr h = (<rm_slot_hdr *>(self.ring + <size_t>s * self.stride))[0]
+        self.ready_head = (self.ready_head + 1) % self.nslots
+        self.ready_len -= 1
+        if h.used > self.slot_size or h.count == 0 or not (
+                (h.flags == SLOT_SINGLE and h.count == 1)
+                or (h.flags == SLOT_PACKED and <uint64_t>h.count * REC_HDR <= h.used)):
+            self.link.fail(f"slot {s} (seq {h.seq}) has a malformed header: used={h.used} "
+                           f"count={h.count} flags={h.flags}")
+        self.cur_slot = s
+        self.cur_left = h.count
+        self.cur_off = 0
+        self.cur_used = h.used
+        self.cur_flags = h.flags
+        self.slot_refs[s] = h.count
+        return 0
+
+    cdef int peek(self, char **pbase, uint32_t *plen, uint32_t *pflags) except -1:
+        """Point at the next message without consuming it: 1 if there is one, else 0."""
+        cdef char *base
+        cdef uint32_t L, fl = 0
+        if self.cur_left == 0:
+            if self.ready_len == 0:
+                self.fill_ready()
+                if self.ready_len == 0:
+                    return 0
+            self.open_slot()
+        base = self.ring + <size_t>self.cur_slot * self.stride + SLOT_HEADER
+        if self.cur_flags == SLOT_SINGLE:
+            L = self.cur_used
+        else:
+            if self.cur_off + REC_HDR > self.cur_used:
+                self.link.fail(f"slot {self.cur_slot}: record {self.cur_off} past used bytes")
+            L = (<volatile uint32_t *>(base + self.cur_off))[0]
+            fl = (<volatile uint32_t *>(base + self.cur_off))[1]
+            if L > self.cur_used - self.cur_off - REC_HDR:
+                self.link.fail(f"slot {self.cur_slot}: record of {L} bytes overruns the slot")
+            if fl > REC_RNDV or (fl == REC_RNDV and L != DESC_BYTES):
+                self.link.fail(f"slot {self.cur_slot}: record flags {fl} with {L} bytes")
+            base += self.cur_off + REC_HDR
+        pbase[0] = base
+        plen[0] = L
+        pflags[0] = fl
+        return 1
+
+    cdef void advance(self, uint32_t L, uint64_t nbytes) noexcept:
+        """The message peek pointed at is consumed."""
+        if self.cur_flags != SLOT_SINGLE:
+            self.cur_off += REC_HDR + pad8(L)
+        self.cur_left -= 1
+        self.link.cnt.msgs_recv += 1
+        self.link.cnt.bytes_recv += nbytes
+        if self.cur_left == 0:
+            self.link.cnt.slots_recv += 1
+
+    cdef bint has_arrivals(self) noexcept nogil:
+        """Something to deliver, or a slot arrived since the last look found a gap (the
+        slots waiting behind a gap do not count: waiting for the gap sleeps)."""
+        if self.cur_left != 0 or self.ready_len != 0:
+            return True
+        if self.gap_since == 0:
+            return self.rbm.pending(self.pend, 1) != 0
+        return self.rbm.pending(self.pend, self.gap_pending + 1) > self.gap_pending
+
+    cdef void release_one(self, uint32_t slot) noexcept:
+        """One message of ``slot`` is released; the slot goes back when all are."""
+        cdef Link link = self.link
+        if slot >= self.nslots or self.slot_refs[slot] == 0:
+            return
+        self.slot_refs[slot] -= 1
+        if self.slot_refs[slot] or link.inherited():
+            return          # in a fork child the slot is the parent's to give back
+        rm_spin_lock(&link.spin)
+        self.rbm.release(slot)
+        if not link.closed and not link.peer_gone and (
+                self.rbm.unflushed >= self.flush_threshold
+                or rm_load_acquire64(&link.ctrl[CTRL_CREDIT_WAIT])):
+            self.flush_locked()
+        rm_spin_unlock(&link.spin)
+
+    cdef inline bint unflushed(self) noexcept nogil:
+        return self.rbm.unflushed != 0 or self.done_unflushed != 0
+
+    cdef int flush_locked(self) noexcept nogil:
+        """Write the changed reclaim words, and the rendezvous-done word, back to the
+        sender (caller holds the link's spin lock)."""
+        cdef uint32_t lo, hi
+        cdef rm_wr wr
+        cdef int rc
+        if self.done_unflushed:
+            self.done_unflushed = 0
+            self.link.cnt.done_wb += 1
+            rc = self.link.put_word(RM_REGION_CTRL, CTRL_RNDV_DONE, &self.link.words[WORD_DONE])
+            if not self.rbm.take_dirty(&lo, &hi):
+                rm_fence_seq_cst()
+                if rc == 0 and rm_load_acquire64(&self.link.ctrl[CTRL_CREDIT_WAIT]):
+                    self.link.tp.wake_peer()
+                return rc
+        elif not self.rbm.take_dirty(&lo, &hi):
+            return 0
+        wr.wr_id = 0
+        wr.local_addr = <uint64_t>&self.rbm.reclaim[lo]
+        wr.remote_off = lo * 8
+        wr.length = (hi - lo) * 8
+        wr.lkey = self.lkey_reclaim
+        wr.rkey = RM_REGION_RECLAIM
+        wr.opcode = RM_WR_WRITE
+        wr.flags = RM_WR_PUBLISH
+        wr.imm = 0
+        rc = self.link.tp.post(&wr, 1)
+        self.link.cnt.reclaim_wb += 1
+        rm_fence_seq_cst()
+        if rc == 0 and rm_load_acquire64(&self.link.ctrl[CTRL_CREDIT_WAIT]):
+            self.link.tp.wake_peer()
+        return rc
+
+    cdef int flush(self) noexcept nogil:
+        cdef int rc
+        rm_spin_lock(&self.link.spin)
+        rc = self.flush_locked()
+        rm_spin_unlock(&self.link.spin)
+        return rc
+
+    cdef void flip_done(self, uint16_t entry) noexcept nogil:
+        """A rendezvous message (done bit ``entry``) is taken out of the stream: the
+        sender may release its source once the done word reaches it."""
+        cdef uint64_t *words = self.link.words
+        rm_spin_lock(&self.link.spin)
+        words[WORD_DONE] ^= (<uint64_t>1) << entry
+        self.done_unflushed += 1
+        if not self.link.closed and not self.link.peer_gone and (
+                rm_load_acquire64(&self.link.ctrl[CTRL_CREDIT_WAIT])):
+            self.flush_locked()
+        rm_spin_unlock(&self.link.spin)

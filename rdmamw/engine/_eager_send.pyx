@@ -1,0 +1,238 @@
+# cython: freethreading_compatible = False
+"""Eager send: planned slots become ONE chained list of work requests (one doorbell):
+the slot writes, then the arrival-bitmap words that changed, last; only the last
+request is signaled (docs/protocol.md)."""
+
+cimport cython
+from libc.stdint cimport uint16_t
+from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memcpy
+
+from rdmamw.engine._frames cimport (
+    CTRL_RX_SLEEP,
+    DESC_BYTES,
+    HDR_BYTES,
+    REC_HDR,
+    SLOT_HEADER,
+    SLOT_PACKED,
+    pad8,
+    rm_slot_hdr,
+)
+from rdmamw.transport._base cimport (
+    RM_REGION_ARRIVAL,
+    RM_REGION_RING,
+    RM_WR_INLINE,
+    RM_WR_PUBLISH,
+    RM_WR_SIGNALED,
+    RM_WR_WRITE,
+    Transport,
+)
+from rdmamw.transport.atomics cimport (
+    rm_copy,
+    rm_cpu_relax,
+    rm_fence_seq_cst,
+    rm_load_acquire64,
+    rm_spin_lock,
+    rm_spin_unlock,
+)
+
+from rdmamw.transport import layout
+
+cdef extern from "stdlib.h" nogil:
+    int posix_memalign(void **memptr, size_t alignment, size_t size)
+
+cdef uint64_t SNAP_DEPTH = 16           # arrival-word snapshots in flight (async transports)
+
+
+@cython.final
+cdef class EagerSender:
+    """The sending half of the slot ring: the peer's ring, mirrored in staging."""
+
+    def __cinit__(self, Link link, SendBatch batch, RndvSender rs, uint32_t peer_nslots,
+                  uint32_t peer_slot_size, reclaim):
+        cdef Transport tp = link.tp
+        cdef void *mem = NULL
+        self.link, self.batch, self.rs = link, batch, rs
+        self.peer_nslots, self.peer_slot_size = peer_nslots, peer_slot_size
+        self.peer_stride = layout.slot_stride(peer_slot_size)
+        self.sbm = SendBitmaps(peer_nslots, reclaim)
+        if posix_memalign(&mem, 4096, <size_t>peer_nslots * self.peer_stride) != 0:
+            raise MemoryError()
+        self.staging = <char *>mem
+        self.alloc_tmp = <uint32_t *>malloc(4 * peer_nslots)
+        if self.alloc_tmp == NULL:
+            raise MemoryError()
+        # everything a work request may read from must be known to the transport
+        self.lkey_staging = tp.register_local(<size_t>self.staging,
+                                              <size_t>peer_nslots * self.peer_stride)
+        self.lkey_arrival = tp.register_local(<size_t>self.sbm.arrival, self.sbm.nwords * 8)
+        if not tp.synchronous:
+            self.snap = <uint64_t *>calloc(SNAP_DEPTH * self.sbm.nwords, 8)
+            if self.snap == NULL:
+                raise MemoryError()
+            self.lkey_snap = tp.register_local(<size_t>self.snap,
+                                               SNAP_DEPTH * self.sbm.nwords * 8)
+        self.grow(64)
+
+    def __dealloc__(self):
+        free(self.staging); free(self.alloc_tmp); free(self.wrs); free(self.snap)
+
+    cdef int grow(self, uint32_t n) except -1:
+        """A chain for batches of n messages: each may take a slot write and a data
+        WRITE, plus the arrival words."""
+        cdef uint32_t c = 2 * n + 4
+        cdef void *p
+        if c <= self.wr_cap:
+            return 0
+        p = realloc(self.wrs, c * sizeof(rm_wr))
+        if p == NULL:
+            raise MemoryError()
+        self.wrs = <rm_wr *>p
+        self.wr_cap = c
+        return 0
+
+    cdef uint32_t alloc(self, uint32_t want) noexcept nogil:
+        """Take up to ``want`` free peer slots (in alloc_tmp); how many."""
+        return self.sbm.alloc(want, self.alloc_tmp)
+
+    cdef int post_slots(self, uint32_t k0, uint32_t got) noexcept nogil:
+        """Post planned slots k0..k0+got (allocated into alloc_tmp) as one chain: slot
+        writes, then arrival words; only the last WR is signaled."""
+        cdef uint32_t j, nw = 0
+        cdef int rc
+        for j in range(got):
+            nw = self.build_slot(k0 + j, self.alloc_tmp[j], nw)
+        nw = self.arrival_wrs(nw)
+        # one signaled WR per post: per batch in batched mode, per message in ack mode
+        self.wrs[nw - 1].flags |= RM_WR_SIGNALED
+        self.link.batch_posted += 1
+        self.wrs[nw - 1].wr_id = self.link.batch_posted
+        rm_spin_lock(&self.link.spin)
+        rc = self.link.tp.post(self.wrs, nw)
+        rm_spin_unlock(&self.link.spin)
+        if rc != 0:
+            return rc
+        self.link.reap()
+        rm_fence_seq_cst()
+        if rm_load_acquire64(&self.link.ctrl[CTRL_RX_SLEEP]):
+            self.link.tp.wake_peer()
+        return 0
+
+    cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil:
+        """Fill staging for planned slot k going to peer slot ``slot``; append its WRs."""
+        cdef char *st = self.staging + <size_t>slot * self.peer_stride
+        cdef rm_slot_hdr *h = <rm_slot_hdr *>st
+        cdef uint32_t i, first = self.batch.plan_start[k], last = self.batch.plan_start[k + 1]
+        cdef uint32_t L
+        cdef char *p
+        cdef rm_wr *wr
+        h.seq = self.send_seq
+        h.used = self.batch.plan_used[k]
+        h.count = <uint16_t>(last - first)
+        h.flags = self.batch.plan_flags[k]
+        h.check = ~(<uint32_t>self.send_seq)
+        h.reserved = 0
+        self.send_seq += 1
+        if self.batch.plan_flags[k] == SLOT_PACKED:
+            p = st + SLOT_HEADER
+            for i in range(first, last):
+                if self.batch.kind[i]:
+                    nw = self.rs.desc_record(i, p, self.wrs, nw)
+                    p += REC_HDR + DESC_BYTES
+                    continue
+                L = <uint32_t>self.batch.lens[i]
+                (<uint32_t *>p)[0] = L
+                (<uint32_t *>p)[1] = 0
+                rm_copy(p + REC_HDR, self.batch.ptrs[i], L)
+                p += REC_HDR + pad8(L)
+            wr = &self.wrs[nw]
+            wr.wr_id = 0
+            wr.local_addr = <uint64_t>st
+            wr.remote_off = <uint64_t>slot * self.peer_stride
+            wr.length = SLOT_HEADER + self.batch.plan_used[k]
+            wr.lkey = self.lkey_staging
+            wr.rkey = RM_REGION_RING
+            wr.opcode = RM_WR_WRITE
+            wr.flags = 0
+            wr.imm = 0
+            return nw + 1
+        # SINGLE: the payload goes straight from the user's buffer when the provider
+        # can read it (shm), else through the staging slot; the header is inline.
+        L = self.batch.plan_used[k]
+        wr = &self.wrs[nw]
+        wr.wr_id = 0
+        wr.remote_off = <uint64_t>slot * self.peer_stride
+        wr.lkey = self.lkey_staging
+        wr.rkey = RM_REGION_RING
+        wr.opcode = RM_WR_WRITE
+        wr.imm = 0
+        if L == 0:
+            wr.local_addr = <uint64_t>st
+            wr.length = HDR_BYTES
+            wr.flags = RM_WR_INLINE
+            return nw + 1
+        if not self.link.tp.direct_source:
+            memcpy(st + SLOT_HEADER, self.batch.ptrs[first], L)
+            wr.local_addr = <uint64_t>st
+            wr.length = SLOT_HEADER + L
+            wr.flags = 0
+            return nw + 1
+        wr.local_addr = <uint64_t>self.batch.ptrs[first]
+        wr.remote_off += SLOT_HEADER
+        wr.length = L
+        wr.flags = 0
+        wr = &self.wrs[nw + 1]
+        wr.wr_id = 0
+        wr.local_addr = <uint64_t>st
+        wr.remote_off = <uint64_t>slot * self.peer_stride
+        wr.length = HDR_BYTES
+        wr.lkey = self.lkey_staging
+        wr.rkey = RM_REGION_RING
+        wr.opcode = RM_WR_WRITE
+        wr.flags = RM_WR_INLINE
+        wr.imm = 0
+        return nw + 2
+
+    cdef uint32_t arrival_wrs(self, uint32_t nw) noexcept nogil:
+        """Append the WRITE(s) of the arrival words that changed (last in the chain).
+
+        A transport that reads the source after post() returns (RDMA) gets a snapshot
+        of the words, so a later batch's bits can never travel ahead of its data."""
+        cdef uint32_t start, count, first_part, nwords = self.sbm.nwords
+        cdef uint64_t *src = self.sbm.arrival
+        cdef uint32_t lkey = self.lkey_arrival
+        cdef uint64_t entry, oldest
+        cdef rm_wr *wr
+        if not self.sbm.take_dirty(&start, &count):
+            return nw
+        if not self.link.tp.synchronous:
+            entry = (self.link.batch_posted + 1) % SNAP_DEPTH
+            oldest = self.link.batch_posted + 1 - SNAP_DEPTH if self.link.batch_posted + 1 > SNAP_DEPTH else 0
+            while self.link.batch_done < oldest and not self.link.peer_gone:
+                self.link.reap()               # that entry's WRITE has not completed yet
+                rm_cpu_relax()
+            src = self.snap + entry * nwords
+            memcpy(src, self.sbm.arrival, nwords * 8)
+            lkey = self.lkey_snap
+        first_part = count
+        if start + count > nwords:
+            first_part = nwords - start
+        wr = &self.wrs[nw]
+        wr.wr_id = 0
+        wr.local_addr = <uint64_t>&src[start]
+        wr.remote_off = start * 8
+        wr.length = first_part * 8
+        wr.lkey = lkey
+        wr.rkey = RM_REGION_ARRIVAL
+        wr.opcode = RM_WR_WRITE
+        wr.flags = RM_WR_PUBLISH
+        wr.imm = 0
+        nw += 1
+        if first_part < count:
+            wr = &self.wrs[nw]
+            wr[0] = self.wrs[nw - 1]
+            wr.local_addr = <uint64_t>&src[0]
+            wr.remote_off = 0
+            wr.length = (count - first_part) * 8
+            nw += 1
+        return nw

@@ -1,0 +1,181 @@
+# cython: freethreading_compatible = False
+"""The connection under one endpoint: its transport, the control words both ways, the
+lock every post takes, the completion queue, and whether the peer is still there.
+
+Every other unit of the engine holds the Link; it owns the state they share, so each
+of them owns only its own (docs/architecture.md, "The engine")."""
+
+cimport cython
+from libc.stdlib cimport calloc, free
+
+from rdmamw.engine._frames cimport CTRL_CLOSED, RM_RNDV_WRID
+from rdmamw.transport._base cimport (
+    RM_ERR_BOUNDS,
+    RM_ERR_CLOSED,
+    RM_ERR_OS,
+    RM_ERR_PEER_LOST,
+    RM_ERR_UNSUPPORTED,
+    RM_OK,
+    RM_REGION_CTRL,
+)
+from rdmamw.transport.atomics cimport rm_fence_seq_cst, rm_load_acquire64, rm_spin_lock, rm_spin_unlock
+
+import logging
+
+from rdmamw import _fork
+from rdmamw.errors import ChannelClosed, MessageTooLarge, PeerLost, ProtocolError
+
+_log = logging.getLogger("rdmamw.channel")
+
+cdef int64_t DYING_NS = 200000000       # a refused READ: how long to look for the peer's death
+
+
+cdef int64_t deadline_of(object timeout) except -1:
+    """now + ``timeout`` seconds in now_ns() time; 0 for None (no deadline)."""
+    if timeout is None:
+        return 0
+    t = float(timeout)
+    if t < 0:
+        raise ValueError("timeout must be >= 0 or None")
+    return now_ns() + <int64_t>(t * 1e9) + 1
+
+
+@cython.final
+cdef class Link:
+    """The transport and control words of one endpoint, shared by its units."""
+
+    def __cinit__(self):
+        self.words = <uint64_t *>calloc(8, 8)
+        if self.words == NULL:
+            raise MemoryError()
+        self.words[1] = 1
+        self.closed = True          # until attach() and the engine's set-up succeed
+
+    def __dealloc__(self):
+        free(self.words)
+
+    cdef int attach(self, Transport tp, double spin_us) except -1:
+        self.tp = tp
+        self.ctrl = <uint64_t *>tp.local[RM_REGION_CTRL].addr
+        self.lkey_words = tp.register_local(<size_t>self.words, 64)
+        self.spin_ns = <int64_t>(spin_us * 1000.0)
+        return 0
+
+    cdef bint inherited(self) noexcept nogil:
+        """True in a fork child: the connection is the parent's (rdmamw/_fork.py)."""
+        return self.tp is not None and self.tp.inherited()
+
+    cdef int check_owner(self) except -1:
+        if self.inherited():
+            _fork.refuse("channel", self.tp.owner_pid)
+        return 0
+
+    cdef int check_usable(self) except -1:
+        self.check_owner()
+        if self.broken is not None:
+            raise ProtocolError(self.broken)
+        if self.closed:
+            raise ChannelClosed("channel is closed")
+        return 0
+
+    cdef int put_word(self, uint32_t region, uint32_t word, uint64_t *src) noexcept nogil:
+        cdef rm_wr wr
+        fill_wr(&wr, src, self.lkey_words, region, word * 8, 8)
+        return self.tp.post(&wr, 1)
+
+    cdef void set_flag(self, uint32_t word, bint *flag, bint up) noexcept nogil:
+        """Raise (1) or lower (0) a flag word at the peer; ``flag`` remembers it."""
+        rm_spin_lock(&self.spin)
+        if flag[0] != up:
+            self.put_word(RM_REGION_CTRL, word, &self.words[1 if up else 0])
+            flag[0] = up
+        rm_spin_unlock(&self.spin)
+
+    cdef bint peer_closing(self) noexcept nogil:
+        return self.peer_gone or rm_load_acquire64(&self.ctrl[CTRL_CLOSED]) != 0
+
+    cdef int peer_status(self) noexcept nogil:
+        """RM_OK while the peer is there; RM_ERR_CLOSED / RM_ERR_PEER_LOST after."""
+        cdef int st
+        if self.peer_gone:
+            return RM_ERR_PEER_LOST
+        if rm_load_acquire64(&self.ctrl[CTRL_CLOSED]):
+            return RM_ERR_CLOSED
+        st = self.tp.peer_state()
+        if st == RM_ERR_CLOSED or rm_load_acquire64(&self.ctrl[CTRL_CLOSED]):
+            return RM_ERR_CLOSED
+        if st < 0:
+            self.peer_gone = True
+            return RM_ERR_PEER_LOST
+        return RM_OK
+
+    cdef int peer_dying(self) noexcept nogil:
+        """After a refused READ: is the peer dying? A process killed mid-READ may have
+        its memory registrations torn down before its connection shows EOF (verbs: the
+        NIC answers 'remote access error' and the QP fails), so while our connection is
+        failed but the peer's end not yet seen closed, look for up to DYING_NS."""
+        cdef int64_t until = now_ns() + DYING_NS
+        while not self.tp.peer_exited():
+            if self.tp.peer_state() >= 0 or now_ns() >= until:
+                return RM_OK        # (a connection still up: the peer refused, alive)
+            self.tp.wait(10)
+        self.peer_gone = True
+        return RM_ERR_PEER_LOST
+
+    cdef void reap(self) noexcept nogil:
+        """Take the transport's completions: a chain's (batch_done) or a READ's."""
+        cdef int i, k
+        rm_spin_lock(&self.reap_lock)
+        while True:
+            k = self.tp.poll(self.wcs, 64)
+            if k <= 0:
+                break
+            for i in range(k):
+                if self.wcs[i].wr_id & RM_RNDV_WRID:        # a rendezvous READ (receiver)
+                    self.read_status = self.wcs[i].status
+                    self.read_done = self.wcs[i].wr_id & ~RM_RNDV_WRID
+                    continue
+                if self.wcs[i].status != 0:
+                    self.peer_gone = True
+                if self.wcs[i].wr_id > self.batch_done:
+                    self.batch_done = self.wcs[i].wr_id
+        rm_spin_unlock(&self.reap_lock)
+
+    cdef bint poll_done(self, uint64_t batch) noexcept:
+        if self.batch_done < batch:
+            with nogil:
+                self.reap()
+        return self.batch_done >= batch
+
+    # ---- the errors that end a channel --------------------------------------------
+
+    cdef int fail(self, str why) except -1:
+        """The peer broke the protocol: the channel is unusable from now on."""
+        self.broken = why
+        raise ProtocolError(why)
+
+    cdef int raise_post(self, int rc) except -1:
+        if rc == RM_ERR_BOUNDS:
+            self.broken = "a work request fell outside the peer's registered regions"
+            raise ProtocolError(self.broken)
+        if rc == RM_ERR_CLOSED and self.closed:
+            raise ChannelClosed("channel was closed during the send")
+        if rc == RM_ERR_UNSUPPORTED or rc == RM_ERR_OS:
+            raise MessageTooLarge(f"the transport could not expose a rendezvous source ({rc})")
+        self.peer_gone = True
+        raise PeerLost(self.lost(f"the transport failed the post ({rc})"))
+
+    cdef int raise_peer(self, int st, str where) except -1:
+        if st == RM_ERR_CLOSED:
+            raise ChannelClosed(f"peer closed the channel ({where})")
+        raise PeerLost(self.lost(f"peer lost ({where})"))
+
+    cdef str lost(self, str what):
+        """``what``, with the provider's account of the failure when it has one."""
+        detail = self.tp.error_detail()
+        msg = f"{what}: {detail}" if detail else what
+        if not self.lost_logged:
+            self.lost_logged = True
+            _log.info("PeerLost on the channel with %s: %s",
+                      self.peer if self.peer is not None else "?", msg)
+        return msg

@@ -1,0 +1,43 @@
+from libc.stdint cimport uint32_t, uint64_t
+
+from rdmamw.engine._eager_recv cimport EagerReceiver
+from rdmamw.transport._base cimport rm_mem
+
+
+cdef class Endpoint:
+    """What a SendHandle asks of the engine that made it (the engine subclasses it)."""
+    cdef bint handle_done(self, uint64_t batch, uint64_t rndv) except -1
+    cdef int handle_wait(self, uint64_t batch, uint64_t rndv, object timeout) except -1
+
+
+cdef class SendHandle:
+    cdef Endpoint eng
+    cdef readonly uint64_t batch
+    cdef readonly Py_ssize_t count
+    cdef uint64_t rndv              # rendezvous messages sent up to and including this batch
+
+
+cdef class Message:
+    cdef object eng                 # keeps the endpoint (and its channel) alive
+    cdef EagerReceiver rx           # whose slot this is
+    cdef char *ptr
+    cdef Py_ssize_t length
+    cdef uint32_t slot
+    cdef int exports
+    cdef bint rel
+    cdef object owner               # a rendezvous message: its destination (Dest), no slot
+
+
+cdef class Dest:
+    cdef Py_buffer view
+    cdef bint held
+    cdef readonly object obj
+    cdef uint64_t index             # posted: the rendezvous index it is for
+    cdef bint advertised            # posted with "write": exposed and announced to the sender
+    cdef rm_mem adv
+
+
+cdef SendHandle new_handle(Endpoint eng, uint64_t batch, Py_ssize_t count, uint64_t rndv)
+cdef Message new_message(object eng, EagerReceiver rx, char *ptr, Py_ssize_t length,
+                         uint32_t slot, object owner)
+cdef Dest new_dest(object obj)

@@ -1,0 +1,154 @@
+# cython: freethreading_compatible = False
+"""What users hold: the handle of a batch sent, a received message (a zero-copy view
+of its bytes in the ring or in its rendezvous destination), and the buffers lent to
+the channel as destinations (recv_into, post_recv)."""
+
+cimport cython
+from cpython.buffer cimport (
+    PyBUF_C_CONTIGUOUS,
+    PyBUF_WRITABLE,
+    PyBuffer_FillInfo,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
+
+cdef class Endpoint:
+    cdef bint handle_done(self, uint64_t batch, uint64_t rndv) except -1:
+        raise NotImplementedError
+
+    cdef int handle_wait(self, uint64_t batch, uint64_t rndv, object timeout) except -1:
+        raise NotImplementedError
+
+
+@cython.final
+cdef class SendHandle:
+    """Completion of one batch: its source buffers may be reused once ``done()``."""
+
+    def done(self) -> bool:
+        """True once the batch's buffers may be reused: its work requests completed
+        and the receiver has taken every rendezvous message of it (done bits back)."""
+        return self.eng.handle_done(self.batch, self.rndv)
+
+    def wait(self, timeout=None) -> None:
+        """Wait until ``done()``; Timeout after ``timeout`` seconds, PeerLost if the
+        peer goes first."""
+        self.eng.handle_wait(self.batch, self.rndv, timeout)
+
+    def __repr__(self):
+        return f"<SendHandle batch={self.batch} messages={self.count} done={self.done()}>"
+
+
+cdef SendHandle new_handle(Endpoint eng, uint64_t batch, Py_ssize_t count, uint64_t rndv):
+    cdef SendHandle h = SendHandle.__new__(SendHandle)
+    h.eng = eng
+    h.batch = batch
+    h.count = count
+    h.rndv = rndv
+    return h
+
+
+@cython.freelist(8192)
+@cython.no_gc
+@cython.final
+cdef class Message:
+    """A received message: a read-only, zero-copy view of its bytes in the ring.
+
+    Supports the buffer protocol (``memoryview(m)``, ``bytes(m)``,
+    ``numpy.frombuffer(m)``). Its slot is reclaimed on :meth:`release`, on leaving a
+    ``with`` block, or when the object is collected; after release the bytes may be
+    overwritten by the peer, so keep a copy (``bytes(m)``) if you need them longer."""
+
+    def __len__(self):
+        return self.length
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        if self.rel:
+            raise ValueError("message was released; its bytes are no longer ours")
+        PyBuffer_FillInfo(buffer, self, self.ptr, self.length, 1, flags)
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        self.exports -= 1
+
+    def __bytes__(self):
+        if self.rel:
+            raise ValueError("message was released")
+        return PyBytes_FromStringAndSize(self.ptr, self.length)
+
+    def tobytes(self) -> bytes:
+        return self.__bytes__()
+
+    def release(self) -> None:
+        """Give the slot back to the sender (idempotent)."""
+        if self.rel:
+            return
+        if self.exports:
+            raise BufferError(f"{self.exports} view(s) of this message are still alive")
+        self.rel = True
+        if self.owner is not None:
+            self.owner = None
+            return
+        self.rx.release_one(self.slot)
+
+    @property
+    def released(self) -> bool:
+        return self.rel
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+    def __dealloc__(self):
+        cdef EagerReceiver rx = self.rx
+        if self.owner is not None:
+            self.rel = True
+            self.owner = None
+        elif not self.rel and rx is not None:
+            self.rel = True
+            if rx.slot_refs[self.slot] > 1:     # fast path: not the slot's last message
+                rx.slot_refs[self.slot] -= 1
+            else:
+                rx.release_one(self.slot)
+
+    def __repr__(self):
+        state = "released" if self.rel else f"slot={self.slot}"
+        return f"<Message {self.length} bytes {state}>"
+
+
+cdef Message new_message(object eng, EagerReceiver rx, char *ptr, Py_ssize_t length,
+                         uint32_t slot, object owner):
+    cdef Message m = Message.__new__(Message)
+    m.eng = eng
+    m.rx = rx
+    m.ptr = ptr
+    m.length = length
+    m.slot = slot
+    m.owner = owner
+    return m
+
+
+@cython.final
+cdef class Dest:
+    """A destination of a message: a writable buffer held (exported) for as long as
+    this object lives, so it can be neither freed nor resized meanwhile."""
+
+    def __dealloc__(self):
+        if self.held:
+            PyBuffer_Release(&self.view)
+
+
+cdef Dest new_dest(object obj):
+    cdef Dest d = Dest.__new__(Dest)
+    try:
+        PyObject_GetBuffer(obj, &d.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
+    except (TypeError, BufferError, ValueError) as e:
+        raise TypeError(f"{type(obj).__name__} is not a writable C-contiguous buffer "
+                        f"(numpy array, bytearray, memoryview, ...)") from e
+    d.held = True
+    d.obj = obj
+    return d

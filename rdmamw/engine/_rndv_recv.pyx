@@ -1,0 +1,369 @@
+# cython: freethreading_compatible = False
+"""Rendezvous, receiving side: a descriptor record names a message the sender exposed
+(we READ it into the buffer the user gave, posted, or a new one) or WROTE into the
+destination we advertised; then its done bit flips (docs/protocol.md). The descriptor
+is copied out of the ring once and checked before it is used."""
+
+cimport cython
+from cpython.bytearray cimport PyByteArray_FromStringAndSize
+from cpython.exc cimport PyErr_CheckSignals
+from cpython.ref cimport Py_XINCREF, PyObject
+from libc.stdint cimport uint8_t
+from libc.stdlib cimport free
+from libc.string cimport memcmp, memcpy, memset
+
+from rdmamw.engine._frames cimport (
+    CTRL_ADVERT,
+    DESC_BYTES,
+    DESC_READ,
+    DESC_WRITTEN,
+    RM_MAX_WR_BYTES,
+    RM_RNDV_WRID,
+    RNDV_N,
+)
+from rdmamw.engine._leases cimport end_lease, take_lease
+from rdmamw.engine._link cimport PEER_CHECK_NS, fill_wr, slice_end
+from rdmamw.engine._messages cimport new_dest
+from rdmamw.transport._base cimport (
+    RM_ACCESS_LOCAL,
+    RM_ACCESS_REMOTE_WRITE,
+    RM_ERR_AGAIN,
+    RM_ERR_BOUNDS,
+    RM_ERR_CLOSED,
+    RM_ERR_PEER_LOST,
+    RM_ERR_UNSUPPORTED,
+    RM_REGION_CTRL,
+    RM_WR_EXPOSED,
+    RM_WR_READ,
+    RM_WR_SIGNALED,
+    Transport,
+    now_ns,
+    rm_wr,
+)
+from rdmamw.transport.atomics cimport rm_spin_lock, rm_spin_unlock
+
+import collections
+
+from rdmamw.errors import BufferTooSmall, ChannelClosed, MessageTooLarge, PeerLost, ProtocolError, Timeout
+
+cdef extern from "stdlib.h" nogil:
+    int posix_memalign(void **memptr, size_t alignment, size_t size)
+
+cdef extern from "sched.h" nogil:
+    int sched_yield()
+
+cdef int READ_NAP_MS = 1                # a READ wait, past its spin, sleeps this long at most
+cdef int64_t READ_SPIN_NS = 1000000     # ... and spins spin_us plus 1 ns a byte, up to this
+
+
+def fresh_buffer(Py_ssize_t n):
+    """The destination of a message when nobody gave an allocator: an uninitialised
+    bytearray (a Channel passes its pool's instead)."""
+    return PyByteArray_FromStringAndSize(NULL, n)
+
+
+@cython.final
+cdef class RndvReceiver:
+    """The rendezvous messages of one direction as they are taken."""
+
+    def __cinit__(self, Link link, EagerReceiver rx, bint write, uint64_t max_msg):
+        cdef void *mem = NULL
+        self.link, self.rx, self.write, self.max_msg = link, rx, write, max_msg
+        self.posted = collections.deque()
+        self.allocate = fresh_buffer
+        if posix_memalign(&mem, 64, RNDV_N * 32) != 0:
+            raise MemoryError()
+        self.advsrc = <uint64_t *>mem
+        memset(self.advsrc, 0, RNDV_N * 32)
+        self.lkey_adv = link.tp.register_local(<size_t>self.advsrc, RNDV_N * 32)
+
+    def __dealloc__(self):
+        if self.rd_want and self.rd_dst is not None:
+            # dropped with a READ in flight: its destination must outlive the transport
+            # (tcp's progress thread may still write into it), so it is leaked
+            Py_XINCREF(<PyObject *>self.rd_dst)
+        free(self.advsrc)
+
+    cdef Dest receive(self, char *base, Dest into):
+        """Bring the rendezvous message described at ``base`` into ``into``, its posted
+        destination, or a new one; flip its done bit. On any error nothing is
+        consumed: the message stays receivable (or the channel is broken), except a
+        message above max_msg, which is refused (see _refuse)."""
+        cdef rm_desc d
+        cdef Dest dst, posted = None
+        memcpy(&d, base, DESC_BYTES)    # read once: the peer may rewrite the slot
+        self._check_desc(&d)
+        if self.posted and (<Dest>self.posted[0]).index == d.index:
+            posted = self.posted[0]
+        if d.length > self.max_msg:
+            self._refuse(&d, posted)
+        if d.kind == DESC_WRITTEN and (posted is None or not posted.advertised
+                                       or <uint64_t>posted.view.len < d.length):
+            self.link.fail(f"rendezvous {d.index} claims to be written into a destination "
+                           f"this side did not advertise (or that is too small)")
+        if into is not None and posted is not None:
+            raise ValueError(f"rendezvous message {d.index} goes to the buffer posted "
+                             f"for it with post_recv; receive it with recv/recv_batch")
+        if self.rd_want:
+            dst = self._resume_read(&d, into, posted)
+        else:
+            dst = into if into is not None else posted
+            if dst is None:
+                dst = new_dest(self.allocate(d.length))
+            self._check_room(dst, posted, &d)
+            if d.kind == DESC_READ:
+                self._read_into(dst, &d, into is not None)
+                self.link.cnt.rndv_reads += 1
+        if posted is not None:
+            self.drop_posted()
+        self.link.cnt.rndv_recv += 1
+        self.link.cnt.rndv_bytes_recv += d.length
+        self.last_len = d.length
+        self._consumed(&d)
+        return dst
+
+    cdef int _check_room(self, Dest dst, Dest posted, rm_desc *d) except -1:
+        """BufferTooSmall (the message stays) unless ``dst`` holds the message."""
+        if <uint64_t>dst.view.len < d.length:
+            if dst is posted:           # hand the posted buffer back; the message stays
+                self.drop_posted()
+            raise BufferTooSmall(f"the next message is {d.length} bytes; the "
+                                 f"{'posted ' if dst is posted else ''}buffer holds "
+                                 f"{dst.view.len}", needed=d.length)
+        return 0
+
+    cdef void _consumed(self, rm_desc *d) noexcept:
+        """Message ``d.index`` is taken out of the stream: flip its done bit (the sender
+        may release its source)."""
+        self.next += 1
+        self.rx.flip_done(d.entry)
+
+    cdef int _refuse(self, rm_desc *d, Dest posted) except -1:
+        """A message above max_msg: consume its record without allocating or reading
+        anything, tell the sender it is done with it, raise MessageTooLarge once. The
+        channel goes on with the next message."""
+        cdef uint32_t slot = self.rx.cur_slot
+        if posted is not None:
+            self.drop_posted()
+        self._consumed(d)
+        self.link.cnt.rndv_refused += 1
+        self.rx.advance(DESC_BYTES, 0)
+        self.rx.release_one(slot)
+        if not self.link.closed and not self.link.peer_gone:
+            self.rx.flush()
+        raise MessageTooLarge(f"the peer sent rendezvous message {d.index} of {d.length} "
+                              f"bytes; this channel takes at most {self.max_msg} bytes "
+                              f"(max_message_size / RDMAMW_MAX_MESSAGE_SIZE): it was "
+                              f"refused unread; the next message follows")
+
+    cdef int _check_desc(self, rm_desc *d) except -1:
+        if d.kind != DESC_READ and d.kind != DESC_WRITTEN:
+            self.link.fail(f"rendezvous descriptor of unknown kind {d.kind}")
+        if d.index != self.next or d.entry != d.index % RNDV_N:
+            self.link.fail(f"rendezvous descriptor {d.index} (entry {d.entry}); expected "
+                           f"{self.next}")
+        if d.length == 0 or d.length > RM_MAX_WR_BYTES:
+            self.link.fail(f"rendezvous descriptor of {d.length} bytes")
+        return 0
+
+    cdef int _read_into(self, Dest dst, rm_desc *d, bint user) except -1:
+        """READ the described message into ``dst``: through a cached registration of
+        its owner when the transport registers memory (a pooled or reused buffer is then
+        registered once), else exposed for this READ only. On an asynchronous READ that
+        outlives the receive's deadline, Timeout: the READ stays in flight (rd_*) and
+        the next receive call finishes it (_resume_read)."""
+        cdef Transport tp = self.link.tp
+        cdef int rc
+        cdef rm_mem mem
+        cdef rm_wr wr
+        cdef bint wait = not tp.synchronous or tp.async_read
+        cdef bint registered = False
+        lease = None
+        mem.handle = 0
+        mem.lkey = 0
+        if self.regcache_dst is not None:
+            try:
+                lease = take_lease(self.regcache_dst, dst.obj, self.link.closed)
+            except MessageTooLarge as e:
+                raise ProtocolError(f"cannot register the destination of rendezvous "
+                                    f"message {d.index}: {e.__cause__}") from e
+            mem.lkey = lease.handle[1]
+            registered = True
+        wr.wr_id = RM_RNDV_WRID | (d.index + 1)
+        wr.local_addr = <uint64_t>dst.view.buf
+        wr.remote_off = d.addr
+        wr.length = <uint32_t>d.length
+        wr.rkey = d.key
+        wr.opcode = RM_WR_READ
+        wr.flags = RM_WR_EXPOSED | RM_WR_SIGNALED if wait else RM_WR_EXPOSED
+        wr.imm = 0
+        with nogil:
+            rc = 0 if registered else tp.expose(wr.local_addr, d.length, RM_ACCESS_LOCAL, &mem)
+            if rc == 0:
+                wr.lkey = mem.lkey
+                rc = tp.post(&wr, 1)
+        if rc != 0 or not wait:
+            tp.unexpose(mem.handle)
+            if lease is not None:
+                end_lease(lease)
+            if rc != 0:
+                self._raise_read(rc, d)
+            return 0
+        self.rd_dst, self.rd_lease, self.rd_mem = dst, lease, mem
+        self.rd_desc, self.rd_want, self.rd_user = d[0], d.index + 1, user
+        return self._wait_read()
+
+    cdef Dest _resume_read(self, rm_desc *d, Dest into, Dest posted):
+        """Finish the READ an earlier receive left in flight; the message lands where
+        this call says (copied there if that is not where it was being read)."""
+        cdef Dest src = self.rd_dst, dst
+        if memcmp(d, &self.rd_desc, DESC_BYTES) != 0:
+            self.link.fail(f"the peer rewrote rendezvous descriptor {d.index} while it was "
+                           f"being read")
+        dst = into if into is not None else posted
+        if dst is None and not self.rd_user:
+            dst = src
+        if dst is not None:
+            self._check_room(dst, posted, d)
+        self._wait_read()
+        self.link.cnt.rndv_reads += 1
+        if dst is None:
+            dst = new_dest(self.allocate(d.length))
+        if dst.view.buf != src.view.buf:
+            memcpy(dst.view.buf, src.view.buf, d.length)
+        return dst
+
+    cdef int _wait_read(self) except -1:
+        """Wait for the READ in flight until the receive's deadline (Timeout: it stays
+        in flight), in slices that let signals through; then end it."""
+        cdef int rc
+        cdef int64_t deadline = self.rx_until
+        cdef rm_desc d = self.rd_desc
+        while True:
+            with nogil:
+                rc = self._read_wait(slice_end(deadline))
+            if rc != 1:
+                break
+            if deadline and now_ns() >= deadline:
+                raise Timeout(f"rendezvous message {d.index} ({d.length} bytes) is still "
+                              f"being read; receive again to finish it (nothing is lost)")
+            PyErr_CheckSignals()
+        self.end_read()
+        if rc != 0:
+            self._raise_read(rc, &d)
+        return 0
+
+    cdef int _read_wait(self, int64_t until) noexcept nogil:
+        """Spin, then sleep, until the READ in flight completed (0, or a RM_ERR_* if it
+        failed), ``until`` passes (1) or the peer is lost (RM_ERR_PEER_LOST). It
+        spins about as long as the data takes at 1 GB/s (at most READ_SPIN_NS more than
+        spin_us), yielding the core: the answer needs CPU here too (tcp's progress
+        thread)."""
+        cdef int64_t t = now_ns()
+        cdef int64_t spin_end = t + self.link.spin_ns + <int64_t>min(self.rd_desc.length,
+                                                                <uint64_t>READ_SPIN_NS)
+        cdef int64_t next_check = t + PEER_CHECK_NS
+        cdef uint64_t done
+        cdef int status
+        while True:
+            self.link.reap()
+            rm_spin_lock(&self.link.reap_lock)       # done and status: one completion's
+            done, status = self.link.read_done, self.link.read_status
+            rm_spin_unlock(&self.link.reap_lock)
+            if done == self.rd_want:
+                if status == 0:
+                    return 0
+                # IBV_WC_REM_INV_REQ_ERR / REM_ACCESS_ERR: outside the peer's MR
+                return RM_ERR_BOUNDS if status in (9, 10) else RM_ERR_PEER_LOST
+            if self.link.peer_gone:
+                return RM_ERR_PEER_LOST
+            t = now_ns()
+            if t >= next_check:         # a QP in error flushes the READ; a transport
+                # that saw the peer die some other way says so here
+                if self.link.peer_status() == RM_ERR_PEER_LOST:
+                    return RM_ERR_PEER_LOST
+                next_check = t + PEER_CHECK_NS
+            if t >= until:
+                return 1
+            if t < spin_end:
+                sched_yield()
+                continue
+            self.link.tp.n_sleeps += 1       # tcp wakes us when the answer is in
+            self.link.tp.wait(min(READ_NAP_MS, <int>((until - t) // 1000000) + 1))
+
+    cdef int end_read(self) except -1:
+        """The READ in flight is over (or the transport closed): give back its exposure
+        and lease."""
+        cdef object lease = self.rd_lease
+        if self.rd_want == 0:
+            return 0
+        self.link.tp.unexpose(self.rd_mem.handle)
+        self.rd_mem.handle = 0
+        self.rd_lease = None
+        self.rd_dst = None
+        self.rd_want = 0
+        if lease is not None:
+            end_lease(lease)
+        return 0
+
+    cdef int _raise_read(self, int rc, rm_desc *d) except -1:
+        cdef Link link = self.link
+        cdef int st
+        if rc == RM_ERR_BOUNDS:
+            with nogil:
+                st = link.peer_dying()
+            if st == RM_ERR_PEER_LOST:
+                rc = st     # its memory went with it: not the peer's lie, its death
+        if rc == RM_ERR_BOUNDS:
+            link.fail(f"rendezvous descriptor {d.index} ({d.length} bytes at {d.addr:#x}, "
+                      f"key {d.key:#x}) is outside what the sender exposed; nothing read")
+        st = link.peer_status()
+        if st == RM_ERR_CLOSED:
+            raise ChannelClosed(f"the peer closed before rendezvous message {d.index} "
+                                f"was read; it is lost")
+        if st < 0 or rc == RM_ERR_PEER_LOST:
+            link.peer_gone = True
+            raise PeerLost(link.lost(f"peer lost while reading rendezvous message {d.index}"))
+        raise ProtocolError(f"the rendezvous READ of message {d.index} failed ({rc})")
+
+    cdef void drop_posted(self) noexcept:
+        cdef Dest p = self.posted.popleft()
+        if p.advertised:
+            self.link.tp.unexpose(p.adv.handle)
+            p.advertised = False
+
+    cdef int post(self, Dest d) except -1:
+        """Post ``d`` as the destination of the next rendezvous message without one;
+        with "write", expose it and advertise it to the sender (caller holds the
+        receive lock)."""
+        cdef Link link = self.link
+        cdef uint8_t e
+        cdef int rc
+        cdef rm_wr wr[2]
+        if len(self.posted) >= RNDV_N:
+            raise ValueError(f"at most {RNDV_N} destinations may be posted ahead")
+        d.index = self.next + len(self.posted)
+        if self.write and d.view.len:
+            rc = link.tp.expose(<uint64_t>d.view.buf, d.view.len, RM_ACCESS_REMOTE_WRITE,
+                                &d.adv)
+            if rc == 0:
+                d.advertised = True
+                e = <uint8_t>(d.index % RNDV_N)
+                self.advsrc[4 * e] = <uint64_t>d.view.buf
+                self.advsrc[4 * e + 1] = <uint64_t>d.view.len
+                self.advsrc[4 * e + 2] = d.adv.rkey
+                self.advsrc[4 * e + 3] = d.index + 1     # the tag, written last
+                fill_wr(&wr[0], &self.advsrc[4 * e], self.lkey_adv, RM_REGION_CTRL,
+                        (CTRL_ADVERT + 4 * e) * 8, 24)
+                fill_wr(&wr[1], &self.advsrc[4 * e + 3], self.lkey_adv, RM_REGION_CTRL,
+                        (CTRL_ADVERT + 4 * e + 3) * 8, 8)
+                rm_spin_lock(&link.spin)
+                rc = link.tp.post(wr, 2)
+                rm_spin_unlock(&link.spin)
+                if rc != 0:
+                    link.tp.unexpose(d.adv.handle)
+                    link.raise_post(rc)
+            elif rc != RM_ERR_UNSUPPORTED and rc != RM_ERR_AGAIN:
+                link.raise_post(rc)
+        self.posted.append(d)
+        return 0

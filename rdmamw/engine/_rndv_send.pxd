@@ -1,0 +1,35 @@
+from cpython.ref cimport PyObject
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+
+from rdmamw.engine._batch cimport SendBatch
+from rdmamw.engine._frames cimport rm_desc
+from rdmamw.engine._link cimport Link
+from rdmamw.transport._base cimport rm_mem, rm_wr
+
+
+cdef class RndvSender:
+    cdef Link link
+    cdef SendBatch batch
+    cdef bint write                 # WRITE into advertised destinations when they fit
+    cdef uint32_t prep_i            # messages of the batch prepared (exposed) so far
+    # entry e = index % RNDV_N keeps the source until its done bit comes back
+    cdef uint64_t next              # rendezvous messages prepared (the next index)
+    cdef readonly uint64_t upto     # ... of which done (in order)
+    cdef uint64_t released          # ... of which source released (GIL)
+    cdef uint64_t shadow            # phase word I own; the peer's done word follows it
+    cdef Py_buffer buf[64]
+    cdef uint8_t held[64]
+    cdef rm_mem mem[64]
+    cdef rm_desc desc[64]
+    cdef uint64_t waddr[64]         # DESC_WRITTEN: the advertised destination
+    cdef uint32_t wkey[64]
+    cdef PyObject *lease[64]        # the Lease of the entry's source (owned)
+
+    cdef uint32_t prepare(self, uint32_t k, uint32_t want, int *rc) noexcept nogil
+    cdef int prepare_one(self, uint32_t i) noexcept nogil
+    cdef void unprepare(self, uint32_t first) noexcept
+    cdef uint32_t desc_record(self, uint32_t i, char *p, rm_wr *wrs, uint32_t nw) noexcept nogil
+    cdef void reap(self) noexcept nogil
+    cdef void release(self) noexcept
+    cdef bint poll(self, uint64_t target) noexcept
+    cdef bint ready(self, int what, uint64_t target) noexcept nogil
