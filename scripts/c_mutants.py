@@ -36,7 +36,7 @@ class CMutant:
 
 
 EXPOSE, TCP = "rdmamw/include/rm_expose.h", "rdmamw/include/rm_tcp.h"
-CORE, PHASE = "rdmamw/_core.pyx", "rdmamw/bitmap/_phase.pyx"
+CORE, PHASE = "rdmamw/engine/_eager_recv.pyx", "rdmamw/bitmap/_phase.pyx"
 RNDV = "tests/test_rendezvous.py"
 HOSTILE = "tests/test_shm_hostile.py"
 ASSIST = "tests/test_shm_assist.py"
@@ -103,7 +103,7 @@ MUTANTS: list[CMutant] = [
             (f"{ERRS}::test_corrupted_header_is_protocol_error",),
             "a torn header (check word does not match) is taken"),
     CMutant("slot-duplicate-seq", CORE,
-            " or self.order[d] != NONE:", ":",
+            " or self.order[d] != RM_NO_SLOT:", ":",
             (f"{ERRS}::test_duplicate_sequence_number_is_protocol_error",),
             "two slots with one sequence number"),
     CMutant("record-overrun-by-header", CORE,

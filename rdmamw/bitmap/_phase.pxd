@@ -1,5 +1,5 @@
 # Phase bitmaps: the arrival / reclaim bookkeeping of one direction of one channel.
-# The engine (rdmamw/_core.pyx) cimports these; the tests drive them through their
+# The engine (rdmamw/engine/) cimports these; the tests drive them through their
 # def-methods side by side with the pure-Python model in rdmamw/bitmap/model.py.
 from libc.stdint cimport uint32_t, uint64_t
 

@@ -7,9 +7,9 @@ from functools import partial
 from typing import Any
 
 from rdmamw import _fork, auth, config
-from rdmamw.engine import Engine
 from rdmamw.channel import rendezvous as _rendezvous
 from rdmamw.channel.address import split_address
+from rdmamw.engine import Engine
 from rdmamw.errors import ConfigError, ProviderUnavailable, Timeout, setup_errors
 from rdmamw.memory.counters import channel_stats
 from rdmamw.memory.regcache import RegCache
