@@ -117,7 +117,8 @@ _WC_OPCODES = {0: "RDMA_WRITE", 1: "RDMA_WRITE", 2: "RDMA_READ", 3: "RDMA_READ",
 
 
 cdef class VerbsTransport(Transport):
-    """An RC QP to one peer plus the registered block of this endpoint."""
+    """An RC QP to one peer plus the registered block of this endpoint; its fields are
+    declared in _verbs.pxd."""
 
     def __cinit__(self):
         self.cached_mrs = {}
