@@ -44,6 +44,7 @@ extensions = [
     ext("rdmamw.testing._hooks", "rdmamw/testing/_hooks.pyx"),
     ext("rdmamw.providers._verbs", "rdmamw/providers/_verbs.pyx"),
 ]
-extensions[-1].libraries = ["dl"]      # dlopen/dlvsym (in libc itself since glibc 2.34)
+for e in extensions[-2:]:   # rm_ibverbs.h: dlopen/dlvsym (in libc itself since glibc 2.34)
+    e.libraries = ["dl"]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES, nthreads=0))

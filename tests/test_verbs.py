@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import rdmamw
 from rdmamw import auth, cli
+from rdmamw import testing as hooks
 from rdmamw.channel.channel import Channel, _make
 from rdmamw.providers import verbs
 from rdmamw.transport import layout
@@ -214,7 +215,7 @@ def test_qp_in_error_is_peer_lost_within_2s():
     try:
         a.send(b"before").wait(timeout=5)
         assert recv_all(b, 1) == [b"before"]
-        ta._debug_qp_error()
+        hooks.qp_error(ta)
         t0 = time.monotonic()
         send_until_peer_lost(b, t0, batch=4, timeout=5)
         t0 = time.monotonic()
@@ -240,7 +241,7 @@ def test_expose_from_two_threads_never_shares_a_slot():
 
     def churn(i):
         addr = ctypes.addressof(ctypes.c_char.from_buffer(bufs[i]))
-        clashes[i] = ta._debug_expose_churn(addr, len(bufs[i]), 4000)
+        clashes[i] = hooks.expose_churn(ta, addr, len(bufs[i]), 4000)
 
     try:
         ts = [threading.Thread(target=churn, args=(i,)) for i in range(2)]

@@ -6,6 +6,7 @@ it field by field."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -14,7 +15,6 @@ import sys
 import textwrap
 
 import pytest
-import rdmamw.providers._verbs as _verbs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERBS_H = "/usr/include/infiniband/verbs.h"
@@ -27,12 +27,15 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-def test_extension_does_not_link_libibverbs():
+@pytest.mark.parametrize("module", ["rdmamw.providers._verbs", "rdmamw.testing._hooks"])
+def test_extension_does_not_link_libibverbs(module):
+    """Nor do the test hooks, which drive a verbs endpoint (they load the library the
+    provider loaded, on first use)."""
     readelf = shutil.which("readelf")
     if readelf is None:
         pytest.skip("readelf (binutils) not installed")
-    out = subprocess.run([readelf, "-d", _verbs.__file__], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run([readelf, "-d", importlib.import_module(module).__file__],
+                         capture_output=True, text=True, check=True).stdout
     needed = [line.split("[", 1)[1].rstrip("]") for line in out.splitlines()
               if "(NEEDED)" in line]
     assert needed, out          # the parse works: libc at least
@@ -71,6 +74,24 @@ def test_no_library_is_provider_unavailable_with_the_reason():
     assert lines[1].startswith("unavailable: verbs:// is unavailable here: cannot load "
                                "/nonexistent/libibverbs.so.1"), lines
     assert "libibverbs: not loaded: cannot load /nonexistent/libibverbs.so.1" in r.stdout
+
+
+def test_the_test_hooks_work_without_libibverbs():
+    """rdmamw.testing imports and its verbs hooks say what is wrong on a host where
+    the library cannot be loaded (the host suite uses the other hooks there)."""
+    r = _run("""
+        import rdmamw.testing as hooks
+        from rdmamw.providers._verbs import VerbsTransport
+        print("libibverbs" in open("/proc/self/maps").read())
+        for hook in (hooks.qp_error, lambda tp: hooks.expose_churn(tp, 0, 0, 1)):
+            try:
+                hook(VerbsTransport())
+            except ValueError as e:
+                print(e)
+    """, RDMAMW_VERBS_LIBRARY="/nonexistent/libibverbs.so.1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["False"] + [
+        "the verbs transport is not connected (or closed)"] * 2
 
 
 FAKE = """

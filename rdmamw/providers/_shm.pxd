@@ -1,5 +1,5 @@
 # The shm provider's endpoint, declared here so that the test-only hooks
-# (rdmamw/testing/_shm_hooks.pyx) can reach its records the way a peer process can;
+# (rdmamw/testing/_hooks.pyx) can reach its records the way a peer process can;
 # the package itself never imports them.
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 

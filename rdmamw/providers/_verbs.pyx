@@ -98,12 +98,6 @@ cdef extern from *:
     int MSG_PEEK, MSG_DONTWAIT, SHUT_RDWR
     int posix_memalign(void **memptr, size_t alignment, size_t size) nogil
 
-cdef enum:
-    WC_BATCH = 32
-    RECV_POOL = 64
-    RECV_BUF = 64
-    ACK_EVERY = 16
-
 cdef uint64_t INTERNAL = (<uint64_t>1) << 63     # wr_id of WRs the engine never sees
 cdef int64_t STUCK_NS = 10000000000               # no completion at all for this long: peer gone
 cdef int64_t SOCK_CHECK_NS = 1000000
@@ -122,73 +116,9 @@ _WC_OPCODES = {0: "RDMA_WRITE", 1: "RDMA_WRITE", 2: "RDMA_READ", 3: "RDMA_READ",
                128: "RECV", 129: "RECV_RDMA_WITH_IMM"}
 
 
-cdef enum:
-    XMR_N = 512         # exposed ranges at once (64 sends + 64 posted + reads per side)
-
-cdef ibv_mr *XMR_BUSY = <ibv_mr *>1     # a claimed slot whose ibv_reg_mr is under way
-
-
 cdef class VerbsTransport(Transport):
-    """An RC QP to one peer plus the registered block of this endpoint."""
-    cdef ibv_context *ctx
-    cdef ibv_pd *pd
-    cdef ibv_comp_channel *chan
-    cdef ibv_cq *scq
-    cdef ibv_cq *rcq
-    cdef ibv_qp *qp
-    cdef ibv_mr *block_mr
-    cdef ibv_mr *recv_mr
-    cdef char *block
-    cdef size_t block_len
-    cdef char *recv_buf
-    cdef ibv_mr **lmrs
-    # rendezvous: one MR per exposed range, handle = index + 1. The engine's send and
-    # receive threads expose and unexpose at the same time: xlock guards the table
-    # (a slot is claimed with XMR_BUSY before ibv_reg_mr, which runs unlocked).
-    cdef ibv_mr *xmrs[XMR_N]
-    cdef uint32_t xmr_hint
-    cdef int xlock
-    # MRs of the registration caches (mr_register): address -> ibv_mr, deregistered by
-    # the cache, or here when the transport dies with some still cached
-    cdef dict cached_mrs
-    cdef uint32_t n_lmrs
-    cdef uint64_t peer_addr[RM_NREGIONS]
-    cdef uint32_t peer_rkey
-    cdef readonly bint peer_imm         # the peer wants its bitmap words WITH_IMM
-    cdef readonly bint event_mode       # my peer sends WITH_IMM: sleep on the channel
-    cdef int poll_ms
-    cdef readonly uint32_t sq_depth, rq_depth, max_chain, sig_bound
-    cdef uint64_t sq_posted, sq_done
-    cdef uint32_t unsig
-    cdef uint64_t *sig_pos
-    cdef uint64_t sig_head, sig_tail
-    cdef rm_wc *stash
-    cdef uint32_t stash_head, stash_len, stash_cap
-    cdef bint error_reported
-    cdef bint last_imm
-    cdef ibv_send_wr *swr
-    cdef ibv_sge *sge
-    cdef ibv_wc wcb[WC_BATCH]
-    cdef ibv_wc rwcb[WC_BATCH]
-    cdef ibv_recv_wr rwr[RECV_POOL]
-    cdef ibv_sge rsge
-    cdef int sock
-    cdef int state
-    cdef int lock                       # send queue and its accounting
-    cdef int rlock                      # receive queue and the channel's events
-    cdef uint32_t unacked_events
-    cdef int64_t last_sock_check
-    cdef readonly uint64_t n_recv_completions
-    cdef readonly uint32_t qpn
-    cdef readonly int port
-    cdef readonly int gid_index
-    cdef int my_mtu
-    cdef uint8_t timeout_exp
-    # why the connection failed, the first cause only (error_detail())
-    cdef int err_kind
-    cdef int err_status, err_opcode, err_errno
-    cdef uint32_t err_vendor
-    cdef uint64_t err_wr_id
+    """An RC QP to one peer plus the registered block of this endpoint; its fields are
+    declared in _verbs.pxd."""
 
     def __cinit__(self):
         self.cached_mrs = {}
@@ -483,35 +413,6 @@ cdef class VerbsTransport(Transport):
         d = Transport.counters(self)
         d["recv_completions"] = self.n_recv_completions
         return d
-
-    def _debug_expose_churn(self, size_t addr, size_t length, int rounds):
-        """Expose and unexpose [addr, addr+length) ``rounds`` times without the GIL and
-        count the exposures whose table slot held another MR meanwhile (tests: two
-        threads at once must never share one; the engine's send and receive threads do
-        this)."""
-        cdef rm_mem m
-        cdef int r, clashes = 0
-        cdef ibv_mr *mr
-        with nogil:
-            for r in range(rounds):
-                if self.expose(addr, length, RM_ACCESS_LOCAL, &m) != 0:
-                    clashes += 1
-                    continue
-                rm_spin_lock(&self.xlock)
-                mr = self.xmrs[m.handle - 1]
-                if mr == NULL or mr == XMR_BUSY or mr.lkey != m.lkey:
-                    clashes += 1
-                rm_spin_unlock(&self.xlock)
-                self.unexpose(m.handle)
-        return clashes
-
-    def _debug_qp_error(self):
-        """Move the QP to the error state behind the engine's back (fault tests)."""
-        cdef ibv_qp_attr at
-        memset(&at, 0, sizeof(at))
-        at.qp_state = IBV_QPS_ERR
-        if self.qp != NULL:
-            ibv_modify_qp(self.qp, &at, IBV_QP_STATE)
 
     # ---- teardown ---------------------------------------------------------------
 

@@ -10,20 +10,22 @@ from typing import Any
 from rdmamw.testing._hooks import (
     apply_stream,
     assist_now,
+    expose_churn,
     expose_range,
     forge_peer_xtab,
     hammer_job,
     job_claimed,
     job_state,
     offer_job,
+    qp_error,
     read_remote,
     region_address,
     unexpose_range,
 )
 
-__all__ = ["apply_stream", "assist_now", "expose_range", "forge_peer_xtab", "hammer_job",
-           "job_claimed", "job_state", "offer_job", "read_remote", "region_address",
-           "slot_address", "unexpose_range"]
+__all__ = ["apply_stream", "assist_now", "expose_churn", "expose_range", "forge_peer_xtab",
+           "hammer_job", "job_claimed", "job_state", "offer_job", "qp_error", "read_remote",
+           "region_address", "slot_address", "unexpose_range"]
 
 
 def slot_address(channel: Any, slot: int) -> int:

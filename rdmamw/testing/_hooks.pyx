@@ -2,7 +2,9 @@
 """Test-only hooks into the providers, kept out of their classes: drive a shm endpoint's
 assisted READ/WRITE by hand and write the peer's shared records as a (hostile) peer
 process can; feed tcp's frame decoder (rdmamw/include/rm_tcp.h) a byte stream on its own
-(the fuzz target) and READ through an endpoint; read a transport's region addresses.
+(the fuzz target) and READ through an endpoint; churn a verbs endpoint's exposure table
+from several threads and put its queue pair in error; read a transport's region
+addresses.
 The package never imports this module (tests/test_layers.py checks); use it through
 :mod:`rdmamw.testing`."""
 
@@ -14,6 +16,15 @@ from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memset
 
+from rdmamw.providers._ibverbs cimport (
+    IBV_QP_STATE,
+    IBV_QPS_ERR,
+    ibv_modify_qp,
+    ibv_mr,
+    ibv_qp_attr,
+    rm_ibv_load,
+    rm_ibv_loaded,
+)
 from rdmamw.providers._shm cimport RM_XNONE, RM_XTAB_N, ShmTransport, rm_assist_publish
 from rdmamw.providers._tcp cimport (
     RT_NREG,
@@ -24,7 +35,9 @@ from rdmamw.providers._tcp cimport (
     rt_conn,
     rt_progress,
 )
+from rdmamw.providers._verbs cimport XMR_BUSY, VerbsTransport
 from rdmamw.transport._base cimport (
+    RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_READ,
     RM_ACCESS_REMOTE_WRITE,
     RM_ERR_BOUNDS,
@@ -35,12 +48,19 @@ from rdmamw.transport._base cimport (
     rm_mem,
     rm_wr,
 )
-from rdmamw.transport.atomics cimport rm_cpu_relax, rm_load_acquire64, rm_store_release64
+from rdmamw.transport.atomics cimport (
+    rm_cpu_relax,
+    rm_load_acquire64,
+    rm_spin_lock,
+    rm_spin_unlock,
+    rm_store_release64,
+)
 
 from rdmamw.providers._tcp import _WHY
+from rdmamw.providers._verbs import load as _load_verbs
 
 
-def region_address(Transport tp, int region):
+def region_address(Transport tp not None, int region):
     """Address of one of the transport's own regions (RM_REGION_*)."""
     if not 0 <= region < RM_NREGIONS:
         raise IndexError(region)
@@ -49,7 +69,7 @@ def region_address(Transport tp, int region):
 
 # ---- shm ---------------------------------------------------------------------------
 
-def expose_range(ShmTransport tp, size_t addr, size_t length, bint writable=False):
+def expose_range(ShmTransport tp not None, size_t addr, size_t length, bint writable=False):
     """Expose [addr, addr+length) to the peer; the key."""
     cdef rm_mem m
     cdef int rc = tp.expose(addr, length,
@@ -59,11 +79,11 @@ def expose_range(ShmTransport tp, size_t addr, size_t length, bint writable=Fals
     return m.rkey
 
 
-def unexpose_range(ShmTransport tp, uint32_t key):
+def unexpose_range(ShmTransport tp not None, uint32_t key):
     tp.unexpose(key)
 
 
-def offer_job(ShmTransport tp, size_t remote, size_t local, size_t length, size_t chunk,
+def offer_job(ShmTransport tp not None, size_t remote, size_t local, size_t length, size_t chunk,
               uint32_t key, uint32_t n, bint write=False):
     """Publish an assisted READ (WRITE) job with these fields, copying nothing; its seq."""
     tp.job_seq += 1
@@ -71,18 +91,18 @@ def offer_job(ShmTransport tp, size_t remote, size_t local, size_t length, size_
     return tp.job_seq
 
 
-def job_state(ShmTransport tp):
+def job_state(ShmTransport tp not None):
     """(fin, bad) of my job record."""
     return tp.job.fin, tp.job.bad
 
 
-def job_claimed(ShmTransport tp):
+def job_claimed(ShmTransport tp not None):
     """Chunks of my current job claimed so far, by either side (a helper signalled
     while this is below the job's chunk count may hold one)."""
     return <uint32_t>(rm_load_acquire64(&tp.job.claim) & 0xFF)
 
 
-def assist_now(ShmTransport tp):
+def assist_now(ShmTransport tp not None):
     """Help with the peer's job now, as the engine does when idle; chunks done."""
     cdef int did
     with nogil:
@@ -90,7 +110,7 @@ def assist_now(ShmTransport tp):
     return did
 
 
-def forge_peer_xtab(ShmTransport tp, uint32_t index, uint64_t addr, uint64_t length,
+def forge_peer_xtab(ShmTransport tp not None, uint32_t index, uint64_t addr, uint64_t length,
                     uint32_t key, uint32_t access):
     """Write an entry into the peer's exposure table as mapped here (index < 255)."""
     cdef uint64_t *e
@@ -102,7 +122,7 @@ def forge_peer_xtab(ShmTransport tp, uint32_t index, uint64_t addr, uint64_t len
     (<uint32_t *>&e[3])[1] = access
 
 
-def hammer_job(ShmTransport tp, uint32_t seq, uint32_t n_ok, uint32_t n_bad,
+def hammer_job(ShmTransport tp not None, uint32_t seq, uint32_t n_ok, uint32_t n_bad,
                uint32_t next_bad, uint64_t iters):
     """Rewrite my job's claim word ``iters`` times, alternating the honest (seq, n_ok, 0)
     and a hostile (seq, n_bad, next_bad), without the GIL (run it in a thread)."""
@@ -121,7 +141,7 @@ def hammer_job(ShmTransport tp, uint32_t seq, uint32_t n_ok, uint32_t n_bad,
 
 # ---- tcp ---------------------------------------------------------------------------
 
-def read_remote(TcpTransport tp, uint32_t rkey, uint64_t off, uint32_t length) -> bytes:
+def read_remote(TcpTransport tp not None, uint32_t rkey, uint64_t off, uint32_t length) -> bytes:
     """READ ``length`` bytes at ``off`` of the peer's region ``rkey`` (tests and
     debugging; the engine will use READ for rendezvous)."""
     cdef rm_wr wr
@@ -226,3 +246,56 @@ def _feed(sock, data: bytes) -> None:
         sock.shutdown(socket.SHUT_WR)
     except OSError:
         pass        # the decoder dropped the connection early: that is allowed
+
+
+# ---- verbs -------------------------------------------------------------------------
+
+def expose_churn(VerbsTransport tp not None, size_t addr, size_t length, int rounds):
+    """Expose and unexpose [addr, addr+length) ``rounds`` times without the GIL and
+    count the exposures whose table slot held another MR meanwhile (two threads at
+    once must never share one; the engine's send and receive threads do this)."""
+    cdef rm_mem m
+    cdef int r, clashes = 0
+    cdef ibv_mr *mr
+    _require_connected(tp)
+    with nogil:
+        for r in range(rounds):
+            if tp.expose(addr, length, RM_ACCESS_LOCAL, &m) != 0:
+                clashes += 1
+                continue
+            rm_spin_lock(&tp.xlock)
+            mr = tp.xmrs[m.handle - 1]
+            if mr == NULL or mr == XMR_BUSY or mr.lkey != m.lkey:
+                clashes += 1
+            rm_spin_unlock(&tp.xlock)
+            tp.unexpose(m.handle)
+    return clashes
+
+
+def qp_error(VerbsTransport tp not None) -> None:
+    """Move the QP to the error state behind the engine's back (fault tests)."""
+    cdef ibv_qp_attr at
+    cdef int rc
+    _require_connected(tp)
+    _load_ibverbs()
+    memset(&at, 0, sizeof(at))
+    at.qp_state = IBV_QPS_ERR
+    rc = ibv_modify_qp(tp.qp, &at, IBV_QP_STATE)
+    if rc != 0:
+        raise OSError(rc, f"ibv_modify_qp to ERR failed: {os.strerror(rc)}")
+
+
+cdef _require_connected(VerbsTransport tp):
+    if tp.qp == NULL or tp.state != 1:
+        raise ValueError("the verbs transport is not connected (or closed)")
+
+
+cdef _load_ibverbs():
+    """Fill this extension's own table of libibverbs calls (rm_ibverbs.h keeps one per
+    extension) from the library the verbs provider loaded."""
+    cdef char err[1024]
+    if rm_ibv_loaded():
+        return
+    lib = _load_verbs()
+    if rm_ibv_load(lib.encode(), err, sizeof(err)) != 0:
+        raise OSError(2, f"cannot load {lib}: {err.decode(errors='replace')}")
