@@ -84,6 +84,7 @@ cdef class EagerSender:
         cdef void *p
         if c <= self.wr_cap:
             return 0
+        c = max(c, 2 * self.wr_cap)     # amortised: a growing batch size reallocates rarely
         p = realloc(self.wrs, c * sizeof(rm_wr))
         if p == NULL:
             raise MemoryError()

@@ -709,6 +709,8 @@ cdef class Engine(Endpoint):
     @property
     def peer(self):
         """The peer's address (set by the channel layer; used in log lines)."""
+        if self.link.peer is None:
+            raise AttributeError("peer")
         return self.link.peer
 
     @peer.setter
