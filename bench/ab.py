@@ -7,7 +7,8 @@ Refactors promise "no slower" (issue 15: within 5 % of the code before); this me
 it the way the promise is stated. The base commit is checked out into a temporary git
 worktree and built there; then each round runs this tree's ``bench/run.py --only
 batched`` (8 B latency, 8 B rate at batches 1/16/256, 64 KiB stream) and
-``bench/rndv_quick.py --sizes 4M`` (the 4 MiB rendezvous stream) once with the base's
+``bench/rndv_quick.py --sizes 4M`` (the 4 MiB rendezvous stream) and
+``bench/call_cost.py`` (CPU time per message, one process) once with the base's
 package on ``PYTHONPATH`` and once with this tree's, alternating which goes first.
 The table gives the median of each metric per side and the ratio after/before (for
 latency, lower is better; for the others, higher). Run it on a quiet machine: other
@@ -34,7 +35,10 @@ METRICS = [("lat8_med", "8 B one-way median [us]", False),
            ("rate16", "8 B rate, batch 16 [msg/s]", True),
            ("rate256", "8 B rate, batch 256 [msg/s]", True),
            ("bw", "64 KiB stream [GB/s]", True),
-           ("rndv4m", "4 MiB rendezvous READ stream [GB/s]", True)]
+           ("rndv4m", "4 MiB rendezvous READ stream [GB/s]", True),
+           ("cpu_ns_batch1", "CPU per 8 B message, batch 1 [ns]", False),
+           ("cpu_ns_batch16", "CPU per 8 B message, batch 16 [ns]", False),
+           ("cpu_ns_batch256", "CPU per 8 B message, batch 256 [ns]", False)]
 
 
 def build_base(ref: str, where: Path) -> None:
@@ -57,6 +61,10 @@ def measure(tree: Path, quick: bool, rndv: bool, tmp: Path) -> dict[str, float]:
                             "--reps", "3", "--variants", "read"],
                            env=env, check=True, capture_output=True, text=True)
         got["rndv4m"] = rndv_read_gbps(r.stdout)
+    # CPU time per message in one process (bench/call_cost.py): less load-sensitive
+    r = subprocess.run([sys.executable, str(HERE / "call_cost.py"), "--json", "--reps", "3"],
+                       env=env, check=True, capture_output=True, text=True)
+    got.update(json.loads(r.stdout))
     return got
 
 

@@ -4,7 +4,7 @@ the slot writes, then the arrival-bitmap words that changed, last; only the last
 request is signaled (docs/protocol.md)."""
 
 cimport cython
-from libc.stdint cimport uint16_t
+from libc.stdint cimport uint8_t, uint16_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy
 
@@ -121,6 +121,9 @@ cdef class EagerSender:
 
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil:
         """Fill staging for planned slot k going to peer slot ``slot``; append its WRs."""
+        cdef uint8_t *kind = self.batch.kind      # (locals: the copy loop below
+        cdef size_t *lens = self.batch.lens       # writes through char *, so fields
+        cdef char **ptrs = self.batch.ptrs        # would be reloaded every message)
         cdef char *st = self.staging + <size_t>slot * self.peer_stride
         cdef rm_slot_hdr *h = <rm_slot_hdr *>st
         cdef uint32_t i, first = self.batch.plan_start[k], last = self.batch.plan_start[k + 1]
@@ -137,14 +140,14 @@ cdef class EagerSender:
         if self.batch.plan_flags[k] == SLOT_PACKED:
             p = st + SLOT_HEADER
             for i in range(first, last):
-                if self.batch.kind[i]:
+                if kind[i]:
                     nw = self.rs.desc_record(i, p, self.wrs, nw)
                     p += REC_HDR + DESC_BYTES
                     continue
-                L = <uint32_t>self.batch.lens[i]
+                L = <uint32_t>lens[i]
                 (<uint32_t *>p)[0] = L
                 (<uint32_t *>p)[1] = 0
-                rm_copy(p + REC_HDR, self.batch.ptrs[i], L)
+                rm_copy(p + REC_HDR, ptrs[i], L)
                 p += REC_HDR + pad8(L)
             wr = &self.wrs[nw]
             wr.wr_id = 0

@@ -90,8 +90,7 @@ cdef class Engine(Endpoint):
     cdef SendBatch batch
     cdef EagerSender tx
     cdef RndvSender rs
-    cdef EagerReceiver rx
-    cdef RndvReceiver rr
+    cdef RndvReceiver rr                # (rx, the EagerReceiver: a field of Endpoint)
     cdef readonly str mode
     cdef readonly str rendezvous        # "off", "read" or "write" (as resolved)
     cdef bint ack
@@ -404,13 +403,13 @@ cdef class Engine(Endpoint):
                 if got:         # a failing READ must not take earlier messages with it
                     break
                 dst = self.rr.receive(base, None)
-                out.append(new_message(self, rx, <char *>dst.view.buf,
+                out.append(new_message(self, <char *>dst.view.buf,
                                        <Py_ssize_t>self.rr.last_len, RM_NO_SLOT, dst))
                 slot = rx.cur_slot
                 rx.advance(L, self.rr.last_len)
                 rx.release_one(slot)
             else:
-                out.append(new_message(self, rx, base, L, rx.cur_slot, None))
+                out.append(new_message(self, base, L, rx.cur_slot, None))
                 rx.advance(L, L)
             got += 1
         return got

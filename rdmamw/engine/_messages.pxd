@@ -5,7 +5,9 @@ from rdmamw.transport._base cimport rm_mem
 
 
 cdef class Endpoint:
-    """What a SendHandle asks of the engine that made it (the engine subclasses it)."""
+    """What messages and handles see of the engine that made them (the engine
+    subclasses it): the receiver whose slots messages view, a batch's done / wait."""
+    cdef EagerReceiver rx
     cdef bint handle_done(self, uint64_t batch, uint64_t rndv) except -1
     cdef int handle_wait(self, uint64_t batch, uint64_t rndv, object timeout) except -1
 
@@ -18,8 +20,7 @@ cdef class SendHandle:
 
 
 cdef class Message:
-    cdef object eng                 # keeps the endpoint (and its channel) alive
-    cdef EagerReceiver rx           # whose slot this is
+    cdef Endpoint eng               # keeps the endpoint alive; eng.rx owns the slot
     cdef char *ptr
     cdef Py_ssize_t length
     cdef uint32_t slot
@@ -38,6 +39,18 @@ cdef class Dest:
 
 
 cdef SendHandle new_handle(Endpoint eng, uint64_t batch, Py_ssize_t count, uint64_t rndv)
-cdef Message new_message(object eng, EagerReceiver rx, char *ptr, Py_ssize_t length,
-                         uint32_t slot, object owner)
+
+
+cdef inline Message new_message(Endpoint eng, char *ptr, Py_ssize_t length, uint32_t slot,
+                                object owner):
+    """A Message viewing ``length`` bytes at ``ptr``: in slot ``slot`` of eng's ring, or
+    in ``owner`` (a Dest) when it came by rendezvous (slot RM_NO_SLOT)."""
+    cdef Message m = Message.__new__(Message)
+    m.eng = eng
+    m.ptr = ptr
+    m.length = length
+    m.slot = slot
+    if owner is not None:
+        m.owner = owner
+    return m
 cdef Dest new_dest(object obj)

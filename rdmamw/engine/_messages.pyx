@@ -90,7 +90,7 @@ cdef class Message:
         if self.owner is not None:
             self.owner = None
             return
-        self.rx.release_one(self.slot)
+        self.eng.rx.release_one(self.slot)
 
     @property
     def released(self) -> bool:
@@ -104,32 +104,19 @@ cdef class Message:
         return False
 
     def __dealloc__(self):
-        cdef EagerReceiver rx = self.rx
         if self.owner is not None:
             self.rel = True
             self.owner = None
-        elif not self.rel and rx is not None:
+        elif not self.rel and self.eng is not None:
             self.rel = True
-            if rx.slot_refs[self.slot] > 1:     # fast path: not the slot's last message
-                rx.slot_refs[self.slot] -= 1
+            if self.eng.rx.slot_refs[self.slot] > 1:    # fast: not the slot's last message
+                self.eng.rx.slot_refs[self.slot] -= 1
             else:
-                rx.release_one(self.slot)
+                self.eng.rx.release_one(self.slot)
 
     def __repr__(self):
         state = "released" if self.rel else f"slot={self.slot}"
         return f"<Message {self.length} bytes {state}>"
-
-
-cdef Message new_message(object eng, EagerReceiver rx, char *ptr, Py_ssize_t length,
-                         uint32_t slot, object owner):
-    cdef Message m = Message.__new__(Message)
-    m.eng = eng
-    m.rx = rx
-    m.ptr = ptr
-    m.length = length
-    m.slot = slot
-    m.owner = owner
-    return m
 
 
 @cython.final
