@@ -214,6 +214,56 @@ def big(cfg: dict) -> dict:
     return {"rank": me, "ok": True}
 
 
+def reuse(cfg: dict) -> dict:
+    """Each rank overwrites its result (and input) the moment the call returns, while
+    rank 1 takes its chunks slowly: rank 1's result must not see rank 0's overwrite
+    (a rendezvous chunk is read from the sender's memory after the sender moved on)."""
+    rdmamw.init()
+    comm = coll.default_comm()
+    me, n = comm.rank, comm.size
+    if me == 1:
+        take = comm._take
+
+        def slow(*args):
+            time.sleep(cfg["delay"])
+            return take(*args)
+
+        comm._take = slow
+    length, checks = cfg["length"], 0
+    for alg in ("ring", "rhd", "hierarchical"):
+        for inplace in (False, True):
+            x = np.full(length, me + 1, np.float32)
+            x[::101] = -me
+            want = np.full(length, n * (n + 1) / 2, np.float32)
+            want[::101] = -n * (n - 1) / 2
+            got = coll.allreduce(x, algorithm=alg, out=x if inplace else None)
+            kept = got.copy()
+            got[:] = np.nan
+            x[:] = np.nan
+            np.testing.assert_array_equal(kept, want, err_msg=f"{alg} inplace={inplace}")
+            checks += 1
+            coll.barrier()
+    for kind in ("allgather", "broadcast", "reduce_scatter"):
+        x = np.full(length, me + 1, np.float32)
+        if kind == "allgather":
+            got = coll.allgather(x)
+            want = np.repeat(np.arange(1, n + 1, dtype=np.float32)[:, None], length, 1)
+        elif kind == "broadcast":
+            got = coll.broadcast(x, root=0)
+            want = np.full(length, 1, np.float32)
+        else:
+            got = coll.reduce_scatter(x)
+            b = [k * length // n for k in range(n + 1)]
+            want = np.full(b[me + 1] - b[me], n * (n + 1) / 2, np.float32)
+        kept = got.copy()
+        got[...] = np.nan
+        x[:] = np.nan
+        np.testing.assert_array_equal(kept, want, err_msg=kind)
+        checks += 1
+        coll.barrier()
+    return {"rank": me, "checks": checks}
+
+
 def mismatch(cfg: dict) -> dict:
     """Rank ``cfg["odd"]`` calls with a different shape / dtype / op / collective."""
     rdmamw.init()

@@ -81,6 +81,16 @@ def test_arrays_of_many_chunks(n):
     job(n, "big", {"length": 3_000_001})
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_results_and_inputs_may_be_overwritten_once_a_call_returns(n):
+    """A chunk may travel by rendezvous (the receiver reads it from the sender's memory
+    later): a call must not return before its peers have taken everything it sent, or
+    a caller reusing its buffers (the next backward pass into the same gradients)
+    changes what a slower rank receives. Rank 1 takes each chunk 30 ms late."""
+    res = job(n, "reuse", {"length": 2_500_003, "delay": 0.03}, timeout=120)
+    assert [r["checks"] for r in res] == [9] * n
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_alltoall_gather_scatter_reduce_match_numpy(n):
     """Every dtype, even and uneven alltoall, every reduce op, blocking and async."""
