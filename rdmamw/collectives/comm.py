@@ -81,6 +81,8 @@ class Communicator:
         self.group_ids: list[int] | None = None
         self._chans: dict[int, Channel] = {}
         self._queues: dict[int, collections.deque[Message]] = {}
+        #: the last send of the running collective per peer (see :meth:`_settle`)
+        self._sent: dict[int, Any] = {}
         self._lock = threading.RLock()
         self.max_chunk = slot_size
         self.seq = 0
@@ -114,9 +116,24 @@ class Communicator:
 
     def send(self, peer: int, msgs: list) -> None:
         try:
-            self._chans[peer].send_batch(msgs, timeout=self.timeout)
+            self._sent[peer] = self._chans[peer].send_batch(msgs, timeout=self.timeout)
         except (PeerLost, ChannelClosed) as e:
             raise type(e)(f"rank {peer}: {e}") from e
+
+    def _settle(self) -> None:
+        """Wait until every peer has taken what this collective sent it.
+
+        A chunk above the eager limit goes by rendezvous: the peer reads it from our
+        memory when it gets to it, which can be after we received everything we
+        needed. Returning earlier would let the caller overwrite (the next backward
+        pass into the same gradients) data a slower rank has yet to read. A channel's
+        sends complete in order, so its last handle covers the others."""
+        sent, self._sent = self._sent, {}
+        for peer, h in sent.items():
+            try:
+                h.wait(self.timeout)
+            except (PeerLost, ChannelClosed) as e:
+                raise type(e)(f"rank {peer}: {e}") from e
 
     def recv(self, peer: int) -> Message:
         """The next message from ``peer`` (queued ones first)."""
@@ -199,8 +216,11 @@ class Communicator:
             try:
                 self.ensure(set(peers) | set(self.dissemination_peers()))
                 self.agree([self.seq, *header])
-                return body()
+                out = body()
+                self._settle()
+                return out
             except CollectiveMismatch:
+                self._sent.clear()
                 raise
             except ChannelClosed as e:
                 self._break(e)
@@ -228,6 +248,7 @@ class Communicator:
 
     def _break(self, e: BaseException) -> None:
         self.broken = e
+        self._sent.clear()
         self.close()
 
     def dissemination_peers(self) -> list[int]:
