@@ -23,7 +23,8 @@ import numpy as np
 
 from rdmamw import config
 from rdmamw.channel import Channel, Message
-from rdmamw.errors import ChannelClosed, PeerLost, RdmamwError
+from rdmamw.collectives._kernels import Copier
+from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, RdmamwError
 
 #: Ring of each collective channel: 16 slots x 1 MiB. Large chunks cut the
 #: per-chunk Python cost of big arrays: on shm a 64 MiB allreduce at 2 ranks took
@@ -69,6 +70,9 @@ class Communicator:
         self.slots = slots
         self.slot_size = config.get("RDMAMW_COLL_SLOT_SIZE") if slot_size is None else slot_size
         self.min_chunk = config.get("RDMAMW_COLL_MIN_CHUNK")
+        #: largest chunk on channels that move big messages by rendezvous (the others
+        #: stop at their eager limit); the header round agrees on the job's smallest
+        self.chunk = config.get("RDMAMW_COLL_CHUNK")
         self.pieces = config.get("RDMAMW_COLL_PIECES")
         #: chunks a rank may send ahead of what it received in one exchange; below a
         #: quarter of the ring so pairwise and ring exchanges can never fill it
@@ -84,7 +88,7 @@ class Communicator:
         #: the last send of the running collective per peer (see :meth:`_settle`)
         self._sent: dict[int, Any] = {}
         self._lock = threading.RLock()
-        self.max_chunk = slot_size
+        self.max_chunk = min(self.slot_size, self.chunk)
         self.seq = 0
         self.broken: BaseException | None = None
         self._progress: Any = None          # progress.Progress, on the first async call
@@ -136,11 +140,14 @@ class Communicator:
                 raise type(e)(f"rank {peer}: {e}") from e
 
     def recv(self, peer: int) -> Message:
-        """The next message from ``peer`` (queued ones first)."""
+        """The next message from ``peer`` (queued ones first).
+
+        One message per call: a rendezvous chunk is read when it is taken, so the next
+        one can still go straight into its destination (:meth:`_take`)."""
         q = self._queues[peer]
         if not q:
             try:
-                q.extend(self._chans[peer].recv_batch(timeout=self.timeout))
+                q.extend(self._chans[peer].recv_batch(1, timeout=self.timeout))
             except (PeerLost, ChannelClosed) as e:
                 raise type(e)(f"rank {peer}: {e}") from e
         return q.popleft()
@@ -186,12 +193,15 @@ class Communicator:
 
     def _take(self, frm: int, start: int, stop: int, on_chunk: OnChunk | None,
               dtype: np.dtype) -> None:
-        m = self.recv(frm)
         want = (stop - start) * dtype.itemsize
+        dest = on_chunk.into(start, stop) if isinstance(on_chunk, Copier) else None
+        if dest is not None and not self._queues[frm]:
+            self._receive_into(frm, dest, want)
+            return
+        m = self.recv(frm)
         if len(m) != want:
             m.release()
-            raise RdmamwError(f"collective #{self.seq}: rank {frm} sent {len(m)} bytes where "
-                              f"{want} were due (collectives called out of order?)")
+            raise self._wrong_length(frm, len(m), want)
         a = np.frombuffer(m, dtype)
         try:
             if on_chunk is not None:
@@ -199,6 +209,21 @@ class Communicator:
         finally:
             del a
             m.release()
+
+    def _receive_into(self, frm: int, dest: np.ndarray, want: int) -> None:
+        """The next message from ``frm`` straight into ``dest`` (``want`` bytes)."""
+        try:
+            got = self._chans[frm].recv_into(dest, timeout=self.timeout)
+        except BufferTooSmall as e:
+            raise self._wrong_length(frm, e.needed, want) from e
+        except (PeerLost, ChannelClosed) as e:
+            raise type(e)(f"rank {frm}: {e}") from e
+        if got != want:
+            raise self._wrong_length(frm, got, want)
+
+    def _wrong_length(self, frm: int, got: int, want: int) -> RdmamwError:
+        return RdmamwError(f"collective #{self.seq}: rank {frm} sent {got} bytes where "
+                           f"{want} were due (collectives called out of order?)")
 
     # ---- one collective --------------------------------------------------------------
 
@@ -265,7 +290,7 @@ class Communicator:
         equal means everyone agrees; otherwise all raise the same clear error. It is
         also a barrier: nobody leaves before every rank has arrived."""
         lo = hi = [header, self.rank]
-        cap = min([self.slot_size] + [ch.eager_limit for ch in self._chans.values()])
+        cap = min([self.chunk] + [chunk_limit(ch, self.chunk) for ch in self._chans.values()])
         k, n = 1, self.size
         while k < n:
             to, frm = (self.rank + k) % n, (self.rank - k) % n
@@ -333,6 +358,14 @@ class Communicator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def chunk_limit(ch: Channel, chunk: int) -> int:
+    """The largest chunk ``ch`` should carry: ``chunk`` when it has rendezvous (and the
+    peer takes messages that large), else its eager limit."""
+    if ch.rendezvous == "off":
+        return ch.eager_limit
+    return min(chunk, ch.peer_max_message_size or chunk)
 
 
 def describe(h: list) -> str:
