@@ -112,6 +112,45 @@ def values(rank: int, shape: tuple, dtype: str, seed: int, op: str = "sum") -> n
     return rng.integers(lo, 4, size=shape).astype(dtype)
 
 
+def chunked(cfg: dict) -> dict:
+    """Every dtype through transfers of many chunks (RDMAMW_COLL_CHUNK is small and not
+    a multiple of any item size in the test) of odd lengths: allreduce (every
+    algorithm, in and out of place), allgather, broadcast, reduce_scatter, against
+    numpy. Also counts the rendezvous destinations the channels had to allocate
+    during the copy-only collectives (allgather, broadcast): 0 when every chunk was
+    received straight into the result."""
+    from rdmamw.memory import pool as rpool
+    w = rdmamw.init()
+    comm = coll.default_comm()
+    n, me, checks, seed = w.world_size, w.rank, 0, 500
+    allocated = 0
+    for dt in ALL_DTYPES:
+        for length in cfg["lengths"]:
+            op = "bor" if dt == "bool" else "sum"
+            want = ALL_OPS[op].reduce(np.stack([values(r, (length,), dt, seed)
+                                                for r in range(n)]), axis=0)
+            for alg in ("ring", "rhd", "hierarchical"):
+                x = values(me, (length,), dt, seed)
+                got = coll.allreduce(x, op=op, algorithm=alg, out=x if alg == "rhd" else None)
+                np.testing.assert_array_equal(got, want, err_msg=f"{alg} {dt} {length}")
+                checks += 1
+            before = rpool.default_pool().stats()["acquires"]
+            g = coll.allgather(values(me, (length,), dt, seed))
+            for r in range(n):
+                np.testing.assert_array_equal(g[r], values(r, (length,), dt, seed))
+            b = values(me, (length,), dt, seed)
+            coll.broadcast(b, root=n - 1)
+            np.testing.assert_array_equal(b, values(n - 1, (length,), dt, seed))
+            allocated += rpool.default_pool().stats()["acquires"] - before
+            part = coll.reduce_scatter(values(me, (length,), dt, seed), op=op)
+            np.testing.assert_array_equal(
+                part, want[me * length // n:(me + 1) * length // n])
+            checks += 3
+            seed += 1
+    rndv = sum(ch.stats()["rndv_reads"] for ch in comm._chans.values())
+    return {"rank": me, "checks": checks, "allocated": allocated, "rndv_reads": rndv}
+
+
 def rooted(cfg: dict) -> dict:
     """alltoall (even and uneven, counts given or learnt), gather, scatter, reduce
     (every op the dtype allows) for every dtype, blocking and async_op, against numpy

@@ -82,6 +82,20 @@ def test_arrays_of_many_chunks(n):
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_chunk_boundaries_every_dtype_and_copies_received_in_place(n):
+    """Chunks of RDMAMW_COLL_CHUNK = 100003 B (above the shm rendezvous threshold, a
+    multiple of no item size) over odd lengths, every dtype; a chunk that is only
+    copied (allgather, broadcast) goes straight into the result: no rendezvous
+    destination is allocated for it."""
+    res = job(n, "chunked", {"lengths": [7, 250_001]}, env={"RDMAMW_COLL_CHUNK": "100003"},
+              timeout=180)
+    for r in res:
+        assert r["checks"] == 12 * 2 * 6
+        assert r["rndv_reads"] > 0          # the chunks did go by rendezvous
+        assert r["allocated"] == 0, r
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_results_and_inputs_may_be_overwritten_once_a_call_returns(n):
     """A chunk may travel by rendezvous (the receiver reads it from the sender's memory
     later): a call must not return before its peers have taken everything it sent, or
