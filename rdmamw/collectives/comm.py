@@ -13,6 +13,7 @@ Messages a fast peer already sent for the next collective wait in a per-peer que
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -73,6 +74,8 @@ class Communicator:
         #: largest chunk on channels that move big messages by rendezvous (the others
         #: stop at their eager limit); the header round agrees on the job's smallest
         self.chunk = config.get("RDMAMW_COLL_CHUNK")
+        #: what our channels' waits spin before they sleep (None: RDMAMW_SPIN_US)
+        self.spin_us = spin_for(world)
         self.pieces = config.get("RDMAMW_COLL_PIECES")
         #: chunks a rank may send ahead of what it received in one exchange; below a
         #: quarter of the ring so pairwise and ring exchanges can never fill it
@@ -102,8 +105,11 @@ class Communicator:
         ascending order, a chain of ranks each waiting for the next would need ever
         smaller ranks, so no cycle (deadlock) can form."""
         for p in sorted(set(peers) - {self.rank} - set(self._chans)):
+            # chunks up to the eager limit are copied through the ring (no read back,
+            # no wait for it at the end: less latency); larger ones go by rendezvous
             ch = Channel.open(p, timeout=self.timeout or 30.0, slots=self.slots,
-                              slot_size=self.slot_size, world=self.world)
+                              slot_size=self.slot_size, world=self.world,
+                              rndv_threshold=self.slot_size, spin_us=self.spin_us)
             self._chans[p] = ch
             self._queues[p] = collections.deque()
 
@@ -358,6 +364,19 @@ class Communicator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def spin_for(world: Any) -> float | None:
+    """RDMAMW_COLL_SPIN_US, else 0 when this host runs more of the job's ranks than it
+    has CPUs (a rank spinning for a peer that waits for its core only delays it; as
+    MPI libraries yield when oversubscribed), else None: the channels' default
+    (docs/collectives.md, "Waiting")."""
+    spin = config.get("RDMAMW_COLL_SPIN_US")
+    if spin is not None:
+        return spin
+    host = world.peers.get(world.rank, {}).get("host")
+    here = sum(1 for d in world.peers.values() if host is not None and d.get("host") == host)
+    return 0.0 if here > (os.cpu_count() or 1) else None
 
 
 def chunk_limit(ch: Channel, chunk: int) -> int:
