@@ -30,8 +30,9 @@ from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, RdmamwError
 # Chunks (docs/collectives.md, "Chunking and pipelining"): up to RDMAMW_COLL_CHUNK
 # (4 MiB) on channels with rendezvous, else the eager limit (the collectives' rings are
 # 16 x 1 MiB). Large chunks cut the per-chunk Python cost and the wake-ups of big
-# arrays: a 64 MiB allreduce at 2 ranks on shm took 68.8 ms with 4 MiB chunks against
-# 75.7 ms with 1 MiB ones on a loaded machine (bench/ab.py --allreduce 64M).
+# arrays: a 64 MiB allreduce at 2 ranks on shm took 8.3 ms of CPU per call with 4 MiB
+# chunks (copies received in place) against 10.5 ms with 1 MiB ones (bench/ab.py
+# --allreduce 64M, docs/benchmarks.md).
 # RDMAMW_COLL_PIECES: chunks a transfer is cut into below max_chunk. 1 (default): on
 # shm a 1 MiB allreduce at 2 ranks took 0.19-0.22 ms whole vs 0.31 ms in quarters
 # (per-chunk Python cost beats the overlap at that size); above max_chunk transfers
