@@ -2,6 +2,7 @@
 
     python bench/ab.py --base main~3                 # 5 rounds of A/B, then the table
     python bench/ab.py --base 4408da6 --rounds 7 --no-rndv
+    python bench/ab.py --base main --allreduce 1M,64M --ranks 2   # the collectives
 
 Refactors promise "no slower" (issue 15: within 5 % of the code before); this measures
 it the way the promise is stated. The base commit is checked out into a temporary git
@@ -10,6 +11,9 @@ batched`` (8 B latency, 8 B rate at batches 1/16/256, 64 KiB stream) and
 ``bench/rndv_quick.py --sizes 4M`` (the 4 MiB rendezvous stream) and
 ``bench/call_cost.py`` (CPU time per message, one process) once with the base's
 package on ``PYTHONPATH`` and once with this tree's, alternating which goes first.
+With ``--allreduce`` each round runs this tree's ``bench/allreduce_bench.py`` instead
+(into ``out`` and out of place, rank 0's wall and CPU time, and the ratio to the
+numpy floor measured in the same run).
 The table gives the median of each metric per side and the ratio after/before (for
 latency, lower is better; for the others, higher). Run it on a quiet machine: other
 load shows in both sides, but adds noise to the ratio.
@@ -68,6 +72,36 @@ def measure(tree: Path, quick: bool, rndv: bool, tmp: Path) -> dict[str, float]:
     return got
 
 
+#: (metric, label) of --allreduce: times in ms, lower is better
+ALLREDUCE = [("auto", "allreduce into out [ms]"), ("auto/cpu", "  its CPU time, rank 0 [ms]"),
+             ("oop", "y = allreduce(x) [ms]"), ("oop/cpu", "  its CPU time, rank 0 [ms]"),
+             ("oop/floor", "y = allreduce(x) / numpy.add floor")]
+
+
+def measure_allreduce(tree: Path, sizes: str, ranks: int, tmp: Path) -> dict[str, float]:
+    """bench/allreduce_bench.py (this tree's) on ``tree``'s package: auto and oop,
+    and the numpy floor of the same run."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    out = tmp / f"allreduce-{tree.name}"
+    subprocess.run([sys.executable, str(HERE / "allreduce_bench.py"), "--sizes", sizes,
+                    "--ranks", str(ranks), "--only", "numpy,rdmamw", "--algorithms",
+                    "auto,oop", "--out", str(out)], env=env, check=True,
+                   capture_output=True, text=True)
+    latest = max(out.glob("allreduce-*.json"), key=lambda p: p.stat().st_mtime)
+    res = json.loads(latest.read_text())["results"]
+    got = {}
+    for size in sizes.split(","):
+        nbytes = {"1M": 1 << 20, "64M": 64 << 20}[size]
+        r, floor = res[f"rdmamw/{ranks}"], res["numpy"][f"numpy/{nbytes}"]
+        for key in ("auto", "oop", "auto/cpu", "oop/cpu"):
+            alg, _, cpu = key.partition("/")
+            v = r.get(f"{alg}/{nbytes}" + ("/cpu" if cpu else ""))
+            if v is not None:
+                got[f"{size} {key}"] = v * 1e3
+        got[f"{size} oop/floor"] = r[f"oop/{nbytes}"] / floor
+    return got
+
+
 def rndv_read_gbps(text: str) -> float | None:
     """The "read" row of bench/rndv_quick.py's table (GB/s)."""
     for line in text.splitlines():
@@ -84,6 +118,10 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="bench/run.py --quick phases")
     ap.add_argument("--no-rndv", action="store_true", help="leave out the 4 MiB stream")
     ap.add_argument("--json", default=None, help="write every round's numbers here")
+    ap.add_argument("--allreduce", metavar="SIZES", default=None,
+                    help="instead: bench/allreduce_bench.py at these sizes (1M,64M), "
+                         "into out and out of place, with the numpy floor of each run")
+    ap.add_argument("--ranks", type=int, default=2, help="ranks of --allreduce")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="rdmamw-ab-") as tmpdir:
         tmp = Path(tmpdir)
@@ -96,12 +134,17 @@ def main() -> int:
                 order = [("before", base), ("after", ROOT)]
                 for name, tree in order if r % 2 == 0 else order[::-1]:
                     print(f"[ab] round {r + 1}/{a.rounds}: {name}", file=sys.stderr, flush=True)
-                    sides[name].append(measure(tree, a.quick, not a.no_rndv, tmp))
+                    sides[name].append(
+                        measure_allreduce(tree, a.allreduce, a.ranks, tmp) if a.allreduce
+                        else measure(tree, a.quick, not a.no_rndv, tmp))
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
                             str(base)], capture_output=True)
     print(f"{'metric':<38} {'before':>12} {'after':>12} {'after/before':>13}")
-    for key, label, higher in METRICS:
+    metrics = METRICS if not a.allreduce else [
+        (f"{size} {key}", f"{size} {label}", False)
+        for size in a.allreduce.split(",") for key, label in ALLREDUCE]
+    for key, label, higher in metrics:
         vals = {n: [v[key] for v in rows if v.get(key) is not None] for n, rows in sides.items()}
         if not vals["before"] or not vals["after"]:
             continue

@@ -7,7 +7,9 @@ numpy.add floor, all in one run (torch.distributed gloo too when torch imports).
 
 Each measured allreduce is out of place on float32, preceded by a barrier; the time
 is rank 0's median over the repetitions (the barrier starts the ranks within a
-message latency of each other). Ranks are pinned to cores
+message latency of each other), next to rank 0's median CPU time per call (all its
+threads: on a shared machine the wall time grows with the other jobs' load, the CPU
+time much less). Ranks are pinned to cores
 ``rank mod cores``. The floor is one np.add(a, b, out=c) of the same size in one
 process, measured before and after the others (the lower one counts, so load that
 inflates one floor measurement cannot flatter the ratio). Prints a table of
@@ -69,15 +71,17 @@ def rank_rdmamw(cfg: dict) -> None:
             for _ in range(warm):
                 y = call(coll, x, alg, y, comm)
         for alg in cfg["algorithms"]:
-            times = []
+            times, cpu = [], []
             for k in range(reps_for(nbytes, cfg["reps"]) + warm):
                 coll.barrier(comm=comm)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 y = call(coll, x, alg, y, comm)
                 if k >= warm:
                     times.append(time.perf_counter() - t0)
+                    cpu.append(time.process_time() - c0)
             assert y[0] == w.world_size and y[-1] == w.world_size
             out[f"{alg}/{nbytes}"] = statistics.median(times)
+            out[f"{alg}/{nbytes}/cpu"] = statistics.median(cpu)
         out[f"choice/{nbytes}"] = coll.policy.choose(nbytes, coll.groups(comm), comm.model)
     if w.rank == 0:
         emit(out)
@@ -235,6 +239,9 @@ def table(res: dict, cfg: dict) -> list[str]:
                 name = alg if alg != "auto" else f"auto={r.get(f'choice/{nbytes}')}"
                 cells = [f"{nbytes >> 20:>3d} MiB", f"{n} ranks", f"{name:17s}",
                          f"{t * 1e3:8.3f} ms", f"{nbytes / t / 1e9:6.2f} GB/s"]
+                cpu = r.get(f"{alg}/{nbytes}/cpu")
+                if cpu is not None:     # rank 0's CPU time per call: what load cannot inflate
+                    cells.append(f"cpu {cpu * 1e3:8.3f} ms")
                 cells.append(f"x floor {t / floor:5.2f}" if floor else "x floor   n/a")
                 cells.append(f"mpi4py {mpi * 1e3:8.3f} ms ({mpi / t:5.2f}x)" if mpi
                              else "mpi4py n/a")

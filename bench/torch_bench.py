@@ -7,7 +7,8 @@ called directly (the backend's own overhead), all in one run on this host (shm).
 Each rank is pinned to core ``rank mod cores`` and runs torch with one thread.
 all_reduce: float32, in place (the torch call), preceded by a barrier; rank 0's
 median. "direct" is
-``rdmamw.collectives.allreduce(x, out=x)`` on the numpy view of the same tensor.
+``rdmamw.collectives.allreduce(x, out=x)`` on the numpy view of the same tensor,
+measured in rounds alternating with the backend's (load drifts between them).
 DDP: the small CNN of tests/torch_worker.py (batch 32 of 8x8 images, 1 MB buckets),
 median seconds per training step (forward, backward with the bucket all_reduces,
 SGD step). Prints the ratios the targets of issue 16 are stated in and writes the
@@ -39,7 +40,7 @@ def reps_for(nbytes: int, reps: int | None) -> int:
     return reps or (100 if nbytes <= 1 << 20 else 12)
 
 
-def timed(fn, barrier, reps: int) -> float:
+def samples(fn, barrier, reps: int) -> list[float]:
     for _ in range(max(2, reps // 10)):          # warm (pages, pools, channels)
         fn()
     ts = []
@@ -48,7 +49,21 @@ def timed(fn, barrier, reps: int) -> float:
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    return ts
+
+
+def timed(fn, barrier, reps: int) -> float:
+    return statistics.median(samples(fn, barrier, reps))
+
+
+def interleaved(pairs: dict, reps: int, rounds: int = 4) -> dict[str, float]:
+    """Median of each of ``pairs`` (name -> (fn, barrier)), measured in ``rounds``
+    alternating rounds so that load drifting during the run hits both alike."""
+    got: dict[str, list[float]] = {k: [] for k in pairs}
+    for r in range(rounds):
+        for k in (list(pairs) if r % 2 == 0 else list(pairs)[::-1]):
+            got[k] += samples(*pairs[k], max(1, reps // rounds))
+    return {k: statistics.median(v) for k, v in got.items()}
 
 
 def rank(cfg: dict) -> None:
@@ -65,15 +80,15 @@ def rank(cfg: dict) -> None:
     out: dict = {}
     for nbytes in cfg["sizes"]:
         x = torch.ones(nbytes // 4)
-        out[f"{backend}/{nbytes}"] = timed(lambda x=x: dist.all_reduce(x), dist.barrier,
-                                          reps_for(nbytes, cfg["reps"]))
+        pairs = {backend: (lambda x=x: dist.all_reduce(x), dist.barrier)}
         if backend == "rdmamw":
             import rdmamw.collectives as coll
             comm = dist.distributed_c10d._get_default_group().comm
             a = x.numpy()
-            out[f"direct/{nbytes}"] = timed(
-                lambda a=a, c=comm: coll.allreduce(a, out=a, comm=c),
-                lambda c=comm: coll.barrier(comm=c), reps_for(nbytes, cfg["reps"]))
+            pairs["direct"] = (lambda a=a, c=comm: coll.allreduce(a, out=a, comm=c),
+                               lambda c=comm: coll.barrier(comm=c))
+        for k, v in interleaved(pairs, reps_for(nbytes, cfg["reps"])).items():
+            out[f"{k}/{nbytes}"] = v
     if cfg["ddp_steps"]:
         sys.path.insert(0, str(ROOT / "tests"))
         from torch_worker import Net

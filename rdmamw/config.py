@@ -244,6 +244,12 @@ D("collectives", "RDMAMW_COLL_SLOT_SIZE", "bytes", M, "slot bytes of a collectiv
   minimum=64, maximum=G)
 D("collectives", "RDMAMW_COLL_MIN_CHUNK", "bytes", 16 * K, "smallest pipeline chunk",
   minimum=1)
+D("collectives", "RDMAMW_COLL_CHUNK", "bytes", 4 * M,
+  "largest pipeline chunk on channels with rendezvous (others: their eager limit)",
+  minimum=64, maximum=G)
+D("collectives", "RDMAMW_COLL_SPIN_US", "float", None,
+  "microseconds a collective's wait spins before it sleeps (default RDMAMW_SPIN_US; 0 "
+  "when this host runs more ranks than it has CPUs)", minimum=0.0)
 D("collectives", "RDMAMW_COLL_PIECES", "int", 1, "pipeline pieces per transfer", minimum=1)
 D("collectives", "RDMAMW_COLL_RESULT_BYTES", "bytes", G,
   "idle bytes the pool of out-of-place collective results keeps")

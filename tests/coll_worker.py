@@ -112,6 +112,45 @@ def values(rank: int, shape: tuple, dtype: str, seed: int, op: str = "sum") -> n
     return rng.integers(lo, 4, size=shape).astype(dtype)
 
 
+def chunked(cfg: dict) -> dict:
+    """Every dtype through transfers of many chunks (RDMAMW_COLL_CHUNK is small and not
+    a multiple of any item size in the test) of odd lengths: allreduce (every
+    algorithm, in and out of place), allgather, broadcast, reduce_scatter, against
+    numpy. Also counts the rendezvous destinations the channels had to allocate
+    during the copy-only collectives (allgather, broadcast): 0 when every chunk was
+    received straight into the result."""
+    from rdmamw.memory import pool as rpool
+    w = rdmamw.init()
+    comm = coll.default_comm()
+    n, me, checks, seed = w.world_size, w.rank, 0, 500
+    allocated = 0
+    for dt in ALL_DTYPES:
+        for length in cfg["lengths"]:
+            op = "bor" if dt == "bool" else "sum"
+            want = ALL_OPS[op].reduce(np.stack([values(r, (length,), dt, seed)
+                                                for r in range(n)]), axis=0)
+            for alg in ("ring", "rhd", "hierarchical"):
+                x = values(me, (length,), dt, seed)
+                got = coll.allreduce(x, op=op, algorithm=alg, out=x if alg == "rhd" else None)
+                np.testing.assert_array_equal(got, want, err_msg=f"{alg} {dt} {length}")
+                checks += 1
+            before = rpool.default_pool().stats()["acquires"]
+            g = coll.allgather(values(me, (length,), dt, seed))
+            for r in range(n):
+                np.testing.assert_array_equal(g[r], values(r, (length,), dt, seed))
+            b = values(me, (length,), dt, seed)
+            coll.broadcast(b, root=n - 1)
+            np.testing.assert_array_equal(b, values(n - 1, (length,), dt, seed))
+            allocated += rpool.default_pool().stats()["acquires"] - before
+            part = coll.reduce_scatter(values(me, (length,), dt, seed), op=op)
+            np.testing.assert_array_equal(
+                part, want[me * length // n:(me + 1) * length // n])
+            checks += 3
+            seed += 1
+    rndv = sum(ch.stats()["rndv_reads"] for ch in comm._chans.values())
+    return {"rank": me, "checks": checks, "allocated": allocated, "rndv_reads": rndv}
+
+
 def rooted(cfg: dict) -> dict:
     """alltoall (even and uneven, counts given or learnt), gather, scatter, reduce
     (every op the dtype allows) for every dtype, blocking and async_op, against numpy
@@ -212,6 +251,56 @@ def big(cfg: dict) -> dict:
     coll.broadcast(x, root=1 % n)
     np.testing.assert_array_equal(x, np.arange(length, dtype=np.float64) * (n > 1))
     return {"rank": me, "ok": True}
+
+
+def reuse(cfg: dict) -> dict:
+    """Each rank overwrites its result (and input) the moment the call returns, while
+    rank 1 takes its chunks slowly: rank 1's result must not see rank 0's overwrite
+    (a rendezvous chunk is read from the sender's memory after the sender moved on)."""
+    rdmamw.init()
+    comm = coll.default_comm()
+    me, n = comm.rank, comm.size
+    if me == 1:
+        take = comm._take
+
+        def slow(*args):
+            time.sleep(cfg["delay"])
+            return take(*args)
+
+        comm._take = slow
+    length, checks = cfg["length"], 0
+    for alg in ("ring", "rhd", "hierarchical"):
+        for inplace in (False, True):
+            x = np.full(length, me + 1, np.float32)
+            x[::101] = -me
+            want = np.full(length, n * (n + 1) / 2, np.float32)
+            want[::101] = -n * (n - 1) / 2
+            got = coll.allreduce(x, algorithm=alg, out=x if inplace else None)
+            kept = got.copy()
+            got[:] = np.nan
+            x[:] = np.nan
+            np.testing.assert_array_equal(kept, want, err_msg=f"{alg} inplace={inplace}")
+            checks += 1
+            coll.barrier()
+    for kind in ("allgather", "broadcast", "reduce_scatter"):
+        x = np.full(length, me + 1, np.float32)
+        if kind == "allgather":
+            got = coll.allgather(x)
+            want = np.repeat(np.arange(1, n + 1, dtype=np.float32)[:, None], length, 1)
+        elif kind == "broadcast":
+            got = coll.broadcast(x, root=0)
+            want = np.full(length, 1, np.float32)
+        else:
+            got = coll.reduce_scatter(x)
+            b = [k * length // n for k in range(n + 1)]
+            want = np.full(b[me + 1] - b[me], n * (n + 1) / 2, np.float32)
+        kept = got.copy()
+        got[...] = np.nan
+        x[:] = np.nan
+        np.testing.assert_array_equal(kept, want, err_msg=kind)
+        checks += 1
+        coll.barrier()
+    return {"rank": me, "checks": checks}
 
 
 def mismatch(cfg: dict) -> dict:

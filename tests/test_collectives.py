@@ -81,6 +81,30 @@ def test_arrays_of_many_chunks(n):
     job(n, "big", {"length": 3_000_001})
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_chunk_boundaries_every_dtype_and_copies_received_in_place(n):
+    """Chunks of RDMAMW_COLL_CHUNK = 100003 B (above the collectives' 64 KiB eager limit
+    here, so by rendezvous; a multiple of no item size) over odd lengths, every dtype;
+    a chunk that is only copied (allgather, broadcast) goes straight into the result:
+    no rendezvous destination is allocated for it."""
+    res = job(n, "chunked", {"lengths": [7, 250_001]}, timeout=180,
+              env={"RDMAMW_COLL_CHUNK": "100003", "RDMAMW_COLL_SLOT_SIZE": "64K"})
+    for r in res:
+        assert r["checks"] == 12 * 2 * 6
+        assert r["rndv_reads"] > 0          # the chunks did go by rendezvous
+        assert r["allocated"] == 0, r
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_results_and_inputs_may_be_overwritten_once_a_call_returns(n):
+    """A chunk may travel by rendezvous (the receiver reads it from the sender's memory
+    later): a call must not return before its peers have taken everything it sent, or
+    a caller reusing its buffers (the next backward pass into the same gradients)
+    changes what a slower rank receives. Rank 1 takes each chunk 30 ms late."""
+    res = job(n, "reuse", {"length": 2_500_003, "delay": 0.03}, timeout=120)
+    assert [r["checks"] for r in res] == [9] * n
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_alltoall_gather_scatter_reduce_match_numpy(n):
     """Every dtype, even and uneven alltoall, every reduce op, blocking and async."""
@@ -192,6 +216,30 @@ def test_broadcast_tree_is_binomial_up_to_tree_bytes_then_a_chain():
         assert tree_shape(members, 0, r, TREE_BYTES) == binomial(members, 0, r)
         assert tree_shape(members, 0, r, TREE_BYTES + 1) == chain(members, 0, r)
     assert binomial(members, 0, 0) != chain(members, 0, 0)      # the two differ here
+
+
+def test_waits_sleep_at_once_when_the_host_is_oversubscribed(monkeypatch):
+    """More ranks on this host than CPUs: a collective's waits do not spin (spin 0);
+    otherwise the channels' default; RDMAMW_COLL_SPIN_US overrides both."""
+    from types import SimpleNamespace
+
+    from rdmamw.collectives.comm import spin_for
+    from rdmamw.errors import ConfigError
+
+    def world(hosts: list[str]) -> SimpleNamespace:
+        return SimpleNamespace(rank=0, peers={r: {"host": h} for r, h in enumerate(hosts)})
+
+    monkeypatch.delenv("RDMAMW_COLL_SPIN_US", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert spin_for(world(["a", "a"])) is None
+    assert spin_for(world(["a", "a", "a"])) == 0.0
+    assert spin_for(world(["a", "b", "a", "b", "b"])) is None      # 2 ranks on our host
+    assert spin_for(world(["a", "a", "b", "a"])) == 0.0
+    monkeypatch.setenv("RDMAMW_COLL_SPIN_US", "25")
+    assert spin_for(world(["a", "a", "a"])) == 25.0
+    monkeypatch.setenv("RDMAMW_COLL_SPIN_US", "-1")
+    with pytest.raises(ConfigError):
+        spin_for(world(["a"]))
 
 
 def test_groups_from_bandwidth():

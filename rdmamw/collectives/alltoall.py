@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from rdmamw.collectives._kernels import copier
+from rdmamw.collectives._kernels import Copier
 from rdmamw.collectives.api import _input, _output, default_comm
 from rdmamw.collectives.comm import CollectiveMismatch, Communicator
 
@@ -30,7 +30,7 @@ def pairwise(comm: Communicator, send: list[np.ndarray], recv_lens: list[int],
     np.copyto(out[recv_offsets[i]:recv_offsets[i] + recv_lens[i]], send[i])
     for s in range(1, n):
         to, frm = (i + s) % n, (i - s) % n
-        comm.exchange(to, send[to], frm, recv_lens[frm], copier(out, recv_offsets[frm]),
+        comm.exchange(to, send[to], frm, recv_lens[frm], Copier(out, recv_offsets[frm]),
                       out.dtype)
 
 

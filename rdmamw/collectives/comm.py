@@ -13,6 +13,7 @@ Messages a fast peer already sent for the next collective wait in a per-peer que
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -23,13 +24,15 @@ import numpy as np
 
 from rdmamw import config
 from rdmamw.channel import Channel, Message
-from rdmamw.errors import ChannelClosed, PeerLost, RdmamwError
+from rdmamw.collectives._kernels import Copier
+from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, RdmamwError
 
-#: Ring of each collective channel: 16 slots x 1 MiB. Large chunks cut the
-#: per-chunk Python cost of big arrays: on shm a 64 MiB allreduce at 2 ranks took
-#: 32-37 ms with 256 KiB chunks and 14-18 ms with 1 MiB ones (bench/allreduce_bench.py,
-#: quiet machine); 4 MiB chunks were slower again (cache). The window below never
-#: fills more than a quarter of the ring.
+# Chunks (docs/collectives.md, "Chunking and pipelining"): up to RDMAMW_COLL_CHUNK
+# (4 MiB) on channels with rendezvous, else the eager limit (the collectives' rings are
+# 16 x 1 MiB). Large chunks cut the per-chunk Python cost and the wake-ups of big
+# arrays: a 64 MiB allreduce at 2 ranks on shm took 8.3 ms of CPU per call with 4 MiB
+# chunks (copies received in place) against 10.5 ms with 1 MiB ones (bench/ab.py
+# --allreduce 64M, docs/benchmarks.md).
 # RDMAMW_COLL_PIECES: chunks a transfer is cut into below max_chunk. 1 (default): on
 # shm a 1 MiB allreduce at 2 ranks took 0.19-0.22 ms whole vs 0.31 ms in quarters
 # (per-chunk Python cost beats the overlap at that size); above max_chunk transfers
@@ -69,6 +72,11 @@ class Communicator:
         self.slots = slots
         self.slot_size = config.get("RDMAMW_COLL_SLOT_SIZE") if slot_size is None else slot_size
         self.min_chunk = config.get("RDMAMW_COLL_MIN_CHUNK")
+        #: largest chunk on channels that move big messages by rendezvous (the others
+        #: stop at their eager limit); the header round agrees on the job's smallest
+        self.chunk = config.get("RDMAMW_COLL_CHUNK")
+        #: what our channels' waits spin before they sleep (None: RDMAMW_SPIN_US)
+        self.spin_us = spin_for(world)
         self.pieces = config.get("RDMAMW_COLL_PIECES")
         #: chunks a rank may send ahead of what it received in one exchange; below a
         #: quarter of the ring so pairwise and ring exchanges can never fill it
@@ -81,8 +89,10 @@ class Communicator:
         self.group_ids: list[int] | None = None
         self._chans: dict[int, Channel] = {}
         self._queues: dict[int, collections.deque[Message]] = {}
+        #: the last send of the running collective per peer (see :meth:`_settle`)
+        self._sent: dict[int, Any] = {}
         self._lock = threading.RLock()
-        self.max_chunk = slot_size
+        self.max_chunk = min(self.slot_size, self.chunk)
         self.seq = 0
         self.broken: BaseException | None = None
         self._progress: Any = None          # progress.Progress, on the first async call
@@ -96,8 +106,11 @@ class Communicator:
         ascending order, a chain of ranks each waiting for the next would need ever
         smaller ranks, so no cycle (deadlock) can form."""
         for p in sorted(set(peers) - {self.rank} - set(self._chans)):
+            # chunks up to the eager limit are copied through the ring (no read back,
+            # no wait for it at the end: less latency); larger ones go by rendezvous
             ch = Channel.open(p, timeout=self.timeout or 30.0, slots=self.slots,
-                              slot_size=self.slot_size, world=self.world)
+                              slot_size=self.slot_size, world=self.world,
+                              rndv_threshold=self.slot_size, spin_us=self.spin_us)
             self._chans[p] = ch
             self._queues[p] = collections.deque()
 
@@ -114,16 +127,34 @@ class Communicator:
 
     def send(self, peer: int, msgs: list) -> None:
         try:
-            self._chans[peer].send_batch(msgs, timeout=self.timeout)
+            self._sent[peer] = self._chans[peer].send_batch(msgs, timeout=self.timeout)
         except (PeerLost, ChannelClosed) as e:
             raise type(e)(f"rank {peer}: {e}") from e
 
+    def _settle(self) -> None:
+        """Wait until every peer has taken what this collective sent it.
+
+        A chunk above the eager limit goes by rendezvous: the peer reads it from our
+        memory when it gets to it, which can be after we received everything we
+        needed. Returning earlier would let the caller overwrite (the next backward
+        pass into the same gradients) data a slower rank has yet to read. A channel's
+        sends complete in order, so its last handle covers the others."""
+        sent, self._sent = self._sent, {}
+        for peer, h in sent.items():
+            try:
+                h.wait(self.timeout)
+            except (PeerLost, ChannelClosed) as e:
+                raise type(e)(f"rank {peer}: {e}") from e
+
     def recv(self, peer: int) -> Message:
-        """The next message from ``peer`` (queued ones first)."""
+        """The next message from ``peer`` (queued ones first).
+
+        One message per call: a rendezvous chunk is read when it is taken, so the next
+        one can still go straight into its destination (:meth:`_take`)."""
         q = self._queues[peer]
         if not q:
             try:
-                q.extend(self._chans[peer].recv_batch(timeout=self.timeout))
+                q.extend(self._chans[peer].recv_batch(1, timeout=self.timeout))
             except (PeerLost, ChannelClosed) as e:
                 raise type(e)(f"rank {peer}: {e}") from e
         return q.popleft()
@@ -169,12 +200,15 @@ class Communicator:
 
     def _take(self, frm: int, start: int, stop: int, on_chunk: OnChunk | None,
               dtype: np.dtype) -> None:
-        m = self.recv(frm)
         want = (stop - start) * dtype.itemsize
+        dest = on_chunk.into(start, stop) if isinstance(on_chunk, Copier) else None
+        if dest is not None and not self._queues[frm]:
+            self._receive_into(frm, dest, want)
+            return
+        m = self.recv(frm)
         if len(m) != want:
             m.release()
-            raise RdmamwError(f"collective #{self.seq}: rank {frm} sent {len(m)} bytes where "
-                              f"{want} were due (collectives called out of order?)")
+            raise self._wrong_length(frm, len(m), want)
         a = np.frombuffer(m, dtype)
         try:
             if on_chunk is not None:
@@ -182,6 +216,21 @@ class Communicator:
         finally:
             del a
             m.release()
+
+    def _receive_into(self, frm: int, dest: np.ndarray, want: int) -> None:
+        """The next message from ``frm`` straight into ``dest`` (``want`` bytes)."""
+        try:
+            got = self._chans[frm].recv_into(dest, timeout=self.timeout)
+        except BufferTooSmall as e:
+            raise self._wrong_length(frm, e.needed, want) from e
+        except (PeerLost, ChannelClosed) as e:
+            raise type(e)(f"rank {frm}: {e}") from e
+        if got != want:
+            raise self._wrong_length(frm, got, want)
+
+    def _wrong_length(self, frm: int, got: int, want: int) -> RdmamwError:
+        return RdmamwError(f"collective #{self.seq}: rank {frm} sent {got} bytes where "
+                           f"{want} were due (collectives called out of order?)")
 
     # ---- one collective --------------------------------------------------------------
 
@@ -199,8 +248,11 @@ class Communicator:
             try:
                 self.ensure(set(peers) | set(self.dissemination_peers()))
                 self.agree([self.seq, *header])
-                return body()
+                out = body()
+                self._settle()
+                return out
             except CollectiveMismatch:
+                self._sent.clear()
                 raise
             except ChannelClosed as e:
                 self._break(e)
@@ -228,6 +280,7 @@ class Communicator:
 
     def _break(self, e: BaseException) -> None:
         self.broken = e
+        self._sent.clear()
         self.close()
 
     def dissemination_peers(self) -> list[int]:
@@ -244,7 +297,7 @@ class Communicator:
         equal means everyone agrees; otherwise all raise the same clear error. It is
         also a barrier: nobody leaves before every rank has arrived."""
         lo = hi = [header, self.rank]
-        cap = min([self.slot_size] + [ch.eager_limit for ch in self._chans.values()])
+        cap = min([self.chunk] + [chunk_limit(ch, self.chunk) for ch in self._chans.values()])
         k, n = 1, self.size
         while k < n:
             to, frm = (self.rank + k) % n, (self.rank - k) % n
@@ -312,6 +365,27 @@ class Communicator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def spin_for(world: Any) -> float | None:
+    """RDMAMW_COLL_SPIN_US, else 0 when this host runs more of the job's ranks than it
+    has CPUs (a rank spinning for a peer that waits for its core only delays it; as
+    MPI libraries yield when oversubscribed), else None: the channels' default
+    (docs/collectives.md, "Waiting")."""
+    spin = config.get("RDMAMW_COLL_SPIN_US")
+    if spin is not None:
+        return spin
+    host = world.peers.get(world.rank, {}).get("host")
+    here = sum(1 for d in world.peers.values() if host is not None and d.get("host") == host)
+    return 0.0 if here > (os.cpu_count() or 1) else None
+
+
+def chunk_limit(ch: Channel, chunk: int) -> int:
+    """The largest chunk ``ch`` should carry: ``chunk`` when it has rendezvous (and the
+    peer takes messages that large), else its eager limit."""
+    if ch.rendezvous == "off":
+        return ch.eager_limit
+    return min(chunk, ch.peer_max_message_size or chunk)
 
 
 def describe(h: list) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from rdmamw.collectives import rhd, ring, tree
-from rdmamw.collectives._kernels import copier
+from rdmamw.collectives._kernels import Copier
 from rdmamw.collectives.comm import Communicator
 
 
@@ -45,4 +45,4 @@ def allreduce(comm: Communicator, x: np.ndarray, res: np.ndarray, op: np.ufunc,
         mod.allreduce(comm, res, res, op, leaders)
     parent, children = tree.chain(mine, leader, comm.rank)
     if len(mine) > 1:
-        comm.relay(parent, children, res, len(res), copier(res, 0), res.dtype)
+        comm.relay(parent, children, res, len(res), Copier(res, 0), res.dtype)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rdmamw.collectives._kernels import bounds, copier, reducer
+from rdmamw.collectives._kernels import Copier, bounds, reducer
 from rdmamw.collectives.comm import Communicator
 
 
@@ -77,11 +77,11 @@ def allreduce(comm: Communicator, x: np.ndarray, res: np.ndarray, op: np.ufunc,
             partner = members[_real(nr ^ mask, rem)]
             other = (lo - mask, lo) if nr & mask else (hi, hi + mask)
             comm.exchange(partner, res[b[lo]:b[hi]], partner, b[other[1]] - b[other[0]],
-                          copier(res, b[other[0]]), dt)
+                          Copier(res, b[other[0]]), dt)
             lo, hi = min(lo, other[0]), max(hi, other[1])
             mask <<= 1
     if i < 2 * rem:                                   # fix-up out
         if i % 2:
             comm.exchange(members[i - 1], res, None, 0, None, dt)
         else:
-            comm.exchange(None, None, members[i + 1], N, copier(res, 0), dt)
+            comm.exchange(None, None, members[i + 1], N, Copier(res, 0), dt)

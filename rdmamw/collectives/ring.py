@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rdmamw.collectives._kernels import bounds, copier, reducer
+from rdmamw.collectives._kernels import Copier, bounds, reducer
 from rdmamw.collectives.comm import Communicator
 
 
@@ -39,7 +39,7 @@ def allgather(comm: Communicator, res: np.ndarray, members: list[int], owned: in
     for s in range(n - 1):
         k_send, k_recv = (owned - s) % n, (owned - s - 1) % n
         comm.exchange(right, res[b[k_send]:b[k_send + 1]], left,
-                      b[k_recv + 1] - b[k_recv], copier(res, b[k_recv]), res.dtype)
+                      b[k_recv + 1] - b[k_recv], Copier(res, b[k_recv]), res.dtype)
 
 
 def allreduce(comm: Communicator, x: np.ndarray, res: np.ndarray, op: np.ufunc,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from rdmamw.collectives import results, tree
-from rdmamw.collectives._kernels import copier
+from rdmamw.collectives._kernels import Copier
 from rdmamw.collectives.api import _input, _output, default_comm
 from rdmamw.collectives.comm import Communicator
 from rdmamw.collectives.ops import ufunc
@@ -46,7 +46,7 @@ def gather(array: np.ndarray, root: int = 0, out: np.ndarray | None = None, *,
         np.copyto(flat[root * N:(root + 1) * N], src)
         for r in range(n):
             if r != root:
-                comm.exchange(None, None, r, N, copier(flat, r * N), a.dtype)
+                comm.exchange(None, None, r, N, Copier(flat, r * N), a.dtype)
         return res
 
     return comm.call(["gather", str(a.dtype), list(a.shape), "", root, ""],
@@ -81,7 +81,7 @@ def scatter(array: np.ndarray | None, root: int = 0, out: np.ndarray | None = No
     def body() -> np.ndarray:
         flat = res.reshape(-1)
         if src is None:
-            comm.exchange(None, None, root, N, copier(flat, 0), part.dtype)
+            comm.exchange(None, None, root, N, Copier(flat, 0), part.dtype)
             return res
         for r in range(n):
             if r != root:

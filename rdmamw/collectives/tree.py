@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rdmamw.collectives._kernels import copier, reducer
+from rdmamw.collectives._kernels import Copier, reducer
 from rdmamw.collectives.comm import Communicator
 
 #: below this many bytes a broadcast uses the binomial tree, above it the chain
@@ -54,7 +54,7 @@ def broadcast(comm: Communicator, res: np.ndarray, root: int, members: list[int]
     if len(members) == 1:
         return
     parent, children = shape(members, root, comm.rank, res.nbytes)
-    comm.relay(parent, children, res, len(res), copier(res, 0), res.dtype)
+    comm.relay(parent, children, res, len(res), Copier(res, 0), res.dtype)
 
 
 def reduce(comm: Communicator, x: np.ndarray, res: np.ndarray, op: np.ufunc, root: int,
