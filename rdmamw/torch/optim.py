@@ -37,8 +37,9 @@ class DistributedOptimizer:
     ``"param.<group>.<index>"``.
 
     Construction declares every parameter on the servers with this worker's values,
-    pulls them back and copies them in: the first worker to arrive sets the initial
-    model for all (a broadcast through the servers; seeds need not agree). Then each
+    then waits until every worker has done so (``KVWorker.pull_start``) and copies in
+    worker 0's values: all start from one model (a broadcast through the servers;
+    seeds need not agree) and nothing is merged before each holds it. Then each
     gradient is pushed (``KVWorker.push_part``) as soon as backward has accumulated it,
     and :meth:`step` ends the iteration, pulls, sets every ``p.grad`` to the
     aggregated gradient and steps the wrapped optimizer. One ``backward()`` per
@@ -51,7 +52,7 @@ class DistributedOptimizer:
         with torch.no_grad():
             values = [p.detach().numpy() for p in self.params]
             node.init(self.keys, values)
-            self._last = node.pull(self.keys)       # the first worker's values
+            self._last = node.pull_start(self.keys)     # worker 0's, once all are here
             for p, v in zip(self.params, self._last, strict=True):
                 p.copy_(torch.from_numpy(v))
         self._new = [np.empty_like(v) for v in self._last]
