@@ -49,7 +49,7 @@ class TorchTrainer(Trainer):
     def start(self) -> list[np.ndarray]:
         torch.set_num_threads(1)        # the ranks already share the cores
         # one seed for all: every run starts from the same model, so the runs compare
-        # (the optimizer would start all workers from the first one's model anyway)
+        # (the optimizer would start all workers from worker 0's model anyway)
         torch.manual_seed(self.cfg.seed)
         self.net = cnn()
         self.xt, self.yt = images(self.xs), torch.from_numpy(self.ys.astype(np.int64))

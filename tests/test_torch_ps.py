@@ -51,8 +51,9 @@ def test_bsp_equals_one_process_on_the_concatenated_batches(opt, tmp_path):
     workers = job("--opt", opt, "--iters", str(iters), "--dump", str(tmp_path))
     assert [w.get("error") for w in workers] == [None, None]
     dumps = [torch.load(tmp_path / f"worker{i}.pt") for i in range(2)]
-    for a, b in zip(dumps[0]["init"], dumps[1]["init"], strict=True):
-        assert torch.equal(a, b)            # the first worker's values, broadcast
+    for a, b, c in zip(dumps[0]["init"], dumps[1]["init"], model(seed=0).parameters(),
+                       strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c.detach())    # worker 0's, broadcast
     ref = single_process(opt, dumps[0]["init"], iters, 8)
     start = [p.clone() for p in dumps[0]["init"]]
     assert any(not torch.allclose(r, s) for r, s in zip(ref, start, strict=True))
@@ -67,9 +68,8 @@ def test_asynchronous_models_converge(mode):
     assert len(workers) == 2
     for w in workers:
         assert "error" not in w, w
-        # a held-out loss: without the merged gradients it stays at init_loss; ASP's
-        # interleaving under a loaded machine once ended at 0.46x (usually < 0.3x)
-        assert w["final_loss"] < 0.5 * w["init_loss"], w
+        # a held-out loss: without the merged gradients it stays at init_loss
+        assert w["final_loss"] < 0.3 * w["init_loss"], w
 
 
 def test_parameters_the_names_miss_are_refused():

@@ -1,7 +1,7 @@
 """One rank of a DistributedOptimizer test job (started by the local launcher): ranks
 below --servers serve, the others train a tiny torch MLP on a regression problem,
 each worker on its half of every global batch. Each worker seeds its model
-differently (the optimizer broadcasts the first worker's values) and saves its
+differently (the optimizer broadcasts worker 0's values) and saves its
 initial and final parameters to --dump DIR/worker<index>.pt; each rank prints one
 JSON line (a worker: its loss on a held-out set before and after training, or the
 error it got)."""

@@ -137,7 +137,8 @@ class Trainer:
         return log.finish(params) if log is not None else None
 
     def start(self) -> list[np.ndarray]:
-        """Declare the model on the servers; the model they hold (the first worker's)."""
+        """Declare the model on the servers; the model they hold (every worker's
+        seed is the same; docs/ps.md, "Start")."""
         self.params = mlp.init_params(self.cfg.hidden, self.cfg.seed)
         self.node.init(mlp.KEYS, self.params)
         return self.node.pull(mlp.KEYS, out=self.params)
