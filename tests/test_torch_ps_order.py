@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,6 +21,7 @@ torch = pytest.importorskip("torch")
 from helpers import PSInProcess, wait_for  # noqa: E402
 from torch_ps_job import batches, model  # noqa: E402
 
+from rdmamw.ps.consistency import Consistency  # noqa: E402
 from rdmamw.sched import Dsana  # noqa: E402
 from rdmamw.torch import DistributedOptimizer  # noqa: E402
 
@@ -101,3 +103,52 @@ def test_every_worker_starts_from_worker_0s_model_and_learns(consistency, dsana,
           "held-out loss ratio < 0.5": True}
     assert seen == {0: ok, 1: ok}, {w: (out[w]["init_loss"], out[w]["final_loss"])
                                      for w in (0, 1)}
+
+
+@pytest.mark.parametrize("consistency", ["asp", "lsp:1:100"])
+def test_a_worker_far_behind_gets_every_gradient_merged_since_its_last_pull(consistency):
+    """Plain SGD with lr 1 on the workers makes each one's model the servers' value as
+    it last read it, if the baseline (the value pulled before) is kept right: worker 1
+    waits after its first step until worker 0 has done all of its, then its next pull
+    holds 39 of worker 0's gradients at once."""
+    # lsp: worker 0's first gradient may come late to a round only worker 1's fresh
+    # one would close; worker 1 waits, so that round closes by its timeout
+    job = PSInProcess(2, consistency=Consistency.parse(consistency, round_timeout=0.2),
+                      lr=1.0, momentum=0.0)
+    nets = [model(seed=w) for w in (0, 1)]
+    ahead_done, snapshot = threading.Event(), {}
+    errors: list = []
+
+    def train(w: int) -> None:
+        try:
+            opt = DistributedOptimizer(torch.optim.SGD(nets[w].parameters(), lr=1.0),
+                                       job.workers[w],
+                                       named_parameters=nets[w].named_parameters())
+            for i, (x, y) in enumerate(batches(ITERS, BATCH)):
+                if w == 1 and i == 1:
+                    assert ahead_done.wait(30)
+                opt.zero_grad()
+                mine = slice(w * BATCH // 2, (w + 1) * BATCH // 2)
+                torch.nn.functional.mse_loss(nets[w](x[mine]), y[mine]).backward()
+                opt.step()
+            if w == 0:      # the server is idle now: its model is what worker 0 read last
+                snapshot.update({k: v.copy() for k, v in job.server.model.items()})
+                ahead_done.set()
+        except Exception as e:      # noqa: BLE001 - the test shows it
+            errors.append(e)
+        finally:
+            job.workers[w].done()
+
+    threads = [threading.Thread(target=train, args=(w,), daemon=True) for w in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    final = {k: v.copy() for k, v in job.server.model.items()}
+    job.close()
+    assert errors == []
+    assert job.server.policy.merged == 2 * ITERS
+    for w, want in ((0, snapshot), (1, final)):
+        for name, p in nets[w].named_parameters():
+            np.testing.assert_allclose(p.detach().numpy(), want[name], rtol=1e-9, atol=1e-12,
+                                       err_msg=f"worker {w} {name}")
