@@ -72,16 +72,34 @@ def test_asynchronous_models_converge(mode):
         assert w["final_loss"] < 0.3 * w["init_loss"], w
 
 
-def test_parameters_the_names_miss_are_refused():
-    workers = job("--bad", "unregistered")
-    assert all("not in named_parameters" in w["error"] for w in workers), workers
-    assert all(w["error"].startswith("DistributedOptimizerError") for w in workers)
+def test_shapes_that_differ_across_workers_name_the_parameter_and_release_the_others():
+    """The worker declaring second gets PSError naming the first key that differs;
+    leaving (done) releases the other from the start barrier."""
+    import threading
 
+    from helpers import PSInProcess
+    job = PSInProcess(2, consistency="bsp", lr=1.0, momentum=0.0)
+    got: dict = {}
 
-def test_shapes_that_differ_across_workers_name_the_parameter():
-    workers = job("--bad", "shape")
-    errors = [w.get("error") or "" for w in workers]
-    assert any("0.weight" in e for e in errors), workers
+    def build(w: int) -> None:
+        net = model(seed=w, hidden=3 + w)
+        try:
+            DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), job.workers[w],
+                                 named_parameters=net.named_parameters())
+            got[w] = "ok"
+        except Exception as e:      # noqa: BLE001 - compared below
+            got[w] = f"{type(e).__name__}: {e}"
+        finally:
+            job.workers[w].done()
+
+    threads = [threading.Thread(target=build, args=(w,), daemon=True) for w in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    job.close()
+    assert sorted(v.split(":")[0] for v in got.values()) == ["PSError", "ok"], got
+    assert "'0.weight'" in next(v for v in got.values() if v != "ok"), got
 
 
 @pytest.mark.parametrize("param, text", [
@@ -93,6 +111,14 @@ def test_parameters_the_servers_cannot_hold_are_refused_before_sending(param, te
     from rdmamw.torch.optim import DistributedOptimizer, DistributedOptimizerError
     with pytest.raises(DistributedOptimizerError, match=text):
         DistributedOptimizer(torch.optim.SGD([param.requires_grad_()], lr=0.1), None)
+
+
+def test_parameters_the_names_miss_are_refused_before_sending():
+    from rdmamw.torch.optim import DistributedOptimizerError
+    net = model(seed=0)
+    with pytest.raises(DistributedOptimizerError, match="not in named_parameters"):
+        DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), None,
+                             named_parameters=list(net.named_parameters())[1:])
 
 
 def test_the_example_trains_the_cnn_under_each_model_with_and_without_dsana(tmp_path):
@@ -131,6 +157,9 @@ class _Recorder:
     def init(self, keys, values) -> None:
         for k, v in zip(keys, values, strict=True):
             self.values.setdefault(k, v.copy())
+
+    def pull_start(self, keys):
+        return self.pull(keys)
 
     def pull(self, keys, out=None):
         self.log.append(("pull", ""))

@@ -58,7 +58,6 @@ def main() -> int:
     ap.add_argument("--opt", default="sgd")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--batch", type=int, default=8, help="global batch")
-    ap.add_argument("--bad", default="")
     ap.add_argument("--dump", default="")
     a = ap.parse_args()
     node = ps.start(a.servers, consistency=a.consistency, lr=1.0, momentum=0.0, timeout=60)
@@ -70,14 +69,11 @@ def main() -> int:
         emit({"role": "server", "rank": w.rank})
         return 0
     index, workers = w.rank - a.servers, w.world_size - a.servers
-    net = model(seed=index, hidden=HIDDEN + (index if a.bad == "shape" else 0))
+    net = model(seed=index)
     row = {"role": "worker", "index": index}
     try:
-        named = list(net.named_parameters())
-        if a.bad == "unregistered":
-            named = named[1:]
         opt = DistributedOptimizer(inner(a.opt, net.parameters()), node,
-                                   named_parameters=named)
+                                   named_parameters=net.named_parameters())
         init = [p.detach().clone() for p in net.parameters()]
         held_out = batches(1, 256, seed=7)[0]
         row["init_loss"] = float(torch.nn.functional.mse_loss(net(held_out[0]), held_out[1]))
