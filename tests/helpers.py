@@ -109,6 +109,28 @@ class PSInProcess:
         h = self.server.reads.get(w)
         return h is not None and (bool(h.get("start")) or not self.server.policy.can_read(w))
 
+    def run(self, target) -> dict[int, str]:
+        """``target(w)`` for every worker ``w``, each on a thread, which says done at the
+        end: per worker "ok" or the error it raised ("Type: text")."""
+        got: dict[int, str] = {}
+
+        def one(w: int) -> None:
+            try:
+                target(w)
+                got[w] = "ok"
+            except Exception as e:      # noqa: BLE001 - handed to the test
+                got[w] = f"{type(e).__name__}: {e}"
+            finally:
+                self.workers[w].done()
+
+        threads = [threading.Thread(target=one, args=(w,), daemon=True)
+                   for w in range(len(self.workers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return got
+
     def close(self) -> None:
         for a, b, lst in self.pairs:
             a.close()

@@ -75,28 +75,15 @@ def test_asynchronous_models_converge(mode):
 def test_shapes_that_differ_across_workers_name_the_parameter_and_release_the_others():
     """The worker declaring second gets PSError naming the first key that differs;
     leaving (done) releases the other from the start barrier."""
-    import threading
-
     from helpers import PSInProcess
     job = PSInProcess(2, consistency="bsp", lr=1.0, momentum=0.0)
-    got: dict = {}
 
     def build(w: int) -> None:
         net = model(seed=w, hidden=3 + w)
-        try:
-            DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), job.workers[w],
-                                 named_parameters=net.named_parameters())
-            got[w] = "ok"
-        except Exception as e:      # noqa: BLE001 - compared below
-            got[w] = f"{type(e).__name__}: {e}"
-        finally:
-            job.workers[w].done()
+        DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), job.workers[w],
+                             named_parameters=net.named_parameters())
 
-    threads = [threading.Thread(target=build, args=(w,), daemon=True) for w in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    got = job.run(build)
     job.close()
     assert sorted(v.split(":")[0] for v in got.values()) == ["PSError", "ok"], got
     assert "'0.weight'" in next(v for v in got.values() if v != "ok"), got
