@@ -3,9 +3,11 @@ servers (rdmamw.ps), the way BytePS wraps one: the servers only aggregate gradie
 
 The servers run plain SGD with lr 1 and no momentum (``ps.start(..., lr=1.0,
 momentum=0.0)``) on a copy of every parameter, so a server's value is the initial
-parameter minus the sum of the (mean) gradients merged so far. Each worker keeps the
-value it pulled last; after the next pull, ``last - new`` is exactly the aggregated
-gradient the servers merged in between. It becomes ``p.grad`` and the wrapped
+parameter minus the sum of the (mean) gradients merged so far: not a model, so every
+worker takes its parameters from the servers once, at the start, when none has pushed
+yet (``KVWorker.pull_start``). Each worker keeps the value it pulled last; after the
+next pull, ``last - new`` is exactly the aggregated gradient the servers merged in
+between. It becomes ``p.grad`` and the wrapped
 optimizer steps as in one process. Which gradients are merged, and when a pull is
 answered, is the servers' consistency model's business (BSP, ASP, SSP, LSP, ALSP,
 hybrid): nothing here changes with it. docs/torch.md."""
