@@ -159,15 +159,19 @@ class Rounds(Policy):
     ``timeout`` s without the rest (logged). A late gradient (from a round that
     closed without it) joins the open round but does not count towards ``k``: a
     straggler's late work must not close a round before the fast workers' own. A
-    contributor may not read until its round closes, so each worker adds at most one
-    gradient per round. A gradient whose staleness would exceed ``bound`` is dropped
-    (logged, counted) and its worker reads at once."""
+    worker whose fresh gradient is in the open round may not read until it closes, so
+    each adds at most one fresh gradient per round; a late gradient's worker reads at
+    once (each server decides its rounds alone: a worker late on one server and held
+    there would wait for a round that needs the fresh gradient of a worker late and
+    held on another, until ``timeout``). A gradient whose staleness would exceed
+    ``bound`` is dropped (logged, counted) and its worker reads at once."""
 
     def __init__(self, workers: list[int], *, k: int, bound: int, timeout: float) -> None:
         super().__init__(list(workers))
         self.k, self.bound, self.timeout = k, bound, timeout
         self.pending: list[int] = []
         self.fresh = 0                  # staleness-0 gradients in the open round
+        self.holding: set[int] = set()  # their workers: no read until the round closes
         self.opened = 0.0
 
     def quorum(self) -> int:
@@ -185,12 +189,14 @@ class Rounds(Policy):
         if not self.pending:
             self.opened = now
         self.pending.append(w)
-        self.fresh += staleness == 0
+        if staleness == 0:
+            self.fresh += 1
+            self.holding.add(w)
         self._note_applied(staleness)
         return PEND
 
     def can_read(self, w: int) -> bool:
-        return w not in self.pending
+        return w not in self.holding
 
     def close_due(self, now: float) -> bool:
         if not self.pending:
@@ -213,6 +219,7 @@ class Rounds(Policy):
         if not self._full():
             self.stats["below_quorum"] += 1          # only a timeout closes these
         done, self.pending, self.fresh = self.pending, [], 0
+        self.holding.clear()
         self.stats["round_sizes"][len(done)] += 1      # size -> rounds: bounded memory
         self.stats["merged"] += len(done)
         self.version += 1
@@ -291,7 +298,7 @@ class Hybrid(Rounds):
 
     def on_push(self, w: int, base: int, now: float) -> str:
         staleness = self.version - base
-        if staleness == 0 and w not in self.pending:
+        if staleness == 0 and w not in self.holding:
             return super().on_push(w, base, now)
         self.clock[w] += 1
         self._note_applied(staleness)
