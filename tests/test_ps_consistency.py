@@ -277,3 +277,22 @@ def test_servers_that_close_a_round_with_different_workers_do_not_wait_on_each_o
             assert not pol.can_read(w)                    # a fresh one waits for its round
         assert pol.close_due(1.0) and len(pol.close(1.0)) == 5
     assert all(pol.can_read(w) for pol in servers for w in range(4))
+
+
+def test_with_samples_the_quorum_is_that_share_of_the_batch():
+    """DSANA gives workers unequal shares; K of n workers then means K/n of the
+    global batch in fresh samples, so a worker left with 3 of 64 samples (fast again
+    on so little) cannot close a round of lsp:1 alone, which it did, over and over:
+    the model trained on 3-sample steps while the big share's gradients came too
+    late and were dropped."""
+    pol = Consistency.parse("lsp:1:2").policy([0, 1])
+    pol.on_push(0, 0, 0.0, 61), pol.on_push(1, 0, 0.0, 3)     # round 0: shares learnt
+    assert pol.close_due(0.0) and sorted(pol.close(0.0)) == [0, 1]
+    assert pol.on_push(1, 1, 1.0, 3) == PEND and not pol.close_due(1.0)   # 3 < 32 of 64
+    assert not pol.can_read(1)                            # its round must close first
+    assert pol.on_push(0, 1, 1.0, 61) == PEND and pol.close_due(1.0)
+    assert sorted(pol.close(1.0)) == [0, 1]
+    assert pol.on_push(0, 2, 2.0, 61) == PEND and pol.close_due(2.0)  # 61 >= 32 alone
+    # no samples reported: K counts gradients, as before
+    pol = Consistency.parse("lsp:1:2").policy([0, 1])
+    assert pol.on_push(1, 0, 0.0) == PEND and pol.close_due(0.0)

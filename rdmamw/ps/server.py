@@ -235,7 +235,8 @@ class KVServer:
             if self.scheduler is not None and n is not None:
                 self.scheduler.observe(w, float(h["t"]), int(n), now)
         keys, self.staged[w] = self.staged[w], set()
-        decision = self.policy.on_push(w, int(h.get("base", 0)), now)
+        decision = self.policy.on_push(w, int(h.get("base", 0)), now,
+                                       None if n is None else int(n))
         if decision == DROP or self.direct:        # direct: applied block by block already
             return
         weight = 1.0 if n is None else float(n)   # a round's mean is per sample
