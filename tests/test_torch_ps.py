@@ -19,6 +19,9 @@ from torch_ps_job import batches, inner, model  # noqa: E402
 from rdmamw.torch import DistributedOptimizer  # noqa: E402
 
 JOB = os.path.join(ROOT, "tests", "torch_ps_job.py")
+#: the jobs start 3-6 processes that each import torch: ~10 s on a quiet machine,
+#: past the suite's 120 s once on 2 cores at load 25 (their own timeouts stay 120-150 s)
+pytestmark = pytest.mark.timeout(300)
 
 
 def job(*args: str, n: int = 3) -> list[dict]:
