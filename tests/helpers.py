@@ -88,6 +88,65 @@ def make_pair(mode: str = "batched", slots: int = 16, slot_size: int = 4096,
     return a, got["ch"], lst
 
 
+class PSInProcess:
+    """A KVServer serving on a thread and ``workers`` KVWorkers (one server channel
+    each) in this process over shm channel pairs: a test drives the workers from its
+    own threads in the order it wants, watching the server's state. ``server``: the
+    KVServer's keyword arguments."""
+
+    def __init__(self, workers: int, **server) -> None:
+        from rdmamw.ps.server import KVServer
+        from rdmamw.ps.worker import KVWorker
+        self.pairs = [make_pair(slots=16, slot_size=1 << 16) for _ in range(workers)]
+        self.server = KVServer({i: p[1] for i, p in enumerate(self.pairs)}, **server)
+        self.workers = [KVWorker([p[0]], timeout=30) for p in self.pairs]
+        self.thread = threading.Thread(target=self.server.serve, daemon=True)
+        self.thread.start()
+
+    def held(self, w: int) -> bool:
+        """The server holds a read of worker ``w``: a start read (until every worker
+        asks) or one its consistency model does not allow yet."""
+        h = self.server.reads.get(w)
+        return h is not None and (bool(h.get("start")) or not self.server.policy.can_read(w))
+
+    def run(self, target) -> dict[int, str]:
+        """``target(w)`` for every worker ``w``, each on a thread, which says done at the
+        end: per worker "ok" or the error it raised ("Type: text")."""
+        got: dict[int, str] = {}
+
+        def one(w: int) -> None:
+            try:
+                target(w)
+                got[w] = "ok"
+            except Exception as e:      # noqa: BLE001 - handed to the test
+                got[w] = f"{type(e).__name__}: {e}"
+            finally:
+                self.workers[w].done()
+
+        threads = [threading.Thread(target=one, args=(w,), daemon=True)
+                   for w in range(len(self.workers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return got
+
+    def close(self) -> None:
+        for a, b, lst in self.pairs:
+            a.close()
+            b.close()
+            lst.close()
+        self.thread.join(10)
+
+
+def wait_for(cond, what: str, timeout: float = 30.0) -> None:
+    """Poll ``cond()`` until true; fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.001)
+
+
 def send_until_peer_lost(ch, since: float, batch: int = 8, rounds: int = 10_000,
                          timeout: float | None = None) -> None:
     """Send batches on ``ch`` until it raises PeerLost (the ring fills, then the dead

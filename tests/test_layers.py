@@ -35,7 +35,7 @@ LIBS = set(BELOW["rdmamw.channel"]) | {"rdmamw.channel", "rdmamw"}
 BELOW["rdmamw.collectives"] = LIBS
 BELOW["rdmamw.sched"] = LIBS
 BELOW["rdmamw.ps"] = LIBS | {"rdmamw.sched"}
-BELOW["rdmamw.torch"] = LIBS | {"rdmamw.collectives"}
+BELOW["rdmamw.torch"] = LIBS | {"rdmamw.collectives", "rdmamw.ps"}
 BELOW["rdmamw.testing"] = {"rdmamw.errors", "rdmamw.transport", "rdmamw.providers"}
 #: applications may use every library, never each other's insides
 APPS = ("rdmamw.apps", "rdmamw.cli")

@@ -119,6 +119,33 @@ def test_a_pull_stream_hands_its_failure_to_the_caller():
         stream.join()
 
 
+def test_a_start_pull_waits_for_every_worker_and_gives_worker_0s_values():
+    """pull_start is a barrier: held until every worker still connected asks (one that
+    said done is not waited for); all get worker 0's values, though it declared last."""
+    import threading
+
+    from helpers import PSInProcess, wait_for
+    job = PSInProcess(3, consistency="asp")
+    try:
+        for w in (2, 1, 0):
+            job.workers[w].init(["k"], [np.full(5, float(w))])
+        got: dict = {}
+        threads = [threading.Thread(target=lambda w=w: got.update(
+            {w: job.workers[w].pull_start(["k"])[0]}), daemon=True) for w in (0, 1)]
+        for w, t in enumerate(threads):
+            t.start()
+            wait_for(lambda w=w: job.held(w), f"the server holds worker {w}'s start")
+        assert got == {} and all(t.is_alive() for t in threads)   # worker 2 not asked
+        job.workers[2].done()
+        for t in threads:
+            t.join(10)
+        assert {w: v.tolist() for w, v in got.items()} == {0: [0.0] * 5, 1: [0.0] * 5}
+        for w in (0, 1):
+            job.workers[w].done()
+    finally:
+        job.close()
+
+
 def test_a_fresh_peer_has_counted_nothing():
     from rdmamw.ps.metrics import PeerMetrics
     d = PeerMetrics().as_dict()

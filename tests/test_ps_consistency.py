@@ -255,3 +255,44 @@ def test_blocks_respect_the_eager_limit_and_cover_the_array():
     assert list(wire.blocks(np.zeros(0), 64))[0][1].size == 0      # empty arrays: one block
     assert wire.shard("W1", 3) == wire.shard("W1", 3)
     assert {wire.shard(k, 2) for k in range(9)} == {0, 1}
+
+
+def test_servers_that_close_a_round_with_different_workers_do_not_wait_on_each_other():
+    """Each server decides its rounds alone. Server 0 heard workers 0, 1, 2 first and
+    server 1 workers 0, 1, 3, so worker 3 is late on server 0 and worker 2 on server 1.
+    A worker reads from both before its next gradient; if a late gradient held its
+    worker's reads, worker 3 would wait on server 0 for a round that needs worker 2's
+    fresh gradient, and worker 2 on server 1 for worker 3's (until round_timeout)."""
+    servers = [Consistency.parse("lsp:3:2").policy([0, 1, 2, 3]) for _ in range(2)]
+    for pol, first, late in ((servers[0], (0, 1, 2), 3), (servers[1], (0, 1, 3), 2)):
+        for w in first:
+            assert pol.on_push(w, 0, 0.0) == PEND
+        assert pol.close_due(0.0) and sorted(pol.close(0.0)) == list(first)
+        assert pol.on_push(late, 0, 0.0) == PEND          # joins round 1, late
+    readers = {w: all(pol.can_read(w) for pol in servers) for w in range(4)}
+    assert readers == {0: True, 1: True, 2: True, 3: True}
+    for pol in servers:                                   # every fresh gradient of round 1
+        for w in range(4):
+            assert pol.on_push(w, 1, 1.0) == PEND
+            assert not pol.can_read(w)                    # a fresh one waits for its round
+        assert pol.close_due(1.0) and len(pol.close(1.0)) == 5
+    assert all(pol.can_read(w) for pol in servers for w in range(4))
+
+
+def test_with_samples_the_quorum_is_that_share_of_the_batch():
+    """DSANA gives workers unequal shares; K of n workers then means K/n of the
+    global batch in fresh samples, so a worker left with 3 of 64 samples (fast again
+    on so little) cannot close a round of lsp:1 alone, which it did, over and over:
+    the model trained on 3-sample steps while the big share's gradients came too
+    late and were dropped."""
+    pol = Consistency.parse("lsp:1:2").policy([0, 1])
+    pol.on_push(0, 0, 0.0, 61), pol.on_push(1, 0, 0.0, 3)     # round 0: shares learnt
+    assert pol.close_due(0.0) and sorted(pol.close(0.0)) == [0, 1]
+    assert pol.on_push(1, 1, 1.0, 3) == PEND and not pol.close_due(1.0)   # 3 < 32 of 64
+    assert not pol.can_read(1)                            # its round must close first
+    assert pol.on_push(0, 1, 1.0, 61) == PEND and pol.close_due(1.0)
+    assert sorted(pol.close(1.0)) == [0, 1]
+    assert pol.on_push(0, 2, 2.0, 61) == PEND and pol.close_due(2.0)  # 61 >= 32 alone
+    # no samples reported: K counts gradients, as before
+    pol = Consistency.parse("lsp:1:2").policy([0, 1])
+    assert pol.on_push(1, 0, 0.0) == PEND and pol.close_due(0.0)

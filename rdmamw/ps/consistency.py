@@ -99,7 +99,9 @@ class Policy:
                       "round_sizes": Counter(), "timeouts": 0,
                       "below_quorum": 0}
 
-    def on_push(self, w: int, base: int, now: float) -> str:
+    def on_push(self, w: int, base: int, now: float, samples: int | None = None) -> str:
+        """Worker ``w``'s gradient, computed on version ``base``, over ``samples``
+        samples if it said (DSANA's unequal shares)."""
         raise NotImplementedError
 
     def can_read(self, w: int) -> bool:
@@ -135,7 +137,7 @@ class Async(Policy):
         super().__init__(list(workers))
         self.s = s
 
-    def on_push(self, w: int, base: int, now: float) -> str:
+    def on_push(self, w: int, base: int, now: float, samples: int | None = None) -> str:
         self.clock[w] += 1
         self._note_applied(self.version - base)
         self.version += 1
@@ -159,24 +161,37 @@ class Rounds(Policy):
     ``timeout`` s without the rest (logged). A late gradient (from a round that
     closed without it) joins the open round but does not count towards ``k``: a
     straggler's late work must not close a round before the fast workers' own. A
-    contributor may not read until its round closes, so each worker adds at most one
-    gradient per round. A gradient whose staleness would exceed ``bound`` is dropped
-    (logged, counted) and its worker reads at once."""
+    worker whose fresh gradient is in the open round may not read until it closes, so
+    each adds at most one fresh gradient per round; a late gradient's worker reads at
+    once (each server decides its rounds alone: a worker late on one server and held
+    there would wait for a round that needs the fresh gradient of a worker late and
+    held on another, until ``timeout``). A gradient whose staleness would exceed
+    ``bound`` is dropped (logged, counted) and its worker reads at once.
+
+    When every live worker reports its samples (DSANA's shares), ``k`` of the ``n``
+    live workers means fresh gradients over ``k / n`` of their latest shares' sum
+    (the global batch): a worker left with a sliver of the batch cannot close a round
+    alone."""
 
     def __init__(self, workers: list[int], *, k: int, bound: int, timeout: float) -> None:
         super().__init__(list(workers))
         self.k, self.bound, self.timeout = k, bound, timeout
         self.pending: list[int] = []
         self.fresh = 0                  # staleness-0 gradients in the open round
+        self.holding: set[int] = set()  # their workers: no read until the round closes
+        self.fresh_samples = 0
+        self.share: dict[int, int] = {}   # each worker's latest reported samples
         self.opened = 0.0
 
     def quorum(self) -> int:
         n = len(self.live)
         return n if self.k <= 0 else min(self.k, n)
 
-    def on_push(self, w: int, base: int, now: float) -> str:
+    def on_push(self, w: int, base: int, now: float, samples: int | None = None) -> str:
         self.clock[w] += 1
         staleness = self.version - base
+        if samples is not None:
+            self.share[w] = samples
         if staleness > self.bound:
             self.stats["dropped"] += 1
             log.warning("rdmamw.ps: dropped worker %d's gradient: staleness %d > bound %d",
@@ -185,12 +200,15 @@ class Rounds(Policy):
         if not self.pending:
             self.opened = now
         self.pending.append(w)
-        self.fresh += staleness == 0
+        if staleness == 0:
+            self.fresh += 1
+            self.fresh_samples += samples or 0
+            self.holding.add(w)
         self._note_applied(staleness)
         return PEND
 
     def can_read(self, w: int) -> bool:
-        return w not in self.pending
+        return w not in self.holding
 
     def close_due(self, now: float) -> bool:
         if not self.pending:
@@ -206,13 +224,20 @@ class Rounds(Policy):
         return False
 
     def _full(self) -> bool:
-        """k fresh gradients, or nobody live left to wait for."""
-        return self.fresh >= max(1, self.quorum()) or self.live.issubset(self.pending)
+        """k fresh gradients (or k/n of the batch), or nobody live left to wait for."""
+        if self.live.issubset(self.pending):
+            return True
+        k, n = max(1, self.quorum()), len(self.live)
+        if k < n and all(w in self.share for w in self.live):
+            return self.fresh >= 1 and \
+                self.fresh_samples * n >= k * sum(self.share[w] for w in self.live)
+        return self.fresh >= k
 
     def close(self, now: float) -> list[int]:
         if not self._full():
             self.stats["below_quorum"] += 1          # only a timeout closes these
-        done, self.pending, self.fresh = self.pending, [], 0
+        done, self.pending, self.fresh, self.fresh_samples = self.pending, [], 0, 0
+        self.holding.clear()
         self.stats["round_sizes"][len(done)] += 1      # size -> rounds: bounded memory
         self.stats["merged"] += len(done)
         self.version += 1
@@ -289,10 +314,10 @@ class Hybrid(Rounds):
         super().__init__(workers, k=k, bound=0, timeout=timeout)
         self.stats["async"] = 0                 # stale gradients applied on arrival
 
-    def on_push(self, w: int, base: int, now: float) -> str:
+    def on_push(self, w: int, base: int, now: float, samples: int | None = None) -> str:
         staleness = self.version - base
-        if staleness == 0 and w not in self.pending:
-            return super().on_push(w, base, now)
+        if staleness == 0 and w not in self.holding:
+            return super().on_push(w, base, now, samples)
         self.clock[w] += 1
         self._note_applied(staleness)
         self.stats["merged"] += 1

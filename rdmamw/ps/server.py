@@ -60,7 +60,9 @@ class KVServer:
         self.expect: dict[int, dict | None] = {w: None for w in self.chans}  # header, payload due
         self.reads: dict[int, dict] = {}               # deferred pulls, one per worker
         self.bye: set[int] = set()
-        self._fresh: set = set()                       # keys still taking initial values
+        # keys still taking initial values -> the worker whose values they hold (the
+        # lowest index declared so far); a key's first read or gradient ends it
+        self._init_by: dict[Any, int] = {}
         self.lost: set[int] = set()
         self.peers: dict[int, PeerMetrics] = {w: PeerMetrics() for w in self.chans}
         self._last = -1                                # the worker heard from last
@@ -188,6 +190,7 @@ class KVServer:
                                 f"does not fit the server's {cur.dtype} of shape {cur.shape}")
             return
         e = o + block.size
+        self._init_by.pop(key, None)
         if self.direct:
             bak = self.backup[w].get(key)
             self.opt.step(cur.reshape(-1)[o:e], self.velocity[key][o:e], block, 1.0 / self.n,
@@ -207,19 +210,18 @@ class KVServer:
             cur = self.model[key] = np.zeros(shape, dt)
             self.velocity[key] = np.zeros(cur.size, dt)
             self.pending[key] = np.zeros(cur.size, dt)
-            self._fresh.add(key)
+            self._init_by[key] = w
         if cur is None or cur.shape != shape or cur.dtype != dt:
             have = "nothing" if cur is None else f"{cur.dtype} {cur.shape}"
             self._error(w, key, f"key {key!r} initialised as {dt} {shape} but the server "
                                 f"holds {have}")
             return
-        if key in self._fresh:      # the first worker's values win
+        if w <= self._init_by.get(key, -1):    # the lowest worker index's values win
+            self._init_by[key] = w
             block = np.frombuffer(m, dtype=dt)
             o = h.get("o", 0)
             cur.reshape(-1)[o:o + block.size] = block
             del block
-            if h.get("last"):
-                self._fresh.discard(key)
 
     def _gradient_done(self, w: int, h: dict) -> None:
         """A worker's whole gradient for this shard is staged: let the model decide."""
@@ -233,7 +235,8 @@ class KVServer:
             if self.scheduler is not None and n is not None:
                 self.scheduler.observe(w, float(h["t"]), int(n), now)
         keys, self.staged[w] = self.staged[w], set()
-        decision = self.policy.on_push(w, int(h.get("base", 0)), now)
+        decision = self.policy.on_push(w, int(h.get("base", 0)), now,
+                                       None if n is None else int(n))
         if decision == DROP or self.direct:        # direct: applied block by block already
             return
         weight = 1.0 if n is None else float(n)   # a round's mean is per sample
@@ -283,12 +286,21 @@ class KVServer:
     # -- replies --------------------------------------------------------------------
 
     def _answer_reads(self) -> None:
+        starting = self._all_starting()
         for w in list(self.reads):
             if w in self.lost or not self.policy.can_read(w):
+                continue
+            if self.reads[w].get("start") and not starting:
                 continue
             h = self.reads.pop(w)
             self._reply_pull(w, h)
         self._flush()
+
+    def _all_starting(self) -> bool:
+        """Every worker still here asks for its start values (``KVWorker.pull_start``):
+        they are answered together, so none has pushed before all hold them."""
+        here = set(self.chans) - self.lost - self.bye
+        return all((self.reads.get(w) or {}).get("start") for w in here)
 
     def _reply_pull(self, w: int, h: dict) -> None:
         """The requested keys in the requested order, each sent as soon as its
@@ -300,6 +312,7 @@ class KVServer:
                 return
         for key in h["keys"]:
             self._flush([key])
+            self._init_by.pop(key, None)    # what was read is the initial value
             cur = self.model[key]
             out: list = []
             if self.opt.dc > 0:             # what the worker computes its next gradient on

@@ -57,8 +57,10 @@ class KVWorker:
     # -- public API -----------------------------------------------------------------
 
     def init(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> None:
-        """Declare keys with their initial values (the first worker's values win; every
-        worker must declare the same shapes and dtypes, else PSError naming the key)."""
+        """Declare keys with their initial values (every worker must declare the same
+        shapes and dtypes, else PSError naming the key). Of the values a server has
+        when a key is first read or pushed, the lowest worker index's win: after
+        :meth:`pull_start`, worker 0's."""
         keys, values = list(keys), [np.ascontiguousarray(v) for v in values]
         self._pairs(keys, values)
         per: list[list] = [[] for _ in self.chans]
@@ -76,6 +78,14 @@ class KVWorker:
             self._served(s, h)
         for k, v in zip(keys, values, strict=True):
             self.shapes[k] = (v.shape, v.dtype)
+
+    def pull_start(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None = None
+                   ) -> list[np.ndarray]:
+        """:meth:`pull` the initial values (after :meth:`init`), answered once every
+        worker still connected has asked (a start barrier): all start from worker 0's
+        values and nothing is merged before each holds them. Waits up to ``timeout``
+        for the others; a worker that said :meth:`done` or was lost is not waited for."""
+        return self._pull(keys, out, start=True)
 
     def push(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
              samples: int | None = None) -> None:
@@ -116,8 +126,12 @@ class KVWorker:
              ) -> list[np.ndarray]:
         """Fetch the servers' current values of ``keys`` (into ``out`` if given), as
         soon as the consistency model lets this worker read."""
+        return self._pull(keys, out)
+
+    def _pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None,
+              start: bool = False) -> list[np.ndarray]:
         t0 = time.monotonic()
-        out, dest, reqs = self.prepare_pull(keys, out)
+        out, dest, reqs = self.prepare_pull(keys, out, start)
         self.send_batches({s: [m] for s, (m, _) in reqs.items()})
         self._pull_wait({s: rid for s, (_, rid) in reqs.items()}, dest, t0)
         return out
@@ -205,10 +219,11 @@ class KVWorker:
         self.metrics.push.add(stream.t0 - t0)
         return stream
 
-    def prepare_pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None
-                   ) -> tuple[list[np.ndarray], dict, dict[int, tuple[bytes, int]]]:
+    def prepare_pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None,
+                     start: bool = False
+                     ) -> tuple[list[np.ndarray], dict, dict[int, tuple[bytes, int]]]:
         """Check a pull: (out arrays, their flat views by key, per server the PULL
-        request and its id)."""
+        request and its id); ``start``: :meth:`pull_start`'s."""
         keys = list(keys)
         for k in keys:
             if k not in self.shapes:
@@ -229,7 +244,8 @@ class KVWorker:
         reqs = {}
         for s, ks in by_server.items():
             rid = next(self._ids)
-            reqs[s] = (wire.pack(wire.PULL, keys=ks, id=rid), rid)
+            extra = {"start": True} if start else {}
+            reqs[s] = (wire.pack(wire.PULL, keys=ks, id=rid, **extra), rid)
         return out, dest, reqs
 
     def send_batches(self, per: dict[int, list]) -> None:

@@ -17,13 +17,27 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 from rdmamw.apps.demo import mlp, report
-from rdmamw.apps.demo.train import RankOutcome, RunConfig, run_rank
+from rdmamw.apps.demo.train import RankOutcome, RunConfig, Trainer, run_rank
 from rdmamw.errors import RdmamwError
 from rdmamw.ps.consistency import Consistency
 
 DEFAULT_MODELS = "bsp,asp,ssp,lsp,alsp,hybrid"
+
+
+@dataclass(frozen=True)
+class App:
+    """What the job trains: the model's label (``{hidden}`` is filled in), the worker
+    loop, and the command (after the Python interpreter) that starts one rank."""
+
+    label: str = "digits MLP (64-{hidden}-10)"
+    trainer: type[Trainer] = Trainer
+    command: tuple[str, ...] = ("-m", "rdmamw.apps.demo.demo")
+
+
+DEMO = App()
 
 
 def parser() -> argparse.ArgumentParser:
@@ -104,7 +118,7 @@ def launched() -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, app: App = DEMO) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = parser()
     a = ap.parse_args(argv)
@@ -117,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     if launched():
-        return rank(a, cfgs)
-    return local(a, argv)
+        return rank(a, cfgs, app)
+    return local(a, argv, app)
 
 
-def local(a: argparse.Namespace, argv: list[str]) -> int:
+def local(a: argparse.Namespace, argv: list[str], app: App = DEMO) -> int:
     """Start the job on this host with rdmamw's launcher; worker 0 reports."""
     from rdmamw.bootstrap.launch import run
     n = a.servers + a.workers
@@ -133,13 +147,13 @@ def local(a: argparse.Namespace, argv: list[str]) -> int:
         # one BLAS thread per rank: the ranks already share the cores
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, "1")
-        code = run([sys.executable, "-m", "rdmamw.apps.demo.demo", *argv, "--data", path], n)
+        code = run([sys.executable, *app.command, *argv, "--data", path], n)
     if code:
         print(f"rdmamw demo: the job failed (exit code {code})", file=sys.stderr)
     return code
 
 
-def rank(a: argparse.Namespace, cfgs: list[RunConfig]) -> int:
+def rank(a: argparse.Namespace, cfgs: list[RunConfig], app: App = DEMO) -> int:
     """One rank of the job; worker 0 prints the table and writes the files."""
     data = mlp.load(a.data, seed=a.seed)
     import rdmamw
@@ -149,18 +163,20 @@ def rank(a: argparse.Namespace, cfgs: list[RunConfig]) -> int:
                          f"!= the launcher's world size {w.world_size}")
     reporter = w.rank == a.servers
     if reporter:
-        print(f"digits MLP (64-{a.hidden}-10), {len(data.ytr)} train / {len(data.yte)} test "
+        print(f"{app.label.format(hidden=a.hidden)}, {len(data.ytr)} train / {len(data.yte)} test "
               f"images, batch {a.batch}, {a.epochs} epochs per run, +{a.compute_ms:g} ms per "
               f"iteration; worker {a.workers - 1} is {a.straggler:g}x slower; "
               f"models: {', '.join(c.consistency for c in cfgs)}", flush=True)
     t0 = time.monotonic()
-    out = run_rank(cfgs, a.servers, data, progress=reporter and not a.quiet)
+    out = run_rank(cfgs, a.servers, data, progress=reporter and not a.quiet,
+                   trainer=app.trainer)
     if reporter:
-        finish(a, out, w.launcher, time.monotonic() - t0)
+        finish(a, out, w.launcher, time.monotonic() - t0, app)
     return 0
 
 
-def finish(a: argparse.Namespace, out: RankOutcome, launcher: str, total: float) -> None:
+def finish(a: argparse.Namespace, out: RankOutcome, launcher: str, total: float,
+           app: App = DEMO) -> None:
     rows = report.summary(out.results)
     print()
     print(report.table(rows))
@@ -173,8 +189,8 @@ def finish(a: argparse.Namespace, out: RankOutcome, launcher: str, total: float)
            "launcher": launcher,
            "loadavg": os.getloadavg()[0], "total_s": total}
     if a.plot:
-        report.plot(out.results, a.plot, title=f"digits MLP, {a.workers} workers "
-                    f"(one {a.straggler:g}x slower), {a.servers} servers")
+        report.plot(out.results, a.plot, title=f"{app.label.format(hidden=a.hidden)}, "
+                    f"{a.workers} workers (one {a.straggler:g}x slower), {a.servers} servers")
         print(f"plot: {a.plot}")
     if a.json:
         report.write_json(a.json, out.results, rows, job)

@@ -88,6 +88,7 @@ class Trainer:
         self.hooks: list[Callable[[Trainer], None]] = []
         self.report, self.progress = report, progress
         self.iterations = 0
+        self.params: list[np.ndarray] = []
         self._rng = np.random.default_rng(cfg.seed + 1 + index)
         self._order = np.empty(0, np.int64)
         self._eval_step = max(1, self.steps_per_epoch // max(1, cfg.evals_per_epoch))
@@ -112,29 +113,47 @@ class Trainer:
         if self.slowdown > 1:
             time.sleep((self.slowdown - 1) * work)
 
+    @staticmethod
+    def server_sgd(cfg: RunConfig) -> tuple[float, float]:
+        """(lr, momentum) of the servers' SGD for this trainer's runs."""
+        return cfg.lr, cfg.momentum
+
+    def accuracy(self, params: list[np.ndarray]) -> float:
+        """Test accuracy of the model ``params`` (the one last pulled)."""
+        return mlp.accuracy(params, self.data.xte, self.data.yte)
+
     def run(self) -> RunResult | None:
         """Train until the budget is merged; worker 0 returns the run's result."""
-        node, cfg = self.node, self.cfg
-        params = mlp.init_params(cfg.hidden, cfg.seed)
-        node.init(mlp.KEYS, params)
-        node.pull(mlp.KEYS, out=params)
+        params = self.start()
         log = _Progress(self, params) if self.report else None
-        while node.merged < self.budget:
+        while self.node.merged < self.budget:
             started = time.monotonic()
             for hook in self.hooks:
                 hook(self)
-            idx = self.next_batch()
-            if len(idx):
-                grads = mlp.gradients(params, self.xs[idx], self.ys[idx])
-            else:                           # no share this round: a sign of life only
-                grads = [np.zeros_like(p) for p in params]
-            self.pace(started)
-            node.push_pull(mlp.KEYS, grads, out=params,
-                           samples=len(idx) if cfg.sched == "dsana" else None)
+            params = self.step(self.next_batch(), started)
             self.iterations += 1
             if log is not None:
                 log.observe(params)
         return log.finish(params) if log is not None else None
+
+    def start(self) -> list[np.ndarray]:
+        """Declare the model on the servers; the model they hold (every worker's
+        seed is the same; docs/ps.md, "Start")."""
+        self.params = mlp.init_params(self.cfg.hidden, self.cfg.seed)
+        self.node.init(mlp.KEYS, self.params)
+        return self.node.pull(mlp.KEYS, out=self.params)
+
+    def step(self, idx: np.ndarray, started: float) -> list[np.ndarray]:
+        """One iteration on the samples ``idx`` of the shard (begun at ``started``):
+        gradients, pace, push and pull; the model pulled."""
+        params = self.params
+        if len(idx):
+            grads = mlp.gradients(params, self.xs[idx], self.ys[idx])
+        else:                           # no share this round: a sign of life only
+            grads = [np.zeros_like(p) for p in params]
+        self.pace(started)
+        return self.node.push_pull(mlp.KEYS, grads, out=params,
+                                   samples=len(idx) if self.cfg.sched == "dsana" else None)
 
 
 class _Progress:
@@ -152,8 +171,7 @@ class _Progress:
 
     def _point(self, params: list[np.ndarray], t: float) -> Point:
         merged = self.tr.node.merged
-        return Point(t, merged / self.tr.steps_per_epoch, merged,
-                     mlp.accuracy(params, self.tr.data.xte, self.tr.data.yte))
+        return Point(t, merged / self.tr.steps_per_epoch, merged, self.tr.accuracy(params))
 
     def _open_bar(self) -> None:
         if not self.tr.progress or len(self.epochs) >= self.tr.cfg.epochs:
@@ -207,9 +225,9 @@ class RankOutcome:
 
 
 def run_rank(cfgs: list[RunConfig], servers: int, data: mlp.Data, *,
-             progress: bool = False) -> RankOutcome:
+             progress: bool = False, trainer: type[Trainer] = Trainer) -> RankOutcome:
     """This rank's part in every run of ``cfgs``, one after the other over the same
-    channels (ranks ``0 .. servers-1`` serve, the others train)."""
+    channels (ranks ``0 .. servers-1`` serve, the others train with ``trainer``)."""
     serving, chans = connect(servers)
     w = rdmamw.world()
     out = RankOutcome(w.rank, "server" if serving else "worker")
@@ -219,8 +237,9 @@ def run_rank(cfgs: list[RunConfig], servers: int, data: mlp.Data, *,
                 plan = None
                 if cfg.sched == "dsana" and w.rank == 0:
                     plan = Dsana(sorted(chans), cfg.batch * len(chans))
-                srv = KVServer(chans, consistency=cfg.consistency, lr=cfg.lr,
-                               momentum=cfg.momentum, scheduler=plan)
+                lr, momentum = trainer.server_sgd(cfg)
+                srv = KVServer(chans, consistency=cfg.consistency, lr=lr,
+                               momentum=momentum, scheduler=plan)
                 st = srv.serve()
                 st.pop("round_sizes", None)
                 st["workers"] = srv.worker_metrics()
@@ -228,7 +247,7 @@ def run_rank(cfgs: list[RunConfig], servers: int, data: mlp.Data, *,
                 continue
             node = KVWorker([chans[s] for s in sorted(chans)])
             index = w.rank - servers
-            tr = Trainer(node, index, w.world_size - servers, cfg, data,
+            tr = trainer(node, index, w.world_size - servers, cfg, data,
                          report=index == 0, progress=progress)
             hook = ShareHook() if cfg.sched == "dsana" else None
             if hook is not None:
