@@ -1,0 +1,357 @@
+"""rdmamw.aio and Channel.fileno(): channels awaited from one event loop, no thread per
+channel (issue 17). Every provider under test (verbs in the soft-RoCE VM)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import rdmamw
+import rdmamw.aio as aio
+from tests.helpers import LISTEN_ADDRESS, make_pair
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+IDLE_PEER = """
+import sys, time, rdmamw
+ch = rdmamw.Channel.open(sys.argv[1], timeout=60)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def aio_pair(provider: str, **ring):
+    """(opener, acceptor, listener) as rdmamw.aio channels over make_pair's."""
+    a, b, lst = make_pair(provider=provider, **ring)
+    return aio.Channel(a), aio.Channel(b), lst
+
+
+async def echo(ch: aio.Channel) -> int:
+    """Answer every message with itself until the peer closes; how many."""
+    n = 0
+    async for m in ch:
+        await ch.send(bytes(m))
+        n += 1
+    return n
+
+
+def test_fileno_readable_only_when_armed_and_something_came(provider):
+    a, b, lst = make_pair(provider=provider)
+    try:
+        fd = b.fileno()
+        p = select.poll()
+        p.register(fd, select.POLLIN)
+        assert b.arm() is False                  # nothing yet: armed
+        assert p.poll(50) == []
+        a.send(b"x")
+        assert p.poll(5000) != []                # the peer woke us
+        assert b.arm() is True                   # and there is something
+        assert bytes(b.recv(timeout=0)) == b"x"
+        assert b.arm() is False
+        b.disarm()
+        a.close()                                # the peer closing wakes an armed side
+        assert b.arm() is True or p.poll(5000) != []
+        assert b.arm() is True
+        with pytest.raises(rdmamw.ChannelClosed):
+            b.recv(timeout=0)
+    finally:
+        a.close()
+        b.close()
+        lst.close()
+
+
+def test_fileno_never_misses_a_wakeup(provider):
+    """The peer answers each token after a random 0-30 us, i.e. right while this side
+    arms; every answer must wake the descriptor (a miss is a 2 s poll timeout)."""
+    a, b, lst = make_pair(provider=provider, spin_us=0)
+    rounds = 3000 if provider == "shm" else 500
+    stop = threading.Event()
+
+    def peer() -> None:
+        rnd = random.Random(1)
+        try:
+            while not stop.is_set():
+                for m in a.recv_batch(timeout=5):
+                    end = time.perf_counter_ns() + rnd.randrange(30_000)
+                    while time.perf_counter_ns() < end:
+                        pass
+                    a.send(bytes(m))
+        except (rdmamw.ChannelClosed, rdmamw.Timeout):
+            pass
+
+    t = threading.Thread(target=peer)
+    t.start()
+    try:
+        fd = b.fileno()
+        p = select.poll()
+        p.register(fd, select.POLLIN)
+        waited = 0
+        for i in range(rounds):
+            b.send(b"%d" % i)
+            while not b.arm():
+                waited += 1
+                assert p.poll(2000) != [], f"round {i}: armed, answered, never woken"
+            b.disarm()
+            assert bytes(b.recv(timeout=0)) == b"%d" % i
+        assert waited > rounds // 10        # the race was really run
+    finally:
+        stop.set()
+        b.close()
+        t.join(10)
+        a.close()
+        lst.close()
+
+
+def test_ping_pong_and_iteration(provider):
+    async def main():
+        a, b, lst = aio_pair(provider)
+        server = asyncio.create_task(echo(b))
+        async with a:
+            for i in range(300):
+                await a.send_batch([b"%d" % i])
+                assert [bytes(m) for m in await a.recv_batch()] == [b"%d" % i]
+        assert await server == 300
+        b.close()
+        lst.close()
+    asyncio.run(main())
+
+
+def test_send_awaits_credit_through_the_descriptor(provider):
+    """A ring of 4 slots, 2000 batches: the sender waits for free slots on the loop
+    while the receiver, on the same loop, takes them."""
+    async def main():
+        a, b, lst = aio_pair(provider, slots=4, slot_size=1024)
+        got: list[bytes] = []
+
+        async def consume():
+            async for m in b:
+                got.append(bytes(m))
+                if len(got) % 7 == 0:
+                    await asyncio.sleep(0)
+
+        task = asyncio.create_task(consume())
+        for i in range(2000):
+            await a.send_batch([b"%d" % i + b"." * 600])
+        a.close()
+        async with asyncio.timeout(30):
+            await task
+        assert got == [b"%d" % i + b"." * 600 for i in range(2000)]
+        assert a.stats()["credit_waits"] > 0
+        b.close()
+        lst.close()
+    asyncio.run(main())
+
+
+def test_cancelled_receives_lose_nothing(provider):
+    """10,000 messages; receives cancelled at random moments (task.cancel() and
+    asyncio.timeout): every message still arrives exactly once, in order."""
+    total = 10_000
+    a, b, lst = make_pair(provider=provider, slots=16, slot_size=4096)
+
+    def sender() -> None:
+        rnd = random.Random(2)
+        i = 0
+        while i < total:
+            n = min(total - i, rnd.randrange(1, 10))
+            a.send_batch([b"%d" % k for k in range(i, i + n)], timeout=30)
+            i += n
+            if rnd.random() < 0.7:      # bursts and gaps: receives wait often
+                time.sleep(rnd.random() * 5e-4)
+        a.close()                       # the receiver ends on ChannelClosed
+
+    async def main() -> list[bytes]:
+        ch = aio.Channel(b)
+        rnd = random.Random(3)
+        got: list[bytes] = []
+        cancels = 0
+        while True:
+            how = rnd.random()
+            if how < 0.4:
+                task = asyncio.create_task(ch.recv_batch(rnd.randrange(1, 50)))
+                await asyncio.sleep(rnd.random() * 2e-4)
+                task.cancel()
+                try:
+                    got += [bytes(m) for m in await task]
+                except asyncio.CancelledError:
+                    cancels += 1
+                except rdmamw.ChannelClosed:
+                    break
+            elif how < 0.7:
+                try:
+                    async with asyncio.timeout(rnd.random() * 2e-4):
+                        msgs = await ch.recv_batch()
+                    got += [bytes(m) for m in msgs]
+                except TimeoutError:
+                    cancels += 1
+                except rdmamw.ChannelClosed:
+                    break
+            else:
+                async for m in ch:          # leave the iteration early: nothing lost
+                    got.append(bytes(m))
+                    if rnd.random() < 0.2:
+                        break
+                else:
+                    break                   # the sender closed: all is in
+        assert cancels > 100
+        return got
+
+    async def bounded() -> list[bytes]:
+        async with asyncio.timeout(60):
+            return await main()
+
+    t = threading.Thread(target=sender)
+    t.start()
+    try:
+        got = asyncio.run(bounded())
+    finally:
+        t.join(60)
+        a.close()
+        b.close()
+        lst.close()
+    assert got == [b"%d" % k for k in range(total)]
+
+
+def test_peer_killed_while_awaited_others_keep_working(provider):
+    """A peer SIGKILLed while a coroutine awaits it: PeerLost within 2 s, while three
+    other channels on the loop keep answering."""
+    async def main():
+        lst = await aio.listen(LISTEN_ADDRESS[provider]())
+        p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(IDLE_PEER), lst.address],
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            async with asyncio.timeout(60):
+                doomed = await lst.accept()
+            assert (await asyncio.to_thread(p.stdout.readline)).strip() == "ready"
+            pairs = [aio_pair(provider) for _ in range(3)]
+            servers = [asyncio.create_task(echo(b)) for _, b, _ in pairs]
+            rounds = [0, 0, 0]
+            stop = asyncio.Event()
+
+            async def client(k: int, ch: aio.Channel) -> None:
+                while not stop.is_set():
+                    await ch.send(b"%d" % rounds[k])
+                    assert bytes(await ch.recv()) == b"%d" % rounds[k]
+                    rounds[k] += 1
+
+            clients = [asyncio.create_task(client(k, a)) for k, (a, _, _) in enumerate(pairs)]
+            waiting = asyncio.create_task(doomed.recv_batch())
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+            before = list(rounds)
+            p.send_signal(signal.SIGKILL)
+            t_kill = time.monotonic()
+            with pytest.raises(rdmamw.PeerLost):
+                async with asyncio.timeout(2.0):
+                    await waiting
+            assert time.monotonic() - t_kill < 2.0
+            await asyncio.sleep(0.2)
+            assert all(r > b for r, b in zip(rounds, before)), (before, rounds)
+            stop.set()
+            await asyncio.gather(*clients)
+            for (a, b, lst2), s in zip(pairs, servers):
+                a.close()
+                await s
+                b.close()
+                lst2.close()
+            doomed.close()
+        finally:
+            p.kill()
+            p.wait()
+            lst.close()
+    asyncio.run(main())
+
+
+def test_wrong_loop_and_closed_channel_are_clear_errors():
+    a, b, lst = aio_pair("shm")
+
+    async def first():
+        await a.send(b"x")
+        assert bytes(await b.recv()) == b"x"
+
+    asyncio.run(first())
+    async def elsewhere():
+        async with asyncio.timeout(5):
+            await b.recv()
+
+    with pytest.raises(rdmamw.errors.WrongLoop, match="another event loop"):
+        asyncio.run(elsewhere())
+    b2 = aio.Channel(b.sync)        # a fresh wrapper binds to a new loop: fine
+
+    async def second():
+        await a.send(b"y")
+        assert bytes(await b2.recv()) == b"y"
+        b2.close()
+        with pytest.raises(rdmamw.ChannelClosed):
+            await b2.recv_batch()
+        with pytest.raises(rdmamw.ChannelClosed):
+            await aio.Channel(a.sync).recv_batch()     # the peer closed
+        fresh = aio.Channel(b.sync)
+        with pytest.raises(rdmamw.ChannelClosed):
+            await fresh.recv_batch()                   # closed before its first use
+
+    asyncio.run(second())
+    a.sync.close()
+    lst.close()
+
+
+def test_close_wakes_a_pending_receive():
+    async def main():
+        a, b, lst = aio_pair("shm")
+        waiting = asyncio.create_task(b.recv_batch())
+        await asyncio.sleep(0.05)
+        b.close()
+        with pytest.raises(rdmamw.ChannelClosed):
+            async with asyncio.timeout(2):
+                await waiting
+        a.close()
+        lst.close()
+    asyncio.run(main())
+
+
+def test_accept_waits_on_the_loop_and_is_cancellable():
+    async def main():
+        async with await aio.listen(LISTEN_ADDRESS["shm"]()) as lst:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.1):
+                    await lst.accept()
+            opening = asyncio.create_task(aio.Channel.open(lst.address, timeout=10))
+            async with asyncio.timeout(10):
+                srv = await lst.accept()
+                cli = await opening
+            await cli.send(b"hi")
+            assert bytes(await srv.recv()) == b"hi"
+            cli.close()
+            srv.close()
+    asyncio.run(main())
+
+
+def test_one_loop_drives_100_channels():
+    """100 channels, each a client and an echo server on the same loop, 20 round trips
+    each, interleaved."""
+    async def main():
+        pairs = [aio_pair("shm", slots=8, slot_size=1024) for _ in range(100)]
+        servers = [asyncio.create_task(echo(b)) for _, b, _ in pairs]
+
+        async def client(k: int, ch: aio.Channel) -> None:
+            for i in range(20):
+                await ch.send_batch([b"%d:%d" % (k, i)])
+                assert bytes(await ch.recv()) == b"%d:%d" % (k, i)
+            ch.close()
+
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(client(k, a) for k, (a, _, _) in enumerate(pairs)))
+            assert await asyncio.gather(*servers) == [20] * 100
+        for _, b, lst in pairs:
+            b.close()
+            lst.close()
+    asyncio.run(main())
