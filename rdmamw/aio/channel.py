@@ -20,7 +20,7 @@ from typing import Any
 
 from rdmamw import channel as _sync
 from rdmamw.engine import Message, SendHandle
-from rdmamw.errors import ChannelClosed, Timeout, WrongLoop
+from rdmamw.errors import BufferTooSmall, ChannelClosed, Timeout, WrongLoop
 
 
 class Channel:
@@ -28,7 +28,8 @@ class Channel:
     ``await ch.recv_batch()``, ``async for m in ch``, ``async with ch``.
 
     It wraps a blocking :class:`rdmamw.Channel` (``.sync``), bound to the event loop
-    that first awaits it; awaiting it from another loop raises :class:`WrongLoop`."""
+    that first awaits it; awaiting it from another loop while that one is open raises
+    :class:`WrongLoop`."""
 
     def __init__(self, channel: _sync.Channel) -> None:
         #: the blocking channel underneath (stats, diagnostics, attributes)
@@ -52,11 +53,12 @@ class Channel:
         loop = asyncio.get_running_loop()
         if self._loop is loop:
             return loop
-        if self._loop is not None:
+        if self._loop is not None and not self._loop.is_closed():
             raise WrongLoop(f"channel to {self.peer} is used by another event loop; open "
-                            f"a channel per loop")
+                            f"a channel per loop (or close that loop first)")
         self._fd = self.sync.fileno()        # ChannelClosed after close()
-        self._loop = loop
+        self._loop, self._watching = loop, False
+        self._waiters.clear()
         return loop
 
     def _readable(self) -> None:
@@ -126,7 +128,6 @@ class Channel:
             n = len(m)
             if n > memoryview(buffer).nbytes:
                 self._kept.appendleft(m)
-                from rdmamw.errors import BufferTooSmall
                 raise BufferTooSmall(f"the next message is {n} bytes", needed=n)
             memoryview(buffer).cast("B")[:n] = memoryview(m).cast("B")
             m.release()
@@ -189,9 +190,12 @@ class Channel:
     # ---- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
         """Close the channel; receives awaiting it raise ChannelClosed."""
-        if self._loop is not None and asyncio.get_running_loop() is not self._loop:
-            raise WrongLoop(f"channel to {self.peer} belongs to another event loop")
-        self._unwatch()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            running = asyncio._get_running_loop()
+            if running is not None and running is not loop:
+                raise WrongLoop(f"channel to {self.peer} belongs to another event loop")
+            self._unwatch()
         self.sync.close()
         for m in self._kept:
             m.release()
@@ -229,6 +233,13 @@ def _wake(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+def _wake_threadsafe(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
+    try:
+        loop.call_soon_threadsafe(_wake, fut)
+    except RuntimeError:        # the loop is closed
+        pass
+
+
 class Listener:
     """Accepts :class:`Channel` s on an event loop (see :func:`listen`)."""
 
@@ -242,13 +253,7 @@ class Listener:
         loop = asyncio.get_running_loop()
         while True:
             fut: asyncio.Future[None] = loop.create_future()
-
-            def ready() -> None:
-                try:
-                    loop.call_soon_threadsafe(_wake, fut)
-                except RuntimeError:        # the loop is closed
-                    pass
-            unwatch = self.sync.watch(ready)
+            unwatch = self.sync.watch(partial(_wake_threadsafe, loop, fut))
             try:
                 try:
                     return Channel(self.sync.accept(timeout=0))
