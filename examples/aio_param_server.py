@@ -8,7 +8,7 @@ blocking API (they could be anything that opens a channel).
 
     python examples/aio_param_server.py --workers 8 --rounds 50
 
-Each worker pulls, pushes a gradient of ones into each tensor, and pulls again; at the
+Each worker, every round, pulls the model and pushes a gradient of ones into each tensor; at the
 end every tensor equals workers x rounds (the server checks it and prints one JSON
 line: requests served, wall time, requests/s)."""
 

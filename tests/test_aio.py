@@ -4,6 +4,7 @@ channel (issue 17). Every provider under test (verbs in the soft-RoCE VM)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import select
@@ -377,3 +378,12 @@ def test_one_loop_drives_100_channels():
             b.close()
             lst.close()
     asyncio.run(main())
+
+
+def test_param_server_example_serves_many_workers_on_one_loop():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "aio_param_server.py"),
+                          "--workers", "6", "--rounds", "5"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["model_ok"] and res["requests"] == 6 * 5 * 4
