@@ -13,14 +13,21 @@ notification."""
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from functools import partial
 from typing import Any
 
 from rdmamw import channel as _sync
+from rdmamw import config
 from rdmamw.engine import Message, SendHandle
 from rdmamw.errors import BufferTooSmall, ChannelClosed, Timeout, WrongLoop
+
+#: channels waiting on each loop's descriptors now: a receive spins (RDMAMW_AIO_SPIN_US)
+#: only when it is the loop's only waiter, so a loop serving many channels never spins
+_waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = \
+    weakref.WeakKeyDictionary()
 
 
 class Channel:
@@ -39,6 +46,7 @@ class Channel:
         self._watching = False
         self._waiters: set[asyncio.Future[None]] = set()
         self._kept: deque[Message] = deque()   # taken by iteration, not yet handed out
+        self._spin_us: float = config.get("RDMAMW_AIO_SPIN_US")
 
     @classmethod
     async def open(cls, peer: str | int, **options: Any) -> Channel:
@@ -86,9 +94,11 @@ class Channel:
         self._waiters.add(fut)
         interval = self.sync.poll_interval
         timer = loop.call_later(interval, _wake, fut) if interval else None
+        _waiting[loop] = _waiting.get(loop, 0) + 1
         try:
             await fut
         finally:
+            _waiting[loop] -= 1
             self._waiters.discard(fut)
             if timer is not None:
                 timer.cancel()
@@ -97,17 +107,20 @@ class Channel:
                 self.sync.disarm()
 
     # ---- receiving -----------------------------------------------------------------------
+    def _arm_recv(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return self.sync.arm(False, None, 0.0 if _waiting.get(loop) else self._spin_us)
+
     async def recv_batch(self, max_messages: int | None = None) -> list[Message]:
         """The messages that have arrived (at least one, as
         :meth:`rdmamw.Channel.recv_batch`), awaiting the first. ChannelClosed / PeerLost
         once the peer is gone and everything it sent was received."""
-        self._bind()
+        loop = self._bind()
         if self._kept:
             n = len(self._kept) if max_messages is None else min(max_messages, len(self._kept))
             return [self._kept.popleft() for _ in range(n)]
         ch = self.sync
         while True:
-            if ch.arm():
+            if self._arm_recv(loop):
                 try:
                     return ch.recv_batch(max_messages, timeout=0)
                 except Timeout:     # a rendezvous READ in flight: look again soon
@@ -122,7 +135,7 @@ class Channel:
     async def recv_into(self, buffer: Any) -> int:
         """The next message copied (or READ) into ``buffer``; its length
         (:meth:`rdmamw.Channel.recv_into`; BufferTooSmall leaves it receivable)."""
-        self._bind()
+        loop = self._bind()
         if self._kept:
             m = self._kept.popleft()
             n = len(m)
@@ -134,7 +147,7 @@ class Channel:
             return n
         ch = self.sync
         while True:
-            if ch.arm():
+            if self._arm_recv(loop):
                 try:
                     return ch.recv_into(buffer, timeout=0)
                 except Timeout:

@@ -369,14 +369,16 @@ cdef class Engine(Endpoint):
         WRITEs (no completion event: ``RDMAMW_VERBS_EVENT=0``), as ``wait`` does."""
         return self.link.tp.poll_interval() if self.link.tp is not None else 0.0
 
-    def arm(self, bint send=False, SendHandle handle=None) -> bool:
+    def arm(self, bint send=False, SendHandle handle=None, double spin_us=0.0) -> bool:
         """Prepare :meth:`fileno` for a wait (check, arm, check): False when armed (wait
         until it is readable), True when there is no need to wait. ``send=False``:
         ready when ``recv_batch(timeout=0)`` has something to return or raise (a
         message, the peer closed or lost, this side closed). ``send=True``: ready when
         the last ``send_batch`` that ran out of slots can go on; with ``handle``, when
         that handle may be done. Arming asks the peer to wake this side (the flags
-        ``recv`` sets before it sleeps); :meth:`disarm` lowers them."""
+        ``recv`` sets before it sleeps); :meth:`disarm` lowers them. ``spin_us``: a
+        receive first polls this long (a reply about to land costs less than a trip
+        through the event loop)."""
         cdef Link link = self.link
         cdef bint ready
         cdef int what = self.blocked_on
@@ -386,7 +388,7 @@ cdef class Engine(Endpoint):
             return True
         if not send:
             with nogil:
-                ready = self._arm_arrival()
+                ready = self._arm_arrival(<int64_t>(spin_us * 1000.0))
             return ready
         if handle is not None:
             if not link.poll_done(handle.batch):
@@ -407,9 +409,21 @@ cdef class Engine(Endpoint):
             link.set_flag(CTRL_RX_SLEEP, &link.sleep_flag_set, False)
             link.tp.disarm_fd()
 
-    cdef bint _arm_arrival(self) noexcept nogil:
+    cdef bint _arm_arrival(self, int64_t spin_ns) noexcept nogil:
+        cdef int64_t end
+        cdef uint32_t i
         if self.rx.has_arrivals():
             return True
+        if spin_ns > 0:
+            end = now_ns() + spin_ns
+            while True:
+                if self.rx.has_arrivals():
+                    return True
+                if self.link.tp.assist() == 0:
+                    for i in range(32):
+                        rm_cpu_relax()
+                if now_ns() >= end:
+                    break
         if self.link.tp.arm_fd() < 0:
             return True
         self.link.cnt.arrival_waits += 1
