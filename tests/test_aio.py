@@ -150,8 +150,9 @@ def test_ping_pong_and_iteration(provider):
 
 
 def test_send_awaits_credit_through_the_descriptor(provider):
-    """A ring of 4 slots, 2000 batches: the sender waits for free slots on the loop
-    while the receiver, on the same loop, takes them."""
+    """A ring of 4 slots, 2000 messages in batches of 1-6: the sender waits for free
+    slots on the loop (sending a batch in parts) while the receiver, on the same loop,
+    takes them."""
     async def main():
         a, b, lst = aio_pair(provider, slots=4, slot_size=1024)
         got: list[bytes] = []
@@ -163,10 +164,13 @@ def test_send_awaits_credit_through_the_descriptor(provider):
                     await asyncio.sleep(0)
 
         task = asyncio.create_task(consume())
-        for i in range(2000):
-            await a.send_batch([b"%d" % i + b"." * 600])
-        a.close()
+        i = 0
         async with asyncio.timeout(30):
+            while i < 2000:     # batches of up to 6 slot-sized messages: 4 slots take
+                n = min(2000 - i, 1 + i % 6)    # part of a batch, then the rest
+                await a.send_batch([b"%d" % k + b"." * 600 for k in range(i, i + n)])
+                i += n
+            a.close()
             await task
         assert got == [b"%d" % i + b"." * 600 for i in range(2000)]
         assert a.stats()["credit_waits"] > 0

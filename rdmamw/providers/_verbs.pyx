@@ -19,6 +19,7 @@ import logging
 import os
 
 from rdmamw import config
+from rdmamw.errors import ChannelClosed
 
 from libc.errno cimport EAGAIN, EINTR, errno
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
@@ -910,6 +911,8 @@ cdef class VerbsTransport(Transport):
     def _event_fds(self):
         # the receive CQ's completion channel (a wake-up SEND or a WRITE_WITH_IMM from
         # the peer, once arm_fd asked for an event) and the side channel (its death)
+        if self.chan == NULL or self.sock < 0:
+            raise ChannelClosed("the verbs connection is closed")
         return (self.chan.fd, self.sock)
 
     cdef int arm_fd(self) noexcept nogil:
