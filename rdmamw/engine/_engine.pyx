@@ -412,6 +412,7 @@ cdef class Engine(Endpoint):
     cdef bint _arm_arrival(self, int64_t spin_ns) noexcept nogil:
         cdef int64_t end
         cdef uint32_t i
+        self.link.tp.reap_wakeups()
         if self.rx.has_arrivals():
             return True
         if spin_ns > 0:
@@ -438,6 +439,7 @@ cdef class Engine(Endpoint):
         return self.rx.has_arrivals() or self.link.peer_status() < 0
 
     cdef bint _arm_credit(self, int what, uint64_t target) noexcept nogil:
+        self.link.tp.reap_wakeups()
         if self._credit_ready(what, target):
             return True
         if self.link.tp.arm_fd() < 0:

@@ -915,6 +915,10 @@ cdef class VerbsTransport(Transport):
             raise ChannelClosed("the verbs connection is closed")
         return (self.chan.fd, self.sock)
 
+    cdef void reap_wakeups(self) noexcept nogil:
+        if self.state == 1:
+            self._drain_recv()
+
     cdef int arm_fd(self) noexcept nogil:
         cdef ibv_cq *cq
         cdef void *ctx

@@ -116,6 +116,7 @@ cdef class Transport:
     # provider's notification (then the caller checks again); disarm_fd() undoes it
     cdef int arm_fd(self) noexcept nogil
     cdef void disarm_fd(self) noexcept nogil
+    cdef void reap_wakeups(self) noexcept nogil  # take wake-ups already delivered (verbs: the RQ)
     cdef object _epoll                    # event_fd() of a provider with several fds
     cdef int peer_state(self) noexcept nogil
     # the peer's process is gone (its end of the connection closed), as opposed to a

@@ -66,6 +66,13 @@ cdef class Transport:
     cdef void disarm_fd(self) noexcept nogil:
         pass
 
+    cdef void reap_wakeups(self) noexcept nogil:
+        """Take the peer's wake-ups that arrived without a wait taking them: a caller
+        that polls (an event loop finding messages every time) calls it so they do not
+        pile up (verbs: each is a receive WR, and an empty receive queue stalls the
+        peer's sends)."""
+        pass
+
     def _event_fds(self):
         """The descriptors that wake wait() (the provider's wake-up, its liveness
         socket); event_fd() watches them all."""
