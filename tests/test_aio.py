@@ -120,8 +120,11 @@ def test_fileno_never_misses_a_wakeup(provider):
                 if time.monotonic() > stop and i >= 200:
                     rounds = i
                     break
-                # arm around the moment the answer lands: before, during, after
-                end = time.perf_counter_ns() + max(0, aim + rnd.randrange(-spread, spread // 3))
+                # arm around the moment the answer lands (before, during, after), or
+                # anywhere before it
+                off = (aim + rnd.randrange(-spread, spread // 3) if i % 2 else
+                       rnd.randrange(aim + 1))
+                end = time.perf_counter_ns() + max(0, off)
                 b.send(b"%d" % i)
                 while time.perf_counter_ns() < end:
                     pass
