@@ -166,6 +166,9 @@ D("channel", "RDMAMW_SLOT_SIZE", "bytes", 64 * K, "bytes per slot: the largest e
   minimum=64, maximum=G)
 D("channel", "RDMAMW_SPIN_US", "float", 100.0,
   "microseconds a wait spins before it sleeps")
+D("channel", "RDMAMW_AIO_SPIN_US", "float", 20.0,
+  "microseconds an rdmamw.aio receive polls before it yields to the event loop, "
+  "when no other channel of the loop is waiting (0: never)", minimum=0.0)
 D("channel", "RDMAMW_OPEN_TIMEOUT", "seconds", 30.0,
   "seconds Channel.open / accept wait for the peer (timeout=None)", minimum=1e-3)
 D("channel", "RDMAMW_MAX_MESSAGE_SIZE", "bytes", G,

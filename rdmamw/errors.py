@@ -71,6 +71,12 @@ class ConfigError(RdmamwError, ValueError):
     cannot be used; the message names the setting and what is accepted."""
 
 
+class WrongLoop(RdmamwError, RuntimeError):
+    """An rdmamw.aio channel or listener awaited from another event loop than the one
+    that first used it (its descriptor is watched by that loop). Open a channel per
+    loop, or use the blocking API from other threads."""
+
+
 class RegistrationError(RdmamwError, BufferError):
     """A buffer cannot be registered (not contiguous, zero-length, ...) or a pooled
     buffer or registration lease was released twice."""
@@ -110,5 +116,6 @@ __all__ = [
     "RdmamwError",
     "RegistrationError",
     "Timeout",
+    "WrongLoop",
     "setup_errors",
 ]

@@ -36,6 +36,7 @@ BELOW["rdmamw.collectives"] = LIBS
 BELOW["rdmamw.sched"] = LIBS
 BELOW["rdmamw.ps"] = LIBS | {"rdmamw.sched"}
 BELOW["rdmamw.torch"] = LIBS | {"rdmamw.collectives", "rdmamw.ps"}
+BELOW["rdmamw.aio"] = LIBS
 BELOW["rdmamw.testing"] = {"rdmamw.errors", "rdmamw.transport", "rdmamw.providers"}
 #: applications may use every library, never each other's insides
 APPS = ("rdmamw.apps", "rdmamw.cli")

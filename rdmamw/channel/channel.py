@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -230,6 +231,12 @@ class Listener:
         if conn.peer_rank is not None:
             how += f" (rank {conn.peer_rank})"
         return _make(Channel, conn, self._spin_us, self._rndv, how)
+
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (from another thread; it must not block) whenever a peer
+        is ready to be accepted or the listener closes, until the returned function is
+        called: an event loop waits for it, then calls ``accept(0)`` (rdmamw.aio)."""
+        return self._impl.watch(callback)
 
     def close(self) -> None:
         """Stop listening. In a fork child only the child's copy of the listening

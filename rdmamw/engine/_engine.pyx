@@ -349,6 +349,106 @@ cdef class Engine(Endpoint):
         self.link.set_flag(CTRL_CREDIT_WAIT, &self.link.credit_flag_set, False)
         return r
 
+    # ---- an event loop's waits (docs/api.md, "Event loops") -------------------------
+
+    def fileno(self) -> int:
+        """A descriptor that turns readable when this channel may have something to
+        deliver (messages, the peer closing or dying) or, after ``arm(send=True)``,
+        when send credit returns. Call :meth:`arm` before every wait on it: it says
+        whether to wait at all, and only an armed channel wakes the descriptor.
+        Readiness may be spurious (look, then arm again). Stop watching it before
+        ``close()``."""
+        self.link.check_usable()
+        return self.link.tp.event_fd()
+
+    @property
+    def poll_interval(self) -> float:
+        """Seconds after which a wait on :meth:`fileno` should look again even if it
+        stayed quiet: 0 (never) but on a verbs connection whose peer sends plain
+        WRITEs (no completion event: ``RDMAMW_VERBS_EVENT=0``), as ``wait`` does."""
+        return self.link.tp.poll_interval() if self.link.tp is not None else 0.0
+
+    def arm(self, bint send=False, SendHandle handle=None, double spin_us=0.0) -> bool:
+        """Prepare :meth:`fileno` for a wait (check, arm, check): False when armed (wait
+        until it is readable), True when there is no need to wait. ``send=False``:
+        ready when ``recv_batch(timeout=0)`` has something to return or raise (a
+        message, the peer closed or lost, this side closed). ``send=True``: ready when
+        the last ``send_batch`` that ran out of slots can go on; with ``handle``, when
+        that handle may be done. Arming asks the peer to wake this side (the flags
+        ``recv`` sets before it sleeps); :meth:`disarm` lowers them. ``spin_us``: a
+        receive first polls this long (a reply about to land costs less than a trip
+        through the event loop)."""
+        cdef Link link = self.link
+        cdef bint ready
+        cdef int what = self.blocked_on
+        cdef uint64_t target = 0
+        link.check_owner()
+        if link.closed or link.broken is not None or link.tp is None:
+            return True
+        if not send:
+            with nogil:
+                ready = self._arm_arrival(<int64_t>(spin_us * 1000.0))
+            return ready
+        if handle is not None:
+            if not link.poll_done(handle.batch):
+                return True         # a completion the NIC reports without an event: poll
+            what, target = WAIT_DONE, handle.rndv
+        with nogil:
+            ready = self._arm_credit(what, target)
+        return ready
+
+    def disarm(self) -> None:
+        """Lower the wake-up flags :meth:`arm` raised at the peer (it stops waking this
+        side for every batch)."""
+        cdef Link link = self.link
+        if link.tp is None or link.closed or link.peer_gone:
+            return
+        with nogil:
+            link.set_flag(CTRL_CREDIT_WAIT, &link.credit_flag_set, False)
+            link.set_flag(CTRL_RX_SLEEP, &link.sleep_flag_set, False)
+            link.tp.disarm_fd()
+
+    cdef bint _arm_arrival(self, int64_t spin_ns) noexcept nogil:
+        cdef int64_t end
+        cdef uint32_t i
+        self.link.tp.reap_wakeups()
+        if self.rx.has_arrivals():
+            return True
+        if spin_ns > 0:
+            end = now_ns() + spin_ns
+            while True:
+                if self.rx.has_arrivals():
+                    return True
+                if self.link.tp.assist() == 0:
+                    for i in range(32):
+                        rm_cpu_relax()
+                if now_ns() >= end:
+                    break
+        if self.link.tp.arm_fd() < 0:
+            return True
+        self.link.cnt.arrival_waits += 1
+        rm_spin_lock(&self.link.spin)
+        if self.rx.unflushed():     # as before a sleep: the peer may wait for them
+            self.rx.flush_locked()
+        if not self.link.sleep_flag_set:
+            self.link.put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.link.words[WORD_ONE])
+            self.link.sleep_flag_set = True
+        rm_spin_unlock(&self.link.spin)
+        rm_fence_seq_cst()
+        return self.rx.has_arrivals() or self.link.peer_status() < 0
+
+    cdef bint _arm_credit(self, int what, uint64_t target) noexcept nogil:
+        self.link.tp.reap_wakeups()
+        if self._credit_ready(what, target):
+            return True
+        if self.link.tp.arm_fd() < 0:
+            return True
+        self.link.cnt.credit_waits += 1
+        self.link.set_flag(CTRL_CREDIT_WAIT, &self.link.credit_flag_set, True)
+        rm_fence_seq_cst()
+        self.link.tp.wake_peer()         # the peer writes its reclaim and done words back now
+        return self._credit_ready(what, target) or self.link.peer_status() < 0
+
     # ---- what SendHandles ask ------------------------------------------------------
 
     cdef bint handle_done(self, uint64_t batch, uint64_t rndv) except -1:

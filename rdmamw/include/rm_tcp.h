@@ -492,4 +492,22 @@ static int rt_wait(rt_conn *c, int timeout_ms) {
     if (st != RT_UP) return st;
     return r > 0 ? 1 : 0;
 }
+
+/* An event loop's wait: announce a waiter (every PUBLISH from now on signals evfd),
+ * then drain evfd; the caller checks the words after this, so a PUBLISH is either
+ * seen by that check or signals evfd again. Stays announced until rt_disarm. */
+static int rt_arm(rt_conn *c) {
+    uint64_t junk;
+    ssize_t k;
+    int st;
+    __atomic_store_n(&c->waiting, 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    k = read(c->evfd, &junk, 8);            /* non-blocking: empty is fine */
+    (void)k;
+    c->seen_gen = __atomic_load_n(&c->pub_gen, __ATOMIC_SEQ_CST);
+    st = rt_state(c);
+    return st != RT_UP ? st : 0;
+}
+
+static void rt_disarm(rt_conn *c) { __atomic_store_n(&c->waiting, 0, __ATOMIC_SEQ_CST); }
 #endif

@@ -20,6 +20,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from rdmamw import config
@@ -78,6 +79,7 @@ class HandshakeListener(Generic[T]):
         self._loop: threading.Thread | None = None
         self._wake = -1                   # eventfd that wakes the loop (from _start on)
         self._abandoned: weakref.finalize | None = None
+        self._watchers: list[Callable[[], None]] = []
 
     # ---- what a provider supplies ----------------------------------------------------
     def _handshake(self, conn: socket.socket, addr: Any) -> T:
@@ -113,6 +115,26 @@ class HandshakeListener(Generic[T]):
             raise item
         return item
 
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (from any thread, without arguments) whenever a peer
+        becomes ready to accept or the listener closes, until the returned function is
+        called; an event loop then calls ``accept(0)``. Callbacks must not block."""
+        with self._lock:
+            self._start()
+            self._watchers.append(callback)
+
+        def unwatch() -> None:
+            with self._lock:
+                if callback in self._watchers:
+                    self._watchers.remove(callback)
+        return unwatch
+
+    def _notify(self) -> None:
+        with self._lock:
+            watchers = list(self._watchers)
+        for cb in watchers:
+            cb()
+
     def close(self) -> None:
         """Stop accepting; cut handshakes under way; close what was never accepted."""
         with self._ready:
@@ -120,6 +142,8 @@ class HandshakeListener(Generic[T]):
                 return
             self._closed = True
             self._ready.notify_all()
+        self._notify()
+        with self._ready:
             if self._abandoned is not None:
                 self._abandoned.detach()
                 os.eventfd_write(self._wake, 1)
@@ -233,6 +257,8 @@ class HandshakeListener(Generic[T]):
                 self._ready.notify()
             else:
                 self._held -= 1
+        if keep:
+            self._notify()
         if not keep and item is not None and not isinstance(item, Exception):
             self._discard(item)
         if closed:                        # cut by close(): not the peer's doing

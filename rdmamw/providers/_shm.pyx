@@ -612,6 +612,16 @@ cdef class ShmTransport(Transport):
             return self.peer_state()
         return 1
 
+    def _event_fds(self):
+        return (self.my_evfd, self.sock)    # the peer's wake-ups; its hang-up or death
+
+    cdef int arm_fd(self) noexcept nogil:
+        cdef uint64_t junk
+        if self.my_evfd < 0 or self.state != 1:
+            return self.state if self.state < 0 else RM_ERR_CLOSED
+        read(self.my_evfd, &junk, 8)        # non-blocking: empty is fine
+        return 0
+
     cdef int peer_state(self) noexcept nogil:
         cdef pollfd fd
         cdef char c

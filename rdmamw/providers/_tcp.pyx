@@ -322,6 +322,17 @@ cdef class TcpTransport(Transport):
     cdef int wait(self, int timeout_ms) noexcept nogil:
         return rt_wait(self.c, timeout_ms)
 
+    def _event_fds(self):
+        # the progress thread signals it on a wake-up frame, a PUBLISH while a waiter
+        # is announced, and the connection going down
+        return (self.c.evfd,)
+
+    cdef int arm_fd(self) noexcept nogil:
+        return rt_arm(self.c)
+
+    cdef void disarm_fd(self) noexcept nogil:
+        rt_disarm(self.c)
+
     cdef int peer_state(self) noexcept nogil:
         cdef int st = rt_state(self.c)
         return 1 if st == RT_UP else st

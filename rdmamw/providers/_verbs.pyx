@@ -19,6 +19,7 @@ import logging
 import os
 
 from rdmamw import config
+from rdmamw.errors import ChannelClosed
 
 from libc.errno cimport EAGAIN, EINTR, errno
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
@@ -800,6 +801,41 @@ cdef class VerbsTransport(Transport):
             return 1
         if fds[1].revents:
             return self.peer_state()
+        return 0
+
+    def poll_interval(self) -> float:
+        # a peer's plain WRITE of arrival words raises no event: the wake-up SEND it
+        # sends when it sees our sleep flag can race with the flag's WRITE (wait()
+        # looks again after poll_ms for the same reason)
+        return 0.0 if self.event_mode else self.poll_ms / 1000.0
+
+    def _event_fds(self):
+        # the receive CQ's completion channel (a wake-up SEND or a WRITE_WITH_IMM from
+        # the peer, once arm_fd asked for an event) and the side channel (its death)
+        if self.chan == NULL or self.sock < 0:
+            raise ChannelClosed("the verbs connection is closed")
+        return (self.chan.fd, self.sock)
+
+    cdef void reap_wakeups(self) noexcept nogil:
+        if self.state == 1:
+            self._drain_recv()
+
+    cdef int arm_fd(self) noexcept nogil:
+        cdef ibv_cq *cq
+        cdef void *ctx
+        if self.state != 1:
+            return self._dead()
+        if rmv_trylock(&self.rlock):
+            while ibv_get_cq_event(self.chan, &cq, &ctx) == 0:     # non-blocking fd
+                self.unacked_events += 1
+            if self.unacked_events >= ACK_EVERY:
+                ibv_ack_cq_events(self.rcq, self.unacked_events)
+                self.unacked_events = 0
+            rm_spin_unlock(&self.rlock)
+        while self._drain_recv() == WC_BATCH:
+            pass
+        ibv_req_notify_cq(self.rcq, 0)
+        self._drain_recv()          # what arrived between the drain and the request
         return 0
 
     cdef bint peer_exited(self) noexcept nogil:

@@ -111,6 +111,13 @@ cdef class Transport:
     cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil
     cdef int wake_peer(self) noexcept nogil
     cdef int wait(self, int timeout_ms) noexcept nogil
+    # an event loop's wait instead of wait(): event_fd() (Python) names a descriptor
+    # that turns readable on what would end wait(); arm_fd() drains it and arms the
+    # provider's notification (then the caller checks again); disarm_fd() undoes it
+    cdef int arm_fd(self) noexcept nogil
+    cdef void disarm_fd(self) noexcept nogil
+    cdef void reap_wakeups(self) noexcept nogil  # take wake-ups already delivered (verbs: the RQ)
+    cdef object _epoll                    # event_fd() of a provider with several fds
     cdef int peer_state(self) noexcept nogil
     # the peer's process is gone (its end of the connection closed), as opposed to a
     # failed request: a refused READ is then its death, not a lie (verbs: the QP fails

@@ -7,6 +7,8 @@ both cimport them from here, and neither imports the other."""
 
 from libc.stdint cimport uint32_t, uint64_t
 
+import select
+
 from rdmamw import _fork
 
 # this process's pid, refreshed in a fork child: ``inherited()`` compares with it
@@ -54,6 +56,46 @@ cdef class Transport:
     cdef int wait(self, int timeout_ms) noexcept nogil:
         """Block until woken by the peer (1), timeout (0) or a peer event (<0)."""
         return RM_ERR_CLOSED
+
+    cdef int arm_fd(self) noexcept nogil:
+        """Drain event_fd() and arm whatever makes it readable on the next wake-up,
+        peer message or peer event; RM_OK, or <0 once the connection is down. The
+        caller checks for what it waits for *after* this (check, arm, check)."""
+        return RM_ERR_UNSUPPORTED
+
+    cdef void disarm_fd(self) noexcept nogil:
+        pass
+
+    cdef void reap_wakeups(self) noexcept nogil:
+        """Take the peer's wake-ups that arrived without a wait taking them: a caller
+        that polls (an event loop finding messages every time) calls it so they do not
+        pile up (verbs: each is a receive WR, and an empty receive queue stalls the
+        peer's sends)."""
+        pass
+
+    def _event_fds(self):
+        """The descriptors that wake wait() (the provider's wake-up, its liveness
+        socket); event_fd() watches them all."""
+        raise NotImplementedError(f"{type(self).__name__} has no event descriptor")
+
+    def poll_interval(self) -> float:
+        """Seconds after which a wait on event_fd() looks again although it stayed
+        quiet, for a wake-up that can slip by (0: none can)."""
+        return 0.0
+
+    def event_fd(self) -> int:
+        """One descriptor for an event loop: readable when wait() would return (a
+        wake-up from the peer, the peer closing or dying). Several descriptors are
+        combined in an epoll set the transport owns (closed with it)."""
+        fds = self._event_fds()
+        if len(fds) == 1:
+            return fds[0]
+        if self._epoll is None:
+            ep = select.epoll()
+            for fd in fds:
+                ep.register(fd, select.EPOLLIN)
+            self._epoll = ep
+        return self._epoll.fileno()
 
     cdef int peer_state(self) noexcept nogil:
         """1 while the peer is reachable, RM_ERR_CLOSED or RM_ERR_PEER_LOST after."""

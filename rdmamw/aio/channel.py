@@ -1,0 +1,294 @@
+"""Channels and listeners for asyncio: the event loop watches each channel's
+``fileno()``; no thread per channel.
+
+Every wait is check, arm, check (``Channel.arm`` in rdmamw/engine/_engine.pyx): a
+receive looks for messages, arms the descriptor (the peer is asked to wake this side)
+and looks again before it awaits readiness, so a message that lands while it arms is
+never missed; a spurious wake-up costs one look. A receive takes messages only after
+its last ``await``, so cancelling it (``asyncio.timeout``, ``task.cancel()``) loses
+nothing and leaves the channel usable. Set-up (``Channel.open``) runs the blocking
+handshake in the loop's default executor; ``accept`` waits for the listener's
+notification."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Iterable
+from functools import partial
+from typing import Any
+
+from rdmamw import channel as _sync
+from rdmamw import config
+from rdmamw.engine import Message, SendHandle
+from rdmamw.errors import BufferTooSmall, ChannelClosed, Timeout, WrongLoop
+
+#: channels waiting on each loop's descriptors now: a receive spins (RDMAMW_AIO_SPIN_US)
+#: only when it is the loop's only waiter, so a loop serving many channels never spins
+_waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = \
+    weakref.WeakKeyDictionary()
+
+
+class Channel:
+    """An rdmamw channel whose waits are awaited: ``await ch.send_batch(...)``,
+    ``await ch.recv_batch()``, ``async for m in ch``, ``async with ch``.
+
+    It wraps a blocking :class:`rdmamw.Channel` (``.sync``), bound to the event loop
+    that first awaits it; awaiting it from another loop while that one is open raises
+    :class:`WrongLoop`."""
+
+    def __init__(self, channel: _sync.Channel) -> None:
+        #: the blocking channel underneath (stats, diagnostics, attributes)
+        self.sync = channel
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd = -1
+        self._watching = False
+        self._waiters: set[asyncio.Future[None]] = set()
+        self._kept: deque[Message] = deque()   # taken by iteration, not yet handed out
+        self._spin_us: float = config.get("RDMAMW_AIO_SPIN_US")
+
+    @classmethod
+    async def open(cls, peer: str | int, **options: Any) -> Channel:
+        """:meth:`rdmamw.Channel.open` (same arguments), its handshake run in the
+        loop's default executor."""
+        loop = asyncio.get_running_loop()
+        return cls(await loop.run_in_executor(None, partial(_sync.Channel.open, peer,
+                                                            **options)))
+
+    # ---- the descriptor ----------------------------------------------------------------
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return loop
+        if self._loop is not None and not self._loop.is_closed():
+            raise WrongLoop(f"channel to {self.peer} is used by another event loop; open "
+                            f"a channel per loop (or close that loop first)")
+        self._fd = self.sync.fileno()        # ChannelClosed after close()
+        self._loop, self._watching = loop, False
+        self._waiters.clear()
+        return loop
+
+    def _readable(self) -> None:
+        # wake every waiter; they look and arm again (the reader is re-added then), so
+        # a descriptor that stays readable (the peer hung up) cannot spin the loop
+        self._unwatch()
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            assert self._loop is not None
+            self._loop.remove_reader(self._fd)
+
+    async def _readiness(self) -> None:
+        """Await the descriptor once (the caller armed it)."""
+        loop = self._loop
+        assert loop is not None
+        fut = loop.create_future()
+        if not self._watching:
+            loop.add_reader(self._fd, self._readable)
+            self._watching = True
+        self._waiters.add(fut)
+        interval = self.sync.poll_interval
+        timer = loop.call_later(interval, _wake, fut) if interval else None
+        _waiting[loop] = _waiting.get(loop, 0) + 1
+        try:
+            await fut
+        finally:
+            _waiting[loop] -= 1
+            self._waiters.discard(fut)
+            if timer is not None:
+                timer.cancel()
+            if not self._waiters:
+                self._unwatch()
+                self.sync.disarm()
+
+    # ---- receiving -----------------------------------------------------------------------
+    def _arm_recv(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return self.sync.arm(False, None, 0.0 if _waiting.get(loop) else self._spin_us)
+
+    async def recv_batch(self, max_messages: int | None = None) -> list[Message]:
+        """The messages that have arrived (at least one, as
+        :meth:`rdmamw.Channel.recv_batch`), awaiting the first. ChannelClosed / PeerLost
+        once the peer is gone and everything it sent was received."""
+        loop = self._bind()
+        if self._kept:
+            n = len(self._kept) if max_messages is None else min(max_messages, len(self._kept))
+            return [self._kept.popleft() for _ in range(n)]
+        ch = self.sync
+        while True:
+            if self._arm_recv(loop):
+                try:
+                    return ch.recv_batch(max_messages, timeout=0)
+                except Timeout:     # a rendezvous READ in flight: look again soon
+                    await asyncio.sleep(0)
+                    continue
+            await self._readiness()
+
+    async def recv(self) -> Message:
+        """One message (see :meth:`recv_batch`)."""
+        return (await self.recv_batch(1))[0]
+
+    async def recv_into(self, buffer: Any) -> int:
+        """The next message copied (or READ) into ``buffer``; its length
+        (:meth:`rdmamw.Channel.recv_into`; BufferTooSmall leaves it receivable)."""
+        loop = self._bind()
+        if self._kept:
+            m = self._kept.popleft()
+            n = len(m)
+            if n > memoryview(buffer).nbytes:
+                self._kept.appendleft(m)
+                raise BufferTooSmall(f"the next message is {n} bytes", needed=n)
+            memoryview(buffer).cast("B")[:n] = memoryview(m).cast("B")
+            m.release()
+            return n
+        ch = self.sync
+        while True:
+            if self._arm_recv(loop):
+                try:
+                    return ch.recv_into(buffer, timeout=0)
+                except Timeout:
+                    await asyncio.sleep(0)
+                    continue
+            await self._readiness()
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Message]:
+        """Every incoming message until the peer closes the channel cleanly. A batch
+        is kept on the channel while its messages are handed out one by one, so
+        leaving the loop early loses none (the next receive returns them first)."""
+        while True:
+            if not self._kept:
+                try:
+                    self._kept.extend(await self.recv_batch())
+                except ChannelClosed:
+                    return
+            yield self._kept.popleft()
+
+    # ---- sending ---------------------------------------------------------------------
+    async def send_batch(self, msgs: Iterable[Any]) -> SendHandle:
+        """Send ``msgs`` in order (as :meth:`rdmamw.Channel.send_batch`), awaiting free
+        slots while the peer's ring is full; returns once the handle is done (the
+        buffers may be reused). Cancelled while waiting for slots, the messages before
+        the cancellation were sent and the rest were not."""
+        self._bind()
+        ch = self.sync
+        if isinstance(msgs, (bytes, bytearray, memoryview, str)):
+            raise TypeError("send_batch takes an iterable of messages; use send() for one")
+        batch = msgs if type(msgs) is tuple else tuple(msgs)
+        while True:
+            try:
+                h = ch.send_batch(batch, timeout=0)
+                break
+            except Timeout as e:
+                batch = batch[e.sent:]
+                if not ch.arm(True):
+                    await self._readiness()
+        while not h.done():
+            if ch.arm(True, h):
+                await asyncio.sleep(0)      # a completion without an event (verbs)
+            else:
+                await self._readiness()
+        return h
+
+    async def send(self, msg: Any) -> SendHandle:
+        """Send one message (see :meth:`send_batch`)."""
+        return await self.send_batch((msg,))
+
+    # ---- lifetime ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the channel; receives awaiting it raise ChannelClosed."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            running = asyncio._get_running_loop()
+            if running is not None and running is not loop:
+                raise WrongLoop(f"channel to {self.peer} belongs to another event loop")
+            self._unwatch()
+        self.sync.close()
+        for m in self._kept:
+            m.release()
+        self._kept.clear()
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    @property
+    def closed(self) -> bool:
+        return self.sync.closed
+
+    @property
+    def peer(self) -> str:
+        return getattr(self.sync, "peer", "?")
+
+    def fileno(self) -> int:
+        return self.sync.fileno()
+
+    def stats(self) -> dict:
+        return self.sync.stats()
+
+    async def __aenter__(self) -> Channel:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<aio.Channel {self.peer} {'closed' if self.closed else 'open'}>"
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _wake_threadsafe(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None]) -> None:
+    try:
+        loop.call_soon_threadsafe(_wake, fut)
+    except RuntimeError:        # the loop is closed
+        pass
+
+
+class Listener:
+    """Accepts :class:`Channel` s on an event loop (see :func:`listen`)."""
+
+    def __init__(self, listener: _sync.Listener) -> None:
+        self.sync = listener
+        self.address: str = listener.address
+
+    async def accept(self) -> Channel:
+        """The next peer whose handshake finished (the listener's threads run the
+        handshakes); use ``asyncio.timeout`` for a deadline."""
+        loop = asyncio.get_running_loop()
+        while True:
+            fut: asyncio.Future[None] = loop.create_future()
+            unwatch = self.sync.watch(partial(_wake_threadsafe, loop, fut))
+            try:
+                try:
+                    return Channel(self.sync.accept(timeout=0))
+                except Timeout:
+                    pass
+                await fut
+            finally:
+                unwatch()
+
+    def close(self) -> None:
+        self.sync.close()
+
+    async def __aenter__(self) -> Listener:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<aio.Listener {self.address}>"
+
+
+async def listen(address: str, **ring: Any) -> Listener:
+    """:func:`rdmamw.listen` (same arguments) for an event loop."""
+    return Listener(_sync.listen(address, **ring))
