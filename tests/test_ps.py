@@ -185,6 +185,43 @@ def test_errors_name_the_key(bad, match):
     assert all(match in w["error"] for w in workers), workers
 
 
+def test_a_request_after_bye_is_dropped_and_logged():
+    """Nothing may follow a BYE: the pull in the same batch is not served (no value
+    leaves the server), the worker is gone (said goodbye), not lost, and the log says
+    how many messages were dropped."""
+    servers, workers, err = run_job(3, "--servers", "1", "--bad", "after-bye")
+    assert [w["index"] for w in workers] == [0, 1]
+    assert servers[0]["bytes_out"] == 0 and servers[0]["lost"] == []
+    for w in (0, 1):
+        assert f":rdmamw.ps: worker {w} sent 1 messages after bye; dropped\n" in err  # whole
+
+
+def test_one_pass_drops_what_follows_a_bye_in_its_batch():
+    """The same in one serve_once (the job above may take the batch in idle()'s wait
+    instead): the pass reports work done, the pull is dropped, nothing is sent."""
+    import rdmamw
+    from rdmamw.ps import KVServer, wire
+
+    class OneBatch:                     # the Channel surface the server's receive uses
+        def __init__(self):
+            self.batches = [[wire.pack(wire.BYE), wire.pack(wire.PULL, keys=["b"], id=0)]]
+            self.sent: list = []
+
+        def recv_batch(self, timeout):
+            if not self.batches:
+                raise rdmamw.Timeout("nothing more")
+            return [memoryview(m) for m in self.batches.pop()]
+
+        def send_batch(self, msgs):
+            self.sent.append(msgs)
+
+    ch = OneBatch()
+    node = KVServer({0: ch})
+    assert node.serve_once() is True
+    assert (node.bye, node.reads, ch.sent, node.finished) == ({0}, {}, [], True)
+    assert node.serve_once() is False
+
+
 def test_a_dead_worker_does_not_stop_bsp():
     servers, workers, err = run_job(4, "--servers", "1", "--iters", "10", "--die", "1:3")
     assert [w["index"] for w in workers] == [0, 2]
