@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from rdmamw.ps.consistency import APPLY, DROP, PEND, Adaptive, Consistency
+from rdmamw.ps.consistency import APPLY, DROP, PEND, Adaptive, Async, Consistency, Hybrid, Rounds
 
 
 def simulate(spec: str, speeds: list[float], iters: int = 40, seed: int = 0,
@@ -78,7 +78,7 @@ def test_bsp_applies_exactly_n_per_round(speeds, seed):
 @pytest.mark.parametrize("s", [0, 1, 3])
 def test_ssp_never_lets_the_gap_exceed_s(speeds, s):
     r = simulate(f"ssp:{s}", speeds, seed=s)
-    assert max(r["gaps"]) <= s and r["max_gap"] <= s
+    assert max(r["gaps"]) <= s and r["max_gap"] == max(r["gaps"])   # the stat is the gap read at
     if s and speeds[-1] > 2 * speeds[0]:
         assert max(r["gaps"]) == s           # the fast worker does run ahead
 
@@ -228,6 +228,20 @@ def test_parse():
     assert Consistency.parse("hybrid", dc=0.0).dc == 0.0
     assert (Consistency.parse("ssp:2:dc0.1").s, Consistency.parse("ssp:2:dc0.1").dc) == (2, 0.1)
     assert Consistency.parse("bsp").dc == 0.0
+
+
+@pytest.mark.parametrize("spec, kind, fields", [
+    ("asp", Async, {"s": None}),
+    ("ssp:2", Async, {"s": 2}),
+    ("bsp", Rounds, {"k": 0, "bound": 0, "timeout": 10.0}),   # docs/ps.md: default 10 s
+    ("lsp:2:3", Rounds, {"k": 2, "bound": 3, "timeout": 10.0}),
+    ("hybrid:2", Hybrid, {"k": 2, "bound": 0, "timeout": 10.0}),
+    ("alsp:1", Adaptive, {"bound": 1, "ratio": 1.5, "global_every": 4, "timeout": 10.0}),
+])
+def test_each_mode_makes_its_own_policy(spec, kind, fields):
+    pol = Consistency.parse(spec).policy([0, 1, 2])
+    assert type(pol) is kind
+    assert {f: getattr(pol, f) for f in fields} == fields
 
 
 @pytest.mark.parametrize("spec", ["bsp", "asp", "ssp:1", "lsp:2:1", "alsp:1", "hybrid:2"])
