@@ -83,6 +83,10 @@ DEFAULT_BUDGET: dict[str, float] = {
 }
 
 
+#: (tests) -> the clean run's (status, why, seconds), measured once per invocation
+BASELINES: dict[tuple[str, ...], tuple[str, str, float]] = {}
+
+
 @dataclass
 class Mutant:
     name: str          # module:line:index, stable for a given source
@@ -185,7 +189,10 @@ def run_module(module: str, workers: list[Path], args, log) -> ModuleResult:
         allm = allm[:args.max]
     if not allm:
         return res
-    status, why, base = run_tests(workers[0], tests, timeout=900)
+    key = tuple(tests)
+    if key not in BASELINES:            # the PS modules share test_ps.py: one clean run
+        BASELINES[key] = run_tests(workers[0], tests, timeout=900)
+    status, why, base = BASELINES[key]
     log(f"== {module}: {res.total} mutants, tests {' '.join(tests)}: baseline {status} "
         f"in {base:.0f} s")
     if status != "passed":
