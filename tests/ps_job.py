@@ -146,7 +146,7 @@ def main() -> None:
     if a.dump:
         np.savez(os.path.join(a.dump, f"worker{me}.npz"), *x)
     out["metrics"] = {k: v for k, v in node.metrics.as_dict().items() if k.startswith("bytes")}
-    out["pushes"] = node.metrics.push.n
+    out["pushes"], out["clock"] = node.metrics.push.n, node.clock
     out["merged"] = node.merged
     emit(out)
     if "peer_lost" not in out:

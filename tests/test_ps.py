@@ -76,7 +76,7 @@ def test_bsp_matches_the_sequential_result_and_applies_n_per_round(how, tmp_path
     per_push = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes(40000))
     for w in workers:
         assert_whole_values(tmp_path, w["index"], ref)
-        assert w["pushes"] == 12 and w["merged"] == 36         # 12 rounds of 3 gradients
+        assert w["pushes"] == w["clock"] == 12 and w["merged"] == 36   # 12 rounds of 3
         assert w["metrics"]["bytes_pushed"] == 12 * per_push
         assert w["metrics"]["bytes_pulled"] == 13 * per_push     # the first pull too
     for s in servers:
