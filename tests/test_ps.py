@@ -119,6 +119,13 @@ def test_a_pull_stream_hands_its_failure_to_the_caller():
         stream.join()
 
 
+def test_a_header_comes_back_as_it_went():
+    """Keys of str, bytes and int stay apart (a bytes key must not come back as str)."""
+    from rdmamw.ps import wire
+    h = {"keys": ["k", b"k", 7, b"\xff"], "id": 3, "dt": "<f4", "shape": [2, 5]}
+    assert wire.unpack(wire.pack(wire.PULL, **h)) == {**h, "op": wire.PULL}
+
+
 def test_a_fresh_peer_has_counted_nothing():
     from rdmamw.ps.metrics import PeerMetrics
     d = PeerMetrics().as_dict()
