@@ -49,7 +49,8 @@ MODULE_TESTS: dict[str, list[str]] = {
     "ps/stream.py": ["tests/test_ps.py"],
     "ps/optim.py": ["tests/test_ps_optim.py", "tests/test_ps.py"],
     "ps/wire.py": ["tests/test_ps.py"],
-    "ps/job.py": ["tests/test_ps.py"],
+    "ps/job.py": ["tests/test_ps.py", "tests/test_config.py::"
+                  "test_the_parameter_server_ring_has_its_own_default_and_yields_to_the_general"],
     "ps/metrics.py": ["tests/test_ps.py"],
     # the matrix at 6-8 ranks adds half a minute per run and no code path 3-5 do not take
     "collectives/": ["tests/test_collectives.py"] + [

@@ -126,6 +126,20 @@ def test_a_header_comes_back_as_it_went():
     assert wire.unpack(wire.pack(wire.PULL, **h)) == {**h, "op": wire.PULL}
 
 
+def test_a_workers_metrics_name_each_series():
+    from rdmamw.ps.metrics import WorkerMetrics
+    m = WorkerMetrics(bytes_pushed=5, bytes_pulled=7)
+    m.compute.add(1.0)
+    m.push.add(2.0)
+    m.push.add(4.0)
+    m.pull.add(3.0)
+    assert m.as_dict() == {
+        "compute_s": {"n": 1, "mean": 1.0, "last": 1.0, "ema": 1.0, "max": 1.0},
+        "push_s": {"n": 2, "mean": 3.0, "last": 4.0, "ema": 0.7 * 2.0 + 0.3 * 4.0, "max": 4.0},
+        "pull_s": {"n": 1, "mean": 3.0, "last": 3.0, "ema": 3.0, "max": 3.0},
+        "bytes_pushed": 5, "bytes_pulled": 7}
+
+
 def test_a_fresh_peer_has_counted_nothing():
     from rdmamw.ps.metrics import PeerMetrics
     d = PeerMetrics().as_dict()
