@@ -128,6 +128,9 @@ def test_a_header_comes_back_as_it_went():
 
 def test_a_workers_metrics_name_each_series():
     from rdmamw.ps.metrics import WorkerMetrics
+    zero = {"n": 0, "mean": 0.0, "last": 0.0, "ema": 0.0, "max": 0.0}
+    assert WorkerMetrics().as_dict() == {"compute_s": zero, "push_s": zero, "pull_s": zero,
+                                         "bytes_pushed": 0, "bytes_pulled": 0}
     m = WorkerMetrics(bytes_pushed=5, bytes_pulled=7)
     m.compute.add(1.0)
     m.push.add(2.0)
