@@ -35,17 +35,18 @@ def test_step_matches_the_reference(dt, n, dc):
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float16])
-def test_compensation_is_nothing_for_a_fresh_gradient_and_the_formula_otherwise(dt):
+@pytest.mark.parametrize("dc", [0.25, 2.0])       # a lambda below 1 too (hybrid's is 0.04)
+def test_compensation_is_nothing_for_a_fresh_gradient_and_the_formula_otherwise(dt, dc):
     w, v, g, _ = arrays(1000, dt, seed=1)
     acc_plain, acc_dc, acc_far = (np.zeros(1000, dt) for _ in range(3))
     SGD(0.1, 0.9).accumulate(acc_plain, g, w)
-    SGD(0.1, 0.9, dc=2.0).accumulate(acc_dc, g, w, bak=w.copy())     # pulled == now
+    SGD(0.1, 0.9, dc=dc).accumulate(acc_dc, g, w, bak=w.copy())      # pulled == now
     assert np.array_equal(acc_plain, acc_dc)
     bak = (w - 0.5).astype(dt)
     acc_far += 1                        # it adds to what the round holds already
-    SGD(0.1, 0.9, dc=2.0).accumulate(acc_far, g, w, bak)
+    SGD(0.1, 0.9, dc=dc).accumulate(acc_far, g, w, bak)
     g64 = g.astype(np.float64)
-    expect = 1 + g64 + 2.0 * g64 * g64 * (w.astype(np.float64) - bak)
+    expect = 1 + g64 + dc * g64 * g64 * (w.astype(np.float64) - bak)
     assert np.allclose(acc_far, expect, rtol=1e-2 if dt == np.float16 else 1e-5, atol=1e-3)
 
 
