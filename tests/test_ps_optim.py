@@ -37,6 +37,15 @@ def test_step_matches_the_reference(dt, n, dc, pulled):
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float16])
+def test_a_step_scales_by_one_unless_told(dt):
+    w, v, g, _ = arrays(7, dt)
+    rw, rv = reference(w, v, g, 1.0, 0.1, 0.9)
+    SGD(0.1, 0.9).step(w, v, g)
+    tol = 2e-2 if dt == np.float16 else 1e-5
+    assert np.allclose(w, rw, rtol=tol, atol=tol) and np.allclose(v, rv, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float16])
 @pytest.mark.parametrize("dc", [0.25, 2.0])       # a lambda below 1 too (hybrid's is 0.04)
 @pytest.mark.parametrize("n", [1000, PIECE + 3])  # one piece, and a second one
 def test_compensation_is_nothing_for_a_fresh_gradient_and_the_formula_otherwise(dt, dc, n):
