@@ -37,10 +37,10 @@ def test_step_matches_the_reference(dt, n, dc, pulled):
 
 
 @pytest.mark.parametrize("dt", [np.float32, np.float16])
-def test_a_step_scales_by_one_unless_told(dt):
-    w, v, g, _ = arrays(7, dt)
+def test_a_step_scales_by_one_and_compensates_nothing_unless_told(dt):
+    w, v, g, bak = arrays(7, dt)
     rw, rv = reference(w, v, g, 1.0, 0.1, 0.9)
-    SGD(0.1, 0.9).step(w, v, g)
+    SGD(0.1, 0.9).step(w, v, g, bak=bak)
     tol = 2e-2 if dt == np.float16 else 1e-5
     assert np.allclose(w, rw, rtol=tol, atol=tol) and np.allclose(v, rv, rtol=tol, atol=tol)
 
@@ -53,6 +53,9 @@ def test_compensation_is_nothing_for_a_fresh_gradient_and_the_formula_otherwise(
     acc_plain, acc_dc, acc_far = (np.zeros(n, dt) for _ in range(3))
     SGD(0.1, 0.9).accumulate(acc_plain, g, w)
     SGD(0.1, 0.9, dc=dc).accumulate(acc_dc, g, w, bak=w.copy())      # pulled == now
+    assert np.array_equal(acc_plain, acc_dc)
+    acc_dc.fill(0)
+    SGD(0.1, 0.9, dc=dc).accumulate(acc_dc, g, w)        # no pulled copy yet: plain
     assert np.array_equal(acc_plain, acc_dc)
     bak = (w - 0.5).astype(dt)
     acc_far += 1                        # it adds to what the round holds already
