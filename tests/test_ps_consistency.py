@@ -87,6 +87,7 @@ def test_ssp_never_lets_the_gap_exceed_s(speeds, s):
 def test_asp_never_waits(speeds):
     r = simulate("asp", speeds)
     assert r["applied"] == 40 * len(speeds) and r["dropped"] == 0
+    assert r["policy"].version == r["applied"]       # one model version per gradient
 
 
 @pytest.mark.parametrize("speeds", SPEEDS)
@@ -106,6 +107,11 @@ def test_lsp_closes_rounds_with_the_first_k():
     assert r["dropped"] == 0                # 10x slower: about 10 rounds stale, within 12
     r = simulate("lsp:2:5", [1.0, 1.0, 10.0])
     assert r["dropped"] > 0 and r["max_staleness"] <= 5
+
+
+def test_lsp_1_closes_a_round_on_the_first_fresh_gradient():
+    pol = Consistency.parse("lsp:1").policy([0, 1, 2])
+    assert pol.on_push(2, 0, 0.0) == PEND and pol.close_due(0.0) and pol.close(0.0) == [2]
 
 
 def test_a_late_gradient_joins_the_round_but_does_not_close_it():
@@ -180,6 +186,21 @@ def test_alsp_plans_k_and_groups_from_times():
     assert pol2.k == 2 and pol2.groups == [[0, 1]]
 
 
+def test_alsp_at_its_limits():
+    """A time exactly ``ratio`` x the group's fastest joins the group; a group's
+    round takes its slowest member's time (2.7 / 1.4 -> within bound 1 behind);
+    global_every=1 makes every round global."""
+    pol = Adaptive([0, 1, 2], bound=1, timeout=10, ratio=1.5, global_every=0)
+    for w, sec in enumerate([1.0, 1.5, 4.0]):
+        pol.observe(w, sec)
+    assert pol.groups == [[0, 1], [2]]
+    for w, sec in enumerate([1.0, 1.4, 2.7]):
+        pol.observe(w, sec)
+    assert (pol.k, pol.groups, pol.quorum()) == (2, [[0, 1], [2]], 2)
+    pol.global_every = 1
+    assert pol.quorum() == 3
+
+
 def test_alsp_loses_a_worker_that_never_reported_a_time():
     pol = Adaptive([0, 1, 2], bound=1, timeout=10, ratio=1.5, global_every=0)
     pol.observe(0, 1.0), pol.observe(1, 1.0)
@@ -189,6 +210,7 @@ def test_alsp_loses_a_worker_that_never_reported_a_time():
 
 def test_alsp_is_bsp_until_every_worker_has_a_time():
     pol = Adaptive([0, 1, 2], bound=1, timeout=10, ratio=1.5, global_every=0)
+    assert pol.quorum() == 3
     pol.observe(0, 1.0)
     assert pol.quorum() == 3
 
@@ -196,6 +218,7 @@ def test_alsp_is_bsp_until_every_worker_has_a_time():
 def test_a_silent_worker_times_out_of_bsp_and_its_late_gradient_is_dropped():
     r = simulate("bsp", [1.0, 1.0, 1.0], timeout=5.0, hang=(1, 50.0))
     assert r["timeouts"] >= 1 and r["dropped"] >= 1 and r["max_staleness"] == 0
+    assert r["timeouts"] == r["below_quorum"] >= 2           # each timed-out round counted
 
 
 def test_lost_workers_leave_the_quorum():
@@ -235,6 +258,8 @@ def test_parse():
     ("ssp:2", Async, {"s": 2}),
     ("bsp", Rounds, {"k": 0, "bound": 0, "timeout": 10.0}),   # docs/ps.md: default 10 s
     ("lsp:2:3", Rounds, {"k": 2, "bound": 3, "timeout": 10.0}),
+    ("lsp", Rounds, {"k": 0, "bound": 1}),                     # k 0: every live worker
+    ("hybrid", Hybrid, {"k": 0}),
     ("hybrid:2", Hybrid, {"k": 2, "bound": 0, "timeout": 10.0}),
     ("alsp:1", Adaptive, {"bound": 1, "ratio": 1.5, "global_every": 4, "timeout": 10.0}),
 ])
