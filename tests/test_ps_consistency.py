@@ -109,6 +109,13 @@ def test_lsp_closes_rounds_with_the_first_k():
     assert r["dropped"] > 0 and r["max_staleness"] <= 5
 
 
+def test_asp_counts_staleness_and_merged_gradients():
+    pol = Consistency.parse("asp").policy([0, 1])
+    assert [pol.on_push(w, 0, 0.0) for w in (0, 1)] == [APPLY, APPLY]   # 1 on version 1
+    assert pol.on_push(0, 2, 0.0) == APPLY                               # fresh again
+    assert (pol.version, pol.merged, pol.stats["max_staleness"]) == (3, 3, 1)
+
+
 def test_lsp_1_closes_a_round_on_the_first_fresh_gradient():
     pol = Consistency.parse("lsp:1").policy([0, 1, 2])
     assert pol.on_push(2, 0, 0.0) == PEND and pol.close_due(0.0) and pol.close(0.0) == [2]
