@@ -62,6 +62,7 @@ MODULE_TESTS: dict[str, list[str]] = {
     "auth.py": ["tests/test_fuzz_tcp.py", "tests/test_channel_errors.py",
                 "tests/test_tcp.py::test_token_file_is_private",
                 "tests/test_tcp.py::test_token_file_defaults_to_the_home_config",
+                "tests/test_tcp.py::test_the_token_file_is_made_in_a_config_directory_that_exists",
                 "tests/test_tcp.py::test_an_empty_token_file_is_a_config_error_that_says_so"],
     "bootstrap/": ["tests/test_bootstrap.py"],
 }
