@@ -206,6 +206,21 @@ def test_alsp_at_its_limits():
     assert (pol.k, pol.groups, pol.quorum()) == (2, [[0, 1], [2]], 2)
     pol.global_every = 1
     assert pol.quorum() == 3
+    pol.global_every = 4                   # the 4th, 8th, ... round (versions 3, 7) is global
+    quorums = []
+    for v in range(8):
+        pol.version = v
+        quorums.append(pol.quorum())
+    assert quorums == [2, 2, 2, 3, 2, 2, 2, 3]
+    for w, sec in enumerate([0.1, 0.4, 1.0]):      # sub-second times: the same rule
+        pol.observe(w, sec)
+    assert (pol.k, pol.groups) == (3, [[0], [1], [2]])
+
+
+def test_a_round_times_out_counting_from_its_first_gradient():
+    pol = Consistency.parse("lsp:3:2", round_timeout=5.0).policy([0, 1, 2])
+    pol.on_push(0, 0, 0.0), pol.on_push(1, 0, 3.0)
+    assert not pol.close_due(4.9) and pol.close_due(5.5)
 
 
 def test_alsp_loses_a_worker_that_never_reported_a_time():
@@ -217,7 +232,7 @@ def test_alsp_loses_a_worker_that_never_reported_a_time():
 
 def test_alsp_is_bsp_until_every_worker_has_a_time():
     pol = Adaptive([0, 1, 2], bound=1, timeout=10, ratio=1.5, global_every=0)
-    assert pol.quorum() == 3
+    assert pol.quorum() == 3 and pol.groups == [[0, 1, 2]]
     pol.observe(0, 1.0)
     assert pol.quorum() == 3
 
