@@ -29,6 +29,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -156,6 +157,18 @@ def copy_tree(dest: Path) -> Path:
     return dest
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL what is left of one test run's session: a mutant that hangs a job's
+    ranks leaves them behind when pytest-timeout (or our timeout) ends the test."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.getsid(int(d.name)) == sid:
+                    os.kill(int(d.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[str, str, float]:
     """(passed|failed|timeout|error, first failure line, seconds) of one pytest run."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -163,19 +176,24 @@ def run_tests(tree: Path, tests: list[str], timeout: float) -> tuple[str, str, f
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
            "--tb=line", f"--timeout={TEST_TIMEOUT}", *tests]
     t0 = time.monotonic()
+    p = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True,
-                           timeout=timeout, start_new_session=True)
+        out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        kill_session(p.pid)
+        p.communicate()
         return "timeout", f"no result within {timeout:.0f} s", time.monotonic() - t0
+    finally:
+        kill_session(p.pid)
     dt = time.monotonic() - t0
     if p.returncode == 0:
         return "passed", "", dt
     if p.returncode == 1:
-        lines = [ln for ln in p.stdout.splitlines()
+        lines = [ln for ln in out.splitlines()
                  if ln.startswith(("FAILED", "ERROR", "E ")) or ": " in ln and "/" in ln]
-        return "failed", (lines[0] if lines else p.stdout.strip()[-200:])[:300], dt
-    return "error", f"pytest exit {p.returncode}: {(p.stdout + p.stderr).strip()[-300:]}", dt
+        return "failed", (lines[0] if lines else out.strip()[-200:])[:300], dt
+    return "error", f"pytest exit {p.returncode}: {(out + err).strip()[-300:]}", dt
 
 
 def run_module(module: str, workers: list[Path], args, log) -> ModuleResult:
