@@ -270,3 +270,12 @@ def test_local_launcher_exits_with_the_first_failing_ranks_code():
     assert launch.run([sys.executable, "-c", fail], 2) == 3
     assert time.monotonic() - t0 < 25                 # rank 0 was stopped, not awaited
     assert launch.run([sys.executable, "-c", "pass"], 2) == 0
+
+
+def test_the_launcher_says_what_it_needs(capsys):
+    from rdmamw.bootstrap import launch
+    with pytest.raises(SystemExit) as e:
+        launch.main(["--", "true"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "the following arguments are required: -n/--nproc" in err
+    assert err.startswith("usage: python -m rdmamw.bootstrap.launch")
