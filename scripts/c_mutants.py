@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -167,6 +167,22 @@ def build(tree: Path) -> tuple[bool, str]:
     return p.returncode == 0, (p.stdout + p.stderr)[-400:]
 
 
+def locate(m: CMutant) -> str:
+    """The file the mutant applies to: its ``path`` when the original text is there
+    once, else the one Cython/C source of rdmamw that holds it once (code moves: the
+    engine is being split out of _core.pyx). Exits when it is nowhere or ambiguous."""
+    if (ROOT / m.path).read_text().count(m.original) == 1:
+        return m.path
+    found = [str(p.relative_to(ROOT)) for ext in ("pyx", "pxd", "pxi", "h")
+             for p in sorted((ROOT / "rdmamw").rglob(f"*.{ext}"))
+             if p.read_text().count(m.original) == 1]
+    if len(found) != 1:
+        sys.exit(f"{m.name}: the original text occurs once in {found or 'no file'}, "
+                 f"not once in {m.path}")
+    print(f"{m.name}: moved from {m.path} to {found[0]}", file=sys.stderr)
+    return found[0]
+
+
 def sos(tree: Path) -> dict[str, float]:
     return {str(p): p.stat().st_mtime for p in (tree / "rdmamw").rglob("*.so")}
 
@@ -177,10 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only]
-    for m in chosen:                      # every mutant still applies to today's code
-        n = (ROOT / m.path).read_text().count(m.original)
-        if n != 1:
-            sys.exit(f"{m.name}: the original text occurs {n} times in {m.path}")
+    # every mutant still applies to today's code, wherever its text moved
+    chosen = [replace(m, path=locate(m)) for m in chosen]
     if args.list:
         for m in chosen:
             print(f"{m.name:28} {m.path}: {m.why}\n{'':28} killed by {' '.join(m.tests)}")

@@ -8,6 +8,10 @@ as its compute time (report_compute), so the scheduler sees fixed inputs, whatev
 load on the machine. Each rank prints one JSON line: the server its stats, a worker its
 final weights and every round's (offset, share).
 
+--late W:S: worker W starts S s late (before its init), so the scheduler has marked
+it FAILED (silent longer than --fail-after s while rounds close on --round-timeout
+without it) when it joins: it is told share 0, then rejoins.
+
 --stream: push each key as it is "computed" (push_part, last key first) and pull
 with pull_stream, waiting per key, to check the overlapped path gives the same
 numbers."""
@@ -78,11 +82,18 @@ def main() -> None:
     ap.add_argument("--consistency", default="bsp")
     ap.add_argument("--ignore-plan", action="store_true",
                     help="compute the equal split but report DSANA's share (a broken worker)")
+    ap.add_argument("--late", default="", help="W:S: worker W sleeps S s before its init")
+    ap.add_argument("--round-timeout", type=float, default=10.0)
+    ap.add_argument("--fail-after", type=float, default=0.0,
+                    help="the scheduler's silence limit (0: its default)")
     a = ap.parse_args()
     lr, mu = 0.05, 0.5
-    node = ps.start(1, consistency=a.consistency, lr=lr, momentum=mu, sched=a.sched,
+    consistency = ps.Consistency.parse(a.consistency, round_timeout=a.round_timeout)
+    node = ps.start(1, consistency=consistency, lr=lr, momentum=mu, sched=a.sched,
                     global_batch=a.batch, chunk=a.chunk or None, send_thread=a.stream)
     if isinstance(node, ps.KVServer):
+        if a.fail_after and node.scheduler is not None:
+            node.scheduler.classifier.fail_after = a.fail_after
         stats = node.serve()
         stats.pop("round_sizes", None)
         emit({"role": "server", **stats})
@@ -91,6 +102,9 @@ def main() -> None:
     me = rdmamw.world().rank - 1
     n = rdmamw.world().world_size - 1
     x, y = dataset(a.rounds * a.batch)
+    late, sleep = (int(a.late.split(":")[0]), float(a.late.split(":")[1])) if a.late else (-1, 0)
+    if me == late:
+        time.sleep(sleep)
     params = [np.zeros(D), np.zeros(1)]
     node.init(KEYS, params)
     node.pull(KEYS, out=params)

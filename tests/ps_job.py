@@ -7,6 +7,9 @@ one JSON line: a server its stats, a worker its final values' error and metrics.
 (the tests compare whole vectors); each server reports in ``blocks`` how many distinct
 blocks of each key it received (GRAD, INIT) and sent (VAL), counted from the headers.
 
+--bad shape|unknown|init|after-bye: every worker makes that mistake once after its
+init (after-bye: a BYE and a PULL in one batch to server 0, then it leaves).
+
 Faults: --die W:I makes worker W exit without a word before iteration I; --hang W:I:S
 makes it sleep S s there; --kill-server V makes server 0 exit without a word once
 its model reached version V."""
@@ -111,6 +114,11 @@ def main() -> None:
                 node.pull(["nope"])
             elif a.bad == "init":
                 node.init(["c"], [np.zeros((5, 2), np.float32)])
+            elif a.bad == "after-bye":      # a pull behind a goodbye, in one batch
+                node.chans[0].send_batch([wire.pack(wire.BYE),
+                                          wire.pack(wire.PULL, keys=["b"], id=0)]).wait()
+                emit(out)
+                return                      # no close: that would say goodbye again
         except (KeyError, ValueError, ps.PSError) as e:
             out["error"] = f"{type(e).__name__}: {e}"
     die = [int(v) for v in a.die.split(":")] if a.die else [-1, -1]
@@ -138,7 +146,7 @@ def main() -> None:
     if a.dump:
         np.savez(os.path.join(a.dump, f"worker{me}.npz"), *x)
     out["metrics"] = {k: v for k, v in node.metrics.as_dict().items() if k.startswith("bytes")}
-    out["pushes"] = node.metrics.push.n
+    out["pushes"], out["clock"] = node.metrics.push.n, node.clock
     out["merged"] = node.merged
     emit(out)
     if "peer_lost" not in out:

@@ -270,3 +270,62 @@ def test_local_launcher_exits_with_the_first_failing_ranks_code():
     assert launch.run([sys.executable, "-c", fail], 2) == 3
     assert time.monotonic() - t0 < 25                 # rank 0 was stopped, not awaited
     assert launch.run([sys.executable, "-c", "pass"], 2) == 0
+
+
+def test_the_launcher_says_what_it_needs(capsys):
+    from rdmamw.bootstrap import launch
+    with pytest.raises(SystemExit) as e:
+        launch.main(["--", "true"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "the following arguments are required: -n/--nproc" in err
+    assert err.startswith("usage: python -m rdmamw.bootstrap.launch")
+
+
+def test_rank_zero_refuses_a_rank_outside_the_world_and_goes_on():
+    """The refused joiner is told why (``ok: False``), rank 0 keeps serving."""
+    import threading
+
+    from rdmamw.bootstrap import store
+    sock = store.listen("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(r=store.serve(sock, 2, {"me": 0}, 30)))
+    t.start()
+    try:
+        with pytest.raises(rdmamw.RdmamwError,
+                           match=r"rank 0 refused us: rank 5 is outside the world of 2"):
+            store.join("127.0.0.1", port, 5, None, lambda ip: {"me": 5}, 2, 30)
+        table, job, rank = store.join("127.0.0.1", port, 1, None, lambda ip: {"me": 1}, 2, 30)
+    finally:
+        t.join(60)
+    assert (table, rank) == ({0: {"me": 0}, 1: {"me": 1, "rank": 1}}, 1)
+    assert got["r"] == (table, job)
+
+
+@pytest.mark.parametrize("table", [[{"me": 0}], [{"me": 0}, "not a descriptor"]])
+def test_a_table_that_does_not_fit_the_world_is_refused(table):
+    """A rank 0 that answers a table of the wrong length, or with a non-descriptor in
+    it, is a ProtocolError, not a job with ranks missing."""
+    import threading
+
+    from rdmamw import auth
+    from rdmamw.bootstrap import store
+    from rdmamw.transport.wire import recv_frame, send_frame
+    sock = store.listen("127.0.0.1", 0)
+
+    def fake_rank0():
+        conn, _ = sock.accept()
+        with conn:
+            auth.accept_side(conn)
+            recv_frame(conn, store.JOIN_LIMIT)
+            send_frame(conn, {"ok": True, "table": table, "job": "j", "rank": 1})
+
+    t = threading.Thread(target=fake_rank0)
+    t.start()
+    try:
+        with pytest.raises(rdmamw.ProtocolError,
+                           match=f"rendezvous table of {len(table)} entries for 2 ranks"):
+            store.join("127.0.0.1", sock.getsockname()[1], 1, None, lambda ip: {}, 2, 30)
+    finally:
+        t.join(60)
+        sock.close()

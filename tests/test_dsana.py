@@ -78,6 +78,20 @@ def test_the_comparison_can_fail():
     assert max(w["max_rel_err"] for w in workers) > 1e-3
 
 
+def test_a_worker_the_scheduler_failed_is_served_with_share_0_and_rejoins():
+    """Worker 0 starts 3 s late: the rounds close on their 0.3 s timeout without it and
+    the scheduler marks it FAILED after 1 s of silence, so the server answers its init
+    (and pulls) while it is outside the plan: share 0, the offset 0. Its first push (no
+    samples, a sign of life) brings it back into the plan."""
+    server, workers = run(4, "--sched", "dsana", "--rounds", "12", "--late", "0:3",
+                          "--round-timeout", "0.3", "--fail-after", "1")
+    assert [w["index"] for w in workers] == [0, 1, 2]
+    assert workers[0]["plan"][0] == [0, 0]
+    assert workers[0]["plan"][-1][1] > 0
+    assert [w["plan"][0] for w in workers[1:]] == [[20, 20], [40, 20]]   # all three at first
+    assert server["dsana"]["membership_changes"] >= 2 and server["timeouts"] >= 2
+
+
 @pytest.mark.parametrize("sched", ["none", "dsana"])
 def test_chunked_overlapped_push_and_pull_give_the_same_model(sched):
     server, workers = run(3, "--sched", sched, "--rounds", "15", "--stream", "--chunk",

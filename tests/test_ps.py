@@ -76,7 +76,7 @@ def test_bsp_matches_the_sequential_result_and_applies_n_per_round(how, tmp_path
     per_push = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes(40000))
     for w in workers:
         assert_whole_values(tmp_path, w["index"], ref)
-        assert w["pushes"] == 12 and w["merged"] == 36         # 12 rounds of 3 gradients
+        assert w["pushes"] == w["clock"] == 12 and w["merged"] == 36   # 12 rounds of 3
         assert w["metrics"]["bytes_pushed"] == 12 * per_push
         assert w["metrics"]["bytes_pulled"] == 13 * per_push     # the first pull too
     for s in servers:
@@ -146,6 +146,30 @@ def test_a_start_pull_waits_for_every_worker_and_gives_worker_0s_values():
         job.close()
 
 
+def test_a_header_comes_back_as_it_went():
+    """Keys of str, bytes and int stay apart (a bytes key must not come back as str)."""
+    from rdmamw.ps import wire
+    h = {"keys": ["k", b"k", 7, b"\xff"], "id": 3, "dt": "<f4", "shape": [2, 5]}
+    assert wire.unpack(wire.pack(wire.PULL, **h)) == {**h, "op": wire.PULL}
+
+
+def test_a_workers_metrics_name_each_series():
+    from rdmamw.ps.metrics import WorkerMetrics
+    zero = {"n": 0, "mean": 0.0, "last": 0.0, "ema": 0.0, "max": 0.0}
+    assert WorkerMetrics().as_dict() == {"compute_s": zero, "push_s": zero, "pull_s": zero,
+                                         "bytes_pushed": 0, "bytes_pulled": 0}
+    m = WorkerMetrics(bytes_pushed=5, bytes_pulled=7)
+    m.compute.add(1.0)
+    m.push.add(2.0)
+    m.push.add(4.0)
+    m.pull.add(3.0)
+    assert m.as_dict() == {
+        "compute_s": {"n": 1, "mean": 1.0, "last": 1.0, "ema": 1.0, "max": 1.0},
+        "push_s": {"n": 2, "mean": 3.0, "last": 4.0, "ema": 0.7 * 2.0 + 0.3 * 4.0, "max": 4.0},
+        "pull_s": {"n": 1, "mean": 3.0, "last": 3.0, "ema": 3.0, "max": 3.0},
+        "bytes_pushed": 5, "bytes_pulled": 7}
+
+
 def test_a_fresh_peer_has_counted_nothing():
     from rdmamw.ps.metrics import PeerMetrics
     d = PeerMetrics().as_dict()
@@ -210,6 +234,43 @@ def test_consistency_models_converge_and_keep_their_invariant(mode, check):
 def test_errors_name_the_key(bad, match):
     _, workers, _ = run_job(3, "--servers", "1", "--iters", "2", "--bad", bad)
     assert all(match in w["error"] for w in workers), workers
+
+
+def test_a_request_after_bye_is_dropped_and_logged():
+    """Nothing may follow a BYE: the pull in the same batch is not served (no value
+    leaves the server), the worker is gone (said goodbye), not lost, and the log says
+    how many messages were dropped."""
+    servers, workers, err = run_job(3, "--servers", "1", "--bad", "after-bye")
+    assert [w["index"] for w in workers] == [0, 1]
+    assert servers[0]["bytes_out"] == 0 and servers[0]["lost"] == []
+    for w in (0, 1):
+        assert f":rdmamw.ps: worker {w} sent 1 messages after bye; dropped\n" in err  # whole
+
+
+def test_one_pass_drops_what_follows_a_bye_in_its_batch():
+    """The same in one serve_once (the job above may take the batch in idle()'s wait
+    instead): the pass reports work done, the pull is dropped, nothing is sent."""
+    import rdmamw
+    from rdmamw.ps import KVServer, wire
+
+    class OneBatch:                     # the Channel surface the server's receive uses
+        def __init__(self):
+            self.batches = [[wire.pack(wire.BYE), wire.pack(wire.PULL, keys=["b"], id=0)]]
+            self.sent: list = []
+
+        def recv_batch(self, timeout):
+            if not self.batches:
+                raise rdmamw.Timeout("nothing more")
+            return [memoryview(m) for m in self.batches.pop()]
+
+        def send_batch(self, msgs):
+            self.sent.append(msgs)
+
+    ch = OneBatch()
+    node = KVServer({0: ch})
+    assert node.serve_once() is True
+    assert (node.bye, node.reads, ch.sent, node.finished) == ({0}, {}, [], True)
+    assert node.serve_once() is False
 
 
 def test_a_dead_worker_does_not_stop_bsp():

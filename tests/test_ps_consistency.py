@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from rdmamw.ps.consistency import APPLY, DROP, PEND, Adaptive, Consistency
+from rdmamw.ps.consistency import APPLY, DROP, PEND, Adaptive, Async, Consistency, Hybrid, Rounds
 
 
 def simulate(spec: str, speeds: list[float], iters: int = 40, seed: int = 0,
@@ -78,7 +78,7 @@ def test_bsp_applies_exactly_n_per_round(speeds, seed):
 @pytest.mark.parametrize("s", [0, 1, 3])
 def test_ssp_never_lets_the_gap_exceed_s(speeds, s):
     r = simulate(f"ssp:{s}", speeds, seed=s)
-    assert max(r["gaps"]) <= s and r["max_gap"] <= s
+    assert max(r["gaps"]) <= s and r["max_gap"] == max(r["gaps"])   # the stat is the gap read at
     if s and speeds[-1] > 2 * speeds[0]:
         assert max(r["gaps"]) == s           # the fast worker does run ahead
 
@@ -87,6 +87,7 @@ def test_ssp_never_lets_the_gap_exceed_s(speeds, s):
 def test_asp_never_waits(speeds):
     r = simulate("asp", speeds)
     assert r["applied"] == 40 * len(speeds) and r["dropped"] == 0
+    assert r["policy"].version == r["applied"]       # one model version per gradient
 
 
 @pytest.mark.parametrize("speeds", SPEEDS)
@@ -106,6 +107,18 @@ def test_lsp_closes_rounds_with_the_first_k():
     assert r["dropped"] == 0                # 10x slower: about 10 rounds stale, within 12
     r = simulate("lsp:2:5", [1.0, 1.0, 10.0])
     assert r["dropped"] > 0 and r["max_staleness"] <= 5
+
+
+def test_asp_counts_staleness_and_merged_gradients():
+    pol = Consistency.parse("asp").policy([0, 1])
+    assert [pol.on_push(w, 0, 0.0) for w in (0, 1)] == [APPLY, APPLY]   # 1 on version 1
+    assert pol.on_push(0, 2, 0.0) == APPLY                               # fresh again
+    assert (pol.version, pol.merged, pol.stats["max_staleness"]) == (3, 3, 1)
+
+
+def test_lsp_1_closes_a_round_on_the_first_fresh_gradient():
+    pol = Consistency.parse("lsp:1").policy([0, 1, 2])
+    assert pol.on_push(2, 0, 0.0) == PEND and pol.close_due(0.0) and pol.close(0.0) == [2]
 
 
 def test_a_late_gradient_joins_the_round_but_does_not_close_it():
@@ -180,6 +193,36 @@ def test_alsp_plans_k_and_groups_from_times():
     assert pol2.k == 2 and pol2.groups == [[0, 1]]
 
 
+def test_alsp_at_its_limits():
+    """A time exactly ``ratio`` x the group's fastest joins the group; a group's
+    round takes its slowest member's time (2.7 / 1.4 -> within bound 1 behind);
+    global_every=1 makes every round global."""
+    pol = Adaptive([0, 1, 2], bound=1, timeout=10, ratio=1.5, global_every=0)
+    for w, sec in enumerate([1.0, 1.5, 4.0]):
+        pol.observe(w, sec)
+    assert pol.groups == [[0, 1], [2]]
+    for w, sec in enumerate([1.0, 1.4, 2.7]):
+        pol.observe(w, sec)
+    assert (pol.k, pol.groups, pol.quorum()) == (2, [[0, 1], [2]], 2)
+    pol.global_every = 1
+    assert pol.quorum() == 3
+    pol.global_every = 4                   # the 4th, 8th, ... round (versions 3, 7) is global
+    quorums = []
+    for v in range(8):
+        pol.version = v
+        quorums.append(pol.quorum())
+    assert quorums == [2, 2, 2, 3, 2, 2, 2, 3]
+    for w, sec in enumerate([0.1, 0.4, 1.0]):      # sub-second times: the same rule
+        pol.observe(w, sec)
+    assert (pol.k, pol.groups) == (3, [[0], [1], [2]])
+
+
+def test_a_round_times_out_counting_from_its_first_gradient():
+    pol = Consistency.parse("lsp:3:2", round_timeout=5.0).policy([0, 1, 2])
+    pol.on_push(0, 0, 0.0), pol.on_push(1, 0, 3.0)
+    assert not pol.close_due(4.9) and pol.close_due(5.5)
+
+
 def test_alsp_loses_a_worker_that_never_reported_a_time():
     pol = Adaptive([0, 1, 2], bound=1, timeout=10, ratio=1.5, global_every=0)
     pol.observe(0, 1.0), pol.observe(1, 1.0)
@@ -189,6 +232,7 @@ def test_alsp_loses_a_worker_that_never_reported_a_time():
 
 def test_alsp_is_bsp_until_every_worker_has_a_time():
     pol = Adaptive([0, 1, 2], bound=1, timeout=10, ratio=1.5, global_every=0)
+    assert pol.quorum() == 3 and pol.groups == [[0, 1, 2]]
     pol.observe(0, 1.0)
     assert pol.quorum() == 3
 
@@ -196,6 +240,7 @@ def test_alsp_is_bsp_until_every_worker_has_a_time():
 def test_a_silent_worker_times_out_of_bsp_and_its_late_gradient_is_dropped():
     r = simulate("bsp", [1.0, 1.0, 1.0], timeout=5.0, hang=(1, 50.0))
     assert r["timeouts"] >= 1 and r["dropped"] >= 1 and r["max_staleness"] == 0
+    assert r["timeouts"] == r["below_quorum"] >= 2           # each timed-out round counted
 
 
 def test_lost_workers_leave_the_quorum():
@@ -228,6 +273,22 @@ def test_parse():
     assert Consistency.parse("hybrid", dc=0.0).dc == 0.0
     assert (Consistency.parse("ssp:2:dc0.1").s, Consistency.parse("ssp:2:dc0.1").dc) == (2, 0.1)
     assert Consistency.parse("bsp").dc == 0.0
+
+
+@pytest.mark.parametrize("spec, kind, fields", [
+    ("asp", Async, {"s": None}),
+    ("ssp:2", Async, {"s": 2}),
+    ("bsp", Rounds, {"k": 0, "bound": 0, "timeout": 10.0}),   # docs/ps.md: default 10 s
+    ("lsp:2:3", Rounds, {"k": 2, "bound": 3, "timeout": 10.0}),
+    ("lsp", Rounds, {"k": 0, "bound": 1}),                     # k 0: every live worker
+    ("hybrid", Hybrid, {"k": 0}),
+    ("hybrid:2", Hybrid, {"k": 2, "bound": 0, "timeout": 10.0}),
+    ("alsp:1", Adaptive, {"bound": 1, "ratio": 1.5, "global_every": 4, "timeout": 10.0}),
+])
+def test_each_mode_makes_its_own_policy(spec, kind, fields):
+    pol = Consistency.parse(spec).policy([0, 1, 2])
+    assert type(pol) is kind
+    assert {f: getattr(pol, f) for f in fields} == fields
 
 
 @pytest.mark.parametrize("spec", ["bsp", "asp", "ssp:1", "lsp:2:1", "alsp:1", "hybrid:2"])

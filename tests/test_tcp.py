@@ -216,6 +216,16 @@ def test_token_file_defaults_to_the_home_config(tmp_path, monkeypatch):
     assert (tmp_path / ".config" / "rdmamw" / "token").read_bytes() == tok
 
 
+def test_the_token_file_is_made_in_a_config_directory_that_exists(tmp_path, monkeypatch):
+    """~/.config/rdmamw may be there before the token (the rendezvous tuning file)."""
+    monkeypatch.delenv("RDMAMW_TOKEN", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    (tmp_path / "rdmamw").mkdir(mode=0o700)
+    auth.set_token(None)
+    tok = auth.token()
+    assert (tmp_path / "rdmamw" / "token").read_bytes() == tok and len(tok) == 64
+
+
 def test_an_empty_token_file_is_a_config_error_that_says_so(tmp_path, monkeypatch):
     monkeypatch.delenv("RDMAMW_TOKEN", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
