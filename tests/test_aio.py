@@ -19,7 +19,7 @@ import pytest
 
 import rdmamw
 import rdmamw.aio as aio
-from tests.helpers import LISTEN_ADDRESS, make_pair
+from tests.helpers import LISTEN_ADDRESS, make_pair, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,6 +49,10 @@ async def echo(ch: aio.Channel) -> int:
 def test_fileno_readable_only_when_armed_and_something_came(provider):
     a, b, lst = make_pair(provider=provider)
     try:
+        # the opener's last set-up write (its max message size) may still be on its way
+        # over tcp, and any word the peer writes may wake an armed fd (spurious wake-ups
+        # are allowed): start once it has landed
+        wait_for(lambda: b.peer_max_message_size != 0, "the peer's set-up writes")
         fd = b.fileno()
         p = select.poll()
         p.register(fd, select.POLLIN)
