@@ -1,6 +1,7 @@
 from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
 
 from rdmamw.bitmap._phase cimport RecvBitmaps
+from rdmamw.engine._frames cimport REC_HDR, SLOT_SINGLE, pad8
 from rdmamw.engine._link cimport Link
 
 
@@ -38,7 +39,16 @@ cdef class EagerReceiver:
     cdef int fill_ready(self) except -1
     cdef int open_slot(self) except -1
     cdef int peek(self, char **pbase, uint32_t *plen, uint32_t *pflags) except -1
-    cdef void advance(self, uint32_t L, uint64_t nbytes) noexcept
+    cdef inline void advance(self, uint32_t L, uint64_t nbytes) noexcept:
+        """The message peek pointed at is consumed (inline: once per message)."""
+        if self.cur_flags != SLOT_SINGLE:
+            self.cur_off += REC_HDR + pad8(L)
+        self.cur_left -= 1
+        self.link.cnt.msgs_recv += 1
+        self.link.cnt.bytes_recv += nbytes
+        if self.cur_left == 0:
+            self.link.cnt.slots_recv += 1
+
     cdef bint has_arrivals(self) noexcept nogil
     cdef void release_one(self, uint32_t slot) noexcept
     cdef bint unflushed(self) noexcept nogil

@@ -175,16 +175,6 @@ cdef class EagerReceiver:
         pflags[0] = fl
         return 1
 
-    cdef void advance(self, uint32_t L, uint64_t nbytes) noexcept:
-        """The message peek pointed at is consumed."""
-        if self.cur_flags != SLOT_SINGLE:
-            self.cur_off += REC_HDR + pad8(L)
-        self.cur_left -= 1
-        self.link.cnt.msgs_recv += 1
-        self.link.cnt.bytes_recv += nbytes
-        if self.cur_left == 0:
-            self.link.cnt.slots_recv += 1
-
     cdef bint has_arrivals(self) noexcept nogil:
         """Something to deliver, or a slot arrived since the last look found a gap (the
         slots waiting behind a gap do not count: waiting for the gap sleeps)."""

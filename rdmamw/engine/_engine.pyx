@@ -36,6 +36,7 @@ from rdmamw.engine._frames cimport (
     CTRL_CREDIT_WAIT,
     CTRL_MAX_MSG,
     CTRL_RX_SLEEP,
+    DESC_BYTES,
     REC_RNDV,
     RM_MAX_WR_BYTES,
     RM_NO_SLOT,
@@ -55,6 +56,7 @@ from rdmamw.engine._messages cimport (
     new_dest,
     new_handle,
     new_message,
+    take_eager,
 )
 from rdmamw.engine._rndv_recv cimport RndvReceiver
 from rdmamw.engine._rndv_send cimport RndvSender
@@ -487,32 +489,20 @@ cdef class Engine(Endpoint):
     cdef Py_ssize_t _deliver(self, list out, Py_ssize_t maxn) except -1:
         cdef EagerReceiver rx = self.rx
         cdef Py_ssize_t got = 0
-        cdef char *base
-        cdef uint32_t L, fl, opened = 0, slot
+        cdef char *rndv
+        cdef uint32_t opened = 0, slot
         cdef Dest dst
-        while got < maxn:
-            if rx.cur_left == 0:
-                # a bounded share of the ring per call: a caller that still holds the
-                # previous list while waiting for the next one never starves the sender
-                if opened >= rx.max_open:
-                    break
-                opened += 1
-            if not rx.peek(&base, &L, &fl):
-                break
-            if fl == REC_RNDV:
-                if got:         # a failing READ must not take earlier messages with it
-                    break
-                dst = self.rr.receive(base, None)
-                out.append(new_message(self, <char *>dst.view.buf,
-                                       <Py_ssize_t>self.rr.last_len, RM_NO_SLOT, dst))
-                slot = rx.cur_slot
-                rx.advance(L, self.rr.last_len)
-                rx.release_one(slot)
-            else:
-                out.append(new_message(self, base, L, rx.cur_slot, None))
-                rx.advance(L, L)
-            got += 1
-        return got
+        while True:
+            got = take_eager(self, out, got, maxn, &opened, &rndv)
+            if rndv == NULL or got:     # a failing READ must not take earlier messages
+                return got
+            dst = self.rr.receive(rndv, None)
+            out.append(new_message(self, <char *>dst.view.buf,
+                                   <Py_ssize_t>self.rr.last_len, RM_NO_SLOT, dst))
+            slot = rx.cur_slot
+            rx.advance(DESC_BYTES, self.rr.last_len)
+            rx.release_one(slot)
+            got = 1
 
     cdef Py_ssize_t _deliver_into(self, Dest into) except -2:
         """The next message into ``into``: its length, or -1 if none has arrived."""

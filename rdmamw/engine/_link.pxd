@@ -25,11 +25,27 @@ cdef class Link:
     cdef bint sleep_flag_set        # CTRL_RX_SLEEP raised at the peer
     cdef int64_t spin_ns            # how long a wait spins before it sleeps
     cdef rm_counters cnt
+    cdef const int *pid_now         # this process's pid, current across fork (transport)
+    cdef int owner_pid              # the process that made the transport
 
     cdef int attach(self, Transport tp, double spin_us) except -1
-    cdef bint inherited(self) noexcept nogil
-    cdef int check_owner(self) except -1
-    cdef int check_usable(self) except -1
+    cdef int refuse(self) except -1
+
+    # inline: every send, receive and release asks (a load and a compare, no call)
+    cdef inline bint inherited(self) noexcept nogil:
+        """True in a fork child: the connection is the parent's (rdmamw/_fork.py)."""
+        return self.owner_pid != self.pid_now[0]
+
+    cdef inline int check_owner(self) except -1:
+        if self.owner_pid != self.pid_now[0]:
+            return self.refuse()
+        return 0
+
+    cdef inline int check_usable(self) except -1:
+        if self.owner_pid != self.pid_now[0] or self.closed or self.broken is not None:
+            return self.refuse()
+        return 0
+
     cdef int put_word(self, uint32_t region, uint32_t word, uint64_t *src) noexcept nogil
     cdef void set_flag(self, uint32_t word, bint *flag, bint up) noexcept nogil
     cdef bint peer_closing(self) noexcept nogil

@@ -10,6 +10,7 @@ from libc.stdlib cimport calloc, free
 
 from rdmamw.engine._frames cimport CTRL_CLOSED, RM_RNDV_WRID
 from rdmamw.transport._base cimport (
+    current_pid,
     RM_ERR_BOUNDS,
     RM_ERR_CLOSED,
     RM_ERR_OS,
@@ -50,28 +51,25 @@ cdef class Link:
             raise MemoryError()
         self.words[1] = 1
         self.closed = True          # until attach() and the engine's set-up succeed
+        self.pid_now = current_pid()
+        self.owner_pid = self.pid_now[0]
 
     def __dealloc__(self):
         free(self.words)
 
     cdef int attach(self, Transport tp, double spin_us) except -1:
         self.tp = tp
+        self.owner_pid = tp.owner_pid
         self.ctrl = <uint64_t *>tp.local[RM_REGION_CTRL].addr
         self.lkey_words = tp.register_local(<size_t>self.words, 64)
         self.spin_ns = <int64_t>(spin_us * 1000.0)
         return 0
 
-    cdef bint inherited(self) noexcept nogil:
-        """True in a fork child: the connection is the parent's (rdmamw/_fork.py)."""
-        return self.tp is not None and self.tp.inherited()
-
-    cdef int check_owner(self) except -1:
+    cdef int refuse(self) except -1:
+        """Raise what check_usable() found (its slow path): the fork child's error,
+        the protocol error that broke the channel, or that it is closed."""
         if self.inherited():
-            _fork.refuse("channel", self.tp.owner_pid)
-        return 0
-
-    cdef int check_usable(self) except -1:
-        self.check_owner()
+            _fork.refuse("channel", self.owner_pid)
         if self.broken is not None:
             raise ProtocolError(self.broken)
         if self.closed:

@@ -41,16 +41,10 @@ cdef class Dest:
 cdef SendHandle new_handle(Endpoint eng, uint64_t batch, Py_ssize_t count, uint64_t rndv)
 
 
-cdef inline Message new_message(Endpoint eng, char *ptr, Py_ssize_t length, uint32_t slot,
-                                object owner):
-    """A Message viewing ``length`` bytes at ``ptr``: in slot ``slot`` of eng's ring, or
-    in ``owner`` (a Dest) when it came by rendezvous (slot RM_NO_SLOT)."""
-    cdef Message m = Message.__new__(Message)
-    m.eng = eng
-    m.ptr = ptr
-    m.length = length
-    m.slot = slot
-    if owner is not None:
-        m.owner = owner
-    return m
+# (defined in _messages.pyx, beside Message: there its allocation is a direct call
+# the C compiler inlines; from another module it would go through the type's tp_new)
+cdef Message new_message(Endpoint eng, char *ptr, Py_ssize_t length, uint32_t slot,
+                         object owner)
+cdef Py_ssize_t take_eager(Endpoint eng, list out, Py_ssize_t got, Py_ssize_t maxn,
+                           uint32_t *opened, char **rndv) except -1
 cdef Dest new_dest(object obj)

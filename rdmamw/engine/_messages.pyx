@@ -13,6 +13,9 @@ from cpython.buffer cimport (
 )
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
+from rdmamw.engine._eager_recv cimport EagerReceiver
+from rdmamw.engine._frames cimport REC_RNDV
+
 
 cdef class Endpoint:
     cdef bint handle_done(self, uint64_t batch, uint64_t rndv) except -1:
@@ -22,6 +25,8 @@ cdef class Endpoint:
         raise NotImplementedError
 
 
+@cython.freelist(1024)
+@cython.no_gc               # it refers to its endpoint only, which never refers back
 @cython.final
 cdef class SendHandle:
     """Completion of one batch: its source buffers may be reused once ``done()``."""
@@ -127,6 +132,55 @@ cdef class Dest:
     def __dealloc__(self):
         if self.held:
             PyBuffer_Release(&self.view)
+
+
+cdef Message new_message(Endpoint eng, char *ptr, Py_ssize_t length, uint32_t slot,
+                         object owner):
+    """A Message viewing ``length`` bytes at ``ptr``: in slot ``slot`` of eng's ring, or
+    in ``owner`` (a Dest) when it came by rendezvous (slot RM_NO_SLOT)."""
+    cdef Message m = Message.__new__(Message)
+    m.eng = eng
+    m.ptr = ptr
+    m.length = length
+    m.slot = slot
+    if owner is not None:
+        m.owner = owner
+    return m
+
+
+cdef Py_ssize_t take_eager(Endpoint eng, list out, Py_ssize_t got, Py_ssize_t maxn,
+                           uint32_t *opened, char **rndv) except -1:
+    """Append a Message for each eager message at the head of eng's ring until ``out``
+    holds ``maxn`` (``got`` so far), the call's share of slots (``opened`` of
+    ``max_open``) is used, nothing more has arrived or a rendezvous descriptor is next
+    (``rndv`` points at it, peeked, not consumed; else NULL). Return the new count.
+    Here, beside Message, each allocation is a direct call the C compiler inlines."""
+    cdef EagerReceiver rx = eng.rx
+    cdef char *base
+    cdef uint32_t L, fl
+    cdef Message m
+    rndv[0] = NULL
+    while got < maxn:
+        if rx.cur_left == 0:
+            # a bounded share of the ring per call: a caller that still holds the
+            # previous list while waiting for the next one never starves the sender
+            if opened[0] >= rx.max_open:
+                break
+            opened[0] += 1
+        if not rx.peek(&base, &L, &fl):
+            break
+        if fl == REC_RNDV:
+            rndv[0] = base
+            break
+        m = Message.__new__(Message)
+        m.eng = eng
+        m.ptr = base
+        m.length = L
+        m.slot = rx.cur_slot
+        out.append(m)
+        rx.advance(L, L)
+        got += 1
+    return got
 
 
 cdef Dest new_dest(object obj):

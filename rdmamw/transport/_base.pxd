@@ -134,3 +134,8 @@ cdef class Transport:
     # True in a fork child: the connection is the parent's, so close() and dealloc
     # must touch nothing shared (no shutdown, no close word, no thread join, no verbs)
     cdef bint inherited(self) noexcept nogil
+
+
+# this process's pid, kept current in a fork child: a unit that checks ownership on
+# every call keeps the address and compares with an inline load (no call per message)
+cdef const int *current_pid() noexcept nogil

@@ -15,6 +15,10 @@ from rdmamw import _fork
 cdef int _pid = _fork.pid()
 
 
+cdef const int *current_pid() noexcept nogil:
+    return &_pid
+
+
 @_fork.at_child
 def _refresh_pid():
     global _pid
