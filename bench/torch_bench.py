@@ -4,7 +4,9 @@ called directly (the backend's own overhead), all in one run on this host (shm).
     python bench/torch_bench.py                         # 1 MiB, 64 MiB; 2 and 4 ranks
     python bench/torch_bench.py --sizes 1M --ranks 2 --reps 50 --ddp-steps 30
 
-Each rank is pinned to core ``rank mod cores`` and runs torch with one thread.
+Ranks are not pinned (``--pin``: rank r on core ``r mod cores``) and run with
+``OMP_NUM_THREADS=1``, what torchrun sets for every rank it starts when it starts
+more than one (so torch's intra-op threads do not fight the other ranks for cores).
 all_reduce: float32, in place (the torch call), preceded by a barrier; rank 0's
 median. "direct" is
 ``rdmamw.collectives.allreduce(x, out=x)`` on the numpy view of the same tensor,
@@ -72,9 +74,8 @@ def rank(cfg: dict) -> None:
 
     import rdmamw.torch  # noqa: F401 - registers the backend
     me = int(os.environ["RANK"])
-    pin(me)
-    torch.set_num_threads(1)      # one core per rank (pinned): no intra-op threads
-    #                               spinning against the other ranks
+    if cfg["pin"]:
+        pin(me)
     backend = cfg["backend"]
     dist.init_process_group(backend)
     out: dict = {}
@@ -116,7 +117,8 @@ def rank(cfg: dict) -> None:
 
 def run(backend: str, n: int, cfg: dict) -> dict:
     from rdmamw.bootstrap.launch import spawn
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}      # as torchrun sets it for more than one rank
     procs = spawn(n, [sys.executable, __file__, "--rank", json.dumps({**cfg,
                                                                        "backend": backend})],
                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -137,10 +139,12 @@ def main() -> int:
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--reps", type=int, default=None, help="default 100 / 12 by size")
     ap.add_argument("--ddp-steps", type=int, default=40, help="0: no DDP")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin rank r to core r mod cores (default: unpinned, as users run)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args()
     cfg = {"sizes": [SIZES[s] for s in a.sizes.split(",")], "reps": a.reps,
-           "ddp_steps": a.ddp_steps}
+           "ddp_steps": a.ddp_steps, "pin": a.pin}
     meta = {"started": dt.datetime.now().isoformat(timespec="seconds"),
             "loadavg": os.getloadavg(), "cores": len(os.sched_getaffinity(0))}
     res, lines = {}, []
