@@ -10,11 +10,12 @@ more than one (so torch's intra-op threads do not fight the other ranks for core
 all_reduce: float32, in place (the torch call), preceded by a barrier; rank 0's
 median. "direct" is
 ``rdmamw.collectives.allreduce(x, out=x)`` on the numpy view of the same tensor,
-measured in rounds alternating with the backend's (load drifts between them).
+the calls alternating one by one with the backend's (load drifts between them).
 DDP: the small CNN of tests/torch_worker.py (batch 32 of 8x8 images, 1 MB buckets),
 median seconds per training step (forward, backward with the bucket all_reduces,
-SGD step). Prints the ratios the targets of issue 16 are stated in and writes the
-JSON to bench/results/.
+SGD step). Each backend's job runs ``--rounds`` times (3), alternating with the
+other's; a figure is the median of the jobs' medians. Prints the ratios the
+targets of issue 16 are stated in and writes the JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -58,13 +59,21 @@ def timed(fn, barrier, reps: int) -> float:
     return statistics.median(samples(fn, barrier, reps))
 
 
-def interleaved(pairs: dict, reps: int, rounds: int = 4) -> dict[str, float]:
-    """Median of each of ``pairs`` (name -> (fn, barrier)), measured in ``rounds``
-    alternating rounds so that load drifting during the run hits both alike."""
+def interleaved(pairs: dict, reps: int) -> dict[str, float]:
+    """Median of each of ``pairs`` (name -> (fn, barrier)), the calls alternating one by
+    one (the order flipped every repetition) so that load coming and going during the
+    run hits all alike."""
+    for fn, _ in pairs.values():
+        for _ in range(max(2, reps // 10)):      # warm (pages, pools, channels)
+            fn()
     got: dict[str, list[float]] = {k: [] for k in pairs}
-    for r in range(rounds):
+    for r in range(reps):
         for k in (list(pairs) if r % 2 == 0 else list(pairs)[::-1]):
-            got[k] += samples(*pairs[k], max(1, reps // rounds))
+            fn, barrier = pairs[k]
+            barrier()
+            t0 = time.perf_counter()
+            fn()
+            got[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in got.items()}
 
 
@@ -130,6 +139,14 @@ def run(backend: str, n: int, cfg: dict) -> dict:
     return {"error": outs[0][1][-1500:]}
 
 
+def combined(rs: list[dict]) -> dict:
+    """The median of each metric over the rounds' jobs (the first error if any failed)."""
+    for r in rs:
+        if "error" in r:
+            return r
+    return {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"rounds": rs}
+
+
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--rank":
         rank(json.loads(sys.argv[2]))
@@ -139,6 +156,8 @@ def main() -> int:
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--reps", type=int, default=None, help="default 100 / 12 by size")
     ap.add_argument("--ddp-steps", type=int, default=40, help="0: no DDP")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="jobs per backend, alternating (the median of their medians)")
     ap.add_argument("--pin", action="store_true",
                     help="pin rank r to core r mod cores (default: unpinned, as users run)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
@@ -149,9 +168,14 @@ def main() -> int:
             "loadavg": os.getloadavg(), "cores": len(os.sched_getaffinity(0))}
     res, lines = {}, []
     for n in [int(v) for v in a.ranks.split(",")]:
-        for backend in ("rdmamw", "gloo"):
-            print(f"[torch] {backend} x{n} ...", file=sys.stderr, flush=True)
-            res[f"{backend}/{n}"] = run(backend, n, cfg)
+        runs: dict[str, list[dict]] = {"rdmamw": [], "gloo": []}
+        for k in range(a.rounds):                # the backends' jobs alternate
+            for backend in list(runs) if k % 2 == 0 else list(runs)[::-1]:
+                print(f"[torch] {backend} x{n} ({k + 1}/{a.rounds}) ...", file=sys.stderr,
+                      flush=True)
+                runs[backend].append(run(backend, n, cfg))
+        for backend, rs in runs.items():
+            res[f"{backend}/{n}"] = combined(rs)
         r, g = res[f"rdmamw/{n}"], res[f"gloo/{n}"]
         for nbytes in cfg["sizes"]:
             t, tg, td = r.get(f"rdmamw/{nbytes}"), g.get(f"gloo/{nbytes}"), \
