@@ -10,7 +10,8 @@ more than one (so torch's intra-op threads do not fight the other ranks for core
 all_reduce: float32, in place (the torch call), preceded by a barrier; rank 0's
 median. "direct" is
 ``rdmamw.collectives.allreduce(x, out=x)`` on the numpy view of the same tensor,
-the calls alternating one by one with the backend's (load drifts between them).
+the calls alternating one by one with the backend's (load drifts between them); rank
+0's CPU time per call (all its threads) of both is printed too.
 DDP: the small CNN of tests/torch_worker.py (batch 32 of 8x8 images, 1 MB buckets),
 median seconds per training step (forward, backward with the bucket all_reduces,
 SGD step). Each backend's job runs ``--rounds`` times (3), alternating with the
@@ -67,14 +68,17 @@ def interleaved(pairs: dict, reps: int) -> dict[str, float]:
         for _ in range(max(2, reps // 10)):      # warm (pages, pools, channels)
             fn()
     got: dict[str, list[float]] = {k: [] for k in pairs}
+    cpu: dict[str, list[float]] = {k: [] for k in pairs}
     for r in range(reps):
         for k in (list(pairs) if r % 2 == 0 else list(pairs)[::-1]):
             fn, barrier = pairs[k]
             barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             fn()
             got[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in got.items()}
+            cpu[k].append(time.process_time() - c0)
+    return ({k: statistics.median(v) for k, v in got.items()}
+            | {f"{k}/cpu": statistics.median(v) for k, v in cpu.items()})
 
 
 def rank(cfg: dict) -> None:
@@ -98,7 +102,8 @@ def rank(cfg: dict) -> None:
             pairs["direct"] = (lambda a=a, c=comm: coll.allreduce(a, out=a, comm=c),
                                lambda c=comm: coll.barrier(comm=c))
         for k, v in interleaved(pairs, reps_for(nbytes, cfg["reps"])).items():
-            out[f"{k}/{nbytes}"] = v
+            name, _, cpu = k.partition("/")
+            out[f"{name}/{nbytes}" + ("/cpu" if cpu else "")] = v
     if cfg["ddp_steps"]:
         sys.path.insert(0, str(ROOT / "tests"))
         from torch_worker import Net
@@ -184,6 +189,10 @@ def main() -> int:
                 lines.append(f"{nbytes >> 20:>3d} MiB  {n} ranks  rdmamw {t * 1e3:8.3f} ms  "
                              f"gloo {tg * 1e3:8.3f} ms ({tg / t:5.2f}x faster)  direct "
                              f"{td * 1e3:8.3f} ms (backend {t / td:4.2f}x of direct)")
+                c, cd = r.get(f"rdmamw/{nbytes}/cpu"), r.get(f"direct/{nbytes}/cpu")
+                if c and cd:        # rank 0's CPU per call: what the other load inflates less
+                    lines.append(f"{'':>21s}CPU, rank 0: rdmamw {c * 1e3:8.3f} ms  direct "
+                                 f"{cd * 1e3:8.3f} ms (backend {c / cd:4.2f}x of direct)")
         d, dg = r.get("ddp-rdmamw"), g.get("ddp-gloo")
         if d and dg:
             lines.append(f"DDP step  {n} ranks  rdmamw {d * 1e3:8.3f} ms  gloo "
