@@ -11,7 +11,8 @@ all_reduce: float32, in place (the torch call), preceded by a barrier; rank 0's
 median. "direct" is
 ``rdmamw.collectives.allreduce(x, out=x)`` on the numpy view of the same tensor,
 the calls alternating one by one with the backend's (load drifts between them); rank
-0's CPU time per call (all its threads) of both is printed too.
+0's CPU time per call (all its threads) of both is printed too, and numpy's default
+call ``y = allreduce(x)`` (out of place, a pooled result) in the same alternation.
 DDP: the small CNN of tests/torch_worker.py (batch 32 of 8x8 images, 1 MB buckets),
 median seconds per training step (forward, backward with the bucket all_reduces,
 SGD step). Each backend's job runs ``--rounds`` times (3), alternating with the
@@ -101,6 +102,8 @@ def rank(cfg: dict) -> None:
             a = x.numpy()
             pairs["direct"] = (lambda a=a, c=comm: coll.allreduce(a, out=a, comm=c),
                                lambda c=comm: coll.barrier(comm=c))
+            pairs["default"] = (lambda a=a, c=comm: coll.allreduce(a, comm=c),
+                                lambda c=comm: coll.barrier(comm=c))
         for k, v in interleaved(pairs, reps_for(nbytes, cfg["reps"])).items():
             name, _, cpu = k.partition("/")
             out[f"{name}/{nbytes}" + ("/cpu" if cpu else "")] = v
@@ -189,6 +192,10 @@ def main() -> int:
                 lines.append(f"{nbytes >> 20:>3d} MiB  {n} ranks  rdmamw {t * 1e3:8.3f} ms  "
                              f"gloo {tg * 1e3:8.3f} ms ({tg / t:5.2f}x faster)  direct "
                              f"{td * 1e3:8.3f} ms (backend {t / td:4.2f}x of direct)")
+                tu = r.get(f"default/{nbytes}")
+                if tu:
+                    lines.append(f"{'':>21s}numpy's default call y = allreduce(x) {tu * 1e3:8.3f}"
+                                 f" ms (backend {t / tu:4.2f}x of it)")
                 c, cd = r.get(f"rdmamw/{nbytes}/cpu"), r.get(f"direct/{nbytes}/cpu")
                 if c and cd:        # rank 0's CPU per call: what the other load inflates less
                     lines.append(f"{'':>21s}CPU, rank 0: rdmamw {c * 1e3:8.3f} ms  direct "
