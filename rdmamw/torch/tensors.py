@@ -80,12 +80,13 @@ _NAMES: dict = {}
 def op_name(op: object, dtype: torch.dtype) -> str:
     """rdmamw's name of torch reduce op ``op`` on ``dtype`` ("avg" is sum then a
     division, floating point only), or UnsupportedOp."""
-    key = (getattr(op, "op", op), dtype)
+    kind = getattr(op, "op", op)
+    key = (getattr(kind, "value", kind), dtype)     # an int: hashes and compares fast
     try:
         return _NAMES[key]
     except (KeyError, TypeError):       # new pair, or an unhashable op
         name = _op_name(op, dtype)
-    if type(key[0]) is ReduceOp.RedOpType:
+    if type(kind) is ReduceOp.RedOpType:
         _NAMES[key] = name
     return name
 
