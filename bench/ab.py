@@ -99,15 +99,16 @@ ALLREDUCE = [("auto", "allreduce into out [ms]"), ("auto/cpu", "  its CPU time, 
              ("oop/floor", "y = allreduce(x) / numpy.add floor")]
 
 
-def measure_allreduce(tree: Path, sizes: str, ranks: int, tmp: Path) -> dict[str, float]:
+def measure_allreduce(tree: Path, sizes: str, ranks: int, tmp: Path, pin: bool = False
+                      ) -> dict[str, float]:
     """bench/allreduce_bench.py (this tree's) on ``tree``'s package: auto and oop,
-    and the numpy floor of the same run."""
+    and the numpy floor of the same run (unpinned unless ``pin``)."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     out = tmp / f"allreduce-{tree.name}"
     subprocess.run(RT + [sys.executable, str(HERE / "allreduce_bench.py"), "--sizes", sizes,
                     "--ranks", str(ranks), "--only", "numpy,rdmamw", "--algorithms",
-                    "auto,oop", "--out", str(out)], env=env, check=True,
-                   capture_output=True, text=True)
+                    "auto,oop", "--out", str(out), *(["--pin"] if pin else [])],
+                   env=env, check=True, capture_output=True, text=True)
     latest = max(out.glob("allreduce-*.json"), key=lambda p: p.stat().st_mtime)
     res = json.loads(latest.read_text())["results"]
     got = {}
@@ -147,6 +148,7 @@ def main() -> int:
                     help="bench/pingpong.py runs per side and round, alternating")
     ap.add_argument("--realtime", action="store_true",
                     help="measure under chrt -f 10 (other processes cannot preempt)")
+    ap.add_argument("--pin", action="store_true", help="--allreduce with pinned ranks")
     a = ap.parse_args()
     if a.realtime:
         RT[:] = ["chrt", "-f", "10"]
@@ -163,7 +165,7 @@ def main() -> int:
                 for name, tree in order if r % 2 == 0 else order[::-1]:
                     print(f"[ab] round {r + 1}/{a.rounds}: {name}", file=sys.stderr, flush=True)
                     sides[name].append(
-                        measure_allreduce(tree, a.allreduce, a.ranks, tmp) if a.allreduce
+                        measure_allreduce(tree, a.allreduce, a.ranks, tmp, a.pin) if a.allreduce
                         else measure(tree, a.quick, not a.no_rndv, tmp))
                 if a.allreduce:
                     continue

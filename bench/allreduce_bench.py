@@ -9,12 +9,13 @@ Each measured allreduce is out of place on float32, preceded by a barrier; the t
 is rank 0's median over the repetitions (the barrier starts the ranks within a
 message latency of each other), next to rank 0's median CPU time per call (all its
 threads: on a shared machine the wall time grows with the other jobs' load, the CPU
-time much less). Ranks are pinned to cores
-``rank mod cores``. The floor is one np.add(a, b, out=c) of the same size in one
-process, measured before and after the others (the lower one counts, so load that
-inflates one floor measurement cannot flatter the ratio). Prints a table of
-the times and the ratios the targets are stated in, and writes the JSON to
-bench/results/. On a shared box, the other load is flagged under the table.
+time much less). Processes are not pinned (what a user's job does; ``--pin`` pins
+rank r to core ``r mod cores``, the floor to core 0). The floor is one
+np.add(a, b, out=c) of the same size in one process, measured before and after the
+others (the lower one counts, so load that inflates one floor measurement cannot
+flatter the ratio). Prints a table of the times and the ratios the targets are
+stated in, and writes the JSON to bench/results/. On a shared box, the other load is
+flagged under the table.
 
 Prerequisites: bash bench/setup.sh .venv/bin/python (MPICH + mpi4py); torch optional.
 """
@@ -60,7 +61,8 @@ def rank_rdmamw(cfg: dict) -> None:
     import rdmamw
     import rdmamw.collectives as coll
     w = rdmamw.init()
-    pin(w.rank)
+    if cfg["pin"]:
+        pin(w.rank)
     comm = coll.Communicator()
     out: dict = {}
     for nbytes in cfg["sizes"]:
@@ -104,7 +106,8 @@ def call(coll, x: np.ndarray, alg: str, y: np.ndarray, comm) -> np.ndarray:
 def rank_mpi(cfg: dict) -> None:
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
-    pin(comm.Get_rank())
+    if cfg["pin"]:
+        pin(comm.Get_rank())
     out: dict = {"library": MPI.Get_library_version().splitlines()[0].strip()}
     for nbytes in cfg["sizes"]:
         warm = warmup_for(nbytes, cfg["reps"])
@@ -127,7 +130,8 @@ def rank_gloo(cfg: dict) -> None:
     import torch
     import torch.distributed as tdist
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    pin(rank)
+    if cfg["pin"]:
+        pin(rank)
     tdist.init_process_group("gloo", rank=rank, world_size=n)
     out: dict = {"torch": torch.__version__}
     for nbytes in cfg["sizes"]:
@@ -149,11 +153,12 @@ def rank_gloo(cfg: dict) -> None:
 
 
 def numpy_floor(cfg: dict) -> dict:
-    """numpy.add of two arrays into a third on one pinned core. The affinity is put
-    back afterwards: the ranks started later inherit it, and pin(rank) would
+    """numpy.add of two arrays into a third (on core 0 with ``--pin``). The affinity
+    is put back afterwards: the ranks started later inherit it, and pin(rank) would
     otherwise put every rank on this one core."""
     cores = os.sched_getaffinity(0)
-    pin(0)
+    if cfg["pin"]:
+        pin(0)
     try:
         return _numpy_floor(cfg)
     finally:
@@ -266,13 +271,15 @@ def main() -> int:
                     help="oop: auto with a new result per call (y = allreduce(x)); "
                          "fresh: auto into a new numpy.empty per call")
     ap.add_argument("--only", default=",".join(SYSTEMS))
+    ap.add_argument("--pin", action="store_true",
+                    help="pin rank r to core r mod cores (default: unpinned, as users run)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                     help="before each system, wait up to S s for other load to drop below 10%%")
     a = ap.parse_args()
     cfg = {"sizes": [SIZES[s] for s in a.sizes.split(",")],
            "ranks": [int(n) for n in a.ranks.split(",")], "reps": a.reps,
-           "algorithms": a.algorithms.split(",")}
+           "algorithms": a.algorithms.split(","), "pin": a.pin}
     only = a.only.split(",")
     res: dict = {}
     meta = {"started": dt.datetime.now().isoformat(timespec="seconds"),

@@ -4,15 +4,20 @@ called directly (the backend's own overhead), all in one run on this host (shm).
     python bench/torch_bench.py                         # 1 MiB, 64 MiB; 2 and 4 ranks
     python bench/torch_bench.py --sizes 1M --ranks 2 --reps 50 --ddp-steps 30
 
-Each rank is pinned to core ``rank mod cores`` and runs torch with one thread.
+Ranks are not pinned (``--pin``: rank r on core ``r mod cores``) and run with
+``OMP_NUM_THREADS=1``, what torchrun sets for every rank it starts when it starts
+more than one (so torch's intra-op threads do not fight the other ranks for cores).
 all_reduce: float32, in place (the torch call), preceded by a barrier; rank 0's
 median. "direct" is
 ``rdmamw.collectives.allreduce(x, out=x)`` on the numpy view of the same tensor,
-measured in rounds alternating with the backend's (load drifts between them).
+the calls alternating one by one with the backend's (load drifts between them); rank
+0's CPU time per call (all its threads) of both is printed too, and numpy's default
+call ``y = allreduce(x)`` (out of place, a pooled result) in the same alternation.
 DDP: the small CNN of tests/torch_worker.py (batch 32 of 8x8 images, 1 MB buckets),
 median seconds per training step (forward, backward with the bucket all_reduces,
-SGD step). Prints the ratios the targets of issue 16 are stated in and writes the
-JSON to bench/results/.
+SGD step). Each backend's job runs ``--rounds`` times (3), alternating with the
+other's; a figure is the median of the jobs' medians. Prints the ratios the
+targets of issue 16 are stated in and writes the JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -56,14 +61,25 @@ def timed(fn, barrier, reps: int) -> float:
     return statistics.median(samples(fn, barrier, reps))
 
 
-def interleaved(pairs: dict, reps: int, rounds: int = 4) -> dict[str, float]:
-    """Median of each of ``pairs`` (name -> (fn, barrier)), measured in ``rounds``
-    alternating rounds so that load drifting during the run hits both alike."""
+def interleaved(pairs: dict, reps: int) -> dict[str, float]:
+    """Median of each of ``pairs`` (name -> (fn, barrier)), the calls alternating one by
+    one (the order flipped every repetition) so that load coming and going during the
+    run hits all alike."""
+    for fn, _ in pairs.values():
+        for _ in range(max(2, reps // 10)):      # warm (pages, pools, channels)
+            fn()
     got: dict[str, list[float]] = {k: [] for k in pairs}
-    for r in range(rounds):
+    cpu: dict[str, list[float]] = {k: [] for k in pairs}
+    for r in range(reps):
         for k in (list(pairs) if r % 2 == 0 else list(pairs)[::-1]):
-            got[k] += samples(*pairs[k], max(1, reps // rounds))
-    return {k: statistics.median(v) for k, v in got.items()}
+            fn, barrier = pairs[k]
+            barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            got[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
+    return ({k: statistics.median(v) for k, v in got.items()}
+            | {f"{k}/cpu": statistics.median(v) for k, v in cpu.items()})
 
 
 def rank(cfg: dict) -> None:
@@ -72,9 +88,8 @@ def rank(cfg: dict) -> None:
 
     import rdmamw.torch  # noqa: F401 - registers the backend
     me = int(os.environ["RANK"])
-    pin(me)
-    torch.set_num_threads(1)      # one core per rank (pinned): no intra-op threads
-    #                               spinning against the other ranks
+    if cfg["pin"]:
+        pin(me)
     backend = cfg["backend"]
     dist.init_process_group(backend)
     out: dict = {}
@@ -87,8 +102,11 @@ def rank(cfg: dict) -> None:
             a = x.numpy()
             pairs["direct"] = (lambda a=a, c=comm: coll.allreduce(a, out=a, comm=c),
                                lambda c=comm: coll.barrier(comm=c))
+            pairs["default"] = (lambda a=a, c=comm: coll.allreduce(a, comm=c),
+                                lambda c=comm: coll.barrier(comm=c))
         for k, v in interleaved(pairs, reps_for(nbytes, cfg["reps"])).items():
-            out[f"{k}/{nbytes}"] = v
+            name, _, cpu = k.partition("/")
+            out[f"{name}/{nbytes}" + ("/cpu" if cpu else "")] = v
     if cfg["ddp_steps"]:
         sys.path.insert(0, str(ROOT / "tests"))
         from torch_worker import Net
@@ -116,7 +134,8 @@ def rank(cfg: dict) -> None:
 
 def run(backend: str, n: int, cfg: dict) -> dict:
     from rdmamw.bootstrap.launch import spawn
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}      # as torchrun sets it for more than one rank
     procs = spawn(n, [sys.executable, __file__, "--rank", json.dumps({**cfg,
                                                                        "backend": backend})],
                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -128,6 +147,14 @@ def run(backend: str, n: int, cfg: dict) -> dict:
     return {"error": outs[0][1][-1500:]}
 
 
+def combined(rs: list[dict]) -> dict:
+    """The median of each metric over the rounds' jobs (the first error if any failed)."""
+    for r in rs:
+        if "error" in r:
+            return r
+    return {k: statistics.median(r[k] for r in rs) for k in rs[0]} | {"rounds": rs}
+
+
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--rank":
         rank(json.loads(sys.argv[2]))
@@ -137,17 +164,26 @@ def main() -> int:
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--reps", type=int, default=None, help="default 100 / 12 by size")
     ap.add_argument("--ddp-steps", type=int, default=40, help="0: no DDP")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="jobs per backend, alternating (the median of their medians)")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin rank r to core r mod cores (default: unpinned, as users run)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args()
     cfg = {"sizes": [SIZES[s] for s in a.sizes.split(",")], "reps": a.reps,
-           "ddp_steps": a.ddp_steps}
+           "ddp_steps": a.ddp_steps, "pin": a.pin}
     meta = {"started": dt.datetime.now().isoformat(timespec="seconds"),
             "loadavg": os.getloadavg(), "cores": len(os.sched_getaffinity(0))}
     res, lines = {}, []
     for n in [int(v) for v in a.ranks.split(",")]:
-        for backend in ("rdmamw", "gloo"):
-            print(f"[torch] {backend} x{n} ...", file=sys.stderr, flush=True)
-            res[f"{backend}/{n}"] = run(backend, n, cfg)
+        runs: dict[str, list[dict]] = {"rdmamw": [], "gloo": []}
+        for k in range(a.rounds):                # the backends' jobs alternate
+            for backend in list(runs) if k % 2 == 0 else list(runs)[::-1]:
+                print(f"[torch] {backend} x{n} ({k + 1}/{a.rounds}) ...", file=sys.stderr,
+                      flush=True)
+                runs[backend].append(run(backend, n, cfg))
+        for backend, rs in runs.items():
+            res[f"{backend}/{n}"] = combined(rs)
         r, g = res[f"rdmamw/{n}"], res[f"gloo/{n}"]
         for nbytes in cfg["sizes"]:
             t, tg, td = r.get(f"rdmamw/{nbytes}"), g.get(f"gloo/{nbytes}"), \
@@ -156,6 +192,14 @@ def main() -> int:
                 lines.append(f"{nbytes >> 20:>3d} MiB  {n} ranks  rdmamw {t * 1e3:8.3f} ms  "
                              f"gloo {tg * 1e3:8.3f} ms ({tg / t:5.2f}x faster)  direct "
                              f"{td * 1e3:8.3f} ms (backend {t / td:4.2f}x of direct)")
+                tu = r.get(f"default/{nbytes}")
+                if tu:
+                    lines.append(f"{'':>21s}numpy's default call y = allreduce(x) {tu * 1e3:8.3f}"
+                                 f" ms (backend {t / tu:4.2f}x of it)")
+                c, cd = r.get(f"rdmamw/{nbytes}/cpu"), r.get(f"direct/{nbytes}/cpu")
+                if c and cd:        # rank 0's CPU per call: what the other load inflates less
+                    lines.append(f"{'':>21s}CPU, rank 0: rdmamw {c * 1e3:8.3f} ms  direct "
+                                 f"{cd * 1e3:8.3f} ms (backend {c / cd:4.2f}x of direct)")
         d, dg = r.get("ddp-rdmamw"), g.get("ddp-gloo")
         if d and dg:
             lines.append(f"DDP step  {n} ranks  rdmamw {d * 1e3:8.3f} ms  gloo "

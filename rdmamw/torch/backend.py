@@ -124,6 +124,12 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
     def allreduce(self, tensors: list[Tensor], opts: Any = None) -> Work:
         t = _one(tensors, "all_reduce")
         name = op_name(_op(opts), t.dtype)
+        if name != "avg" and t.dtype not in WIDEN and t.is_contiguous():
+            # nothing to stage or finish: the tensor's own memory is reduced in place
+            # (a third of the backend's cost per call went to the staging closures)
+            x = t.numpy()
+            h = coll.allreduce(x, op=name, out=x, comm=self.comm, async_op=_async(opts))
+            return work_after(h, lambda _: [t])
         buf, back = _staged(t, widen=True)
         x = as_numpy(buf)
         h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=_async(opts))

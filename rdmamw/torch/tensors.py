@@ -41,7 +41,7 @@ OPS = {int(ReduceOp.SUM): "sum", int(ReduceOp.PRODUCT): "prod", int(ReduceOp.MIN
 def check(t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise UnsupportedTensor(f"expected a torch.Tensor, not {type(t).__name__}")
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise UnsupportedTensor(
             f"the rdmamw backend moves CPU tensors only, not {t.device} ones; copy it to "
             f"the CPU (t.cpu()) or use a GPU backend (nccl) for {t.device.type} tensors")
@@ -73,9 +73,25 @@ def label(op: object) -> str:
     return repr(op)
 
 
+#: (op type, dtype) -> rdmamw's name, for the pairs op_name accepted (a call's cost)
+_NAMES: dict = {}
+
+
 def op_name(op: object, dtype: torch.dtype) -> str:
     """rdmamw's name of torch reduce op ``op`` on ``dtype`` ("avg" is sum then a
     division, floating point only), or UnsupportedOp."""
+    kind = getattr(op, "op", op)
+    key = (getattr(kind, "value", kind), dtype)     # an int: hashes and compares fast
+    try:
+        return _NAMES[key]
+    except (KeyError, TypeError):       # new pair, or an unhashable op
+        name = _op_name(op, dtype)
+    if type(kind) is ReduceOp.RedOpType:
+        _NAMES[key] = name
+    return name
+
+
+def _op_name(op: object, dtype: torch.dtype) -> str:
     try:
         name = OPS.get(int(getattr(op, "op", op)))
     except (TypeError, ValueError):
