@@ -8,15 +8,21 @@ collective starts with (:meth:`Communicator.agree`): every rank learns the small
 and largest header in the job, so a rank that calls a different collective, shape,
 dtype or op makes *every* rank raise :class:`CollectiveMismatch` before any data moves.
 Messages a fast peer already sent for the next collective wait in a per-peer queue.
+
+Why steps: the transfer primitives and the algorithms built on them are generators
+that yield the channel operations they need (:data:`SEND`, :data:`RECV`, :data:`INTO`,
+:data:`WAIT`); :meth:`Communicator.drive` performs them with blocking calls and
+rdmamw.aio.collectives awaits them, so both run one copy of every schedule.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
 import msgpack
@@ -41,6 +47,15 @@ MAGIC = "rdmamw-coll-1"
 BYE = b"rdmamw-coll-bye"
 
 OnChunk = Callable[[int, int, np.ndarray], Any]
+
+#: the channel operations a schedule yields as ``(kind, peer, arg)``; the driver sends
+#: back: SEND (arg: messages) the send's handle (slots taken, maybe not done), RECV the
+#: next messages (a list of one), INTO (arg: a buffer) the bytes received into it,
+#: WAIT (arg: a handle) None once it is done. A failure is thrown into the schedule.
+SEND, RECV, INTO, WAIT = range(4)
+
+#: what schedules are: generators of steps that return their result
+Steps = Generator[tuple, Any, Any]
 
 
 class CollectiveMismatch(RdmamwError, ValueError):
@@ -125,13 +140,28 @@ class Communicator:
         lo, hi = max(1, self.min_chunk // itemsize), max(1, self.max_chunk // itemsize)
         return min(hi, max(lo, -(-n // self.pieces)))
 
-    def send(self, peer: int, msgs: list) -> None:
-        try:
-            self._sent[peer] = self._chans[peer].send_batch(msgs, timeout=self.timeout)
-        except (PeerLost, ChannelClosed) as e:
-            raise type(e)(f"rank {peer}: {e}") from e
+    def drive(self, steps: Steps) -> Any:
+        """Run a schedule with blocking calls (each waits up to ``timeout``); its result.
 
-    def _settle(self) -> None:
+        A failed call is thrown into the schedule (it may handle it); PeerLost and
+        ChannelClosed name the peer's rank."""
+        chans, t = self._chans, self.timeout
+        run = Driving(steps)
+        for kind, peer, arg in run:
+            try:
+                if kind == SEND:
+                    run.value = chans[peer].send_batch(arg, timeout=t)
+                elif kind == RECV:
+                    run.value = chans[peer].recv_batch(1, timeout=t)
+                elif kind == INTO:
+                    run.value = chans[peer].recv_into(arg, timeout=t)
+                else:
+                    arg.wait(t)
+            except BaseException as e:  # noqa: BLE001 - handed to the schedule
+                run.failed(e, peer)
+        return run.result
+
+    def _settle(self) -> Steps:
         """Wait until every peer has taken what this collective sent it.
 
         A chunk above the eager limit goes by rendezvous: the peer reads it from our
@@ -141,28 +171,27 @@ class Communicator:
         sends complete in order, so its last handle covers the others."""
         sent, self._sent = self._sent, {}
         for peer, h in sent.items():
-            try:
-                h.wait(self.timeout)
-            except (PeerLost, ChannelClosed) as e:
-                raise type(e)(f"rank {peer}: {e}") from e
+            yield (WAIT, peer, h)
 
-    def recv(self, peer: int) -> Message:
+    def recv(self, peer: int) -> Steps:
         """The next message from ``peer`` (queued ones first).
 
         One message per call: a rendezvous chunk is read when it is taken, so the next
         one can still go straight into its destination (:meth:`_take`)."""
         q = self._queues[peer]
         if not q:
-            try:
-                q.extend(self._chans[peer].recv_batch(1, timeout=self.timeout))
-            except (PeerLost, ChannelClosed) as e:
-                raise type(e)(f"rank {peer}: {e}") from e
+            q.extend((yield (RECV, peer, None)))
         return q.popleft()
 
     # ---- transfer primitives ---------------------------------------------------------
 
     def exchange(self, to: int | None, src: np.ndarray | None, frm: int | None,
                  nrecv: int, on_chunk: OnChunk | None, dtype: np.dtype) -> None:
+        """:meth:`exchange_steps` with blocking calls (inside :meth:`run`'s body)."""
+        self.drive(self.exchange_steps(to, src, frm, nrecv, on_chunk, dtype))
+
+    def exchange_steps(self, to: int | None, src: np.ndarray | None, frm: int | None,
+                       nrecv: int, on_chunk: OnChunk | None, dtype: np.dtype) -> Steps:
         """Send ``src`` to ``to`` while receiving ``nrecv`` elements from ``frm``,
         chunked to the eager limit; ``on_chunk(start, stop, view)`` consumes each
         received chunk straight from the ring.
@@ -180,32 +209,38 @@ class Communicator:
         while s < len(chunks) or r < nr:
             limit = len(chunks) if r >= nr else min(len(chunks), r + self.window)
             if s < limit:
-                self.send(to, chunks[s:limit])
+                self._sent[to] = yield (SEND, to, chunks[s:limit])
                 s = limit
             if r < nr:
-                self._take(frm, r * c, min(nrecv, (r + 1) * c), on_chunk, dtype)
+                yield from self._take(frm, r * c, min(nrecv, (r + 1) * c), on_chunk, dtype)
                 r += 1
 
-    def relay(self, frm: int | None, tos: list[int], src: np.ndarray, n: int,
-              on_chunk: OnChunk | None, dtype: np.dtype) -> None:
+    def relay_steps(self, frm: int | None, tos: list[int], src: np.ndarray, n: int,
+                    on_chunk: OnChunk | None, dtype: np.dtype) -> Steps:
         """Chunk by chunk: receive from ``frm`` (if any) into ``on_chunk``, then send
         that chunk of ``src`` to each of ``tos``: pipelined chains and trees."""
         c = self.chunk_elems(dtype.itemsize, n)
         for start in range(0, n, c):
             stop = min(n, start + c)
             if frm is not None:
-                self._take(frm, start, stop, on_chunk, dtype)
+                yield from self._take(frm, start, stop, on_chunk, dtype)
             for t in tos:
-                self.send(t, [src[start:stop]])
+                self._sent[t] = yield (SEND, t, [src[start:stop]])
 
     def _take(self, frm: int, start: int, stop: int, on_chunk: OnChunk | None,
-              dtype: np.dtype) -> None:
+              dtype: np.dtype) -> Steps:
         want = (stop - start) * dtype.itemsize
         dest = on_chunk.into(start, stop) if isinstance(on_chunk, Copier) else None
         if dest is not None and not self._queues[frm]:
-            self._receive_into(frm, dest, want)
+            # the next message from ``frm`` straight into ``dest``
+            try:
+                got = yield (INTO, frm, dest)
+            except BufferTooSmall as e:
+                raise self._wrong_length(frm, e.needed, want) from e
+            if got != want:
+                raise self._wrong_length(frm, got, want)
             return
-        m = self.recv(frm)
+        m = yield from self.recv(frm)
         if len(m) != want:
             m.release()
             raise self._wrong_length(frm, len(m), want)
@@ -217,17 +252,6 @@ class Communicator:
             del a
             m.release()
 
-    def _receive_into(self, frm: int, dest: np.ndarray, want: int) -> None:
-        """The next message from ``frm`` straight into ``dest`` (``want`` bytes)."""
-        try:
-            got = self._chans[frm].recv_into(dest, timeout=self.timeout)
-        except BufferTooSmall as e:
-            raise self._wrong_length(frm, e.needed, want) from e
-        except (PeerLost, ChannelClosed) as e:
-            raise type(e)(f"rank {frm}: {e}") from e
-        if got != want:
-            raise self._wrong_length(frm, got, want)
-
     def _wrong_length(self, frm: int, got: int, want: int) -> RdmamwError:
         return RdmamwError(f"collective #{self.seq}: rank {frm} sent {got} bytes where "
                            f"{want} were due (collectives called out of order?)")
@@ -235,35 +259,55 @@ class Communicator:
     # ---- one collective --------------------------------------------------------------
 
     def run(self, header: list, peers: Iterable[int], body: Callable[[], Any]) -> Any:
-        """Run one collective: open channels, agree on ``header``, then ``body``.
+        """Run one collective: open channels, agree on ``header``, then ``body``: a
+        function returning the result, or a schedule (a generator of steps, see
+        :data:`SEND`) returning it; only schedules can also be awaited
+        (rdmamw.aio.collectives).
 
         A lost peer (or any failure past the header) breaks the communicator and
         closes its channels, so ranks waiting on us see it too instead of hanging."""
-        with self._lock:
-            if self.broken is not None:
-                raise RdmamwError(f"communicator is broken by an earlier failure: "
-                                  f"{self.broken!r}")
-            self.seq += 1
-            what = f"collective #{self.seq} ({header[0]})"
-            try:
-                self.ensure(set(peers) | set(self.dissemination_peers()))
-                self.agree([self.seq, *header])
-                out = body()
-                self._settle()
-                return out
-            except CollectiveMismatch:
-                self._sent.clear()
-                raise
-            except ChannelClosed as e:
-                self._break(e)
-                raise PeerLost(f"{what}: {e}; it left mid-collective (it lost a rank or "
-                               f"aborted)") from e
-            except PeerLost as e:
-                self._break(e)
-                raise PeerLost(f"{what}: {e}") from e
-            except BaseException as e:
-                self._break(e)
-                raise
+        with self._lock, self.guard(header):
+            self.ensure(self.needs(peers))
+            return self.drive(self.steps(header, body))
+
+    def needs(self, peers: Iterable[int]) -> set[int]:
+        """The peers a collective with ``peers`` needs channels to (the header round's too)."""
+        return set(peers) | set(self.dissemination_peers())
+
+    def steps(self, header: list, body: Callable[[], Any]) -> Steps:
+        """One collective past its channels: the header round, ``body``, the settling."""
+        yield from self.agree([self.seq, *header])
+        out = body()
+        if isinstance(out, Generator):
+            out = yield from out
+        yield from self._settle()
+        return out
+
+    @contextlib.contextmanager
+    def guard(self, header: list) -> Iterator[None]:
+        """Number one collective and turn its failures into the communicator's state:
+        a mismatch leaves it usable, anything else (a lost peer, a cancelled await)
+        breaks it."""
+        if self.broken is not None:
+            raise RdmamwError(f"communicator is broken by an earlier failure: "
+                              f"{self.broken!r}")
+        self.seq += 1
+        what = f"collective #{self.seq} ({header[0]})"
+        try:
+            yield
+        except CollectiveMismatch:
+            self._sent.clear()
+            raise
+        except ChannelClosed as e:
+            self._break(e)
+            raise PeerLost(f"{what}: {e}; it left mid-collective (it lost a rank or "
+                           f"aborted)") from e
+        except PeerLost as e:
+            self._break(e)
+            raise PeerLost(f"{what}: {e}") from e
+        except BaseException as e:
+            self._break(e)
+            raise
 
     def call(self, header: list, peers: Iterable[int], body: Callable[[], Any],
              async_op: bool = False) -> Any:
@@ -290,7 +334,7 @@ class Communicator:
             k *= 2
         return out
 
-    def agree(self, header: list) -> None:
+    def agree(self, header: list) -> Steps:
         """Dissemination min/max of every rank's header (ceil(log2 n) rounds, any n).
 
         Afterwards each rank holds the smallest and largest header and their ranks:
@@ -301,8 +345,8 @@ class Communicator:
         k, n = 1, self.size
         while k < n:
             to, frm = (self.rank + k) % n, (self.rank - k) % n
-            self.send(to, [msgpack.packb([MAGIC, lo, hi, cap])])
-            m = self.recv(frm)
+            self._sent[to] = yield (SEND, to, [msgpack.packb([MAGIC, lo, hi, cap])])
+            m = yield from self.recv(frm)
             try:
                 magic, olo, ohi, ocap = msgpack.unpackb(bytes(m))
             except Exception as e:  # noqa: BLE001 - anything malformed is the same error
@@ -365,6 +409,44 @@ class Communicator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class Driving:
+    """A schedule being run, what every driver shares: iterate it for the steps; set
+    ``value`` to a step's outcome or call :meth:`failed` (thrown into the schedule at
+    that step); ``result`` once the iteration ends."""
+
+    __slots__ = ("steps", "value", "exc", "result")
+
+    def __init__(self, steps: Steps) -> None:
+        self.steps = steps
+        self.value: Any = None
+        self.exc: BaseException | None = None
+        self.result: Any = None
+
+    def __iter__(self) -> Iterator[tuple]:
+        steps = self.steps
+        while True:
+            try:
+                step = steps.send(self.value) if self.exc is None else steps.throw(self.exc)
+            except StopIteration as e:
+                self.result = e.value
+                return
+            self.value = self.exc = None
+            yield step
+
+    def failed(self, e: BaseException, peer: int) -> None:
+        """The step with ``peer`` raised ``e`` (PeerLost / ChannelClosed then name it)."""
+        self.exc = name_peer(e, peer)
+
+
+def name_peer(e: BaseException, peer: int) -> BaseException:
+    """PeerLost / ChannelClosed of a channel, naming the rank at its other end."""
+    if isinstance(e, (PeerLost, ChannelClosed)):
+        named = type(e)(f"rank {peer}: {e}")
+        named.__cause__ = e
+        return named
+    return e
 
 
 def spin_for(world: Any) -> float | None:
