@@ -176,6 +176,14 @@ class Channel:
         slots while the peer's ring is full; returns once the handle is done (the
         buffers may be reused). Cancelled while waiting for slots, the messages before
         the cancellation were sent and the rest were not."""
+        h = await self.post_batch(msgs)
+        await self.wait_handle(h)
+        return h
+
+    async def post_batch(self, msgs: Iterable[Any]) -> SendHandle:
+        """:meth:`send_batch` without awaiting the handle: returns once every message
+        has a slot (a rendezvous message is done only when the peer has READ it; await
+        :meth:`wait_handle` before reusing its buffer)."""
         self._bind()
         ch = self.sync
         if isinstance(msgs, (bytes, bytearray, memoryview, str)):
@@ -183,18 +191,21 @@ class Channel:
         batch = msgs if type(msgs) is tuple else tuple(msgs)
         while True:
             try:
-                h = ch.send_batch(batch, timeout=0)
-                break
+                return ch.send_batch(batch, timeout=0)
             except Timeout as e:
                 batch = batch[e.sent:]
                 if not ch.arm(True):
                     await self._readiness()
+
+    async def wait_handle(self, h: SendHandle) -> None:
+        """Await a handle of this channel's sends until it is done."""
+        self._bind()
+        ch = self.sync
         while not h.done():
             if ch.arm(True, h):
                 await asyncio.sleep(0)      # a completion without an event (verbs)
             else:
                 await self._readiness()
-        return h
 
     async def send(self, msg: Any) -> SendHandle:
         """Send one message (see :meth:`send_batch`)."""
