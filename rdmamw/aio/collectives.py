@@ -24,8 +24,9 @@ import numpy as np
 from rdmamw.aio.channel import Channel
 from rdmamw.collectives import api, rooted
 from rdmamw.collectives.alltoall import plan_alltoall
-from rdmamw.collectives.comm import INTO, RECV, SEND, Communicator, Driving, Steps
+from rdmamw.collectives.comm import INTO, RECV, SEND, Communicator, name_peer
 from rdmamw.errors import RdmamwError, Timeout
+from rdmamw.steps import Driving, Steps
 
 __all__ = ["allgather", "allreduce", "alltoall", "barrier", "broadcast", "gather",
            "reduce", "reduce_scatter", "run", "scatter"]
@@ -92,7 +93,7 @@ async def _drive(comm: Communicator, st: _Awaiting, steps: Steps) -> Any:
                 except TimeoutError:
                     raise Timeout(f"rank {peer}: no progress in {t:g} s") from None
         except BaseException as e:  # noqa: BLE001 - handed to the schedule
-            run.failed(e, peer)
+            run.exc = name_peer(e, peer)
     return run.result
 
 

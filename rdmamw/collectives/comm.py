@@ -32,6 +32,7 @@ from rdmamw import config
 from rdmamw.channel import Channel, Message
 from rdmamw.collectives._kernels import Copier
 from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, RdmamwError
+from rdmamw.steps import Driving, Steps
 
 # Chunks (docs/collectives.md, "Chunking and pipelining"): up to RDMAMW_COLL_CHUNK
 # (4 MiB) on channels with rendezvous, else the eager limit (the collectives' rings are
@@ -48,14 +49,12 @@ BYE = b"rdmamw-coll-bye"
 
 OnChunk = Callable[[int, int, np.ndarray], Any]
 
-#: the channel operations a schedule yields as ``(kind, peer, arg)``; the driver sends
-#: back: SEND (arg: messages) the send's handle (slots taken, maybe not done), RECV the
-#: next messages (a list of one), INTO (arg: a buffer) the bytes received into it,
-#: WAIT (arg: a handle) None once it is done. A failure is thrown into the schedule.
+#: the channel operations a schedule (rdmamw/steps.py) yields as ``(kind, peer, arg)``;
+#: the driver sends back: SEND (arg: messages) the send's handle (slots taken, maybe not
+#: done), RECV the next messages (a list of one), INTO (arg: a buffer) the bytes received
+#: into it, WAIT (arg: a handle) None once it is done. A failure is thrown into it.
 SEND, RECV, INTO, WAIT = range(4)
 
-#: what schedules are: generators of steps that return their result
-Steps = Generator[tuple, Any, Any]
 
 
 class CollectiveMismatch(RdmamwError, ValueError):
@@ -158,7 +157,7 @@ class Communicator:
                 else:
                     arg.wait(t)
             except BaseException as e:  # noqa: BLE001 - handed to the schedule
-                run.failed(e, peer)
+                run.exc = name_peer(e, peer)
         return run.result
 
     def _settle(self) -> Steps:
@@ -409,35 +408,6 @@ class Communicator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-class Driving:
-    """A schedule being run, what every driver shares: iterate it for the steps; set
-    ``value`` to a step's outcome or call :meth:`failed` (thrown into the schedule at
-    that step); ``result`` once the iteration ends."""
-
-    __slots__ = ("steps", "value", "exc", "result")
-
-    def __init__(self, steps: Steps) -> None:
-        self.steps = steps
-        self.value: Any = None
-        self.exc: BaseException | None = None
-        self.result: Any = None
-
-    def __iter__(self) -> Iterator[tuple]:
-        steps = self.steps
-        while True:
-            try:
-                step = steps.send(self.value) if self.exc is None else steps.throw(self.exc)
-            except StopIteration as e:
-                self.result = e.value
-                return
-            self.value = self.exc = None
-            yield step
-
-    def failed(self, e: BaseException, peer: int) -> None:
-        """The step with ``peer`` raised ``e`` (PeerLost / ChannelClosed then name it)."""
-        self.exc = name_peer(e, peer)
 
 
 def name_peer(e: BaseException, peer: int) -> BaseException:
