@@ -72,7 +72,11 @@ async def run(plan: api.Plan) -> Any:
                 if missing:         # set-up only: the blocking handshakes off the loop
                     await asyncio.get_running_loop().run_in_executor(None, comm.ensure,
                                                                      missing)
-                return await _drive(comm, st, comm.steps(plan.header, plan.body))
+                comm.blocking = False
+                try:
+                    return await _drive(comm, st, comm.steps(plan.header, plan.body))
+                finally:
+                    comm.blocking = True
         finally:
             comm._lock.release()
 

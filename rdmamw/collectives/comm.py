@@ -11,18 +11,19 @@ Messages a fast peer already sent for the next collective wait in a per-peer que
 
 Why steps: the transfer primitives and the algorithms built on them are generators
 that yield the channel operations they need (:data:`SEND`, :data:`RECV`, :data:`INTO`,
-:data:`WAIT`); :meth:`Communicator.drive` performs them with blocking calls and
-rdmamw.aio.collectives awaits them, so both run one copy of every schedule.
+:data:`WAIT`); rdmamw.aio.collectives awaits them, so both run one copy of every
+schedule. In blocking mode (:meth:`Communicator.drive`) a schedule performs each step
+where it stands, with a blocking call, instead of yielding it (as fast as before).
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterable
+from types import GeneratorType
 from typing import Any
 
 import msgpack
@@ -32,7 +33,7 @@ from rdmamw import config
 from rdmamw.channel import Channel, Message
 from rdmamw.collectives._kernels import Copier
 from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, RdmamwError
-from rdmamw.steps import Driving, Steps
+from rdmamw.steps import Steps
 
 # Chunks (docs/collectives.md, "Chunking and pipelining"): up to RDMAMW_COLL_CHUNK
 # (4 MiB) on channels with rendezvous, else the eager limit (the collectives' rings are
@@ -110,6 +111,9 @@ class Communicator:
         self.seq = 0
         self.broken: BaseException | None = None
         self._progress: Any = None          # progress.Progress, on the first async call
+        #: schedules perform their steps at once (:meth:`drive`); rdmamw.aio.collectives
+        #: clears it while it awaits them
+        self.blocking = True
 
     # ---- channels --------------------------------------------------------------------
 
@@ -142,23 +146,31 @@ class Communicator:
     def drive(self, steps: Steps) -> Any:
         """Run a schedule with blocking calls (each waits up to ``timeout``); its result.
 
-        A failed call is thrown into the schedule (it may handle it); PeerLost and
+        In this (the default) mode a schedule performs each step where it stands
+        (:meth:`now`) instead of yielding it: no trip up and down the generators per
+        step, so the blocking collectives cost what they did before schedules were
+        generators. An awaiting driver clears ``blocking`` while it runs."""
+        try:
+            steps.send(None)
+        except StopIteration as e:
+            return e.value
+        raise RuntimeError("a schedule yielded a step in blocking mode")
+
+    def now(self, kind: int, peer: int, arg: Any) -> Any:
+        """Perform one step with a blocking call (up to ``timeout``); PeerLost and
         ChannelClosed name the peer's rank."""
-        chans, t = self._chans, self.timeout
-        run = Driving(steps)
-        for kind, peer, arg in run:
-            try:
-                if kind == SEND:
-                    run.value = chans[peer].send_batch(arg, timeout=t)
-                elif kind == RECV:
-                    run.value = chans[peer].recv_batch(1, timeout=t)
-                elif kind == INTO:
-                    run.value = chans[peer].recv_into(arg, timeout=t)
-                else:
-                    arg.wait(t)
-            except BaseException as e:  # noqa: BLE001 - handed to the schedule
-                run.exc = name_peer(e, peer)
-        return run.result
+        t = self.timeout
+        try:
+            ch = self._chans[peer]
+            if kind == SEND:
+                return ch.send_batch(arg, timeout=t)
+            if kind == RECV:
+                return ch.recv_batch(1, timeout=t)
+            if kind == INTO:
+                return ch.recv_into(arg, timeout=t)
+            return arg.wait(t)
+        except (PeerLost, ChannelClosed) as e:
+            raise name_peer(e, peer) from e
 
     def _settle(self) -> Steps:
         """Wait until every peer has taken what this collective sent it.
@@ -170,7 +182,10 @@ class Communicator:
         sends complete in order, so its last handle covers the others."""
         sent, self._sent = self._sent, {}
         for peer, h in sent.items():
-            yield (WAIT, peer, h)
+            if self.blocking:
+                self.now(WAIT, peer, h)
+            else:
+                yield (WAIT, peer, h)
 
     def recv(self, peer: int) -> Steps:
         """The next message from ``peer`` (queued ones first).
@@ -179,7 +194,8 @@ class Communicator:
         one can still go straight into its destination (:meth:`_take`)."""
         q = self._queues[peer]
         if not q:
-            q.extend((yield (RECV, peer, None)))
+            q.extend(self.now(RECV, peer, None) if self.blocking
+                     else (yield (RECV, peer, None)))
         return q.popleft()
 
     # ---- transfer primitives ---------------------------------------------------------
@@ -208,7 +224,8 @@ class Communicator:
         while s < len(chunks) or r < nr:
             limit = len(chunks) if r >= nr else min(len(chunks), r + self.window)
             if s < limit:
-                self._sent[to] = yield (SEND, to, chunks[s:limit])
+                step = (SEND, to, chunks[s:limit])
+                self._sent[to] = self.now(*step) if self.blocking else (yield step)
                 s = limit
             if r < nr:
                 yield from self._take(frm, r * c, min(nrecv, (r + 1) * c), on_chunk, dtype)
@@ -224,7 +241,8 @@ class Communicator:
             if frm is not None:
                 yield from self._take(frm, start, stop, on_chunk, dtype)
             for t in tos:
-                self._sent[t] = yield (SEND, t, [src[start:stop]])
+                step = (SEND, t, [src[start:stop]])
+                self._sent[t] = self.now(*step) if self.blocking else (yield step)
 
     def _take(self, frm: int, start: int, stop: int, on_chunk: OnChunk | None,
               dtype: np.dtype) -> Steps:
@@ -233,7 +251,7 @@ class Communicator:
         if dest is not None and not self._queues[frm]:
             # the next message from ``frm`` straight into ``dest``
             try:
-                got = yield (INTO, frm, dest)
+                got = self.now(INTO, frm, dest) if self.blocking else (yield (INTO, frm, dest))
             except BufferTooSmall as e:
                 raise self._wrong_length(frm, e.needed, want) from e
             if got != want:
@@ -277,36 +295,20 @@ class Communicator:
         """One collective past its channels: the header round, ``body``, the settling."""
         yield from self.agree([self.seq, *header])
         out = body()
-        if isinstance(out, Generator):
+        if type(out) is GeneratorType:
             out = yield from out
         yield from self._settle()
         return out
 
-    @contextlib.contextmanager
-    def guard(self, header: list) -> Iterator[None]:
-        """Number one collective and turn its failures into the communicator's state:
-        a mismatch leaves it usable, anything else (a lost peer, a cancelled await)
-        breaks it."""
+    def guard(self, header: list) -> _Guard:
+        """Number one collective and turn its failures into the communicator's state
+        (``with comm.guard(header): ...``): a mismatch leaves it usable, anything else
+        (a lost peer, a cancelled await) breaks it."""
         if self.broken is not None:
             raise RdmamwError(f"communicator is broken by an earlier failure: "
                               f"{self.broken!r}")
         self.seq += 1
-        what = f"collective #{self.seq} ({header[0]})"
-        try:
-            yield
-        except CollectiveMismatch:
-            self._sent.clear()
-            raise
-        except ChannelClosed as e:
-            self._break(e)
-            raise PeerLost(f"{what}: {e}; it left mid-collective (it lost a rank or "
-                           f"aborted)") from e
-        except PeerLost as e:
-            self._break(e)
-            raise PeerLost(f"{what}: {e}") from e
-        except BaseException as e:
-            self._break(e)
-            raise
+        return _Guard(self, header[0])
 
     def call(self, header: list, peers: Iterable[int], body: Callable[[], Any],
              async_op: bool = False) -> Any:
@@ -344,7 +346,8 @@ class Communicator:
         k, n = 1, self.size
         while k < n:
             to, frm = (self.rank + k) % n, (self.rank - k) % n
-            self._sent[to] = yield (SEND, to, [msgpack.packb([MAGIC, lo, hi, cap])])
+            step = (SEND, to, [msgpack.packb([MAGIC, lo, hi, cap])])
+            self._sent[to] = self.now(*step) if self.blocking else (yield step)
             m = yield from self.recv(frm)
             try:
                 magic, olo, ohi, ocap = msgpack.unpackb(bytes(m))
@@ -408,6 +411,34 @@ class Communicator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _Guard:
+    """:meth:`Communicator.guard`'s context (a class: cheaper than a generator's)."""
+
+    __slots__ = ("comm", "kind")
+
+    def __init__(self, comm: Communicator, kind: str) -> None:
+        self.comm, self.kind = comm, kind
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, typ: Any, e: Any, tb: Any) -> bool:
+        if e is None:
+            return False
+        comm = self.comm
+        if isinstance(e, CollectiveMismatch):
+            comm._sent.clear()
+            return False
+        comm._break(e)
+        what = f"collective #{comm.seq} ({self.kind})"
+        if isinstance(e, ChannelClosed):
+            raise PeerLost(f"{what}: {e}; it left mid-collective (it lost a rank or "
+                           f"aborted)") from e
+        if isinstance(e, PeerLost):
+            raise PeerLost(f"{what}: {e}") from e
+        return False
 
 
 def name_peer(e: BaseException, peer: int) -> BaseException:
