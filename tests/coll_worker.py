@@ -354,8 +354,8 @@ def die(cfg: dict) -> dict:
     coll.barrier()
     x = np.ones(cfg["length"], np.float32)
     if me == cfg["victim"]:
-        comm.exchange = _dying(comm.exchange, cfg["at"])
-        comm.relay = _dying(comm.relay, cfg["at"])
+        comm.exchange_steps = _dying(comm.exchange_steps, cfg["at"])
+        comm.relay_steps = _dying(comm.relay_steps, cfg["at"])
     t0 = time.monotonic()
     try:
         coll.allreduce(x, algorithm=cfg["alg"])

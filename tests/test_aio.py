@@ -341,6 +341,32 @@ def test_wrong_loop_and_closed_channel_are_clear_errors():
     lst.close()
 
 
+def test_close_from_another_loop_is_refused_and_from_plain_code_closes():
+    """close() looks at the running loop through the public API: from another loop it
+    raises WrongLoop (the channel stays open), outside any loop it closes."""
+    a, b, lst = aio_pair("shm")
+
+    async def first():
+        await a.send(b"x")
+        assert bytes(await b.recv()) == b"x"
+
+    async def elsewhere():
+        b.close()
+
+    loop1 = asyncio.new_event_loop()
+    try:
+        loop1.run_until_complete(first())
+        with pytest.raises(rdmamw.errors.WrongLoop, match="another event loop"):
+            asyncio.run(elsewhere())
+        assert not b.closed
+        b.close()                               # no loop running here
+        assert b.closed
+    finally:
+        loop1.close()
+        a.close()
+        lst.close()
+
+
 def test_close_wakes_a_pending_receive():
     async def main():
         a, b, lst = aio_pair("shm")

@@ -17,6 +17,7 @@ PKG = ROOT / "rdmamw"
 #: submodules); everything not named is off limits
 BELOW = {
     "rdmamw.errors": set(),
+    "rdmamw.steps": set(),
     "rdmamw._fork": {"rdmamw.errors"},
     "rdmamw.config": {"rdmamw.errors"},
     "rdmamw.log": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config"},
@@ -36,7 +37,7 @@ BELOW["rdmamw.collectives"] = LIBS
 BELOW["rdmamw.sched"] = LIBS
 BELOW["rdmamw.ps"] = LIBS | {"rdmamw.sched"}
 BELOW["rdmamw.torch"] = LIBS | {"rdmamw.collectives", "rdmamw.ps"}
-BELOW["rdmamw.aio"] = LIBS
+BELOW["rdmamw.aio"] = LIBS | {"rdmamw.collectives", "rdmamw.ps"}   # aio.collectives, aio.ps
 BELOW["rdmamw.testing"] = {"rdmamw.errors", "rdmamw.transport", "rdmamw.providers"}
 #: applications may use every library, never each other's insides
 APPS = ("rdmamw.apps", "rdmamw.cli")

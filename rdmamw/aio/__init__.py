@@ -8,8 +8,8 @@
 ...             ...
 
 The loop watches each channel's ``fileno()`` (docs/api.md, "Event loops").
-Awaitable collectives and the parameter-server client are designed in docs/api.md
-("asyncio") and not here yet."""
+``rdmamw.aio.collectives`` awaits the collectives and ``rdmamw.aio.ps.KVWorker`` the
+parameter-server worker (imported on their own: they pull in numpy)."""
 
 from rdmamw.aio.channel import Channel, Listener, listen
 

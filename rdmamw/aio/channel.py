@@ -24,10 +24,12 @@ from rdmamw import config
 from rdmamw.engine import Message, SendHandle
 from rdmamw.errors import BufferTooSmall, ChannelClosed, Timeout, WrongLoop
 
-#: channels waiting on each loop's descriptors now: a receive spins (RDMAMW_AIO_SPIN_US)
-#: only when it is the loop's only waiter, so a loop serving many channels never spins
-_waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, int] = \
+#: channels waiting on each loop's descriptors now (a one-item list a bound channel
+#: holds): a receive spins (RDMAMW_AIO_SPIN_US) only when it is the loop's only waiter,
+#: so a loop serving many channels never spins
+_waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[int]] = \
     weakref.WeakKeyDictionary()
+_running = asyncio.get_running_loop
 
 
 class Channel:
@@ -47,6 +49,7 @@ class Channel:
         self._waiters: set[asyncio.Future[None]] = set()
         self._kept: deque[Message] = deque()   # taken by iteration, not yet handed out
         self._spin_us: float = config.get("RDMAMW_AIO_SPIN_US")
+        self._busy = [0]                       # the bound loop's count in _waiting
 
     @classmethod
     async def open(cls, peer: str | int, **options: Any) -> Channel:
@@ -57,17 +60,19 @@ class Channel:
                                                             **options)))
 
     # ---- the descriptor ----------------------------------------------------------------
-    def _bind(self) -> asyncio.AbstractEventLoop:
+    def _bind(self) -> None:
+        """Bind to the running loop (the hot paths call this only when it is not the
+        one bound already)."""
         loop = asyncio.get_running_loop()
         if self._loop is loop:
-            return loop
+            return
         if self._loop is not None and not self._loop.is_closed():
             raise WrongLoop(f"channel to {self.peer} is used by another event loop; open "
                             f"a channel per loop (or close that loop first)")
         self._fd = self.sync.fileno()        # ChannelClosed after close()
         self._loop, self._watching = loop, False
+        self._busy = _waiting.setdefault(loop, [0])
         self._waiters.clear()
-        return loop
 
     def _readable(self) -> None:
         # wake every waiter; they look and arm again (the reader is re-added then), so
@@ -94,11 +99,12 @@ class Channel:
         self._waiters.add(fut)
         interval = self.sync.poll_interval
         timer = loop.call_later(interval, _wake, fut) if interval else None
-        _waiting[loop] = _waiting.get(loop, 0) + 1
+        busy = self._busy
+        busy[0] += 1
         try:
             await fut
         finally:
-            _waiting[loop] -= 1
+            busy[0] -= 1
             self._waiters.discard(fut)
             if timer is not None:
                 timer.cancel()
@@ -107,35 +113,56 @@ class Channel:
                 self.sync.disarm()
 
     # ---- receiving -----------------------------------------------------------------------
-    def _arm_recv(self, loop: asyncio.AbstractEventLoop) -> bool:
-        return self.sync.arm(False, None, 0.0 if _waiting.get(loop) else self._spin_us)
-
-    async def recv_batch(self, max_messages: int | None = None) -> list[Message]:
-        """The messages that have arrived (at least one, as
-        :meth:`rdmamw.Channel.recv_batch`), awaiting the first. ChannelClosed / PeerLost
-        once the peer is gone and everything it sent was received."""
-        loop = self._bind()
-        if self._kept:
-            n = len(self._kept) if max_messages is None else min(max_messages, len(self._kept))
-            return [self._kept.popleft() for _ in range(n)]
+    async def _receive(self, take: Any, *args: Any) -> Any:
+        """``take(*args, timeout=0)`` (a receive of the blocking channel) once there
+        is something to take: check, arm, check, then await the descriptor. A receive
+        spins RDMAMW_AIO_SPIN_US first when it is its loop's only waiter."""
         ch = self.sync
         while True:
-            if self._arm_recv(loop):
+            if ch.arm(False, None, 0.0 if self._busy[0] else self._spin_us):
                 try:
-                    return ch.recv_batch(max_messages, timeout=0)
+                    return take(*args, timeout=0)
                 except Timeout:     # a rendezvous READ in flight: look again soon
                     await asyncio.sleep(0)
                     continue
             await self._readiness()
 
+    async def recv_batch(self, max_messages: int | None = None) -> list[Message]:
+        """The messages that have arrived (at least one, as
+        :meth:`rdmamw.Channel.recv_batch`), awaiting the first. ChannelClosed / PeerLost
+        once the peer is gone and everything it sent was received."""
+        if _running() is not self._loop:
+            self._bind()
+        if self._kept:
+            n = len(self._kept) if max_messages is None else min(max_messages, len(self._kept))
+            return [self._kept.popleft() for _ in range(n)]
+        ch = self.sync
+        if ch.arm(False, None, 0.0 if self._busy[0] else self._spin_us):
+            try:                    # the common case: no trip through the loop
+                return ch.recv_batch(max_messages, timeout=0)
+            except Timeout:
+                pass
+        return await self._receive(ch.recv_batch, max_messages)
+
     async def recv(self) -> Message:
         """One message (see :meth:`recv_batch`)."""
-        return (await self.recv_batch(1))[0]
+        if _running() is not self._loop:
+            self._bind()
+        if self._kept:
+            return self._kept.popleft()
+        ch = self.sync
+        if ch.arm(False, None, 0.0 if self._busy[0] else self._spin_us):
+            try:
+                return ch.recv(timeout=0)
+            except Timeout:
+                pass
+        return await self._receive(ch.recv)
 
     async def recv_into(self, buffer: Any) -> int:
         """The next message copied (or READ) into ``buffer``; its length
         (:meth:`rdmamw.Channel.recv_into`; BufferTooSmall leaves it receivable)."""
-        loop = self._bind()
+        if _running() is not self._loop:
+            self._bind()
         if self._kept:
             m = self._kept.popleft()
             n = len(m)
@@ -145,15 +172,7 @@ class Channel:
             memoryview(buffer).cast("B")[:n] = memoryview(m).cast("B")
             m.release()
             return n
-        ch = self.sync
-        while True:
-            if self._arm_recv(loop):
-                try:
-                    return ch.recv_into(buffer, timeout=0)
-                except Timeout:
-                    await asyncio.sleep(0)
-                    continue
-            await self._readiness()
+        return await self._receive(self.sync.recv_into, buffer)
 
     def __aiter__(self) -> AsyncIterator[Message]:
         return self._iterate()
@@ -176,36 +195,80 @@ class Channel:
         slots while the peer's ring is full; returns once the handle is done (the
         buffers may be reused). Cancelled while waiting for slots, the messages before
         the cancellation were sent and the rest were not."""
-        self._bind()
-        ch = self.sync
+        h, rest = self._send_now(msgs)
+        if h is None:
+            h = await self._post(rest)
+        if not h.done():
+            await self._until_done(h)
+        return h
+
+    async def send(self, msg: Any) -> SendHandle:
+        """Send one message (see :meth:`send_batch`)."""
+        if _running() is not self._loop:
+            self._bind()
+        try:
+            h = self.sync.send_batch((msg,), timeout=0)
+        except Timeout:
+            h = await self._post((msg,))
+        if not h.done():
+            await self._until_done(h)
+        return h
+
+    async def post_batch(self, msgs: Iterable[Any]) -> SendHandle:
+        """:meth:`send_batch` without awaiting the handle: returns once every message
+        has a slot (a rendezvous message is done only when the peer has READ it; await
+        :meth:`wait_handle` before reusing its buffer)."""
+        h, rest = self._send_now(msgs)
+        return h if h is not None else await self._post(rest)
+
+    def _send_now(self, msgs: Iterable[Any]) -> tuple[SendHandle | None, tuple]:
+        """Send what fits now: (its handle, ()) or (None, the messages that did not fit)."""
+        if _running() is not self._loop:
+            self._bind()
         if isinstance(msgs, (bytes, bytearray, memoryview, str)):
             raise TypeError("send_batch takes an iterable of messages; use send() for one")
         batch = msgs if type(msgs) is tuple else tuple(msgs)
+        try:
+            return self.sync.send_batch(batch, timeout=0), ()
+        except Timeout as e:
+            return None, batch[e.sent:]
+
+    async def _post(self, batch: tuple) -> SendHandle:
+        """Send what did not fit (``batch``) as slots free up; the last handle (a
+        channel's sends complete in order, so it covers the earlier ones)."""
+        ch = self.sync
         while True:
+            if not ch.arm(True):
+                await self._readiness()
             try:
-                h = ch.send_batch(batch, timeout=0)
-                break
+                return ch.send_batch(batch, timeout=0)
             except Timeout as e:
                 batch = batch[e.sent:]
-                if not ch.arm(True):
-                    await self._readiness()
+
+    async def wait_handle(self, h: SendHandle) -> None:
+        """Await a handle of this channel's sends until it is done."""
+        if _running() is not self._loop:
+            self._bind()
+        if not h.done():
+            await self._until_done(h)
+
+    async def _until_done(self, h: SendHandle) -> None:
+        ch = self.sync
         while not h.done():
             if ch.arm(True, h):
                 await asyncio.sleep(0)      # a completion without an event (verbs)
             else:
                 await self._readiness()
-        return h
-
-    async def send(self, msg: Any) -> SendHandle:
-        """Send one message (see :meth:`send_batch`)."""
-        return await self.send_batch((msg,))
 
     # ---- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
         """Close the channel; receives awaiting it raise ChannelClosed."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            running = asyncio._get_running_loop()
+            try:
+                running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:        # closed from plain code (no loop running)
+                running = None
             if running is not None and running is not loop:
                 raise WrongLoop(f"channel to {self.peer} belongs to another event loop")
             self._unwatch()

@@ -18,20 +18,20 @@ from typing import Any
 import numpy as np
 
 from rdmamw.collectives._kernels import Copier
-from rdmamw.collectives.api import _input, _output, default_comm
-from rdmamw.collectives.comm import CollectiveMismatch, Communicator
+from rdmamw.collectives.api import Plan, _input, _output, default_comm
+from rdmamw.collectives.comm import CollectiveMismatch, Communicator, Steps
 
 
 def pairwise(comm: Communicator, send: list[np.ndarray], recv_lens: list[int],
-             out: np.ndarray, recv_offsets: list[int]) -> None:
+             out: np.ndarray, recv_offsets: list[int]) -> Steps:
     """Flat 1-d blocks: ``send[j]`` to rank j, ``recv_lens[j]`` elements from rank j
     into ``out[recv_offsets[j]:]``; our own block is copied."""
     n, i = comm.size, comm.rank
     np.copyto(out[recv_offsets[i]:recv_offsets[i] + recv_lens[i]], send[i])
     for s in range(1, n):
         to, frm = (i + s) % n, (i - s) % n
-        comm.exchange(to, send[to], frm, recv_lens[frm], Copier(out, recv_offsets[frm]),
-                      out.dtype)
+        yield from comm.exchange_steps(to, send[to], frm, recv_lens[frm],
+                                       Copier(out, recv_offsets[frm]), out.dtype)
 
 
 def _offsets(lens: Sequence[int]) -> list[int]:
@@ -55,7 +55,12 @@ def alltoall(array: np.ndarray, send_counts: Sequence[int] | None = None,
     Uneven: ``send_counts[j]`` rows (axis 0, summing to ``shape[0]``) go to rank j; the
     result holds ``recv_counts[j]`` rows from rank j, in rank order. ``recv_counts``
     may be omitted (learnt from the senders); if given and wrong, every rank raises."""
-    comm = comm or default_comm()
+    return plan_alltoall(comm or default_comm(), array, send_counts, recv_counts,
+                         out).call(async_op)
+
+
+def plan_alltoall(comm: Communicator, array: np.ndarray, send_counts: Sequence[int] | None,
+                  recv_counts: Sequence[int] | None, out: np.ndarray | None) -> Plan:
     a = _input(array)
     n = comm.size
     if a.ndim == 0:
@@ -72,13 +77,13 @@ def alltoall(array: np.ndarray, send_counts: Sequence[int] | None = None,
         m = a.shape[0] // n * row
         lens = [m] * n
 
-        def even() -> np.ndarray:
-            pairwise(comm, [x[j * m:(j + 1) * m] for j in range(n)], lens,
-                     res.reshape(-1), _offsets(lens))
+        def even() -> Steps:
+            yield from pairwise(comm, [x[j * m:(j + 1) * m] for j in range(n)], lens,
+                                res.reshape(-1), _offsets(lens))
             return res
 
-        return comm.call(["alltoall", str(a.dtype), list(a.shape), "", -1, ""],
-                         range(n), even, async_op)
+        return Plan(comm, ["alltoall", str(a.dtype), list(a.shape), "", -1, ""],
+                    list(range(n)), even)
     sc = _counts("send_counts", send_counts, n)
     if sum(sc) != a.shape[0]:
         raise ValueError(f"send_counts sum to {sum(sc)} rows, the array has {a.shape[0]}")
@@ -89,35 +94,36 @@ def alltoall(array: np.ndarray, send_counts: Sequence[int] | None = None,
         raise ValueError("alltoall: out= needs recv_counts (its shape depends on them)")
     so = _offsets([c * row for c in sc])
 
-    def uneven() -> np.ndarray:
-        got = _trade_counts(comm, sc)
+    def uneven() -> Steps:
+        got = yield from _trade_counts(comm, sc)
         if rc is not None:
-            _agree_counts(comm, rc, got)
+            yield from _agree_counts(comm, rc, got)
             res = res0
         else:
             res = _output(a, None, (sum(got), *a.shape[1:]))
         lens = [c * row for c in got]
-        pairwise(comm, [x[so[j]:so[j + 1]] for j in range(n)], lens, res.reshape(-1),
-                 _offsets(lens))
+        yield from pairwise(comm, [x[so[j]:so[j + 1]] for j in range(n)], lens,
+                            res.reshape(-1), _offsets(lens))
         return res
 
-    return comm.call(["alltoall", str(a.dtype), ["*", *a.shape[1:]], "", -1, "uneven"],
-                     range(n), uneven, async_op)
+    return Plan(comm, ["alltoall", str(a.dtype), ["*", *a.shape[1:]], "", -1, "uneven"],
+                list(range(n)), uneven)
 
 
-def _trade_counts(comm: Communicator, sc: list[int]) -> list[int]:
+def _trade_counts(comm: Communicator, sc: list[int]) -> Steps:
     """What each rank sends us (the even alltoall of one int64 per pair)."""
     n = comm.size
     got = np.empty(n, np.int64)
-    pairwise(comm, [np.array([c], np.int64) for c in sc], [1] * n, got, list(range(n + 1)))
+    yield from pairwise(comm, [np.array([c], np.int64) for c in sc], [1] * n, got,
+                        list(range(n + 1)))
     return [int(v) for v in got]
 
 
-def _agree_counts(comm: Communicator, rc: list[int], got: list[int]) -> None:
+def _agree_counts(comm: Communicator, rc: list[int], got: list[int]) -> Steps:
     """Every rank raises if any rank's recv_counts differ from what its senders send."""
     bad = [j for j in range(comm.size) if rc[j] != got[j]]
     verdict = (f"recv_counts {rc} but the senders send {got}" if bad else "counts agree")
     try:
-        comm.agree([comm.seq, "alltoall", "-", [], verdict, -1, "uneven"])
+        yield from comm.agree([comm.seq, "alltoall", "-", [], verdict, -1, "uneven"])
     except CollectiveMismatch as e:
         raise CollectiveMismatch(f"alltoall: row counts disagree: {e}") from None

@@ -4,18 +4,21 @@
 Each takes an optional ``comm``; without it they use one default
 :class:`Communicator` over the ranks of :func:`rdmamw.init` (called if needed).
 ``async_op=True`` returns a progress.Handle instead of the result (progress.py).
+Each is a ``plan_*`` (arguments checked, the schedule to run) and its run, so
+rdmamw.aio.collectives awaits the same plans.
 Results not given an ``out`` come from the results pool (results.py)."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from rdmamw.collectives import hierarchical, policy, results, rhd, ring, topology, tree
 from rdmamw.collectives._kernels import bounds
-from rdmamw.collectives.comm import Communicator
+from rdmamw.collectives.comm import Communicator, Steps
 from rdmamw.collectives.ops import check_dtype, ufunc
 
 _default: Communicator | None = None
@@ -59,6 +62,20 @@ def _output(array: np.ndarray, out: np.ndarray | None, shape: tuple) -> np.ndarr
     return out
 
 
+class Plan(NamedTuple):
+    """One collective ready to run: checked arguments, the header every rank must
+    agree on, the peers it needs and its body (a schedule, see comm.py). The blocking
+    functions run it with :meth:`Communicator.call`, rdmamw.aio.collectives awaits it."""
+
+    comm: Communicator
+    header: list
+    peers: list[int]
+    body: Callable[[], Any]
+
+    def call(self, async_op: bool) -> Any:
+        return self.comm.call(self.header, self.peers, self.body, async_op)
+
+
 def allreduce(array: np.ndarray, op: str = "sum", algorithm: str = "auto",
               out: np.ndarray | None = None, *, comm: Communicator | None = None,
               async_op: bool = False) -> Any:
@@ -70,33 +87,46 @@ def allreduce(array: np.ndarray, op: str = "sum", algorithm: str = "auto",
     "hierarchical". Every rank must call it with the same shape, dtype, op and
     algorithm; otherwise every rank raises :class:`CollectiveMismatch`."""
     comm = comm or default_comm()
+    ids = groups(comm) if algorithm in ("auto", "hierarchical") else None
+    return plan_allreduce(comm, array, op, algorithm, out, ids).call(async_op)
+
+
+def plan_allreduce(comm: Communicator, array: np.ndarray, op: str, algorithm: str,
+                   out: np.ndarray | None, ids: list[int] | None) -> Plan:
+    """``ids``: :func:`groups` (needed by "auto" and "hierarchical" only)."""
     a = _input(array)
     uf = ufunc(op, a.dtype)
     res = _output(a, out, a.shape)
     flat = res.reshape(-1)
     x = flat if res is a else np.ascontiguousarray(a).reshape(-1)
     members = list(range(comm.size))
-    ids = groups(comm) if algorithm in ("auto", "hierarchical") else [0] * comm.size
+    ids = [0] * comm.size if ids is None else ids
     alg = policy.choose(x.nbytes, ids, comm.model, algorithm)
     if alg == "ring":
-        peers, body = ring.peers(comm, members), lambda: ring.allreduce(comm, x, flat, uf,
-                                                                         members)
+        peers = ring.peers(comm, members)
     elif alg == "rhd":
-        peers, body = rhd.peers(comm, members), lambda: rhd.allreduce(comm, x, flat, uf,
-                                                                       members)
+        peers = rhd.peers(comm, members)
     else:
         peers = hierarchical.peers(comm, ids)
 
-        def body() -> None:
-            hierarchical.allreduce(comm, x, flat, uf, ids)
-    return comm.call(["allreduce", str(a.dtype), list(a.shape), op, -1, alg], peers,
-                     lambda: (body(), res)[1], async_op)
+    def body() -> Steps:
+        if alg == "ring":
+            yield from ring.allreduce(comm, x, flat, uf, members)
+        elif alg == "rhd":
+            yield from rhd.allreduce(comm, x, flat, uf, members)
+        else:
+            yield from hierarchical.allreduce(comm, x, flat, uf, ids)
+        return res
+    return Plan(comm, ["allreduce", str(a.dtype), list(a.shape), op, -1, alg], peers, body)
 
 
 def broadcast(array: np.ndarray, root: int = 0, *, comm: Communicator | None = None,
               async_op: bool = False) -> Any:
     """Overwrite ``array`` on every rank with ``root``'s (in place; returns it)."""
-    comm = comm or default_comm()
+    return plan_broadcast(comm or default_comm(), array, root).call(async_op)
+
+
+def plan_broadcast(comm: Communicator, array: np.ndarray, root: int) -> Plan:
     a = _input(array)
     if not a.flags.c_contiguous or not a.flags.writeable:
         raise ValueError("broadcast needs a C-contiguous, writeable array")
@@ -105,8 +135,11 @@ def broadcast(array: np.ndarray, root: int = 0, *, comm: Communicator | None = N
     members = list(range(comm.size))
     flat = a.reshape(-1)
     peers = tree.peers(members, root, comm.rank, flat.nbytes) if comm.size > 1 else []
-    return comm.call(["broadcast", str(a.dtype), list(a.shape), "", root, ""], peers,
-                     lambda: (tree.broadcast(comm, flat, root, members), a)[1], async_op)
+
+    def body() -> Steps:
+        yield from tree.broadcast(comm, flat, root, members)
+        return a
+    return Plan(comm, ["broadcast", str(a.dtype), list(a.shape), "", root, ""], peers, body)
 
 
 def reduce_scatter(array: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
@@ -116,7 +149,11 @@ def reduce_scatter(array: np.ndarray, op: str = "sum", out: np.ndarray | None = 
     The flattened array is split into ``size`` contiguous parts, part ``i`` starting
     at element ``i * N // size``; with ``shape[0]`` divisible by ``size`` that is
     ``numpy.split(result, size)[rank]`` and keeps the trailing dimensions."""
-    comm = comm or default_comm()
+    return plan_reduce_scatter(comm or default_comm(), array, op, out).call(async_op)
+
+
+def plan_reduce_scatter(comm: Communicator, array: np.ndarray, op: str,
+                        out: np.ndarray | None) -> Plan:
     a = _input(array)
     uf = ufunc(op, a.dtype)
     n, i = comm.size, comm.rank
@@ -129,23 +166,26 @@ def reduce_scatter(array: np.ndarray, op: str = "sum", out: np.ndarray | None = 
     res = _output(a, out, shape)
     members = list(range(n))
 
-    def body() -> np.ndarray:
+    def body() -> Steps:
         if n > 1:
             scratch = results.empty(x.shape, x.dtype)
-            ring.reduce_scatter(comm, x, scratch, uf, members, shift=-1)
+            yield from ring.reduce_scatter(comm, x, scratch, uf, members, shift=-1)
             np.copyto(res.reshape(-1), scratch[b[i]:b[i + 1]])
         else:
             np.copyto(res.reshape(-1), x)
         return res
 
-    return comm.call(["reduce_scatter", str(a.dtype), list(a.shape), op, -1, ""],
-                     ring.peers(comm, members), body, async_op)
+    return Plan(comm, ["reduce_scatter", str(a.dtype), list(a.shape), op, -1, ""],
+                ring.peers(comm, members), body)
 
 
 def allgather(array: np.ndarray, out: np.ndarray | None = None, *,
               comm: Communicator | None = None, async_op: bool = False) -> Any:
     """Every rank's ``array`` stacked: shape ``(size, *array.shape)``, row r from rank r."""
-    comm = comm or default_comm()
+    return plan_allgather(comm or default_comm(), array, out).call(async_op)
+
+
+def plan_allgather(comm: Communicator, array: np.ndarray, out: np.ndarray | None) -> Plan:
     a = _input(array)
     n, i = comm.size, comm.rank
     res = _output(a, out, (n, *a.shape))
@@ -154,12 +194,18 @@ def allgather(array: np.ndarray, out: np.ndarray | None = None, *,
     np.copyto(flat[i * N:(i + 1) * N], a.reshape(-1))
     members = list(range(n))
     bl = [k * N for k in range(n + 1)]
-    return comm.call(["allgather", str(a.dtype), list(a.shape), "", -1, ""],
-                     ring.peers(comm, members),
-                     lambda: (ring.allgather(comm, flat, members, i, bl), res)[1], async_op)
+
+    def body() -> Steps:
+        yield from ring.allgather(comm, flat, members, i, bl)
+        return res
+    return Plan(comm, ["allgather", str(a.dtype), list(a.shape), "", -1, ""],
+                ring.peers(comm, members), body)
 
 
 def barrier(*, comm: Communicator | None = None, async_op: bool = False) -> Any:
     """Return once every rank has entered the barrier."""
-    comm = comm or default_comm()
-    return comm.call(["barrier", "-", [], "", -1, ""], [], lambda: None, async_op)
+    return plan_barrier(comm or default_comm()).call(async_op)
+
+
+def plan_barrier(comm: Communicator) -> Plan:
+    return Plan(comm, ["barrier", "-", [], "", -1, ""], [], lambda: None)

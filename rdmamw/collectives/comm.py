@@ -8,6 +8,12 @@ collective starts with (:meth:`Communicator.agree`): every rank learns the small
 and largest header in the job, so a rank that calls a different collective, shape,
 dtype or op makes *every* rank raise :class:`CollectiveMismatch` before any data moves.
 Messages a fast peer already sent for the next collective wait in a per-peer queue.
+
+Why steps: the transfer primitives and the algorithms built on them are generators
+that yield the channel operations they need (:data:`SEND`, :data:`RECV`, :data:`INTO`,
+:data:`WAIT`); rdmamw.aio.collectives awaits them, so both run one copy of every
+schedule. In blocking mode (:meth:`Communicator.drive`) a schedule performs each step
+where it stands, with a blocking call, instead of yielding it (as fast as before).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from types import GeneratorType
 from typing import Any
 
 import msgpack
@@ -26,6 +33,7 @@ from rdmamw import config
 from rdmamw.channel import Channel, Message
 from rdmamw.collectives._kernels import Copier
 from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, RdmamwError
+from rdmamw.steps import Steps
 
 # Chunks (docs/collectives.md, "Chunking and pipelining"): up to RDMAMW_COLL_CHUNK
 # (4 MiB) on channels with rendezvous, else the eager limit (the collectives' rings are
@@ -41,6 +49,13 @@ MAGIC = "rdmamw-coll-1"
 BYE = b"rdmamw-coll-bye"
 
 OnChunk = Callable[[int, int, np.ndarray], Any]
+
+#: the channel operations a schedule (rdmamw/steps.py) yields as ``(kind, peer, arg)``;
+#: the driver sends back: SEND (arg: messages) the send's handle (slots taken, maybe not
+#: done), RECV the next messages (a list of one), INTO (arg: a buffer) the bytes received
+#: into it, WAIT (arg: a handle) None once it is done. A failure is thrown into it.
+SEND, RECV, INTO, WAIT = range(4)
+
 
 
 class CollectiveMismatch(RdmamwError, ValueError):
@@ -96,6 +111,9 @@ class Communicator:
         self.seq = 0
         self.broken: BaseException | None = None
         self._progress: Any = None          # progress.Progress, on the first async call
+        #: schedules perform their steps at once (:meth:`drive`); rdmamw.aio.collectives
+        #: clears it while it awaits them
+        self.blocking = True
 
     # ---- channels --------------------------------------------------------------------
 
@@ -125,13 +143,36 @@ class Communicator:
         lo, hi = max(1, self.min_chunk // itemsize), max(1, self.max_chunk // itemsize)
         return min(hi, max(lo, -(-n // self.pieces)))
 
-    def send(self, peer: int, msgs: list) -> None:
-        try:
-            self._sent[peer] = self._chans[peer].send_batch(msgs, timeout=self.timeout)
-        except (PeerLost, ChannelClosed) as e:
-            raise type(e)(f"rank {peer}: {e}") from e
+    def drive(self, steps: Steps) -> Any:
+        """Run a schedule with blocking calls (each waits up to ``timeout``); its result.
 
-    def _settle(self) -> None:
+        In this (the default) mode a schedule performs each step where it stands
+        (:meth:`now`) instead of yielding it: no trip up and down the generators per
+        step, so the blocking collectives cost what they did before schedules were
+        generators. An awaiting driver clears ``blocking`` while it runs."""
+        try:
+            steps.send(None)
+        except StopIteration as e:
+            return e.value
+        raise RuntimeError("a schedule yielded a step in blocking mode")
+
+    def now(self, kind: int, peer: int, arg: Any) -> Any:
+        """Perform one step with a blocking call (up to ``timeout``); PeerLost and
+        ChannelClosed name the peer's rank."""
+        t = self.timeout
+        try:
+            ch = self._chans[peer]
+            if kind == SEND:
+                return ch.send_batch(arg, timeout=t)
+            if kind == RECV:
+                return ch.recv_batch(1, timeout=t)
+            if kind == INTO:
+                return ch.recv_into(arg, timeout=t)
+            return arg.wait(t)
+        except (PeerLost, ChannelClosed) as e:
+            raise name_peer(e, peer) from e
+
+    def _settle(self) -> Steps:
         """Wait until every peer has taken what this collective sent it.
 
         A chunk above the eager limit goes by rendezvous: the peer reads it from our
@@ -141,28 +182,31 @@ class Communicator:
         sends complete in order, so its last handle covers the others."""
         sent, self._sent = self._sent, {}
         for peer, h in sent.items():
-            try:
-                h.wait(self.timeout)
-            except (PeerLost, ChannelClosed) as e:
-                raise type(e)(f"rank {peer}: {e}") from e
+            if self.blocking:
+                self.now(WAIT, peer, h)
+            else:
+                yield (WAIT, peer, h)
 
-    def recv(self, peer: int) -> Message:
+    def recv(self, peer: int) -> Steps:
         """The next message from ``peer`` (queued ones first).
 
         One message per call: a rendezvous chunk is read when it is taken, so the next
         one can still go straight into its destination (:meth:`_take`)."""
         q = self._queues[peer]
         if not q:
-            try:
-                q.extend(self._chans[peer].recv_batch(1, timeout=self.timeout))
-            except (PeerLost, ChannelClosed) as e:
-                raise type(e)(f"rank {peer}: {e}") from e
+            q.extend(self.now(RECV, peer, None) if self.blocking
+                     else (yield (RECV, peer, None)))
         return q.popleft()
 
     # ---- transfer primitives ---------------------------------------------------------
 
     def exchange(self, to: int | None, src: np.ndarray | None, frm: int | None,
                  nrecv: int, on_chunk: OnChunk | None, dtype: np.dtype) -> None:
+        """:meth:`exchange_steps` with blocking calls (inside :meth:`run`'s body)."""
+        self.drive(self.exchange_steps(to, src, frm, nrecv, on_chunk, dtype))
+
+    def exchange_steps(self, to: int | None, src: np.ndarray | None, frm: int | None,
+                       nrecv: int, on_chunk: OnChunk | None, dtype: np.dtype) -> Steps:
         """Send ``src`` to ``to`` while receiving ``nrecv`` elements from ``frm``,
         chunked to the eager limit; ``on_chunk(start, stop, view)`` consumes each
         received chunk straight from the ring.
@@ -180,32 +224,40 @@ class Communicator:
         while s < len(chunks) or r < nr:
             limit = len(chunks) if r >= nr else min(len(chunks), r + self.window)
             if s < limit:
-                self.send(to, chunks[s:limit])
+                step = (SEND, to, chunks[s:limit])
+                self._sent[to] = self.now(*step) if self.blocking else (yield step)
                 s = limit
             if r < nr:
-                self._take(frm, r * c, min(nrecv, (r + 1) * c), on_chunk, dtype)
+                yield from self._take(frm, r * c, min(nrecv, (r + 1) * c), on_chunk, dtype)
                 r += 1
 
-    def relay(self, frm: int | None, tos: list[int], src: np.ndarray, n: int,
-              on_chunk: OnChunk | None, dtype: np.dtype) -> None:
+    def relay_steps(self, frm: int | None, tos: list[int], src: np.ndarray, n: int,
+                    on_chunk: OnChunk | None, dtype: np.dtype) -> Steps:
         """Chunk by chunk: receive from ``frm`` (if any) into ``on_chunk``, then send
         that chunk of ``src`` to each of ``tos``: pipelined chains and trees."""
         c = self.chunk_elems(dtype.itemsize, n)
         for start in range(0, n, c):
             stop = min(n, start + c)
             if frm is not None:
-                self._take(frm, start, stop, on_chunk, dtype)
+                yield from self._take(frm, start, stop, on_chunk, dtype)
             for t in tos:
-                self.send(t, [src[start:stop]])
+                step = (SEND, t, [src[start:stop]])
+                self._sent[t] = self.now(*step) if self.blocking else (yield step)
 
     def _take(self, frm: int, start: int, stop: int, on_chunk: OnChunk | None,
-              dtype: np.dtype) -> None:
+              dtype: np.dtype) -> Steps:
         want = (stop - start) * dtype.itemsize
         dest = on_chunk.into(start, stop) if isinstance(on_chunk, Copier) else None
         if dest is not None and not self._queues[frm]:
-            self._receive_into(frm, dest, want)
+            # the next message from ``frm`` straight into ``dest``
+            try:
+                got = self.now(INTO, frm, dest) if self.blocking else (yield (INTO, frm, dest))
+            except BufferTooSmall as e:
+                raise self._wrong_length(frm, e.needed, want) from e
+            if got != want:
+                raise self._wrong_length(frm, got, want)
             return
-        m = self.recv(frm)
+        m = yield from self.recv(frm)
         if len(m) != want:
             m.release()
             raise self._wrong_length(frm, len(m), want)
@@ -217,17 +269,6 @@ class Communicator:
             del a
             m.release()
 
-    def _receive_into(self, frm: int, dest: np.ndarray, want: int) -> None:
-        """The next message from ``frm`` straight into ``dest`` (``want`` bytes)."""
-        try:
-            got = self._chans[frm].recv_into(dest, timeout=self.timeout)
-        except BufferTooSmall as e:
-            raise self._wrong_length(frm, e.needed, want) from e
-        except (PeerLost, ChannelClosed) as e:
-            raise type(e)(f"rank {frm}: {e}") from e
-        if got != want:
-            raise self._wrong_length(frm, got, want)
-
     def _wrong_length(self, frm: int, got: int, want: int) -> RdmamwError:
         return RdmamwError(f"collective #{self.seq}: rank {frm} sent {got} bytes where "
                            f"{want} were due (collectives called out of order?)")
@@ -235,35 +276,39 @@ class Communicator:
     # ---- one collective --------------------------------------------------------------
 
     def run(self, header: list, peers: Iterable[int], body: Callable[[], Any]) -> Any:
-        """Run one collective: open channels, agree on ``header``, then ``body``.
+        """Run one collective: open channels, agree on ``header``, then ``body``: a
+        function returning the result, or a schedule (a generator of steps, see
+        :data:`SEND`) returning it; only schedules can also be awaited
+        (rdmamw.aio.collectives).
 
         A lost peer (or any failure past the header) breaks the communicator and
         closes its channels, so ranks waiting on us see it too instead of hanging."""
-        with self._lock:
-            if self.broken is not None:
-                raise RdmamwError(f"communicator is broken by an earlier failure: "
-                                  f"{self.broken!r}")
-            self.seq += 1
-            what = f"collective #{self.seq} ({header[0]})"
-            try:
-                self.ensure(set(peers) | set(self.dissemination_peers()))
-                self.agree([self.seq, *header])
-                out = body()
-                self._settle()
-                return out
-            except CollectiveMismatch:
-                self._sent.clear()
-                raise
-            except ChannelClosed as e:
-                self._break(e)
-                raise PeerLost(f"{what}: {e}; it left mid-collective (it lost a rank or "
-                               f"aborted)") from e
-            except PeerLost as e:
-                self._break(e)
-                raise PeerLost(f"{what}: {e}") from e
-            except BaseException as e:
-                self._break(e)
-                raise
+        with self._lock, self.guard(header):
+            self.ensure(self.needs(peers))
+            return self.drive(self.steps(header, body))
+
+    def needs(self, peers: Iterable[int]) -> set[int]:
+        """The peers a collective with ``peers`` needs channels to (the header round's too)."""
+        return set(peers) | set(self.dissemination_peers())
+
+    def steps(self, header: list, body: Callable[[], Any]) -> Steps:
+        """One collective past its channels: the header round, ``body``, the settling."""
+        yield from self.agree([self.seq, *header])
+        out = body()
+        if type(out) is GeneratorType:
+            out = yield from out
+        yield from self._settle()
+        return out
+
+    def guard(self, header: list) -> _Guard:
+        """Number one collective and turn its failures into the communicator's state
+        (``with comm.guard(header): ...``): a mismatch leaves it usable, anything else
+        (a lost peer, a cancelled await) breaks it."""
+        if self.broken is not None:
+            raise RdmamwError(f"communicator is broken by an earlier failure: "
+                              f"{self.broken!r}")
+        self.seq += 1
+        return _Guard(self, header[0])
 
     def call(self, header: list, peers: Iterable[int], body: Callable[[], Any],
              async_op: bool = False) -> Any:
@@ -290,7 +335,7 @@ class Communicator:
             k *= 2
         return out
 
-    def agree(self, header: list) -> None:
+    def agree(self, header: list) -> Steps:
         """Dissemination min/max of every rank's header (ceil(log2 n) rounds, any n).
 
         Afterwards each rank holds the smallest and largest header and their ranks:
@@ -301,8 +346,9 @@ class Communicator:
         k, n = 1, self.size
         while k < n:
             to, frm = (self.rank + k) % n, (self.rank - k) % n
-            self.send(to, [msgpack.packb([MAGIC, lo, hi, cap])])
-            m = self.recv(frm)
+            step = (SEND, to, [msgpack.packb([MAGIC, lo, hi, cap])])
+            self._sent[to] = self.now(*step) if self.blocking else (yield step)
+            m = yield from self.recv(frm)
             try:
                 magic, olo, ohi, ocap = msgpack.unpackb(bytes(m))
             except Exception as e:  # noqa: BLE001 - anything malformed is the same error
@@ -365,6 +411,43 @@ class Communicator:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _Guard:
+    """:meth:`Communicator.guard`'s context (a class: cheaper than a generator's)."""
+
+    __slots__ = ("comm", "kind")
+
+    def __init__(self, comm: Communicator, kind: str) -> None:
+        self.comm, self.kind = comm, kind
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, typ: Any, e: Any, tb: Any) -> bool:
+        if e is None:
+            return False
+        comm = self.comm
+        if isinstance(e, CollectiveMismatch):
+            comm._sent.clear()
+            return False
+        comm._break(e)
+        what = f"collective #{comm.seq} ({self.kind})"
+        if isinstance(e, ChannelClosed):
+            raise PeerLost(f"{what}: {e}; it left mid-collective (it lost a rank or "
+                           f"aborted)") from e
+        if isinstance(e, PeerLost):
+            raise PeerLost(f"{what}: {e}") from e
+        return False
+
+
+def name_peer(e: BaseException, peer: int) -> BaseException:
+    """PeerLost / ChannelClosed of a channel, naming the rank at its other end."""
+    if isinstance(e, (PeerLost, ChannelClosed)):
+        named = type(e)(f"rank {peer}: {e}")
+        named.__cause__ = e
+        return named
+    return e
 
 
 def spin_for(world: Any) -> float | None:

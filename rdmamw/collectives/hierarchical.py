@@ -9,7 +9,7 @@ import numpy as np
 
 from rdmamw.collectives import rhd, ring, tree
 from rdmamw.collectives._kernels import Copier
-from rdmamw.collectives.comm import Communicator
+from rdmamw.collectives.comm import Communicator, Steps
 
 
 def layout(groups: list[int], rank: int) -> tuple[list[int], list[int]]:
@@ -36,13 +36,14 @@ def peers(comm: Communicator, groups: list[int]) -> list[int]:
 
 
 def allreduce(comm: Communicator, x: np.ndarray, res: np.ndarray, op: np.ufunc,
-              groups: list[int]) -> None:
+              groups: list[int]) -> Steps:
     mine, leaders = layout(groups, comm.rank)
     leader = mine[0]
-    tree.reduce(comm, x, res, op, leader, mine)
+    yield from tree.reduce(comm, x, res, op, leader, mine)
     if comm.rank == leader:
         mod = rhd if inner(len(leaders)) == "rhd" else ring
-        mod.allreduce(comm, res, res, op, leaders)
+        yield from mod.allreduce(comm, res, res, op, leaders)
     parent, children = tree.chain(mine, leader, comm.rank)
     if len(mine) > 1:
-        comm.relay(parent, children, res, len(res), Copier(res, 0), res.dtype)
+        yield from comm.relay_steps(parent, children, res, len(res), Copier(res, 0),
+                                    res.dtype)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from rdmamw.collectives._kernels import Copier, bounds, reducer
-from rdmamw.collectives.comm import Communicator
+from rdmamw.collectives.comm import Communicator, Steps
 
 
 def _shape(n: int) -> tuple[int, int]:
@@ -46,15 +46,16 @@ def peers(comm: Communicator, members: list[int]) -> list[int]:
 
 
 def allreduce(comm: Communicator, x: np.ndarray, res: np.ndarray, op: np.ufunc,
-              members: list[int]) -> None:
+              members: list[int]) -> Steps:
     n, i, N, dt = len(members), members.index(comm.rank), len(x), x.dtype
     p, rem = _shape(n)
     src = x
     if i < 2 * rem:                                   # fix-up in
         if i % 2 == 0:
-            comm.exchange(members[i + 1], x, None, 0, None, dt)
+            yield from comm.exchange_steps(members[i + 1], x, None, 0, None, dt)
         else:
-            comm.exchange(None, None, members[i - 1], N, reducer(op, x, res, 0), dt)
+            yield from comm.exchange_steps(None, None, members[i - 1], N,
+                                           reducer(op, x, res, 0), dt)
             src = res
     nr = _newrank(i, rem)
     if nr >= 0:
@@ -65,8 +66,8 @@ def allreduce(comm: Communicator, x: np.ndarray, res: np.ndarray, op: np.ufunc,
             mid = lo + mask
             keep, give = ((mid, hi), (lo, mid)) if nr & mask else ((lo, mid), (mid, hi))
             ks, ke = b[keep[0]], b[keep[1]]
-            comm.exchange(partner, src[b[give[0]]:b[give[1]]], partner, ke - ks,
-                          reducer(op, src, res, ks), dt)
+            yield from comm.exchange_steps(partner, src[b[give[0]]:b[give[1]]], partner,
+                                           ke - ks, reducer(op, src, res, ks), dt)
             src = res
             lo, hi = keep
             mask >>= 1
@@ -76,12 +77,13 @@ def allreduce(comm: Communicator, x: np.ndarray, res: np.ndarray, op: np.ufunc,
         while mask < p:                               # recursive doubling
             partner = members[_real(nr ^ mask, rem)]
             other = (lo - mask, lo) if nr & mask else (hi, hi + mask)
-            comm.exchange(partner, res[b[lo]:b[hi]], partner, b[other[1]] - b[other[0]],
-                          Copier(res, b[other[0]]), dt)
+            yield from comm.exchange_steps(partner, res[b[lo]:b[hi]], partner,
+                                           b[other[1]] - b[other[0]],
+                                           Copier(res, b[other[0]]), dt)
             lo, hi = min(lo, other[0]), max(hi, other[1])
             mask <<= 1
     if i < 2 * rem:                                   # fix-up out
         if i % 2:
-            comm.exchange(members[i - 1], res, None, 0, None, dt)
+            yield from comm.exchange_steps(members[i - 1], res, None, 0, None, dt)
         else:
-            comm.exchange(None, None, members[i + 1], N, Copier(res, 0), dt)
+            yield from comm.exchange_steps(None, None, members[i + 1], N, Copier(res, 0), dt)

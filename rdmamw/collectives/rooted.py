@@ -13,8 +13,8 @@ import numpy as np
 
 from rdmamw.collectives import results, tree
 from rdmamw.collectives._kernels import Copier
-from rdmamw.collectives.api import _input, _output, default_comm
-from rdmamw.collectives.comm import Communicator
+from rdmamw.collectives.api import Plan, _input, _output, default_comm
+from rdmamw.collectives.comm import Communicator, Steps
 from rdmamw.collectives.ops import ufunc
 
 
@@ -31,26 +31,31 @@ def gather(array: np.ndarray, root: int = 0, out: np.ndarray | None = None, *,
            comm: Communicator | None = None, async_op: bool = False) -> Any:
     """Every rank's ``array`` stacked on ``root``: shape ``(size, *array.shape)``, row r
     from rank r (in ``out`` if given). Other ranks get None."""
-    comm = comm or default_comm()
+    return plan_gather(comm or default_comm(), array, root, out).call(async_op)
+
+
+def plan_gather(comm: Communicator, array: np.ndarray, root: int,
+                out: np.ndarray | None) -> Plan:
     a = _input(array)
     _check_root(comm, root)
     n, N = comm.size, a.size
     src = np.ascontiguousarray(a).reshape(-1)
     res = _output(a, out, (n, *a.shape)) if comm.rank == root else None
 
-    def body() -> np.ndarray | None:
+    def body() -> Steps:
         if res is None:
-            comm.exchange(root, src, None, 0, None, a.dtype)
+            yield from comm.exchange_steps(root, src, None, 0, None, a.dtype)
             return None
         flat = res.reshape(-1)
         np.copyto(flat[root * N:(root + 1) * N], src)
         for r in range(n):
             if r != root:
-                comm.exchange(None, None, r, N, Copier(flat, r * N), a.dtype)
+                yield from comm.exchange_steps(None, None, r, N, Copier(flat, r * N),
+                                               a.dtype)
         return res
 
-    return comm.call(["gather", str(a.dtype), list(a.shape), "", root, ""],
-                     _flat_peers(comm, root), body, async_op)
+    return Plan(comm, ["gather", str(a.dtype), list(a.shape), "", root, ""],
+                     _flat_peers(comm, root), body)
 
 
 def scatter(array: np.ndarray | None, root: int = 0, out: np.ndarray | None = None, *,
@@ -58,7 +63,11 @@ def scatter(array: np.ndarray | None, root: int = 0, out: np.ndarray | None = No
     """Row r of root's ``array`` (shape ``(size, *part)``) to rank r; returns this
     rank's row (in ``out`` if given). Ranks other than root pass ``array=None`` and an
     ``out`` of the part's shape and dtype (they have no array to take it from)."""
-    comm = comm or default_comm()
+    return plan_scatter(comm or default_comm(), array, root, out).call(async_op)
+
+
+def plan_scatter(comm: Communicator, array: np.ndarray | None, root: int,
+                 out: np.ndarray | None) -> Plan:
     _check_root(comm, root)
     n = comm.size
     if comm.rank == root:
@@ -78,19 +87,20 @@ def scatter(array: np.ndarray | None, root: int = 0, out: np.ndarray | None = No
         src = None
     N = part.size
 
-    def body() -> np.ndarray:
+    def body() -> Steps:
         flat = res.reshape(-1)
         if src is None:
-            comm.exchange(None, None, root, N, Copier(flat, 0), part.dtype)
+            yield from comm.exchange_steps(None, None, root, N, Copier(flat, 0),
+                                           part.dtype)
             return res
         for r in range(n):
             if r != root:
-                comm.exchange(r, src[r], None, 0, None, part.dtype)
+                yield from comm.exchange_steps(r, src[r], None, 0, None, part.dtype)
         np.copyto(flat, src[root])
         return res
 
-    return comm.call(["scatter", str(part.dtype), list(part.shape), "", root, ""],
-                     _flat_peers(comm, root), body, async_op)
+    return Plan(comm, ["scatter", str(part.dtype), list(part.shape), "", root, ""],
+                     _flat_peers(comm, root), body)
 
 
 def reduce(array: np.ndarray, op: str = "sum", root: int = 0,
@@ -98,7 +108,11 @@ def reduce(array: np.ndarray, op: str = "sum", root: int = 0,
            async_op: bool = False) -> Any:
     """Reduce ``array`` over all ranks with ``op`` into ``root`` (in ``out`` if given,
     ``out is array`` reduces in place); other ranks get None."""
-    comm = comm or default_comm()
+    return plan_reduce(comm or default_comm(), array, op, root, out).call(async_op)
+
+
+def plan_reduce(comm: Communicator, array: np.ndarray, op: str, root: int,
+                out: np.ndarray | None) -> Plan:
     a = _input(array)
     uf = ufunc(op, a.dtype)
     _check_root(comm, root)
@@ -108,15 +122,14 @@ def reduce(array: np.ndarray, op: str = "sum", root: int = 0,
     if res is not None and res is a:
         x = res.reshape(-1)
 
-    def body() -> np.ndarray | None:
+    def body() -> Steps:
         if res is not None:
-            tree.reduce(comm, x, res.reshape(-1), uf, root, members)
+            yield from tree.reduce(comm, x, res.reshape(-1), uf, root, members)
             return res
-        tree.reduce(comm, x, results.empty(x.shape, x.dtype), uf, root, members)
+        yield from tree.reduce(comm, x, results.empty(x.shape, x.dtype), uf, root, members)
         return None
 
     n, v = comm.size, (comm.rank - root) % comm.size
     peers = [p for p in ((root + v - 1) % n if v else None,
                          (root + v + 1) % n if v + 1 < n else None) if p is not None]
-    return comm.call(["reduce", str(a.dtype), list(a.shape), op, root, ""], peers, body,
-                     async_op)
+    return Plan(comm, ["reduce", str(a.dtype), list(a.shape), op, root, ""], peers, body)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from rdmamw.collectives._kernels import Copier, reducer
-from rdmamw.collectives.comm import Communicator
+from rdmamw.collectives.comm import Communicator, Steps
 
 #: below this many bytes a broadcast uses the binomial tree, above it the chain
 TREE_BYTES = 256 * 1024
@@ -49,16 +49,16 @@ def peers(members: list[int], root: int, rank: int, nbytes: int) -> list[int]:
     return ([parent] if parent is not None else []) + children
 
 
-def broadcast(comm: Communicator, res: np.ndarray, root: int, members: list[int]) -> None:
+def broadcast(comm: Communicator, res: np.ndarray, root: int, members: list[int]) -> Steps:
     """``res`` of ``root`` into ``res`` of every member."""
     if len(members) == 1:
         return
     parent, children = shape(members, root, comm.rank, res.nbytes)
-    comm.relay(parent, children, res, len(res), Copier(res, 0), res.dtype)
+    yield from comm.relay_steps(parent, children, res, len(res), Copier(res, 0), res.dtype)
 
 
 def reduce(comm: Communicator, x: np.ndarray, res: np.ndarray, op: np.ufunc, root: int,
-           members: list[int]) -> None:
+           members: list[int]) -> Steps:
     """Chain reduce towards ``root``: each rank adds its ``x`` to the partial result
     coming from the rank after it and passes it on; ``res`` of ``root`` holds the sum
     (other ranks' ``res`` is scratch)."""
@@ -71,8 +71,8 @@ def reduce(comm: Communicator, x: np.ndarray, res: np.ndarray, op: np.ufunc, roo
     prev = members[(v - 1 + members.index(root)) % n] if v else None   # towards root
     nxt = members[(v + 1 + members.index(root)) % n] if v + 1 < n else None
     if nxt is None:
-        comm.relay(None, [prev], x, len(x), None, x.dtype)
+        yield from comm.relay_steps(None, [prev], x, len(x), None, x.dtype)
     else:
-        comm.relay(nxt, [prev] if prev is not None else [], res, len(x),
-                   reducer(op, x, res, 0), x.dtype)
+        yield from comm.relay_steps(nxt, [prev] if prev is not None else [], res, len(x),
+                                    reducer(op, x, res, 0), x.dtype)
 

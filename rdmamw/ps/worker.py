@@ -1,5 +1,10 @@
 """KVWorker: pushes gradients to and pulls parameters from the servers that own each
-key (``wire.shard``), in blocks no larger than each channel's eager limit."""
+key (``wire.shard``), in blocks no larger than each channel's eager limit.
+
+Each request is written once as an operation (rdmamw/steps.py) that yields its two
+kinds of wait, :data:`SEND` (batches to servers, until sent) and :data:`REPLIES` (the
+servers' replies, until each ended); :meth:`KVWorker.run` performs them blocking and
+rdmamw.aio.ps.KVWorker awaits them, so both share the encoding and decoding."""
 
 from __future__ import annotations
 
@@ -15,6 +20,12 @@ from rdmamw.errors import ProtocolError, RdmamwError, Timeout
 from rdmamw.ps import wire
 from rdmamw.ps.metrics import ComputeClock, WorkerMetrics
 from rdmamw.ps.stream import PullStream, PushQueue
+from rdmamw.steps import Driving, Steps
+
+#: the waits a request yields: SEND ``(SEND, {server: messages})`` returns once each
+#: batch is sent (its buffers reusable); REPLIES ``(REPLIES, {server: request id}, dest)``
+#: returns :meth:`KVWorker.receive_pull`'s closing headers
+SEND, REPLIES = 0, 1
 
 
 class PSError(RdmamwError):
@@ -61,6 +72,9 @@ class KVWorker:
         shapes and dtypes, else PSError naming the key). Of the values a server has
         when a key is first read or pushed, the lowest worker index's win: after
         :meth:`pull_start`, worker 0's."""
+        self.run(self.init_steps(keys, values))
+
+    def init_steps(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> Steps:
         keys, values = list(keys), [np.ascontiguousarray(v) for v in values]
         self._pairs(keys, values)
         per: list[list] = [[] for _ in self.chans]
@@ -71,10 +85,11 @@ class KVWorker:
                 per[s] += [wire.pack(wire.INIT, k=k, o=o, shape=list(v.shape), dt=v.dtype.str,
                                      last=o + b.size >= flat.size), b]
         ids = {}
-        for s, ch in enumerate(self.chans):
+        for s in range(len(self.chans)):
             ids[s] = next(self._ids)
-            ch.send_batch(per[s] + [wire.pack(wire.SYNC, id=ids[s])]).wait()
-        for s, h in self.receive_pull(ids, None).items():
+            per[s].append(wire.pack(wire.SYNC, id=ids[s]))
+        yield (SEND, dict(enumerate(per)))
+        for s, h in (yield (REPLIES, ids, None)).items():
             self._served(s, h)
         for k, v in zip(keys, values, strict=True):
             self.shapes[k] = (v.shape, v.dtype)
@@ -92,8 +107,12 @@ class KVWorker:
         """Send one iteration's gradients (one clock tick on every server). ``samples``:
         how many samples they are the mean over; round models then weight each
         gradient by it (needed when workers compute unequal shares: DSANA)."""
+        self.run(self.push_steps(keys, values, samples))
+
+    def push_steps(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
+                   samples: int | None = None) -> Steps:
         t0 = time.monotonic()
-        self.send_batches(self._push_msgs(keys, values, t0, samples))
+        yield (SEND, self._push_msgs(keys, values, t0, samples))
         self.metrics.push.add(time.monotonic() - t0)
 
     def push_part(self, keys: Sequence[Hashable], values: Sequence[np.ndarray]) -> None:
@@ -130,10 +149,15 @@ class KVWorker:
 
     def _pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None,
               start: bool = False) -> list[np.ndarray]:
+        return self.run(self.pull_steps(keys, out, start))
+
+    def pull_steps(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None = None,
+                   start: bool = False) -> Steps:
+        """:meth:`pull` (``start``: :meth:`pull_start`) as an operation."""
         t0 = time.monotonic()
         out, dest, reqs = self.prepare_pull(keys, out, start)
-        self.send_batches({s: [m] for s, (m, _) in reqs.items()})
-        self._pull_wait({s: rid for s, (_, rid) in reqs.items()}, dest, t0)
+        yield (SEND, {s: [m] for s, (m, _) in reqs.items()})
+        yield from self._pull_wait({s: rid for s, (_, rid) in reqs.items()}, dest, t0)
         return out
 
     def push_pull(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
@@ -141,15 +165,20 @@ class KVWorker:
                   ) -> list[np.ndarray]:
         """:meth:`push` then :meth:`pull` of the same keys, the pull request riding in
         the push's batch: one message exchange (and one server wake-up) fewer."""
+        return self.run(self.push_pull_steps(keys, values, out, samples))
+
+    def push_pull_steps(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
+                        out: Sequence[np.ndarray] | None = None, samples: int | None = None
+                        ) -> Steps:
         t0 = time.monotonic()
         out, dest, reqs = self.prepare_pull(keys, out)
         per = self._push_msgs(keys, values, t0, samples)
         for s, (m, _) in reqs.items():
             per[s].append(m)
-        self.send_batches(per)
+        yield (SEND, per)
         t1 = time.monotonic()
         self.metrics.push.add(t1 - t0)
-        self._pull_wait({s: rid for s, (_, rid) in reqs.items()}, dest, t1)
+        yield from self._pull_wait({s: rid for s, (_, rid) in reqs.items()}, dest, t1)
         return out
 
     def _push_msgs(self, keys: Sequence[Hashable], values: Sequence[np.ndarray],
@@ -248,14 +277,27 @@ class KVWorker:
             reqs[s] = (wire.pack(wire.PULL, keys=ks, id=rid, **extra), rid)
         return out, dest, reqs
 
+    def run(self, steps: Steps) -> Any:
+        """Perform an operation's waits with blocking calls; its result."""
+        run = Driving(steps)
+        for step in run:
+            try:
+                if step[0] == SEND:
+                    self.send_batches(step[1])
+                else:
+                    run.value = self.receive_pull(step[1], step[2])
+            except BaseException as e:  # noqa: BLE001 - handed to the operation
+                run.exc = e
+        return run.result
+
     def send_batches(self, per: dict[int, list]) -> None:
         handles = [self.chans[s].send_batch(msgs) for s, msgs in per.items() if msgs]
         handles, self._handles = self._handles + handles, []
         for h in handles:
             h.wait()                            # the caller may reuse its arrays now
 
-    def _pull_wait(self, ids: dict[int, int], dest: dict, t0: float) -> None:
-        self.complete_pull(self.receive_pull(ids, dest), t0)
+    def _pull_wait(self, ids: dict[int, int], dest: dict, t0: float) -> Steps:
+        self.complete_pull((yield (REPLIES, ids, dest)), t0)
 
     def complete_pull(self, replies: dict[int, dict], t0: float,
                       restart_clock: bool = True) -> None:
@@ -283,15 +325,18 @@ class KVWorker:
         if self._sender is not None:
             self._sender.stop()
             self._sender = None
+        self.run(self.done_steps())
+
+    def done_steps(self) -> Steps:
         ids = {}
-        for s, ch in enumerate(self.chans):
+        for s in range(len(self.chans)):
             try:
                 ids[s] = next(self._ids)
-                ch.send(wire.pack(wire.BYE, id=ids[s])).wait()
+                yield (SEND, {s: [wire.pack(wire.BYE, id=ids[s])]})
             except RdmamwError:
                 ids.pop(s, None)
         try:        # the acknowledgement: nothing sent after it reaches this server object
-            self.receive_pull(ids, None)
+            yield (REPLIES, ids, None)
         except RdmamwError:
             pass
 
@@ -324,15 +369,26 @@ class KVWorker:
                         msgs = self.chans[s].recv_batch(timeout=0.0005)
                     except Timeout:
                         continue
-                for i, m in enumerate(msgs):
-                    end = self._take(s, m, hdr, dest, rids[s], arrived)
-                    if end is not None:
-                        done[s] = end
-                        if i + 1 < len(msgs):
-                            raise ProtocolError(f"server {s} sent data after its reply")
+                end = self.take_batch(s, msgs, hdr, dest, rids[s], arrived)
+                if end is not None:
+                    done[s] = end
             if deadline is not None and time.monotonic() > deadline and len(done) < len(rids):
                 raise Timeout(f"no reply from servers {sorted(set(rids) - set(done))}")
         return done
+
+    def take_batch(self, s: int, msgs: list, hdr: dict, dest: dict | None, rid: int,
+                   arrived: Callable[[Hashable], None] | None = None) -> dict | None:
+        """Messages of server ``s``'s reply stream (``hdr[s]``: the VAL header whose
+        payload is due, None at first); its END / OK header when the reply ended."""
+        for i, m in enumerate(msgs):
+            end = self._take(s, m, hdr, dest, rid, arrived)
+            if end is not None:
+                if i + 1 < len(msgs):
+                    for rest in msgs[i + 1:]:
+                        rest.release()
+                    raise ProtocolError(f"server {s} sent data after its reply")
+                return end
+        return None
 
     def _take(self, s: int, m: Any, hdr: dict, dest: dict | None, rid: int,
               arrived: Callable[[Hashable], None] | None = None) -> dict | None:
