@@ -273,6 +273,49 @@ def test_one_pass_drops_what_follows_a_bye_in_its_batch():
     assert node.serve_once() is False
 
 
+def test_a_read_waits_for_the_initial_values_still_arriving():
+    """Worker 0's initial values (which win) arrive in blocks; worker 1 declares its own
+    and reads the key between two of worker 0's blocks. The read waits for the rest:
+    answering it ended the lowest-index rule, and the blocks after it were dropped,
+    leaving the zeros the key was made with (test_ps's block test, 1 run in 3)."""
+    from helpers import make_pair
+
+    from rdmamw.ps import wire
+    from rdmamw.ps.server import KVServer
+
+    pairs = [make_pair(slots=16, slot_size=1 << 16) for _ in range(2)]
+    try:
+        srv = KVServer({w: p[1] for w, p in enumerate(pairs)})
+
+        def init_frames(value: float) -> list:
+            flat = np.full(4000, value, np.float32)
+            frames = []
+            for o, b in wire.blocks(flat, 4096):
+                frames += [wire.pack(wire.INIT, k="w", o=o, shape=[4000], dt="<f4",
+                                     last=o + b.size >= flat.size), b]
+            return frames
+
+        def serve() -> None:
+            for _ in range(20):
+                srv.serve_once()
+
+        w0 = init_frames(1.0)
+        assert len(w0) == 8                  # 4 blocks
+        pairs[0][0].send_batch(w0[:4]).wait(5)
+        serve()
+        pairs[1][0].send_batch(init_frames(2.0) + [wire.pack(wire.PULL, keys=["w"], id=1)]
+                               ).wait(5)
+        serve()
+        assert 1 in srv.reads                # held: two of worker 0's blocks are missing
+        pairs[0][0].send_batch(w0[4:]).wait(5)
+        serve()
+        assert srv.reads == {}
+        np.testing.assert_array_equal(srv.model["w"], np.full(4000, 1.0, np.float32))
+    finally:
+        for a, b, lst in pairs:
+            a.close(), b.close(), lst.close()
+
+
 def test_a_dead_worker_does_not_stop_bsp():
     servers, workers, err = run_job(4, "--servers", "1", "--iters", "10", "--die", "1:3")
     assert [w["index"] for w in workers] == [0, 2]

@@ -63,6 +63,10 @@ class KVServer:
         # keys still taking initial values -> the worker whose values they hold (the
         # lowest index declared so far); a key's first read or gradient ends it
         self._init_by: dict[Any, int] = {}
+        # keys whose held initial values are still arriving (their worker has not sent
+        # the last block): a read of such a key waits, and the blocks keep coming in
+        # even after a read or gradient ended the lowest-index rule
+        self._init_rest: dict[Any, int] = {}
         self.lost: set[int] = set()
         self.peers: dict[int, PeerMetrics] = {w: PeerMetrics() for w in self.chans}
         self._last = -1                                # the worker heard from last
@@ -218,10 +222,16 @@ class KVServer:
             return
         if w <= self._init_by.get(key, -1):    # the lowest worker index's values win
             self._init_by[key] = w
-            block = np.frombuffer(m, dtype=dt)
-            o = h.get("o", 0)
-            cur.reshape(-1)[o:o + block.size] = block
-            del block
+        elif self._init_rest.get(key) != w:     # not the values the key holds
+            return
+        block = np.frombuffer(m, dtype=dt)
+        o = h.get("o", 0)
+        cur.reshape(-1)[o:o + block.size] = block
+        del block
+        if h.get("last"):
+            self._init_rest.pop(key, None)
+        else:
+            self._init_rest[key] = w
 
     def _gradient_done(self, w: int, h: dict) -> None:
         """A worker's whole gradient for this shard is staged: let the model decide."""
@@ -292,6 +302,8 @@ class KVServer:
                 continue
             if self.reads[w].get("start") and not starting:
                 continue
+            if self._init_rest and any(k in self._init_rest for k in self.reads[w]["keys"]):
+                continue            # half of a key's initial values is not a value
             h = self.reads.pop(w)
             self._reply_pull(w, h)
         self._flush()
@@ -364,6 +376,8 @@ class KVServer:
 
     def _forget(self, w: int) -> None:
         self.policy.lost(w)
+        for key in [k for k, v in self._init_rest.items() if v == w]:
+            del self._init_rest[key]        # its values will not finish: stop waiting
         if self.scheduler is not None:
             self.scheduler.lost(w)
         self.reads.pop(w, None)
