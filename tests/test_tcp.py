@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import os
 import socket
@@ -61,10 +62,17 @@ def test_unauthenticated_or_garbled_peers_are_dropped_and_logged(garbage, caplog
     with rdmamw.listen("tcp://127.0.0.1:0") as lst:
         t, got = accept_in_thread(lst)
         host, port = tcp.parse(lst.address[6:])
-        bad = socket.create_connection((host, port))
-        bad.sendall(garbage)
-        bad.shutdown(socket.SHUT_WR)
-        assert bad.recv(100) is not None     # the listener hangs up on it
+        bad = socket.create_connection((host, port), timeout=5)
+        try:
+            bad.sendall(garbage)
+            bad.shutdown(socket.SHUT_WR)
+            while bad.recv(100):            # whatever it says first, it then hangs up
+                pass
+        except (ConnectionResetError, BrokenPipeError):
+            pass                            # ... or resets, perhaps before our shutdown
+        except OSError as e:
+            if e.errno != errno.ENOTCONN:   # (the reset came first: shutdown says so)
+                raise
         bad.close()
         a = rdmamw.Channel.open(lst.address, timeout=5)      # the listener still works
         t.join()
