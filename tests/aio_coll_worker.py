@@ -10,11 +10,11 @@ import sys
 import time
 
 import numpy as np
+from coll_worker import DTYPES, data  # (run as a script: tests/ is sys.path[0])
 
 import rdmamw
 import rdmamw.aio.collectives as acoll
 import rdmamw.collectives as coll
-from tests.coll_worker import DTYPES, data
 
 OPS = ("sum", "max", "min", "prod")
 
