@@ -195,6 +195,8 @@ def test_cancelled_receives_lose_nothing(provider):
     total = 10_000
     a, b, lst = make_pair(provider=provider, slots=16, slot_size=4096)
 
+    taken = [0]                         # messages the receiver holds so far
+
     def sender() -> None:
         rnd = random.Random(2)
         i = 0
@@ -204,6 +206,11 @@ def test_cancelled_receives_lose_nothing(provider):
             i += n
             if rnd.random() < 0.7:      # bursts and gaps: receives wait often
                 time.sleep(rnd.random() * 5e-4)
+            if rnd.random() < 0.1:      # ... and some gaps a receive surely waits in,
+                end = time.monotonic() + 10     # however fast or slow the host is
+                while taken[0] < i and time.monotonic() < end:
+                    time.sleep(1e-4)
+                time.sleep(3e-3)
         a.close()                       # the receiver ends on ChannelClosed
 
     async def main() -> list[bytes]:
@@ -235,10 +242,12 @@ def test_cancelled_receives_lose_nothing(provider):
             else:
                 async for m in ch:          # leave the iteration early: nothing lost
                     got.append(bytes(m))
+                    taken[0] = len(got)
                     if rnd.random() < 0.2:
                         break
                 else:
                     break                   # the sender closed: all is in
+            taken[0] = len(got)
         assert cancels > 100
         return got
 
