@@ -12,7 +12,9 @@ median. "direct" is
 ``rdmamw.collectives.allreduce(x, out=x)`` on the numpy view of the same tensor,
 the calls alternating one by one with the backend's (load drifts between them); rank
 0's CPU time per call (all its threads) of both is printed too, and numpy's default
-call ``y = allreduce(x)`` (out of place, a pooled result) in the same alternation.
+call ``y = allreduce(x)`` (out of place, a pooled result) in the same alternation,
+and "torch's layer alone": ``dist.all_reduce`` through a bare group that only hands the
+numpy view to the collective (the floor under any Python backend's overhead).
 DDP: the small CNN of tests/torch_worker.py (batch 32 of 8x8 images, 1 MB buckets),
 median seconds per training step (forward, backward with the bucket all_reduces,
 SGD step). Each backend's job runs ``--rounds`` times (3), alternating with the
@@ -82,6 +84,28 @@ def interleaved(pairs: dict, reps: int) -> dict[str, float]:
             | {f"{k}/cpu": statistics.median(v) for k, v in cpu.items()})
 
 
+def floor_all_reduce(x) -> None:
+    """``dist.all_reduce(x)`` through a group whose allreduce does nothing but hand the
+    tensor's numpy view to the collective: torch's own Python layer, the floor under
+    any Python backend's overhead (the group's method is shadowed for this call)."""
+    import torch.distributed as dist
+
+    import rdmamw.collectives as coll
+    from rdmamw.torch.work import Done
+    pg = dist.distributed_c10d._get_default_group()
+
+    def bare(tensors, opts=None):
+        a = tensors[0].numpy()
+        coll.allreduce(a, "sum", "auto", a, comm=pg.comm)
+        return Done(tensors)
+
+    pg.__dict__["allreduce"] = bare
+    try:
+        dist.all_reduce(x)
+    finally:
+        del pg.__dict__["allreduce"]
+
+
 def rank(cfg: dict) -> None:
     import torch
     import torch.distributed as dist
@@ -104,6 +128,7 @@ def rank(cfg: dict) -> None:
                                lambda c=comm: coll.barrier(comm=c))
             pairs["default"] = (lambda a=a, c=comm: coll.allreduce(a, comm=c),
                                 lambda c=comm: coll.barrier(comm=c))
+            pairs["floor"] = (lambda x=x: floor_all_reduce(x), dist.barrier)
         for k, v in interleaved(pairs, reps_for(nbytes, cfg["reps"])).items():
             name, _, cpu = k.partition("/")
             out[f"{name}/{nbytes}" + ("/cpu" if cpu else "")] = v
@@ -170,7 +195,7 @@ def main() -> int:
                     help="pin rank r to core r mod cores (default: unpinned, as users run)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args()
-    cfg = {"sizes": [SIZES[s] for s in a.sizes.split(",")], "reps": a.reps,
+    cfg = {"sizes": [SIZES[s] for s in a.sizes.split(",") if s], "reps": a.reps,
            "ddp_steps": a.ddp_steps, "pin": a.pin}
     meta = {"started": dt.datetime.now().isoformat(timespec="seconds"),
             "loadavg": os.getloadavg(), "cores": len(os.sched_getaffinity(0))}
@@ -192,6 +217,10 @@ def main() -> int:
                 lines.append(f"{nbytes >> 20:>3d} MiB  {n} ranks  rdmamw {t * 1e3:8.3f} ms  "
                              f"gloo {tg * 1e3:8.3f} ms ({tg / t:5.2f}x faster)  direct "
                              f"{td * 1e3:8.3f} ms (backend {t / td:4.2f}x of direct)")
+                tf = r.get(f"floor/{nbytes}")
+                if tf:
+                    lines.append(f"{'':>21s}torch's layer alone (a bare Python group) "
+                                 f"{tf * 1e3:8.3f} ms ({tf / td:4.2f}x of direct)")
                 tu = r.get(f"default/{nbytes}")
                 if tu:
                     lines.append(f"{'':>21s}numpy's default call y = allreduce(x) {tu * 1e3:8.3f}"

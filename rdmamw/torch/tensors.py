@@ -32,6 +32,8 @@ WIRE = {
 }
 #: dtypes reduced in float32
 WIDEN = (torch.float16, torch.bfloat16)
+#: dtypes reduced as they are (numpy has them: no staging)
+PLAIN = frozenset(WIRE) - set(WIDEN)
 #: int(RedOpType) -> rdmamw's name (an options' ReduceOp object holds it in ``.op``)
 OPS = {int(ReduceOp.SUM): "sum", int(ReduceOp.PRODUCT): "prod", int(ReduceOp.MIN): "min",
        int(ReduceOp.MAX): "max", int(ReduceOp.BAND): "band", int(ReduceOp.BOR): "bor",
