@@ -272,6 +272,35 @@ def test_policy_follows_the_cost_model(monkeypatch, tmp_path):
     assert policy.load(tmp_path / "missing.json").source == "built-in defaults"
 
 
+def test_remembered_choices_are_the_cost_models_and_follow_its_changes(monkeypatch):
+    """policy.Choices answers what policy.choose does, for every size and grouping, and
+    sees a model edited in place, a new grouping and RDMAMW_ALLREDUCE_ALGORITHM."""
+    monkeypatch.delenv(policy.ALGO_ENV, raising=False)
+    m = policy.Model(policy.Link(10e-6, 1 / 5e9), policy.Link(50e-6, 1 / 0.1e9), 1 / 5e9)
+    memo = policy.Choices()
+    sizes = [1 << k for k in range(0, 31, 3)]
+    groupings = [[0] * 6, [0] * 8, [0, 0, 0, 0, 1, 1, 1, 1], [0, 1, 0, 1, 2, 2]]
+    for groups in groupings:
+        for _ in range(2):                      # the second pass answers from memory
+            got = [memo.choose(n, groups, m) for n in sizes]
+            assert got == [policy.choose(n, groups, m) for n in sizes]
+    assert len(set(got)) > 1 or len({memo.choose(n, groupings[2], m) for n in sizes}) > 1
+    hosts2 = groupings[2]
+    assert memo.choose(64 << 20, hosts2, m) == "hierarchical"
+    m.inter = policy.Link(50e-6, 1 / 100e9)     # edited in place: a fast inter-host link
+    assert memo.choose(64 << 20, hosts2, m) == policy.choose(64 << 20, hosts2, m) != \
+        "hierarchical"
+    monkeypatch.setenv(policy.ALGO_ENV, "ring")
+    assert memo.choose(1024, hosts2, m) == "ring"
+    monkeypatch.setenv(policy.ALGO_ENV, "rhd")
+    assert memo.choose(1024, hosts2, m) == "rhd"
+    assert memo.choose(1024, hosts2, m, "ring") == "ring"   # the argument first
+    monkeypatch.delenv(policy.ALGO_ENV)
+    for n in range(policy.Choices.LIMIT + 10):
+        memo.choose(n, hosts2, m)
+    assert len(memo._seen) <= policy.Choices.LIMIT
+
+
 # ---- two "hosts" ----------------------------------------------------------------------
 
 

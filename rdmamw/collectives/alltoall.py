@@ -20,6 +20,7 @@ import numpy as np
 from rdmamw.collectives._kernels import Copier
 from rdmamw.collectives.api import Plan, _input, _output, default_comm
 from rdmamw.collectives.comm import CollectiveMismatch, Communicator, Steps
+from rdmamw.collectives.ops import dtype_name
 
 
 def pairwise(comm: Communicator, send: list[np.ndarray], recv_lens: list[int],
@@ -82,7 +83,7 @@ def plan_alltoall(comm: Communicator, array: np.ndarray, send_counts: Sequence[i
                                 res.reshape(-1), _offsets(lens))
             return res
 
-        return Plan(comm, ["alltoall", str(a.dtype), list(a.shape), "", -1, ""],
+        return Plan(comm, ["alltoall", dtype_name(a.dtype), list(a.shape), "", -1, ""],
                     list(range(n)), even)
     sc = _counts("send_counts", send_counts, n)
     if sum(sc) != a.shape[0]:
@@ -106,7 +107,7 @@ def plan_alltoall(comm: Communicator, array: np.ndarray, send_counts: Sequence[i
                             res.reshape(-1), _offsets(lens))
         return res
 
-    return Plan(comm, ["alltoall", str(a.dtype), ["*", *a.shape[1:]], "", -1, "uneven"],
+    return Plan(comm, ["alltoall", dtype_name(a.dtype), ["*", *a.shape[1:]], "", -1, "uneven"],
                 list(range(n)), uneven)
 
 

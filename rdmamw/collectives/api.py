@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rdmamw.collectives import hierarchical, policy, results, rhd, ring, topology, tree
+from rdmamw.collectives import hierarchical, results, rhd, ring, topology, tree
 from rdmamw.collectives._kernels import bounds
 from rdmamw.collectives.comm import Communicator, Steps
-from rdmamw.collectives.ops import check_dtype, ufunc
+from rdmamw.collectives.ops import check_dtype, dtype_name, ufunc
 
 _default: Communicator | None = None
 _default_lock = threading.Lock()
@@ -101,7 +101,7 @@ def plan_allreduce(comm: Communicator, array: np.ndarray, op: str, algorithm: st
     x = flat if res is a else np.ascontiguousarray(a).reshape(-1)
     members = list(range(comm.size))
     ids = [0] * comm.size if ids is None else ids
-    alg = policy.choose(x.nbytes, ids, comm.model, algorithm)
+    alg = comm.choices.choose(x.nbytes, ids, comm.model, algorithm)
     if alg == "ring":
         peers = ring.peers(comm, members)
     elif alg == "rhd":
@@ -117,7 +117,7 @@ def plan_allreduce(comm: Communicator, array: np.ndarray, op: str, algorithm: st
         else:
             yield from hierarchical.allreduce(comm, x, flat, uf, ids)
         return res
-    return Plan(comm, ["allreduce", str(a.dtype), list(a.shape), op, -1, alg], peers, body)
+    return Plan(comm, ["allreduce", dtype_name(a.dtype), list(a.shape), op, -1, alg], peers, body)
 
 
 def broadcast(array: np.ndarray, root: int = 0, *, comm: Communicator | None = None,
@@ -139,7 +139,7 @@ def plan_broadcast(comm: Communicator, array: np.ndarray, root: int) -> Plan:
     def body() -> Steps:
         yield from tree.broadcast(comm, flat, root, members)
         return a
-    return Plan(comm, ["broadcast", str(a.dtype), list(a.shape), "", root, ""], peers, body)
+    return Plan(comm, ["broadcast", dtype_name(a.dtype), list(a.shape), "", root, ""], peers, body)
 
 
 def reduce_scatter(array: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
@@ -175,7 +175,7 @@ def plan_reduce_scatter(comm: Communicator, array: np.ndarray, op: str,
             np.copyto(res.reshape(-1), x)
         return res
 
-    return Plan(comm, ["reduce_scatter", str(a.dtype), list(a.shape), op, -1, ""],
+    return Plan(comm, ["reduce_scatter", dtype_name(a.dtype), list(a.shape), op, -1, ""],
                 ring.peers(comm, members), body)
 
 
@@ -198,7 +198,7 @@ def plan_allgather(comm: Communicator, array: np.ndarray, out: np.ndarray | None
     def body() -> Steps:
         yield from ring.allgather(comm, flat, members, i, bl)
         return res
-    return Plan(comm, ["allgather", str(a.dtype), list(a.shape), "", -1, ""],
+    return Plan(comm, ["allgather", dtype_name(a.dtype), list(a.shape), "", -1, ""],
                 ring.peers(comm, members), body)
 
 

@@ -100,6 +100,8 @@ class Communicator:
         from rdmamw.collectives import policy
         #: the tuned cost model (policy.load()); replace it to steer "auto"
         self.model = policy.load()
+        #: "auto"'s answers per size (policy.Choices: the cost model is O(ranks))
+        self.choices = policy.Choices()
         #: group id per rank, resolved on first use by rdmamw.collectives.api.groups
         self.group_ids: list[int] | None = None
         self._chans: dict[int, Channel] = {}
@@ -108,6 +110,9 @@ class Communicator:
         self._sent: dict[int, Any] = {}
         self._lock = threading.RLock()
         self.max_chunk = min(self.slot_size, self.chunk)
+        #: the largest chunk our channels take (what the header round offers): kept as
+        #: channels open rather than recomputed over all of them by every collective
+        self._cap = self.chunk
         self.seq = 0
         self.broken: BaseException | None = None
         self._progress: Any = None          # progress.Progress, on the first async call
@@ -131,6 +136,7 @@ class Communicator:
                               rndv_threshold=self.slot_size, spin_us=self.spin_us)
             self._chans[p] = ch
             self._queues[p] = collections.deque()
+            self._cap = min(self._cap, chunk_limit(ch, self.chunk))
 
     def chunk_elems(self, itemsize: int, n: int) -> int:
         """Elements per message of an ``n``-element transfer (both ends compute the
@@ -342,7 +348,7 @@ class Communicator:
         equal means everyone agrees; otherwise all raise the same clear error. It is
         also a barrier: nobody leaves before every rank has arrived."""
         lo = hi = [header, self.rank]
-        cap = min([self.chunk] + [chunk_limit(ch, self.chunk) for ch in self._chans.values()])
+        cap = self._cap
         k, n = 1, self.size
         while k < n:
             to, frm = (self.rank + k) % n, (self.rank - k) % n

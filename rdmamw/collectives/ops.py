@@ -34,7 +34,18 @@ def ufunc(op: str, dtype: np.dtype) -> np.ufunc:
     return OPS[op]
 
 
+#: accepted dtype -> its name (a dict lookup: ``str(dtype)`` costs ~2 µs, a tenth of a
+#: small collective's whole Python cost)
+NAMES = {d: d.name for d in DTYPES}
+
+
 def check_dtype(dtype: np.dtype) -> None:
-    if dtype not in DTYPES:
+    if dtype not in NAMES:
         raise TypeError(f"dtype {dtype} is not supported; use one of "
                         f"{', '.join(str(d) for d in DTYPES)}")
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``str(dtype)``, looked up for the accepted dtypes (the headers carry it)."""
+    name = NAMES.get(dtype)
+    return name if name is not None else str(dtype)

@@ -146,6 +146,36 @@ def choose(nbytes: int, groups: list[int], model: Model,
     return min(candidates(groups), key=lambda a: COSTS[a](nbytes, groups, model))
 
 
+class Choices:
+    """:func:`choose` remembered per message size for one grouping and one model: the
+    cost model walks every rank's transfers of every step (O(ranks) per call): about
+    5 µs of a small allreduce's Python cost at 2 ranks, milliseconds at thousands.
+    The model's numbers and RDMAMW_ALLREDUCE_ALGORITHM are part of the key, so a model
+    edited in place or a changed variable is seen at the next call."""
+
+    LIMIT = 1024            # sizes remembered before starting over (bounded memory)
+
+    def __init__(self) -> None:
+        self._groups: list[int] | None = None
+        self._seen: dict[tuple, str] = {}
+
+    def choose(self, nbytes: int, groups: list[int], model: Model,
+               algorithm: str | None = None) -> str:
+        if algorithm not in (None, "auto"):
+            return choose(nbytes, groups, model, algorithm)
+        key = (nbytes, os.environ.get(ALGO_ENV), model.algorithm, model.intra.alpha,
+               model.intra.beta, model.inter.alpha, model.inter.beta, model.gamma)
+        if groups is not self._groups:
+            self._groups, self._seen = groups, {}
+        alg = self._seen.get(key)
+        if alg is None:
+            alg = choose(nbytes, groups, model, algorithm)
+            if len(self._seen) >= self.LIMIT:
+                self._seen = {}
+            self._seen[key] = alg
+        return alg
+
+
 def explain(nbytes: int, groups: list[int], model: Model) -> dict[str, Any]:
     """Predicted seconds of each candidate (what ``choose`` compared)."""
     return {a: COSTS[a](nbytes, groups, model) for a in candidates(groups)}

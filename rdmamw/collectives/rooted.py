@@ -15,7 +15,7 @@ from rdmamw.collectives import results, tree
 from rdmamw.collectives._kernels import Copier
 from rdmamw.collectives.api import Plan, _input, _output, default_comm
 from rdmamw.collectives.comm import Communicator, Steps
-from rdmamw.collectives.ops import ufunc
+from rdmamw.collectives.ops import dtype_name, ufunc
 
 
 def _check_root(comm: Communicator, root: int) -> None:
@@ -54,7 +54,7 @@ def plan_gather(comm: Communicator, array: np.ndarray, root: int,
                                                a.dtype)
         return res
 
-    return Plan(comm, ["gather", str(a.dtype), list(a.shape), "", root, ""],
+    return Plan(comm, ["gather", dtype_name(a.dtype), list(a.shape), "", root, ""],
                      _flat_peers(comm, root), body)
 
 
@@ -99,7 +99,7 @@ def plan_scatter(comm: Communicator, array: np.ndarray | None, root: int,
         np.copyto(flat, src[root])
         return res
 
-    return Plan(comm, ["scatter", str(part.dtype), list(part.shape), "", root, ""],
+    return Plan(comm, ["scatter", dtype_name(part.dtype), list(part.shape), "", root, ""],
                      _flat_peers(comm, root), body)
 
 
@@ -132,4 +132,4 @@ def plan_reduce(comm: Communicator, array: np.ndarray, op: str, root: int,
     n, v = comm.size, (comm.rank - root) % comm.size
     peers = [p for p in ((root + v - 1) % n if v else None,
                          (root + v + 1) % n if v + 1 < n else None) if p is not None]
-    return Plan(comm, ["reduce", str(a.dtype), list(a.shape), op, root, ""], peers, body)
+    return Plan(comm, ["reduce", dtype_name(a.dtype), list(a.shape), op, root, ""], peers, body)
