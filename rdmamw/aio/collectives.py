@@ -68,7 +68,7 @@ async def run(plan: api.Plan) -> Any:
                               "use one communicator per thread or loop")
         try:
             with comm.guard(plan.header):
-                missing = comm.needs(plan.peers) - set(comm._chans) - {comm.rank}
+                missing = comm.missing(plan.peers)
                 if missing:         # set-up only: the blocking handshakes off the loop
                     await asyncio.get_running_loop().run_in_executor(None, comm.ensure,
                                                                      missing)

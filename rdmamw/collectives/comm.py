@@ -113,6 +113,8 @@ class Communicator:
         #: the largest chunk our channels take (what the header round offers): kept as
         #: channels open rather than recomputed over all of them by every collective
         self._cap = self.chunk
+        #: whether the header round's channels (dissemination_peers) are all open
+        self._header_open = False
         self.seq = 0
         self.broken: BaseException | None = None
         self._progress: Any = None          # progress.Progress, on the first async call
@@ -290,12 +292,26 @@ class Communicator:
         A lost peer (or any failure past the header) breaks the communicator and
         closes its channels, so ranks waiting on us see it too instead of hanging."""
         with self._lock, self.guard(header):
-            self.ensure(self.needs(peers))
+            missing = self.missing(peers)
+            if missing:
+                self.ensure(missing)
             return self.drive(self.steps(header, body))
 
     def needs(self, peers: Iterable[int]) -> set[int]:
         """The peers a collective with ``peers`` needs channels to (the header round's too)."""
         return set(peers) | set(self.dissemination_peers())
+
+    def missing(self, peers: Iterable[int]) -> list[int]:
+        """Those of :meth:`needs` without a channel yet, in ascending order. Once the
+        header round's channels are open it checks only ``peers`` (no set of every
+        channel per call: O(peers), not O(ranks))."""
+        chans, me = self._chans, self.rank
+        if self._header_open and all(p in chans or p == me for p in peers):
+            return []
+        out = sorted(self.needs(peers) - set(chans) - {me})
+        if not out:
+            self._header_open = True
+        return out
 
     def steps(self, header: list, body: Callable[[], Any]) -> Steps:
         """One collective past its channels: the header round, ``body``, the settling."""
