@@ -266,6 +266,9 @@ D("collectives", "RDMAMW_COLL_TOPOLOGY", "str", "host",
 D("ps", "RDMAMW_PS_SLOTS", "int", 16, "slots of a parameter-server channel's ring", minimum=1)
 D("ps", "RDMAMW_PS_SLOT_SIZE", "bytes", M, "slot bytes of a parameter-server channel",
   minimum=64, maximum=G)
+D("ps", "RDMAMW_PS_INIT_TIMEOUT", "seconds", 60.0,
+  "how long a read of a key waits for the rest of initial values a worker began to send; "
+  "then the read is refused (PSError) instead of waiting for ever")
 # log
 D("log", "RDMAMW_LOG_LEVEL", "str", "",
   "level of the 'rdmamw' logger: debug, info, warning (default), error, critical")

@@ -316,6 +316,98 @@ def test_a_read_waits_for_the_initial_values_still_arriving():
             a.close(), b.close(), lst.close()
 
 
+def test_a_read_is_refused_when_initial_values_stop_half_way(monkeypatch):
+    """Worker 0 (whose values win) sends 2 of its 4 blocks and stops, alive. Worker 1's
+    read waits, then past RDMAMW_PS_INIT_TIMEOUT is refused with an error naming the
+    key and worker 0 instead of waiting for ever; the rest, when it comes, is taken and
+    a new read is answered with worker 0's values, whole."""
+    import time
+
+    from helpers import make_pair
+
+    from rdmamw.ps import wire
+    from rdmamw.ps.server import KVServer
+
+    monkeypatch.setenv("RDMAMW_PS_INIT_TIMEOUT", "0.3")
+    pairs = [make_pair(slots=16, slot_size=1 << 16) for _ in range(2)]
+    try:
+        srv = KVServer({w: p[1] for w, p in enumerate(pairs)})
+        assert srv.init_timeout == 0.3
+
+        def serve(n: int = 20) -> None:
+            for _ in range(n):
+                srv.serve_once()
+
+        flat = np.arange(4000, dtype=np.float32)
+        w0 = []
+        for o, b in wire.blocks(flat, 4096):
+            w0 += [wire.pack(wire.INIT, k="w", o=o, shape=[4000], dt="<f4",
+                             last=o + b.size >= flat.size), b]
+        assert len(w0) == 8                     # 4 blocks
+        pairs[0][0].send_batch(w0[:4]).wait(5)
+        serve()
+        pull = wire.pack(wire.PULL, keys=["w"], id=1)
+        pairs[1][0].send_batch([pull]).wait(5)
+        t0 = time.monotonic()
+        serve()
+        assert 1 in srv.reads                   # held: two blocks are missing
+        while 1 in srv.reads and time.monotonic() - t0 < 5:
+            serve(1)
+            time.sleep(0.01)
+        assert 1 not in srv.reads and time.monotonic() - t0 >= 0.3
+        got = wire.unpack(pairs[1][0].recv(timeout=5))
+        assert got["op"] == wire.ERR and got["k"] == "w"
+        assert "worker 0 sent part of its initial values" in got["msg"]
+        assert "RDMAMW_PS_INIT_TIMEOUT" in got["msg"]
+        pairs[0][0].send_batch(w0[4:]).wait(5)      # the rest after all
+        serve()
+        assert srv._init_rest == {} and srv._init_since == {}
+        pairs[1][0].send_batch([pull]).wait(5)
+        serve()
+        assert srv.reads == {}
+        np.testing.assert_array_equal(srv.model["w"], flat)
+    finally:
+        for a, b, lst in pairs:
+            a.close(), b.close(), lst.close()
+
+
+def test_initial_values_that_keep_coming_are_waited_for(monkeypatch):
+    """The limit counts from the last block, not the first: 4 blocks 0.15 s apart
+    (0.45 s in all) under a 0.3 s RDMAMW_PS_INIT_TIMEOUT, a read in between is answered
+    with the whole values, not refused."""
+    import time
+
+    from helpers import make_pair
+
+    from rdmamw.ps import wire
+    from rdmamw.ps.server import KVServer
+
+    monkeypatch.setenv("RDMAMW_PS_INIT_TIMEOUT", "0.3")
+    pairs = [make_pair(slots=16, slot_size=1 << 16) for _ in range(2)]
+    try:
+        srv = KVServer({w: p[1] for w, p in enumerate(pairs)})
+        flat = np.arange(4000, dtype=np.float32)
+        blocks = [[wire.pack(wire.INIT, k="w", o=o, shape=[4000], dt="<f4",
+                             last=o + b.size >= flat.size), b]
+                  for o, b in wire.blocks(flat, 4096)]
+        assert len(blocks) == 4
+        for i, frames in enumerate(blocks):
+            pairs[0][0].send_batch(frames).wait(5)
+            if i == 0:
+                pairs[1][0].send_batch([wire.pack(wire.PULL, keys=["w"], id=1)]).wait(5)
+            end = time.monotonic() + 0.15
+            while time.monotonic() < end:
+                srv.serve_once()
+                time.sleep(0.005)
+        assert srv.reads == {}
+        got = wire.unpack(pairs[1][0].recv(timeout=5))
+        assert got["op"] == wire.VAL, got
+        np.testing.assert_array_equal(srv.model["w"], flat)
+    finally:
+        for a, b, lst in pairs:
+            a.close(), b.close(), lst.close()
+
+
 def test_a_dead_worker_does_not_stop_bsp():
     servers, workers, err = run_job(4, "--servers", "1", "--iters", "10", "--die", "1:3")
     assert [w["index"] for w in workers] == [0, 2]

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from rdmamw import config
 from rdmamw.channel import Channel
 from rdmamw.errors import ChannelClosed, PeerLost, Timeout
 from rdmamw.ps import wire
@@ -38,7 +39,7 @@ class KVServer:
     def __init__(self, channels: dict[int, Channel] | Sequence[Channel], *,
                  consistency: Consistency | str = "bsp", lr: float = 0.1,
                  momentum: float = 0.9, idle_sleep: float = 0.0005,
-                 scheduler: Dsana | None = None) -> None:
+                 scheduler: Dsana | None = None, init_timeout: float | None = None) -> None:
         if not isinstance(channels, dict):
             channels = dict(enumerate(channels))
         self.chans: dict[int, Channel] = dict(channels)
@@ -67,6 +68,12 @@ class KVServer:
         # the last block): a read of such a key waits, and the blocks keep coming in
         # even after a read or gradient ended the lowest-index rule
         self._init_rest: dict[Any, int] = {}
+        # when each of those last got a block: a read waits at most ``init_timeout`` s
+        # from then (a worker that sent part of its values and stopped must not hold the
+        # others for ever)
+        self._init_since: dict[Any, float] = {}
+        self.init_timeout = config.get("RDMAMW_PS_INIT_TIMEOUT") if init_timeout is None \
+            else init_timeout
         self.lost: set[int] = set()
         self.peers: dict[int, PeerMetrics] = {w: PeerMetrics() for w in self.chans}
         self._last = -1                                # the worker heard from last
@@ -230,7 +237,9 @@ class KVServer:
         del block
         if h.get("last"):
             self._init_rest.pop(key, None)
+            self._init_since.pop(key, None)
         else:
+            self._init_since[key] = time.monotonic()    # the last block seen
             self._init_rest[key] = w
 
     def _gradient_done(self, w: int, h: dict) -> None:
@@ -302,11 +311,29 @@ class KVServer:
                 continue
             if self.reads[w].get("start") and not starting:
                 continue
-            if self._init_rest and any(k in self._init_rest for k in self.reads[w]["keys"]):
+            if self._init_rest and self._init_pending(w):
                 continue            # half of a key's initial values is not a value
             h = self.reads.pop(w)
             self._reply_pull(w, h)
         self._flush()
+
+    def _init_pending(self, w: int) -> bool:
+        """Whether worker ``w``'s deferred read waits for initial values still arriving.
+        Past ``init_timeout`` the read is refused instead (PSError on the reader's side):
+        the worker sending them is alive but has stopped half way."""
+        waiting = [k for k in self.reads[w]["keys"] if k in self._init_rest]
+        if not waiting:
+            return False
+        now = time.monotonic()
+        late = [k for k in waiting if now - self._init_since[k] > self.init_timeout]
+        if not late:
+            return True
+        k = late[0]
+        self.reads.pop(w)
+        self._error(w, k, f"key {k!r}: worker {self._init_rest[k]} sent part of its initial "
+                          f"values and nothing more for {now - self._init_since[k]:.1f} s; "
+                          f"read refused (RDMAMW_PS_INIT_TIMEOUT {self.init_timeout:g} s)")
+        return True
 
     def _all_starting(self) -> bool:
         """Every worker still here asks for its start values (``KVWorker.pull_start``):
@@ -378,6 +405,7 @@ class KVServer:
         self.policy.lost(w)
         for key in [k for k, v in self._init_rest.items() if v == w]:
             del self._init_rest[key]        # its values will not finish: stop waiting
+            self._init_since.pop(key, None)
         if self.scheduler is not None:
             self.scheduler.lost(w)
         self.reads.pop(w, None)
