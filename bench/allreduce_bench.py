@@ -41,7 +41,15 @@ from common import emit, pin  # noqa: E402
 from run import cpu_busy, finish_report, wait_quiet  # noqa: E402
 
 SYSTEMS = ("numpy", "rdmamw", "mpi4py", "gloo")
-SIZES = {"1M": 1 << 20, "64M": 64 << 20}
+SIZES = {"8": 8, "64K": 64 << 10, "1M": 1 << 20, "64M": 64 << 20}
+
+
+def size_label(nbytes: int) -> str:
+    """``  8 B``, `` 64 KiB``, ``  1 MiB``: what SIZES names, right-aligned."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes >> shift:>3d} {unit}"
+    return f"{nbytes:>3d} B  "
 
 
 def reps_for(nbytes: int, reps: int | None) -> int:
@@ -242,7 +250,7 @@ def table(res: dict, cfg: dict) -> list[str]:
                 if t is None:
                     continue
                 name = alg if alg != "auto" else f"auto={r.get(f'choice/{nbytes}')}"
-                cells = [f"{nbytes >> 20:>3d} MiB", f"{n} ranks", f"{name:17s}",
+                cells = [size_label(nbytes), f"{n} ranks", f"{name:17s}",
                          f"{t * 1e3:8.3f} ms", f"{nbytes / t / 1e9:6.2f} GB/s"]
                 cpu = r.get(f"{alg}/{nbytes}/cpu")
                 if cpu is not None:     # rank 0's CPU time per call: what load cannot inflate
@@ -254,7 +262,7 @@ def table(res: dict, cfg: dict) -> list[str]:
                     cells.append(f"gloo {gloo * 1e3:8.3f} ms ({gloo / t:5.2f}x)")
                 lines.append("  ".join(cells))
         if floor:
-            lines.append(f"{nbytes >> 20:>3d} MiB  numpy.add floor {floor * 1e3:.3f} ms")
+            lines.append(f"{size_label(nbytes)}  numpy.add floor {floor * 1e3:.3f} ms")
     return lines
 
 
