@@ -38,6 +38,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from allreduce_bench import SIZES  # bench/ is sys.path[0]
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
@@ -113,7 +115,7 @@ def measure_allreduce(tree: Path, sizes: str, ranks: int, tmp: Path, pin: bool =
     res = json.loads(latest.read_text())["results"]
     got = {}
     for size in sizes.split(","):
-        nbytes = {"1M": 1 << 20, "64M": 64 << 20}[size]
+        nbytes = SIZES[size]
         r, floor = res[f"rdmamw/{ranks}"], res["numpy"][f"numpy/{nbytes}"]
         for key in ("auto", "oop", "auto/cpu", "oop/cpu"):
             alg, _, cpu = key.partition("/")
@@ -141,7 +143,7 @@ def main() -> int:
     ap.add_argument("--no-rndv", action="store_true", help="leave out the 4 MiB stream")
     ap.add_argument("--json", default=None, help="write every round's numbers here")
     ap.add_argument("--allreduce", metavar="SIZES", default=None,
-                    help="instead: bench/allreduce_bench.py at these sizes (1M,64M), "
+                    help="instead: bench/allreduce_bench.py at these sizes (8,64K,1M,64M), "
                          "into out and out of place, with the numpy floor of each run")
     ap.add_argument("--ranks", type=int, default=2, help="ranks of --allreduce")
     ap.add_argument("--pairs", type=int, default=10,
