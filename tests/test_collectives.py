@@ -272,6 +272,33 @@ def test_policy_follows_the_cost_model(monkeypatch, tmp_path):
     assert policy.load(tmp_path / "missing.json").source == "built-in defaults"
 
 
+def test_small_results_are_plain_arrays_and_large_ones_recycled_pool_memory():
+    """Below results.SMALL a result is numpy's (heap memory, no pool bookkeeping); from
+    it up, pool memory that goes back when the array is collected and is reused."""
+    import gc
+
+    from rdmamw.collectives import results
+
+    before = results.pool().stats()
+    for shape, dt in [((2,), np.float32), ((3, 5), np.int64), ((results.SMALL // 8 - 1,),
+                                                              np.float64)]:
+        a = results.empty(shape, dt)
+        assert a.shape == shape and a.dtype == dt and a.flags.c_contiguous and a.flags.writeable
+        assert a.base is None                  # numpy's own memory
+    assert results.pool().stats() == before
+    big = (results.SMALL // 4,)
+    a = results.empty(big, np.float32)
+    assert a.shape == big and a.dtype == np.float32 and a.base is not None
+    a[:] = 7
+    mid = results.pool().stats()
+    assert mid["allocations"] + mid["reuses"] == before["allocations"] + before["reuses"] + 1
+    del a
+    gc.collect()
+    b = results.empty(big, np.float32)
+    assert results.pool().stats()["reuses"] == mid["reuses"] + 1
+    del b
+
+
 def test_remembered_choices_are_the_cost_models_and_follow_its_changes(monkeypatch):
     """policy.Choices answers what policy.choose does, for every size and grouping, and
     sees a model edited in place, a new grouping and RDMAMW_ALLREDUCE_ALGORITHM."""
