@@ -311,16 +311,17 @@ class KVServer:
                 continue
             if self.reads[w].get("start") and not starting:
                 continue
-            if self._init_rest and self._init_pending(w):
+            if self._init_rest and self._hold_or_refuse(w):
                 continue            # half of a key's initial values is not a value
             h = self.reads.pop(w)
             self._reply_pull(w, h)
         self._flush()
 
-    def _init_pending(self, w: int) -> bool:
-        """Whether worker ``w``'s deferred read waits for initial values still arriving.
-        Past ``init_timeout`` the read is refused instead (PSError on the reader's side):
-        the worker sending them is alive but has stopped half way."""
+    def _hold_or_refuse(self, w: int) -> bool:
+        """Whether worker ``w``'s deferred read is not to be answered now because a key
+        it reads is still taking initial values: it waits; or, once those have stopped
+        coming for ``init_timeout`` s (their worker is alive but stopped half way), it
+        is refused here (an ERR: PSError on the reader's side) and dropped."""
         waiting = [k for k in self.reads[w]["keys"] if k in self._init_rest]
         if not waiting:
             return False

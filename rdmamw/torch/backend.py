@@ -140,7 +140,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                 # most: each check once, no closure, no Work but the finished one
                 # (docs/benchmarks.md, the backend's own cost)
                 x = t.numpy()
-                if not opts.asyncOp:
+                if not getattr(opts, "asyncOp", True):    # torch < 2.7 has no asyncOp
                     coll.allreduce(x, "sum", "auto", x, comm=self.comm)
                     return Done([t])
                 h = coll.allreduce(x, "sum", "auto", x, comm=self.comm, async_op=True)
