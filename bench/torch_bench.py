@@ -84,26 +84,30 @@ def interleaved(pairs: dict, reps: int) -> dict[str, float]:
             | {f"{k}/cpu": statistics.median(v) for k, v in cpu.items()})
 
 
-def floor_all_reduce(x) -> None:
-    """``dist.all_reduce(x)`` through a group whose allreduce does nothing but hand the
-    tensor's numpy view to the collective: torch's own Python layer, the floor under
-    any Python backend's overhead (the group's method is shadowed for this call)."""
+def floor_all_reduce(pg):
+    """A call of ``dist.all_reduce(x)`` through ``pg`` whose allreduce does nothing but
+    hand the tensor's numpy view to the collective: torch's own Python layer, the floor
+    under any Python backend's overhead. The bare method is made once; each call only
+    shadows the group's method for its duration (two dict operations)."""
     import torch.distributed as dist
 
     import rdmamw.collectives as coll
     from rdmamw.torch.work import Done
-    pg = dist.distributed_c10d._get_default_group()
+    comm, shadow = pg.comm, pg.__dict__
 
     def bare(tensors, opts=None):
         a = tensors[0].numpy()
-        coll.allreduce(a, "sum", "auto", a, comm=pg.comm)
+        coll.allreduce(a, "sum", "auto", a, comm=comm)
         return Done(tensors)
 
-    pg.__dict__["allreduce"] = bare
-    try:
-        dist.all_reduce(x)
-    finally:
-        del pg.__dict__["allreduce"]
+    def call(x) -> None:
+        shadow["allreduce"] = bare
+        try:
+            dist.all_reduce(x)
+        finally:
+            del shadow["allreduce"]
+
+    return call
 
 
 def rank(cfg: dict) -> None:
@@ -128,7 +132,8 @@ def rank(cfg: dict) -> None:
                                lambda c=comm: coll.barrier(comm=c))
             pairs["default"] = (lambda a=a, c=comm: coll.allreduce(a, comm=c),
                                 lambda c=comm: coll.barrier(comm=c))
-            pairs["floor"] = (lambda x=x: floor_all_reduce(x), dist.barrier)
+            floor = floor_all_reduce(dist.distributed_c10d._get_default_group())
+            pairs["floor"] = (lambda x=x, f=floor: f(x), dist.barrier)
         for k, v in interleaved(pairs, reps_for(nbytes, cfg["reps"])).items():
             name, _, cpu = k.partition("/")
             out[f"{name}/{nbytes}" + ("/cpu" if cpu else "")] = v
