@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import rdmamw
+from rdmamw.providers import best, local_address
 from rdmamw.transport.wire import MODES
 
 
@@ -78,9 +79,10 @@ def _receiver(address: str, slots: int, slot_size: int, core: int | None, ready,
 def stream(mode: str, size: int, batch: int, seconds: float, slots: int = 128,
            slot_size: int = 65536, progress: bool = True) -> StreamResult:
     """Stream batches of ``batch`` messages of ``size`` bytes for ``seconds`` from this
-    process to a receiver process over shm, in ``mode``."""
+    process to a receiver process on this host, in ``mode``, over the best provider
+    between two local processes (shm)."""
     ctx = mp.get_context("spawn")
-    address = f"shm://rdmamw-demo-{os.getpid()}-{mode}-{size}"
+    address = local_address(best().scheme, f"rdmamw-demo-{os.getpid()}-{mode}-{size}")
     ready, out = ctx.Event(), ctx.Queue()
     cores = _cores()
     sender_core, receiver_core = (cores[0], cores[1]) if len(cores) > 1 else (None, None)
@@ -144,7 +146,7 @@ def _table(results: list[StreamResult]) -> str:
 def demo_stream(args: argparse.Namespace) -> int:
     """Batched vs per-message-acknowledged streaming, side by side."""
     print(f"rdmamw {rdmamw.__version__} demo-stream: one sender and one receiver process on "
-          f"shm, {args.seconds:g} s per run\n")
+          f"{best().scheme}, {args.seconds:g} s per run\n")
     results = []
     for size, batch in ((8, 256), (65536, 16)):
         for mode in MODES:
@@ -181,21 +183,13 @@ def info(args: argparse.Namespace) -> int:
     if args.config:
         print(config_table())
         return 0
-    from rdmamw.providers import PLANNED, PROVIDERS, verbs_device, verbs_info
+    from rdmamw.providers import providers
     print(f"rdmamw {rdmamw.__version__}")
-    for scheme in PROVIDERS:
-        if scheme == "verbs":
-            loaded, lib = verbs_device.library()
-            print(f"  libibverbs: {'loaded from ' if loaded else 'not loaded: '}{lib}")
-            ok, why = verbs_device.status()
-            print(f"  verbs://  {'available on ' if ok else 'unavailable: '}{why}")
-        else:
-            print(f"  {scheme}://  available")
-    for scheme, what in PLANNED.items():
-        print(f"  {scheme}://  not in this build yet ({what})")
-    print("RDMA devices (pyverbs):")
-    for line in verbs_info.describe():
-        print(f"  {line}")
+    for p in providers():
+        ok, why = p.status()
+        print(f"  {p.scheme}://  {'available: ' if ok else 'unavailable: '}{why}")
+        for line in p.info():
+            print(f"    {line}")
     return 0
 
 

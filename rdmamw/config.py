@@ -238,8 +238,11 @@ D("bootstrap", "RDMAMW_MASTER_PORT", "int", None, "rank 0's rendezvous port", ma
 D("bootstrap", "RDMAMW_SOCKET_IFNAME", "str", "",
   "interfaces for the tcp and bootstrap addresses: prefixes, =exact, ^ excludes")
 D("bootstrap", "RDMAMW_INIT_TIMEOUT", "seconds", 60.0, "seconds rdmamw.init() waits for the job")
-D("bootstrap", "RDMAMW_PROVIDER", "choice", "",
-  "force one provider for channels opened by rank", choices=("shm", "tcp", "verbs", ""))
+D("bootstrap", "RDMAMW_PROVIDER", "str", "",
+  "force one provider (its scheme: shm, tcp, verbs or a plug-in's) for channels opened by rank",
+  check=lambda v, what: v.lower())
+D("bootstrap", "RDMAMW_PROVIDER_PLUGINS", "str", "",
+  "more providers: module or module:attr (default attr PROVIDER), comma-separated")
 # collectives
 D("collectives", "RDMAMW_COLL_SLOTS", "int", 16, "slots of a collective channel's ring",
   minimum=1)

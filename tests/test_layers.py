@@ -19,6 +19,7 @@ BELOW = {
     "rdmamw.errors": set(),
     "rdmamw.steps": set(),
     "rdmamw._fork": {"rdmamw.errors"},
+    "rdmamw._host": set(),
     "rdmamw.config": {"rdmamw.errors"},
     "rdmamw.log": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config"},
     "rdmamw.transport": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config"},
@@ -26,10 +27,10 @@ BELOW = {
     "rdmamw.auth": {"rdmamw.errors", "rdmamw.config", "rdmamw.transport"},
     "rdmamw.engine": {"rdmamw.errors", "rdmamw._fork", "rdmamw.transport", "rdmamw.bitmap"},
     "rdmamw.memory": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config"},
-    "rdmamw.providers": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config", "rdmamw.log",
-                         "rdmamw.transport", "rdmamw.auth"},
-    "rdmamw.bootstrap": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config", "rdmamw.log",
-                         "rdmamw.transport", "rdmamw.auth", "rdmamw.providers"},
+    "rdmamw.providers": {"rdmamw.errors", "rdmamw._fork", "rdmamw._host", "rdmamw.config",
+                         "rdmamw.log", "rdmamw.transport", "rdmamw.auth"},
+    "rdmamw.bootstrap": {"rdmamw.errors", "rdmamw._fork", "rdmamw._host", "rdmamw.config",
+                         "rdmamw.log", "rdmamw.transport", "rdmamw.auth", "rdmamw.providers"},
 }
 BELOW["rdmamw.channel"] = set(BELOW) | {"rdmamw.memory"}
 LIBS = set(BELOW["rdmamw.channel"]) | {"rdmamw.channel", "rdmamw"}

@@ -3,7 +3,7 @@ channels, on every provider: a server on one end, a client on the other.
 
     rdmamw perf --server [ADDR]                 # prints the address it listens on
     rdmamw perf ADDR [-t lat|bw|rate] [-s SIZE[,SIZE..] | -a] [-n ITERS] [--batch N]
-                     [--mode batched|ack|batched,ack] [--provider shm|tcp|verbs] [--json]
+                     [--mode batched|ack|batched,ack] [--provider SCHEME] [--json]
 
 ADDR is ``HOST[:PORT]`` (tcp, verbs; port 18515 as perftest's), a name (shm), or a
 whole address (``verbs://10.0.0.1:7000``). The client decides the test and sends its
@@ -31,6 +31,8 @@ import rdmamw
 from rdmamw.config import parse_bytes
 from rdmamw.errors import ProtocolError, RdmamwError
 from rdmamw.memory.units import human
+from rdmamw.providers import best, schemes
+from rdmamw.providers import provider as lookup
 from rdmamw.transport.wire import MODES
 
 DEFAULT_PORT = 18515
@@ -235,8 +237,8 @@ def measure(address: str, test: str, sizes: list, iters: int, batch: int, mode: 
 # ---- the command -------------------------------------------------------------------
 
 def default_provider() -> str:
-    from rdmamw.providers import verbs_device
-    return "verbs" if verbs_device.status()[0] else "tcp"
+    """The network provider of the highest preference that works here."""
+    return best(network=True).scheme
 
 
 def resolve(addr: str | None, provider: str | None, server: bool) -> str:
@@ -247,8 +249,8 @@ def resolve(addr: str | None, provider: str | None, server: bool) -> str:
             raise ValueError(f"--provider {provider} but the address is {scheme}://")
         return addr
     provider = provider or default_provider()
-    if provider == "shm":
-        return f"shm://{addr or 'rdmamw-perf'}"
+    if not lookup(provider).network:       # a name on this host, not HOST:PORT
+        return f"{provider}://{addr or 'rdmamw-perf'}"
     if not addr:
         if not server:
             raise ValueError("the client needs the server's ADDR")
@@ -320,7 +322,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"messages per send_batch in bw/rate (1..{MAX_BATCH}, default 64)")
     p.add_argument("--mode", default="batched",
                    help="batched, ack, or both comma-separated for a ratio in one run")
-    p.add_argument("--provider", choices=("shm", "tcp", "verbs"),
+    p.add_argument("--provider", choices=schemes(),
                    help="default: verbs where a device is usable, else tcp")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--timeout", type=float, default=60.0,

@@ -35,6 +35,7 @@ from rdmamw.config import parse_bytes
 from rdmamw.memory import thresholds
 from rdmamw.memory.pool import aligned_empty
 from rdmamw.memory.units import human
+from rdmamw.providers import best, local_address, schemes
 
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
@@ -167,7 +168,7 @@ def _same(a: np.ndarray, b: np.ndarray, chunk: int = 1 * MiB) -> bool:
                                     for i in range(0, len(a), chunk))
 
 
-def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str = "shm",
+def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str | None = None,
             cores: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
     """Stream ``plan`` with ``strategy`` to a receiver process; returns
     ``{"gbps": {size: median GB/s}, "runs": {size: [GB/s...]}, "sender": stats,
@@ -177,8 +178,7 @@ def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str = "sh
     import rdmamw
     ctx = mp.get_context("spawn")
     ready, out = ctx.Queue(), ctx.Queue()
-    where = f"shm://rdmamw-tune-{os.getpid()}-{strategy}" if provider == "shm" else \
-        f"{provider}://127.0.0.1:0"
+    where = local_address(provider or best().scheme, f"rdmamw-tune-{os.getpid()}-{strategy}")
     proc = ctx.Process(target=_receiver, args=(where, strategy, plan, cores[1], ready, out))
     proc.start()
     mask = os.sched_getaffinity(0)
@@ -231,7 +231,7 @@ def measure(strategy: str, plan: list[tuple[int, int, int]], provider: str = "sh
     return result
 
 
-def measure_all(strategy: str, plan: list[tuple[int, int, int]], provider: str = "shm",
+def measure_all(strategy: str, plan: list[tuple[int, int, int]], provider: str | None = None,
                 cores: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
     """:func:`measure`, with eager in one channel per size: its ring is then shaped for
     the size (64 slots of 64 KiB for the small ones, as a default channel has, fewer
@@ -341,8 +341,9 @@ def run(sizes: list[int], provider: str, bytes_per_run: int, runs: int, eager_ma
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rdmamw tune rndv", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--provider", default="shm", choices=("shm", "tcp", "verbs"),
-                    help="transport to measure (default shm: two local processes)")
+    ap.add_argument("--provider", default=None, choices=schemes(),
+                    help="transport to measure (default: the best usable one between two "
+                         "local processes, shm)")
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
                     help="comma-separated message sizes (64K, 4M, ... accepted)")
     ap.add_argument("--eager-max", default="16M",
@@ -355,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-save", action="store_true", help="print only")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
+    a.provider = a.provider or best().scheme
     sizes = sorted(parse_bytes(s, "--sizes") for s in a.sizes.split(",") if s.strip())
     if not sizes or min(sizes) <= 0:
         ap.error("--sizes needs positive sizes")

@@ -1,9 +1,11 @@
 """Bootstrap: ``rdmamw.init()`` learns this process's rank from the launcher, meets
 every other rank through the store on rank 0 and keeps their endpoint descriptors,
 so ``Channel.open(rank)`` can connect by rank with the best provider. The providers
-choose (rdmamw/bootstrap/choice.py): ``shm`` when the peer shares this host (same
-kernel and network namespace), ``verbs`` across hosts on a common RDMA fabric, else
-``tcp``; ``RDMAMW_PROVIDER`` forces one.
+choose (rdmamw/bootstrap/choice.py): each registered provider answers whether it can
+connect two ranks from their descriptors and how much it wants to, and the highest
+answer wins; ``RDMAMW_PROVIDER`` forces one. The bootstrap names no provider: it asks
+the registry (rdmamw/providers/__init__.py) for every one's descriptor part, listener
+and connection by rank.
 
 Of each pair, the lower rank accepts and the higher rank connects, so both sides of
 a pair call ``Channel.open(other_rank)``."""
@@ -17,12 +19,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdmamw import _fork, auth, config
+from rdmamw import _fork, _host, auth, config
 from rdmamw.bootstrap import choice, ifname, store
 from rdmamw.bootstrap.env import LaunchInfo, detect
 from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, setup_errors
-from rdmamw.providers import Connected, provider, verbs_rank
-from rdmamw.providers.shm import host_key
+from rdmamw.providers import Connected, provider, providers
+from rdmamw.providers.base import Advert, RankPair
 
 log = logging.getLogger("rdmamw.bootstrap")
 
@@ -36,8 +38,8 @@ class World:
     launcher: str
     job: str
     peers: dict[int, dict]
-    #: our listeners by provider (tcp; verbs when we have a usable port): the lower
-    #: rank of a pair accepts on them
+    #: our listeners by provider (those that advertised one): the lower rank of a pair
+    #: accepts on them
     _listeners: dict[str, Any] = field(default_factory=dict)
     _stash: dict[tuple[str, int], list[Connected]] = field(default_factory=dict)
     _accept_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -57,20 +59,13 @@ class World:
             return me["forced"], "forced by RDMAMW_PROVIDER"
         return choice.choose(me, self.peers[rank])
 
-    def verbs_pin(self, rank: int | None) -> Any:
-        """The port a verbs channel with ``rank`` uses here and the GID that rank's
-        handshake must show (from the two descriptors); ProtocolError if none."""
-        from rdmamw.providers.verbs import Pin
+    def descriptors(self, rank: int | None) -> tuple[dict, dict]:
+        """(my descriptor, ``rank``'s): what a provider's listener judges an opener by;
+        ProtocolError for a rank that is not a peer."""
         if rank is None or rank not in self.peers or rank == self.rank:
-            raise ProtocolError(f"a verbs connection by rank from rank {rank}, which is "
-                                f"not a peer of rank {self.rank}")
-        lower, higher = sorted((self.rank, rank))
-        got = verbs_rank.pair(self.peers[lower], self.peers[higher])
-        if isinstance(got, str):
-            raise ProtocolError(f"no verbs channel between rank {self.rank} and rank "
-                                f"{rank}: {got}")
-        mine, theirs = got if self.rank == lower else got[::-1]
-        return Pin(mine.dev, mine.port, mine.gid_index, theirs.gid)
+            raise ProtocolError(f"a connection by rank from rank {rank}, which is not a "
+                                f"peer of rank {self.rank}")
+        return self.peers[self.rank], self.peers[rank]
 
     def accept(self, scheme: str, rank: int, timeout: float) -> Connected:
         """The next ``scheme`` connection from ``rank``; others that arrive meanwhile
@@ -107,7 +102,7 @@ _lock = threading.Lock()
 
 def init(timeout: float | None = None, *, slots: int | None = None,
          slot_size: int | None = None) -> World:
-    """Join the job: read rank / world size / rendezvous from the launcher's
+    """Join the job: read rank / world size / bootstrap address from the launcher's
     environment, exchange descriptors through rank 0 (within ``timeout`` s, default
     ``RDMAMW_INIT_TIMEOUT`` or 60) and return the :class:`World`. Idempotent."""
     global _world
@@ -119,20 +114,20 @@ def init(timeout: float | None = None, *, slots: int | None = None,
         ring = (slots or config.get("RDMAMW_SLOTS"),
                 slot_size or config.get("RDMAMW_SLOT_SIZE"))
         with setup_errors("rdmamw.init()"):
-            _world = _rendezvous(info, t, ring)
+            _world = _join(info, t, ring)
         return _world
 
 
 class _Listeners(dict):
-    """This rank's listeners while it joins; the verbs one asks the World (made after
-    the table comes) which port and GID each opener's rank gets."""
+    """This rank's listeners while it joins; a listener that must judge who connects
+    asks the World (made after the table comes) for the two descriptors."""
 
     world: World | None = None
 
-    def pin(self, rank: int | None) -> Any:
+    def peers(self, rank: int | None) -> tuple[dict, dict]:
         if self.world is None:
-            raise ProtocolError("a verbs connection before the job's table is known")
-        return self.world.verbs_pin(rank)
+            raise ProtocolError("a connection by rank before the job's table is known")
+        return self.world.descriptors(rank)
 
     def close(self) -> None:
         for lst in self.values():
@@ -140,23 +135,26 @@ class _Listeners(dict):
 
 
 def _descriptor(ip: str, ring: tuple[int, int], made: _Listeners) -> dict:
-    """This rank's descriptor (docs/protocol.md); its listeners go into ``made``."""
+    """This rank's descriptor (docs/protocol.md): who and where it is, and each
+    provider's part under its scheme; their listeners go into ``made``."""
     ip = ifname.selected_address() or ip
-    tcp = provider("tcp").listen(f"{ip}:0", slots=ring[0], slot_size=ring[1])
-    made["tcp"] = tcp
-    desc = {"host": host_key(), "hostname": socket.gethostname(), "pid": os.getpid(),
-            "tcp": tcp.address, "forced": config.get("RDMAMW_PROVIDER")}
-    try:
-        desc["verbs"], lst = verbs_rank.advertise(ip, ring[0], ring[1], made.pin,
-                                                  provider("verbs").listen)
-    except ProviderUnavailable as e:
-        desc["verbs"], lst = {"why": str(e)}, None
-    if lst is not None:
-        made["verbs"] = lst
+    desc: dict[str, Any] = {"host": _host.host_key(), "hostname": socket.gethostname(),
+                            "pid": os.getpid(), "forced": config.get("RDMAMW_PROVIDER")}
+    advert = Advert(ip, ring[0], ring[1], made.peers)
+    for p in providers():
+        try:
+            part, lst = p.advertise(advert)
+        except ProviderUnavailable as e:
+            log.info("%s: not advertised: %s", p.scheme, e)
+            part, lst = {"why": str(e)}, None
+        if part is not None:
+            desc[p.scheme] = part
+        if lst is not None:
+            made[p.scheme] = lst
     return desc
 
 
-def _rendezvous(info: LaunchInfo, timeout: float, ring: tuple[int, int]) -> World:
+def _join(info: LaunchInfo, timeout: float, ring: tuple[int, int]) -> World:
     made = _Listeners()
     try:
         if info.rank == 0:
@@ -215,27 +213,10 @@ def connect_rank(rank: int, *, mode: str, timeout: float, slots: int,
         _fork.refuse(f"job membership (rank {w.rank})", w._owner)
     scheme, why = w.provider_choice(rank)
     log.info("rank %d -> rank %d: %s provider (%s)", w.rank, rank, scheme, why)
-    mod = provider(scheme)
-    lower = w.rank < rank
-    if scheme == "shm":
-        name = f"rdmamw-{w.job}-{min(rank, w.rank)}-{max(rank, w.rank)}"
-        if lower:
-            lst = mod.listen(name, slots=slots, slot_size=slot_size)
-            try:
-                return lst.accept(timeout)
-            finally:
-                lst.close()
-        return mod.connect(name, mode=mode, timeout=timeout, slots=slots, slot_size=slot_size)
-    if lower:
-        return w.accept(scheme, rank, timeout)
-    ring = {"mode": mode, "timeout": timeout, "slots": slots, "slot_size": slot_size,
-            "rank": w.rank}
-    if scheme == "tcp":
-        return mod.connect(w.peers[rank]["tcp"].partition("://")[2], **ring)
-    if scheme == "verbs":
-        addr, _ports = verbs_rank.parse(w.peers[rank])      # type: ignore[misc]
-        return mod.connect(addr.partition("://")[2], pin=w.verbs_pin(rank), **ring)
-    raise ProviderUnavailable(f"provider {scheme!r} cannot open channels by rank")
+    pair = RankPair(w.job, w.rank, rank, w.peers[w.rank], w.peers[rank],
+                    lambda t: w.accept(scheme, rank, t))
+    return provider(scheme).connect_rank(pair, mode=mode, timeout=timeout, slots=slots,
+                                         slot_size=slot_size)
 
 
 __all__ = ["LaunchInfo", "World", "auth", "connect_rank", "detect", "finalize", "init",

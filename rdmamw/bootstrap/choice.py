@@ -1,27 +1,29 @@
 """Which provider a channel between two ranks uses. The bootstrap only walks the
-providers: each one's ``can_connect(me, peer) -> (preference, why)`` (preference 0:
-cannot) judges the two ranks' descriptors, and the highest preference wins (shm inside
-a host, verbs across hosts on a common fabric, tcp otherwise). ``RDMAMW_PROVIDER``
-forces one; then every pair of ranks must be able to use it."""
+registered providers: each one's ``can_connect(me, peer) -> (preference, why)``
+(preference 0: cannot) judges the two ranks' descriptors, and the highest preference
+wins (with the built-in ones: shm inside a host, verbs across hosts on a common fabric,
+tcp otherwise). ``RDMAMW_PROVIDER`` forces one; then every pair of ranks must be able
+to use it."""
 
 from __future__ import annotations
 
 from rdmamw.errors import ConfigError, ProtocolError, ProviderUnavailable
-from rdmamw.providers import PROVIDERS, provider
+from rdmamw.providers import provider, providers, schemes
 
 
 def choose(me: dict, peer: dict) -> tuple[str, str]:
     """(provider, why) for a channel between the ranks of descriptors ``me`` and
     ``peer``; the same answer on both sides. The reason also says why each better
     provider could not."""
-    answers = [(scheme, *provider(scheme).can_connect(me, peer)) for scheme in PROVIDERS]
+    ranked = providers()
+    answers = [(p.scheme, *p.can_connect(me, peer)) for p in ranked]
     best = max(answers, key=lambda a: a[1])
     if best[1] <= 0:
         raise ProviderUnavailable("no provider connects rank {} and rank {}: {}".format(
             me.get("rank"), peer.get("rank"), "; ".join(f"{s}: {w}" for s, _, w in answers)))
     why = best[2]
-    passed = [f"{s}: {w}" for s, p, w in answers
-              if p <= 0 and provider(s).PREFERENCE > best[1]]
+    passed = [f"{s}: {w}" for (s, p, w), prov in zip(answers, ranked, strict=True)
+              if p <= 0 and prov.preference > best[1]]
     if passed:
         why += "; not " + "; not ".join(passed)
     return best[0], why
@@ -42,9 +44,9 @@ def check_forced(peers: dict[int, dict]) -> str:
     forced = said[min(said)]
     if not forced:
         return ""
-    if forced not in PROVIDERS:
+    if forced not in schemes():
         raise ConfigError(f"RDMAMW_PROVIDER={forced!r} is not a provider; use one of "
-                          f"{', '.join(PROVIDERS)}")
+                          f"{', '.join(schemes())}")
     mod = provider(forced)
     ranks = sorted(peers)
     for i, a in enumerate(ranks):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from rdmamw import auth
 from rdmamw.errors import PeerLost, PeerNotFound, ProtocolError, RdmamwError, Timeout
+from rdmamw.providers import providers
 from rdmamw.providers._listener import HandshakeListener
 from rdmamw.transport.wire import field, recv_frame, send_frame
 
@@ -83,9 +84,9 @@ def parse_join(join: dict) -> tuple[int | None, str | None, dict]:
     desc = field(join, "desc", dict)
     if not all(isinstance(k, str) for k in desc):
         raise ProtocolError("descriptor keys must be strings")
-    tcp = desc.get("tcp")
-    if tcp is not None and not (isinstance(tcp, str) and tcp.startswith("tcp://")):
-        raise ProtocolError(f"descriptor has a bad tcp address {tcp!r}")
+    for p in providers():           # each provider checks its own part
+        if p.scheme in desc:
+            p.check_entry(desc[p.scheme])
     return rank, role, desc
 
 

@@ -1,4 +1,4 @@
-"""The ``shm`` provider's control path: rendezvous on an abstract Unix socket.
+"""The ``shm`` provider's control path: connection set-up on an abstract Unix socket.
 
 ``shm://NAME`` is the abstract socket ``\\0rdmamw-shm/NAME`` (nothing on disk). A
 connection exchanges msgpack hellos (ring sizes, mode), then each side hands the other
@@ -33,7 +33,7 @@ import time
 
 import msgpack
 
-from rdmamw import config
+from rdmamw import _host, config
 from rdmamw.errors import (
     PeerNotFound,
     PeerRefused,
@@ -44,6 +44,7 @@ from rdmamw.errors import (
 from rdmamw.providers import Connected
 from rdmamw.providers._listener import HandshakeListener
 from rdmamw.providers._shm import XTAB_BYTES, ShmTransport, cma_probe
+from rdmamw.providers.base import Advert, RankPair
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
 
@@ -284,26 +285,10 @@ class ShmListener(HandshakeListener[Connected]):
         return _handshake(conn, self.name, self.slots, self.slot_size, None, pid)
 
 
-#: inside a host shm beats every network provider
-PREFERENCE = 300
-
-
 def host_key() -> str:
     """Equal for two processes exactly when shm works between them: same kernel boot
     and same network namespace (shm:// names are abstract sockets, per namespace)."""
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        boot = f.read().strip()
-    return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
-
-
-def can_connect(me: dict, peer: dict) -> tuple[int, str]:
-    """(preference, why) for a channel between the ranks of two bootstrap descriptors:
-    shm when both run on one kernel in one network namespace."""
-    if me.get("host") == peer.get("host") and isinstance(me.get("host"), str):
-        return PREFERENCE, "same host (kernel boot id and network namespace)"
-    a, b = sorted((me, peer), key=lambda d: d.get("rank", 0))
-    return 0, (f"different hosts ({a.get('hostname')} / {b.get('hostname')}) or "
-               f"network namespaces")
+    return _host.host_key()
 
 
 def listen(where: str, *, slots: int, slot_size: int) -> ShmListener:
@@ -340,3 +325,53 @@ def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int
         if conn.fileno() >= 0:
             conn.close()
         raise
+
+
+class ShmProvider:
+    """shm between processes of one host: inside a host it beats every network
+    provider. It advertises nothing: two ranks can use it when their descriptors'
+    ``host`` (rdmamw/_host.py) is equal, and a pair meets on a name made from the job
+    and the two ranks."""
+
+    scheme = "shm"
+    preference = 300
+    network = False
+    listen = staticmethod(listen)
+    connect = staticmethod(connect)
+
+    def status(self) -> tuple[bool, str]:
+        return True, "this host (memfd + eventfd; CMA " + (
+            "allowed)" if cma_allowed() else "off: rendezvous through a staging area)")
+
+    def info(self) -> list[str]:
+        return []
+
+    def can_connect(self, me: dict, peer: dict) -> tuple[int, str]:
+        """shm when both run on one kernel in one network namespace."""
+        if me.get("host") == peer.get("host") and isinstance(me.get("host"), str):
+            return self.preference, "same host (kernel boot id and network namespace)"
+        a, b = sorted((me, peer), key=lambda d: d.get("rank", 0))
+        return 0, (f"different hosts ({a.get('hostname')} / {b.get('hostname')}) or "
+                   f"network namespaces")
+
+    def check_entry(self, entry: object) -> None:
+        return None             # shm has no part in a descriptor
+
+    def advertise(self, advert: Advert) -> tuple[None, None]:
+        return None, None
+
+    def connect_rank(self, pair: RankPair, *, mode: str, timeout: float, slots: int,
+                     slot_size: int) -> Connected:
+        """The lower rank listens on a name of the job and the pair, the other connects."""
+        lo, hi = sorted((pair.me, pair.peer))
+        name = f"rdmamw-{pair.job}-{lo}-{hi}"
+        if pair.lower:
+            lst = listen(name, slots=slots, slot_size=slot_size)
+            try:
+                return lst.accept(timeout)
+            finally:
+                lst.close()
+        return connect(name, mode=mode, timeout=timeout, slots=slots, slot_size=slot_size)
+
+
+PROVIDER = ShmProvider()

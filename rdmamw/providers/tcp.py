@@ -24,6 +24,7 @@ from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import Connected
 from rdmamw.providers._listener import HandshakeListener
 from rdmamw.providers._tcp import TcpTransport, alloc_block, free_block
+from rdmamw.providers.base import Advert, RankPair
 from rdmamw.transport import layout
 from rdmamw.transport.wire import PROTOCOL_VERSION, check_hello, field, recv_frame, send_frame
 
@@ -156,17 +157,6 @@ class TcpListener(HandshakeListener[Connected]):
         return _handshake(conn, self.slots, self.slot_size, None, None)
 
 
-#: tcp reaches any rank whose listener address it can route to: the last resort
-PREFERENCE = 100
-
-
-def can_connect(me: dict, peer: dict) -> tuple[int, str]:
-    """(preference, why) for a channel between the ranks of two bootstrap descriptors."""
-    if not (isinstance(me.get("tcp"), str) and isinstance(peer.get("tcp"), str)):
-        return 0, "a rank has no tcp listener address"
-    return PREFERENCE, "tcp reaches every host"
-
-
 def listen(where: str, *, slots: int, slot_size: int) -> TcpListener:
     return TcpListener(where, slots, slot_size)
 
@@ -202,3 +192,51 @@ def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int
         if conn.fileno() >= 0:
             conn.close()
         raise
+
+
+class TcpProvider:
+    """tcp between any two hosts whose listener addresses route: the last resort. Its
+    descriptor part is the address of the listener this rank accepts channels on."""
+
+    scheme = "tcp"
+    preference = 100
+    network = True
+    listen = staticmethod(listen)
+    connect = staticmethod(connect)
+
+    def status(self) -> tuple[bool, str]:
+        return True, "any host (sockets and a progress thread)"
+
+    def info(self) -> list[str]:
+        return []
+
+    def can_connect(self, me: dict, peer: dict) -> tuple[int, str]:
+        """tcp when both ranks advertised a listener address."""
+        if not (isinstance(me.get("tcp"), str) and isinstance(peer.get("tcp"), str)):
+            return 0, "a rank has no tcp listener address"
+        return self.preference, "tcp reaches every host"
+
+    def check_entry(self, entry: object) -> None:
+        if isinstance(entry, dict) and set(entry) == {"why"} and isinstance(entry["why"], str):
+            return              # this rank could not listen, and says why
+        if not (isinstance(entry, str) and entry.startswith("tcp://")):
+            raise ProtocolError(f"descriptor has a bad tcp address {entry!r}")
+        try:
+            parse(entry.partition("://")[2])
+        except ValueError as e:
+            raise ProtocolError(f"descriptor has a bad tcp address {entry!r}: {e}") from None
+
+    def advertise(self, advert: Advert) -> tuple[str, TcpListener]:
+        lst = listen(f"{advert.ip}:0", slots=advert.slots, slot_size=advert.slot_size)
+        return lst.address, lst
+
+    def connect_rank(self, pair: RankPair, *, mode: str, timeout: float, slots: int,
+                     slot_size: int) -> Connected:
+        """The lower rank accepts on its listener; the other connects to its address."""
+        if pair.lower:
+            return pair.accept(timeout)
+        return connect(pair.theirs["tcp"].partition("://")[2], mode=mode, timeout=timeout,
+                       slots=slots, slot_size=slot_size, rank=pair.me)
+
+
+PROVIDER = TcpProvider()

@@ -26,6 +26,7 @@ from rdmamw.errors import PeerNotFound, ProtocolError, ProviderUnavailable, Rdma
 from rdmamw.providers import Connected, verbs_rank
 from rdmamw.providers import verbs_device as dev
 from rdmamw.providers._listener import HandshakeListener
+from rdmamw.providers.base import Advert, RankPair
 from rdmamw.providers.verbs_address import Where, parse_where
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
@@ -229,11 +230,66 @@ def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int
             conn.close()
 
 
-#: across hosts on a common fabric verbs beats tcp; inside a host shm beats it
-PREFERENCE = verbs_rank.PREFERENCE
+def pin(me: int, mine: dict, peer: int, theirs: dict) -> Pin:
+    """The port a verbs channel between rank ``me`` and rank ``peer`` uses on my side,
+    and the GID the peer's handshake must show (from the two descriptors, so both
+    sides agree); ProtocolError if they share no fabric."""
+    lower, higher = (mine, theirs) if me < peer else (theirs, mine)
+    got = verbs_rank.pair(lower, higher)
+    if isinstance(got, str):
+        raise ProtocolError(f"no verbs channel between rank {me} and rank {peer}: {got}")
+    my_port, their_port = got if me < peer else got[::-1]
+    return Pin(my_port.dev, my_port.port, my_port.gid_index, their_port.gid)
 
 
-def can_connect(me: dict, peer: dict) -> tuple[int, str]:
-    """(preference, why) for a channel between the ranks of two bootstrap descriptors:
-    verbs when they share a fabric (rdmamw/providers/verbs_rank.py)."""
-    return verbs_rank.can_connect(me, peer)
+class VerbsProvider:
+    """verbs (RC queue pairs) between ranks on a common RDMA fabric: across hosts it
+    beats tcp, inside a host shm beats it. Its descriptor part lists the usable ports
+    and the side-channel listener's address (rdmamw/providers/verbs_rank.py)."""
+
+    scheme = "verbs"
+    preference = verbs_rank.PREFERENCE
+    network = True
+    connect = staticmethod(connect)
+
+    def listen(self, where: str, *, slots: int, slot_size: int) -> VerbsListener:
+        return listen(where, slots=slots, slot_size=slot_size)
+
+    def status(self) -> tuple[bool, str]:
+        return dev.status()
+
+    def info(self) -> list[str]:
+        from rdmamw.providers import verbs_info
+        loaded, lib = dev.library()
+        return [f"libibverbs: {'loaded from ' if loaded else 'not loaded: '}{lib}",
+                "RDMA devices (pyverbs):", *(f"  {line}" for line in verbs_info.describe())]
+
+    def can_connect(self, me: dict, peer: dict) -> tuple[int, str]:
+        """verbs when the two ranks share a fabric (rdmamw/providers/verbs_rank.py)."""
+        return verbs_rank.can_connect(me, peer)
+
+    def check_entry(self, entry: object) -> None:
+        if not isinstance(entry, dict):
+            raise ProtocolError(f"descriptor has a bad verbs entry {entry!r}")
+
+    def advertise(self, advert: Advert) -> tuple[dict, VerbsListener | None]:
+        def pin_rank(rank: int | None) -> Pin:
+            mine, theirs = advert.peers(rank)
+            return pin(mine["rank"], mine, theirs["rank"], theirs)
+
+        return verbs_rank.advertise(advert.ip, advert.slots, advert.slot_size, pin_rank,
+                                    listen)
+
+    def connect_rank(self, pair: RankPair, *, mode: str, timeout: float, slots: int,
+                     slot_size: int) -> Connected:
+        """The lower rank accepts on its listener (the pin checks who comes); the other
+        connects to the address in its descriptor with the port both chose."""
+        if pair.lower:
+            return pair.accept(timeout)
+        addr, _ports = verbs_rank.parse(pair.theirs)      # type: ignore[misc]
+        return connect(addr.partition("://")[2], mode=mode, timeout=timeout, slots=slots,
+                       slot_size=slot_size, rank=pair.me,
+                       pin=pin(pair.me, pair.mine, pair.peer, pair.theirs))
+
+
+PROVIDER = VerbsProvider()

@@ -1,0 +1,140 @@
+"""What a provider is, to the layers above it: one declared object per provider.
+
+As NCCL's transports answer ``canConnect`` / ``setup`` / ``connect`` / ``free``, each
+provider module here exposes ``PROVIDER``, an object with the attributes and methods of
+:class:`Provider`. The channel layer, the bootstrap, ``rdmamw info`` and ``rdmamw perf``
+use only these and never name a provider; ``rdmamw.providers`` keeps the registry
+(docs/architecture.md, "Where a newcomer adds a provider")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class Connected:
+    """A connected transport plus the ring parameters both sides agreed on."""
+
+    transport: Any
+    slots: int
+    slot_size: int
+    peer_slots: int
+    peer_slot_size: int
+    mode: str
+    peer: str
+    peer_rank: int | None = None    # the opener's rank, when it gave one (bootstrap)
+
+
+@runtime_checkable
+class Listener(Protocol):
+    """What ``Provider.listen`` returns: connections arrive through ``accept``."""
+
+    @property
+    def address(self) -> str: ...
+
+    def accept(self, timeout: float | None) -> Connected: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Advert:
+    """What a provider gets to make its part of a rank's bootstrap descriptor.
+
+    ``ip``: the address this rank is reached at (the launcher's interface or
+    ``RDMAMW_SOCKET_IFNAME``'s); ``slots``/``slot_size``: the ring of channels opened by
+    rank; ``peers(rank)``: (my descriptor, that rank's descriptor) once the job's table
+    is known, for a listener that must judge who connects (ProtocolError before, or for
+    a rank that is not in the job)."""
+
+    ip: str
+    slots: int
+    slot_size: int
+    peers: Callable[[int | None], tuple[dict, dict]]
+
+
+@dataclass(frozen=True)
+class RankPair:
+    """Two ranks of one job about to open a channel over a provider both chose.
+
+    ``mine`` / ``theirs``: the two bootstrap descriptors (each provider's part is under
+    its scheme); ``accept(timeout)``: the next connection of this provider from
+    ``peer`` on the listener this rank advertised (the lower rank of a pair accepts)."""
+
+    job: str
+    me: int
+    peer: int
+    mine: dict
+    theirs: dict
+    accept: Callable[[float], Connected]
+
+    @property
+    def lower(self) -> bool:
+        """This rank accepts (the lower rank of a pair), the other connects."""
+        return self.me < self.peer
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """One provider, as the layers above see it.
+
+    ``scheme`` names its addresses (``scheme://where``); ``preference`` ranks it when
+    two ranks could use several (shm 300 > verbs 200 > tcp 100: the highest that
+    ``can_connect`` wins); ``network`` says its addresses are ``HOST:PORT`` and it
+    reaches other hosts (``rdmamw perf`` takes the best usable one by default)."""
+
+    scheme: str
+    preference: int
+    network: bool
+
+    def status(self) -> tuple[bool, str]:
+        """(usable in this process, what it runs on or why not): ``rdmamw info``."""
+        ...
+
+    def info(self) -> list[str]:
+        """More lines for ``rdmamw info`` (libraries loaded, devices seen)."""
+        ...
+
+    def can_connect(self, me: dict, peer: dict) -> tuple[int, str]:
+        """(preference, why) for a channel between the ranks of two bootstrap
+        descriptors; 0: it cannot. A pure function of the two descriptors, so both
+        ranks of a pair decide the same without a round trip."""
+        ...
+
+    def check_entry(self, entry: Any) -> None:
+        """Raise ProtocolError if ``entry``, this provider's part of a descriptor read
+        from the bootstrap store, is malformed (it came from another process)."""
+        ...
+
+    def advertise(self, advert: Advert) -> tuple[Any, Listener | None]:
+        """This rank's descriptor part (None: none) and the listener it names, if any;
+        ProviderUnavailable when the provider cannot take part here (the bootstrap then
+        stores ``{"why": reason}`` as the part)."""
+        ...
+
+    def listen(self, where: str, *, slots: int, slot_size: int) -> Listener:
+        """A listener on ``scheme://where``."""
+        ...
+
+    def connect(self, where: str, *, mode: str, timeout: float, slots: int,
+                slot_size: int) -> Connected:
+        """A connection to ``scheme://where``, retrying until ``timeout`` while nobody
+        listens."""
+        ...
+
+    def connect_rank(self, pair: RankPair, *, mode: str, timeout: float, slots: int,
+                     slot_size: int) -> Connected:
+        """A connection between the two ranks of ``pair`` (both call it)."""
+        ...
+
+
+#: the attributes and methods every provider object has (tests/test_provider_shape.py)
+REQUIRED = ("scheme", "preference", "network", "status", "info", "can_connect",
+            "check_entry", "advertise", "listen", "connect", "connect_rank")
+
+
+def missing(obj: Any) -> list[str]:
+    """The names of :class:`Provider` that ``obj`` lacks (empty: it is one)."""
+    return [n for n in REQUIRED if not hasattr(obj, n)]
