@@ -29,12 +29,23 @@ VERBS_OK, VERBS_WHY = _verbs_status()
 #: why device tests skip here (they run inside scripts/rxe-vm.sh: `make test`)
 NO_DEVICE = f"needs an RDMA device (runs in the soft-RoCE VM): {VERBS_WHY}"
 
-#: providers the channel suite runs on; a provider joins by adding its listen-address
-#: factory here (tests that need a device skip with a reason where there is none)
-LISTEN_ADDRESS = {
+class _ListenAddresses(dict):
+    """scheme -> a factory of fresh listen addresses; a provider not named here (one
+    from RDMAMW_PROVIDER_PLUGINS) gets the registry's local address."""
+
+    def __missing__(self, scheme: str):
+        from rdmamw.providers import local_address, schemes
+        if scheme not in schemes():
+            raise KeyError(scheme)
+        return lambda: local_address(scheme, unique_name())
+
+
+#: providers the channel suite runs on (tests that need a device skip with a reason
+#: where there is none); RDMAMW_TEST_PROVIDERS=NAME runs it on any registered provider
+LISTEN_ADDRESS = _ListenAddresses({
     "shm": lambda: f"shm://{unique_name()}",
     "tcp": lambda: "tcp://127.0.0.1:0",      # ephemeral port; Listener.address is the bound one
-}
+})
 if VERBS_OK:
     LISTEN_ADDRESS["verbs"] = lambda: "verbs://127.0.0.1:0"
 DEVICE_PROVIDERS = {"verbs"}

@@ -47,8 +47,9 @@ def test_a_users_tuning_file_and_variables_do_not_change_outcomes(tmp_path):
 def test_the_suite_environment_is_its_own():
     """What every test (and every rank it launches) inherits."""
     assert not any(n.startswith("RDMAMW_") and n not in
-                   ("RDMAMW_TEST_PROVIDERS", "RDMAMW_VM", "RDMAMW_VERBS_DEVICE",
-                    "RDMAMW_VERBS_PORT", "RDMAMW_VERBS_GID_INDEX") for n in os.environ)
+                   ("RDMAMW_TEST_PROVIDERS", "RDMAMW_PROVIDER_PLUGINS", "RDMAMW_VM",
+                    "RDMAMW_VERBS_DEVICE", "RDMAMW_VERBS_PORT", "RDMAMW_VERBS_GID_INDEX")
+                   for n in os.environ)
     home = os.environ["HOME"]
     assert os.path.basename(home).startswith("rdmamw-test-home-")
     assert os.environ["XDG_CONFIG_HOME"] == os.path.join(home, ".config")

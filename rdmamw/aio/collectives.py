@@ -25,7 +25,7 @@ from rdmamw.aio.channel import Channel
 from rdmamw.collectives import api, rooted
 from rdmamw.collectives.alltoall import plan_alltoall
 from rdmamw.collectives.comm import INTO, RECV, SEND, Communicator, name_peer
-from rdmamw.errors import RdmamwError, Timeout
+from rdmamw.errors import Timeout
 from rdmamw.steps import Driving, Steps
 
 __all__ = ["allgather", "allreduce", "alltoall", "barrier", "broadcast", "gather",
@@ -43,7 +43,7 @@ class _Awaiting:
         self.chans: dict[int, Channel] = {}
 
     def channel(self, comm: Communicator, peer: int) -> Channel:
-        sync = comm._chans[peer]
+        sync = comm.channel(peer)
         ch = self.chans.get(peer)
         if ch is None or ch.sync is not sync:
             ch = self.chans[peer] = Channel(sync)
@@ -60,25 +60,16 @@ async def run(plan: api.Plan) -> Any:
     if st is None:
         st = _state[comm] = _Awaiting()
     async with st.lock:
-        if comm._progress is not None and comm._progress.busy():
-            raise RdmamwError("the communicator still runs async_op collectives on its "
-                              "thread; wait for their handles before awaiting one")
-        if not comm._lock.acquire(blocking=False):
-            raise RdmamwError("the communicator runs a collective in another thread; "
-                              "use one communicator per thread or loop")
-        try:
-            with comm.guard(plan.header):
-                missing = comm.missing(plan.peers)
-                if missing:         # set-up only: the blocking handshakes off the loop
-                    await asyncio.get_running_loop().run_in_executor(None, comm.ensure,
-                                                                     missing)
-                comm.blocking = False
-                try:
-                    return await _drive(comm, st, comm.steps(plan.header, plan.body))
-                finally:
-                    comm.blocking = True
-        finally:
-            comm._lock.release()
+        with comm.exclusive(), comm.guard(plan.header):
+            missing = comm.missing(plan.peers)
+            if missing:         # set-up only: the blocking handshakes off the loop
+                await asyncio.get_running_loop().run_in_executor(None, comm.ensure,
+                                                                 missing)
+            comm.blocking = False
+            try:
+                return await _drive(comm, st, comm.steps(plan.header, plan.body))
+            finally:
+                comm.blocking = True
 
 
 async def _drive(comm: Communicator, st: _Awaiting, steps: Steps) -> Any:

@@ -43,10 +43,6 @@ def message_limit(value: int | str | None = None) -> int:
     return min(n, WIRE_MAX_MESSAGE)
 
 
-#: transports whose connections prove the shared token (rdmamw.auth; verbs with the
-#: side-channel handshake of issue 13): without a usable token listen() and open()
-#: fail at once with ConfigError, rather than every handshake later
-TOKEN_SCHEMES = ("tcp", "verbs")
 log = logging.getLogger("rdmamw.channel")
 
 
@@ -121,8 +117,8 @@ class Channel(Engine):
             return _make(cls, conn, spin_us, rndv, f"opened to rank {peer} at {{peer}}")
         else:
             scheme, where = split_address(peer)
-            if scheme in TOKEN_SCHEMES:
-                auth.token()
+            if provider(scheme).authenticates:   # no usable token: ConfigError now,
+                auth.token()                        # not in every handshake later
             with setup_errors(f"opening {peer}"):
                 conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
                                                 slot_size=slot_size)
@@ -203,7 +199,7 @@ class Listener:
         layout.max_peer_ring()             # a bad RDMAMW_MAX_PEER_RING fails here
         self._rndv = (rendezvous, rndv_threshold, message_limit(max_message_size))
         scheme, where = split_address(address)
-        if scheme in TOKEN_SCHEMES:
+        if provider(scheme).authenticates:
             auth.token()
         with setup_errors(f"listening on {address}"):
             self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)

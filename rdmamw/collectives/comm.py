@@ -19,10 +19,11 @@ where it stands, with a blocking call, instead of yielding it (as fast as before
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import GeneratorType
 from typing import Any
 
@@ -139,6 +140,26 @@ class Communicator:
             self._chans[p] = ch
             self._queues[p] = collections.deque()
             self._cap = min(self._cap, chunk_limit(ch, self.chunk))
+
+    def channel(self, peer: int) -> Channel:
+        """The open channel to ``peer`` (KeyError before :meth:`ensure` opened it)."""
+        return self._chans[peer]
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the communicator for one collective driven from outside (an event
+        loop): RdmamwError, instead of waiting, while its progress thread still runs
+        ``async_op`` collectives or another thread runs one."""
+        if self._progress is not None and self._progress.busy():
+            raise RdmamwError("the communicator still runs async_op collectives on its "
+                              "thread; wait for their handles before awaiting one")
+        if not self._lock.acquire(blocking=False):
+            raise RdmamwError("the communicator runs a collective in another thread; "
+                              "use one communicator per thread or loop")
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def chunk_elems(self, itemsize: int, n: int) -> int:
         """Elements per message of an ``n``-element transfer (both ends compute the

@@ -83,11 +83,14 @@ class Provider(Protocol):
     ``scheme`` names its addresses (``scheme://where``); ``preference`` ranks it when
     two ranks could use several (shm 300 > verbs 200 > tcp 100: the highest that
     ``can_connect`` wins); ``network`` says its addresses are ``HOST:PORT`` and it
-    reaches other hosts (``rdmamw perf`` takes the best usable one by default)."""
+    reaches other hosts (``rdmamw perf`` takes the best usable one by default);
+    ``authenticates`` says its connections prove the job's token (rdmamw.auth), so
+    ``listen`` and ``open`` check for a usable token first."""
 
     scheme: str
     preference: int
     network: bool
+    authenticates: bool
 
     def status(self) -> tuple[bool, str]:
         """(usable in this process, what it runs on or why not): ``rdmamw info``."""
@@ -131,8 +134,8 @@ class Provider(Protocol):
 
 
 #: the attributes and methods every provider object has (tests/test_provider_shape.py)
-REQUIRED = ("scheme", "preference", "network", "status", "info", "can_connect",
-            "check_entry", "advertise", "listen", "connect", "connect_rank")
+REQUIRED = ("scheme", "preference", "network", "authenticates", "status", "info",
+            "can_connect", "check_entry", "advertise", "listen", "connect", "connect_rank")
 
 
 def missing(obj: Any) -> list[str]:

@@ -336,6 +336,7 @@ class ShmProvider:
     scheme = "shm"
     preference = 300
     network = False
+    authenticates = False
     listen = staticmethod(listen)
     connect = staticmethod(connect)
 

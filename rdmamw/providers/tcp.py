@@ -80,9 +80,12 @@ def parse_hello(peer: dict, accepting: bool) -> dict:
     return out
 
 
-def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
-               rank: int | None) -> Connected:
-    """Token check, hellos, blocks; ``mode`` is given by the opener, None on accept."""
+def handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
+              rank: int | None, peer_name: str | None = None) -> Connected:
+    """Token check, hellos, blocks; ``mode`` is given by the opener, None on accept.
+    Any connected stream socket will do (a provider may run the tcp transport over
+    its own sockets: tests/uds_provider.py); ``peer_name`` names the peer (default
+    ``tcp://HOST:PORT`` of the socket's peer)."""
     layout.check_ring(slots, slot_size)
     if mode is None:
         auth.accept_side(conn)
@@ -100,7 +103,9 @@ def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None
     mode = mode or peer["mode"]
     mine = layout.endpoint_layout(slots, slot_size, peer_slots)
     theirs = layout.endpoint_layout(peer_slots, peer_slot_size, slots)
-    host, port = conn.getpeername()[:2]
+    if peer_name is None:
+        host, port = conn.getpeername()[:2]
+        peer_name = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
     block = alloc_block(mine.total)
     evfd = -1
     try:
@@ -115,7 +120,6 @@ def _handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None
             os.close(evfd)
         raise
     conn.detach()               # the transport owns the socket, eventfd and block now
-    peer_name = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
     return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, peer_name,
                      peer.get("rank"))
 
@@ -154,7 +158,7 @@ class TcpListener(HandshakeListener[Connected]):
 
     def _handshake(self, conn: socket.socket, addr) -> Connected:
         _tune(conn)
-        return _handshake(conn, self.slots, self.slot_size, None, None)
+        return handshake(conn, self.slots, self.slot_size, None, None)
 
 
 def listen(where: str, *, slots: int, slot_size: int) -> TcpListener:
@@ -184,7 +188,7 @@ def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int
     try:
         _tune(conn)
         conn.settimeout(max(1.0, deadline - time.monotonic()))
-        return _handshake(conn, slots, slot_size, mode, rank)
+        return handshake(conn, slots, slot_size, mode, rank)
     except TimeoutError:
         conn.close()
         raise Timeout(f"handshake with tcp://{where} timed out") from None
@@ -201,6 +205,7 @@ class TcpProvider:
     scheme = "tcp"
     preference = 100
     network = True
+    authenticates = True
     listen = staticmethod(listen)
     connect = staticmethod(connect)
 

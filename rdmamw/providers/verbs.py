@@ -250,6 +250,7 @@ class VerbsProvider:
     scheme = "verbs"
     preference = verbs_rank.PREFERENCE
     network = True
+    authenticates = True
     connect = staticmethod(connect)
 
     def listen(self, where: str, *, slots: int, slot_size: int) -> VerbsListener:

@@ -107,33 +107,49 @@ cdef class Transport:
     cdef uint32_t soft_len
 
     cdef void complete_now(self, uint64_t wr_id, uint32_t opcode) noexcept nogil
+
+    # ---- REQUIRED: every provider implements these (the base refuses them) ----------
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil
-    cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil
     cdef int wake_peer(self) noexcept nogil
     cdef int wait(self, int timeout_ms) noexcept nogil
+    cdef int peer_state(self) noexcept nogil
+    # also required, as Python methods: close(); and the regions: fill local[] and
+    # peer[] from layout.Layout.regions() when the connection is made.
+    # poll() is required of a provider with a real completion queue (verbs); one that
+    # finishes the work inside post() calls complete_now() and keeps the base's poll()
+    cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil
+
+    # ---- OPTIONAL: the base's default is what a provider without the feature does;
+    # the engine and rdmamw.aio rely on the defaults and never ask which is which ------
     # an event loop's wait instead of wait(): event_fd() (Python) names a descriptor
     # that turns readable on what would end wait(); arm_fd() drains it and arms the
-    # provider's notification (then the caller checks again); disarm_fd() undoes it
+    # provider's notification (then the caller checks again); disarm_fd() undoes it.
+    # Default (no _event_fds()): a descriptor that never turns readable, arm_fd() OK,
+    # and poll_interval() NO_EVENT_POLL_S, so a loop's waits re-check by polling
     cdef int arm_fd(self) noexcept nogil
     cdef void disarm_fd(self) noexcept nogil
     cdef void reap_wakeups(self) noexcept nogil  # take wake-ups already delivered (verbs: the RQ)
-    cdef object _epoll                    # event_fd() of a provider with several fds
-    cdef int peer_state(self) noexcept nogil
+    cdef object _epoll                    # event_fd() of a provider with several fds, or none
+    cdef readonly bint polled_events      # event_fd() is the never-readable default
     # the peer's process is gone (its end of the connection closed), as opposed to a
     # failed request: a refused READ is then its death, not a lie (verbs: the QP fails
-    # on either, so only the side channel tells)
+    # on either, so only the side channel tells). Default: peer_state() < 0
     cdef bint peer_exited(self) noexcept nogil
-    cdef int assist(self) noexcept nogil  # idle: help the peer with its work (shm: copies)
+    cdef int assist(self) noexcept nogil  # idle: help the peer with its work (shm: copies); default 0
     # rendezvous: make [addr, addr+length) readable/writable by the peer (or only usable
     # locally); the provider bounds-checks the peer's EXPOSED work requests against it.
     # The engine's send thread and receive thread call expose/unexpose at the same time:
-    # a provider's exposure table must be safe for that (verbs: xlock; tcp: xp_mu)
+    # a provider's exposure table must be safe for that (verbs: xlock; tcp: xp_mu).
+    # Default: RM_ERR_UNSUPPORTED with can_expose False (the channel sends eagerly only)
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil
     cdef int unexpose(self, uint32_t handle) noexcept nogil
     # True in a fork child: the connection is the parent's, so close() and dealloc
-    # must touch nothing shared (no shutdown, no close word, no thread join, no verbs)
+    # must touch nothing shared (no shutdown, no close word, no thread join, no verbs).
+    # Default: owner_pid is not this process's pid
     cdef bint inherited(self) noexcept nogil
+    # optional Python methods: register_local() (default: no registration, lkey 0),
+    # error_detail() (default None), counters() (the n_* fields above)
 
 
 # this process's pid, kept current in a fork child: a unit that checks ownership on

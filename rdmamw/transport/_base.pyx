@@ -25,9 +25,16 @@ def _refresh_pid():
     _pid = _fork.pid()
 
 
+#: how often an event loop re-checks a transport without event descriptors (seconds)
+NO_EVENT_POLL_S = 0.001
+
+
 cdef class Transport:
-    """Base of the providers' endpoints (mini-verbs). Subclasses implement the nogil
-    methods; this base refuses everything so a half-built transport fails loudly."""
+    """Base of the providers' endpoints (mini-verbs). The required methods (``post``,
+    ``wake_peer``, ``wait``, ``peer_state``, ``close``; ``poll`` unless the provider
+    completes work in ``post``) are refused here, so a half-built transport fails
+    loudly; the optional ones have the defaults of a provider without the feature
+    (``_base.pxd`` lists which is which)."""
 
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
         return RM_ERR_CLOSED
@@ -64,8 +71,10 @@ cdef class Transport:
     cdef int arm_fd(self) noexcept nogil:
         """Drain event_fd() and arm whatever makes it readable on the next wake-up,
         peer message or peer event; RM_OK, or <0 once the connection is down. The
-        caller checks for what it waits for *after* this (check, arm, check)."""
-        return RM_ERR_UNSUPPORTED
+        caller checks for what it waits for *after* this (check, arm, check). The
+        default (a provider without event descriptors) has nothing to arm: the
+        waiter re-checks every poll_interval()."""
+        return RM_OK
 
     cdef void disarm_fd(self) noexcept nogil:
         pass
@@ -79,18 +88,21 @@ cdef class Transport:
 
     def _event_fds(self):
         """The descriptors that wake wait() (the provider's wake-up, its liveness
-        socket); event_fd() watches them all."""
-        raise NotImplementedError(f"{type(self).__name__} has no event descriptor")
+        socket); event_fd() watches them all. Default: none (see event_fd)."""
+        return ()
 
     def poll_interval(self) -> float:
         """Seconds after which a wait on event_fd() looks again although it stayed
-        quiet, for a wake-up that can slip by (0: none can)."""
-        return 0.0
+        quiet, for a wake-up that can slip by (0: none can). NO_EVENT_POLL_S for a
+        provider without event descriptors."""
+        return NO_EVENT_POLL_S if self.polled_events else 0.0
 
     def event_fd(self) -> int:
         """One descriptor for an event loop: readable when wait() would return (a
         wake-up from the peer, the peer closing or dying). Several descriptors are
-        combined in an epoll set the transport owns (closed with it)."""
+        combined in an epoll set the transport owns (closed with it). A provider with
+        none gets an empty epoll set, never readable: then poll_interval() makes the
+        loop's waits look again every NO_EVENT_POLL_S (slower, never stuck)."""
         fds = self._event_fds()
         if len(fds) == 1:
             return fds[0]
@@ -99,6 +111,7 @@ cdef class Transport:
             for fd in fds:
                 ep.register(fd, select.EPOLLIN)
             self._epoll = ep
+            self.polled_events = not fds
         return self._epoll.fileno()
 
     cdef int peer_state(self) noexcept nogil:
