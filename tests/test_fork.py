@@ -17,7 +17,7 @@ import pytest
 
 import rdmamw
 from rdmamw.errors import InheritedChannel
-from tests.helpers import make_pair
+from tests.helpers import LISTEN_ADDRESS, make_pair
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: child exit codes
@@ -200,8 +200,7 @@ def test_child_opens_its_own_channel(provider):
 
 def test_child_listener(provider):
     """A child can neither accept on nor close the parent's listening socket."""
-    lst = rdmamw.listen({"shm": f"shm://fork-l-{os.getpid()}", "tcp": "tcp://127.0.0.1:0",
-                         "verbs": "verbs://127.0.0.1:0"}[provider])
+    lst = rdmamw.listen(LISTEN_ADDRESS[provider]())
     assert in_child(lambda: expect_inherited(lambda: lst.accept(timeout=0.2))) == OK
     assert in_child(lambda: lst.close()) == OK
     got: dict = {}
@@ -217,7 +216,8 @@ def test_child_listener(provider):
 def test_child_exits_through_interpreter_shutdown(provider):
     """The child leaves by sys.exit: atexit handlers, then the garbage collector
     deallocates the inherited channels (a tcp one used to join a thread it has not)."""
-    env = dict(os.environ, PYTHONPATH=ROOT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     out = subprocess.run([sys.executable, "-m", "tests.fork_exit_worker", provider],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip().endswith("OK"), out.stdout + out.stderr
