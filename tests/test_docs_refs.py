@@ -6,7 +6,9 @@ repository points a reader to a document outside it.
   scripts/ or examples/ (a directory when it ends in ``/``; ``*`` and an upper-case
   placeholder such as ``_NAME`` stand for any name), every path inside a package of
   rdmamw written without ``rdmamw/`` (``collectives/api.py``) and every bare source file
-  name (``_link.pyx``, ``rm_tcp.h``) names a file of the repository.
+  name (``_link.pyx``, ``rm_tcp.h``) names a file of the repository, and every dotted
+  name under ``rdmamw.`` is a module of it (then a name that module defines or imports)
+  or a logger the code creates.
 * rdmamw/, bench/, scripts/, tests/, examples/, setup.py and the Makefile: every
   ``docs/...`` path names a file of the repository.
 * No file of the repository names the design page the project was started from, or the
@@ -18,6 +20,7 @@ build products (the ``.c`` files Cython writes, ``.so``) do not count."""
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import os
 import re
@@ -49,6 +52,8 @@ NOT_AFTER = r"(?<![\w./~$@-])"
 TOP_PATH = re.compile(NOT_AFTER + r"((?:" + "|".join(TOP) + r")/[\w./*-]*)")
 DOCS_PATH = re.compile(NOT_AFTER + r"(docs/[\w./*-]*)")
 BARE = re.compile(NOT_AFTER + r"([\w-]+\." + SOURCE_EXT + r")(?![\w/-])")
+DOTTED = re.compile(r"(?<![\w./-])(rdmamw(?:\.[\w*]+)+)")
+LOGGER = re.compile(r"getLogger\(\s*[\"'](rdmamw[\w.]*)[\"']")
 # the outside design page and its directory, spelled so that this file does not match
 OUTSIDE = re.compile(rb"DESIGN" + rb"\.md|(?<![\w.-])sha" + rb"red/")
 
@@ -105,6 +110,53 @@ def resolves(path: str) -> bool:
         return False
     pattern = re.sub(r"[A-Z][A-Z0-9]*", "*", path)
     return any(fnmatch.fnmatchcase(p, pattern) for p in pool)
+
+
+@cache
+def loggers() -> frozenset[str]:
+    """The names the code passes to ``logging.getLogger``."""
+    return frozenset(m.group(1) for f in repo_files() if f.startswith("rdmamw/")
+                     and f.endswith((".py", ".pyx"))
+                     for m in LOGGER.finditer((ROOT / f).read_text()))
+
+
+@cache
+def module_names(parts: tuple[str, ...]) -> frozenset[str] | None:
+    """The names module ``rdmamw.<parts>`` defines or imports at its top level (a .py
+    file or package by its syntax tree, a Cython module by its ``def``/``class``
+    lines), or None when there is no such module."""
+    base = "/".join(["rdmamw", *parts])
+    for f in (base + ".py", base + "/__init__.py"):
+        if f in repo_files():
+            out = set()
+            for node in ast.parse((ROOT / f).read_text()).body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    out.add(node.name)
+                elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                    out.update((a.asname or a.name).split(".")[0] for a in node.names)
+                else:
+                    out.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name)
+                               and isinstance(n.ctx, ast.Store))
+            return frozenset(out)
+    for f in (base + ".pyx", base + ".pxd"):
+        if f in repo_files():
+            return frozenset(re.findall(r"^(?:c?p?def|class|cdef class|cpdef)\s+(?:\w+\s+)*?"
+                                        r"(\w+)\s*[(:]", (ROOT / f).read_text(), re.M))
+    return None
+
+
+def dotted_resolves(name: str) -> bool:
+    """``rdmamw.a.b`` is a module, or ``rdmamw.a.b.c`` a module ``rdmamw.a.b`` that
+    defines or imports ``c`` (``*`` matches any name), or a logger the code creates."""
+    name = name.rstrip(".")
+    if name in loggers():
+        return True
+    parts = tuple(name.split(".")[1:])
+    for k in range(len(parts), -1, -1):
+        names = module_names(parts[:k])
+        if names is not None:
+            return k == len(parts) or any(fnmatch.fnmatchcase(n, parts[k]) for n in names)
+    return False
 
 
 def docs() -> list[Path]:
@@ -176,6 +228,9 @@ def broken_paths(doc: Path, text: str) -> list[str]:
             name = m.group(1)
             if name not in basenames() and name not in NOT_OURS:
                 bad.append(f"{doc.name}:{no}: {name} (no file of that name)")
+        for m in DOTTED.finditer(line):
+            if not dotted_resolves(m.group(1)):
+                bad.append(f"{doc.name}:{no}: {m.group(1)} (no such module or name)")
     return bad
 
 
@@ -227,17 +282,20 @@ def test_the_checks_find_what_they_guard():
     doc = ROOT / "docs" / "planted.md"
     text = ("# Planted\n"
             "[a](architecture.md#no-such-heading) [b](lost.md) [c](#nowhere)\n"
-            "`rdmamw/engine/_core.pyx`, `collectives/nope.py`, `gone.pyx`, `bench/absent/`\n")
+            "`rdmamw/engine/_core.pyx`, `collectives/nope.py`, `gone.pyx`, `bench/absent/`\n"
+            "`rdmamw.ps.demo`, `rdmamw.memory.pool.no_such_name`, `rdmamw.nowhere`\n")
     bad = "\n".join(broken_links(doc, text) + broken_paths(doc, text))
     for want in ("no heading #no-such-heading in docs/architecture.md",
                  "link to lost.md: no such file", "no heading #nowhere",
                  "rdmamw/engine/_core.pyx", "collectives/nope.py", "gone.pyx",
-                 "bench/absent/"):
+                 "bench/absent/", "rdmamw.ps.demo (", "rdmamw.memory.pool.no_such_name",
+                 "rdmamw.nowhere"):
         assert want in bad, (want, bad)
     good = ("# Planted\n[a](architecture.md#the-engine) [b](../README.md) [c](#planted)"
             " [d](https://example.org/x.md)\n`rdmamw/providers/_NAME.pyx`, `docs/*.md`, "
             "`collectives/api.py`, `_link.pyx`, `rdmamw/engine/`, `bench/results/`, "
-            "`verbs.h`, ~/.config/rdmamw/rendezvous.json\n")
+            "`verbs.h`, ~/.config/rdmamw/rendezvous.json, `rdmamw.memory.pool.allocate`, "
+            "`rdmamw.collectives.api.plan_*`, `rdmamw.aio`, the `rdmamw.tcp` logger.\n")
     assert broken_links(doc, good) + broken_paths(doc, good) == []
     assert OUTSIDE.search(b"as " + b"DESIGN" + b".md says")
     assert OUTSIDE.search(b"(../sha" + b"red/softroce)")
