@@ -8,7 +8,8 @@ repository points a reader to a document outside it.
   rdmamw written without ``rdmamw/`` (``collectives/api.py``) and every bare source file
   name (``_link.pyx``, ``rm_tcp.h``) names a file of the repository, and every dotted
   name under ``rdmamw.`` is a module of it (then a name that module defines or imports)
-  or a logger the code creates.
+  or a logger the code creates; every ``test_...`` name is a test module or a test of
+  tests/, and every ```make TARGET``` a target of the Makefile.
 * rdmamw/, bench/, scripts/, tests/, examples/, setup.py and the Makefile: every
   ``docs/...`` path names a file of the repository.
 * No file of the repository names the design page the project was started from, or the
@@ -53,6 +54,9 @@ TOP_PATH = re.compile(NOT_AFTER + r"((?:" + "|".join(TOP) + r")/[\w./*-]*)")
 DOCS_PATH = re.compile(NOT_AFTER + r"(docs/[\w./*-]*)")
 BARE = re.compile(NOT_AFTER + r"([\w-]+\." + SOURCE_EXT + r")(?![\w/-])")
 DOTTED = re.compile(r"(?<![\w./-])(rdmamw(?:\.[\w*]+)+)")
+TEST_NAME = re.compile(r"(?<![\w./-])(test_\w+)")
+MAKE = re.compile(r"`make ([\w-]+)")
+MAKE_LINE = re.compile(r"^\s*make ([\w-]+)")
 LOGGER = re.compile(r"getLogger\(\s*[\"'](rdmamw[\w.]*)[\"']")
 # the outside design page and its directory, spelled so that this file does not match
 OUTSIDE = re.compile(rb"DESIGN" + rb"\.md|(?<![\w.-])sha" + rb"red/")
@@ -159,6 +163,23 @@ def dotted_resolves(name: str) -> bool:
     return False
 
 
+@cache
+def known_tests() -> frozenset[str]:
+    """The test modules of tests/ and the tests (and fixtures) they define."""
+    out = set()
+    for f in repo_files():
+        if f.startswith("tests/") and f.endswith(".py"):
+            out.add(f.rsplit("/", 1)[-1][:-3])
+            out.update(re.findall(r"^\s*(?:async\s+)?def\s+(test_\w+)", (ROOT / f).read_text(),
+                                  re.M))
+    return frozenset(out)
+
+
+@cache
+def make_targets() -> frozenset[str]:
+    return frozenset(re.findall(r"^([\w-]+)\s*:", (ROOT / "Makefile").read_text(), re.M))
+
+
 def docs() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -231,6 +252,17 @@ def broken_paths(doc: Path, text: str) -> list[str]:
         for m in DOTTED.finditer(line):
             if not dotted_resolves(m.group(1)):
                 bad.append(f"{doc.name}:{no}: {m.group(1)} (no such module or name)")
+        for m in TEST_NAME.finditer(line):
+            if m.group(1) not in known_tests():
+                bad.append(f"{doc.name}:{no}: {m.group(1)} (no such test or test module)")
+    fenced = False
+    for no, line in numbered(text):
+        fenced ^= line.lstrip().startswith("```")
+        targets = [m.group(1) for m in MAKE.finditer(line)]
+        if fenced and MAKE_LINE.match(line):
+            targets.append(MAKE_LINE.match(line).group(1))
+        bad += [f"{doc.name}:{no}: make {t} (no such Makefile target)" for t in targets
+                if t not in make_targets()]
     return bad
 
 
@@ -283,19 +315,22 @@ def test_the_checks_find_what_they_guard():
     text = ("# Planted\n"
             "[a](architecture.md#no-such-heading) [b](lost.md) [c](#nowhere)\n"
             "`rdmamw/engine/_core.pyx`, `collectives/nope.py`, `gone.pyx`, `bench/absent/`\n"
-            "`rdmamw.ps.demo`, `rdmamw.memory.pool.no_such_name`, `rdmamw.nowhere`\n")
+            "`rdmamw.ps.demo`, `rdmamw.memory.pool.no_such_name`, `rdmamw.nowhere`\n"
+            "`test_no_such_thing`, `make no-such-target`\n```sh\nmake gone-target\n```\n")
     bad = "\n".join(broken_links(doc, text) + broken_paths(doc, text))
     for want in ("no heading #no-such-heading in docs/architecture.md",
                  "link to lost.md: no such file", "no heading #nowhere",
                  "rdmamw/engine/_core.pyx", "collectives/nope.py", "gone.pyx",
                  "bench/absent/", "rdmamw.ps.demo (", "rdmamw.memory.pool.no_such_name",
-                 "rdmamw.nowhere"):
+                 "rdmamw.nowhere", "test_no_such_thing", "make no-such-target",
+                 "make gone-target"):
         assert want in bad, (want, bad)
-    good = ("# Planted\n[a](architecture.md#the-engine) [b](../README.md) [c](#planted)"
+    good = ("# Planted\n[a](design.md#alignment-4k-aliasing) [b](../README.md) [c](#planted)"
             " [d](https://example.org/x.md)\n`rdmamw/providers/_NAME.pyx`, `docs/*.md`, "
-            "`collectives/api.py`, `_link.pyx`, `rdmamw/engine/`, `bench/results/`, "
+            "`collectives/api.py`, `_phase.pyx`, `rdmamw/engine/`, `bench/results/`, "
             "`verbs.h`, ~/.config/rdmamw/rendezvous.json, `rdmamw.memory.pool.allocate`, "
-            "`rdmamw.collectives.api.plan_*`, `rdmamw.aio`, the `rdmamw.tcp` logger.\n")
+            "`rdmamw.collectives.api.plan_*`, `rdmamw.aio`, the `rdmamw.channel` logger.\n"
+            "test_layers.py's `test_dirty_spans`, `make bench-rndv`\n")
     assert broken_links(doc, good) + broken_paths(doc, good) == []
     assert OUTSIDE.search(b"as " + b"DESIGN" + b".md says")
     assert OUTSIDE.search(b"(../sha" + b"red/softroce)")
