@@ -169,8 +169,8 @@ def build(tree: Path) -> tuple[bool, str]:
 
 def locate(m: CMutant) -> str:
     """The file the mutant applies to: its ``path`` when the original text is there
-    once, else the one Cython/C source of rdmamw that holds it once (code moves: the
-    engine is being split out of _core.pyx). Exits when it is nowhere or ambiguous."""
+    once, else the one Cython/C source of rdmamw that holds it once (code moves between
+    the engine's units and the providers' files). Exits when it is nowhere or ambiguous."""
     if (ROOT / m.path).read_text().count(m.original) == 1:
         return m.path
     found = [str(p.relative_to(ROOT)) for ext in ("pyx", "pxd", "pxi", "h")

@@ -4,7 +4,7 @@ RDMAMW_PROVIDER): the ranks run in two network namespaces (tests/netns.py), each
 must give shm inside a namespace and verbs across, with the RDMA traffic on the wire.
 
 The rxe devices live in the initial namespace with policy routing that sends their
-traffic over the veth pair (as ../shared/softroce's veth2 set-up): the VM's 6.1 rxe
+traffic over the veth pair (rxe_over_veth below): the VM's 6.1 rxe
 routes in the initial namespace only, so an rxe inside a namespace cannot send
 (ibv_rc_pingpong: "local QP operation error"). A rank in a namespace therefore cannot
 see its device's netdev, and the hosts declare their fabric (RDMAMW_VERBS_FABRIC)."""

@@ -17,7 +17,7 @@ a buffer from a pool instead of allocating and registering one per message.
   ("overflow"): registered for this use and freed on release. Acquiring never blocks
   and never fails for lack of pool space.
 
-Buffers are page-aligned (4K aliasing, DESIGN.md). ``register(addr, length)`` /
+Buffers are page-aligned (4K aliasing: docs/design.md). ``register(addr, length)`` /
 ``deregister(handle)`` are the provider's; each pooled buffer is registered once."""
 
 from __future__ import annotations

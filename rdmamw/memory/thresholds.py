@@ -39,7 +39,7 @@ STRATEGIES = ("read", "write", "off")
 
 #: Untuned defaults. shm: a CMA READ is one copy instead of two once a message
 #: outgrows the eager slot; tcp: READ is a request/response round trip, WRITE pushes
-#: at once; verbs: READ avoids the receiver's advertisement round trip (DESIGN.md).
+#: at once; verbs: READ avoids the receiver's advertisement round trip (docs/design.md).
 DEFAULTS: dict[str, dict[str, Any]] = {
     "shm": {"strategy": "read", "threshold": 64 << 10},
     "tcp": {"strategy": "write", "threshold": 64 << 10},
