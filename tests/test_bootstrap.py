@@ -1,4 +1,4 @@
-"""rdmamw.init() under each launcher's environment, the rendezvous, Channel.open(rank),
+"""rdmamw.init() under each launcher's environment, the bootstrap store, Channel.open(rank),
 and the failures a user meets (missing rank, port in use). Jobs across network
 namespaces are in test_multihost.py."""
 
@@ -187,7 +187,7 @@ def test_rank_zero_port_in_use_is_a_clear_error():
                        env=clean_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                                      MASTER_PORT=str(s.getsockname()[1])))
     s.close()
-    assert p.returncode != 0 and "already in use" in p.stderr
+    assert p.returncode != 0 and "bootstrap port" in p.stderr and "already in use" in p.stderr
 
 
 def test_open_by_rank_needs_init():
@@ -324,7 +324,7 @@ def test_a_table_that_does_not_fit_the_world_is_refused(table):
     t.start()
     try:
         with pytest.raises(rdmamw.ProtocolError,
-                           match=f"rendezvous table of {len(table)} entries for 2 ranks"):
+                           match=f"bootstrap table of {len(table)} entries for 2 ranks"):
             store.join("127.0.0.1", sock.getsockname()[1], 1, None, lambda ip: {}, 2, 30)
     finally:
         t.join(60)

@@ -31,21 +31,21 @@ from typing import Any
 from rdmamw import config
 from rdmamw.config import parse_bytes
 from rdmamw.errors import ConfigError
+from rdmamw.vocabulary import READ, RNDV_STRATEGIES, WRITE, check_rendezvous
 
 FILE_ENV = "RDMAMW_TUNE_FILE"
 STRATEGY_ENV = "RDMAMW_RNDV_STRATEGY"
 THRESHOLD_ENV = "RDMAMW_RNDV_THRESHOLD"
-STRATEGIES = ("read", "write", "off")
 
 #: Untuned defaults. shm: a CMA READ is one copy instead of two once a message
 #: outgrows the eager slot; tcp: READ is a request/response round trip, WRITE pushes
 #: at once; verbs: READ avoids the receiver's advertisement round trip (DESIGN.md).
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "shm": {"strategy": "read", "threshold": 64 << 10},
-    "tcp": {"strategy": "write", "threshold": 64 << 10},
-    "verbs": {"strategy": "read", "threshold": 64 << 10},
+    "shm": {"strategy": READ, "threshold": 64 << 10},
+    "tcp": {"strategy": WRITE, "threshold": 64 << 10},
+    "verbs": {"strategy": READ, "threshold": 64 << 10},
 }
-FALLBACK: dict[str, Any] = {"strategy": "read", "threshold": 64 << 10}
+FALLBACK: dict[str, Any] = {"strategy": READ, "threshold": 64 << 10}
 
 
 def default_path() -> Path:
@@ -55,9 +55,9 @@ def default_path() -> Path:
 
 
 def check_strategy(value: Any, what: str = "strategy") -> str:
-    if value not in STRATEGIES:
-        raise ConfigError(f"{what}: {value!r} is not one of {', '.join(STRATEGIES)}")
-    return value
+    """``value`` if the engine runs it (``rdmamw.vocabulary.RNDV_STRATEGIES``), else
+    ConfigError naming ``what``."""
+    return check_rendezvous(value, ConfigError, what, RNDV_STRATEGIES)
 
 
 def _read(path: Path) -> dict:
