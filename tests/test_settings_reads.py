@@ -42,8 +42,7 @@ PENDING = {"rdmamw/bootstrap/__init__.py": {"DMLC_NUM_SERVER"}}
 
 
 def _is_environ(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr == "environ"
-            and isinstance(node.value, ast.Name) and node.value.id == "os") or \
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or \
         (isinstance(node, ast.Name) and node.id == "environ")
 
 
