@@ -1,4 +1,6 @@
-"""Every ``RDMAMW_*`` setting, declared once: name, type, default and a one-line doc.
+"""Every ``RDMAMW_*`` setting, declared once: name, type, default and a one-line doc;
+and, in a section of their own, the variables launchers set (torchrun's, MPI's,
+Slurm's, ps-lite's), which the bootstrap reads through the same table.
 
 As UCX declares each component's settings in one table (``ucs_config_field_t``) and
 NCCL reads each variable through one parser, the package reads its environment only
@@ -13,11 +15,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rdmamw.errors import ConfigError
+from rdmamw.vocabulary import ALLREDUCE_ALGORITHMS, AUTO, RNDV_STRATEGIES
 
 # ---- parsers: the text of a variable (or an option) -> a value -------------------------
 
@@ -78,7 +81,7 @@ def parse_number(text: str, what: str, kind: type = float, minimum: float = 0,
     except ValueError:
         value = None
     if value is None or value != value or not minimum <= value <= maximum:   # NaN != NaN
-        noun = "a whole number" if kind is int else "a number"
+        noun = "an integer" if kind is int else "a number"
         bound = f" from {minimum:g} to {maximum:g}" if maximum < math.inf else f" >= {minimum:g}"
         raise ConfigError(f"{what}={text!r} is not {noun}{bound}")
     return value
@@ -107,6 +110,7 @@ class Setting:
     maximum: float = math.inf
     choices: tuple[str, ...] = ()
     secret: bool = False        # never printed (rdmamw info, the log)
+    set_by: str = ""            # a launcher's variable: the launchers that set it
     check: Callable[[Any, str], Any] | None = None   # a further check of the parsed value
 
     def parse(self, text: str) -> Any:
@@ -189,7 +193,7 @@ D("memory", "RDMAMW_POOL_SHARDS", "int", None,
   "per-thread shards of a buffer pool (default min(8, CPUs))", minimum=1)
 D("memory", "RDMAMW_RNDV_STRATEGY", "choice", "",
   "rendezvous strategy for large messages, over the tuning file",
-  choices=("read", "write", "off", ""))
+  choices=(*RNDV_STRATEGIES, ""))
 D("memory", "RDMAMW_RNDV_THRESHOLD", "bytes", None,
   "size from which messages go by rendezvous, over the tuning file")
 D("memory", "RDMAMW_TUNE_FILE", "path", "",
@@ -230,11 +234,15 @@ D("verbs", "RDMAMW_VERBS_POLL_MS", "int", 1, "re-check interval of a sleeper wit
 D("verbs", "RDMAMW_VERBS_TIMEOUT", "int", 14, "QP local ACK timeout exponent (4.096 us x 2^n)",
   maximum=31)
 # bootstrap (the launcher variables are read with torchrun's, MPI's and Slurm's)
-D("bootstrap", "RDMAMW_RANK", "int", None, "this process's rank (set by a launcher)")
+OWN = "a launcher of one's own"
+D("bootstrap", "RDMAMW_RANK", "int", None, "this process's rank (set by a launcher)",
+  set_by=OWN)
 D("bootstrap", "RDMAMW_WORLD_SIZE", "int", None, "ranks in the job (set by a launcher)",
-  minimum=1)
-D("bootstrap", "RDMAMW_MASTER_ADDR", "str", None, "rank 0's rendezvous address")
-D("bootstrap", "RDMAMW_MASTER_PORT", "int", None, "rank 0's rendezvous port", maximum=65535)
+  minimum=1, set_by=OWN)
+D("bootstrap", "RDMAMW_MASTER_ADDR", "str", None,
+  "rank 0's bootstrap address (wins over the launchers')", set_by=OWN)
+D("bootstrap", "RDMAMW_MASTER_PORT", "int", None,
+  "rank 0's bootstrap port (wins over the launchers')", maximum=65535, set_by=OWN)
 D("bootstrap", "RDMAMW_SOCKET_IFNAME", "str", "",
   "interfaces for the tcp and bootstrap addresses: prefixes, =exact, ^ excludes")
 D("bootstrap", "RDMAMW_INIT_TIMEOUT", "seconds", 60.0, "seconds rdmamw.init() waits for the job")
@@ -260,7 +268,7 @@ D("collectives", "RDMAMW_COLL_PIECES", "int", 1, "pipeline pieces per transfer",
 D("collectives", "RDMAMW_COLL_RESULT_BYTES", "bytes", G,
   "idle bytes the pool of out-of-place collective results keeps")
 D("collectives", "RDMAMW_ALLREDUCE_ALGORITHM", "choice", "",
-  "force an allreduce algorithm", choices=("auto", "ring", "rhd", "hierarchical", ""))
+  "force an allreduce algorithm", choices=(AUTO, *ALLREDUCE_ALGORITHMS, ""))
 D("collectives", "RDMAMW_COLL_CONFIG", "path", "",
   "cost-model file of `rdmamw tune` (default ~/.config/rdmamw/collectives.json)")
 D("collectives", "RDMAMW_COLL_TOPOLOGY", "str", "host",
@@ -277,22 +285,86 @@ D("log", "RDMAMW_LOG_LEVEL", "str", "",
   "level of the 'rdmamw' logger: debug, info, warning (default), error, critical")
 D("log", "RDMAMW_LOG_FILE", "path", "",
   "log to this file instead of stderr (%h: host name, %p: pid)")
-del D
 
 
-def get(name: str) -> Any:
-    """The value of ``name`` now: the environment's, parsed, or the default."""
+# launchers: what torchrun, mpirun, srun, ps-lite (and rdmamw.bootstrap.launch) set for
+# the processes they start; rdmamw.init() reads them (rdmamw/bootstrap/env.py)
+def L(name: str, kind: str, set_by: str, doc: str, **kw: Any) -> None:
+    _declare("launcher", name, kind, kw.pop("default", None), doc, set_by=set_by, **kw)
+
+
+TORCHRUN, OMPI, MPICH, SLURM, PSLITE = "torchrun", "Open MPI", "MPICH", "Slurm", "ps-lite"
+L("RANK", "int", TORCHRUN, "this process's rank")
+L("WORLD_SIZE", "int", TORCHRUN, "ranks in the job", minimum=1)
+L("LOCAL_RANK", "int", TORCHRUN, "this process's rank on its host")
+L("LOCAL_WORLD_SIZE", "int", TORCHRUN, "ranks on this host", minimum=1)
+L("MASTER_ADDR", "str", TORCHRUN, "rank 0's host (also read under MPI and Slurm)")
+L("MASTER_PORT", "int", TORCHRUN, "rank 0's port (torchrun's agent store; ours takes the "
+  "next one when TORCHELASTIC_USE_AGENT_STORE=True)", maximum=65535)
+L("TORCHELASTIC_USE_AGENT_STORE", "str", TORCHRUN,
+  "True: torchrun's agent runs its own store on MASTER_PORT")
+L("OMPI_COMM_WORLD_RANK", "int", OMPI, "this process's rank")
+L("OMPI_COMM_WORLD_SIZE", "int", OMPI, "ranks in the job", minimum=1)
+L("OMPI_COMM_WORLD_LOCAL_SIZE", "int", OMPI, "ranks on this host", minimum=1)
+L("PMI_RANK", "int", MPICH, "this process's rank")
+L("PMI_SIZE", "int", MPICH, "ranks in the job", minimum=1)
+L("MPI_LOCALNRANKS", "int", MPICH, "ranks on this host", minimum=1)
+L("SLURM_PROCID", "int", SLURM, "this process's rank")
+L("SLURM_NTASKS", "int", SLURM, "ranks in the job", minimum=1)
+L("SLURM_NTASKS_PER_NODE", "int", SLURM, "ranks per host", minimum=1)
+L("SLURM_JOB_NODELIST", "str", SLURM, "the job's hosts: the first one runs rank 0's store")
+L("SLURM_JOB_ID", "int", SLURM, "the job's id: rank 0's port is 20000 + id mod 20000")
+L("DMLC_ROLE", "str", PSLITE, "scheduler (rank 0), server or worker")
+L("DMLC_NUM_SERVER", "int", PSLITE, "servers in the job (ranks 1..S)", default=0)
+L("DMLC_NUM_WORKER", "int", PSLITE, "workers in the job (the ranks after the servers)",
+  default=0)
+L("DMLC_SERVER_ID", "int", PSLITE, "this server's index (else the next free server rank)")
+L("DMLC_WORKER_ID", "int", PSLITE, "this worker's index (else the next free worker rank)")
+L("DMLC_PS_ROOT_URI", "str", PSLITE, "the scheduler's host")
+L("DMLC_PS_ROOT_PORT", "int", PSLITE, "the scheduler's port", maximum=65535)
+del D, L, OWN, TORCHRUN, OMPI, MPICH, SLURM, PSLITE
+
+#: any variable of these launchers, declared above or not, is theirs: a job that
+#: rdmamw.bootstrap.launch starts does not inherit it
+LAUNCHER_PREFIXES = ("OMPI_", "PMI_", "SLURM_", "DMLC_")
+
+
+def get(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """The value of ``name`` now: the environment's (or ``env``'s, a launcher's
+    variables given as a mapping), parsed, or the default."""
     setting = SETTINGS[name]
-    text = os.environ.get(name)
+    text = (os.environ if env is None else env).get(name)
     if text is None or text.strip() == "":
         return setting.default
     return setting.parse(text)
 
 
-def source(name: str) -> str:
+def raw(name: str) -> str | None:
+    """The environment's text of the declared setting ``name``, unparsed (None when
+    unset): a cheap key for a cache that must see the variable change."""
+    if name not in SETTINGS:
+        raise KeyError(name)
+    return os.environ.get(name)
+
+
+def source(name: str, env: Mapping[str, str] | None = None) -> str:
     """"environment" or "default"."""
-    text = os.environ.get(name)
+    text = (os.environ if env is None else env).get(name)
     return "default" if text is None or text.strip() == "" else "environment"
+
+
+def launcher_variables() -> tuple[str, ...]:
+    """The declared variables a launcher sets (the ``set_by`` ones: those of the
+    launcher section, and ``RDMAMW_RANK`` ... for a launcher of one's own)."""
+    return tuple(s.name for s in SETTINGS.values() if s.set_by)
+
+
+def without_launchers(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment (or ``env``) without any launcher's variables (the declared
+    ones and every one of :data:`LAUNCHER_PREFIXES`): what a job we start inherits."""
+    drop = set(launcher_variables())
+    return {k: v for k, v in (os.environ if env is None else env).items()
+            if k not in drop and not k.startswith(LAUNCHER_PREFIXES)}
 
 
 #: variables of the build, the test suite and the benchmarks, not of the library
@@ -323,13 +395,20 @@ def effective() -> list[dict[str, Any]]:
 
 
 def markdown_table() -> str:
-    """The table of docs/config.md."""
+    """The tables of docs/config.md: the library's settings, then the launchers'
+    variables."""
     lines = ["| variable | type | default | what it sets |", "|---|---|---|---|"]
     for s in SETTINGS.values():
+        if s.component == "launcher":
+            continue
         default = "-" if s.default in (None, "") else s.default
         if s.kind == "bytes" and isinstance(default, int):
             default = _human_bytes(default)
         lines.append(f"| `{s.name}` | {s.kind} | {default} | {s.doc} |")
+    lines += ["", "Set by launchers (read by `rdmamw.init()`, docs/api.md \"Jobs\"):", "",
+              "| variable | type | set by | what it says |", "|---|---|---|---|"]
+    lines += [f"| `{s.name}` | {s.kind} | {s.set_by} | {s.doc} |"
+              for s in SETTINGS.values() if s.component == "launcher"]
     return "\n".join(lines) + "\n"
 
 

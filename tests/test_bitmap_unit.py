@@ -284,3 +284,10 @@ def test_ring_model_delivers_exactly_k_work_requests() -> None:
     assert ring.deliver_wire(1) == 1 and len(ring.wire) == 3
     assert ring.deliver_wire(2) == 2 and len(ring.wire) == 1
     assert ring.deliver_wire() == 1 and not ring.wire
+
+
+def test_the_model_raises_the_public_protocol_error():
+    """One ProtocolError: the model's is rdmamw.errors' (catchable as RdmamwError)."""
+    from rdmamw.bitmap import model
+    from rdmamw.errors import ProtocolError, RdmamwError
+    assert model.ProtocolError is ProtocolError and issubclass(model.ProtocolError, RdmamwError)

@@ -1,4 +1,4 @@
-"""rdmamw.init() under each launcher's environment, the rendezvous, Channel.open(rank),
+"""rdmamw.init() under each launcher's environment, the bootstrap store, Channel.open(rank),
 and the failures a user meets (missing rank, port in use). Jobs across network
 namespaces are in test_multihost.py."""
 
@@ -79,6 +79,38 @@ def test_bad_launcher_environments(env, match):
 def test_slurm_host_lists():
     assert first_slurm_host("node7") == "node7"
     assert first_slurm_host("a[10-12],b3") == "a10"
+
+
+def test_a_given_mapping_is_read_through_the_table_and_the_environment_is_not(monkeypatch):
+    """detect(env) reads the launcher's variables from ``env`` through the settings
+    table (its parsers and its errors), never from os.environ beside it."""
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("MASTER_PORT", "lots")
+    info = detect({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": " h ", "MASTER_PORT": "7"})
+    assert (info.rank, info.master_addr, info.master_port) == (1, "h", 7)
+    with pytest.raises(rdmamw.errors.ConfigError, match="MASTER_PORT='70000' is not an integer"):
+        detect({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"})
+
+
+def test_ps_lite_ranks_of_each_role_come_with_the_launch_info():
+    """The store hands out the ranks of ``ranges`` to servers and workers without an
+    id; the bootstrap takes them from the LaunchInfo, not from the environment."""
+    env = {"DMLC_ROLE": "scheduler", "DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "3",
+           "DMLC_PS_ROOT_URI": "sched", "DMLC_PS_ROOT_PORT": "9000"}
+    assert detect(env).ranges == {"server": range(1, 3), "worker": range(3, 6)}
+    assert detect({"RANK": "0", "WORLD_SIZE": "1"}).ranges == {}
+
+
+def test_a_job_we_start_inherits_no_launchers_variables(monkeypatch):
+    from rdmamw.bootstrap.launch import job_env
+    outer = {"TORCHELASTIC_USE_AGENT_STORE": "True", "MPI_LOCALNRANKS": "4",
+             "OMPI_COMM_WORLD_LOCAL_RANK": "3", "SLURM_STEP_ID": "1", "DMLC_ROLE": "worker",
+             "RDMAMW_MASTER_PORT": "7", "LOCAL_RANK": "5", "RDMAMW_SLOTS": "8"}
+    for k, v in outer.items():
+        monkeypatch.setenv(k, v)
+    env = job_env(1, 2, "127.0.0.1", 99, "t" * 64)
+    assert not (set(outer) - {"LOCAL_RANK", "RDMAMW_SLOTS"}) & set(env)
+    assert (env["LOCAL_RANK"], env["RDMAMW_SLOTS"], env["MASTER_PORT"]) == ("1", "8", "99")
 
 
 def json_objects(text: str) -> list[dict]:
@@ -187,7 +219,7 @@ def test_rank_zero_port_in_use_is_a_clear_error():
                        env=clean_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                                      MASTER_PORT=str(s.getsockname()[1])))
     s.close()
-    assert p.returncode != 0 and "already in use" in p.stderr
+    assert p.returncode != 0 and "bootstrap port" in p.stderr and "already in use" in p.stderr
 
 
 def test_open_by_rank_needs_init():
@@ -324,7 +356,7 @@ def test_a_table_that_does_not_fit_the_world_is_refused(table):
     t.start()
     try:
         with pytest.raises(rdmamw.ProtocolError,
-                           match=f"rendezvous table of {len(table)} entries for 2 ranks"):
+                           match=f"bootstrap table of {len(table)} entries for 2 ranks"):
             store.join("127.0.0.1", sock.getsockname()[1], 1, None, lambda ip: {}, 2, 30)
     finally:
         t.join(60)

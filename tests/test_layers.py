@@ -23,7 +23,7 @@ BELOW = {
     "rdmamw.config": {"rdmamw.errors"},
     "rdmamw.log": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config"},
     "rdmamw.transport": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config"},
-    "rdmamw.bitmap": {"rdmamw.transport"},
+    "rdmamw.bitmap": {"rdmamw.errors", "rdmamw.transport"},
     "rdmamw.auth": {"rdmamw.errors", "rdmamw.config", "rdmamw.transport"},
     "rdmamw.engine": {"rdmamw.errors", "rdmamw._fork", "rdmamw.transport", "rdmamw.bitmap"},
     "rdmamw.memory": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config"},
@@ -32,6 +32,11 @@ BELOW = {
     "rdmamw.bootstrap": {"rdmamw.errors", "rdmamw._fork", "rdmamw._host", "rdmamw.config",
                          "rdmamw.log", "rdmamw.transport", "rdmamw.auth", "rdmamw.providers"},
 }
+#: the package's shared words (channel modes, rendezvous strategies): below everything,
+#: importable from everywhere, as rdmamw.errors is
+for _allowed in BELOW.values():
+    _allowed.add("rdmamw.vocabulary")
+BELOW["rdmamw.vocabulary"] = set()
 BELOW["rdmamw.channel"] = set(BELOW) | {"rdmamw.memory"}
 LIBS = set(BELOW["rdmamw.channel"]) | {"rdmamw.channel", "rdmamw"}
 BELOW["rdmamw.collectives"] = LIBS

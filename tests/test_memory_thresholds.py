@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+import rdmamw.providers as registry
+from rdmamw.channel.rendezvous import tuned
 from rdmamw.config import parse_bytes
 from rdmamw.errors import ConfigError
 from rdmamw.memory import thresholds as th
@@ -23,9 +25,12 @@ def tune_file(tmp_path, monkeypatch):
 
 def test_untuned_gives_the_built_in_defaults():
     for provider in ("shm", "tcp", "verbs"):
-        got = th.lookup(provider)
+        default = registry.provider(provider).rendezvous_default
+        got = th.lookup(provider, default=default)
         assert got["source"] == "built-in defaults"
-        assert {k: got[k] for k in ("strategy", "threshold")} == th.DEFAULTS[provider]
+        assert {k: got[k] for k in ("strategy", "threshold")} == default
+        assert tuned(provider) == default          # what a channel's "auto" takes
+    assert registry.provider("tcp").rendezvous_default["strategy"] == "write"
     assert th.lookup("future")["strategy"] == th.FALLBACK["strategy"]
 
 

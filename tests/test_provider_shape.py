@@ -34,6 +34,7 @@ def test_every_builtin_provider_has_the_shape(scheme):
     assert p.scheme == scheme
     assert isinstance(p.preference, int) and p.preference > 0
     assert isinstance(p.network, bool) and isinstance(p.authenticates, bool)
+    assert set(p.rendezvous_default) == {"strategy", "threshold"}
     ok, why = p.status()
     assert isinstance(ok, bool) and isinstance(why, str) and why
     assert all(isinstance(line, str) for line in p.info())
@@ -51,9 +52,9 @@ class _Half:
 
 
 def test_register_refuses_what_is_not_a_provider():
-    with pytest.raises(TypeError, match="has no authenticates, status, info, can_connect, "
-                                        "check_entry, advertise, listen, connect, "
-                                        "connect_rank"):
+    with pytest.raises(TypeError, match="has no authenticates, rendezvous_default, status, "
+                                        "info, can_connect, check_entry, advertise, "
+                                        "listen, connect, connect_rank"):
         registry.register(_Half())
     import uds_provider_for_tests as uds  # noqa: F401 - see the fixture below
     bad = type(uds.PROVIDER)()

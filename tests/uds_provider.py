@@ -85,6 +85,7 @@ class UdsProvider:
     preference = 400            # beats shm: a job that loads it uses it inside a host
     network = False
     authenticates = True
+    rendezvous_default = tcp.PROVIDER.rendezvous_default    # the same transport
     listen = staticmethod(listen)
     connect = staticmethod(connect)
 

@@ -36,10 +36,13 @@ from rdmamw.memory import thresholds
 from rdmamw.memory.pool import aligned_empty
 from rdmamw.memory.units import human
 from rdmamw.providers import best, local_address, schemes
+from rdmamw.vocabulary import OFF, RNDV_TRANSFERS, WRITE
 
 KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [4 * KiB, 16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB]
-STRATEGIES = ("eager", "read", "write")
+#: what is measured: eager copies (rendezvous off) and each rendezvous transfer
+EAGER = "eager"
+STRATEGIES = (EAGER, *RNDV_TRANSFERS)
 POSTED_BYTES = 128 * MiB     # the write receiver posts up to this much ahead...
 POSTED_MAX = 4               # ...in at most this many destinations (and at least 2):
                              # quad buffering. More posted buffers make more messages
@@ -77,7 +80,7 @@ def rss_peak() -> int:
 
 
 def _slot_size(strategy: str, sizes: list[int]) -> int:
-    if strategy != "eager":
+    if strategy != EAGER:
         return 64 * KiB
     return max(64 * KiB, -(-max(sizes) // 4096) * 4096)
 
@@ -85,8 +88,8 @@ def _slot_size(strategy: str, sizes: list[int]) -> int:
 def _channel_options(strategy: str, sizes: list[int]) -> dict[str, Any]:
     """Eager: rendezvous off. Otherwise every measured size goes by rendezvous (the
     one-byte control messages stay eager)."""
-    if strategy == "eager":
-        return {"rendezvous": "off"}
+    if strategy == EAGER:
+        return {"rendezvous": OFF}
     return {"rendezvous": strategy, "rndv_threshold": max(0, min(sizes) - 1)}
 
 
@@ -111,7 +114,7 @@ def _receiver(address: str, strategy: str, plan: list[tuple[int, int, int]], cor
     slot_size = _slot_size(strategy, sizes)
     slots = max(2, min(64, (64 * MiB) // slot_size))
     pattern = _pattern(max(sizes))
-    arena = aligned_empty(max(posted(n, c) * n if strategy == "write" else n
+    arena = aligned_empty(max(posted(n, c) * n if strategy == WRITE else n
                               for n, c, _ in plan))
     arena.fill(0)                                           # touched: resident before rss0
     rss0 = rss_now()
@@ -124,7 +127,7 @@ def _receiver(address: str, strategy: str, plan: list[tuple[int, int, int]], cor
             for size, count, runs in plan:
                 want = pattern[:size]
                 for _ in range(runs + 1):                   # run 0 warms up
-                    if strategy == "write":
+                    if strategy == WRITE:
                         views = [arena[i * size:(i + 1) * size]
                                  for i in range(posted(size, count))]
                         for v in views:
@@ -236,7 +239,7 @@ def measure_all(strategy: str, plan: list[tuple[int, int, int]], provider: str |
     """:func:`measure`, with eager in one channel per size: its ring is then shaped for
     the size (64 slots of 64 KiB for the small ones, as a default channel has, fewer
     and larger slots above), not for the largest message. Counters are summed."""
-    if strategy != "eager" or len(plan) == 1:
+    if strategy != EAGER or len(plan) == 1:
         return measure(strategy, plan, provider, cores)
     parts = [measure(strategy, [p], provider, cores) for p in plan]
     out = dict(parts[-1])
@@ -259,7 +262,7 @@ def choose(table: dict[str, dict[int, float]]) -> dict[str, Any]:
     threshold: the largest measured size eager won at below the crossover (messages up
     to it stay eager), or the smallest measured size if rendezvous always won (nothing
     below what was measured is extrapolated)."""
-    rndv = [s for s in ("read", "write") if table.get(s)]
+    rndv = [s for s in RNDV_TRANSFERS if table.get(s)]
     if not rndv:
         raise ValueError("no rendezvous strategy was measured")
     common = sorted(set.intersection(*(set(table[s]) for s in rndv)))
@@ -270,7 +273,7 @@ def choose(table: dict[str, dict[int, float]]) -> dict[str, Any]:
 
     strategy = max(rndv, key=score)
     best = table[strategy]
-    eager = table.get("eager", {})
+    eager = table.get(EAGER, {})
     sizes = sorted(best)
     if not eager:
         return {"strategy": strategy, "threshold": sizes[0], "crossover": sizes[0]}
@@ -309,7 +312,7 @@ def counter_lines(stats: dict[str, dict]) -> list[str]:
     time, else the receiver reads it."""
     out = []
     for s, st in stats.items():
-        if s == "eager":
+        if s == EAGER:
             out.append(f"eager: {st.get('rndv_sends', 0)} rendezvous sends (expected 0)")
             continue
         sends, writes = st.get("rndv_sends", 0), st.get("rndv_writes", 0)
@@ -327,7 +330,7 @@ def run(sizes: list[int], provider: str, bytes_per_run: int, runs: int, eager_ma
     table: dict[str, dict[int, float]] = {}
     stats: dict[str, Any] = {}
     for strategy in strategies:
-        ss = [s for s in sizes if strategy != "eager" or s <= eager_max]
+        ss = [s for s in sizes if strategy != EAGER or s <= eager_max]
         if not ss:
             continue
         if progress:

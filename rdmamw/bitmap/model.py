@@ -24,6 +24,10 @@ from collections.abc import MutableSequence
 from dataclasses import dataclass
 from typing import Protocol
 
+# the receiver saw something a correct peer can never produce (e.g. a stale slot): the
+# package's own error, as the engine raises it
+from rdmamw.errors import ProtocolError
+
 WORD_BITS = 64
 WORD_MASK = (1 << WORD_BITS) - 1
 U32_MAX = (1 << 32) - 1
@@ -272,10 +276,6 @@ class RecvSide(Protocol):
     def arrival_words(self) -> Words: ...
     @property
     def reclaim_words(self) -> Words: ...
-
-
-class ProtocolError(Exception):
-    """The receiver saw something a correct peer can never produce (e.g. a stale slot)."""
 
 
 @dataclass

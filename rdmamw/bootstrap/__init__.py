@@ -161,13 +161,8 @@ def _join(info: LaunchInfo, timeout: float, ring: tuple[int, int]) -> World:
             sock = store.listen(info.master_addr, info.master_port)
             try:
                 desc = _descriptor(sock.getsockname()[0], ring, made)
-                ranges = {}
-                if info.role is not None:        # ps-lite: servers first, then workers
-                    servers = int(os.environ.get("DMLC_NUM_SERVER", 0))
-                    ranges = {"server": range(1, 1 + servers),
-                              "worker": range(1 + servers, info.world_size)}
-                desc["rank"] = 0
-                table, job = store.serve(sock, info.world_size, desc, timeout, ranges)
+                desc["rank"] = 0        # ps-lite: info.ranges has servers, then workers
+                table, job = store.serve(sock, info.world_size, desc, timeout, info.ranges)
             finally:
                 sock.close()
             rank = 0

@@ -1,15 +1,17 @@
-"""Who am I? Rank, world size and the rendezvous address from the launchers people
-already use, so ``rdmamw.init()`` needs no arguments under torchrun, mpirun, srun or
-a ps-lite-style job. The first launcher whose variables are present wins."""
+"""Who am I? Rank, world size and the bootstrap address (rank 0's store) from the
+launchers people already use, so ``rdmamw.init()`` needs no arguments under torchrun,
+mpirun, srun or a ps-lite-style job. The first launcher whose variables are present
+wins. Every variable is declared in the settings table (rdmamw/config.py, its
+"launcher" section) and read through it, from the environment or a given mapping."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from rdmamw.errors import ConfigError, RdmamwError
+from rdmamw import config
+from rdmamw.errors import RdmamwError
 
 DEFAULT_PORT = 29500        # torchrun's default MASTER_PORT
 
@@ -26,16 +28,9 @@ class LaunchInfo:
     launcher: str
     role: str | None = None
     local_size: int | None = None
-
-
-def _int(env: Mapping[str, str], key: str) -> int | None:
-    value = env.get(key)
-    if value is None or value == "":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"environment variable {key}={value!r} is not an integer") from None
+    #: ps-lite: the ranks each role's members without an id take (servers 1..S, then
+    #: the workers); empty under the other launchers
+    ranges: dict[str, range] = field(default_factory=dict)
 
 
 def first_slurm_host(nodelist: str) -> str:
@@ -47,8 +42,9 @@ def first_slurm_host(nodelist: str) -> str:
     return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
 
 
-def _ranks(env: Mapping[str, str]) -> tuple[int | None, int, str, int | None, str | None]:
-    """(rank, world size, launcher, local size, role)."""
+def _ranks(env: Mapping[str, str] | None
+           ) -> tuple[int | None, int, str, int | None, str | None, int]:
+    """(rank, world size, launcher, local size, role, ps-lite servers)."""
     for launcher, rk, ws, ls in (
         ("rdmamw", "RDMAMW_RANK", "RDMAMW_WORLD_SIZE", None),
         ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"),
@@ -57,17 +53,18 @@ def _ranks(env: Mapping[str, str]) -> tuple[int | None, int, str, int | None, st
         ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALNRANKS"),
         ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NTASKS_PER_NODE"),
     ):
-        rank, size = _int(env, rk), _int(env, ws)
+        rank, size = config.get(rk, env), config.get(ws, env)
         if rank is not None and size is not None:
             if not 0 <= rank < size:
                 raise RdmamwError(f"{rk}={rank} is outside {ws}={size}")
-            return rank, size, launcher, _int(env, ls) if ls else None, None
-    role = env.get("DMLC_ROLE")
+            return rank, size, launcher, config.get(ls, env) if ls else None, None, 0
+    role = config.get("DMLC_ROLE", env)
     if role:
-        servers, workers = _int(env, "DMLC_NUM_SERVER") or 0, _int(env, "DMLC_NUM_WORKER") or 0
+        servers = config.get("DMLC_NUM_SERVER", env)
+        workers = config.get("DMLC_NUM_WORKER", env)
         size = 1 + servers + workers
-        ids = {"scheduler": (0, 0), "server": (1, _int(env, "DMLC_SERVER_ID")),
-               "worker": (1 + servers, _int(env, "DMLC_WORKER_ID"))}
+        ids = {"scheduler": (0, 0), "server": (1, config.get("DMLC_SERVER_ID", env)),
+               "worker": (1 + servers, config.get("DMLC_WORKER_ID", env))}
         if role not in ids:
             raise RdmamwError(f"DMLC_ROLE={role!r} is not scheduler, server or worker")
         base, idx = ids[role]
@@ -75,7 +72,7 @@ def _ranks(env: Mapping[str, str]) -> tuple[int | None, int, str, int | None, st
         if idx is not None and not 0 <= idx < limit:
             raise RdmamwError(f"{role} id {idx} is outside 0..{limit - 1}")
         rank = base + idx if idx is not None else (0 if role == "scheduler" else None)
-        return rank, size, "ps-lite", None, role
+        return rank, size, "ps-lite", None, role, servers
     raise RdmamwError(
         "rdmamw.init(): no launcher environment found. Start under torchrun (RANK, "
         "WORLD_SIZE, MASTER_ADDR, MASTER_PORT), mpirun (OMPI_COMM_WORLD_* or PMI_*), srun "
@@ -85,27 +82,30 @@ def _ranks(env: Mapping[str, str]) -> tuple[int | None, int, str, int | None, st
 
 def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Read the launcher's variables (``env`` defaults to os.environ)."""
-    env = os.environ if env is None else env
-    rank, size, launcher, local_size, role = _ranks(env)
-    addr = env.get("RDMAMW_MASTER_ADDR") or env.get("MASTER_ADDR") \
-        or env.get("DMLC_PS_ROOT_URI")
-    port = _int(env, "RDMAMW_MASTER_PORT") or _int(env, "MASTER_PORT") \
-        or _int(env, "DMLC_PS_ROOT_PORT")
-    if not addr and launcher == "slurm" and env.get("SLURM_JOB_NODELIST"):
-        addr = first_slurm_host(env["SLURM_JOB_NODELIST"])
-    if port is None and launcher == "slurm" and _int(env, "SLURM_JOB_ID") is not None:
-        port = 20000 + (_int(env, "SLURM_JOB_ID") or 0) % 20000
+    rank, size, launcher, local_size, role, servers = _ranks(env)
+    addr = config.get("RDMAMW_MASTER_ADDR", env) or config.get("MASTER_ADDR", env) \
+        or config.get("DMLC_PS_ROOT_URI", env)
+    port = config.get("RDMAMW_MASTER_PORT", env) or config.get("MASTER_PORT", env) \
+        or config.get("DMLC_PS_ROOT_PORT", env)
+    if launcher == "slurm":
+        nodes, job_id = config.get("SLURM_JOB_NODELIST", env), config.get("SLURM_JOB_ID", env)
+        if not addr and nodes:
+            addr = first_slurm_host(nodes)
+        if port is None and job_id is not None:
+            port = 20000 + job_id % 20000
     if not addr:
         if size == 1 or (local_size is not None and local_size == size):
             addr = "127.0.0.1"      # the whole job is on this host
         else:
-            raise RdmamwError(f"rdmamw.init(): {launcher} gave no rendezvous address; set "
+            raise RdmamwError(f"rdmamw.init(): {launcher} gave no bootstrap address; set "
                               f"MASTER_ADDR (or RDMAMW_MASTER_ADDR) to rank 0's host")
     port = DEFAULT_PORT if port is None else port
-    if (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-            and _int(env, "RDMAMW_MASTER_PORT") is None):
+    if (config.get("TORCHELASTIC_USE_AGENT_STORE", env) == "True"
+            and config.get("RDMAMW_MASTER_PORT", env) is None):
         # torchrun's agent holds MASTER_PORT for its own TCPStore: ours takes the next
         port += 1
     if not 0 < port < 65536:
-        raise RdmamwError(f"rendezvous port {port} is not a TCP port")
-    return LaunchInfo(rank, size, addr, port, launcher, role, local_size)
+        raise RdmamwError(f"bootstrap port {port} is not a TCP port")
+    ranges = {"server": range(1, 1 + servers),
+              "worker": range(1 + servers, size)} if role is not None else {}
+    return LaunchInfo(rank, size, addr, port, launcher, role, local_size, ranges)

@@ -1,13 +1,13 @@
 """Join a job through a key-value store somebody else runs, instead of rdmamw's own
-rendezvous on rank 0: ``torch.distributed``'s Store (TCPStore, FileStore, HashStore,
-PrefixStore), so a process group meets once, through torch's rendezvous.
+bootstrap store on rank 0: ``torch.distributed``'s Store (TCPStore, FileStore,
+HashStore, PrefixStore), so a process group meets once, through torch's store.
 
 The store needs ``set(key, bytes)``, ``get(key) -> bytes`` and ``check([key]) ->
 bool``. Each rank puts its endpoint descriptor under ``PREFIX/desc/RANK`` and rank 0
 a fresh job id under ``PREFIX/job``; then every rank polls for the others' keys (a
 deadline, sleeping between polls) and builds the same :class:`World` that
 :func:`rdmamw.init` would. A rank that never comes makes every rank raise a Timeout
-that names it. Every descriptor read is checked like a rendezvous join."""
+that names it. Every descriptor read is checked like a join of the bootstrap store."""
 
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ the others are stopped; the exit code is the first failure's."""
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import signal
 import socket
@@ -15,6 +14,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+
+from rdmamw import config
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -24,19 +25,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-#: what a launcher around us may have set; a job we start must not inherit it
-LAUNCH_PREFIXES = ("OMPI_", "PMI_", "SLURM_", "DMLC_")
-LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-               "LOCAL_WORLD_SIZE", "RDMAMW_RANK", "RDMAMW_WORLD_SIZE", "RDMAMW_MASTER_ADDR",
-               "RDMAMW_MASTER_PORT")
-
-
 def job_env(rank: int, n: int, addr: str, port: int, token: str,
             extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment without any launcher's variables, plus rank
-    ``rank``'s torchrun-style ones, the job's token and ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in LAUNCH_VARS and not k.startswith(LAUNCH_PREFIXES)}
+    """This process's environment without any launcher's variables (a launcher around
+    us may have set them: config.without_launchers), plus rank ``rank``'s torchrun-style
+    ones, the job's token and ``extra``."""
+    env = config.without_launchers()
     env.update(extra or {})
     env.update(RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(n), MASTER_ADDR=addr, MASTER_PORT=str(port),
@@ -48,7 +42,7 @@ def spawn(n: int, cmd: Sequence[str], env: dict[str, str] | None = None,
           addr: str = "127.0.0.1", **popen) -> list[subprocess.Popen]:
     """Start ``cmd`` as ranks 0..n-1 of a new job and return the processes (stdout and
     stderr as ``popen`` says); ``env`` is added to each rank's environment."""
-    token = os.environ.get("RDMAMW_TOKEN") or secrets.token_hex(32)
+    token = config.get("RDMAMW_TOKEN") or secrets.token_hex(32)
     port = free_port(addr)
     return [subprocess.Popen(list(cmd), env=job_env(r, n, addr, port, token, env), **popen)
             for r in range(n)]
@@ -57,7 +51,7 @@ def spawn(n: int, cmd: Sequence[str], env: dict[str, str] | None = None,
 def run(cmd: list[str], n: int, addr: str = "127.0.0.1", port: int = 0) -> int:
     """Run the job; return its exit code."""
     if port:
-        token = os.environ.get("RDMAMW_TOKEN") or secrets.token_hex(32)
+        token = config.get("RDMAMW_TOKEN") or secrets.token_hex(32)
         procs = [subprocess.Popen(cmd, env=job_env(r, n, addr, port, token)) for r in range(n)]
     else:
         procs = spawn(n, cmd, addr=addr)

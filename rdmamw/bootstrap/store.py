@@ -1,4 +1,4 @@
-"""The rendezvous store: rank 0 collects every rank's endpoint descriptor and hands
+"""The bootstrap store: rank 0 collects every rank's endpoint descriptor and hands
 the whole table back, once. Connections prove the shared token (rdmamw.auth) before
 a byte of msgpack is read; joins are served concurrently with a deadline each, and
 garbage or silence is logged and dropped, never fatal. A rank that never shows up makes
@@ -41,7 +41,7 @@ def listen(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
-            raise RdmamwError(f"rendezvous port {host}:{port} is already in use (another "
+            raise RdmamwError(f"bootstrap port {host}:{port} is already in use (another "
                               f"job, or a rank 0 that is still running?); choose another "
                               f"MASTER_PORT") from None
         if e.errno == errno.EADDRNOTAVAIL:
@@ -108,7 +108,7 @@ class _Joins(HandshakeListener[_Join]):
 
     def __init__(self, sock: socket.socket) -> None:
         host, port = sock.getsockname()[:2]
-        self.address = f"the rendezvous on {host}:{port}"
+        self.address = f"the bootstrap store on {host}:{port}"
         super().__init__(sock, log)
 
     def _handshake(self, conn: socket.socket, addr) -> _Join:
@@ -137,7 +137,7 @@ def serve(sock: socket.socket, world_size: int, me: dict, timeout: float,
                 for c, _ in conns:
                     _try_send(c, {"ok": False, "missing": missing})
                 raise Timeout(f"rdmamw.init(): ranks {missing} of {world_size} never joined "
-                              f"the rendezvous within {timeout:g} s")
+                              f"the bootstrap store within {timeout:g} s")
             try:
                 j = joins.accept(left)
             except Timeout:
@@ -191,7 +191,7 @@ def join(host: str, port: int, rank: int | None, role: str | None,
         except (ConnectionRefusedError, TimeoutError, OSError) as e:
             conn.close()
             if time.monotonic() >= deadline:
-                raise Timeout(f"rdmamw.init(): rank 0 (rendezvous {host}:{port}) did not "
+                raise Timeout(f"rdmamw.init(): rank 0 (bootstrap store {host}:{port}) did not "
                               f"answer within {timeout:g} s ({e}); missing ranks: [0]") from None
             time.sleep(0.05)
     try:
@@ -204,18 +204,19 @@ def join(host: str, port: int, rank: int | None, role: str | None,
     except TimeoutError:
         raise Timeout(f"rdmamw.init(): no table from rank 0 within {timeout:g} s") from None
     except ProtocolError as e:
-        raise PeerNotFound(f"rdmamw.init(): rendezvous with {host}:{port} failed: {e}") from None
+        raise PeerNotFound(f"rdmamw.init(): joining the bootstrap store at {host}:{port} "
+                           f"failed: {e}") from None
     except OSError as e:
-        raise PeerLost(f"rdmamw.init(): lost the connection to rank 0 (rendezvous "
+        raise PeerLost(f"rdmamw.init(): lost the connection to rank 0 (bootstrap store "
                        f"{host}:{port}): {e}; is rank 0 still running?") from None
     finally:
         conn.close()
     if reply.get("ok") is not True:
         if "missing" in reply:
             raise Timeout(f"rdmamw.init(): ranks {reply['missing']} of {world_size} never "
-                          f"joined the rendezvous")
+                          f"joined the bootstrap store")
         raise RdmamwError(f"rdmamw.init(): rank 0 refused us: {reply.get('error')}")
     raw = field(reply, "table", list)
     if len(raw) != world_size or not all(isinstance(d, dict) for d in raw):
-        raise ProtocolError(f"rendezvous table of {len(raw)} entries for {world_size} ranks")
+        raise ProtocolError(f"bootstrap table of {len(raw)} entries for {world_size} ranks")
     return dict(enumerate(raw)), field(reply, "job", str), field(reply, "rank", int)

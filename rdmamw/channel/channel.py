@@ -16,7 +16,7 @@ from rdmamw.memory.counters import channel_stats
 from rdmamw.memory.regcache import RegCache
 from rdmamw.providers import Connected, provider
 from rdmamw.transport import layout
-from rdmamw.transport.wire import MODES
+from rdmamw.vocabulary import AUTO, BATCHED, OFF, RNDV_TRANSFERS, check_mode
 
 WIRE_MAX_MESSAGE = (1 << 32) - 1    # a rendezvous descriptor's length field
 
@@ -75,9 +75,9 @@ class Channel(Engine):
         return d
 
     @classmethod
-    def open(cls, peer: str | int, *, mode: str = "batched", timeout: float | None = None,
+    def open(cls, peer: str | int, *, mode: str = BATCHED, timeout: float | None = None,
              slots: int | None = None, slot_size: int | None = None,
-             spin_us: float | None = None, rendezvous: str = "auto",
+             spin_us: float | None = None, rendezvous: str = AUTO,
              rndv_threshold: int | None = None,
              max_message_size: int | str | None = None, world: Any = None) -> Channel:
         """Connect to ``peer`` (``"shm://NAME"``, ``"tcp://HOST:PORT"``, or after
@@ -102,8 +102,7 @@ class Channel(Engine):
 
         ``world``: the job a rank belongs to, default the one of :func:`rdmamw.init`
         (another comes from rdmamw.bootstrap.kvstore.join, e.g. a torch process group)."""
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        check_mode(mode)
         rndv = (rendezvous, rndv_threshold, message_limit(max_message_size))
         _rendezvous.check(rendezvous, rndv_threshold)      # bad options fail first
         slots, slot_size, spin_us = ring_options(slots, slot_size, spin_us)
@@ -150,7 +149,7 @@ class Channel(Engine):
 
 
 def _make(cls: type[Channel], conn: Connected, spin_us: float,
-          rndv: tuple[str, int | None, int | None] = ("auto", None, None),
+          rndv: tuple[str, int | None, int | None] = (AUTO, None, None),
           how: str = "opened to {peer}") -> Channel:
     """The Channel over a connected transport; logs the connection (info) once, ``how``
     with ``{peer}`` standing for the peer's address."""
@@ -158,7 +157,7 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
     try:
         scheme = conn.peer.partition("://")[0]
         strategy, threshold = _rendezvous.resolve(rndv[0], rndv[1], scheme)
-        if rndv[0] in ("read", "write") and not conn.transport.can_expose:
+        if rndv[0] in RNDV_TRANSFERS and not conn.transport.can_expose:
             raise ProviderUnavailable(f"rendezvous={rndv[0]!r}: the {scheme} provider cannot "
                                       f"expose memory to its peer (yet)")
         ch._setup(conn.transport, conn.slots, conn.slot_size, conn.peer_slots,
@@ -167,7 +166,7 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
                   max_message_size=message_limit(rndv[2]))
         tp = conn.transport
         ch.allocate = _rendezvous.allocate
-        if strategy != "off" and tp.registers_memory:
+        if strategy != OFF and tp.registers_memory:
             # a large buffer is registered on its first send (or receive), not per
             # message; registrations are per channel (each has its own protection
             # domain), bounded by RDMAMW_REGCACHE_BYTES each
@@ -183,7 +182,7 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
     log.info("channel %s: mode %s, ring %dx%d B here / %dx%d B there, rendezvous %s "
              "(threshold %s)", how.replace("{peer}", conn.peer), conn.mode, conn.slots,
              conn.slot_size, conn.peer_slots, conn.peer_slot_size, ch.rendezvous,
-             ch.rndv_threshold if ch.rendezvous != "off" else "-")
+             ch.rndv_threshold if ch.rendezvous != OFF else "-")
     return ch
 
 
@@ -192,7 +191,7 @@ class Listener:
 
     def __init__(self, address: str, *, slots: int | None = None,
                  slot_size: int | None = None, spin_us: float | None = None,
-                 rendezvous: str = "auto", rndv_threshold: int | None = None,
+                 rendezvous: str = AUTO, rndv_threshold: int | None = None,
                  max_message_size: int | str | None = None) -> None:
         _rendezvous.check(rendezvous, rndv_threshold)
         slots, slot_size, spin_us = ring_options(slots, slot_size, spin_us)

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from rdmamw import config
+from rdmamw.vocabulary import ALLREDUCE_ALGORITHMS as ALGORITHMS
 
-ALGORITHMS = ("ring", "rhd", "hierarchical")
 CONFIG_ENV = "RDMAMW_COLL_CONFIG"
 ALGO_ENV = "RDMAMW_ALLREDUCE_ALGORITHM"
 
@@ -163,7 +163,7 @@ class Choices:
                algorithm: str | None = None) -> str:
         if algorithm not in (None, "auto"):
             return choose(nbytes, groups, model, algorithm)
-        key = (nbytes, os.environ.get(ALGO_ENV), model.algorithm, model.intra.alpha,
+        key = (nbytes, config.raw(ALGO_ENV), model.algorithm, model.intra.alpha,
                model.intra.beta, model.inter.alpha, model.inter.beta, model.gamma)
         if groups is not self._groups:
             self._groups, self._seen = groups, {}

@@ -79,7 +79,7 @@ from rdmamw.transport.atomics cimport (
 
 from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, ProtocolError, Timeout
 from rdmamw.transport import layout
-from rdmamw.transport.wire import MODES
+from rdmamw.vocabulary import RNDV_STRATEGIES, check_mode, check_rendezvous
 
 cdef uint64_t NOGIL_BYTES = 16384       # batches from this size on copy without the GIL
 cdef int64_t GIL_SPIN_NS = 3000         # a receive polls this long before releasing the GIL
@@ -124,10 +124,8 @@ cdef class Engine(Endpoint):
         limit is announced to the peer, whose sender then refuses it locally."""
         cdef Link link = self.link
         cdef uint64_t threshold
-        if mode not in MODES:
-            raise ValueError(f"mode must be 'batched' or 'ack', not {mode!r}")
-        if rendezvous not in ("off", "read", "write"):
-            raise ValueError(f"rendezvous must be 'off', 'read' or 'write', not {rendezvous!r}")
+        check_mode(mode)
+        check_rendezvous(rendezvous, allowed=RNDV_STRATEGIES)
         if rndv_threshold is not None and rndv_threshold < 0:
             raise ValueError("rndv_threshold must be >= 0")
         if not 0.0 < flush_fraction <= 1.0:

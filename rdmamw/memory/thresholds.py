@@ -15,7 +15,7 @@ Where the answer comes from, first match wins:
        {"version": 1,
         "providers": {"shm": {"strategy": "read", "threshold": 65536, ...}}}
 
-3. built-in defaults (:data:`DEFAULTS`), used while nothing was tuned.
+3. built-in defaults (each provider's ``rendezvous_default``), used while nothing was tuned.
 
 Arguments to ``Channel.open`` (``rendezvous="read"``, ``rndv_threshold=...``) override
 all of these."""
@@ -31,21 +31,15 @@ from typing import Any
 from rdmamw import config
 from rdmamw.config import parse_bytes
 from rdmamw.errors import ConfigError
+from rdmamw.vocabulary import READ, RNDV_STRATEGIES, check_rendezvous
 
 FILE_ENV = "RDMAMW_TUNE_FILE"
 STRATEGY_ENV = "RDMAMW_RNDV_STRATEGY"
 THRESHOLD_ENV = "RDMAMW_RNDV_THRESHOLD"
-STRATEGIES = ("read", "write", "off")
 
-#: Untuned defaults. shm: a CMA READ is one copy instead of two once a message
-#: outgrows the eager slot; tcp: READ is a request/response round trip, WRITE pushes
-#: at once; verbs: READ avoids the receiver's advertisement round trip (docs/design.md).
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "shm": {"strategy": "read", "threshold": 64 << 10},
-    "tcp": {"strategy": "write", "threshold": 64 << 10},
-    "verbs": {"strategy": "read", "threshold": 64 << 10},
-}
-FALLBACK: dict[str, Any] = {"strategy": "read", "threshold": 64 << 10}
+#: untuned, for a provider that declares no default of its own (each provider declares
+#: its ``rendezvous_default``, rdmamw/providers/base.py; the channel passes it in)
+FALLBACK: dict[str, Any] = {"strategy": READ, "threshold": 64 << 10}
 
 
 def default_path() -> Path:
@@ -55,9 +49,9 @@ def default_path() -> Path:
 
 
 def check_strategy(value: Any, what: str = "strategy") -> str:
-    if value not in STRATEGIES:
-        raise ConfigError(f"{what}: {value!r} is not one of {', '.join(STRATEGIES)}")
-    return value
+    """``value`` if the engine runs it (``rdmamw.vocabulary.RNDV_STRATEGIES``), else
+    ConfigError naming ``what``."""
+    return check_rendezvous(value, ConfigError, what, RNDV_STRATEGIES)
 
 
 def _read(path: Path) -> dict:
@@ -73,10 +67,12 @@ def _read(path: Path) -> dict:
     return cfg
 
 
-def lookup(provider: str, path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """``{"strategy", "threshold", "source"}`` for ``provider`` ("shm", "tcp",
-    "verbs"); ``source`` says where each value came from (for ``stats()`` and bug
-    reports). Raises :class:`ConfigError` for a malformed file or variable."""
+def lookup(provider: str, path: str | os.PathLike | None = None,
+           default: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"strategy", "threshold", "source"}`` for ``provider`` (a scheme); ``default``:
+    the provider's own untuned choice (else :data:`FALLBACK`); ``source`` says where
+    each value came from (for ``stats()`` and bug reports). Raises
+    :class:`ConfigError` for a malformed file or variable."""
     p = Path(path) if path else default_path()
     entry = _read(p).get("providers", {}).get(provider)
     if entry is not None:
@@ -88,7 +84,7 @@ def lookup(provider: str, path: str | os.PathLike | None = None) -> dict[str, An
                                         f"{p}: providers.{provider}.threshold"),
                "source": str(p)}
     else:
-        out = {**DEFAULTS.get(provider, FALLBACK), "source": "built-in defaults"}
+        out = {**(default or FALLBACK), "source": "built-in defaults"}
     env_s, env_t = config.get(STRATEGY_ENV), config.get(THRESHOLD_ENV)
     if env_s:
         out["strategy"] = env_s

@@ -85,12 +85,15 @@ class Provider(Protocol):
     ``can_connect`` wins); ``network`` says its addresses are ``HOST:PORT`` and it
     reaches other hosts (``rdmamw perf`` takes the best usable one by default);
     ``authenticates`` says its connections prove the job's token (rdmamw.auth), so
-    ``listen`` and ``open`` check for a usable token first."""
+    ``listen`` and ``open`` check for a usable token first; ``rendezvous_default``:
+    the strategy and threshold of large messages while nothing was tuned
+    (``{"strategy": "read", "threshold": 65536}``; rdmamw/memory/thresholds.py)."""
 
     scheme: str
     preference: int
     network: bool
     authenticates: bool
+    rendezvous_default: dict
 
     def status(self) -> tuple[bool, str]:
         """(usable in this process, what it runs on or why not): ``rdmamw info``."""
@@ -134,7 +137,8 @@ class Provider(Protocol):
 
 
 #: the attributes and methods every provider object has (tests/test_provider_shape.py)
-REQUIRED = ("scheme", "preference", "network", "authenticates", "status", "info",
+REQUIRED = ("scheme", "preference", "network", "authenticates", "rendezvous_default",
+            "status", "info",
             "can_connect", "check_entry", "advertise", "listen", "connect", "connect_rank")
 
 

@@ -47,6 +47,7 @@ from rdmamw.providers._shm import XTAB_BYTES, ShmTransport, cma_probe
 from rdmamw.providers.base import Advert, RankPair
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
+from rdmamw.vocabulary import READ
 
 F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
 log = logging.getLogger("rdmamw.shm")
@@ -337,6 +338,8 @@ class ShmProvider:
     preference = 300
     network = False
     authenticates = False
+    #: untuned: a CMA READ is one copy instead of two once a message outgrows the eager slot
+    rendezvous_default = {"strategy": READ, "threshold": 64 << 10}
     listen = staticmethod(listen)
     connect = staticmethod(connect)
 

@@ -27,6 +27,7 @@ from rdmamw.providers._tcp import TcpTransport, alloc_block, free_block
 from rdmamw.providers.base import Advert, RankPair
 from rdmamw.transport import layout
 from rdmamw.transport.wire import PROTOCOL_VERSION, check_hello, field, recv_frame, send_frame
+from rdmamw.vocabulary import WRITE
 
 log = logging.getLogger("rdmamw.tcp")
 
@@ -206,6 +207,8 @@ class TcpProvider:
     preference = 100
     network = True
     authenticates = True
+    #: untuned: READ is a request/response round trip, WRITE pushes at once
+    rendezvous_default = {"strategy": WRITE, "threshold": 64 << 10}
     listen = staticmethod(listen)
     connect = staticmethod(connect)
 

@@ -30,6 +30,7 @@ from rdmamw.providers.base import Advert, RankPair
 from rdmamw.providers.verbs_address import Where, parse_where
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
+from rdmamw.vocabulary import READ
 
 log = logging.getLogger("rdmamw.verbs")
 DESCRIPTOR_VERSION = 1
@@ -251,6 +252,8 @@ class VerbsProvider:
     preference = verbs_rank.PREFERENCE
     network = True
     authenticates = True
+    #: untuned: READ avoids the receiver's advertisement round trip (docs/design.md)
+    rendezvous_default = {"strategy": READ, "threshold": 64 << 10}
     connect = staticmethod(connect)
 
     def listen(self, where: str, *, slots: int, slot_size: int) -> VerbsListener:

@@ -11,13 +11,13 @@ import msgpack
 
 from rdmamw.errors import ProtocolError
 from rdmamw.transport import layout
+from rdmamw.vocabulary import MODES as MODES  # the channel modes, for those importing them here
+from rdmamw.vocabulary import check_mode
 
 MAX_HELLO = 4096
 #: the version every provider's hello carries (docs/protocol.md); bumped on any change
 #: to the ring layout, the slot headers or the control words
 PROTOCOL_VERSION = 1
-#: the channel modes: the bitmap protocol, and the per-message acknowledged baseline
-MODES = ("batched", "ack")
 
 
 def send_frame(conn: socket.socket, obj: dict) -> None:
@@ -71,7 +71,6 @@ def check_hello(peer: dict, version: int, mode: str | None) -> tuple[int, int, s
     peer_slots, peer_slot_size = field(peer, "slots", int), field(peer, "slot_size", int)
     layout.check_peer_ring(peer_slots, peer_slot_size)
     if mode is None:
-        mode = field(peer, "mode", str)
-        if mode not in MODES:
-            raise ProtocolError(f"peer asked for unknown mode {mode!r}")
+        mode = check_mode(field(peer, "mode", str), ProtocolError, "the mode a peer asks for")
     return peer_slots, peer_slot_size, mode
+
