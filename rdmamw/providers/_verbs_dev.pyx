@@ -68,6 +68,8 @@ cdef class VerbsDevice:
         cdef ibv_gid gid
         if self.ctx != NULL:
             raise ValueError("the device is open already")
+        if not rm_ibv_loaded():     # its calls would be NULL pointers
+            raise OSError(2, "libibverbs is not loaded here (rdmamw.providers._verbs.load())")
         lst = ibv_get_device_list(&num)
         if lst == NULL:
             raise OSError(errno, f"ibv_get_device_list: {strerror(errno).decode()}")
