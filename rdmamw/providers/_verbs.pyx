@@ -157,6 +157,7 @@ cdef class VerbsFailure:
         return "failed"
 
 
+@cython.no_gc_clear     # __dealloc__ needs dev and mem: the QP goes before their CQs and PD
 cdef class VerbsTransport(Transport):
     """An RC QP to one peer plus the registered block of this endpoint; its fields are
     declared in _verbs.pxd."""

@@ -47,6 +47,7 @@ cdef int load_table(const char *lib, char *err, size_t errlen) noexcept:
 
 
 @cython.final
+@cython.no_gc           # no cycle through it (a bytes attribute)
 cdef class VerbsDevice:
     """An opened device port: context, PD, completion channel, a send CQ and a
     receive CQ (whose events the channel carries)."""
@@ -153,6 +154,7 @@ cdef class VerbsDevice:
 
 
 @cython.final
+@cython.no_gc_clear     # __dealloc__ deregisters through dev (before the PD goes)
 cdef class VerbsMemory:
     """The MRs one transport registers on its device's PD: local ones, the
     registration caches', and one per exposed range (the NIC then refuses any remote
