@@ -1,8 +1,8 @@
 # The verbs provider's endpoint: an RC queue pair and its data path (VerbsTransport),
 # on the device resources and registrations of _verbs_dev.pxd, with the first cause of
-# its failure (VerbsFailure). Declared here for those units and for the test-only hooks
-# (rdmamw/testing/_hooks.pyx: the queue pair, the exposure table); the package itself
-# never imports them.
+# its failure (VerbsFailure). Declared here so that the test-only hooks
+# (rdmamw/testing/_hooks.pyx) can reach its queue pair and, through ``mem``, its
+# exposure table; the package itself never imports them.
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
 from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_wc, rm_wr
