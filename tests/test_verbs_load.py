@@ -6,6 +6,7 @@ it field by field."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
@@ -115,6 +116,21 @@ def test_load_fills_the_device_extensions_table():
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(("ibv_get_device_list: ", "cannot open RDMA device "
                                 "'rdmamw-no-such-device'")), r.stdout
+
+
+def test_the_collectors_clear_leaves_the_transports_units():
+    """The transport's __dealloc__ destroys the QP before the device's CQs and PD go:
+    the garbage collector's clear (tp_clear, run on a cycle before deallocation) must
+    not drop its units first (no_gc_clear), or the device closes under a live QP."""
+    from rdmamw.providers._verbs import VerbsTransport
+    get_slot = ctypes.pythonapi.PyType_GetSlot
+    get_slot.restype, get_slot.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_int]
+    tp = VerbsTransport()
+    assert tp.failure is not None
+    clear = get_slot(VerbsTransport, 51)            # Py_tp_clear
+    if clear:
+        ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object)(clear)(tp)
+    assert tp.failure is not None
 
 
 FAKE = """
