@@ -6,6 +6,7 @@ it field by field."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import json
 import os
@@ -27,10 +28,11 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("module", ["rdmamw.providers._verbs", "rdmamw.testing._hooks"])
+@pytest.mark.parametrize("module", ["rdmamw.providers._verbs", "rdmamw.providers._verbs_dev",
+                                    "rdmamw.testing._hooks"])
 def test_extension_does_not_link_libibverbs(module):
-    """Nor do the test hooks, which drive a verbs endpoint (they load the library the
-    provider loaded, on first use)."""
+    """Nor do the device's extension and the test hooks, which drive a verbs endpoint
+    (they load the library the provider loaded, on first use)."""
     readelf = shutil.which("readelf")
     if readelf is None:
         pytest.skip("readelf (binutils) not installed")
@@ -92,6 +94,43 @@ def test_the_test_hooks_work_without_libibverbs():
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["False"] + [
         "the verbs transport is not connected (or closed)"] * 2
+
+
+def test_load_fills_the_device_extensions_table():
+    """_verbs_dev keeps its own table of libibverbs calls: load() fills it too, so a
+    device is asked (and refused here: none of that name), not called through NULL."""
+    r = _run("""
+        import rdmamw.providers._verbs as v
+        from rdmamw.providers._verbs_dev import VerbsDevice
+        try:
+            v.load()
+        except OSError as e:
+            raise SystemExit(f"skip: {e}")
+        try:
+            VerbsDevice("rdmamw-no-such-device", 1, 0, 8, 8)
+        except OSError as e:
+            print(e.strerror)
+    """)
+    if r.returncode and "skip: " in r.stderr:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(("ibv_get_device_list: ", "cannot open RDMA device "
+                                "'rdmamw-no-such-device'")), r.stdout
+
+
+def test_the_collectors_clear_leaves_the_transports_units():
+    """The transport's __dealloc__ destroys the QP before the device's CQs and PD go:
+    the garbage collector's clear (tp_clear, run on a cycle before deallocation) must
+    not drop its units first (no_gc_clear), or the device closes under a live QP."""
+    from rdmamw.providers._verbs import VerbsTransport
+    get_slot = ctypes.pythonapi.PyType_GetSlot
+    get_slot.restype, get_slot.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_int]
+    tp = VerbsTransport()
+    assert tp.failure is not None
+    clear = get_slot(VerbsTransport, 51)            # Py_tp_clear
+    if clear:
+        ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object)(clear)(tp)
+    assert tp.failure is not None
 
 
 FAKE = """

@@ -1,50 +1,50 @@
-# The verbs provider's endpoint, declared here so that the test-only hooks
-# (rdmamw/testing/_hooks.pyx) can reach its queue pair and exposure table; the package
-# itself never imports them.
+# The verbs provider's endpoint: an RC queue pair and its data path (VerbsTransport),
+# on the device resources and registrations of _verbs_dev.pxd, with the first cause of
+# its failure (VerbsFailure). Declared here so that the test-only hooks
+# (rdmamw/testing/_hooks.pyx) can reach its queue pair and, through ``mem``, its
+# exposure table; the package itself never imports them.
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
 from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_wc, rm_wr
 from rdmamw.providers._ibverbs cimport *
+from rdmamw.providers._verbs_dev cimport VerbsDevice, VerbsMemory
 
 cdef enum:
     WC_BATCH = 32
     RECV_POOL = 64
     RECV_BUF = 64
-    ACK_EVERY = 16
 
-cdef enum:
-    XMR_N = 512         # exposed ranges at once (64 sends + 64 posted + reads per side)
+cdef enum:                 # what failed the connection first (error_detail)
+    FAIL_OTHER = 1
+    FAIL_SEND_WC = 2
+    FAIL_RECV_WC = 3
+    FAIL_POST = 4
+    FAIL_POLL = 5
+    FAIL_STUCK = 6
+    FAIL_SOCKET = 7
 
-cdef extern from *:
-    """
-    #define RMV_XMR_BUSY ((struct ibv_mr *)1)
-    """
-    ibv_mr *XMR_BUSY "RMV_XMR_BUSY"     # a claimed slot whose ibv_reg_mr is under way
+
+cdef class VerbsFailure:
+    """Why the connection failed, the first cause only (error_detail())."""
+    cdef readonly int kind          # FAIL_*, 0 while nothing failed
+    cdef readonly int status, opcode, err_errno
+    cdef readonly uint32_t vendor
+    cdef readonly uint64_t wr_id
+
+    cdef void call(self, int kind, int err) noexcept nogil
+    cdef void completion(self, ibv_wc *wc, int kind, bint live) noexcept nogil
 
 
 cdef class VerbsTransport(Transport):
-    cdef ibv_context *ctx
-    cdef ibv_pd *pd
-    cdef ibv_comp_channel *chan
-    cdef ibv_cq *scq
-    cdef ibv_cq *rcq
+    cdef readonly VerbsDevice dev       # context, PD, channel, CQs (the QP's)
+    cdef readonly VerbsMemory mem       # MRs on the PD: local, cached, exposed
+    cdef readonly VerbsFailure failure
     cdef ibv_qp *qp
     cdef ibv_mr *block_mr
     cdef ibv_mr *recv_mr
     cdef char *block
     cdef size_t block_len
     cdef char *recv_buf
-    cdef ibv_mr **lmrs
-    # rendezvous: one MR per exposed range, handle = index + 1. The engine's send and
-    # receive threads expose and unexpose at the same time: xlock guards the table
-    # (a slot is claimed with XMR_BUSY before ibv_reg_mr, which runs unlocked).
-    cdef ibv_mr *xmrs[XMR_N]
-    cdef uint32_t xmr_hint
-    cdef int xlock
-    # MRs of the registration caches (mr_register): address -> ibv_mr, deregistered by
-    # the cache, or here when the transport dies with some still cached
-    cdef dict cached_mrs
-    cdef uint32_t n_lmrs
     cdef uint64_t peer_addr[RM_NREGIONS]
     cdef uint32_t peer_rkey
     cdef readonly bint peer_imm         # the peer wants its bitmap words WITH_IMM
@@ -68,20 +68,10 @@ cdef class VerbsTransport(Transport):
     cdef int sock
     cdef int state
     cdef int lock                       # send queue and its accounting
-    cdef int rlock                      # receive queue and the channel's events
-    cdef uint32_t unacked_events
-    cdef int64_t last_sock_check
+    cdef int rlock                      # receive queue and its completions
     cdef readonly uint64_t n_recv_completions
     cdef readonly uint32_t qpn
-    cdef readonly int port
-    cdef readonly int gid_index
-    cdef int my_mtu
     cdef uint8_t timeout_exp
-    # why the connection failed, the first cause only (error_detail())
-    cdef int err_kind
-    cdef int err_status, err_opcode, err_errno
-    cdef uint32_t err_vendor
-    cdef uint64_t err_wr_id
 
     cdef void _drain_sq(self, int64_t budget_ns) noexcept nogil
     cdef void _destroy(self) noexcept

@@ -13,10 +13,17 @@ channel. The TCP side channel of the handshake stays open to see the peer die (E
 
 The block the peer may write (CTRL/ARRIVAL/RECLAIM/RING) is registered with remote
 write only; buffers of register_local() are local-only. Every WR is bounds-checked
-against the peer's regions before any of a chain is posted."""
+against the peer's regions before any of a chain is posted.
+
+The transport owns its queue pair, the block, the send and receive queues' accounting
+and the side channel; the device, PD, completion channel and CQs it uses are a
+VerbsDevice's and the MRs it registers (local, cached, exposed) a VerbsMemory's
+(_verbs_dev.pyx); the first cause of its failure is a VerbsFailure's (below)."""
 
 import logging
 import os
+
+import cython
 
 from rdmamw import config
 from rdmamw.errors import ChannelClosed
@@ -54,11 +61,11 @@ from rdmamw.transport._base cimport (
 )
 from rdmamw.transport.atomics cimport rm_cpu_relax, rm_spin_lock, rm_spin_unlock
 from rdmamw.providers._ibverbs cimport *
+from rdmamw.providers._verbs_dev cimport VerbsDevice, VerbsMemory, load_table
 
 cdef extern from *:
     """
     #include <arpa/inet.h>
-    #include <fcntl.h>
     #include <netinet/in.h>
     #include <netinet/tcp.h>
     #include <poll.h>
@@ -67,10 +74,6 @@ cdef extern from *:
     #include <unistd.h>
     static inline int rmv_trylock(volatile int *l) {
         return __atomic_exchange_n((int *)l, 1, __ATOMIC_ACQUIRE) == 0;
-    }
-    static inline int rmv_set_nonblock(int fd) {
-        int fl = fcntl(fd, F_GETFL);
-        return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
     }
     /* Did the other end close (FIN or RST)? From the TCP state, which our own
      * shutdown does not hide: TIME_WAIT, CLOSE, CLOSE_WAIT, LAST_ACK, CLOSING. */
@@ -84,7 +87,6 @@ cdef extern from *:
     }
     """
     int rmv_trylock(int *l) nogil
-    int rmv_set_nonblock(int fd) nogil
     int rmv_peer_closed(int fd) nogil
     uint32_t htonl(uint32_t v) nogil
     struct pollfd:
@@ -104,25 +106,64 @@ cdef int64_t STUCK_NS = 10000000000               # no completion at all for thi
 cdef int64_t SOCK_CHECK_NS = 1000000
 
 
-cdef enum:                 # what failed the connection first (error_detail)
-    FAIL_OTHER = 1
-    FAIL_SEND_WC = 2
-    FAIL_RECV_WC = 3
-    FAIL_POST = 4
-    FAIL_POLL = 5
-    FAIL_STUCK = 6
-    FAIL_SOCKET = 7
-
 _WC_OPCODES = {0: "RDMA_WRITE", 1: "RDMA_WRITE", 2: "RDMA_READ", 3: "RDMA_READ",
                128: "RECV", 129: "RECV_RDMA_WITH_IMM"}
 
 
+@cython.final
+cdef class VerbsFailure:
+    """The first cause of a connection's failure: a work completion's status, or the
+    call that failed. Recorded without the GIL on the data path, told in words by
+    detail()."""
+
+    cdef void call(self, int kind, int err) noexcept nogil:
+        """A call failed (``err``: an errno, or 0), or FAIL_STUCK / FAIL_SOCKET."""
+        if self.kind == 0:
+            self.kind = kind
+            self.err_errno = err
+
+    cdef void completion(self, ibv_wc *wc, int kind, bint live) noexcept nogil:
+        """A work completion failed (FAIL_SEND_WC / FAIL_RECV_WC). A flushed WR only
+        says the QP is in error already; the completion that put it there may sit in
+        the other CQ, polled later: it replaces the flush."""
+        if (self.kind == 0 and live) or (
+                (self.kind == FAIL_SEND_WC or self.kind == FAIL_RECV_WC)
+                and self.status == IBV_WC_WR_FLUSH_ERR
+                and wc.status != IBV_WC_WR_FLUSH_ERR):
+            self.kind = kind
+            self.status, self.opcode = wc.status, wc.opcode
+            self.vendor, self.wr_id = wc.vendor_err, wc.wr_id
+
+    def detail(self):
+        """In words; None while nothing failed."""
+        k = self.kind
+        if k == 0:
+            return None
+        if k == FAIL_SEND_WC or k == FAIL_RECV_WC:
+            op = (_WC_OPCODES.get(self.opcode, f"opcode {self.opcode}")
+                  if k == FAIL_SEND_WC else "RECV")
+            wid = self.wr_id & ~INTERNAL
+            return (f"{'send' if k == FAIL_SEND_WC else 'receive'} completion "
+                    f"{ibv_wc_status_str(self.status).decode()} "
+                    f"(status {self.status}, vendor_err {self.vendor:#x}) on {op}, "
+                    f"wr_id {wid:#x}{' (internal)' if self.wr_id & INTERNAL else ''}")
+        if k == FAIL_POST or k == FAIL_POLL:
+            call = "ibv_post_send/recv" if k == FAIL_POST else "ibv_poll_cq"
+            return f"{call} failed: {strerror(self.err_errno).decode()} (errno {self.err_errno})"
+        if k == FAIL_STUCK:
+            return f"no send completion for {STUCK_NS // 1000000000} s with the queue full"
+        if k == FAIL_SOCKET:
+            return "the side channel closed (the peer process is gone or closed)"
+        return "failed"
+
+
+@cython.no_gc_clear     # __dealloc__ needs dev and mem: the QP goes before their CQs and PD
 cdef class VerbsTransport(Transport):
     """An RC QP to one peer plus the registered block of this endpoint; its fields are
     declared in _verbs.pxd."""
 
     def __cinit__(self):
-        self.cached_mrs = {}
+        self.failure = VerbsFailure()
         self.sock = -1
         self.state = RM_ERR_CLOSED
         self.direct_source = False      # the engine copies payloads into registered staging
@@ -133,54 +174,31 @@ cdef class VerbsTransport(Transport):
     def _open(self, str dev_name, int port, int gid_index, size_t block_len, tuple regions,
               uint32_t sq_depth, uint32_t rq_depth, uint32_t max_inline, bint event_mode,
               int poll_ms, int timeout_exp):
-        """Open the device, create PD/CQs/QP (INIT), register the block; return the
-        local half of the endpoint descriptor."""
-        cdef int num = 0, i
-        cdef ibv_device **lst
-        cdef ibv_device_attr dattr
-        cdef ibv_port_attr pattr
-        cdef ibv_gid gid
+        """Open the device (PD, channel, CQs: a VerbsDevice), create the QP (INIT),
+        register the block; return the local half of the endpoint descriptor."""
+        cdef int i
         cdef ibv_qp_init_attr ia
         cdef ibv_qp_attr at
         cdef void *mem = NULL
         if len(regions) != RM_NREGIONS:
             raise ValueError("need one (offset, length) per region")
+        if self.dev is not None:
+            raise ValueError("transport is open already")
         _require()
         fork_safety()
-        lst = ibv_get_device_list(&num)
-        if lst == NULL:
-            raise OSError(errno, f"ibv_get_device_list: {strerror(errno).decode()}")
-        try:
-            for i in range(num):
-                if ibv_get_device_name(lst[i]).decode() == dev_name:
-                    self.ctx = ibv_open_device(lst[i])
-                    break
-        finally:
-            ibv_free_device_list(lst)
-        if self.ctx == NULL:
-            raise OSError(errno or 19, f"cannot open RDMA device {dev_name!r}")
-        if ibv_query_device(self.ctx, &dattr) or ibv_query_port(self.ctx, port, &pattr):
-            raise OSError(errno, f"cannot query {dev_name} port {port}")
-        if pattr.state != IBV_PORT_ACTIVE:
-            raise OSError(100, f"{dev_name} port {port} is not active (state {pattr.state})")
-        if ibv_query_gid(self.ctx, port, gid_index, &gid):
-            raise OSError(errno, f"cannot read GID {gid_index} of {dev_name} port {port}")
-        self.port, self.gid_index, self.my_mtu = port, gid_index, pattr.active_mtu
+        dev = VerbsDevice(dev_name, port, gid_index, sq_depth, rq_depth)
+        self.dev, self.mem = dev, VerbsMemory(dev)
         self.timeout_exp = timeout_exp
-        self.sq_depth = max(8, min(sq_depth, <uint32_t>dattr.max_qp_wr))
-        self.rq_depth = max(8, min(rq_depth, <uint32_t>dattr.max_qp_wr))
+        self.sq_depth, self.rq_depth = dev.sq_depth, dev.rq_depth
         self.max_chain = self.sq_depth // 2
         self.sig_bound = self.sq_depth // 4
         self.event_mode, self.poll_ms = event_mode, poll_ms
-        self.pd = ibv_alloc_pd(self.ctx)
-        if self.pd == NULL:
-            raise OSError(errno, "ibv_alloc_pd failed")
         if posix_memalign(&mem, 4096, block_len) != 0:
             raise MemoryError()
         memset(mem, 0, block_len)
         self.block, self.block_len = <char *>mem, block_len
         # the peer writes the block, nothing else: no remote read, no atomics
-        self.block_mr = ibv_reg_mr(self.pd, mem, block_len,
+        self.block_mr = ibv_reg_mr(dev.pd, mem, block_len,
                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
         if self.block_mr == NULL:
             raise OSError(errno, f"ibv_reg_mr of the {block_len}-byte block failed "
@@ -189,23 +207,16 @@ cdef class VerbsTransport(Transport):
         if posix_memalign(&mem, 64, RECV_BUF) != 0:
             raise MemoryError()
         self.recv_buf = <char *>mem
-        self.recv_mr = ibv_reg_mr(self.pd, mem, RECV_BUF, IBV_ACCESS_LOCAL_WRITE)
+        self.recv_mr = ibv_reg_mr(dev.pd, mem, RECV_BUF, IBV_ACCESS_LOCAL_WRITE)
         if self.recv_mr == NULL:
             raise OSError(errno, "ibv_reg_mr of the receive buffer failed")
-        self.chan = ibv_create_comp_channel(self.ctx)
-        if self.chan == NULL or rmv_set_nonblock(self.chan.fd) < 0:
-            raise OSError(errno, "ibv_create_comp_channel failed")
-        self.scq = ibv_create_cq(self.ctx, self.sq_depth + 16, NULL, NULL, 0)
-        self.rcq = ibv_create_cq(self.ctx, self.rq_depth + 16, NULL, self.chan, 0)
-        if self.scq == NULL or self.rcq == NULL:
-            raise OSError(errno, "ibv_create_cq failed")
         while True:
             memset(&ia, 0, sizeof(ia))
-            ia.send_cq, ia.recv_cq, ia.qp_type, ia.sq_sig_all = self.scq, self.rcq, IBV_QPT_RC, 0
+            ia.send_cq, ia.recv_cq, ia.qp_type, ia.sq_sig_all = dev.scq, dev.rcq, IBV_QPT_RC, 0
             ia.cap.max_send_wr, ia.cap.max_recv_wr = self.sq_depth, self.rq_depth
             ia.cap.max_send_sge, ia.cap.max_recv_sge = 1, 1
             ia.cap.max_inline_data = max_inline
-            self.qp = ibv_create_qp(self.pd, &ia)
+            self.qp = ibv_create_qp(dev.pd, &ia)
             if self.qp != NULL or max_inline == 0:
                 break
             max_inline //= 2         # the device allows less inline data: ask for less
@@ -244,8 +255,8 @@ cdef class VerbsTransport(Transport):
                 raise ValueError(f"region ({off}, {length}) outside a block of {block_len}")
             self.local[i].addr = self.block + <size_t>off
             self.local[i].length = length
-        return {"qpn": self.qpn, "gid": bytes(gid.raw[:16]), "lid": pattr.lid,
-                "mtu": pattr.active_mtu, "addr": <uint64_t>self.block,
+        return {"qpn": self.qpn, "gid": dev.gid, "lid": dev.lid,
+                "mtu": dev.mtu, "addr": <uint64_t>self.block,
                 "rkey": self.block_mr.rkey, "len": block_len, "inline": self.max_inline}
 
     def _connect(self, uint32_t my_psn, uint32_t qpn, uint32_t psn, bytes gid, int lid, int mtu,
@@ -264,12 +275,12 @@ cdef class VerbsTransport(Transport):
         self.peer_rkey, self.peer_imm = rkey, peer_imm
         memset(&at, 0, sizeof(at))
         at.qp_state = IBV_QPS_RTR
-        at.path_mtu = <ibv_mtu>min(self.my_mtu, mtu)
+        at.path_mtu = <ibv_mtu>min(self.dev.mtu, mtu)
         at.dest_qp_num, at.rq_psn = qpn, psn
         at.max_dest_rd_atomic, at.min_rnr_timer = 1, 12
-        at.ah_attr.is_global, at.ah_attr.port_num, at.ah_attr.dlid = 1, self.port, lid
+        at.ah_attr.is_global, at.ah_attr.port_num, at.ah_attr.dlid = 1, self.dev.port, lid
         memcpy(at.ah_attr.grh.dgid.raw, <char *>gid, 16)
-        at.ah_attr.grh.sgid_index, at.ah_attr.grh.hop_limit = self.gid_index, 64
+        at.ah_attr.grh.sgid_index, at.ah_attr.grh.hop_limit = self.dev.gid_index, 64
         if ibv_modify_qp(self.qp, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU
                          | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC
                          | IBV_QP_MIN_RNR_TIMER):
@@ -291,124 +302,40 @@ cdef class VerbsTransport(Transport):
 
     def register_local(self, size_t addr, size_t length):
         """Register [addr, addr+length) for local access only (WR sources, READ
-        targets); the MR lives as long as the transport."""
-        cdef ibv_mr *mr
-        cdef void *p
-        if self.pd == NULL:
+        targets); the MR lives as long as the transport. Its lkey."""
+        if self.mem is None:
             raise ValueError("transport is not open")
-        mr = ibv_reg_mr(self.pd, <void *>addr, length, IBV_ACCESS_LOCAL_WRITE)
-        if mr == NULL:
-            raise OSError(errno, f"ibv_reg_mr of {length} bytes failed")
-        p = realloc(self.lmrs, (self.n_lmrs + 1) * sizeof(ibv_mr *))
-        if p == NULL:
-            ibv_dereg_mr(mr)
-            raise MemoryError()
-        self.lmrs = <ibv_mr **>p
-        self.lmrs[self.n_lmrs] = mr
-        self.n_lmrs += 1
-        return mr.lkey
+        return self.mem.register_local(addr, length)
 
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil:
-        """Register the range (one MR per exposure; the NIC then refuses any remote
-        access outside it or without the right)."""
-        cdef int flags = IBV_ACCESS_LOCAL_WRITE
-        cdef uint32_t i, k
-        cdef ibv_mr *mr
-        out.handle = out.lkey = out.rkey = 0
-        if self.pd == NULL or self.state != 1 or self.inherited():
+        """Register the range (one MR per exposure: VerbsMemory's table)."""
+        if self.state != 1 or self.inherited():
+            out.handle = out.lkey = out.rkey = 0
             return RM_ERR_CLOSED
-        if access == RM_ACCESS_REMOTE_READ:
-            flags |= IBV_ACCESS_REMOTE_READ
-        elif access == RM_ACCESS_REMOTE_WRITE:
-            flags |= IBV_ACCESS_REMOTE_WRITE
-        elif access != RM_ACCESS_LOCAL:
-            return RM_ERR_UNSUPPORTED
-        rm_spin_lock(&self.xlock)
-        for k in range(XMR_N):
-            i = (self.xmr_hint + k) % XMR_N
-            if self.xmrs[i] == NULL:
-                self.xmrs[i] = XMR_BUSY
-                self.xmr_hint = (i + 1) % XMR_N
-                break
-        else:
-            rm_spin_unlock(&self.xlock)
-            return RM_ERR_AGAIN
-        rm_spin_unlock(&self.xlock)
-        mr = ibv_reg_mr(self.pd, <void *>addr, length, flags)
-        rm_spin_lock(&self.xlock)
-        self.xmrs[i] = mr           # NULL (failed) frees the slot again
-        rm_spin_unlock(&self.xlock)
-        if mr == NULL:
-            return RM_ERR_OS
-        out.handle = i + 1
-        out.lkey = mr.lkey
-        out.rkey = mr.rkey
-        return 0
+        return self.mem.expose(addr, length, access, out)
 
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
-        cdef ibv_mr *mr = NULL
-        if self.inherited():
-            return 0        # a fork child: the MR is the parent's (same uverbs file)
-        if 0 < handle <= XMR_N:
-            rm_spin_lock(&self.xlock)
-            mr = self.xmrs[handle - 1]
-            if mr == XMR_BUSY:
-                mr = NULL               # not a handle anyone was given yet
-            else:
-                self.xmrs[handle - 1] = NULL
-            rm_spin_unlock(&self.xlock)
-        if mr != NULL:
-            ibv_dereg_mr(mr)
-        return 0
+        return 0 if self.mem is None else self.mem.unexpose(handle)
 
     def mr_register(self, size_t addr, size_t length, bint remote_read=False):
         """Register [addr, addr+length) for the registration cache (rdmamw.memory.regcache):
         with ``remote_read`` the peer may READ it (rendezvous sources), else it is a local
         READ target only. Returns the cache's handle ``(mr, lkey, rkey)``; OSError if
         the device refuses (``ulimit -l``)."""
-        cdef ibv_mr *mr
-        cdef int flags = IBV_ACCESS_LOCAL_WRITE | (IBV_ACCESS_REMOTE_READ if remote_read else 0)
-        if self.pd == NULL:
+        if self.mem is None:
             raise OSError(107, "the transport is not open")
-        with nogil:
-            mr = ibv_reg_mr(self.pd, <void *>addr, length, flags)
-        if mr == NULL:
-            raise OSError(errno, f"ibv_reg_mr of {length} bytes failed: {strerror(errno).decode()}")
-        self.cached_mrs[<size_t>mr] = None
-        return (<size_t>mr, mr.lkey, mr.rkey)
+        return self.mem.mr_register(addr, length, remote_read)
 
     def mr_deregister(self, handle):
         """Deregister an MR of mr_register (the cache calls it once nothing uses it)."""
-        cdef size_t p = handle[0]
-        if self.inherited():
-            return          # a fork child: the MR is the parent's (same uverbs file)
-        if self.cached_mrs.pop(p, 0) is None:
-            with nogil:
-                ibv_dereg_mr(<ibv_mr *>p)
+        if self.mem is not None:
+            self.mem.mr_deregister(handle)
 
     def error_detail(self):
         """What failed the connection first, in words (None while it is up or was
         closed cleanly): the work completion's status, or the call that failed."""
-        k = self.err_kind
-        if k == 0:
-            return None
-        if k == FAIL_SEND_WC or k == FAIL_RECV_WC:
-            op = (_WC_OPCODES.get(self.err_opcode, f"opcode {self.err_opcode}")
-                  if k == FAIL_SEND_WC else "RECV")
-            wid = self.err_wr_id & ~INTERNAL
-            return (f"{'send' if k == FAIL_SEND_WC else 'receive'} completion "
-                    f"{ibv_wc_status_str(self.err_status).decode()} "
-                    f"(status {self.err_status}, vendor_err {self.err_vendor:#x}) on {op}, "
-                    f"wr_id {wid:#x}{' (internal)' if self.err_wr_id & INTERNAL else ''}")
-        if k == FAIL_POST or k == FAIL_POLL:
-            call = "ibv_post_send/recv" if k == FAIL_POST else "ibv_poll_cq"
-            return f"{call} failed: {strerror(self.err_errno).decode()} (errno {self.err_errno})"
-        if k == FAIL_STUCK:
-            return f"no send completion for {STUCK_NS // 1000000000} s with the queue full"
-        if k == FAIL_SOCKET:
-            return "the side channel closed (the peer process is gone or closed)"
-        return "failed"
+        return self.failure.detail()
 
     def counters(self):
         d = Transport.counters(self)
@@ -451,7 +378,6 @@ cdef class VerbsTransport(Transport):
         rm_spin_unlock(&self.lock)
 
     cdef void _destroy(self) noexcept:
-        cdef uint32_t i
         if self.sock >= 0:
             close(self.sock)
             self.sock = -1
@@ -462,45 +388,19 @@ cdef class VerbsTransport(Transport):
         if self.qp != NULL:
             ibv_destroy_qp(self.qp)
             self.qp = NULL
-        if self.rcq != NULL:
-            if self.unacked_events:
-                ibv_ack_cq_events(self.rcq, self.unacked_events)
-                self.unacked_events = 0
-            ibv_destroy_cq(self.rcq)
-            self.rcq = NULL
-        if self.scq != NULL:
-            ibv_destroy_cq(self.scq)
-            self.scq = NULL
-        if self.chan != NULL:
-            ibv_destroy_comp_channel(self.chan)
-            self.chan = NULL
-        for i in range(self.n_lmrs):
-            ibv_dereg_mr(self.lmrs[i])
-        self.n_lmrs = 0
-        if self.cached_mrs:
-            for p in self.cached_mrs:
-                ibv_dereg_mr(<ibv_mr *><size_t>p)
-            self.cached_mrs.clear()
-        for i in range(XMR_N):
-            if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY:
-                ibv_dereg_mr(self.xmrs[i])
-            self.xmrs[i] = NULL
+        if self.mem is not None:
+            self.mem.release()
         if self.block_mr != NULL:
             ibv_dereg_mr(self.block_mr)
             self.block_mr = NULL
         if self.recv_mr != NULL:
             ibv_dereg_mr(self.recv_mr)
             self.recv_mr = NULL
-        if self.pd != NULL:
-            ibv_dealloc_pd(self.pd)
-            self.pd = NULL
-        if self.ctx != NULL:
-            ibv_close_device(self.ctx)
-            self.ctx = NULL
+        if self.dev is not None:
+            self.dev.close()        # after its users, the QP and the MRs
 
     def __dealloc__(self):
         self._destroy()
-        free(self.lmrs)
         free(self.block)
         free(self.recv_buf)
         free(self.sig_pos)
@@ -513,24 +413,14 @@ cdef class VerbsTransport(Transport):
     cdef void _fail(self, int code, int kind=FAIL_OTHER, int err=0) noexcept nogil:
         """The connection is dead: remember why (the first cause; ``err``: an errno),
         and make sure the peer sees EOF."""
-        if self.err_kind == 0 and self.state == 1:
-            self.err_kind = kind
-            self.err_errno = err
         if self.state == 1:
+            self.failure.call(kind, err)
             self.state = code
             if self.sock >= 0:
                 shutdown(self.sock, SHUT_RDWR)
 
     cdef void _wc_error(self, ibv_wc *wc, int kind) noexcept nogil:
-        # a flushed WR only says the QP is in error already; the completion that put
-        # it there may sit in the other CQ, polled later: it replaces the flush
-        if (self.err_kind == 0 and self.state == 1) or (
-                (self.err_kind == FAIL_SEND_WC or self.err_kind == FAIL_RECV_WC)
-                and self.err_status == IBV_WC_WR_FLUSH_ERR
-                and wc.status != IBV_WC_WR_FLUSH_ERR):
-            self.err_kind = kind
-            self.err_status, self.err_opcode = wc.status, wc.opcode
-            self.err_vendor, self.err_wr_id = wc.vendor_err, wc.wr_id
+        self.failure.completion(wc, kind, self.state == 1)
         self._fail(RM_ERR_PEER_LOST, kind)
 
     cdef inline int _dead(self) noexcept nogil:
@@ -659,9 +549,9 @@ cdef class VerbsTransport(Transport):
     cdef int _poll_send_locked(self) noexcept nogil:
         cdef int k, i
         cdef ibv_wc *wc
-        if self.scq == NULL:
+        if self.dev is None:
             return 0
-        k = ibv_poll_cq(self.scq, WC_BATCH, self.wcb)
+        k = ibv_poll_cq(self.dev.scq, WC_BATCH, self.wcb)
         if k < 0:
             self._fail(RM_ERR_PEER_LOST, FAIL_POLL, errno)
             return 0
@@ -721,9 +611,9 @@ cdef class VerbsTransport(Transport):
     cdef int _drain_recv(self) noexcept nogil:
         """Reap receive completions (wake-ups, immediates) and repost their WRs."""
         cdef int k, i, ok = 0, rc
-        if self.rcq == NULL or not rmv_trylock(&self.rlock):
+        if self.dev is None or not rmv_trylock(&self.rlock):
             return 0
-        k = ibv_poll_cq(self.rcq, WC_BATCH, self.rwcb)
+        k = ibv_poll_cq(self.dev.rcq, WC_BATCH, self.rwcb)
         for i in range(k):
             if self.rwcb[i].status != IBV_WC_SUCCESS:
                 self._wc_error(&self.rwcb[i], FAIL_RECV_WC)
@@ -772,31 +662,23 @@ cdef class VerbsTransport(Transport):
 
     cdef int wait(self, int timeout_ms) noexcept nogil:
         cdef pollfd fds[2]
-        cdef ibv_cq *cq
-        cdef void *ctx
         cdef int r
         if self.state != 1:
             return self._dead()
         if self._drain_recv() > 0:
             return 1
-        ibv_req_notify_cq(self.rcq, 0)
+        self.dev.arm()
         if self._drain_recv() > 0:       # arrived between the drain and arming
             return 1
         if not self.event_mode and timeout_ms > self.poll_ms:
             timeout_ms = self.poll_ms    # a plain WRITE gives no event: look again soon
-        fds[0].fd, fds[0].events, fds[0].revents = self.chan.fd, POLLIN, 0
+        fds[0].fd, fds[0].events, fds[0].revents = self.dev.fd, POLLIN, 0
         fds[1].fd, fds[1].events, fds[1].revents = self.sock, POLLIN, 0
         r = poll(fds, 2, timeout_ms)
         if r < 0:
             return 0 if errno == EINTR else RM_ERR_OS
         if fds[0].revents & POLLIN:
-            if rmv_trylock(&self.rlock):
-                while ibv_get_cq_event(self.chan, &cq, &ctx) == 0:
-                    self.unacked_events += 1
-                if self.unacked_events >= ACK_EVERY:
-                    ibv_ack_cq_events(self.rcq, self.unacked_events)
-                    self.unacked_events = 0
-                rm_spin_unlock(&self.rlock)
+            self.dev.take_events()
             self._drain_recv()
             return 1
         if fds[1].revents:
@@ -812,29 +694,21 @@ cdef class VerbsTransport(Transport):
     def _event_fds(self):
         # the receive CQ's completion channel (a wake-up SEND or a WRITE_WITH_IMM from
         # the peer, once arm_fd asked for an event) and the side channel (its death)
-        if self.chan == NULL or self.sock < 0:
+        if self.dev is None or self.sock < 0:
             raise ChannelClosed("the verbs connection is closed")
-        return (self.chan.fd, self.sock)
+        return (self.dev.fd, self.sock)
 
     cdef void reap_wakeups(self) noexcept nogil:
         if self.state == 1:
             self._drain_recv()
 
     cdef int arm_fd(self) noexcept nogil:
-        cdef ibv_cq *cq
-        cdef void *ctx
         if self.state != 1:
             return self._dead()
-        if rmv_trylock(&self.rlock):
-            while ibv_get_cq_event(self.chan, &cq, &ctx) == 0:     # non-blocking fd
-                self.unacked_events += 1
-            if self.unacked_events >= ACK_EVERY:
-                ibv_ack_cq_events(self.rcq, self.unacked_events)
-                self.unacked_events = 0
-            rm_spin_unlock(&self.rlock)
+        self.dev.take_events()
         while self._drain_recv() == WC_BATCH:
             pass
-        ibv_req_notify_cq(self.rcq, 0)
+        self.dev.arm()
         self._drain_recv()          # what arrived between the drain and the request
         return 0
 
@@ -857,13 +731,16 @@ cdef class VerbsTransport(Transport):
 
 def load() -> str:
     """dlopen libibverbs (RDMAMW_VERBS_LIBRARY, default libibverbs.so.1, read on the
-    first call) and resolve every function this module calls, once; return the path of
-    the library loaded. OSError naming the library or the missing symbols."""
+    first call) and resolve every function this module and _verbs_dev call, once;
+    return the path of the library loaded. OSError naming the library or the missing
+    symbols."""
     cdef char err[1024]
     cdef int rc = 0
     lib = config.get("RDMAMW_VERBS_LIBRARY")
     if not rm_ibv_loaded():
         rc = rm_ibv_load(lib.encode(), err, sizeof(err))
+    if rc == 0:     # the device's extension keeps its own table: the same library
+        rc = load_table(rm_ibv_path, err, sizeof(err))
     if rc == -1:
         raise OSError(2, f"cannot load {lib} ({err.decode(errors='replace')}); install "
                          f"rdma-core (libibverbs1) or point RDMAMW_VERBS_LIBRARY at it")

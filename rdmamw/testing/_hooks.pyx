@@ -35,7 +35,8 @@ from rdmamw.providers._tcp cimport (
     rt_conn,
     rt_progress,
 )
-from rdmamw.providers._verbs cimport XMR_BUSY, VerbsTransport
+from rdmamw.providers._verbs cimport VerbsTransport
+from rdmamw.providers._verbs_dev cimport XMR_BUSY
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_READ,
@@ -263,11 +264,11 @@ def expose_churn(VerbsTransport tp not None, size_t addr, size_t length, int rou
             if tp.expose(addr, length, RM_ACCESS_LOCAL, &m) != 0:
                 clashes += 1
                 continue
-            rm_spin_lock(&tp.xlock)
-            mr = tp.xmrs[m.handle - 1]
+            rm_spin_lock(&tp.mem.xlock)
+            mr = tp.mem.xmrs[m.handle - 1]
             if mr == NULL or mr == XMR_BUSY or mr.lkey != m.lkey:
                 clashes += 1
-            rm_spin_unlock(&tp.xlock)
+            rm_spin_unlock(&tp.mem.xlock)
             tp.unexpose(m.handle)
     return clashes
 
