@@ -101,23 +101,20 @@ def _split_top(s: str, sep: str) -> list[str]:
 
 
 def _assign_target(stmt: str) -> str | None:
-    """The text left of a top-level assignment operator, or None."""
+    """The text left of a top-level assignment operator (``=``, ``+=``, ``<<=``, ...),
+    or None: comparisons and keyword arguments are not assignments."""
     depth = 0
-    s = stmt
-    for i, c in enumerate(s):
+    for i, c in enumerate(stmt):
         if c in "([{":
             depth += 1
         elif c in ")]}":
             depth -= 1
         elif depth == 0 and c == "=":
-            if s[i + 1:i + 2] == "=" or (i and s[i - 1] in "=!<>" and not s[i - 2:i] in ("<<", ">>")):
-                continue
-            if i and s[i - 1] == "=":
-                continue
-            j = i
-            while j and s[j - 1] in "+-*/|&^<>%":
-                j -= 1
-            return s[:j]
+            before, after = stmt[:i], stmt[i + 1:i + 2]
+            if after == "=" or before.endswith("=") or (
+                    before[-1:] in ("!", "<", ">") and before[-2:] not in ("<<", ">>")):
+                continue                        # ==, !=, <=, >=
+            return before.rstrip("+-*/|&^<>%")
     return None
 
 
@@ -206,18 +203,14 @@ def _owner(decls: Decls, expr: str, me: str | None, locals_: dict[str, str]):
                     typ = "[]"
                 else:
                     typ = ftyp
-            elif typ == "*":                    # through a pointer: not the field
-                owner, typ = None, None
+            elif typ == "*":                    # a member through a pointer field
+                path.append(attr)
+                typ = None
             else:                               # a member of a struct field
                 path.append(attr)
                 typ = None
-        else:
-            if typ == "*":
-                owner, typ = None, None
-            elif typ == "[]":
-                typ = None
-            else:
-                typ = None
+        else:                                   # an element of an array field, or
+            typ = None                          # memory a pointer field of the unit holds
     if owner is None:
         return None
     return owner, ".".join(path)
@@ -271,8 +264,10 @@ def scan(files=None):
             if t is not None and not body.startswith(("cdef ", "def ", "if ", "elif ", "while ",
                                                       "return ", "assert ")):
                 targets += [x.strip() for x in _split_top(t, ",")]
-            for a in re.finditer(r"&\s*([A-Za-z_][\w.]*(?:\[[^\]]*\])?)", body):
-                targets.append(a.group(1))
+            for a in re.finditer(r"(rm_load_acquire64\(\s*)?&\s*([A-Za-z_][\w.]*(?:\[[^\]]*\])?)",
+                                 body):
+                if not a.group(1):              # (an atomic load only reads)
+                    targets.append(a.group(2))
             for tgt in targets:
                 if tgt.startswith("(") or not tgt:
                     continue

@@ -14,6 +14,7 @@ ctypedef struct rm_counters:
     uint64_t reclaim_wb
     uint64_t credit_waits
     uint64_t arrival_waits
+    uint64_t sleeps             # the Link's: times this side blocked in the transport's wait()
     # rendezvous send
     uint64_t rndv_sends
     uint64_t rndv_writes

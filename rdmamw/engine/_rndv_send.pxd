@@ -11,7 +11,7 @@ cdef class RndvSender:
     cdef Link link
     cdef SendBatch batch
     cdef bint write                 # WRITE into advertised destinations when they fit
-    cdef uint32_t prep_i            # messages of the batch prepared (exposed) so far
+    cdef readonly uint32_t prep_i   # messages of the batch prepared (exposed) so far
     # entry e = index % RNDV_N keeps the source until its done bit comes back
     cdef uint64_t next              # rendezvous messages prepared (the next index)
     cdef readonly uint64_t upto     # ... of which done (in order)
@@ -25,6 +25,9 @@ cdef class RndvSender:
     cdef uint32_t wkey[64]
     cdef PyObject *lease[64]        # the Lease of the entry's source (owned)
 
+    cdef void begin(self) noexcept
+    cdef void end(self, uint32_t posted) noexcept
+    cdef void give_back(self) noexcept
     cdef uint32_t prepare(self, uint32_t k, uint32_t want, int *rc) noexcept nogil
     cdef int prepare_one(self, uint32_t i) noexcept nogil
     cdef void unprepare(self, uint32_t first) noexcept
