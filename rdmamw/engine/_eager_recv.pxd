@@ -49,13 +49,6 @@ cdef class EagerReceiver:
         if self.cur_left == 0:
             self.link.cnt.slots_recv += 1
 
-    cdef inline void release_fast(self, uint32_t slot) noexcept:
-        """A Message of ``slot`` goes (inline: once per message)."""
-        if self.slot_refs[slot] > 1:    # not the slot's last message
-            self.slot_refs[slot] -= 1
-        else:
-            self.release_one(slot)
-
     cdef bint has_arrivals(self) noexcept nogil
     cdef void release_one(self, uint32_t slot) noexcept
     cdef bint unflushed(self) noexcept nogil
@@ -63,3 +56,10 @@ cdef class EagerReceiver:
     cdef int flush(self) noexcept nogil
     cdef void flip_done(self, uint16_t entry) noexcept nogil
     cdef dict diagnostics(self)
+
+    cdef inline void release_fast(self, uint32_t slot) noexcept:
+        """A Message of ``slot`` goes (inline: once per message)."""
+        if self.slot_refs[slot] > 1:    # not the slot's last message
+            self.slot_refs[slot] -= 1
+        else:
+            self.release_one(slot)

@@ -39,7 +39,11 @@ cdef class RndvReceiver:
     # the channel's pool (rdmamw.channel.rendezvous.allocate), passed in at set-up
     cdef readonly object allocate
 
-    cdef void set_deadline(self, int64_t deadline) noexcept
+    cdef inline void set_deadline(self, int64_t deadline) noexcept:
+        """The running receive call's deadline (0: none): a READ outliving it stays in
+        flight for the next call (inline: once per receive call)."""
+        self.rx_until = deadline
+
     cdef int use(self, object regcache_dst, object allocate) except -1
     cdef Dest receive(self, char *base, Dest into)
     cdef int post(self, Dest d) except -1

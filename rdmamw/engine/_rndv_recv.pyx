@@ -87,11 +87,6 @@ cdef class RndvReceiver:
             Py_XINCREF(<PyObject *>self.rd_dst)
         free(self.advsrc)
 
-    cdef void set_deadline(self, int64_t deadline) noexcept:
-        """The running receive call's deadline (0: none): a READ outliving it stays in
-        flight for the next call."""
-        self.rx_until = deadline
-
     cdef int use(self, object regcache_dst, object allocate) except -1:
         """The channel's registration cache of destinations (None: not registered)
         and the allocator of destinations nobody posted or gave."""

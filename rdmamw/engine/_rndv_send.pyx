@@ -48,19 +48,6 @@ cdef class RndvSender:
             Py_XDECREF(self.lease[i])       # a Lease releases itself when it dies
             self.lease[i] = NULL
 
-    cdef void begin(self) noexcept:
-        """A send call starts: nothing of its batch prepared yet; sources already
-        done go back first (they may free entries)."""
-        self.prep_i = 0
-        if self.released < self.next:
-            self.poll(self.next)
-
-    cdef void end(self, uint32_t posted) noexcept:
-        """The send call ends with its messages before ``posted`` posted: the ones
-        prepared past it were not sent (timeout, error) and are undone."""
-        if self.prep_i > posted:
-            self.unprepare(posted)
-
     cdef void give_back(self) noexcept:
         """close(): the sources go back whether or not their done bits came."""
         self.upto = self.next
