@@ -21,6 +21,8 @@ from __future__ import annotations
 import pathlib
 import re
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENGINE = ROOT / "rdmamw" / "engine"
 BASE_PXD = ROOT / "rdmamw" / "transport" / "_base.pxd"
@@ -356,3 +358,24 @@ def test_the_scan_sees_a_planted_write(tmp_path):
                       ("_rndv_send", "upto")], bad
     assert counters == {"msgs_sent": {"_planted"}}
     assert [ln for _, ln, _ in uses] == [7]
+
+
+def test_a_receive_that_sleeps_is_counted_by_the_link():
+    """The Link counts the sleeps (the engine no longer writes the transport's
+    n_sleeps): a receive that times out on an idle channel spins, raises its flag at
+    the peer, sleeps, and says so in stats()."""
+    import rdmamw
+    from tests.helpers import make_pair
+
+    a, b, lst = make_pair("batched", slots=16, slot_size=4096, provider="shm")
+    try:
+        before = b.stats()
+        with pytest.raises(rdmamw.Timeout):
+            b.recv(timeout=0.05)
+        after = b.stats()
+        assert after["sleeps"] > before["sleeps"]
+        assert after["arrival_sleeps"] == before["arrival_sleeps"] + 1
+        a.send(b"x")
+        assert bytes(b.recv(timeout=5)) == b"x"
+    finally:
+        a.close(), b.close(), lst.close()

@@ -1,5 +1,6 @@
 # Everything one endpoint counts, in one struct owned by its Link; each unit adds to
-# its own fields. stats() (rdmamw/engine/_engine.pyx) names them; the names are API.
+# its own fields (tests/test_engine_owners.py: one writer each). Link.stats()
+# (rdmamw/engine/_link.pyx) names them; the names are API.
 from libc.stdint cimport uint64_t
 
 ctypedef struct rm_counters:
