@@ -36,7 +36,7 @@ extensions = [
     ext("rdmamw.transport._base", "rdmamw/transport/_base.pyx"),
     *(ext(f"rdmamw.engine.{unit}", f"rdmamw/engine/{unit}.pyx") for unit in (
         "_link", "_leases", "_batch", "_rndv_send", "_eager_send", "_eager_recv",
-        "_messages", "_rndv_recv", "_engine")),
+        "_messages", "_rndv_recv", "_waits", "_engine")),
     ext("rdmamw.providers._shm", "rdmamw/providers/_shm.pyx"),
     ext("rdmamw.providers._tcp", "rdmamw/providers/_tcp.pyx"),
     ext("rdmamw.memory._span", "rdmamw/memory/_span.pyx"),

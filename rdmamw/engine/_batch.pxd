@@ -28,8 +28,23 @@ cdef class SendBatch:
     cdef uint64_t rndv_threshold
     cdef uint64_t rndv_limit        # the largest range one rendezvous moves here
     cdef str rendezvous             # the resolved strategy, for error messages
-    cdef public object regcache     # sources the peer READs (or we WRITE from); verbs
+    cdef readonly object regcache   # sources the peer READs (or we WRITE from); verbs
 
+    # a rendezvous message's source and lease go to its entry (RndvSender) until its
+    # done bit, and come back if it is not sent after all (inline: no call)
+    cdef inline Py_buffer hand_over(self, uint32_t i, uint8_t e, PyObject **lease) noexcept nogil:
+        lease[0] = self.lease_of[i]
+        self.lease_of[i] = NULL
+        self.held[i] = 0
+        self.msg_entry[i] = e
+        return self.bufs[i]
+
+    cdef inline void take_back(self, uint32_t i, Py_buffer buf, PyObject *lease) noexcept nogil:
+        self.lease_of[i] = lease
+        self.bufs[i] = buf
+        self.held[i] = 1
+
+    cdef int use(self, object regcache) except -1
     cdef int grow(self, uint32_t n) except -1
     cdef int acquire(self, object fast, Py_ssize_t n) except -1
     cdef void release_bufs(self, Py_ssize_t n) noexcept

@@ -60,6 +60,11 @@ cdef class SendBatch:
         free(self.kind); free(self.msg_entry); free(self.lease_of); free(self.lease_keys)
         free(self.plan_start); free(self.plan_used); free(self.plan_flags)
 
+    cdef int use(self, object regcache) except -1:
+        """The channel's registration cache of sources (None: not registered)."""
+        self.regcache = regcache
+        return 0
+
     cdef int grow(self, uint32_t n) except -1:
         """Room for batches of n messages (n + 1 plan entries)."""
         if n <= self.cap:

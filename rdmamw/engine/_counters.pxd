@@ -1,5 +1,6 @@
 # Everything one endpoint counts, in one struct owned by its Link; each unit adds to
-# its own fields. stats() (rdmamw/engine/_engine.pyx) names them; the names are API.
+# its own fields (tests/test_engine_owners.py: one writer each). Link.stats()
+# (rdmamw/engine/_link.pyx) names them; the names are API.
 from libc.stdint cimport uint64_t
 
 ctypedef struct rm_counters:
@@ -14,6 +15,7 @@ ctypedef struct rm_counters:
     uint64_t reclaim_wb
     uint64_t credit_waits
     uint64_t arrival_waits
+    uint64_t sleeps             # the Link's: times this side blocked in the transport's wait()
     # rendezvous send
     uint64_t rndv_sends
     uint64_t rndv_writes

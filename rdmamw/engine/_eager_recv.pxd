@@ -55,3 +55,11 @@ cdef class EagerReceiver:
     cdef int flush_locked(self) noexcept nogil
     cdef int flush(self) noexcept nogil
     cdef void flip_done(self, uint16_t entry) noexcept nogil
+    cdef dict diagnostics(self)
+
+    cdef inline void release_fast(self, uint32_t slot) noexcept:
+        """A Message of ``slot`` goes (inline: once per message)."""
+        if self.slot_refs[slot] > 1:    # not the slot's last message
+            self.slot_refs[slot] -= 1
+        else:
+            self.release_one(slot)

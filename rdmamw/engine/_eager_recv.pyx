@@ -23,16 +23,14 @@ from rdmamw.engine._frames cimport (
     rm_slot_hdr,
 )
 from rdmamw.transport._base cimport (
-    RM_REGION_CTRL,
     RM_REGION_RECLAIM,
     RM_REGION_RING,
     RM_WR_PUBLISH,
     RM_WR_WRITE,
-    Transport,
     now_ns,
     rm_wr,
 )
-from rdmamw.transport.atomics cimport rm_fence_seq_cst, rm_load_acquire64, rm_spin_lock, rm_spin_unlock
+from rdmamw.transport.atomics cimport rm_fence_seq_cst, rm_load_acquire64
 
 from rdmamw.transport import layout
 
@@ -46,13 +44,12 @@ cdef class EagerReceiver:
 
     def __cinit__(self, Link link, uint32_t nslots, uint32_t slot_size, arrival,
                   double gap_timeout, double flush_fraction, bint ack):
-        cdef Transport tp = link.tp
         self.link = link
         self.nslots, self.slot_size = nslots, slot_size
         self.stride = layout.slot_stride(slot_size)
-        if tp.local[RM_REGION_RING].length < <uint64_t>nslots * self.stride:
+        if link.local_length(RM_REGION_RING) < <uint64_t>nslots * self.stride:
             raise ValueError("transport ring region is smaller than the ring")
-        self.ring = tp.local[RM_REGION_RING].addr
+        self.ring = link.local_addr(RM_REGION_RING)
         self.rbm = RecvBitmaps(nslots, arrival)
         self.pend = <uint32_t *>malloc(4 * nslots)
         self.pend_d = <uint32_t *>malloc(4 * nslots)
@@ -64,7 +61,7 @@ cdef class EagerReceiver:
             raise MemoryError()
         memset(self.order, 0xFF, 4 * nslots)
         memset(self.slot_refs, 0, 4 * nslots)
-        self.lkey_reclaim = tp.register_local(<size_t>self.rbm.reclaim, self.rbm.nwords * 8)
+        self.lkey_reclaim = link.register_local(<size_t>self.rbm.reclaim, self.rbm.nwords * 8)
         self.cur_slot = RM_NO_SLOT
         self.gap_timeout_ns = <int64_t>(gap_timeout * 1e9)
         # per receive call: at most a quarter of the ring and about RECV_CALL_BYTES of
@@ -192,13 +189,13 @@ cdef class EagerReceiver:
         self.slot_refs[slot] -= 1
         if self.slot_refs[slot] or link.inherited():
             return          # in a fork child the slot is the parent's to give back
-        rm_spin_lock(&link.spin)
+        link.lock()
         self.rbm.release(slot)
         if not link.closed and not link.peer_gone and (
                 self.rbm.unflushed >= self.flush_threshold
                 or rm_load_acquire64(&link.ctrl[CTRL_CREDIT_WAIT])):
             self.flush_locked()
-        rm_spin_unlock(&link.spin)
+        link.unlock()
 
     cdef inline bint unflushed(self) noexcept nogil:
         return self.rbm.unflushed != 0 or self.done_unflushed != 0
@@ -212,11 +209,11 @@ cdef class EagerReceiver:
         if self.done_unflushed:
             self.done_unflushed = 0
             self.link.cnt.done_wb += 1
-            rc = self.link.put_word(RM_REGION_CTRL, CTRL_RNDV_DONE, &self.link.words[WORD_DONE])
+            rc = self.link.put_ctrl(CTRL_RNDV_DONE, WORD_DONE)
             if not self.rbm.take_dirty(&lo, &hi):
                 rm_fence_seq_cst()
                 if rc == 0 and rm_load_acquire64(&self.link.ctrl[CTRL_CREDIT_WAIT]):
-                    self.link.tp.wake_peer()
+                    self.link.wake_peer()
                 return rc
         elif not self.rbm.take_dirty(&lo, &hi):
             return 0
@@ -229,28 +226,41 @@ cdef class EagerReceiver:
         wr.opcode = RM_WR_WRITE
         wr.flags = RM_WR_PUBLISH
         wr.imm = 0
-        rc = self.link.tp.post(&wr, 1)
+        rc = self.link.post(&wr, 1)
         self.link.cnt.reclaim_wb += 1
         rm_fence_seq_cst()
         if rc == 0 and rm_load_acquire64(&self.link.ctrl[CTRL_CREDIT_WAIT]):
-            self.link.tp.wake_peer()
+            self.link.wake_peer()
         return rc
 
     cdef int flush(self) noexcept nogil:
         cdef int rc
-        rm_spin_lock(&self.link.spin)
+        self.link.lock()
         rc = self.flush_locked()
-        rm_spin_unlock(&self.link.spin)
+        self.link.unlock()
         return rc
 
     cdef void flip_done(self, uint16_t entry) noexcept nogil:
         """A rendezvous message (done bit ``entry``) is taken out of the stream: the
         sender may release its source once the done word reaches it."""
-        cdef uint64_t *words = self.link.words
-        rm_spin_lock(&self.link.spin)
-        words[WORD_DONE] ^= (<uint64_t>1) << entry
+        self.link.lock()
+        self.link.flip_bit(WORD_DONE, entry)
         self.done_unflushed += 1
         if not self.link.closed and not self.link.peer_gone and (
                 rm_load_acquire64(&self.link.ctrl[CTRL_CREDIT_WAIT])):
             self.flush_locked()
-        rm_spin_unlock(&self.link.spin)
+        self.link.unlock()
+
+    cdef dict diagnostics(self):
+        cdef uint32_t i, held = 0
+        for i in range(self.nslots):
+            if self.slot_refs[i]:
+                held += 1
+        return {
+            "recv_seq": self.recv_seq, "unflushed": self.rbm.unflushed, "slots_held": held,
+            "ready_len": self.ready_len, "cur_left": self.cur_left,
+            "pending": self.rbm.pending_slots(),
+            "arrival": list(self.rbm.arrival_words), "consumed": list(self.rbm.consumed_words),
+            "reclaim_shadow": list(self.rbm.reclaim_words),
+            "ring": {"address": <size_t>self.ring, "stride": self.stride, "slots": self.nslots},
+        }

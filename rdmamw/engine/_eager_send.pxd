@@ -24,9 +24,12 @@ cdef class EagerSender:
     cdef uint32_t wr_cap
     cdef uint64_t *snap             # SNAP_DEPTH copies of the arrival words (async transports)
     cdef uint32_t lkey_snap
+    cdef readonly int blocked_on    # what post_planned ran out of (WAIT_SLOTS / WAIT_ENTRY)
 
     cdef int grow(self, uint32_t n) except -1
+    cdef uint32_t post_planned(self, uint32_t k, uint32_t nplan, int *rc) noexcept nogil
     cdef uint32_t alloc(self, uint32_t want) noexcept nogil
     cdef int post_slots(self, uint32_t k0, uint32_t got) noexcept nogil
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil
     cdef uint32_t arrival_wrs(self, uint32_t nw) noexcept nogil
+    cdef dict diagnostics(self)

@@ -15,6 +15,8 @@ from rdmamw.engine._frames cimport (
     REC_HDR,
     SLOT_HEADER,
     SLOT_PACKED,
+    WAIT_ENTRY,
+    WAIT_SLOTS,
     pad8,
     rm_slot_hdr,
 )
@@ -25,15 +27,12 @@ from rdmamw.transport._base cimport (
     RM_WR_PUBLISH,
     RM_WR_SIGNALED,
     RM_WR_WRITE,
-    Transport,
 )
 from rdmamw.transport.atomics cimport (
     rm_copy,
     rm_cpu_relax,
     rm_fence_seq_cst,
     rm_load_acquire64,
-    rm_spin_lock,
-    rm_spin_unlock,
 )
 
 from rdmamw.transport import layout
@@ -50,7 +49,6 @@ cdef class EagerSender:
 
     def __cinit__(self, Link link, SendBatch batch, RndvSender rs, uint32_t peer_nslots,
                   uint32_t peer_slot_size, reclaim):
-        cdef Transport tp = link.tp
         cdef void *mem = NULL
         self.link, self.batch, self.rs = link, batch, rs
         self.peer_nslots, self.peer_slot_size = peer_nslots, peer_slot_size
@@ -63,15 +61,15 @@ cdef class EagerSender:
         if self.alloc_tmp == NULL:
             raise MemoryError()
         # everything a work request may read from must be known to the transport
-        self.lkey_staging = tp.register_local(<size_t>self.staging,
-                                              <size_t>peer_nslots * self.peer_stride)
-        self.lkey_arrival = tp.register_local(<size_t>self.sbm.arrival, self.sbm.nwords * 8)
-        if not tp.synchronous:
+        self.lkey_staging = link.register_local(<size_t>self.staging,
+                                                <size_t>peer_nslots * self.peer_stride)
+        self.lkey_arrival = link.register_local(<size_t>self.sbm.arrival, self.sbm.nwords * 8)
+        if not link.synchronous():
             self.snap = <uint64_t *>calloc(SNAP_DEPTH * self.sbm.nwords, 8)
             if self.snap == NULL:
                 raise MemoryError()
-            self.lkey_snap = tp.register_local(<size_t>self.snap,
-                                               SNAP_DEPTH * self.sbm.nwords * 8)
+            self.lkey_snap = link.register_local(<size_t>self.snap,
+                                                 SNAP_DEPTH * self.sbm.nwords * 8)
         self.grow(64)
 
     def __dealloc__(self):
@@ -92,6 +90,30 @@ cdef class EagerSender:
         self.wr_cap = c
         return 0
 
+    cdef uint32_t post_planned(self, uint32_t k, uint32_t nplan, int *rc) noexcept nogil:
+        """Post planned slots from k on while free slots (and rendezvous entries)
+        last; return the new k. When it stops short, ``blocked_on`` says on what."""
+        cdef uint32_t got, want
+        rc[0] = 0
+        self.blocked_on = WAIT_SLOTS
+        while k < nplan:
+            want = 1 if self.batch.ack else nplan - k
+            if self.rs.prep_i < self.batch.plan_start[k + want]:
+                want = self.rs.prepare(k, want, rc)
+                if rc[0] != 0:
+                    break
+                if want == 0:
+                    self.blocked_on = WAIT_ENTRY
+                    break
+            got = self.alloc(want)
+            if got == 0:
+                break
+            rc[0] = self.post_slots(k, got)
+            if rc[0] != 0:
+                break
+            k += got
+        return k
+
     cdef uint32_t alloc(self, uint32_t want) noexcept nogil:
         """Take up to ``want`` free peer slots (in alloc_tmp); how many."""
         return self.sbm.alloc(want, self.alloc_tmp)
@@ -106,17 +128,16 @@ cdef class EagerSender:
         nw = self.arrival_wrs(nw)
         # one signaled WR per post: per batch in batched mode, per message in ack mode
         self.wrs[nw - 1].flags |= RM_WR_SIGNALED
-        self.link.batch_posted += 1
-        self.wrs[nw - 1].wr_id = self.link.batch_posted
-        rm_spin_lock(&self.link.spin)
-        rc = self.link.tp.post(self.wrs, nw)
-        rm_spin_unlock(&self.link.spin)
+        self.wrs[nw - 1].wr_id = self.link.next_batch()
+        self.link.lock()
+        rc = self.link.post(self.wrs, nw)
+        self.link.unlock()
         if rc != 0:
             return rc
         self.link.reap()
         rm_fence_seq_cst()
         if rm_load_acquire64(&self.link.ctrl[CTRL_RX_SLEEP]):
-            self.link.tp.wake_peer()
+            self.link.wake_peer()
         return 0
 
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil:
@@ -175,7 +196,7 @@ cdef class EagerSender:
             wr.length = HDR_BYTES
             wr.flags = RM_WR_INLINE
             return nw + 1
-        if not self.link.tp.direct_source:
+        if not self.link.direct_source():
             memcpy(st + SLOT_HEADER, self.batch.ptrs[first], L)
             wr.local_addr = <uint64_t>st
             wr.length = SLOT_HEADER + L
@@ -209,7 +230,7 @@ cdef class EagerSender:
         cdef rm_wr *wr
         if not self.sbm.take_dirty(&start, &count):
             return nw
-        if not self.link.tp.synchronous:
+        if not self.link.synchronous():
             entry = (self.link.batch_posted + 1) % SNAP_DEPTH
             oldest = self.link.batch_posted + 1 - SNAP_DEPTH if self.link.batch_posted + 1 > SNAP_DEPTH else 0
             while self.link.batch_done < oldest and not self.link.peer_gone:
@@ -240,3 +261,10 @@ cdef class EagerSender:
             wr.length = (count - first_part) * 8
             nw += 1
         return nw
+
+    cdef dict diagnostics(self):
+        return {
+            "send_seq": self.send_seq, "free_send_slots": self.sbm.count_free(),
+            "send_arrival_shadow": list(self.sbm.arrival_words),
+            "send_reclaim_seen": list(self.sbm.reclaim_words),
+        }

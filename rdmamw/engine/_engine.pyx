@@ -8,8 +8,9 @@ checks each slot's sequence number and hands out zero-copy Message views; releas
 flip reclaim bits locally and are written back lazily, in batches. The wire format is
 in docs/protocol.md; who owns what in rdmamw/engine/__init__.py.
 
-The engine itself holds only the locks (one sender and one receiver at a time), the
-spin-then-block waits, and the calls users make: send_batch / recv_batch / close. The
+The engine itself holds only the locks (one sender and one receiver at a time) and
+the calls users make: send_batch / recv_batch / close; its waits are the Waiter's
+(_waits.pyx), and each unit writes only its own fields. The
 data path runs with the GIL released and allocates no Python object per message on
 the send side; on the receive side a Message (from a free list) is the view the user
 asked for."""
@@ -32,22 +33,15 @@ from rdmamw.engine._batch cimport SendBatch
 from rdmamw.engine._eager_recv cimport EagerReceiver
 from rdmamw.engine._eager_send cimport EagerSender
 from rdmamw.engine._frames cimport (
-    CTRL_CLOSED,
-    CTRL_CREDIT_WAIT,
     CTRL_MAX_MSG,
-    CTRL_RX_SLEEP,
     DESC_BYTES,
     REC_RNDV,
     RM_MAX_WR_BYTES,
     RM_NO_SLOT,
+    WAIT_ARRIVAL,
     WAIT_DONE,
-    WAIT_ENTRY,
-    WAIT_SLOTS,
-    WORD_MAX_MSG,
-    WORD_ONE,
-    WORD_ZERO,
 )
-from rdmamw.engine._link cimport PEER_CHECK_NS, Link, deadline_of, slice_end
+from rdmamw.engine._link cimport Link, deadline_of, slice_end
 from rdmamw.engine._messages cimport (
     Dest,
     Endpoint,
@@ -60,22 +54,9 @@ from rdmamw.engine._messages cimport (
 )
 from rdmamw.engine._rndv_recv cimport RndvReceiver
 from rdmamw.engine._rndv_send cimport RndvSender
-from rdmamw.transport._base cimport (
-    RM_ERR_CLOSED,
-    RM_REGION_ARRIVAL,
-    RM_REGION_CTRL,
-    RM_REGION_RECLAIM,
-    RM_REGION_RING,
-    Transport,
-    now_ns,
-)
-from rdmamw.transport.atomics cimport (
-    rm_cpu_relax,
-    rm_fence_seq_cst,
-    rm_load_acquire64,
-    rm_spin_lock,
-    rm_spin_unlock,
-)
+from rdmamw.engine._waits cimport Waiter
+from rdmamw.transport._base cimport RM_REGION_ARRIVAL, RM_REGION_RECLAIM, Transport, now_ns
+from rdmamw.transport.atomics cimport rm_cpu_relax, rm_load_acquire64
 
 from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, ProtocolError, Timeout
 from rdmamw.transport import layout
@@ -93,13 +74,13 @@ cdef class Engine(Endpoint):
     cdef EagerSender tx
     cdef RndvSender rs
     cdef RndvReceiver rr                # (rx, the EagerReceiver: a field of Endpoint)
+    cdef Waiter w
     cdef readonly str mode
     cdef readonly str rendezvous        # "off", "read" or "write" (as resolved)
     cdef bint ack
     cdef bint rndv_on
     cdef bint cache_ok                  # the transport's keys come from the caches
     cdef object _regcache, _regcache_dst
-    cdef int blocked_on                 # what _post_available ran out of (WAIT_*)
     cdef PyThread_type_lock send_lock
     cdef PyThread_type_lock recv_lock
 
@@ -134,46 +115,47 @@ cdef class Engine(Endpoint):
             raise ValueError("max_message_size must be at least 1")
         layout.check_ring(nslots, slot_size)
         layout.check_ring(peer_nslots, peer_slot_size)
-        if tp.local[RM_REGION_RING].length < <uint64_t>nslots * layout.slot_stride(slot_size):
-            raise ValueError("transport ring region is smaller than the ring")
-        if tp.peer[RM_REGION_RING].length < \
-                <uint64_t>peer_nslots * layout.slot_stride(peer_slot_size):
-            raise ValueError("peer ring region is smaller than its ring")
+        link.attach(tp, spin_us)
+        link.check_rings(nslots, layout.slot_stride(slot_size), peer_nslots,
+                         layout.slot_stride(peer_slot_size))
         self.mode = mode
         self.ack = mode == "ack"
-        self.rndv_on = rendezvous != "off" and tp.can_expose
+        self.rndv_on = rendezvous != "off" and link.can_expose()
         self.rendezvous = rendezvous if self.rndv_on else "off"
-        self.cache_ok = tp.registers_memory
+        self.cache_ok = link.registers_memory()
         threshold = peer_slot_size if rndv_threshold is None else min(
             <uint64_t>rndv_threshold, peer_slot_size)
-        link.attach(tp, spin_us)
-        self.rx = EagerReceiver(link, nslots, slot_size, tp._region_view(RM_REGION_ARRIVAL),
+        self.rx = EagerReceiver(link, nslots, slot_size, link.region_view(RM_REGION_ARRIVAL),
                                 gap_timeout, flush_fraction, self.ack)
         self.batch = SendBatch(link, peer_slot_size, self.ack, self.rndv_on, threshold,
-                               min(RM_MAX_WR_BYTES, tp.max_expose or RM_MAX_WR_BYTES),
+                               min(RM_MAX_WR_BYTES, link.max_expose() or RM_MAX_WR_BYTES),
                                self.rendezvous)
         self.rs = RndvSender(link, self.batch, self.rndv_on and rendezvous == "write")
         self.tx = EagerSender(link, self.batch, self.rs, peer_nslots, peer_slot_size,
-                              tp._region_view(RM_REGION_RECLAIM))
+                              link.region_view(RM_REGION_RECLAIM))
         self.rr = RndvReceiver(link, self.rx, self.rndv_on and rendezvous == "write",
                                min(max_message_size, RM_MAX_WR_BYTES))
+        self.w = Waiter(link, self.tx, self.rs, self.rx)
         self.regcache, self.regcache_dst = self._regcache, self._regcache_dst
-        link.words[WORD_MAX_MSG] = self.rr.max_msg  # announce it in the peer's CTRL_MAX_MSG
-        link.put_word(RM_REGION_CTRL, CTRL_MAX_MSG, &link.words[WORD_MAX_MSG])
-        link.closed = False
+        link.announce_max_msg(self.rr.max_msg)     # into the peer's CTRL_MAX_MSG
+        link.open()
 
     def __dealloc__(self):
         cdef Link link = self.link
-        if link is not None and not link.closed and link.tp is not None \
-                and not link.peer_gone and not link.inherited():
-            # dropped without close(): still tell the peer it was a clean close
-            link.put_word(RM_REGION_CTRL, CTRL_CLOSED, &link.words[WORD_ONE])
-            rm_fence_seq_cst()
-            link.tp.wake_peer()
+        if link is not None and not link.closed and link.attached() and not link.inherited():
+            self._say_closed()      # dropped without close(): still a clean close
         if self.send_lock != NULL:
             PyThread_free_lock(self.send_lock)
         if self.recv_lock != NULL:
             PyThread_free_lock(self.recv_lock)
+
+    cdef void _say_closed(self) noexcept nogil:
+        """Tell the peer this side closed, after the releases not yet written back."""
+        self.link.lock()
+        if not self.link.peer_gone and self.rx is not None and self.rx.unflushed():
+            self.rx.flush_locked()
+        self.link.announce_closed()
+        self.link.unlock()
 
     cdef int _lock(self, PyThread_type_lock lock) except -1:
         if not PyThread_acquire_lock(lock, NOWAIT_LOCK):
@@ -219,9 +201,7 @@ cdef class Engine(Endpoint):
             b.grow(<uint32_t>n + 1)
             self.tx.grow(<uint32_t>n + 1)
             b.acquire(fast, n)
-            self.rs.prep_i = 0
-            if self.rs.released < self.rs.next:
-                self.rs.poll(self.rs.next)
+            self.rs.begin()
             if self.rx.done_unflushed:      # done bits of what we received ride along
                 self.rx.flush()
             try:
@@ -229,18 +209,18 @@ cdef class Engine(Endpoint):
                 if b.bytes >= NOGIL_BYTES:
                     with nogil:
                         nplan = b.plan(<uint32_t>n)
-                        k = self._post_available(0, nplan, &rc)
+                        k = self.tx.post_planned(0, nplan, &rc)
                 else:
                     nplan = b.plan(<uint32_t>n)
-                    k = self._post_available(0, nplan, &rc)
+                    k = self.tx.post_planned(0, nplan, &rc)
                 while k < nplan or rc:
                     if rc != 0:
                         link.raise_post(rc)
                     # ring full (or no rendezvous entry): wait for reclaim (done) bits,
                     # a slice at a time (signals)
                     with nogil:
-                        st = self._wait_credit(slice_end(deadline), first_wait,
-                                               self.blocked_on)
+                        st = self.w.wait(self.tx.blocked_on, 0, slice_end(deadline),
+                                         first_wait)
                     first_wait = False
                     self.rs.poll(self.rs.next)
                     if st < 0:
@@ -253,13 +233,13 @@ cdef class Engine(Endpoint):
                                 f"{n} messages sent", sent=b.plan_start[k])
                         continue
                     with nogil:
-                        got = self._post_available(k, nplan, &rc)
+                        got = self.tx.post_planned(k, nplan, &rc)
                     if got > k:
                         first_wait = True
                     k = got
             finally:
-                if nplan and self.rs.prep_i > b.plan_start[k]:
-                    self.rs.unprepare(b.plan_start[k])
+                if nplan:
+                    self.rs.end(b.plan_start[k])
                 b.release_bufs(n)
             link.cnt.msgs_sent += n
             link.cnt.bytes_sent += b.bytes
@@ -268,86 +248,6 @@ cdef class Engine(Endpoint):
         finally:
             PyThread_release_lock(self.send_lock)
         return new_handle(self, link.batch_posted, n, self.rs.next)
-
-    cdef uint32_t _post_available(self, uint32_t k, uint32_t nplan, int *rc) noexcept nogil:
-        """Post planned slots from k on while free slots (and rendezvous entries)
-        last; return the new k."""
-        cdef uint32_t got, want
-        rc[0] = 0
-        self.blocked_on = WAIT_SLOTS
-        while k < nplan:
-            want = 1 if self.ack else nplan - k
-            if self.rs.prep_i < self.batch.plan_start[k + want]:
-                want = self.rs.prepare(k, want, rc)
-                if rc[0] != 0:
-                    break
-                if want == 0:
-                    self.blocked_on = WAIT_ENTRY
-                    break
-            got = self.tx.alloc(want)
-            if got == 0:
-                break
-            rc[0] = self.tx.post_slots(k, got)
-            if rc[0] != 0:
-                break
-            k += got
-        return k
-
-    cdef bint _credit_ready(self, int what, uint64_t target) noexcept nogil:
-        if what == WAIT_SLOTS:
-            return self.tx.sbm.count_free() != 0
-        return self.rs.ready(what, target)
-
-    cdef int _wait_credit(self, int64_t until, bint spin, int what=WAIT_SLOTS,
-                          uint64_t target=0) noexcept nogil:
-        """Spin, then sleep, until a slot is free (WAIT_SLOTS), a rendezvous entry can be
-        recycled (WAIT_ENTRY) or rendezvous ``target`` is done (WAIT_DONE): 1; ``until``
-        passes: 0; the peer goes: <0. While asleep a flag in the peer's control words
-        asks it to write its reclaim and done words back now."""
-        cdef int64_t t = now_ns(), spin_end = t + (self.link.spin_ns if spin else 0)
-        cdef int64_t next_check = t + PEER_CHECK_NS
-        cdef int st, r
-        cdef uint32_t i
-        if spin:
-            self.link.cnt.credit_waits += 1
-        while True:
-            if self._credit_ready(what, target):
-                return 1
-            if self.link.tp.assist() == 0:
-                for i in range(64):
-                    rm_cpu_relax()
-            t = now_ns()
-            if t >= next_check:
-                st = self.link.peer_status()
-                if st < 0:
-                    return st
-                next_check = t + PEER_CHECK_NS
-            if t >= spin_end or t >= until:
-                break
-        self.link.set_flag(CTRL_CREDIT_WAIT, &self.link.credit_flag_set, True)
-        rm_fence_seq_cst()
-        self.link.tp.wake_peer()
-        while True:
-            if self._credit_ready(what, target):
-                r = 1
-                break
-            st = self.link.peer_status()
-            if st < 0:
-                r = st
-                break
-            t = now_ns()
-            if t >= until:
-                r = 0
-                break
-            self.link.tp.n_sleeps += 1
-            st = self.link.tp.wait(<int>((until - t) // 1000000) + 1)
-            if st < 0 and st != RM_ERR_CLOSED:
-                st = self.link.peer_status()
-                if st < 0:
-                    r = st
-                    break
-        self.link.set_flag(CTRL_CREDIT_WAIT, &self.link.credit_flag_set, False)
-        return r
 
     # ---- an event loop's waits (docs/api.md, "Event loops") -------------------------
 
@@ -359,14 +259,14 @@ cdef class Engine(Endpoint):
         Readiness may be spurious (look, then arm again). Stop watching it before
         ``close()``."""
         self.link.check_usable()
-        return self.link.tp.event_fd()
+        return self.link.event_fd()
 
     @property
     def poll_interval(self) -> float:
         """Seconds after which a wait on :meth:`fileno` should look again even if it
         stayed quiet: 0 (never) but on a verbs connection whose peer sends plain
         WRITEs (no completion event: ``RDMAMW_VERBS_EVENT=0``), as ``wait`` does."""
-        return self.link.tp.poll_interval() if self.link.tp is not None else 0.0
+        return self.link.poll_interval()
 
     def arm(self, bint send=False, SendHandle handle=None, double spin_us=0.0) -> bool:
         """Prepare :meth:`fileno` for a wait (check, arm, check): False when armed (wait
@@ -380,74 +280,30 @@ cdef class Engine(Endpoint):
         through the event loop)."""
         cdef Link link = self.link
         cdef bint ready
-        cdef int what = self.blocked_on
+        cdef int what = WAIT_ARRIVAL
         cdef uint64_t target = 0
+        cdef int64_t spin_ns = <int64_t>(spin_us * 1000.0)
         link.check_owner()
-        if link.closed or link.broken is not None or link.tp is None:
+        if link.closed or link.broken is not None or not link.attached():
             return True
-        if not send:
-            with nogil:
-                ready = self._arm_arrival(<int64_t>(spin_us * 1000.0))
-            return ready
-        if handle is not None:
-            if not link.poll_done(handle.batch):
-                return True         # a completion the NIC reports without an event: poll
-            what, target = WAIT_DONE, handle.rndv
+        if send:
+            what, spin_ns = self.tx.blocked_on, 0
+            if handle is not None:
+                if not link.poll_done(handle.batch):
+                    return True     # a completion the NIC reports without an event: poll
+                what, target = WAIT_DONE, handle.rndv
         with nogil:
-            ready = self._arm_credit(what, target)
+            ready = self.w.arm(what, target, spin_ns)
         return ready
 
     def disarm(self) -> None:
         """Lower the wake-up flags :meth:`arm` raised at the peer (it stops waking this
         side for every batch)."""
         cdef Link link = self.link
-        if link.tp is None or link.closed or link.peer_gone:
+        if not link.attached() or link.closed or link.peer_gone:
             return
         with nogil:
-            link.set_flag(CTRL_CREDIT_WAIT, &link.credit_flag_set, False)
-            link.set_flag(CTRL_RX_SLEEP, &link.sleep_flag_set, False)
-            link.tp.disarm_fd()
-
-    cdef bint _arm_arrival(self, int64_t spin_ns) noexcept nogil:
-        cdef int64_t end
-        cdef uint32_t i
-        self.link.tp.reap_wakeups()
-        if self.rx.has_arrivals():
-            return True
-        if spin_ns > 0:
-            end = now_ns() + spin_ns
-            while True:
-                if self.rx.has_arrivals():
-                    return True
-                if self.link.tp.assist() == 0:
-                    for i in range(32):
-                        rm_cpu_relax()
-                if now_ns() >= end:
-                    break
-        if self.link.tp.arm_fd() < 0:
-            return True
-        self.link.cnt.arrival_waits += 1
-        rm_spin_lock(&self.link.spin)
-        if self.rx.unflushed():     # as before a sleep: the peer may wait for them
-            self.rx.flush_locked()
-        if not self.link.sleep_flag_set:
-            self.link.put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.link.words[WORD_ONE])
-            self.link.sleep_flag_set = True
-        rm_spin_unlock(&self.link.spin)
-        rm_fence_seq_cst()
-        return self.rx.has_arrivals() or self.link.peer_status() < 0
-
-    cdef bint _arm_credit(self, int what, uint64_t target) noexcept nogil:
-        self.link.tp.reap_wakeups()
-        if self._credit_ready(what, target):
-            return True
-        if self.link.tp.arm_fd() < 0:
-            return True
-        self.link.cnt.credit_waits += 1
-        self.link.set_flag(CTRL_CREDIT_WAIT, &self.link.credit_flag_set, True)
-        rm_fence_seq_cst()
-        self.link.tp.wake_peer()         # the peer writes its reclaim and done words back now
-        return self._credit_ready(what, target) or self.link.peer_status() < 0
+            self.w.disarm()
 
     # ---- what SendHandles ask ------------------------------------------------------
 
@@ -472,7 +328,7 @@ cdef class Engine(Endpoint):
             if deadline and now_ns() > deadline:
                 raise Timeout("the receiver has not taken the batch's rendezvous messages")
             with nogil:     # ask the receiver for its done bits, as for free slots
-                st = self._wait_credit(slice_end(deadline), first, WAIT_DONE, rndv)
+                st = self.w.wait(WAIT_DONE, rndv, slice_end(deadline), first)
             first = False
             if st < 0:
                 self.rs.poll(rndv)
@@ -546,73 +402,6 @@ cdef class Engine(Endpoint):
         raises :class:`BufferTooSmall` (``.needed``) and the message stays receivable."""
         return self._recv(0, timeout, new_dest(buffer))
 
-    cdef bint _spin_with_gil(self) noexcept:
-        """Poll a few microseconds before giving up the GIL: a reply that is about to
-        land (ping-pong) costs less than a GIL release and re-acquire."""
-        cdef int64_t end = now_ns() + GIL_SPIN_NS
-        cdef uint32_t i
-        while True:
-            if self.rx.has_arrivals():
-                return True
-            for i in range(16):
-                rm_cpu_relax()
-            if now_ns() >= end:
-                return False
-
-    cdef int _wait_arrival(self, int64_t until, bint spin) noexcept nogil:
-        """Spin, then sleep, until something arrived (1), ``until`` passes (0), or
-        the peer goes (<0). Before sleeping, unflushed releases are written back and
-        a flag in the peer's control words asks it to wake us after publishing."""
-        cdef int64_t t = now_ns(), spin_end = t + (self.link.spin_ns if spin else 0)
-        cdef int64_t next_check = t + PEER_CHECK_NS
-        cdef int st, r
-        cdef uint32_t i
-        while True:
-            if self.rx.has_arrivals():
-                return 1
-            if rm_load_acquire64(&self.link.ctrl[CTRL_CREDIT_WAIT]) and self.rx.unflushed():
-                self.rx.flush()
-            if self.link.tp.assist() == 0:
-                for i in range(32):
-                    rm_cpu_relax()
-            t = now_ns()
-            if t >= next_check:
-                st = self.link.peer_status()
-                if st < 0:
-                    return 1 if self.rx.has_arrivals() else st
-                next_check = t + PEER_CHECK_NS
-            if t >= spin_end or t >= until:
-                break
-        self.link.cnt.arrival_waits += 1
-        rm_spin_lock(&self.link.spin)
-        if self.rx.unflushed():
-            self.rx.flush_locked()
-        self.link.put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.link.words[WORD_ONE])
-        self.link.sleep_flag_set = True
-        rm_spin_unlock(&self.link.spin)
-        rm_fence_seq_cst()
-        while True:
-            if self.rx.has_arrivals():
-                r = 1
-                break
-            st = self.link.peer_status()
-            if st < 0:
-                r = 1 if self.rx.has_arrivals() else st
-                break
-            t = now_ns()
-            if t >= until:
-                r = 0
-                break
-            if rm_load_acquire64(&self.link.ctrl[CTRL_CREDIT_WAIT]) and self.rx.unflushed():
-                self.rx.flush()
-            self.link.tp.n_sleeps += 1
-            self.link.tp.wait(<int>((until - t) // 1000000) + 1)
-        rm_spin_lock(&self.link.spin)
-        self.link.put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.link.words[WORD_ZERO])
-        self.link.sleep_flag_set = False
-        rm_spin_unlock(&self.link.spin)
-        return r
-
     def recv_batch(self, max_messages=None, timeout=None) -> list:
         """Return the messages that have arrived (at least one, at most
         ``max_messages``, from at most a quarter of the ring's slots), waiting up to
@@ -648,7 +437,7 @@ cdef class Engine(Endpoint):
             raise ChannelClosed("channel is closed")
         deadline = deadline_of(timeout)
         self._lock(self.recv_lock)
-        self.rr.rx_until = deadline
+        self.rr.set_deadline(deadline)
         try:
             while True:
                 if link.broken is not None:
@@ -671,11 +460,13 @@ cdef class Engine(Endpoint):
                     if st < 0:
                         link.raise_peer(st, "receive")
                     raise Timeout("no message within the timeout")
-                if first_wait and self._spin_with_gil():
+                # first a few microseconds with the GIL: a reply about to land
+                # (ping-pong) costs less than a GIL release and re-acquire
+                if first_wait and self.w.spin(WAIT_ARRIVAL, 0, now_ns() + GIL_SPIN_NS, 16):
                     first_wait = False
                     continue
                 with nogil:
-                    st = self._wait_arrival(slice_end(deadline), first_wait)
+                    st = self.w.wait(WAIT_ARRIVAL, 0, slice_end(deadline), first_wait)
                 first_wait = False
                 if st < 0:
                     link.raise_peer(st, "receive")
@@ -694,94 +485,45 @@ cdef class Engine(Endpoint):
         if link.closed:
             return
         if link.inherited():
-            link.closed = True      # a fork child: the connection is the parent's
+            link.shut()             # a fork child: the connection is the parent's
             return
         if self.rs.released < self.rs.next:
             # the receiver may still be READing our sources: give it a bounded time
             until = now_ns() + CLOSE_RNDV_NS
             while not self.rs.poll(self.rs.next) and now_ns() < until:
                 with nogil:
-                    if self._wait_credit(slice_end(until), False, WAIT_DONE,
-                                         self.rs.next) < 0:
+                    if self.w.wait(WAIT_DONE, self.rs.next, slice_end(until), False) < 0:
                         break
-            self.rs.upto = self.rs.next     # give the sources back regardless
-            self.rs.release()
-        link.closed = True
+            self.rs.give_back()     # the sources go back regardless
+        link.shut()
         while self.rr.posted:
             self.rr.drop_posted()
         for cache in (self._regcache, self._regcache_dst):
             if self.cache_ok and cache is not None:
                 cache.close()       # idle MRs go now, those still leased when released
         with nogil:
-            rm_spin_lock(&link.spin)
-            if not link.peer_gone:
-                if self.rx.unflushed():
-                    self.rx.flush_locked()
-                link.put_word(RM_REGION_CTRL, CTRL_CLOSED, &link.words[WORD_ONE])
-                rm_fence_seq_cst()
-                link.tp.wake_peer()
-            rm_spin_unlock(&link.spin)
-        link.tp.close()
+            self._say_closed()
+        link.end()
         self.rr.end_read()          # a READ left in flight: nothing writes into it now
 
     def stats(self) -> dict:
         """Counters of this endpoint; everything that hit the transport is counted."""
-        cdef Link link = self.link
-        d = {
-            "messages": link.cnt.msgs_sent,
-            "batches": link.cnt.batches,
-            "bytes": link.cnt.bytes_sent,
-            "slots_sent": link.cnt.slots_sent,
-            "messages_received": link.cnt.msgs_recv,
-            "bytes_received": link.cnt.bytes_recv,
-            "slots_received": link.cnt.slots_recv,
-            "reclaim_writebacks": link.cnt.reclaim_wb,
-            "credit_waits": link.cnt.credit_waits,
-            "arrival_sleeps": link.cnt.arrival_waits,
-            "free_send_slots": self.tx.sbm.count_free() if self.tx is not None else 0,
-            "rndv_sends": link.cnt.rndv_sends,
-            "rndv_writes": link.cnt.rndv_writes,
-            "rndv_bytes": link.cnt.rndv_bytes,
-            "rndv_received": link.cnt.rndv_recv,
-            "rndv_reads": link.cnt.rndv_reads,
-            "rndv_bytes_received": link.cnt.rndv_bytes_recv,
-            "rndv_done_writebacks": link.cnt.done_wb,
-            "rndv_refused": link.cnt.rndv_refused,
-        }
-        if link.tp is not None:
-            d.update(link.tp.counters())
+        d = self.link.stats()
+        d["free_send_slots"] = self.tx.sbm.count_free() if self.tx is not None else 0
         return d
 
     def diagnostics(self) -> dict:
         """The engine's sequence numbers, bitmap words, control words and rendezvous
         state, for diagnosing a stuck channel (docs/api.md, "Diagnostics"); the keys
         may change between versions, unlike ``stats()``'s."""
-        cdef Link link = self.link
-        cdef EagerReceiver rx = self.rx
-        cdef uint32_t i, held = 0
-        if rx is None:
-            return {"peer_gone": link.peer_gone, "transport_error": None}
-        for i in range(rx.nslots):
-            if rx.slot_refs[i]:
-                held += 1
-        return {
-            "send_seq": self.tx.send_seq, "recv_seq": rx.recv_seq,
-            "unflushed": rx.rbm.unflushed, "slots_held": held,
-            "ready_len": rx.ready_len, "cur_left": rx.cur_left,
-            "pending": rx.rbm.pending_slots(),
-            "free_send_slots": self.tx.sbm.count_free(),
-            "ctrl": [link.ctrl[0], link.ctrl[8], link.ctrl[16]],
-            "arrival": list(rx.rbm.arrival_words), "consumed": list(rx.rbm.consumed_words),
-            "reclaim_shadow": list(rx.rbm.reclaim_words),
-            "send_arrival_shadow": list(self.tx.sbm.arrival_words),
-            "send_reclaim_seen": list(self.tx.sbm.reclaim_words),
-            "rndv_next": self.rs.next, "rndv_upto": self.rs.upto,
-            "rndv_released": self.rs.released, "rrndv_next": self.rr.next,
-            "rndv_read_done": link.read_done, "rndv_read_status": link.read_status,
-            "peer_gone": link.peer_gone,
-            "ring": {"address": <size_t>rx.ring, "stride": rx.stride, "slots": rx.nslots},
-            "transport_error": link.tp.error_detail(),
-        }
+        if self.rx is None:
+            return {"peer_gone": self.link.peer_gone, "transport_error": None}
+        d = self.tx.diagnostics()
+        d.update(self.rx.diagnostics())
+        d.update(self.link.diagnostics())
+        d.update(rndv_next=self.rs.next, rndv_upto=self.rs.upto,
+                 rndv_released=self.rs.released, rrndv_next=self.rr.next)
+        return d
 
     # ---- attributes ------------------------------------------------------------------
 
@@ -802,7 +544,7 @@ cdef class Engine(Endpoint):
 
     @peer.setter
     def peer(self, value):
-        self.link.peer = value
+        self.link.set_peer(value)
 
     @property
     def nslots(self) -> int:
@@ -867,7 +609,7 @@ cdef class Engine(Endpoint):
     def regcache(self, cache):
         self._regcache = cache
         if self.batch is not None:
-            self.batch.regcache = cache if self.cache_ok else None
+            self.batch.use(cache if self.cache_ok else None)
 
     @property
     def regcache_dst(self):
@@ -877,7 +619,7 @@ cdef class Engine(Endpoint):
     def regcache_dst(self, cache):
         self._regcache_dst = cache
         if self.rr is not None:
-            self.rr.regcache_dst = cache if self.cache_ok else None
+            self.rr.use(cache if self.cache_ok else None, self.rr.allocate)
 
     @property
     def allocate(self):
@@ -887,4 +629,4 @@ cdef class Engine(Endpoint):
     def allocate(self, fn):
         if self.rr is None:
             raise ChannelClosed("the channel is not set up yet")
-        self.rr.allocate = fn
+        self.rr.use(self.rr.regcache_dst, fn)

@@ -49,11 +49,12 @@ cdef enum:
     WORD_DONE = 2           # the done bits of the rendezvous messages I received
     WORD_MAX_MSG = 3        # the largest message I take (announced once)
 
-# what a sender waits for (Engine._wait_credit)
+# what a wait waits for (_waits.pyx): a sender's credit, or a receiver's arrivals
 cdef enum:
     WAIT_SLOTS = 0
     WAIT_ENTRY = 1
     WAIT_DONE = 2
+    WAIT_ARRIVAL = 3
 
 cdef extern from *:
     """

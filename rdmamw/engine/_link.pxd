@@ -1,10 +1,23 @@
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from rdmamw.engine._counters cimport rm_counters
-from rdmamw.transport._base cimport RM_WR_INLINE, RM_WR_PUBLISH, RM_WR_WRITE, Transport, now_ns, rm_wc, rm_wr
+from rdmamw.transport._base cimport (
+    RM_REGION_CTRL,
+    RM_WR_INLINE,
+    RM_WR_PUBLISH,
+    RM_WR_WRITE,
+    Transport,
+    now_ns,
+    rm_mem,
+    rm_wc,
+    rm_wr,
+)
+from rdmamw.transport.atomics cimport rm_spin_lock, rm_spin_unlock
 
 
 cdef class Link:
+    # the only holder of the transport: the other units reach it through the methods
+    # below (the inline ones cost what the direct call did)
     cdef Transport tp
     cdef uint64_t *ctrl             # my control words (the peer writes them)
     cdef uint64_t *words            # sources of the control words I write (WORD_*)
@@ -20,7 +33,7 @@ cdef class Link:
     cdef readonly bint peer_gone
     cdef bint lost_logged           # PeerLost is logged once, with its cause
     cdef object broken              # why a peer broke the protocol (None: it did not)
-    cdef public object peer         # the peer's address, for log lines
+    cdef readonly object peer       # the peer's address, for log lines (set_peer)
     cdef bint credit_flag_set       # CTRL_CREDIT_WAIT raised at the peer
     cdef bint sleep_flag_set        # CTRL_RX_SLEEP raised at the peer
     cdef int64_t spin_ns            # how long a wait spins before it sleeps
@@ -29,6 +42,14 @@ cdef class Link:
     cdef int owner_pid              # the process that made the transport
 
     cdef int attach(self, Transport tp, double spin_us) except -1
+    cdef int check_rings(self, uint32_t nslots, uint64_t stride, uint32_t peer_nslots,
+                         uint64_t peer_stride) except -1
+    cdef object region_view(self, int region)
+    cdef int set_peer(self, object peer) except -1
+    cdef int open(self) except -1
+    cdef int shut(self) except -1
+    cdef int end(self) except -1
+    cdef void announce_closed(self) noexcept nogil
     cdef int refuse(self) except -1
 
     # inline: every send, receive and release asks (a load and a compare, no call)
@@ -46,8 +67,89 @@ cdef class Link:
             return self.refuse()
         return 0
 
+    # the post lock (the spin word is the Link's; every unit that posts takes it)
+    cdef inline void lock(self) noexcept nogil:
+        rm_spin_lock(&self.spin)
+
+    cdef inline void unlock(self) noexcept nogil:
+        rm_spin_unlock(&self.spin)
+
+    # the transport, for the units (inline: a call through the Link costs nothing)
+    cdef inline int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
+        return self.tp.post(wrs, n)
+
+    cdef inline int wake_peer(self) noexcept nogil:
+        return self.tp.wake_peer()
+
+    cdef inline int assist(self) noexcept nogil:
+        return self.tp.assist()
+
+    cdef inline int expose(self, uint64_t addr, uint64_t length, uint32_t access,
+                           rm_mem *out) noexcept nogil:
+        return self.tp.expose(addr, length, access, out)
+
+    cdef inline int unexpose(self, uint32_t handle) noexcept nogil:
+        return self.tp.unexpose(handle)
+
+    cdef inline bint synchronous(self) noexcept nogil:
+        return self.tp.synchronous
+
+    cdef inline bint direct_source(self) noexcept nogil:
+        return self.tp.direct_source
+
+    cdef inline bint async_read(self) noexcept nogil:
+        return self.tp.async_read
+
+    cdef inline char *local_addr(self, int region) noexcept nogil:
+        return self.tp.local[region].addr
+
+    cdef inline uint64_t local_length(self, int region) noexcept nogil:
+        return self.tp.local[region].length
+
+    cdef inline uint64_t next_batch(self) noexcept nogil:
+        """The wr_id of the next signaled chain (completions come back in order)."""
+        self.batch_posted += 1
+        return self.batch_posted
+
+    cdef inline bint can_expose(self) noexcept nogil:
+        return self.tp.can_expose
+
+    cdef inline bint registers_memory(self) noexcept nogil:
+        return self.tp.registers_memory
+
+    cdef inline uint64_t max_expose(self) noexcept nogil:
+        return self.tp.max_expose
+
+    cdef inline bint attached(self) noexcept nogil:
+        return self.tp is not None
+
+    cdef object register_local(self, size_t addr, size_t length)
+    cdef int sleep(self, int timeout_ms) noexcept nogil
+    cdef int arm_fd(self) noexcept nogil
+    cdef void disarm_fd(self) noexcept nogil
+    cdef void reap_wakeups(self) noexcept nogil
+    cdef object event_fd(self)
+    cdef double poll_interval(self)
+    cdef dict counters(self)
+    cdef dict stats(self)
+    cdef dict diagnostics(self)
+    cdef object error_detail(self)
+
     cdef int put_word(self, uint32_t region, uint32_t word, uint64_t *src) noexcept nogil
-    cdef void set_flag(self, uint32_t word, bint *flag, bint up) noexcept nogil
+    cdef inline int put_ctrl(self, uint32_t word, uint32_t src) noexcept nogil:
+        """Write words[src] into the peer's control word ``word``."""
+        return self.put_word(RM_REGION_CTRL, word, &self.words[src])
+
+    cdef inline void flip_bit(self, uint32_t src, uint32_t bit) noexcept nogil:
+        """Flip one bit of words[src] (caller holds the post lock)."""
+        self.words[src] ^= (<uint64_t>1) << bit
+
+    cdef int announce_max_msg(self, uint64_t max_msg) except -1
+    cdef void credit_flag(self, bint up) noexcept nogil
+    cdef void sleep_flag(self, bint up) noexcept nogil
+    cdef void sleep_flag_locked(self, bint up) noexcept nogil
+    cdef void read_result(self, uint64_t *done, int *status) noexcept nogil
+    cdef void mark_lost(self) noexcept nogil
     cdef bint peer_closing(self) noexcept nogil
     cdef int peer_status(self) noexcept nogil
     cdef int peer_dying(self) noexcept nogil

@@ -8,7 +8,15 @@ of them owns only its own (docs/architecture.md, "The engine")."""
 cimport cython
 from libc.stdlib cimport calloc, free
 
-from rdmamw.engine._frames cimport CTRL_CLOSED, RM_RNDV_WRID
+from rdmamw.engine._frames cimport (
+    CTRL_CLOSED,
+    CTRL_CREDIT_WAIT,
+    CTRL_MAX_MSG,
+    CTRL_RX_SLEEP,
+    RM_RNDV_WRID,
+    WORD_MAX_MSG,
+    WORD_ONE,
+)
 from rdmamw.transport._base cimport (
     current_pid,
     RM_ERR_BOUNDS,
@@ -18,6 +26,7 @@ from rdmamw.transport._base cimport (
     RM_ERR_UNSUPPORTED,
     RM_OK,
     RM_REGION_CTRL,
+    RM_REGION_RING,
 )
 from rdmamw.transport.atomics cimport rm_fence_seq_cst, rm_load_acquire64, rm_spin_lock, rm_spin_unlock
 
@@ -65,6 +74,51 @@ cdef class Link:
         self.spin_ns = <int64_t>(spin_us * 1000.0)
         return 0
 
+    cdef int check_rings(self, uint32_t nslots, uint64_t stride, uint32_t peer_nslots,
+                         uint64_t peer_stride) except -1:
+        """The transport's ring regions hold the rings (rdmamw/transport/layout.py)."""
+        if self.tp.local[RM_REGION_RING].length < <uint64_t>nslots * stride:
+            raise ValueError("transport ring region is smaller than the ring")
+        if self.tp.peer[RM_REGION_RING].length < <uint64_t>peer_nslots * peer_stride:
+            raise ValueError("peer ring region is smaller than its ring")
+        return 0
+
+    cdef object region_view(self, int region):
+        """Writable view of one of my regions (the units wire their bitmaps to it)."""
+        return self.tp._region_view(region)
+
+    cdef object register_local(self, size_t addr, size_t length):
+        return self.tp.register_local(addr, length)
+
+    cdef int set_peer(self, object peer) except -1:
+        self.peer = peer
+        return 0
+
+    cdef int open(self) except -1:
+        """The engine's set-up succeeded: the channel is usable."""
+        self.closed = False
+        return 0
+
+    cdef int shut(self) except -1:
+        """No more sends or receives on this side (close(); in a fork child that is
+        all: the connection is the parent's, rdmamw/_fork.py)."""
+        self.closed = True
+        return 0
+
+    cdef int end(self) except -1:
+        """close()'s last step: the transport goes."""
+        self.tp.close()
+        return 0
+
+    cdef void announce_closed(self) noexcept nogil:
+        """Tell the peer this side closed cleanly (CTRL_CLOSED) and wake it; the
+        caller holds the post lock, so what it wrote back before goes first."""
+        if self.peer_gone:
+            return
+        self.put_word(RM_REGION_CTRL, CTRL_CLOSED, &self.words[WORD_ONE])
+        rm_fence_seq_cst()
+        self.tp.wake_peer()
+
     cdef int refuse(self) except -1:
         """Raise what check_usable() found (its slow path): the fork child's error,
         the protocol error that broke the channel, or that it is closed."""
@@ -81,13 +135,107 @@ cdef class Link:
         fill_wr(&wr, src, self.lkey_words, region, word * 8, 8)
         return self.tp.post(&wr, 1)
 
-    cdef void set_flag(self, uint32_t word, bint *flag, bint up) noexcept nogil:
-        """Raise (1) or lower (0) a flag word at the peer; ``flag`` remembers it."""
-        rm_spin_lock(&self.spin)
-        if flag[0] != up:
-            self.put_word(RM_REGION_CTRL, word, &self.words[1 if up else 0])
-            flag[0] = up
-        rm_spin_unlock(&self.spin)
+    cdef int announce_max_msg(self, uint64_t max_msg) except -1:
+        """Write the largest message this side takes into the peer's CTRL_MAX_MSG."""
+        self.words[WORD_MAX_MSG] = max_msg
+        self.put_word(RM_REGION_CTRL, CTRL_MAX_MSG, &self.words[WORD_MAX_MSG])
+        return 0
+
+    cdef void credit_flag(self, bint up) noexcept nogil:
+        """Raise (1) or lower (0) CTRL_CREDIT_WAIT at the peer: a sender out of slots
+        (or rendezvous entries) asks for the reclaim and done words now."""
+        self.lock()
+        if self.credit_flag_set != up:
+            self.put_word(RM_REGION_CTRL, CTRL_CREDIT_WAIT, &self.words[1 if up else 0])
+            self.credit_flag_set = up
+        self.unlock()
+
+    cdef void sleep_flag(self, bint up) noexcept nogil:
+        self.lock()
+        self.sleep_flag_locked(up)
+        self.unlock()
+
+    cdef void sleep_flag_locked(self, bint up) noexcept nogil:
+        """Raise (1) or lower (0) CTRL_RX_SLEEP at the peer: a receiver about to sleep
+        asks to be woken after each publish (caller holds the post lock)."""
+        if self.sleep_flag_set != up:
+            self.put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.words[1 if up else 0])
+            self.sleep_flag_set = up
+
+    cdef void read_result(self, uint64_t *done, int *status) noexcept nogil:
+        """The last rendezvous READ completed and its status, as one completion's."""
+        rm_spin_lock(&self.reap_lock)
+        done[0], status[0] = self.read_done, self.read_status
+        rm_spin_unlock(&self.reap_lock)
+
+    cdef void mark_lost(self) noexcept nogil:
+        self.peer_gone = True
+
+    # ---- the transport's calls of a waiting thread --------------------------------
+
+    cdef int sleep(self, int timeout_ms) noexcept nogil:
+        """Block in the transport until woken or ``timeout_ms`` pass (counted)."""
+        self.cnt.sleeps += 1
+        return self.tp.wait(timeout_ms)
+
+    cdef int arm_fd(self) noexcept nogil:
+        return self.tp.arm_fd()
+
+    cdef void disarm_fd(self) noexcept nogil:
+        self.tp.disarm_fd()
+
+    cdef void reap_wakeups(self) noexcept nogil:
+        self.tp.reap_wakeups()
+
+    cdef object event_fd(self):
+        return self.tp.event_fd()
+
+    cdef double poll_interval(self):
+        return self.tp.poll_interval() if self.tp is not None else 0.0
+
+    cdef dict counters(self):
+        """The transport's counters, with the sleeps this Link counted."""
+        if self.tp is None:
+            return {}
+        d = self.tp.counters()
+        d["sleeps"] = self.cnt.sleeps
+        return d
+
+    cdef dict stats(self):
+        """The counters by their names in ``stats()`` (the names are API), and the
+        transport's."""
+        d = {
+            "messages": self.cnt.msgs_sent,
+            "batches": self.cnt.batches,
+            "bytes": self.cnt.bytes_sent,
+            "slots_sent": self.cnt.slots_sent,
+            "messages_received": self.cnt.msgs_recv,
+            "bytes_received": self.cnt.bytes_recv,
+            "slots_received": self.cnt.slots_recv,
+            "reclaim_writebacks": self.cnt.reclaim_wb,
+            "credit_waits": self.cnt.credit_waits,
+            "arrival_sleeps": self.cnt.arrival_waits,
+            "rndv_sends": self.cnt.rndv_sends,
+            "rndv_writes": self.cnt.rndv_writes,
+            "rndv_bytes": self.cnt.rndv_bytes,
+            "rndv_received": self.cnt.rndv_recv,
+            "rndv_reads": self.cnt.rndv_reads,
+            "rndv_bytes_received": self.cnt.rndv_bytes_recv,
+            "rndv_done_writebacks": self.cnt.done_wb,
+            "rndv_refused": self.cnt.rndv_refused,
+        }
+        d.update(self.counters())
+        return d
+
+    cdef dict diagnostics(self):
+        return {
+            "ctrl": [self.ctrl[0], self.ctrl[8], self.ctrl[16]],
+            "rndv_read_done": self.read_done, "rndv_read_status": self.read_status,
+            "peer_gone": self.peer_gone, "transport_error": self.error_detail(),
+        }
+
+    cdef object error_detail(self):
+        return self.tp.error_detail() if self.tp is not None else None
 
     cdef bint peer_closing(self) noexcept nogil:
         return self.peer_gone or rm_load_acquire64(&self.ctrl[CTRL_CLOSED]) != 0
@@ -170,7 +318,7 @@ cdef class Link:
 
     cdef str lost(self, str what):
         """``what``, with the provider's account of the failure when it has one."""
-        detail = self.tp.error_detail()
+        detail = self.error_detail()
         msg = f"{what}: {detail}" if detail else what
         if not self.lost_logged:
             self.lost_logged = True

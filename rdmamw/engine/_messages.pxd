@@ -1,7 +1,6 @@
 from libc.stdint cimport uint32_t, uint64_t
 
 from rdmamw.engine._eager_recv cimport EagerReceiver
-from rdmamw.transport._base cimport rm_mem
 
 
 cdef class Endpoint:
@@ -33,9 +32,6 @@ cdef class Dest:
     cdef Py_buffer view
     cdef bint held
     cdef readonly object obj
-    cdef uint64_t index             # posted: the rendezvous index it is for
-    cdef bint advertised            # posted with "write": exposed and announced to the sender
-    cdef rm_mem adv
 
 
 cdef SendHandle new_handle(Endpoint eng, uint64_t batch, Py_ssize_t count, uint64_t rndv)

@@ -114,10 +114,7 @@ cdef class Message:
             self.owner = None
         elif not self.rel and self.eng is not None:
             self.rel = True
-            if self.eng.rx.slot_refs[self.slot] > 1:    # fast: not the slot's last message
-                self.eng.rx.slot_refs[self.slot] -= 1
-            else:
-                self.eng.rx.release_one(self.slot)
+            self.eng.rx.release_fast(self.slot)
 
     def __repr__(self):
         state = "released" if self.rel else f"slot={self.slot}"

@@ -7,12 +7,19 @@ from rdmamw.engine._messages cimport Dest
 from rdmamw.transport._base cimport rm_mem
 
 
+cdef class Posted:
+    cdef Dest dest
+    cdef uint64_t index             # the rendezvous index it is for
+    cdef bint advertised            # with "write": exposed and announced to the sender
+    cdef rm_mem adv
+
+
 cdef class RndvReceiver:
     cdef Link link
     cdef EagerReceiver rx
     cdef bint write                 # advertise posted destinations (sender WRITEs)
     cdef readonly uint64_t next     # the next rendezvous index expected
-    cdef object posted              # deque of Dest from post_recv, in index order
+    cdef object posted              # deque of Posted (post_recv's Dests), in index order
     cdef uint64_t *advsrc           # sources of advert writes (registered)
     cdef uint32_t lkey_adv
     cdef readonly uint64_t max_msg  # the largest message this side takes
@@ -27,11 +34,17 @@ cdef class RndvReceiver:
     cdef rm_desc rd_desc
     cdef uint64_t rd_want
     cdef bint rd_user
-    cdef public object regcache_dst # destinations we READ into (verbs; local access)
+    cdef readonly object regcache_dst   # destinations we READ into (verbs; local access)
     # a writable buffer of n bytes for a message without a posted or given destination:
     # the channel's pool (rdmamw.channel.rendezvous.allocate), passed in at set-up
-    cdef public object allocate
+    cdef readonly object allocate
 
+    cdef inline void set_deadline(self, int64_t deadline) noexcept:
+        """The running receive call's deadline (0: none): a READ outliving it stays in
+        flight for the next call (inline: once per receive call)."""
+        self.rx_until = deadline
+
+    cdef int use(self, object regcache_dst, object allocate) except -1
     cdef Dest receive(self, char *base, Dest into)
     cdef int post(self, Dest d) except -1
     cdef void drop_posted(self) noexcept

@@ -36,12 +36,9 @@ from rdmamw.transport._base cimport (
     RM_WR_EXPOSED,
     RM_WR_READ,
     RM_WR_SIGNALED,
-    Transport,
     now_ns,
     rm_wr,
 )
-from rdmamw.transport.atomics cimport rm_spin_lock, rm_spin_unlock
-
 import collections
 
 from rdmamw.errors import BufferTooSmall, ChannelClosed, MessageTooLarge, PeerLost, ProtocolError, Timeout
@@ -63,6 +60,12 @@ def fresh_buffer(Py_ssize_t n):
 
 
 @cython.final
+cdef class Posted:
+    """A destination posted for rendezvous message ``index`` (and, with "write", its
+    exposure, advertised to the sender)."""
+
+
+@cython.final
 cdef class RndvReceiver:
     """The rendezvous messages of one direction as they are taken."""
 
@@ -75,7 +78,7 @@ cdef class RndvReceiver:
             raise MemoryError()
         self.advsrc = <uint64_t *>mem
         memset(self.advsrc, 0, RNDV_N * 32)
-        self.lkey_adv = link.tp.register_local(<size_t>self.advsrc, RNDV_N * 32)
+        self.lkey_adv = link.register_local(<size_t>self.advsrc, RNDV_N * 32)
 
     def __dealloc__(self):
         if self.rd_want and self.rd_dst is not None:
@@ -84,6 +87,12 @@ cdef class RndvReceiver:
             Py_XINCREF(<PyObject *>self.rd_dst)
         free(self.advsrc)
 
+    cdef int use(self, object regcache_dst, object allocate) except -1:
+        """The channel's registration cache of destinations (None: not registered)
+        and the allocator of destinations nobody posted or gave."""
+        self.regcache_dst, self.allocate = regcache_dst, allocate
+        return 0
+
     cdef Dest receive(self, char *base, Dest into):
         """Bring the rendezvous message described at ``base`` into ``into``, its posted
         destination, or a new one; flip its done bit. On any error nothing is
@@ -91,13 +100,15 @@ cdef class RndvReceiver:
         message above max_msg, which is refused (see _refuse)."""
         cdef rm_desc d
         cdef Dest dst, posted = None
+        cdef Posted pr = None
         memcpy(&d, base, DESC_BYTES)    # read once: the peer may rewrite the slot
         self._check_desc(&d)
-        if self.posted and (<Dest>self.posted[0]).index == d.index:
-            posted = self.posted[0]
+        if self.posted and (<Posted>self.posted[0]).index == d.index:
+            pr = self.posted[0]
+            posted = pr.dest
         if d.length > self.max_msg:
             self._refuse(&d, posted)
-        if d.kind == DESC_WRITTEN and (posted is None or not posted.advertised
+        if d.kind == DESC_WRITTEN and (pr is None or not pr.advertised
                                        or <uint64_t>posted.view.len < d.length):
             self.link.fail(f"rendezvous {d.index} claims to be written into a destination "
                            f"this side did not advertise (or that is too small)")
@@ -172,11 +183,11 @@ cdef class RndvReceiver:
         registered once), else exposed for this READ only. On an asynchronous READ that
         outlives the receive's deadline, Timeout: the READ stays in flight (rd_*) and
         the next receive call finishes it (_resume_read)."""
-        cdef Transport tp = self.link.tp
+        cdef Link link = self.link
         cdef int rc
         cdef rm_mem mem
         cdef rm_wr wr
-        cdef bint wait = not tp.synchronous or tp.async_read
+        cdef bint wait = not link.synchronous() or link.async_read()
         cdef bint registered = False
         lease = None
         mem.handle = 0
@@ -198,12 +209,12 @@ cdef class RndvReceiver:
         wr.flags = RM_WR_EXPOSED | RM_WR_SIGNALED if wait else RM_WR_EXPOSED
         wr.imm = 0
         with nogil:
-            rc = 0 if registered else tp.expose(wr.local_addr, d.length, RM_ACCESS_LOCAL, &mem)
+            rc = 0 if registered else link.expose(wr.local_addr, d.length, RM_ACCESS_LOCAL, &mem)
             if rc == 0:
                 wr.lkey = mem.lkey
-                rc = tp.post(&wr, 1)
+                rc = link.post(&wr, 1)
         if rc != 0 or not wait:
-            tp.unexpose(mem.handle)
+            link.unexpose(mem.handle)
             if lease is not None:
                 end_lease(lease)
             if rc != 0:
@@ -267,9 +278,7 @@ cdef class RndvReceiver:
         cdef int status
         while True:
             self.link.reap()
-            rm_spin_lock(&self.link.reap_lock)       # done and status: one completion's
-            done, status = self.link.read_done, self.link.read_status
-            rm_spin_unlock(&self.link.reap_lock)
+            self.link.read_result(&done, &status)
             if done == self.rd_want:
                 if status == 0:
                     return 0
@@ -288,8 +297,8 @@ cdef class RndvReceiver:
             if t < spin_end:
                 sched_yield()
                 continue
-            self.link.tp.n_sleeps += 1       # tcp wakes us when the answer is in
-            self.link.tp.wait(min(READ_NAP_MS, <int>((until - t) // 1000000) + 1))
+            self.link.sleep(                 # tcp wakes us when the answer is in
+                min(READ_NAP_MS, <int>((until - t) // 1000000) + 1))
 
     cdef int end_read(self) except -1:
         """The READ in flight is over (or the transport closed): give back its exposure
@@ -297,7 +306,7 @@ cdef class RndvReceiver:
         cdef object lease = self.rd_lease
         if self.rd_want == 0:
             return 0
-        self.link.tp.unexpose(self.rd_mem.handle)
+        self.link.unexpose(self.rd_mem.handle)
         self.rd_mem.handle = 0
         self.rd_lease = None
         self.rd_dst = None
@@ -322,14 +331,14 @@ cdef class RndvReceiver:
             raise ChannelClosed(f"the peer closed before rendezvous message {d.index} "
                                 f"was read; it is lost")
         if st < 0 or rc == RM_ERR_PEER_LOST:
-            link.peer_gone = True
+            link.mark_lost()
             raise PeerLost(link.lost(f"peer lost while reading rendezvous message {d.index}"))
         raise ProtocolError(f"the rendezvous READ of message {d.index} failed ({rc})")
 
     cdef void drop_posted(self) noexcept:
-        cdef Dest p = self.posted.popleft()
+        cdef Posted p = self.posted.popleft()
         if p.advertised:
-            self.link.tp.unexpose(p.adv.handle)
+            self.link.unexpose(p.adv.handle)
             p.advertised = False
 
     cdef int post(self, Dest d) except -1:
@@ -340,30 +349,31 @@ cdef class RndvReceiver:
         cdef uint8_t e
         cdef int rc
         cdef rm_wr wr[2]
+        cdef Posted p = Posted.__new__(Posted)
         if len(self.posted) >= RNDV_N:
             raise ValueError(f"at most {RNDV_N} destinations may be posted ahead")
-        d.index = self.next + len(self.posted)
+        p.dest = d
+        p.index = self.next + len(self.posted)
         if self.write and d.view.len:
-            rc = link.tp.expose(<uint64_t>d.view.buf, d.view.len, RM_ACCESS_REMOTE_WRITE,
-                                &d.adv)
+            rc = link.expose(<uint64_t>d.view.buf, d.view.len, RM_ACCESS_REMOTE_WRITE, &p.adv)
             if rc == 0:
-                d.advertised = True
-                e = <uint8_t>(d.index % RNDV_N)
+                p.advertised = True
+                e = <uint8_t>(p.index % RNDV_N)
                 self.advsrc[4 * e] = <uint64_t>d.view.buf
                 self.advsrc[4 * e + 1] = <uint64_t>d.view.len
-                self.advsrc[4 * e + 2] = d.adv.rkey
-                self.advsrc[4 * e + 3] = d.index + 1     # the tag, written last
+                self.advsrc[4 * e + 2] = p.adv.rkey
+                self.advsrc[4 * e + 3] = p.index + 1     # the tag, written last
                 fill_wr(&wr[0], &self.advsrc[4 * e], self.lkey_adv, RM_REGION_CTRL,
                         (CTRL_ADVERT + 4 * e) * 8, 24)
                 fill_wr(&wr[1], &self.advsrc[4 * e + 3], self.lkey_adv, RM_REGION_CTRL,
                         (CTRL_ADVERT + 4 * e + 3) * 8, 8)
-                rm_spin_lock(&link.spin)
-                rc = link.tp.post(wr, 2)
-                rm_spin_unlock(&link.spin)
+                link.lock()
+                rc = link.post(wr, 2)
+                link.unlock()
                 if rc != 0:
-                    link.tp.unexpose(d.adv.handle)
+                    link.unexpose(p.adv.handle)
                     link.raise_post(rc)
             elif rc != RM_ERR_UNSUPPORTED and rc != RM_ERR_AGAIN:
                 link.raise_post(rc)
-        self.posted.append(d)
+        self.posted.append(p)
         return 0

@@ -11,7 +11,7 @@ cdef class RndvSender:
     cdef Link link
     cdef SendBatch batch
     cdef bint write                 # WRITE into advertised destinations when they fit
-    cdef uint32_t prep_i            # messages of the batch prepared (exposed) so far
+    cdef readonly uint32_t prep_i   # messages of the batch prepared (exposed) so far
     # entry e = index % RNDV_N keeps the source until its done bit comes back
     cdef uint64_t next              # rendezvous messages prepared (the next index)
     cdef readonly uint64_t upto     # ... of which done (in order)
@@ -25,6 +25,7 @@ cdef class RndvSender:
     cdef uint32_t wkey[64]
     cdef PyObject *lease[64]        # the Lease of the entry's source (owned)
 
+    cdef void give_back(self) noexcept
     cdef uint32_t prepare(self, uint32_t k, uint32_t want, int *rc) noexcept nogil
     cdef int prepare_one(self, uint32_t i) noexcept nogil
     cdef void unprepare(self, uint32_t first) noexcept
@@ -33,3 +34,17 @@ cdef class RndvSender:
     cdef void release(self) noexcept
     cdef bint poll(self, uint64_t target) noexcept
     cdef bint ready(self, int what, uint64_t target) noexcept nogil
+
+    # once per send call (inline: no call on the common path)
+    cdef inline void begin(self) noexcept:
+        """A send call starts: nothing of its batch prepared yet; sources already
+        done go back first (they may free entries)."""
+        self.prep_i = 0
+        if self.released < self.next:
+            self.poll(self.next)
+
+    cdef inline void end(self, uint32_t posted) noexcept:
+        """The send call ends with its messages before ``posted`` posted: the ones
+        prepared past it were not sent (timeout, error) and are undone."""
+        if self.prep_i > posted:
+            self.unprepare(posted)

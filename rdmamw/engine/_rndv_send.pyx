@@ -48,6 +48,11 @@ cdef class RndvSender:
             Py_XDECREF(self.lease[i])       # a Lease releases itself when it dies
             self.lease[i] = NULL
 
+    cdef void give_back(self) noexcept:
+        """close(): the sources go back whether or not their done bits came."""
+        self.upto = self.next
+        self.release()
+
     cdef uint32_t prepare(self, uint32_t k, uint32_t want, int *rc) noexcept nogil:
         """Expose the rendezvous messages of planned slots k..k+want in order while
         entries (and the provider) allow; return how many of those slots are ready."""
@@ -88,13 +93,11 @@ cdef class RndvSender:
             mem.lkey = self.batch.lease_keys[2 * i]
             mem.rkey = self.batch.lease_keys[2 * i + 1]
         else:
-            rc = self.link.tp.expose(<uint64_t>self.batch.ptrs[i], L,
-                                     RM_ACCESS_LOCAL if written else RM_ACCESS_REMOTE_READ,
-                                     &mem)
+            rc = self.link.expose(<uint64_t>self.batch.ptrs[i], L,
+                                  RM_ACCESS_LOCAL if written else RM_ACCESS_REMOTE_READ,
+                                  &mem)
             if rc != 0:
                 return rc
-        self.lease[e] = self.batch.lease_of[i]       # the entry holds it until the done bit
-        self.batch.lease_of[i] = NULL
         d.addr = 0 if written else <uint64_t>self.batch.ptrs[i]
         d.length = L
         d.index = j
@@ -102,10 +105,9 @@ cdef class RndvSender:
         d.kind = DESC_WRITTEN if written else DESC_READ
         d.entry = e
         self.mem[e] = mem
-        self.buf[e] = self.batch.bufs[i]             # the entry keeps the source alive until done
-        self.batch.held[i] = 0
+        # the entry keeps the source (and its lease) alive until the done bit
+        self.buf[e] = self.batch.hand_over(i, e, &self.lease[e])
         self.held[e] = 1
-        self.batch.msg_entry[i] = e
         self.shadow ^= (<uint64_t>1) << e
         self.next += 1
         self.link.cnt.rndv_sends += 1
@@ -124,12 +126,10 @@ cdef class RndvSender:
             if not b.kind[i] or b.held[i]:
                 continue
             e = b.msg_entry[i]
-            self.link.tp.unexpose(self.mem[e].handle)
+            self.link.unexpose(self.mem[e].handle)
             self.mem[e].handle = 0
-            b.lease_of[i] = self.lease[e]
+            b.take_back(i, self.buf[e], self.lease[e])
             self.lease[e] = NULL
-            b.bufs[i] = self.buf[e]
-            b.held[i] = 1
             self.held[e] = 0
             self.shadow ^= (<uint64_t>1) << e
             self.next -= 1
@@ -179,7 +179,7 @@ cdef class RndvSender:
         cdef PyObject *lease
         while self.released < self.upto:
             e = <uint8_t>(self.released % RNDV_N)
-            self.link.tp.unexpose(self.mem[e].handle)
+            self.link.unexpose(self.mem[e].handle)
             self.mem[e].handle = 0
             held = self.held[e]
             self.held[e] = 0

@@ -1,0 +1,21 @@
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+
+from rdmamw.engine._eager_recv cimport EagerReceiver
+from rdmamw.engine._eager_send cimport EagerSender
+from rdmamw.engine._link cimport Link
+from rdmamw.engine._rndv_send cimport RndvSender
+
+
+cdef class Waiter:
+    cdef Link link
+    cdef EagerSender tx
+    cdef RndvSender rs
+    cdef EagerReceiver rx
+
+    cdef bint ready(self, int what, uint64_t target) noexcept nogil
+    cdef int spin(self, int what, uint64_t target, int64_t until, uint32_t relax) noexcept nogil
+    cdef int wait(self, int what, uint64_t target, int64_t until, bint spin) noexcept nogil
+    cdef bint arm(self, int what, uint64_t target, int64_t spin_ns) noexcept nogil
+    cdef void disarm(self) noexcept nogil
+    cdef void _serve(self, int what) noexcept nogil
+    cdef void _flag(self, int what, bint up) noexcept nogil

@@ -1,0 +1,136 @@
+# cython: freethreading_compatible = False
+"""The one wait loop of an endpoint: spin, ask the peer to wake us, sleep, re-check,
+until the deadline.
+
+Every wait of the engine goes through :meth:`Waiter.wait` (or, for an event loop,
+:meth:`Waiter.arm`): a sender out of slots (WAIT_SLOTS), of rendezvous entries
+(WAIT_ENTRY) or waiting for a rendezvous message to be done (WAIT_DONE), and a
+receiver waiting for arrivals (WAIT_ARRIVAL). What differs by what is waited for is
+only the condition and the flag raised at the peer before sleeping: CTRL_CREDIT_WAIT
+(the peer writes its reclaim and done words back at once) or CTRL_RX_SLEEP (the peer
+wakes us after each publish; our releases not yet written back go first)."""
+
+cimport cython
+
+from rdmamw.engine._frames cimport CTRL_CREDIT_WAIT, WAIT_ARRIVAL, WAIT_SLOTS
+from rdmamw.engine._link cimport PEER_CHECK_NS
+from rdmamw.transport._base cimport RM_ERR_CLOSED, now_ns
+from rdmamw.transport.atomics cimport rm_cpu_relax, rm_fence_seq_cst, rm_load_acquire64
+
+
+@cython.final
+cdef class Waiter:
+    """The waits of one endpoint, over the units whose state they wait on."""
+
+    def __cinit__(self, Link link, EagerSender tx, RndvSender rs, EagerReceiver rx):
+        self.link, self.tx, self.rs, self.rx = link, tx, rs, rx
+
+    cdef bint ready(self, int what, uint64_t target) noexcept nogil:
+        if what == WAIT_ARRIVAL:
+            return self.rx.has_arrivals()
+        if what == WAIT_SLOTS:
+            return self.tx.sbm.count_free() != 0
+        return self.rs.ready(what, target)
+
+    cdef int spin(self, int what, uint64_t target, int64_t until, uint32_t relax) noexcept nogil:
+        """Look until ready (1), ``until`` passes (0) or the peer goes (<0), with
+        ``relax`` pauses between looks when the transport has nothing to help with.
+        A waiting receiver writes its releases back when the peer asks for them."""
+        cdef int64_t t, next_check = now_ns() + PEER_CHECK_NS
+        cdef int st
+        cdef uint32_t i
+        while True:
+            if self.ready(what, target):
+                return 1
+            self._serve(what)
+            if self.link.assist() == 0:
+                for i in range(relax):
+                    rm_cpu_relax()
+            t = now_ns()
+            if t >= next_check:
+                st = self.link.peer_status()
+                if st < 0:      # what arrived before the peer went is still delivered
+                    return 1 if what == WAIT_ARRIVAL and self.ready(what, target) else st
+                next_check = t + PEER_CHECK_NS
+            if t >= until:
+                return 0
+
+    cdef int wait(self, int what, uint64_t target, int64_t until, bint spin) noexcept nogil:
+        """Until ``what`` (``target``: the rendezvous index of WAIT_DONE) is ready: 1;
+        ``until`` passes: 0; the peer goes: <0. ``spin``: the first wait of a call,
+        which spins spin_us before it sleeps."""
+        cdef int64_t t = now_ns()
+        cdef int st, r
+        if spin and what != WAIT_ARRIVAL:
+            self.link.cnt.credit_waits += 1
+        r = self.spin(what, target, min(until, t + self.link.spin_ns) if spin else t,
+                      32 if what == WAIT_ARRIVAL else 64)
+        if r != 0:
+            return r
+        self._flag(what, True)
+        while True:
+            if self.ready(what, target):
+                r = 1
+                break
+            st = self.link.peer_status()
+            if st < 0:
+                r = 1 if what == WAIT_ARRIVAL and self.ready(what, target) else st
+                break
+            t = now_ns()
+            if t >= until:
+                r = 0
+                break
+            self._serve(what)
+            st = self.link.sleep(<int>((until - t) // 1000000) + 1)
+            if st < 0 and st != RM_ERR_CLOSED:
+                st = self.link.peer_status()
+                if st < 0:
+                    r = 1 if what == WAIT_ARRIVAL and self.ready(what, target) else st
+                    break
+        self._flag(what, False)
+        return r
+
+    cdef bint arm(self, int what, uint64_t target, int64_t spin_ns) noexcept nogil:
+        """An event loop's wait (Engine.arm): check, arm the transport's descriptor,
+        raise the flag, check again. True: no need to wait."""
+        self.link.reap_wakeups()
+        if self.ready(what, target):
+            return True
+        if spin_ns > 0 and self.spin(what, target, now_ns() + spin_ns, 32) != 0:
+            return True
+        if self.link.arm_fd() < 0:
+            return True
+        if what != WAIT_ARRIVAL:
+            self.link.cnt.credit_waits += 1
+        self._flag(what, True)
+        return self.ready(what, target) or self.link.peer_status() < 0
+
+    cdef void disarm(self) noexcept nogil:
+        self.link.credit_flag(False)
+        self.link.sleep_flag(False)
+        self.link.disarm_fd()
+
+    cdef void _serve(self, int what) noexcept nogil:
+        """A waiting receiver writes its releases back when the peer asks for them."""
+        if what == WAIT_ARRIVAL and rm_load_acquire64(&self.link.ctrl[CTRL_CREDIT_WAIT]) \
+                and self.rx.unflushed():
+            self.rx.flush()
+
+    cdef void _flag(self, int what, bint up) noexcept nogil:
+        """Raise (before a sleep) or lower (after) what makes the peer wake us."""
+        if what != WAIT_ARRIVAL:
+            self.link.credit_flag(up)
+            if up:
+                rm_fence_seq_cst()
+                self.link.wake_peer()   # the peer writes its reclaim and done words now
+            return
+        if not up:
+            self.link.sleep_flag(False)
+            return
+        self.link.cnt.arrival_waits += 1
+        self.link.lock()
+        if self.rx.unflushed():         # the peer may be waiting for them
+            self.rx.flush_locked()
+        self.link.sleep_flag_locked(True)
+        self.link.unlock()
+        rm_fence_seq_cst()
