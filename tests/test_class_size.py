@@ -17,7 +17,7 @@ MAX_LINES = 600
 
 #: classes still over the limit while their split is under way elsewhere: remove the
 #: name when it lands (strict: the test then passes, and the mark makes that an error)
-SPLIT_PENDING = {"Engine"}
+SPLIT_PENDING: set[str] = set()
 
 
 def class_sizes(text: str) -> dict[str, int]:

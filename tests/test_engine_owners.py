@@ -342,7 +342,7 @@ def test_the_scan_sees_a_planted_write(tmp_path):
         "        cdef rm_wr w\n"
         "        self.link.closed = True\n"
         "        rs.upto += 1\n"
-        "        link.tp.n_sleeps += 1\n"
+        "        link.tp.n_wakeups += 1\n"
         "        rm_spin_lock(&self.link.spin)\n"
         "        self.link.cnt.msgs_sent += 1\n"
         "        w.wr_id = 0\n"
@@ -354,15 +354,15 @@ def test_the_scan_sees_a_planted_write(tmp_path):
         "cdef class Planted:\n    cdef Link link\n    cdef RndvSender rs\n    cdef int mine\n")
     bad, counters, uses = scan([src])
     fields = sorted((o, f) for _, _, _, _, o, f in bad)
-    assert fields == [("_base", "n_sleeps"), ("_link", "closed"), ("_link", "spin"),
+    assert fields == [("_base", "n_wakeups"), ("_link", "closed"), ("_link", "spin"),
                       ("_rndv_send", "upto")], bad
     assert counters == {"msgs_sent": {"_planted"}}
     assert [ln for _, ln, _ in uses] == [7]
 
 
 def test_a_receive_that_sleeps_is_counted_by_the_link():
-    """The Link counts the sleeps (the engine no longer writes the transport's
-    n_sleeps): a receive that times out on an idle channel spins, raises its flag at
+    """The Link counts the sleeps (the engine no longer writes a counter of the
+    transport's): a receive that times out on an idle channel spins, raises its flag at
     the peer, sleeps, and says so in stats()."""
     import rdmamw
     from tests.helpers import make_pair

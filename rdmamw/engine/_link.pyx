@@ -194,7 +194,8 @@ cdef class Link:
         return self.tp.poll_interval() if self.tp is not None else 0.0
 
     cdef dict counters(self):
-        """The transport's counters, with the sleeps this Link counted."""
+        """The transport's counters, and the sleeps this Link counted (the engine
+        decides to sleep; the transport only waits)."""
         if self.tp is None:
             return {}
         d = self.tp.counters()

@@ -97,7 +97,6 @@ cdef class Transport:
     cdef public uint64_t n_signaled
     cdef public uint64_t n_completions
     cdef public uint64_t n_wakeups        # peer wake-ups sent (eventfd / WRITE_WITH_IMM)
-    cdef public uint64_t n_sleeps         # times this side blocked in wait()
     cdef public uint64_t bytes_written
 
     # completion queue of transports that finish the work inside post() (shm, tcp);

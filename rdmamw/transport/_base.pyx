@@ -164,7 +164,6 @@ cdef class Transport:
             "signaled_completions": self.n_signaled,
             "completions_polled": self.n_completions,
             "wakeups_sent": self.n_wakeups,
-            "sleeps": self.n_sleeps,
             "bytes_written": self.bytes_written,
         }
 
