@@ -545,17 +545,22 @@ def test_auto_asks_the_tuned_thresholds(monkeypatch):
     """The glue to rdmamw.memory: its lookup decides "auto"; an option wins over it."""
     from rdmamw.channel import rendezvous as _rendezvous
     from rdmamw.memory import pool, thresholds
+    from rdmamw.providers import provider
     seen = []
-    monkeypatch.setattr(thresholds, "lookup", lambda p: seen.append(p) or {})
+    monkeypatch.setattr(thresholds, "lookup",
+                        lambda p, default=None: seen.append((p, default)) or {})
     assert _rendezvous.resolve("auto", None, "shm") == ("read", None)
     assert _rendezvous.resolve("auto", 1000, "shm") == ("read", 1000)
     assert _rendezvous.resolve("write", None, "shm") == ("write", None)
-    assert seen == ["shm", "shm"]
-    monkeypatch.setattr(thresholds, "lookup",
-                        lambda p: seen.append(p) or {"strategy": "write", "threshold": 12345})
-    assert _rendezvous.resolve("auto", None, "tcp") == ("write", 12345) and seen[-1] == "tcp"
+    shm = provider("shm").rendezvous_default        # the provider's untuned choice
+    assert seen == [("shm", shm), ("shm", shm)]
+    monkeypatch.setattr(thresholds, "lookup", lambda p, default=None: seen.append(
+        (p, default)) or {"strategy": "write", "threshold": 12345})
+    assert _rendezvous.resolve("auto", None, "tcp") == ("write", 12345)
+    assert seen[-1] == ("tcp", provider("tcp").rendezvous_default)
     assert _rendezvous.resolve("auto", 7, "tcp") == ("write", 7)       # the option wins
     monkeypatch.setattr(pool, "allocate", lambda n: bytearray(n))
     assert type(_rendezvous.allocate(10)) is bytearray                  # the pool's buffer
-    monkeypatch.setattr(thresholds, "lookup", lambda p: {"strategy": "off", "threshold": -1})
+    monkeypatch.setattr(thresholds, "lookup",
+                        lambda p, default=None: {"strategy": "off", "threshold": -1})
     assert _rendezvous.resolve("auto", None, "tcp") == ("off", None)
