@@ -237,3 +237,26 @@ def test_a_transport_without_event_descriptors_is_polled():
     import select
     assert select.select([fd], [], [], 0.05)[0] == []
     assert tp.error_detail() is None and tp.register_local(0, 0) == 0
+
+
+# ---- a joining rank's descriptor, as a hostile rank would write it -------------------
+
+@pytest.mark.parametrize("part", [
+    {"tcp": "tcp://garbage"}, {"tcp": "tcp://127.0.0.1:99999"}, {"tcp": "udp://1.2.3.4:5"},
+    {"tcp": 7}, {"tcp": ["tcp://1.2.3.4:5"]}, {"tcp": {"why": 3}},
+    {"tcp": "tcp://" + "a" * 100000 + ":1"}, {"verbs": "verbs://1.2.3.4:5"}, {"verbs": None},
+])
+def test_the_store_refuses_a_forged_provider_part(part):
+    """Each provider checks its own part of a join before the table holds it: a forged
+    one is a ProtocolError at the store, never a raw error at Channel.open later."""
+    from rdmamw.bootstrap.store import parse_join
+    from rdmamw.errors import ProtocolError
+    with pytest.raises(ProtocolError):
+        parse_join({"rank": 1, "desc": {"host": "h", **part}})
+
+
+def test_the_store_takes_well_formed_provider_parts():
+    from rdmamw.bootstrap.store import parse_join
+    desc = {"host": "h", "tcp": "tcp://10.0.0.1:4000", "verbs": {"why": "no device"}}
+    assert parse_join({"rank": 1, "desc": desc}) == (1, None, desc)
+    assert parse_join({"rank": 1, "desc": {"host": "h", "tcp": {"why": "no listener"}}})[0] == 1

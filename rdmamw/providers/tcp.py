@@ -227,8 +227,10 @@ class TcpProvider:
     def check_entry(self, entry: object) -> None:
         if isinstance(entry, dict) and set(entry) == {"why"} and isinstance(entry["why"], str):
             return              # this rank could not listen, and says why
-        if not (isinstance(entry, str) and entry.startswith("tcp://")):
-            raise ProtocolError(f"descriptor has a bad tcp address {entry!r}")
+        if not (isinstance(entry, str) and entry.startswith("tcp://") and len(entry) <= 300):
+            raise ProtocolError(f"descriptor has a bad tcp address {entry[:80]!r}"
+                                if isinstance(entry, str) else
+                                f"descriptor has a bad tcp address {entry!r}")
         try:
             parse(entry.partition("://")[2])
         except ValueError as e:
