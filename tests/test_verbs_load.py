@@ -107,7 +107,7 @@ def test_load_fills_the_device_extensions_table():
         except OSError as e:
             raise SystemExit(f"skip: {e}")
         try:
-            VerbsDevice("rdmamw-no-such-device", 1, 0, 8, 8)
+            VerbsDevice("rdmamw-no-such-device")
         except OSError as e:
             print(e.strerror)
     """)

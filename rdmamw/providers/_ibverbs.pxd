@@ -31,7 +31,11 @@ cdef extern from "rm_ibverbs.h" nogil:
         uint32_t qp_num
 
     cdef struct ibv_device_attr:
+        int max_qp
         int max_qp_wr
+        int max_cq
+        int max_mr
+        int max_pd
         int max_sge
         int max_cqe
         uint8_t phys_port_cnt
@@ -178,6 +182,7 @@ cdef extern from "rm_ibverbs.h" nogil:
         int opcode
         uint32_t vendor_err
         uint32_t byte_len
+        uint32_t qp_num
         unsigned int wc_flags
 
     cdef enum ibv_fork_status:

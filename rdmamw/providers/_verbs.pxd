@@ -7,12 +7,14 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
 from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_wc, rm_wr
 from rdmamw.providers._ibverbs cimport *
-from rdmamw.providers._verbs_dev cimport VerbsDevice, VerbsMemory
-
-cdef enum:
-    WC_BATCH = 32
-    RECV_POOL = 64
-    RECV_BUF = 64
+from rdmamw.providers._verbs_dev cimport (
+    RECV_BUF,
+    RECV_POOL,
+    WC_BATCH,
+    VerbsDevice,
+    VerbsMemory,
+    rmv_route,
+)
 
 cdef enum:                 # what failed the connection first (error_detail)
     FAIL_OTHER = 1
@@ -36,8 +38,13 @@ cdef class VerbsFailure:
 
 
 cdef class VerbsTransport(Transport):
-    cdef readonly VerbsDevice dev       # context, PD, channel, CQs (the QP's)
-    cdef readonly VerbsMemory mem       # MRs on the PD: local, cached, exposed
+    cdef readonly VerbsDevice dev       # context, channel, shared CQs (the process's)
+    cdef readonly VerbsMemory mem       # this endpoint's PD and its MRs
+    cdef rmv_route *route               # the QP's share of the device's CQs
+    cdef bint joined                    # route holds room on the device's CQs
+    cdef uint64_t recv_seen             # route.recv_ok taken so far (rlock)
+    cdef readonly int port, gid_index, lid, mtu     # the port used (mtu: enum)
+    cdef readonly bytes gid
     cdef readonly VerbsFailure failure
     cdef ibv_qp *qp
     cdef ibv_mr *block_mr
@@ -62,13 +69,10 @@ cdef class VerbsTransport(Transport):
     cdef ibv_send_wr *swr
     cdef ibv_sge *sge
     cdef ibv_wc wcb[WC_BATCH]
-    cdef ibv_wc rwcb[WC_BATCH]
-    cdef ibv_recv_wr rwr[RECV_POOL]
-    cdef ibv_sge rsge
     cdef int sock
     cdef int state
     cdef int lock                       # send queue and its accounting
-    cdef int rlock                      # receive queue and its completions
+    cdef int rlock                      # recv_seen and the receive counters
     cdef readonly uint64_t n_recv_completions
     cdef readonly uint32_t qpn
     cdef uint8_t timeout_exp
@@ -83,6 +87,7 @@ cdef class VerbsTransport(Transport):
     cdef int _room(self, uint32_t count) noexcept nogil
     cdef int _poll_send_locked(self) noexcept nogil
     cdef inline void _stash(self, uint64_t wr_id, int status, int opcode) noexcept nogil
-    cdef int _post_recvs(self, int k) noexcept nogil
     cdef int _drain_recv(self) noexcept nogil
+    cdef bint _woken(self) noexcept nogil
+    cdef void _settle(self) noexcept nogil
     cdef bint _sock_dead(self) noexcept nogil

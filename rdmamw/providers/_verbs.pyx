@@ -61,7 +61,18 @@ from rdmamw.transport._base cimport (
 )
 from rdmamw.transport.atomics cimport rm_cpu_relax, rm_spin_lock, rm_spin_unlock
 from rdmamw.providers._ibverbs cimport *
-from rdmamw.providers._verbs_dev cimport VerbsDevice, VerbsMemory, load_table
+from rdmamw.providers._verbs_dev cimport (
+    VerbsDevice,
+    VerbsMemory,
+    load_table,
+    rmv_load32,
+    rmv_load64,
+    rmv_route,
+    route_fill,
+    route_free,
+    route_new,
+)
+from rdmamw.providers._verbs_dev import device
 
 cdef extern from *:
     """
@@ -100,6 +111,7 @@ cdef extern from *:
     int close(int fd) nogil
     int MSG_PEEK, MSG_DONTWAIT, SHUT_RDWR
     int posix_memalign(void **memptr, size_t alignment, size_t size) nogil
+    ssize_t read(int fd, void *buf, size_t n) nogil
 
 cdef uint64_t INTERNAL = (<uint64_t>1) << 63     # wr_id of WRs the engine never sees
 cdef int64_t STUCK_NS = 10000000000               # no completion at all for this long: peer gone
@@ -174,22 +186,31 @@ cdef class VerbsTransport(Transport):
     def _open(self, str dev_name, int port, int gid_index, size_t block_len, tuple regions,
               uint32_t sq_depth, uint32_t rq_depth, uint32_t max_inline, bint event_mode,
               int poll_ms, int timeout_exp):
-        """Open the device (PD, channel, CQs: a VerbsDevice), create the QP (INIT),
-        register the block; return the local half of the endpoint descriptor."""
+        """Take the process's device (context, channel, shared CQs: a VerbsDevice),
+        make this endpoint's PD, its room on the CQs and its QP (INIT), register the
+        block; return the local half of the endpoint descriptor."""
         cdef int i
         cdef ibv_qp_init_attr ia
         cdef ibv_qp_attr at
         cdef void *mem = NULL
+        cdef VerbsDevice dev
+        cdef rmv_route *r
         if len(regions) != RM_NREGIONS:
             raise ValueError("need one (offset, length) per region")
         if self.dev is not None:
             raise ValueError("transport is open already")
         _require()
         fork_safety()
-        dev = VerbsDevice(dev_name, port, gid_index, sq_depth, rq_depth)
+        dev = device(dev_name)
+        self.gid, self.lid, self.mtu = dev.port_info(port, gid_index)
+        self.port, self.gid_index = port, gid_index
         self.dev, self.mem = dev, VerbsMemory(dev)
         self.timeout_exp = timeout_exp
-        self.sq_depth, self.rq_depth = dev.sq_depth, dev.rq_depth
+        self.sq_depth = max(8, min(sq_depth, <uint32_t>dev.max_qp_wr))
+        self.rq_depth = max(8, min(rq_depth, <uint32_t>dev.max_qp_wr))
+        r = self.route = route_new(2 * self.sq_depth + 16)
+        dev.join(r, self.sq_depth + 16, self.rq_depth + 16)
+        self.joined = True
         self.max_chain = self.sq_depth // 2
         self.sig_bound = self.sq_depth // 4
         self.event_mode, self.poll_ms = event_mode, poll_ms
@@ -198,7 +219,7 @@ cdef class VerbsTransport(Transport):
         memset(mem, 0, block_len)
         self.block, self.block_len = <char *>mem, block_len
         # the peer writes the block, nothing else: no remote read, no atomics
-        self.block_mr = ibv_reg_mr(dev.pd, mem, block_len,
+        self.block_mr = ibv_reg_mr(self.mem.pd, mem, block_len,
                                    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
         if self.block_mr == NULL:
             raise OSError(errno, f"ibv_reg_mr of the {block_len}-byte block failed "
@@ -207,23 +228,25 @@ cdef class VerbsTransport(Transport):
         if posix_memalign(&mem, 64, RECV_BUF) != 0:
             raise MemoryError()
         self.recv_buf = <char *>mem
-        self.recv_mr = ibv_reg_mr(dev.pd, mem, RECV_BUF, IBV_ACCESS_LOCAL_WRITE)
+        self.recv_mr = ibv_reg_mr(self.mem.pd, mem, RECV_BUF, IBV_ACCESS_LOCAL_WRITE)
         if self.recv_mr == NULL:
             raise OSError(errno, "ibv_reg_mr of the receive buffer failed")
         while True:
             memset(&ia, 0, sizeof(ia))
-            ia.send_cq, ia.recv_cq, ia.qp_type, ia.sq_sig_all = dev.scq, dev.rcq, IBV_QPT_RC, 0
+            ia.send_cq, ia.recv_cq = dev.scqs[r.scq], dev.rcqs[r.rcq]
+            ia.qp_type, ia.sq_sig_all = IBV_QPT_RC, 0
             ia.cap.max_send_wr, ia.cap.max_recv_wr = self.sq_depth, self.rq_depth
             ia.cap.max_send_sge, ia.cap.max_recv_sge = 1, 1
             ia.cap.max_inline_data = max_inline
-            self.qp = ibv_create_qp(dev.pd, &ia)
+            self.qp = ibv_create_qp(self.mem.pd, &ia)
             if self.qp != NULL or max_inline == 0:
                 break
             max_inline //= 2         # the device allows less inline data: ask for less
         if self.qp == NULL:
             raise OSError(errno, f"ibv_create_qp failed ({strerror(errno).decode()})")
         self.max_inline = ia.cap.max_inline_data
-        self.qpn = self.qp.qp_num
+        self.qpn = r.qpn = self.qp.qp_num
+        r.qp = self.qp
         memset(&at, 0, sizeof(at))
         at.qp_state, at.port_num, at.pkey_index = IBV_QPS_INIT, port, 0
         at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
@@ -237,26 +260,16 @@ cdef class VerbsTransport(Transport):
         self.sge = <ibv_sge *>calloc(self.max_chain, sizeof(ibv_sge))
         if self.sig_pos == NULL or self.stash == NULL or self.swr == NULL or self.sge == NULL:
             raise MemoryError()
-        self.rsge.addr, self.rsge.length, self.rsge.lkey = <uint64_t>self.recv_buf, RECV_BUF, \
-            self.recv_mr.lkey
-        for i in range(RECV_POOL):
-            self.rwr[i].wr_id = i
-            self.rwr[i].sg_list = &self.rsge
-            self.rwr[i].num_sge = 1
-            self.rwr[i].next = &self.rwr[i + 1] if i + 1 < RECV_POOL else NULL
-        i = 0
-        while i < <int>self.rq_depth:
-            if self._post_recvs(min(RECV_POOL, <int>self.rq_depth - i)):
-                raise OSError(errno, "ibv_post_recv failed")
-            i += RECV_POOL
+        route_fill(r, <uint64_t>self.recv_buf, self.recv_mr.lkey, self.rq_depth)
+        dev.add(r)
         for i in range(RM_NREGIONS):
             off, length = regions[i]
             if off < 0 or length <= 0 or off + length > block_len:
                 raise ValueError(f"region ({off}, {length}) outside a block of {block_len}")
             self.local[i].addr = self.block + <size_t>off
             self.local[i].length = length
-        return {"qpn": self.qpn, "gid": dev.gid, "lid": dev.lid,
-                "mtu": dev.mtu, "addr": <uint64_t>self.block,
+        return {"qpn": self.qpn, "gid": self.gid, "lid": self.lid,
+                "mtu": self.mtu, "addr": <uint64_t>self.block,
                 "rkey": self.block_mr.rkey, "len": block_len, "inline": self.max_inline}
 
     def _connect(self, uint32_t my_psn, uint32_t qpn, uint32_t psn, bytes gid, int lid, int mtu,
@@ -275,12 +288,12 @@ cdef class VerbsTransport(Transport):
         self.peer_rkey, self.peer_imm = rkey, peer_imm
         memset(&at, 0, sizeof(at))
         at.qp_state = IBV_QPS_RTR
-        at.path_mtu = <ibv_mtu>min(self.dev.mtu, mtu)
+        at.path_mtu = <ibv_mtu>min(self.mtu, mtu)
         at.dest_qp_num, at.rq_psn = qpn, psn
         at.max_dest_rd_atomic, at.min_rnr_timer = 1, 12
-        at.ah_attr.is_global, at.ah_attr.port_num, at.ah_attr.dlid = 1, self.dev.port, lid
+        at.ah_attr.is_global, at.ah_attr.port_num, at.ah_attr.dlid = 1, self.port, lid
         memcpy(at.ah_attr.grh.dgid.raw, <char *>gid, 16)
-        at.ah_attr.grh.sgid_index, at.ah_attr.grh.hop_limit = self.dev.gid_index, 64
+        at.ah_attr.grh.sgid_index, at.ah_attr.grh.hop_limit = self.gid_index, 64
         if ibv_modify_qp(self.qp, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU
                          | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC
                          | IBV_QP_MIN_RNR_TIMER):
@@ -385,22 +398,27 @@ cdef class VerbsTransport(Transport):
             # a fork child shares the parent's uverbs file: destroying a QP, CQ or MR
             # here would destroy the parent's; the kernel frees them with the parent
             return
+        if self.joined:
+            self.dev.leave(self.route)      # no completion is routed here any more
         if self.qp != NULL:
             ibv_destroy_qp(self.qp)
             self.qp = NULL
-        if self.mem is not None:
-            self.mem.release()
+        if self.joined:
+            self.dev.purge(self.route)      # nor stays in the shared CQs (GIL held)
+            self.joined = False
         if self.block_mr != NULL:
             ibv_dereg_mr(self.block_mr)
             self.block_mr = NULL
         if self.recv_mr != NULL:
             ibv_dereg_mr(self.recv_mr)
             self.recv_mr = NULL
-        if self.dev is not None:
-            self.dev.close()        # after its users, the QP and the MRs
+        if self.mem is not None:
+            self.mem.release()      # its MRs, then the PD (after the QP and MRs on it)
 
     def __dealloc__(self):
         self._destroy()
+        route_free(self.route)
+        self.route = NULL
         free(self.block)
         free(self.recv_buf)
         free(self.sig_pos)
@@ -547,14 +565,23 @@ cdef class VerbsTransport(Transport):
         return 0
 
     cdef int _poll_send_locked(self) noexcept nogil:
-        cdef int k, i
+        """Route the shared send CQ's completions (another thread polling it does it
+        for us), then take a batch of ours from the route's inbox."""
+        cdef int k = 0, i
         cdef ibv_wc *wc
-        if self.dev is None:
+        cdef rmv_route *r = self.route
+        if not self.joined:
             return 0
-        k = ibv_poll_cq(self.dev.scq, WC_BATCH, self.wcb)
-        if k < 0:
-            self._fail(RM_ERR_PEER_LOST, FAIL_POLL, errno)
-            return 0
+        self.dev.poll_send(r.scq, False)
+        rm_spin_lock(&r.ilock)
+        while k < WC_BATCH and r.inbox_len:
+            self.wcb[k] = r.inbox[r.inbox_head]
+            r.inbox_head = (r.inbox_head + 1) % r.inbox_cap
+            r.inbox_len -= 1
+            k += 1
+        rm_spin_unlock(&r.ilock)
+        if r.overflow and self.state == 1:      # a completion was lost: accounting is off
+            self._fail(RM_ERR_PEER_LOST, FAIL_POLL, 0)
         self.n_completions += k
         for i in range(k):
             wc = &self.wcb[i]
@@ -597,35 +624,36 @@ cdef class VerbsTransport(Transport):
         rm_spin_unlock(&self.lock)
         return k
 
-    cdef int _post_recvs(self, int k) noexcept nogil:
-        cdef ibv_recv_wr *bad = NULL
-        cdef int rc
-        if k <= 0:
-            return 0
-        self.rwr[k - 1].next = NULL
-        rc = ibv_post_recv(self.qp, &self.rwr[0], &bad)
-        if k < RECV_POOL:
-            self.rwr[k - 1].next = &self.rwr[k]
-        return rc
-
     cdef int _drain_recv(self) noexcept nogil:
-        """Reap receive completions (wake-ups, immediates) and repost their WRs."""
-        cdef int k, i, ok = 0, rc
-        if self.dev is None or not rmv_trylock(&self.rlock):
+        """Route the shared receive CQ's completions (wake-ups, immediates: their WRs
+        are reposted by whoever polls them), then take the count of ours. How many."""
+        cdef rmv_route *r = self.route
+        cdef uint64_t got
+        cdef int n
+        if not self.joined or not rmv_trylock(&self.rlock):
             return 0
-        k = ibv_poll_cq(self.dev.rcq, WC_BATCH, self.rwcb)
-        for i in range(k):
-            if self.rwcb[i].status != IBV_WC_SUCCESS:
-                self._wc_error(&self.rwcb[i], FAIL_RECV_WC)
-            else:
-                ok += 1
-        if ok and self.state == 1:
-            rc = self._post_recvs(ok)
-            if rc:
-                self._fail(RM_ERR_PEER_LOST, FAIL_POST, rc)
-        self.n_recv_completions += ok
+        self.dev.poll_recv(r.rcq, False)
+        got = rmv_load64(&r.recv_ok)
+        n = <int>(got - self.recv_seen)
+        self.recv_seen = got
+        self.n_recv_completions += n
+        if rmv_load32(&r.recv_failed):
+            self._wc_error(&r.recv_err, FAIL_RECV_WC)
+        elif r.post_errno and self.state == 1:
+            self._fail(RM_ERR_PEER_LOST, FAIL_POST, r.post_errno)
         rm_spin_unlock(&self.rlock)
-        return k
+        return n
+
+    cdef bint _woken(self) noexcept nogil:
+        """A receive completion of ours was routed and not yet taken."""
+        return rmv_load64(&self.route.recv_ok) != self.recv_seen
+
+    cdef void _settle(self) noexcept nogil:
+        """After arming: route what reached the receive CQ before the request (it
+        raises no event), waiting for a thread polling it already."""
+        while self.dev.poll_recv(self.route.rcq, True) == WC_BATCH:
+            pass
+        self._drain_recv()
 
     cdef bint _sock_dead(self) noexcept nogil:
         cdef pollfd fd
@@ -662,23 +690,29 @@ cdef class VerbsTransport(Transport):
 
     cdef int wait(self, int timeout_ms) noexcept nogil:
         cdef pollfd fds[2]
+        cdef uint64_t one
         cdef int r
         if self.state != 1:
             return self._dead()
         if self._drain_recv() > 0:
             return 1
-        self.dev.arm()
-        if self._drain_recv() > 0:       # arrived between the drain and arming
+        self.dev.sleep(self.route, True)    # routed completions now write our eventfd
+        self.dev.arm(self.route.rcq)
+        self._settle()
+        if self._woken():                   # arrived before we slept
+            self.dev.sleep(self.route, False)
+            self._drain_recv()
             return 1
         if not self.event_mode and timeout_ms > self.poll_ms:
             timeout_ms = self.poll_ms    # a plain WRITE gives no event: look again soon
-        fds[0].fd, fds[0].events, fds[0].revents = self.dev.fd, POLLIN, 0
+        fds[0].fd, fds[0].events, fds[0].revents = self.route.evfd, POLLIN, 0
         fds[1].fd, fds[1].events, fds[1].revents = self.sock, POLLIN, 0
         r = poll(fds, 2, timeout_ms)
+        self.dev.sleep(self.route, False)
         if r < 0:
             return 0 if errno == EINTR else RM_ERR_OS
         if fds[0].revents & POLLIN:
-            self.dev.take_events()
+            read(self.route.evfd, &one, 8)
             self._drain_recv()
             return 1
         if fds[1].revents:
@@ -692,25 +726,30 @@ cdef class VerbsTransport(Transport):
         return 0.0 if self.event_mode else self.poll_ms / 1000.0
 
     def _event_fds(self):
-        # the receive CQ's completion channel (a wake-up SEND or a WRITE_WITH_IMM from
-        # the peer, once arm_fd asked for an event) and the side channel (its death)
-        if self.dev is None or self.sock < 0:
+        # the endpoint's eventfd (written when a wake-up SEND or a WRITE_WITH_IMM of
+        # the peer is routed to it, once arm_fd marked it sleeping) and the side
+        # channel (its death)
+        if not self.joined or self.sock < 0:
             raise ChannelClosed("the verbs connection is closed")
-        return (self.dev.fd, self.sock)
+        return (self.route.evfd, self.sock)
 
     cdef void reap_wakeups(self) noexcept nogil:
         if self.state == 1:
             self._drain_recv()
 
     cdef int arm_fd(self) noexcept nogil:
+        cdef uint64_t one
         if self.state != 1:
             return self._dead()
-        self.dev.take_events()
-        while self._drain_recv() == WC_BATCH:
-            pass
-        self.dev.arm()
-        self._drain_recv()          # what arrived between the drain and the request
+        read(self.route.evfd, &one, 8)      # non-blocking: what woke the loop is taken
+        self.dev.sleep(self.route, True)
+        self.dev.arm(self.route.rcq)
+        self._settle()              # what arrived between the drain and the request
         return 0
+
+    cdef void disarm_fd(self) noexcept nogil:
+        if self.joined:
+            self.dev.sleep(self.route, False)
 
     cdef bint peer_exited(self) noexcept nogil:
         # the QP's state says nothing of the process, and our own shutdown (on a failed
@@ -823,3 +862,4 @@ def probe(int max_gids=32):
     finally:
         ibv_free_device_list(lst)
     return out
+

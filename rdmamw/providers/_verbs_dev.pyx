@@ -1,18 +1,22 @@
 # cython: freethreading_compatible = False
-"""The ``verbs`` provider's device resources (declared in _verbs_dev.pxd): the opened
-device port with its protection domain, completion channel and CQs (VerbsDevice), and
-the memory one transport registers on that PD (VerbsMemory: local MRs, the
-registration caches' MRs, the exposure table of rendezvous). The queue pair and its
-data path are _verbs.VerbsTransport's, which holds one of each.
+"""The ``verbs`` provider's device resources (declared in _verbs_dev.pxd): the device
+each process opens once, with its completion channel, shared CQs and the routing of
+their completions to queue pairs (VerbsDevice, rmv_route), and the protection domain
+of one endpoint with what it registers there (VerbsMemory: local MRs, the registration
+caches' MRs, the exposure table of rendezvous). The queue pair and its data path are
+_verbs.VerbsTransport's.
 
 Like _verbs, this extension never links libibverbs: _verbs.load() fills its table of
 calls (load_table) from the library it loaded, before any device is opened."""
 
+import os
+import threading
+
 import cython
 
-from libc.errno cimport errno
+from libc.errno cimport EINTR, errno
 from libc.stdint cimport uint32_t, uint64_t
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport strerror
 
 from rdmamw.transport._base cimport (
@@ -38,35 +42,125 @@ cdef extern from *:
     """
     int rmv_set_nonblock(int fd) nogil
 
-cdef enum:
-    ACK_EVERY = 16          # CQ events taken before ibv_ack_cq_events
+cdef extern from "<poll.h>" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd *fds, unsigned long nfds, int timeout)
+    short POLLIN
+
+cdef extern from "<sys/eventfd.h>" nogil:
+    int eventfd(unsigned int initval, int flags)
+    int EFD_NONBLOCK, EFD_CLOEXEC
+
+cdef extern from "<unistd.h>" nogil:
+    ssize_t write(int fd, const void *buf, size_t n)
+    int close(int fd)
 
 
 cdef int load_table(const char *lib, char *err, size_t errlen) noexcept:
     return rm_ibv_load(lib, err, errlen)      # 0 at once when loaded
 
 
+cdef rmv_route *route_new(uint32_t inbox_cap) except NULL:
+    cdef rmv_route *r = <rmv_route *>calloc(1, sizeof(rmv_route))
+    if r == NULL:
+        raise MemoryError()
+    r.evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+    r.inbox_cap = inbox_cap
+    r.inbox = <ibv_wc *>calloc(inbox_cap, sizeof(ibv_wc))
+    if r.evfd < 0 or r.inbox == NULL:
+        e = errno
+        route_free(r)
+        raise OSError(e, "cannot make the endpoint's eventfd or completion inbox")
+    return r
+
+
+cdef int route_fill(rmv_route *r, uint64_t buf, uint32_t lkey, uint32_t depth) except -1:
+    """Every receive WR points at the one ``buf`` (wake-ups carry no payload); post
+    ``depth`` of them."""
+    cdef uint32_t i
+    r.rsge.addr, r.rsge.length, r.rsge.lkey = buf, RECV_BUF, lkey
+    for i in range(RECV_POOL):
+        r.rwr[i].wr_id = i
+        r.rwr[i].sg_list = &r.rsge
+        r.rwr[i].num_sge = 1
+        r.rwr[i].next = &r.rwr[i + 1] if i + 1 < RECV_POOL else NULL
+    i = 0
+    while i < depth:
+        if route_post(r, min(RECV_POOL, depth - i)):
+            raise OSError(errno, "ibv_post_recv failed")
+        i += RECV_POOL
+    return 0
+
+
+cdef int route_post(rmv_route *r, int k) noexcept nogil:
+    """Post ``k`` (<= RECV_POOL) of the route's receive WRs; the errno-style result."""
+    cdef ibv_recv_wr *bad = NULL
+    cdef int rc
+    if k <= 0:
+        return 0
+    r.rwr[k - 1].next = NULL
+    rc = ibv_post_recv(r.qp, &r.rwr[0], &bad)
+    if k < RECV_POOL:
+        r.rwr[k - 1].next = &r.rwr[k]
+    return rc
+
+
+cdef void route_free(rmv_route *r) noexcept:
+    if r == NULL:
+        return
+    if r.evfd >= 0:
+        close(r.evfd)
+    free(r.inbox)
+    free(r)
+
+
+_DEVICES = {}       # (pid, device name) -> VerbsDevice: one per process and device
+
+
+def device(str name, uint32_t cq_cap=16384) -> VerbsDevice:
+    """This process's VerbsDevice for ``name``, opened on first use and kept for the
+    process's life (a fork child opens its own: the parent's stays untouched)."""
+    key = (os.getpid(), name)
+    d = _DEVICES.get(key)
+    if d is None:
+        d = VerbsDevice(name, cq_cap)
+        _DEVICES[key] = d
+    return d
+
+
+def devices() -> list:
+    """The devices this process opened (for stats and tests)."""
+    pid = os.getpid()
+    return [d for (p, _), d in _DEVICES.items() if p == pid]
+
+
+cdef inline uint32_t _slot(uint32_t qpn, uint32_t cap) noexcept nogil:
+    return (qpn * 2654435761u) & (cap - 1)
+
+
 @cython.final
-@cython.no_gc           # no cycle through it (a bytes attribute)
+@cython.no_gc           # no cycle through it (its thread refers to it, it never to that)
 cdef class VerbsDevice:
-    """An opened device port: context, PD, completion channel, a send CQ and a
-    receive CQ (whose events the channel carries)."""
+    """An opened device, shared by every endpoint of the process on it: the context,
+    one completion channel, and send and receive CQs that each serve many queue pairs
+    (their completions routed by QP number). A thread sleeps on the channel and wakes
+    the endpoint a receive completion is for when that endpoint sleeps."""
 
     def __cinit__(self):
         self.pid_now = current_pid()
         self.owner_pid = self.pid_now[0]
         self.fd = -1
+        self.stopfd = -1
 
-    def __init__(self, str dev_name, int port, int gid_index, uint32_t sq_depth,
-                 uint32_t rq_depth):
-        """Open ``dev_name``, check the port is active and read its GID, then allocate
-        the PD, the channel and CQs for queues of these depths (cut to the device's
-        limit, at least 8: ``sq_depth``, ``rq_depth``). OSError saying what failed."""
+    def __init__(self, str dev_name, uint32_t cq_cap=16384):
+        """Open ``dev_name``, read its limits, make the channel and the routing table,
+        start the thread. OSError saying what failed."""
         cdef int num = 0, i
         cdef ibv_device **lst
         cdef ibv_device_attr dattr
-        cdef ibv_port_attr pattr
-        cdef ibv_gid gid
         if self.ctx != NULL:
             raise ValueError("the device is open already")
         if not rm_ibv_loaded():     # its calls would be NULL pointers
@@ -83,96 +177,357 @@ cdef class VerbsDevice:
             ibv_free_device_list(lst)
         if self.ctx == NULL:
             raise OSError(errno or 19, f"cannot open RDMA device {dev_name!r}")
-        if ibv_query_device(self.ctx, &dattr) or ibv_query_port(self.ctx, port, &pattr):
-            raise OSError(errno, f"cannot query {dev_name} port {port}")
-        if pattr.state != IBV_PORT_ACTIVE:
-            raise OSError(100, f"{dev_name} port {port} is not active (state {pattr.state})")
-        if ibv_query_gid(self.ctx, port, gid_index, &gid):
-            raise OSError(errno, f"cannot read GID {gid_index} of {dev_name} port {port}")
-        self.port, self.gid_index, self.gid = port, gid_index, bytes(gid.raw[:16])
-        self.lid, self.mtu = pattr.lid, pattr.active_mtu
-        self.sq_depth = max(8, min(sq_depth, <uint32_t>dattr.max_qp_wr))
-        self.rq_depth = max(8, min(rq_depth, <uint32_t>dattr.max_qp_wr))
-        self.pd = ibv_alloc_pd(self.ctx)
-        if self.pd == NULL:
-            raise OSError(errno, "ibv_alloc_pd failed")
+        if ibv_query_device(self.ctx, &dattr):
+            raise OSError(errno, f"cannot query {dev_name}")
+        self.name = dev_name
+        self.max_qp, self.max_qp_wr, self.max_cq = dattr.max_qp, dattr.max_qp_wr, dattr.max_cq
+        self.max_cqe, self.max_mr, self.max_pd = dattr.max_cqe, dattr.max_mr, dattr.max_pd
+        self.cq_cap = max(64, min(cq_cap, <uint32_t>max(dattr.max_cqe, 64)))
         self.chan = ibv_create_comp_channel(self.ctx)
         if self.chan == NULL or rmv_set_nonblock(self.chan.fd) < 0:
             raise OSError(errno, "ibv_create_comp_channel failed")
         self.fd = self.chan.fd
-        self.scq = ibv_create_cq(self.ctx, self.sq_depth + 16, NULL, NULL, 0)
-        self.rcq = ibv_create_cq(self.ctx, self.rq_depth + 16, NULL, self.chan, 0)
-        if self.scq == NULL or self.rcq == NULL:
-            raise OSError(errno, "ibv_create_cq failed")
+        self.tcap = 64
+        self.table = <rmv_route **>calloc(self.tcap, sizeof(rmv_route *))
+        self.stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)
+        if self.table == NULL or self.stopfd < 0:
+            raise OSError(errno, "cannot make the routing table or the thread's eventfd")
+        self.thread = threading.Thread(target=self._run, name=f"rdmamw-verbs-{dev_name}",
+                                       daemon=True)
+        self.thread.start()
 
-    cdef void take_events(self) noexcept nogil:
-        """Take the receive CQ's events off the channel (a thread already at it does
-        the work); acknowledge them in batches."""
+    def port_info(self, int port, int gid_index):
+        """(gid, lid, active MTU enum) of an active ``port``; OSError if it is not."""
+        cdef ibv_port_attr pattr
+        cdef ibv_gid gid
+        if ibv_query_port(self.ctx, port, &pattr):
+            raise OSError(errno, f"cannot query {self.name} port {port}")
+        if pattr.state != IBV_PORT_ACTIVE:
+            raise OSError(100, f"{self.name} port {port} is not active (state {pattr.state})")
+        if ibv_query_gid(self.ctx, port, gid_index, &gid):
+            raise OSError(errno, f"cannot read GID {gid_index} of {self.name} port {port}")
+        return bytes(gid.raw[:16]), pattr.lid, pattr.active_mtu
+
+    # ---- membership: a queue pair's share of the CQs ------------------------------
+
+    cdef int join(self, rmv_route *r, uint32_t sq_need, uint32_t rq_need) except -1:
+        """Reserve room for ``sq_need`` send and ``rq_need`` receive completions on a
+        shared CQ of each kind (made when none has room); r.scq / r.rcq say which."""
+        if self.n_qps >= <uint32_t>self.max_qp:
+            raise OSError(28, f"{self.name} holds at most {self.max_qp} queue pairs "
+                              f"(its max_qp); this process has {self.n_qps}: fewer "
+                              f"channels per process, or more processes")
+        r.scq = self._room(self.scqs, self.s_used, self.s_size, &self.n_scqs, sq_need,
+                           False)
+        self.s_used[r.scq] += sq_need
+        try:
+            r.rcq = self._room(self.rcqs, self.r_used, self.r_size, &self.n_rcqs, rq_need,
+                               True)
+        except BaseException:
+            self.s_used[r.scq] -= sq_need
+            raise
+        self.r_used[r.rcq] += rq_need
+        r.sq_need, r.rq_need = sq_need, rq_need
+        self.n_qps += 1
+        return 0
+
+    cdef uint32_t _room(self, ibv_cq **cqs, uint32_t *used, uint32_t *size, uint32_t *n,
+                        uint32_t need, bint events) except? 0xFFFFFFFF:
+        cdef uint32_t i, cap
+        cdef ibv_cq *cq
+        for i in range(n[0]):
+            if size[i] - used[i] >= need:
+                return i
+        if n[0] == MAX_CQS or n[0] * 2 >= <uint32_t>self.max_cq:
+            raise OSError(28, f"{self.name}: {n[0]} shared CQs are full (max_cq "
+                              f"{self.max_cq}); lower RDMAMW_VERBS_SQ_DEPTH / "
+                              f"RDMAMW_VERBS_RQ_DEPTH or open fewer channels")
+        cap = max(need, self.cq_cap)
+        if cap > <uint32_t>self.max_cqe:
+            raise OSError(22, f"a queue pair needs {need} completions, more than "
+                              f"{self.name}'s max_cqe {self.max_cqe}: lower "
+                              f"RDMAMW_VERBS_SQ_DEPTH / RDMAMW_VERBS_RQ_DEPTH")
+        cq = ibv_create_cq(self.ctx, cap, <void *><size_t>(n[0] + 1),
+                           self.chan if events else NULL, 0)
+        if cq == NULL:
+            raise OSError(errno, f"ibv_create_cq of {cap} entries failed "
+                                 f"({strerror(errno).decode()})")
+        i = n[0]
+        cqs[i], used[i], size[i] = cq, 0, cap
+        n[0] = i + 1
+        return i
+
+    cdef int add(self, rmv_route *r) except -1:
+        """Route the completions of r.qpn to ``r`` from now on."""
+        cdef uint32_t i, cap
+        cdef rmv_route **t
+        cdef rmv_route **old
+        rm_spin_lock(&self.tlock)
+        if 2 * (self.n_qps + 1) > self.tcap:     # keep it at most half full
+            cap = self.tcap * 2
+            while 2 * (self.n_qps + 1) > cap:
+                cap *= 2
+            t = <rmv_route **>calloc(cap, sizeof(rmv_route *))
+            if t == NULL:
+                rm_spin_unlock(&self.tlock)
+                raise MemoryError()
+            for i in range(self.tcap):
+                if self.table[i] != NULL:
+                    self._put(t, cap, self.table[i])
+            old, self.table, self.tcap = self.table, t, cap
+            free(old)
+        self._put(self.table, self.tcap, r)
+        rm_spin_unlock(&self.tlock)
+        return 0
+
+    cdef void _put(self, rmv_route **t, uint32_t cap, rmv_route *r) noexcept nogil:
+        cdef uint32_t i = _slot(r.qpn, cap)
+        while t[i] != NULL:
+            i = (i + 1) & (cap - 1)
+        t[i] = r
+
+    cdef rmv_route *_find(self, uint32_t qpn) noexcept nogil:
+        """The route of ``qpn`` or NULL; caller holds tlock."""
+        cdef uint32_t i = _slot(qpn, self.tcap)
+        while self.table[i] != NULL:
+            if self.table[i].qpn == qpn:
+                return self.table[i]
+            i = (i + 1) & (self.tcap - 1)
+        return NULL
+
+    cdef void leave(self, rmv_route *r) noexcept:
+        """Stop routing to ``r`` (under its CQs' locks: no poller holds it after) and
+        give back its room. Before its QP is destroyed."""
+        cdef uint32_t i, j, cap
+        cdef rmv_route *x
+        if r.sq_need == 0:
+            return          # never joined, or gone already
+        rm_spin_lock(&self.s_lock[r.scq])
+        rm_spin_lock(&self.r_lock[r.rcq])
+        rm_spin_lock(&self.tlock)
+        i = _slot(r.qpn, self.tcap)
+        cap = self.tcap
+        while self.table[i] != NULL and self.table[i] != r:
+            i = (i + 1) & (cap - 1)
+        if self.table[i] == r:          # delete, then re-place the run after it
+            self.table[i] = NULL
+            j = (i + 1) & (cap - 1)
+            while self.table[j] != NULL:
+                x = self.table[j]
+                self.table[j] = NULL
+                self._put(self.table, cap, x)
+                j = (j + 1) & (cap - 1)
+        rm_spin_unlock(&self.tlock)
+        if r.sleeping:
+            r.sleeping = 0
+            rmv_add32(&self.sleepers, -1)
+        rm_spin_unlock(&self.r_lock[r.rcq])
+        rm_spin_unlock(&self.s_lock[r.scq])
+        self.s_used[r.scq] -= r.sq_need
+        self.r_used[r.rcq] -= r.rq_need
+        r.sq_need = r.rq_need = 0
+        self.n_qps -= 1
+
+    cdef void purge(self, rmv_route *r) noexcept:
+        """After its QP is destroyed (no completion of it comes any more): take what
+        of it is still in its CQs out (dropped, since it is no longer routed), so a
+        queue pair made later with the same number never gets them. The caller holds
+        the GIL from the destruction to here, as every QP creation does."""
+        while self.poll_send(r.scq, True) == WC_BATCH:
+            pass
+        while self.poll_recv(r.rcq, True) == WC_BATCH:
+            pass
+
+    # ---- the data path: polling and routing (nogil) -------------------------------
+
+    cdef int poll_send(self, uint32_t i, bint wait) noexcept nogil:
+        """Poll send CQ ``i`` once (a batch) and move each completion to its route's
+        inbox; another thread polling it already (``wait`` false) routes them for us.
+        The number polled, or -1 (errno) if polling failed."""
+        cdef ibv_wc wcs[WC_BATCH]
+        cdef int k, j
+        cdef rmv_route *r
+        if wait:
+            rm_spin_lock(&self.s_lock[i])
+        elif not rm_spin_trylock(&self.s_lock[i]):
+            return 0
+        k = ibv_poll_cq(self.scqs[i], WC_BATCH, wcs)
+        if k > 0:
+            rm_spin_lock(&self.tlock)
+            for j in range(k):
+                r = self._find(wcs[j].qp_num)
+                if r == NULL:
+                    self.n_dropped += 1
+                    continue
+                rm_spin_lock(&r.ilock)
+                if r.inbox_len == r.inbox_cap:
+                    r.overflow = 1
+                else:
+                    r.inbox[(r.inbox_head + r.inbox_len) % r.inbox_cap] = wcs[j]
+                    r.inbox_len += 1
+                rm_spin_unlock(&r.ilock)
+            rm_spin_unlock(&self.tlock)
+            rmv_add64(&self.n_routed, k)
+        rm_spin_unlock(&self.s_lock[i])
+        return k
+
+    cdef int poll_recv(self, uint32_t i, bint wait) noexcept nogil:
+        """Poll receive CQ ``i`` once (a batch): count each completion on its route,
+        repost its receive WRs, and wake the routes that sleep. The number polled."""
+        cdef ibv_wc wcs[WC_BATCH]
+        cdef rmv_route *touched[WC_BATCH]
+        cdef uint32_t again[WC_BATCH]
+        cdef int k, j, n = 0, m, rc
+        cdef rmv_route *r
+        cdef uint64_t one = 1
+        if wait:
+            rm_spin_lock(&self.r_lock[i])
+        elif not rm_spin_trylock(&self.r_lock[i]):
+            return 0
+        k = ibv_poll_cq(self.rcqs[i], WC_BATCH, wcs)
+        if k > 0:
+            rm_spin_lock(&self.tlock)
+            for j in range(k):
+                r = self._find(wcs[j].qp_num)
+                if r == NULL:
+                    self.n_dropped += 1
+                    continue
+                if wcs[j].status != IBV_WC_SUCCESS:
+                    if not rmv_load32(&r.recv_failed):
+                        r.recv_err = wcs[j]
+                        rmv_store32(&r.recv_failed, 1)
+                    continue
+                for m in range(n):
+                    if touched[m] == r:
+                        again[m] += 1
+                        break
+                else:
+                    touched[n], again[n] = r, 1
+                    n += 1
+            rm_spin_unlock(&self.tlock)
+            rmv_add64(&self.n_routed, k)
+            for m in range(n):      # the routes stay while we hold the CQ's lock
+                r = touched[m]
+                rc = route_post(r, again[m])
+                if rc != 0 and r.post_errno == 0:
+                    r.post_errno = rc
+                rmv_add64(&r.recv_ok, again[m])
+                if rmv_load32(&r.sleeping) and r.evfd >= 0:
+                    write(r.evfd, &one, 8)
+        rm_spin_unlock(&self.r_lock[i])
+        return k
+
+    cdef void arm(self, uint32_t i) noexcept nogil:
+        """Ask for an event on the channel at receive CQ ``i``'s next completion."""
+        rm_spin_lock(&self.r_lock[i])
+        ibv_req_notify_cq(self.rcqs[i], 0)
+        rm_spin_unlock(&self.r_lock[i])
+
+    cdef void sleep(self, rmv_route *r, bint up) noexcept nogil:
+        """Mark ``r`` sleeping (its receive completions write its eventfd) or awake."""
+        if up and not rmv_load32(&r.sleeping):
+            rmv_store32(&r.sleeping, 1)
+            rmv_add32(&self.sleepers, 1)
+        elif not up and rmv_load32(&r.sleeping):
+            rmv_store32(&r.sleeping, 0)
+            rmv_add32(&self.sleepers, -1)
+
+    def _run(self):
+        with nogil:
+            self.dispatch()
+
+    cdef void dispatch(self) noexcept nogil:
+        """The thread: wait for the channel's events, route the completions of the CQ
+        each names (waking the sleepers they are for) and arm it again while anybody
+        sleeps."""
+        cdef pollfd fds[2]
         cdef ibv_cq *cq
         cdef void *ctx
-        if not rm_spin_trylock(&self.elock):
-            return
-        while ibv_get_cq_event(self.chan, &cq, &ctx) == 0:     # non-blocking fd
-            self.unacked_events += 1
-        if self.unacked_events >= ACK_EVERY:
-            ibv_ack_cq_events(self.rcq, self.unacked_events)
-            self.unacked_events = 0
-        rm_spin_unlock(&self.elock)
+        cdef uint32_t i
+        fds[0].fd, fds[0].events = self.fd, POLLIN
+        fds[1].fd, fds[1].events = self.stopfd, POLLIN
+        while True:
+            fds[0].revents = fds[1].revents = 0
+            if poll(fds, 2, -1) < 0:
+                if errno == EINTR:
+                    continue
+                return
+            if fds[1].revents or self.inherited():
+                return
+            while ibv_get_cq_event(self.chan, &cq, &ctx) == 0:
+                ibv_ack_cq_events(cq, 1)
+                self.n_events += 1
+                i = <uint32_t><size_t>ctx - 1
+                if i >= self.n_rcqs:
+                    continue
+                while self.poll_recv(i, True) == WC_BATCH:
+                    pass
+                if rmv_load32(&self.sleepers) > 0:
+                    self.arm(i)
+                    while self.poll_recv(i, True) == WC_BATCH:
+                        pass
 
-    cdef void arm(self) noexcept nogil:
-        """Ask for an event on the channel at the receive CQ's next completion."""
-        ibv_req_notify_cq(self.rcq, 0)
+    def counters(self):
+        """What the device holds for this process: queue pairs, shared CQs, events."""
+        return {"qps": self.n_qps, "send_cqs": self.n_scqs, "recv_cqs": self.n_rcqs,
+                "cq_events": self.n_events, "routed": self.n_routed,
+                "dropped": self.n_dropped}
 
-    cdef void close(self) noexcept:
-        """Destroy the CQs, the channel and the PD and close the device (their users,
-        the QP and the MRs, are gone); nothing in a fork child, where they are the
-        parent's."""
+    def stop(self):
+        """End the thread (tests): the device stays open."""
+        cdef uint64_t one = 1
+        if self.stopfd >= 0 and not self.inherited():
+            write(self.stopfd, &one, 8)
+            if self.thread is not None:
+                self.thread.join(5)
+
+    def __dealloc__(self):
+        # devices live as long as the process (the registry holds them); this runs
+        # only when __init__ failed part-way, or at interpreter exit
+        cdef uint32_t i
         if self.inherited():
             return
-        if self.rcq != NULL:
-            if self.unacked_events:
-                ibv_ack_cq_events(self.rcq, self.unacked_events)
-                self.unacked_events = 0
-            ibv_destroy_cq(self.rcq)
-            self.rcq = NULL
-        if self.scq != NULL:
-            ibv_destroy_cq(self.scq)
-            self.scq = NULL
+        for i in range(self.n_scqs):
+            ibv_destroy_cq(self.scqs[i])
+        for i in range(self.n_rcqs):
+            ibv_destroy_cq(self.rcqs[i])
+        self.n_scqs = self.n_rcqs = 0
         if self.chan != NULL:
             ibv_destroy_comp_channel(self.chan)
             self.chan = NULL
-            self.fd = -1
-        if self.pd != NULL:
-            ibv_dealloc_pd(self.pd)
-            self.pd = NULL
         if self.ctx != NULL:
             ibv_close_device(self.ctx)
             self.ctx = NULL
-
-    def __dealloc__(self):
-        self.close()
+        free(self.table)
+        self.table = NULL
+        if self.stopfd >= 0:
+            close(self.stopfd)
+            self.stopfd = -1
 
 
 @cython.final
 @cython.no_gc_clear     # __dealloc__ deregisters through dev (before the PD goes)
 cdef class VerbsMemory:
-    """The MRs one transport registers on its device's PD: local ones, the
+    """One endpoint's protection domain and the MRs registered on it: local ones, the
     registration caches', and one per exposed range (the NIC then refuses any remote
     access outside it or without the right). All live until deregistered or until
     the transport dies."""
 
     def __cinit__(self, VerbsDevice dev not None):
-        if dev.pd == NULL:
+        if dev.ctx == NULL:
             raise ValueError("the device is not open")
         self.dev = dev
         self.cached_mrs = {}
+        self.pd = ibv_alloc_pd(dev.ctx)
+        if self.pd == NULL:
+            raise OSError(errno, f"ibv_alloc_pd failed ({strerror(errno).decode()})")
 
     def register_local(self, size_t addr, size_t length):
         """Register [addr, addr+length) for local access only (WR sources, READ
         targets); the MR lives as long as the transport. Its lkey."""
         cdef ibv_mr *mr
         cdef void *p
-        mr = ibv_reg_mr(self.dev.pd, <void *>addr, length, IBV_ACCESS_LOCAL_WRITE)
+        mr = ibv_reg_mr(self.pd, <void *>addr, length, IBV_ACCESS_LOCAL_WRITE)
         if mr == NULL:
             raise OSError(errno, f"ibv_reg_mr of {length} bytes failed")
         p = realloc(self.lmrs, (self.n_lmrs + 1) * sizeof(ibv_mr *))
@@ -189,7 +544,7 @@ cdef class VerbsMemory:
         cdef ibv_mr *mr
         cdef int flags = IBV_ACCESS_LOCAL_WRITE | (IBV_ACCESS_REMOTE_READ if remote_read else 0)
         with nogil:
-            mr = ibv_reg_mr(self.dev.pd, <void *>addr, length, flags)
+            mr = ibv_reg_mr(self.pd, <void *>addr, length, flags)
         if mr == NULL:
             raise OSError(errno, f"ibv_reg_mr of {length} bytes failed: {strerror(errno).decode()}")
         self.cached_mrs[<size_t>mr] = None
@@ -229,7 +584,7 @@ cdef class VerbsMemory:
             rm_spin_unlock(&self.xlock)
             return RM_ERR_AGAIN
         rm_spin_unlock(&self.xlock)
-        mr = ibv_reg_mr(self.dev.pd, <void *>addr, length, flags)
+        mr = ibv_reg_mr(self.pd, <void *>addr, length, flags)
         rm_spin_lock(&self.xlock)
         self.xmrs[i] = mr           # NULL (failed) frees the slot again
         rm_spin_unlock(&self.xlock)
@@ -257,7 +612,8 @@ cdef class VerbsMemory:
         return 0
 
     cdef void release(self) noexcept:
-        """Deregister every MR (before the PD goes); nothing in a fork child."""
+        """Deregister every MR, then free the PD (its queue pair and the transport's
+        own MRs on it are gone); nothing in a fork child."""
         cdef uint32_t i
         if self.dev is None or self.dev.inherited():
             return
@@ -272,6 +628,9 @@ cdef class VerbsMemory:
             if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY:
                 ibv_dereg_mr(self.xmrs[i])
             self.xmrs[i] = NULL
+        if self.pd != NULL:
+            ibv_dealloc_pd(self.pd)
+            self.pd = NULL
 
     def __dealloc__(self):
         self.release()
