@@ -230,6 +230,9 @@ D("verbs", "RDMAMW_VERBS_RQ_DEPTH", "int", 0, "receive queue depth (0: from the 
 D("verbs", "RDMAMW_VERBS_INLINE", "int", 256, "bytes sent inline in a work request")
 D("verbs", "RDMAMW_VERBS_EVENT", "int", 0,
   "1: sleep on the completion channel (WRITE_WITH_IMM wake-ups)", maximum=1)
+D("verbs", "RDMAMW_VERBS_PINNED_BYTES", "bytes", 0,
+  "registered (pinned) bytes the process's verbs channels may hold; 0: half the memory, "
+  "at most `ulimit -l`")
 D("verbs", "RDMAMW_VERBS_POLL_MS", "int", 1, "re-check interval of a sleeper without events")
 D("verbs", "RDMAMW_VERBS_TIMEOUT", "int", 14, "QP local ACK timeout exponent (4.096 us x 2^n)",
   maximum=31)

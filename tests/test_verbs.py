@@ -229,6 +229,26 @@ def test_qp_in_error_is_peer_lost_within_2s():
 
 @device
 @pytest.mark.device
+def test_stray_bytes_on_the_side_channel_do_not_make_waits_spin():
+    """Nothing is sent on the side channel after the handshake; bytes a peer sends
+    anyway must not leave it readable, or every later wait returns at once and spins
+    a core (issue 29, finding 8)."""
+    a, b, lst, ta, _ = _pair()
+    try:
+        os.write(hooks.verbs_side_socket(ta), b"x" * 1000)
+        c0, t0 = time.thread_time(), time.monotonic()
+        with pytest.raises(rdmamw.Timeout):
+            b.recv(timeout=3)
+        assert time.monotonic() - t0 >= 2.9
+        assert time.thread_time() - c0 < 1.0       # spinning takes the whole 3 s
+        a.send(b"still fine").wait(timeout=10)
+        assert recv_all(b, 1) == [b"still fine"]
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+@device
+@pytest.mark.device
 def test_expose_from_two_threads_never_shares_a_slot():
     """The engine's send thread exposes sources while its receive thread exposes READ
     targets: one exposure table, two threads. An exposure handed to both (the cause of

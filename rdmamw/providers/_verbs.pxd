@@ -90,4 +90,3 @@ cdef class VerbsTransport(Transport):
     cdef int _drain_recv(self) noexcept nogil
     cdef bint _woken(self) noexcept nogil
     cdef void _settle(self) noexcept nogil
-    cdef bint _sock_dead(self) noexcept nogil

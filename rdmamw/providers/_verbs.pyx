@@ -67,12 +67,13 @@ from rdmamw.providers._verbs_dev cimport (
     load_table,
     rmv_load32,
     rmv_load64,
+    pin_charge,
     rmv_route,
     route_fill,
     route_free,
     route_new,
 )
-from rdmamw.providers._verbs_dev import device
+from rdmamw.providers._verbs_dev import budget_error, device
 
 cdef extern from *:
     """
@@ -214,6 +215,9 @@ cdef class VerbsTransport(Transport):
         self.max_chain = self.sq_depth // 2
         self.sig_bound = self.sq_depth // 4
         self.event_mode, self.poll_ms = event_mode, poll_ms
+        if pin_charge(block_len + RECV_BUF):
+            raise budget_error(block_len + RECV_BUF, "a channel's receive ring")
+        self.mem.charged += block_len + RECV_BUF
         if posix_memalign(&mem, 4096, block_len) != 0:
             raise MemoryError()
         memset(mem, 0, block_len)
@@ -351,8 +355,20 @@ cdef class VerbsTransport(Transport):
         return self.failure.detail()
 
     def counters(self):
+        """The Transport's, plus: receive completions, the MRs and bytes this endpoint
+        has registered (its block and receive buffer included), and what the process's
+        device holds for all its endpoints (``device_qps``, ``device_cqs``)."""
         d = Transport.counters(self)
         d["recv_completions"] = self.n_recv_completions
+        n, nbytes = self.mem.usage() if self.mem is not None else (0, 0)
+        for mr in (<size_t>self.block_mr, <size_t>self.recv_mr):
+            if mr:
+                n += 1
+                nbytes += (<ibv_mr *>mr).length
+        d["mrs"], d["bytes_registered"] = n, nbytes
+        if self.dev is not None:
+            c = self.dev.counters()
+            d["device_qps"], d["device_cqs"] = c["qps"], c["send_cqs"] + c["recv_cqs"]
         return d
 
     # ---- teardown ---------------------------------------------------------------
@@ -554,7 +570,7 @@ cdef class VerbsTransport(Transport):
                     start = t
                     next_sock = t + SOCK_CHECK_NS
                 elif t >= next_sock:
-                    if self._sock_dead():
+                    if _sock_dead(self.sock):
                         self._fail(RM_ERR_PEER_LOST, FAIL_SOCKET)
                     elif t - start > STUCK_NS:
                         self._fail(RM_ERR_PEER_LOST, FAIL_STUCK)
@@ -655,20 +671,6 @@ cdef class VerbsTransport(Transport):
             pass
         self._drain_recv()
 
-    cdef bint _sock_dead(self) noexcept nogil:
-        cdef pollfd fd
-        cdef char c
-        cdef ssize_t r
-        if self.sock < 0:
-            return True
-        fd.fd, fd.events, fd.revents = self.sock, POLLIN, 0
-        if poll(&fd, 1, 0) <= 0:
-            return False
-        if fd.revents & (POLLERR | POLLNVAL):
-            return True
-        r = recv(self.sock, &c, 1, MSG_PEEK | MSG_DONTWAIT)
-        return r == 0 or (r < 0 and errno != EAGAIN and errno != EINTR)
-
     cdef int wake_peer(self) noexcept nogil:
         cdef ibv_send_wr *w
         cdef int rc
@@ -763,9 +765,27 @@ cdef class VerbsTransport(Transport):
             self._poll_send_locked()
             rm_spin_unlock(&self.lock)
         self._drain_recv()
-        if self.state == 1 and self._sock_dead():
+        if self.state == 1 and _sock_dead(self.sock):
             self._fail(RM_ERR_PEER_LOST, FAIL_SOCKET)
         return self.state
+
+
+cdef bint _sock_dead(int sock) noexcept nogil:
+    """Has the side channel ``sock`` seen the peer's EOF or an error? Nothing is sent
+    on it after the handshake: bytes a peer sends anyway are read and dropped, so they
+    cannot keep it readable (every later wait would return at once and spin)."""
+    cdef pollfd fd
+    cdef char junk[256]
+    cdef ssize_t r
+    if sock < 0:
+        return True
+    fd.fd, fd.events, fd.revents = sock, POLLIN, 0
+    if poll(&fd, 1, 0) <= 0:
+        return False
+    if fd.revents & (POLLERR | POLLNVAL):
+        return True
+    r = recv(sock, junk, sizeof(junk), MSG_DONTWAIT)
+    return r == 0 or (r < 0 and errno != EAGAIN and errno != EINTR)
 
 
 def load() -> str:

@@ -41,6 +41,10 @@ cdef extern from *:
     static inline uint64_t rmv_load64(const volatile uint64_t *p) {
         return __atomic_load_n((const uint64_t *)p, __ATOMIC_SEQ_CST);
     }
+    static inline int rmv_cas64(volatile uint64_t *p, uint64_t *expected, uint64_t v) {
+        return __atomic_compare_exchange_n((uint64_t *)p, expected, v, 0,
+                                           __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
     static inline int rmv_load32(const volatile int *p) {
         return __atomic_load_n((const int *)p, __ATOMIC_SEQ_CST);
     }
@@ -54,6 +58,7 @@ cdef extern from *:
     ibv_mr *XMR_BUSY "RMV_XMR_BUSY"     # a claimed slot whose ibv_reg_mr is under way
     uint64_t rmv_add64(uint64_t *p, uint64_t v) nogil
     uint64_t rmv_load64(uint64_t *p) nogil
+    bint rmv_cas64(uint64_t *p, uint64_t *expected, uint64_t v) nogil
     int rmv_load32(int *p) nogil
     void rmv_store32(int *p, int v) nogil
     int rmv_add32(int *p, int v) nogil
@@ -92,6 +97,11 @@ cdef rmv_route *route_new(uint32_t inbox_cap) except NULL
 cdef int route_fill(rmv_route *r, uint64_t buf, uint32_t lkey, uint32_t depth) except -1
 cdef int route_post(rmv_route *r, int k) noexcept nogil
 cdef void route_free(rmv_route *r) noexcept
+# the process's pinned-memory budget (RDMAMW_VERBS_PINNED_BYTES): every registration
+# of an endpoint (block, receive buffer, local MRs, cached MRs) is charged before it is
+# made and refunded when it goes; 0 charged, -1 over the budget
+cdef int pin_charge(uint64_t n) noexcept nogil
+cdef void pin_refund(uint64_t n) noexcept nogil
 
 
 cdef class VerbsDevice:
@@ -147,6 +157,7 @@ cdef class VerbsDevice:
 cdef class VerbsMemory:
     cdef readonly VerbsDevice dev
     cdef ibv_pd *pd                 # this endpoint's
+    cdef uint64_t charged           # of the pinned budget, by register_local/mr_register
     cdef ibv_mr **lmrs              # register_local's, for the transport's life
     cdef uint32_t n_lmrs
     # MRs of the registration caches (mr_register): address -> ibv_mr, deregistered by

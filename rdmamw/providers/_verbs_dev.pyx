@@ -29,6 +29,8 @@ from rdmamw.transport._base cimport (
     current_pid,
     rm_mem,
 )
+from rdmamw.errors import RegistrationError
+
 from rdmamw.transport.atomics cimport rm_spin_lock, rm_spin_trylock, rm_spin_unlock
 from rdmamw.providers._ibverbs cimport *
 
@@ -99,8 +101,8 @@ cdef int route_post(rmv_route *r, int k) noexcept nogil:
     """Post ``k`` (<= RECV_POOL) of the route's receive WRs; the errno-style result."""
     cdef ibv_recv_wr *bad = NULL
     cdef int rc
-    if k <= 0:
-        return 0
+    if k <= 0 or rmv_load32(&r.recv_failed):
+        return 0        # none, or the QP is in error: its WRs only flush
     r.rwr[k - 1].next = NULL
     rc = ibv_post_recv(r.qp, &r.rwr[0], &bad)
     if k < RECV_POOL:
@@ -115,6 +117,44 @@ cdef void route_free(rmv_route *r) noexcept:
         close(r.evfd)
     free(r.inbox)
     free(r)
+
+
+cdef uint64_t _pinned = 0          # bytes charged now, by every endpoint of the process
+cdef uint64_t _budget = 0          # set by set_pinned_budget before the first device
+
+
+cdef int pin_charge(uint64_t n) noexcept nogil:
+    cdef uint64_t cur = rmv_load64(&_pinned)
+    while True:
+        if n > _budget or cur > _budget - n:
+            return -1
+        if rmv_cas64(&_pinned, &cur, cur + n):
+            return 0
+
+
+cdef void pin_refund(uint64_t n) noexcept nogil:
+    rmv_add64(&_pinned, -n)
+
+
+def set_pinned_budget(uint64_t n) -> None:
+    """The process's budget of registered bytes (verbs_device.pinned_budget())."""
+    global _budget
+    _budget = n
+
+
+def pinned() -> tuple:
+    """(bytes registered by the process's endpoints now, the budget)."""
+    return rmv_load64(&_pinned), _budget
+
+
+def budget_error(uint64_t want, str what):
+    """The error for a registration the budget has no room for."""
+    used, budget = rmv_load64(&_pinned), _budget
+    return RegistrationError(
+        f"{what} needs {want} bytes of registered (pinned) memory, but this process has "
+        f"{used} of its {budget} registered already: the budget RDMAMW_VERBS_PINNED_BYTES "
+        f"(default: from `ulimit -l` and the memory size) is full. Close idle channels, "
+        f"use smaller rings (slots, slot_size), or raise the budget")
 
 
 _DEVICES = {}       # (pid, device name) -> VerbsDevice: one per process and device
@@ -378,6 +418,7 @@ cdef class VerbsDevice:
         cdef rmv_route *touched[WC_BATCH]
         cdef uint32_t again[WC_BATCH]
         cdef int k, j, n = 0, m, rc
+        cdef uint32_t ok
         cdef rmv_route *r
         cdef uint64_t one = 1
         if wait:
@@ -392,17 +433,16 @@ cdef class VerbsDevice:
                 if r == NULL:
                     self.n_dropped += 1
                     continue
-                if wcs[j].status != IBV_WC_SUCCESS:
-                    if not rmv_load32(&r.recv_failed):
-                        r.recv_err = wcs[j]
-                        rmv_store32(&r.recv_failed, 1)
-                    continue
+                ok = wcs[j].status == IBV_WC_SUCCESS
+                if not ok and not rmv_load32(&r.recv_failed):
+                    r.recv_err = wcs[j]         # a sleeper is woken to see it
+                    rmv_store32(&r.recv_failed, 1)
                 for m in range(n):
                     if touched[m] == r:
-                        again[m] += 1
+                        again[m] += ok
                         break
                 else:
-                    touched[n], again[n] = r, 1
+                    touched[n], again[n] = r, ok
                     n += 1
             rm_spin_unlock(&self.tlock)
             rmv_add64(&self.n_routed, k)
@@ -527,13 +567,18 @@ cdef class VerbsMemory:
         targets); the MR lives as long as the transport. Its lkey."""
         cdef ibv_mr *mr
         cdef void *p
+        if pin_charge(length):
+            raise budget_error(length, "a channel's staging ring or control words")
         mr = ibv_reg_mr(self.pd, <void *>addr, length, IBV_ACCESS_LOCAL_WRITE)
         if mr == NULL:
+            pin_refund(length)
             raise OSError(errno, f"ibv_reg_mr of {length} bytes failed")
         p = realloc(self.lmrs, (self.n_lmrs + 1) * sizeof(ibv_mr *))
         if p == NULL:
             ibv_dereg_mr(mr)
+            pin_refund(length)
             raise MemoryError()
+        self.charged += length
         self.lmrs = <ibv_mr **>p
         self.lmrs[self.n_lmrs] = mr
         self.n_lmrs += 1
@@ -543,10 +588,14 @@ cdef class VerbsMemory:
         """An MR for a registration cache: ``(mr, lkey, rkey)``."""
         cdef ibv_mr *mr
         cdef int flags = IBV_ACCESS_LOCAL_WRITE | (IBV_ACCESS_REMOTE_READ if remote_read else 0)
+        if pin_charge(length):
+            raise budget_error(length, "registering a buffer for a large message")
         with nogil:
             mr = ibv_reg_mr(self.pd, <void *>addr, length, flags)
         if mr == NULL:
+            pin_refund(length)
             raise OSError(errno, f"ibv_reg_mr of {length} bytes failed: {strerror(errno).decode()}")
+        self.charged += length
         self.cached_mrs[<size_t>mr] = None
         return (<size_t>mr, mr.lkey, mr.rkey)
 
@@ -557,8 +606,27 @@ cdef class VerbsMemory:
         if self.dev.inherited():
             return
         if self.cached_mrs.pop(p, 0) is None:
+            self.charged -= (<ibv_mr *>p).length
+            pin_refund((<ibv_mr *>p).length)
             with nogil:
                 ibv_dereg_mr(<ibv_mr *>p)
+
+    def usage(self):
+        """(MRs, bytes) registered here now: local, cached and exposed."""
+        cdef uint32_t i
+        cdef size_t n = self.n_lmrs, nbytes = 0
+        for i in range(self.n_lmrs):
+            nbytes += self.lmrs[i].length
+        for p in self.cached_mrs:
+            nbytes += (<ibv_mr *><size_t>p).length
+        n += len(self.cached_mrs)
+        rm_spin_lock(&self.xlock)
+        for i in range(XMR_N):
+            if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY:
+                n += 1
+                nbytes += self.xmrs[i].length
+        rm_spin_unlock(&self.xlock)
+        return n, nbytes
 
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil:
@@ -615,6 +683,8 @@ cdef class VerbsMemory:
         """Deregister every MR, then free the PD (its queue pair and the transport's
         own MRs on it are gone); nothing in a fork child."""
         cdef uint32_t i
+        pin_refund(self.charged)    # a fork child holds copies, not the parent's pins
+        self.charged = 0
         if self.dev is None or self.dev.inherited():
             return
         for i in range(self.n_lmrs):

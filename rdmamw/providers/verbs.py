@@ -113,6 +113,11 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
     else:
         name, port, gid_index = dev.choose(o["device"], o["port"], o["gid_index"])
     rq = o["rq_depth"] or 2 * (slots + peer_slots) + 64
+    # what this channel registers: our block, the staging copy of the peer's ring and
+    # its words (the engine's); refused before anything is, if the budget has no room
+    dev.check_budget(mine.total + peer_slots * layout.slot_stride(peer_slot_size)
+                     + 2 * layout.PAGE, f"a channel with {peer_name} ({slots} slots of "
+                     f"{slot_size} B here, {peer_slots} of {peer_slot_size} B there)")
     tp = dev.transport_class()()
     try:
         try:

@@ -46,6 +46,37 @@ def transport_class():
     return mod.VerbsTransport
 
 
+def pinned_budget() -> int:
+    """The process's budget of registered (pinned) bytes: RDMAMW_VERBS_PINNED_BYTES, or
+    by default half the memory, and no more than ``ulimit -l`` where the kernel holds
+    the process to it (without CAP_IPC_LOCK: taken as not root)."""
+    import os
+    import resource
+
+    set_to = config.get("RDMAMW_VERBS_PINNED_BYTES")
+    if set_to:
+        return set_to
+    budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft != resource.RLIM_INFINITY and os.geteuid() != 0:
+        budget = min(budget, soft)
+    return budget
+
+
+def check_budget(need: int, what: str) -> None:
+    """Apply the budget now (the setting may have changed) and refuse ``need`` more
+    bytes for ``what`` if it has no room: RegistrationError naming the budget, before
+    anything is registered."""
+    mod = _module()
+    if isinstance(mod, str):
+        raise ProviderUnavailable(mod)
+    from rdmamw.providers import _verbs_dev
+    _verbs_dev.set_pinned_budget(pinned_budget())
+    used, budget = _verbs_dev.pinned()
+    if need > budget or used > budget - need:
+        raise _verbs_dev.budget_error(need, what)
+
+
 def gid_type(dev: str, port: int, index: int) -> str:
     """"RoCE v2", "IB/RoCE v1", or "" when sysfs does not say."""
     try:

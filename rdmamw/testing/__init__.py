@@ -21,11 +21,12 @@ from rdmamw.testing._hooks import (
     read_remote,
     region_address,
     unexpose_range,
+    verbs_side_socket,
 )
 
 __all__ = ["apply_stream", "assist_now", "expose_churn", "expose_range", "forge_peer_xtab",
            "hammer_job", "job_claimed", "job_state", "offer_job", "qp_error", "read_remote",
-           "region_address", "slot_address", "unexpose_range"]
+           "region_address", "slot_address", "unexpose_range", "verbs_side_socket"]
 
 
 def slot_address(channel: Any, slot: int) -> int:

@@ -286,6 +286,13 @@ def qp_error(VerbsTransport tp not None) -> None:
         raise OSError(rc, f"ibv_modify_qp to ERR failed: {os.strerror(rc)}")
 
 
+def verbs_side_socket(VerbsTransport tp not None) -> int:
+    """The descriptor of the TCP side channel a verbs transport keeps (fault tests
+    write stray bytes into it from the peer's end)."""
+    _require_connected(tp)
+    return tp.sock
+
+
 cdef _require_connected(VerbsTransport tp):
     if tp.qp == NULL or tp.state != 1:
         raise ValueError("the verbs transport is not connected (or closed)")

@@ -1,0 +1,312 @@
+"""One device per process (issue "verbs at cluster scale"): every verbs channel of a
+process shares one device context, one completion channel and a few CQs, whose
+completions are routed to the queue pair they belong to. Inside the soft-RoCE VM:
+what the process holds does not grow with its channels, a sleeping receiver is woken
+on its own channel only, one peer's death fails only its channel, and a fork child
+leaves the parent's shared context alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import rdmamw
+from rdmamw.providers import _verbs_dev
+from tests.helpers import NO_DEVICE, VERBS_OK
+from tests.test_channel_basic import recv_all
+from tests.test_verbs import _pair
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = [pytest.mark.skipif(not VERBS_OK, reason=NO_DEVICE), pytest.mark.device]
+
+
+def _fd_targets() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
+def _verbs_fds() -> tuple[int, int]:
+    """(uverbs device files, infiniband event anon inodes) this process has open."""
+    t = _fd_targets()
+    return (sum(x.startswith("/dev/infiniband/uverbs") for x in t),
+            sum("infinibandevent" in x for x in t))
+
+
+def _pairs(n: int, **kw):
+    made = []
+    try:
+        for _ in range(n):
+            made.append(_pair(**kw))
+    except BaseException:
+        _close(made)
+        raise
+    return made
+
+
+def _close(pairs) -> None:
+    for a, b, lst, _, _ in pairs:
+        a.close(), b.close(), lst.close()
+
+
+def test_what_the_process_holds_does_not_grow_with_its_channels():
+    base = _verbs_fds()         # other tests may have left a pyverbs context open
+    one = _pairs(1)
+    try:
+        one[0][0].send(b"x").wait(timeout=10)
+        assert recv_all(one[0][1], 1) == [b"x"]
+        fds_one = _verbs_fds()
+        more = _pairs(8)
+        try:
+            for a, b, *_ in more:
+                a.send(b"y").wait(timeout=10)
+                assert recv_all(b, 1) == [b"y"]
+            assert _verbs_fds() == fds_one
+            assert fds_one[0] - base[0] <= 1     # one device context, if none yet
+            devs = _verbs_dev.devices()
+            assert len(devs) == 1
+            c = devs[0].counters()
+            assert c["qps"] == 18            # both ends of 9 channels, one process
+            assert (c["send_cqs"], c["recv_cqs"]) == (1, 1)
+        finally:
+            _close(more)
+        assert _verbs_dev.devices()[0].counters()["qps"] == 2
+    finally:
+        _close(one)
+
+
+def test_a_sleeping_receiver_is_woken_on_its_own_channel():
+    """Eight receivers sleep at once (event mode: nothing re-checks); a message to
+    one of them must wake that one, promptly, and no other delivers anything."""
+    pairs = _pairs(8, where_opts="?event=1")
+    got: dict[int, tuple[bytes, float]] = {}
+
+    def sleeper(i: int, ch) -> None:
+        m = ch.recv(timeout=30)
+        got[i] = (bytes(m), time.monotonic())
+
+    try:
+        threads = [threading.Thread(target=sleeper, args=(i, p[1]), daemon=True)
+                   for i, p in enumerate(pairs)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)                      # all asleep by now (spin is microseconds)
+        for i in (5, 0, 7, 2, 6, 1, 4, 3):
+            t0 = time.monotonic()
+            pairs[i][0].send(b"for %d" % i)
+            threads[i].join(10)
+            assert got.get(i, (None,))[0] == b"for %d" % i
+            assert got[i][1] - t0 < 2.0
+            assert set(got) <= {5, 0, 7, 2, 6, 1, 4, 3}
+    finally:
+        _close(pairs)
+
+
+KILLED = """
+import sys, time, rdmamw
+ch = rdmamw.Channel.open(sys.argv[1], timeout=60, slots=16, slot_size=4096)
+i = 0
+while True:
+    ch.send_batch([i.to_bytes(4, "little")] * 4)
+    i += 1
+    if i == 3:
+        print("streaming", flush=True)
+"""
+
+
+def test_one_peer_killed_only_its_channel_fails():
+    """A peer process killed while eight channels of this process stream over the
+    same shared CQs: its channel gets PeerLost within 2 s, the others lose nothing."""
+    pairs = _pairs(8)
+    lst = rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=4096)
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(KILLED), lst.address],
+                         stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    total = 400
+    results: dict[int, list[int]] = {}
+
+    def stream(i: int, a, b) -> None:
+        out: list[int] = []
+        r = threading.Thread(target=lambda: out.extend(
+            int.from_bytes(m, "little") for m in recv_all(b, total, timeout=60)))
+        r.start()
+        for k in range(0, total, 5):
+            a.send_batch([j.to_bytes(4, "little") for j in range(k, k + 5)], timeout=30)
+        r.join(60)
+        results[i] = out
+
+    try:
+        victim = lst.accept(timeout=60)
+        assert p.stdout.readline().strip() == "streaming"
+        threads = [threading.Thread(target=stream, args=(i, a, b), daemon=True)
+                   for i, (a, b, *_) in enumerate(pairs)]
+        for t in threads:
+            t.start()
+        time.sleep(0.2)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        t_kill = time.monotonic()
+        with pytest.raises(rdmamw.PeerLost):
+            while True:
+                victim.recv_batch(timeout=5)
+                assert time.monotonic() - t_kill < 2.0
+        assert time.monotonic() - t_kill < 2.0
+        for t in threads:
+            t.join(120)
+        assert results == {i: list(range(total)) for i in range(8)}
+        victim.close()
+    finally:
+        p.kill()
+        lst.close()
+        _close(pairs)
+
+
+CHILD = """
+import gc, os, sys
+from tests.test_verbs import _pair
+from tests.test_channel_basic import recv_all
+gc.collect()                              # the inherited channels go: nothing destroyed
+a, b, lst, _, _ = _pair()
+a.send(b"child").wait(timeout=20)
+assert recv_all(b, 1) == [b"child"]
+a.close(), b.close(), lst.close()
+os._exit(0)
+"""
+
+
+def test_fork_child_leaves_the_parents_shared_context_alone():
+    pairs = _pairs(6)
+    fds = _verbs_fds()
+    try:
+        for a, b, *_ in pairs:
+            a.send(b"before").wait(timeout=10)
+            assert recv_all(b, 1) == [b"before"]
+        pid = os.fork()
+        if pid == 0:            # the child: drop what it inherited, use a device of its own
+            try:
+                del pairs[:]
+                exec(textwrap.dedent(CHILD), {"__name__": "child"})
+            finally:
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        for a, b, *_ in pairs:
+            a.send_batch([b"after"] * 3).wait(timeout=10)
+            assert recv_all(b, 3) == [b"after"] * 3
+            b.send(b"back").wait(timeout=10)
+            assert recv_all(a, 1) == [b"back"]
+        assert _verbs_fds() == fds
+    finally:
+        _close(pairs)
+
+
+def test_the_device_tells_its_limits():
+    a, b, lst, ta, _ = _pair()
+    try:
+        dev = ta.dev
+        assert dev.max_qp > 0 and dev.max_cq > 0 and dev.max_mr > 0 and dev.max_qp_wr > 0
+        assert ta.sq_depth <= dev.max_qp_wr
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+
+OPENER = """
+import sys, rdmamw
+address, n, slots, slot_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+chans = []
+for i in range(n):
+    sys.stdin.readline()                  # the test says when
+    try:
+        ch = rdmamw.Channel.open(address, timeout=60, slots=slots, slot_size=slot_size)
+        ch.send(b"hello %d" % i).wait(timeout=30)
+        chans.append(ch)
+        print("open", i, flush=True)
+    except rdmamw.RdmamwError as e:
+        print("refused", i, type(e).__name__, flush=True)
+sys.stdin.read()
+"""
+
+
+def _opener(address: str, n: int, slots: int = 16, slot_size: int = 4096):
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(OPENER), address, str(n),
+                             str(slots), str(slot_size)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "RDMAMW_VERBS_PINNED_BYTES": str(1 << 30)})
+
+
+def _go(p) -> None:
+    p.stdin.write("\n")
+    p.stdin.flush()
+
+
+def test_a_full_budget_refuses_the_next_channel_and_closing_one_frees_its_share(monkeypatch):
+    """The process's pinned budget: the channel that would pass it is refused with a
+    RegistrationError naming RDMAMW_VERBS_PINNED_BYTES; the open ones keep working;
+    closing one gives its share back."""
+    import gc
+    lst = rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=4096)
+    p = _opener(lst.address, 4)
+    try:
+        _go(p)
+        first = lst.accept(timeout=60)
+        assert recv_all(first, 1) == [b"hello 0"]
+        used, _ = _verbs_dev.pinned()
+        assert used > 0
+        # room for one more channel like the first, not two
+        monkeypatch.setenv("RDMAMW_VERBS_PINNED_BYTES", str(used + used // 2))
+        _go(p)
+        second = lst.accept(timeout=60)
+        assert recv_all(second, 1) == [b"hello 1"]
+        assert _verbs_dev.pinned()[0] <= used + used // 2
+        # the third is refused here, before anything is registered for it
+        _go(p)
+        with pytest.raises(rdmamw.Timeout):
+            lst.accept(timeout=10)
+        assert p.stdout.readline().split() == ["open", "0"]
+        assert p.stdout.readline().split() == ["open", "1"]
+        assert p.stdout.readline().split()[:2] == ["refused", "2"]
+        for ch in (first, second):
+            ch.send(b"still").wait(timeout=10)
+        second.close()
+        del second
+        gc.collect()
+        assert _verbs_dev.pinned()[0] <= used + 4096
+        _go(p)
+        fourth = lst.accept(timeout=60)           # the opener's fourth try fits again
+        assert recv_all(fourth, 1) == [b"hello 3"]
+        fourth.close()
+        first.close()
+    finally:
+        p.kill()
+        lst.close()
+
+
+def test_a_hello_asking_for_more_than_the_budget_is_refused_before_registering(
+        monkeypatch, caplog):
+    lst = rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=4096)
+    monkeypatch.setenv("RDMAMW_VERBS_PINNED_BYTES", str(8 << 20))
+    before = _verbs_dev.pinned()[0]
+    qps = [d.counters()["qps"] for d in _verbs_dev.devices()]
+    p = _opener(lst.address, 1, slots=256, slot_size=65536)     # a 16 MiB staging ring here
+    try:
+        _go(p)
+        assert p.stdout.readline().split()[:2] == ["refused", "0"]
+        with pytest.raises(rdmamw.Timeout):
+            lst.accept(timeout=1)
+        assert _verbs_dev.pinned()[0] == before
+        assert [d.counters()["qps"] for d in _verbs_dev.devices()] == qps
+        assert "RDMAMW_VERBS_PINNED_BYTES" in caplog.text
+    finally:
+        p.kill()
+        lst.close()
