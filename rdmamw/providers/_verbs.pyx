@@ -565,6 +565,9 @@ cdef class VerbsTransport(Transport):
         cdef int64_t t, start = 0, next_sock = 0
         while self.sq_depth - (self.sq_posted - self.sq_done) < count:
             if self._poll_send_locked() == 0:
+                # our receive WRs are reposted as they are polled: a peer as blocked
+                # as we are still gets its wake-up SENDs received (no RNR standstill)
+                self._drain_recv()
                 t = now_ns()
                 if start == 0:
                     start = t
