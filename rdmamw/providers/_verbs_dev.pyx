@@ -157,6 +157,15 @@ def budget_error(uint64_t want, str what):
         f"use smaller rings (slots, slot_size), or raise the budget")
 
 
+_DEVICES_LOCK = threading.Lock()
+
+
+def _new_lock_in_child():
+    global _DEVICES_LOCK
+    _DEVICES_LOCK = threading.Lock()   # a thread of the parent may have held it at fork
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
 _DEVICES = {}       # (pid, device name) -> VerbsDevice: one per process and device
 
 
@@ -164,10 +173,11 @@ def device(str name, uint32_t cq_cap=16384) -> VerbsDevice:
     """This process's VerbsDevice for ``name``, opened on first use and kept for the
     process's life (a fork child opens its own: the parent's stays untouched)."""
     key = (os.getpid(), name)
-    d = _DEVICES.get(key)
-    if d is None:
-        d = VerbsDevice(name, cq_cap)
-        _DEVICES[key] = d
+    with _DEVICES_LOCK:             # two handshakes at once must not open it twice
+        d = _DEVICES.get(key)
+        if d is None:
+            d = VerbsDevice(name, cq_cap)
+            _DEVICES[key] = d
     return d
 
 
