@@ -21,10 +21,10 @@ METRICS = (
     ("ib_event_fds", "infiniband event fds (async + completion channels)", 1),
     ("fds", "all fds", 1),
     ("threads", "threads", 1),
-    ("qp", "QPs", 1),
-    ("cq", "CQs", 1),
-    ("pd", "PDs", 1),
-    ("mr", "MRs", 1),
+    ("qp", "QPs (job / ranks)", 1),
+    ("cq", "CQs (job / ranks)", 1),
+    ("pd", "PDs (job / ranks)", 1),
+    ("mr", "MRs (job / ranks)", 1),
     ("pin_kib", "pinned, VmPin (KiB)", 1),
     ("lck_kib", "locked, VmLck (KiB)", 1),
     ("vm_kib", "VmSize (MiB)", 1024),
@@ -79,38 +79,57 @@ def parse_rdma_json(text: str) -> list[dict]:
     return out
 
 
-def count_for_pid(objects: list[dict], pid: int) -> int:
-    """How many of the listed objects belong to ``pid`` (the kernel's own, such as the
-    GSI QP, carry no pid)."""
-    return sum(1 for o in objects if o.get("pid") == pid)
+def count_for_pid(objects: list[dict], pids: set[int]) -> int:
+    """How many of the listed objects belong to one of ``pids`` (the threads of a
+    process; the kernel's own, such as the GSI QP, carry no pid)."""
+    return sum(1 for o in objects if o.get("pid") in pids)
 
 
-def rdma_counts(pid: int, run=subprocess.run) -> tuple[dict[str, int | None], str | None]:
-    """QPs, CQs, PDs and MRs of ``pid`` from iproute2's ``rdma``; (None for each, why)
-    when the tool is missing or refuses."""
+def count_user(objects: list[dict]) -> int:
+    """How many of the listed objects user space made: the kernel names its own
+    (``comm`` without a pid); the kernel reports the pid of the *thread* that made an
+    object and drops it once that thread has exited (an accepting side's handshake
+    thread), so those have neither."""
+    return sum(1 for o in objects if "pid" in o or "comm" not in o)
+
+
+def rdma_counts(pids: set[int], run=subprocess.run) -> tuple[dict[str, int | None], str | None]:
+    """For each of QPs, CQs, PDs and MRs: ``KIND_own``, those made by a live thread of
+    ``pids``, and ``KIND_job``, all user-made ones on the host's devices (in the VM:
+    the job's); (None for each, why) when iproute2's ``rdma`` is missing or refuses."""
     counts: dict[str, int | None] = {}
+    nothing = {f"{k}_{w}": None for k in RDMA_KINDS for w in ("own", "job")}
     for kind in RDMA_KINDS:
         try:
             p = run(["rdma", "-j", "resource", "show", kind], capture_output=True,
                     text=True, timeout=60)
         except (OSError, subprocess.SubprocessError) as e:
-            return dict.fromkeys(RDMA_KINDS), f"rdma resource show {kind}: {e}"
+            return nothing, f"rdma resource show {kind}: {e}"
         if p.returncode != 0:
             why = (p.stderr or p.stdout).strip()[:200]
-            return dict.fromkeys(RDMA_KINDS), f"rdma resource show {kind}: {why}"
-        counts[kind] = count_for_pid(parse_rdma_json(p.stdout), pid)
+            return nothing, f"rdma resource show {kind}: {why}"
+        objs = parse_rdma_json(p.stdout)
+        counts[f"{kind}_own"] = count_for_pid(objs, pids)
+        counts[f"{kind}_job"] = count_user(objs)
     return counts, None
 
 
-def snapshot(rdma: bool = True) -> dict:
-    """What this process holds now: the status figures, fds, threads and (``rdma``) its
-    QPs, CQs, PDs and MRs; ``rdma_error`` says why those are None."""
+def snapshot(world: int, rdma: bool = True) -> dict:
+    """What this process holds now: the status figures, fds, threads and (``rdma``) the
+    QPs, CQs, PDs and MRs: ``qp`` etc. are the job's user-made objects / ``world`` (the
+    kernel cannot tell which process made an object whose thread has exited; all ranks
+    measure between the same barriers); ``rdma_error`` says why they are None."""
     snap: dict = parse_status(Path("/proc/self/status").read_text())
     snap.update(classify_fds(fd_targets()))
-    snap["threads"] = len(os.listdir("/proc/self/task"))
-    counts, why = (rdma_counts(os.getpid()) if rdma
-                   else (dict.fromkeys(RDMA_KINDS), "not asked (--no-rdma-tool)"))
+    tids = {int(t) for t in os.listdir("/proc/self/task")}
+    snap["threads"] = len(tids)
+    counts, why = (rdma_counts(tids) if rdma else
+                   ({f"{k}_{w}": None for k in RDMA_KINDS for w in ("own", "job")},
+                    "not asked (--no-rdma-tool)"))
     snap.update(counts)
+    for kind in RDMA_KINDS:
+        job = counts[f"{kind}_job"]
+        snap[kind] = None if job is None else job / world
     snap["rdma_error"] = why
     return snap
 

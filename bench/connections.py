@@ -11,15 +11,19 @@ Every rank calls ``rdmamw.init()``, measures itself (``before``), opens
 ``Channel.open(r)`` to every other rank (both sides open, as the API says), trades one
 message on each channel (so the rings are really wired), measures again (``mesh``),
 sends the same 4 MiB array to every peer and receives theirs, measures (``rndv``, the
-received arrays and the send handles still held), waits for its sends, measures
-(``done``) and prints one JSON line. Per job the table gives the median over ranks of
+received arrays and the send handles still held), waits for its sends, drops the arrays,
+measures (``done``) and prints one JSON line; all ranks measure between the same
+barriers (one message each way on every channel). Per job the table gives the median over ranks of
 each figure before and after the mesh, per peer ((after - before) / (N - 1)), and what
 the array round added (per rank, and per peer). The counting is bench/conncost.py:
 /proc/self/status (VmSize, VmRSS, VmPin, VmLck), the link targets of /proc/self/fd
 (``/dev/infiniband/uverbsN`` = one device context; ``anon_inode:[infinibandevent]`` =
 a context's async event fd or a completion channel), /proc/self/task, and iproute2's
-``rdma -j resource show qp|cq|pd|mr`` filtered by pid (needs root for the MRs of other
-users; ``n/a`` when the tool is missing or refuses, and the reason is printed).
+``rdma -j resource show qp|cq|pd|mr``: the kernel names the *thread* that made an object
+and forgets it when that thread exits (a listener's handshake thread), so the table
+gives the job's user-made objects / N, in the VM where the job is alone on the device
+(the JSON also has ``KIND_own``, those of live threads of the rank). ``n/a`` when the
+tool is missing or refuses (the reason is printed).
 """
 
 from __future__ import annotations
@@ -43,21 +47,31 @@ import conncost  # noqa: E402
 ARRAY_BYTES = 4 << 20
 
 
+def sync(chans: dict, tag: bytes, timeout: float) -> None:
+    """One message each way on every channel: when it returns, every rank has finished
+    what it did before calling (a barrier; the job-wide counts of QPs etc. need all
+    ranks between the same two)."""
+    for ch in chans.values():
+        ch.send(tag)
+    for r, ch in chans.items():
+        got = bytes(ch.recv(timeout=timeout))
+        assert got == tag, (r, got[:16], tag)
+
+
 def rank_main(timeout: float, rdma_tool: bool) -> None:
     import numpy as np
 
     import rdmamw
     w = rdmamw.init(timeout=timeout)
-    snap = {"before": conncost.snapshot(rdma_tool)}
+    n = w.world_size
+    snap = {"before": conncost.snapshot(n, rdma_tool)}
     t0 = time.monotonic()
-    chans = {r: rdmamw.Channel.open(r, timeout=timeout) for r in range(w.world_size)
-             if r != w.rank}
+    chans = {r: rdmamw.Channel.open(r, timeout=timeout) for r in range(n) if r != w.rank}
     connect_s = time.monotonic() - t0
-    for ch in chans.values():
-        ch.send(b"x")
-    for ch in chans.values():
-        assert bytes(ch.recv(timeout=timeout)) == b"x"
-    snap["mesh"] = conncost.snapshot(rdma_tool)
+    sync(chans, b"x", timeout)          # my channels are wired both ways
+    sync(chans, b"mesh", timeout)       # everybody's are
+    snap["mesh"] = conncost.snapshot(n, rdma_tool)
+    sync(chans, b"measured", timeout)
     t0 = time.monotonic()
     x = np.full(ARRAY_BYTES, w.rank & 0xFF, dtype=np.uint8)   # one array to every peer
     handles = [ch.send(x) for ch in chans.values()]
@@ -66,14 +80,15 @@ def rank_main(timeout: float, rdma_tool: bool) -> None:
         a = np.frombuffer(m, np.uint8)
         assert a.size == ARRAY_BYTES and a[0] == a[-1] == r & 0xFF, (r, a.size)
     rndv_s = time.monotonic() - t0
-    snap["rndv"] = conncost.snapshot(rdma_tool)
+    sync(chans, b"received", timeout)
+    snap["rndv"] = conncost.snapshot(n, rdma_tool)      # arrays and send handles held
+    sync(chans, b"measured", timeout)
     for h in handles:
         h.wait(timeout)
-    snap["done"] = conncost.snapshot(rdma_tool)
-    for ch in chans.values():                   # nobody closes while a peer still reads
-        ch.send(b"bye")
-    for ch in chans.values():
-        assert bytes(ch.recv(timeout=timeout)) == b"bye"
+    del got, handles
+    sync(chans, b"done", timeout)
+    snap["done"] = conncost.snapshot(n, rdma_tool)
+    sync(chans, b"bye", timeout)        # nobody closes while a peer still counts
     some = next(iter(chans.values()))
     print(json.dumps({"rank": w.rank, "pid": os.getpid(), "snap": snap,
                       "connect_s": connect_s, "rndv_s": rndv_s,
@@ -81,7 +96,6 @@ def rank_main(timeout: float, rdma_tool: bool) -> None:
                       "ring_bytes": some.nslots * some.slot_size,
                       "memlock": resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]}),
           flush=True)
-    del got, handles
     for ch in chans.values():
         ch.close()
 

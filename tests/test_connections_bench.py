@@ -51,14 +51,19 @@ QP_JSON = ('[{"ifindex":3,"ifname":"rxe0","port":1,"lqpn":1,"type":"GSI","state"
            '"port":1,"lqpn":19,"type":"RC","state":"RTS","pid":701,"comm":"python"}]\n')
 
 
-def test_rdma_json_objects_are_counted_for_one_pid():
-    objs = cc.parse_rdma_json(QP_JSON)
-    assert len(objs) == 4
-    assert cc.count_for_pid(objs, 701) == 2 and cc.count_for_pid(objs, 702) == 1
-    assert cc.count_for_pid(objs, 1) == 0           # the GSI QP is nobody's
+# and one made by a handshake thread that has exited since: no pid, no comm
+GONE = '[{"ifindex":0,"ifname":"rxe0","port":1,"lqpn":20,"type":"RC","state":"RTS"}]'
+
+
+def test_rdma_json_objects_are_counted_per_process_and_per_job():
+    objs = cc.parse_rdma_json(QP_JSON + GONE)
+    assert len(objs) == 5
+    assert cc.count_for_pid(objs, {701}) == 2 and cc.count_for_pid(objs, {702, 9}) == 1
+    assert cc.count_for_pid(objs, {1}) == 0         # the GSI QP is nobody's
+    assert cc.count_user(objs) == 4                 # all but the kernel's GSI QP
     # one array per device (older iproute2), and nothing at all
     two = cc.parse_rdma_json('[{"pid":5}]\n[{"pid":5},{"pid":6}]\n')
-    assert cc.count_for_pid(two, 5) == 2
+    assert cc.count_for_pid(two, {5}) == 2 and cc.count_user(two) == 3
     assert cc.parse_rdma_json("") == [] and cc.parse_rdma_json("[]\n") == []
 
 
@@ -67,19 +72,26 @@ def test_rdma_counts_asks_each_kind_and_says_why_when_the_tool_fails():
 
     def fake(cmd, **kw):
         asked.append(cmd[-1])
-        return subprocess.CompletedProcess(cmd, 0, QP_JSON, "")
-    counts, why = cc.rdma_counts(701, run=fake)
+        return subprocess.CompletedProcess(cmd, 0, QP_JSON + GONE, "")
+    counts, why = cc.rdma_counts({701, 703}, run=fake)
     assert asked == ["qp", "cq", "pd", "mr"] and why is None
-    assert counts == {"qp": 2, "cq": 2, "pd": 2, "mr": 2}
+    assert counts == {f"{k}_{w}": n for k in cc.RDMA_KINDS for w, n in (("own", 2), ("job", 4))}
 
     def refusing(cmd, **kw):
         return subprocess.CompletedProcess(cmd, 255, "", "Operation not permitted")
-    counts, why = cc.rdma_counts(701, run=refusing)
-    assert counts == dict.fromkeys(cc.RDMA_KINDS) and "Operation not permitted" in why
+    counts, why = cc.rdma_counts({701}, run=refusing)
+    assert set(counts.values()) == {None} and len(counts) == 8
+    assert "Operation not permitted" in why
 
     def missing(cmd, **kw):
         raise FileNotFoundError("rdma")
-    assert cc.rdma_counts(701, run=missing)[0]["qp"] is None
+    assert cc.rdma_counts({701}, run=missing)[0]["qp_job"] is None
+
+
+def test_a_snapshot_without_the_tool_counts_the_rest():
+    snap = cc.snapshot(4, rdma=False)
+    assert snap["qp"] is None and snap["rdma_error"].startswith("not asked")
+    assert snap["fds"] >= 3 and snap["threads"] >= 1 and snap["vm_kib"] > 0
 
 
 def _snap(**kv) -> dict:
@@ -114,4 +126,4 @@ def test_summary_takes_medians_per_rank_and_per_peer():
     assert s["connect_s_slowest"] == 9.0 and s["connect_s_median"] == 2.0
     text = cc.table(s)
     assert "| RDMA device contexts (uverbs fds) | 0 | 3 | 1 |" in text
-    assert "| MRs | n/a | n/a | n/a | n/a | n/a |" in text
+    assert "| MRs (job / ranks) | n/a | n/a | n/a | n/a | n/a |" in text
