@@ -188,3 +188,23 @@ def table(summary: dict) -> str:
             _fmt(m[c], div) for c in ("before", "after", "per_peer", "rndv_per_rank",
                                       "rndv_per_peer")) + " |")
     return "\n".join(lines)
+
+
+def compare_table(labelled: list[tuple[str, dict]]) -> str:
+    """Summaries of one job size from several runs (``[(label, summary), ...]``, e.g.
+    before and after a change) side by side: per rank after the mesh and per peer for
+    each, then what the array to every peer added per peer; the slowest connect last."""
+    head = "| metric (median over ranks) | " + " | ".join(
+        f"{lab}: per rank | {lab}: per peer | {lab}: +4 MiB to all, per peer"
+        for lab, _ in labelled) + " |"
+    lines = [head, "|---|" + "---|---|---|" * len(labelled)]
+    for key, label, div in METRICS:
+        cells = []
+        for _, s in labelled:
+            m = s["metrics"][key]
+            cells += [_fmt(m["after"], div), _fmt(m["per_peer"], div),
+                      _fmt(m["rndv_per_peer"], div)]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("| connect, slowest rank (s) | " + " | ".join(
+        f"{s['connect_s_slowest']:.2f} | | " for _, s in labelled) + " |")
+    return "\n".join(lines).replace("|  |", "| |")

@@ -139,6 +139,18 @@ def run_job(n: int, provider: str | None, timeout: float, rdma_tool: bool) -> li
                 fo.close(), fe.close()
 
 
+def compare(specs: list[str]) -> None:
+    runs = []
+    for spec in specs:
+        label, _, path = spec.rpartition("=")
+        runs.append((label or Path(path).stem, {r["summary"]["ranks"]: r["summary"]
+                                                for r in json.loads(Path(path).read_text())}))
+    for n in sorted({n for _, by_n in runs for n in by_n}):
+        have = [(label, by_n[n]) for label, by_n in runs if n in by_n]
+        print(f"\n{n} ranks, {have[0][1]['provider']}:")
+        print(conncost.compare_table(have))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
@@ -150,9 +162,15 @@ def main() -> None:
     ap.add_argument("--no-rdma-tool", action="store_true",
                     help="do not run iproute2's rdma (QPs, CQs, PDs, MRs are then n/a)")
     ap.add_argument("--json", default=None, help="write the summaries and raw rows here")
+    ap.add_argument("--compare", nargs="+", metavar="LABEL=FILE.json",
+                    help="run nothing: print the --json files of earlier runs side by "
+                         "side, one table per job size (e.g. before=a.json after=b.json)")
     a = ap.parse_args()
     if a.rank:
         rank_main(a.timeout, not a.no_rdma_tool)
+        return
+    if a.compare:
+        compare(a.compare)
         return
     results = []
     for n in (int(x) for x in a.ranks.split(",")):

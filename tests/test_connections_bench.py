@@ -127,3 +127,14 @@ def test_summary_takes_medians_per_rank_and_per_peer():
     text = cc.table(s)
     assert "| RDMA device contexts (uverbs fds) | 0 | 3 | 1 |" in text
     assert "| MRs (job / ranks) | n/a | n/a | n/a | n/a | n/a |" in text
+
+
+def test_two_runs_side_by_side():
+    before = cc.summarize([_row(0, 19, 300, 12288, 1.0), _row(1, 19, 300, 12288, 2.0)], 4)
+    after = cc.summarize([_row(0, 13, 30, 4096, 0.5), _row(1, 13, 30, 4096, 0.7)], 4)
+    text = cc.compare_table([("before", before), ("after", after)])
+    lines = text.splitlines()
+    assert lines[0].count("per rank") == 2 and len(lines) == 2 + len(cc.METRICS) + 1
+    assert "| all fds | 19 | 3 | 0 | 13 | 1 | 0 |" in text
+    assert "| pinned, VmPin (KiB) | 300 | 100 | 4,096 | 30 | 10 | 1,365 |" in text
+    assert lines[-1] == "| connect, slowest rank (s) | 2.00 | | | 0.70 | | |"
