@@ -53,6 +53,10 @@ class AuthError(ProtocolError):
     """The peer does not know the shared token (or spoke garbage)."""
 
 
+class TokenRefused(AuthError):
+    """The listener said our proof was wrong: it holds another token (or job)."""
+
+
 def set_token(token: str | bytes | None) -> None:
     """Use ``token`` for connections made from now on (``None``: back to the default)."""
     global _installed
@@ -213,7 +217,7 @@ def open_side(conn: socket.socket, key: bytes | None = None) -> None:
     conn.sendall(MAGIC + bytes([VERSION]) + nonce_o + _mac(key, b"open", nonce_l, nonce_o))
     answer = _recv_exact(conn, MAC)
     if answer == REFUSED:
-        raise AuthError("the listener refused our proof: it holds another shared token "
+        raise TokenRefused("the listener refused our proof: it holds another shared token "
                         "(RDMAMW_TOKEN, or the per-user token file, differs) or belongs "
                         "to another job")
     if not hmac.compare_digest(answer, _mac(key, b"accept", nonce_o, nonce_l)):
