@@ -11,8 +11,9 @@ job's id (rank 0 makes a fresh one for every job and hands it out through the st
 a rank of another job, or of an earlier run of this one, fails the proof even with the
 same token. The bootstrap sets it for the openers (:func:`keyed`) and for its listeners.
 
-A listener that refuses a proof says so (:data:`REFUSED` in place of its own proof),
-so the opener can tell a wrong token from a peer that hung up.
+The bootstrap store refuses a wrong proof out loud (:data:`REFUSED` in place of its
+own proof), so a joining rank can tell a wrong token from a rank 0 that hung up; the
+channel listeners just hang up.
 
 The listeners (rdmamw/providers/_listener.py) send the challenge and collect the
 opener's proof in their accept loop, without a thread; the handshake thread then
@@ -182,27 +183,30 @@ def check_proof(data: bytes, key: bytes, nonce_l: bytes) -> bytes:
     return nonce_o
 
 
-def accept_side(conn: socket.socket, key: bytes | None = None) -> None:
+def accept_side(conn: socket.socket, key: bytes | None = None, *,
+                tell: bool = False) -> None:
     """Listener half: challenge, check the opener's proof, prove ourselves. Under a
-    listener's :func:`answered`, the challenge was sent and the proof read already."""
+    listener's :func:`answered`, the challenge was sent and the proof read already.
+    ``tell``: a wrong proof is answered with :data:`REFUSED` (else a plain hang-up)."""
     a = getattr(_local, "answer", None)
     if a is not None and not a.used and a.fd == conn.fileno():
         a.used = True
         nonce_l, proof = a.nonce, a.proof
-        if key is None and a.key is not None:
-            key = a.key()
+        if key is None:
+            key = a.key() if a.key is not None else token()
     else:
+        key = token() if key is None else key
         nonce_l, hello = challenge()
         conn.sendall(hello)
         proof = _recv_exact(conn, PROOF_BYTES)
-    key = token() if key is None else key
     try:
         nonce_o = check_proof(proof, key, nonce_l)
     except AuthError:
-        try:
-            conn.sendall(REFUSED)       # tell the opener it was the token, then hang up
-        except OSError:
-            pass
+        if tell:
+            try:
+                conn.sendall(REFUSED)   # tell the opener it was the token, then hang up
+            except OSError:
+                pass
         raise
     conn.sendall(_mac(key, b"accept", nonce_o, nonce_l))
 

@@ -21,8 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rdmamw import auth
-from rdmamw.errors import (PeerLost, PeerNotFound, PeerRefused, ProtocolError, RdmamwError,
-                           Timeout)
+from rdmamw.errors import PeerLost, PeerNotFound, PeerRefused, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import providers
 from rdmamw.providers._listener import HandshakeListener
 from rdmamw.transport.wire import field, recv_frame, send_frame
@@ -153,7 +152,7 @@ class _Joins(HandshakeListener[_Join]):
         super().__init__(sock, log)
 
     def _handshake(self, conn: socket.socket, addr) -> _Join:
-        auth.accept_side(conn)
+        auth.accept_side(conn, tell=True)   # a joining rank learns it was the token
         join = recv_frame(conn, JOIN_LIMIT)
         return _Join(conn, self._peer(conn, addr), *parse_join(join), *parse_identity(join))
 

@@ -7,9 +7,11 @@ authenticated one: for a listener whose handshake proves the shared token
 (``proves_token``: tcp, verbs, the bootstrap store), the loop itself sends the
 challenge (rdmamw.auth) and collects the opener's proof, without a thread, within
 :func:`proof_timeout` (at most ``PROOF_TIMEOUT`` s, shorter than the handshake's
-deadline). It holds at most ``UNPROVEN_PER_SOURCE`` such strangers per source address
-and ``UNPROVEN_MAX`` in all; a newcomer past either bound pushes the oldest out, so
-idle strangers never keep a token holder waiting. Only a connection whose proof
+deadline). A newcomer pushes out the strangers of its source address that are past
+``UNPROVEN_PER_SOURCE`` and older than ``UNPROVEN_GRACE`` s (a burst of ranks joining at
+once is held whole), and past ``UNPROVEN_MAX`` strangers in all the oldest of the
+busiest source goes. Strangers hold no thread and no slot, so however many there are,
+a token holder is served at once. Only a connection whose proof
 arrived gets a thread: it runs the handshake (which checks the proof first) with a
 deadline (``RDMAMW_HANDSHAKE_TIMEOUT`` s from accept, default 10; the loop shuts down a
 socket whose handshake outlives it). Finished handshakes wait in a queue for
@@ -47,8 +49,11 @@ def handshake_timeout() -> float:
 
 #: seconds an opener has to answer the challenge (capped by the handshake deadline)
 PROOF_TIMEOUT = 3.0
-#: unproven connections held per source address, and in all: the oldest goes first
+#: unproven connections held per source address once they are UNPROVEN_GRACE s old (a
+#: burst of younger ones, a job's ranks all joining at once, is held whole), and in all:
+#: the oldest goes first
 UNPROVEN_PER_SOURCE = 8
+UNPROVEN_GRACE = 1.0
 UNPROVEN_MAX = 256
 
 
@@ -271,12 +276,18 @@ class HandshakeListener(Generic[T]):
             return
         st = _Stranger(conn, addr, nonce, now, now + self._proof_timeout)
         same = [fd for fd, o in self._strangers.items() if o.source == st.source]
-        if len(same) >= UNPROVEN_PER_SOURCE:
-            self._drop(same[0], f"more than {UNPROVEN_PER_SOURCE} connections from "
-                                f"{st.source} without the token proof: the oldest goes")
-        elif len(self._strangers) >= UNPROVEN_MAX:
-            self._drop(next(iter(self._strangers)), f"more than {UNPROVEN_MAX} "
-                       f"connections without the token proof: the oldest goes")
+        aged = [fd for fd in same if self._strangers[fd].accepted <= now - UNPROVEN_GRACE]
+        for fd in aged[:max(0, len(same) + 1 - UNPROVEN_PER_SOURCE)]:
+            self._drop(fd, f"more than {UNPROVEN_PER_SOURCE} connections from {st.source} "
+                           f"without the token proof: the oldest go")
+        if len(self._strangers) >= UNPROVEN_MAX:      # the busiest source's oldest goes
+            count: dict[str, int] = {}
+            for o in self._strangers.values():
+                count[o.source] = count.get(o.source, 0) + 1
+            busiest = max(count, key=count.__getitem__)
+            self._drop(next(fd for fd, o in self._strangers.items() if o.source == busiest),
+                       f"more than {UNPROVEN_MAX} connections without the token proof: "
+                       f"the oldest of the busiest source goes")
         self._strangers[conn.fileno()] = st
 
     def _heard(self, fd: int) -> None:
