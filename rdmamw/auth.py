@@ -4,7 +4,20 @@ wire and a replayed transcript is useless (both sides contribute a fresh nonce).
 
 The token is ``RDMAMW_TOKEN`` if set, else the one ``rdmamw.init()`` installed, else
 a per-user secret in ``~/.config/rdmamw/token`` (mode 0600, created on first use),
-which is enough for processes of one user on one host or a shared home."""
+which is enough for processes of one user on one host or a shared home.
+
+A job's channels by rank prove more than the token: the key is :func:`job_key` of the
+job's id (rank 0 makes a fresh one for every job and hands it out through the store), so
+a rank of another job, or of an earlier run of this one, fails the proof even with the
+same token. The bootstrap sets it for the openers (:func:`keyed`) and for its listeners.
+
+The bootstrap store refuses a wrong proof out loud (:data:`REFUSED` in place of its
+own proof), so a joining rank can tell a wrong token from a rank 0 that hung up; the
+channel listeners just hang up.
+
+The listeners (rdmamw/providers/_listener.py) send the challenge and collect the
+opener's proof in their accept loop, without a thread; the handshake thread then
+finds both here (:func:`answered`) and ``accept_side`` only checks the proof."""
 
 from __future__ import annotations
 
@@ -14,7 +27,10 @@ import hmac
 import os
 import secrets
 import socket
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from rdmamw import config
 from rdmamw.errors import ConfigError, ProtocolError
@@ -26,12 +42,20 @@ NONCE = 16
 MAC = 32
 HELLO_BYTES = len(MAGIC) + 1 + NONCE          # listener -> opener
 PROOF_BYTES = HELLO_BYTES + MAC               # opener -> listener
+#: what a listener sends in place of its proof when the opener's was wrong
+REFUSED = b"RDMW refused: wrong token/job\0\0\0"
+assert len(REFUSED) == MAC
 
 _installed: bytes | None = None
+_local = threading.local()      # .key (an opener's), .answer (a listener's, per thread)
 
 
 class AuthError(ProtocolError):
     """The peer does not know the shared token (or spoke garbage)."""
+
+
+class TokenRefused(AuthError):
+    """The listener said our proof was wrong: it holds another token (or job)."""
 
 
 def set_token(token: str | bytes | None) -> None:
@@ -88,6 +112,53 @@ def _file_token(path: str) -> bytes:
     raise OSError(errno.ENODATA, "the file is empty")
 
 
+def job_key(job: str) -> bytes:
+    """The key the channels of job ``job`` prove (the token bound to the job)."""
+    return hmac.new(token(), b"rdmamw job " + job.encode(), hashlib.sha256).hexdigest().encode()
+
+
+@contextmanager
+def keyed(key: bytes | None) -> Iterator[None]:
+    """``open_side`` calls in this thread prove ``key`` (None: the token) until exit."""
+    old = getattr(_local, "key", None)
+    _local.key = key
+    try:
+        yield
+    finally:
+        _local.key = old
+
+
+def challenge() -> tuple[bytes, bytes]:
+    """(the listener's nonce, the hello that carries it): the listener's first words."""
+    nonce = secrets.token_bytes(NONCE)
+    return nonce, MAGIC + bytes([VERSION]) + nonce
+
+
+class _Answer:
+    """A challenge a listener sent and the proof it read back, for ``accept_side``."""
+
+    __slots__ = ("fd", "key", "nonce", "proof", "used")
+
+    def __init__(self, fd: int, nonce: bytes, proof: bytes,
+                 key: Callable[[], bytes] | None) -> None:
+        self.fd, self.nonce, self.proof, self.key, self.used = fd, nonce, proof, key, False
+
+
+@contextmanager
+def answered(conn: socket.socket, nonce: bytes, proof: bytes,
+             key: Callable[[], bytes] | None = None) -> Iterator[_Answer]:
+    """In this thread, ``accept_side(conn)`` checks ``proof`` (already read) against the
+    challenge ``nonce`` (already sent) with ``key()`` (None: the token). The caller
+    checks ``used`` afterwards: a handshake that never checked the proof is refused."""
+    a = _Answer(conn.fileno(), nonce, proof, key)
+    old = getattr(_local, "answer", None)
+    _local.answer = a
+    try:
+        yield a
+    finally:
+        _local.answer = old
+
+
 def _mac(key: bytes, label: bytes, a: bytes, b: bytes) -> bytes:
     return hmac.new(key, label + a + b, hashlib.sha256).digest()
 
@@ -112,20 +183,46 @@ def check_proof(data: bytes, key: bytes, nonce_l: bytes) -> bytes:
     return nonce_o
 
 
-def accept_side(conn: socket.socket, key: bytes | None = None) -> None:
-    """Listener half: challenge, check the opener's proof, prove ourselves."""
-    key = token() if key is None else key
-    nonce_l = secrets.token_bytes(NONCE)
-    conn.sendall(MAGIC + bytes([VERSION]) + nonce_l)
-    nonce_o = check_proof(_recv_exact(conn, PROOF_BYTES), key, nonce_l)
+def accept_side(conn: socket.socket, key: bytes | None = None, *,
+                tell: bool = False) -> None:
+    """Listener half: challenge, check the opener's proof, prove ourselves. Under a
+    listener's :func:`answered`, the challenge was sent and the proof read already.
+    ``tell``: a wrong proof is answered with :data:`REFUSED` (else a plain hang-up)."""
+    a = getattr(_local, "answer", None)
+    if a is not None and not a.used and a.fd == conn.fileno():
+        a.used = True
+        nonce_l, proof = a.nonce, a.proof
+        if key is None:
+            key = a.key() if a.key is not None else token()
+    else:
+        key = token() if key is None else key
+        nonce_l, hello = challenge()
+        conn.sendall(hello)
+        proof = _recv_exact(conn, PROOF_BYTES)
+    try:
+        nonce_o = check_proof(proof, key, nonce_l)
+    except AuthError:
+        if tell:
+            try:
+                conn.sendall(REFUSED)   # tell the opener it was the token, then hang up
+            except OSError:
+                pass
+        raise
     conn.sendall(_mac(key, b"accept", nonce_o, nonce_l))
 
 
 def open_side(conn: socket.socket, key: bytes | None = None) -> None:
-    """Opener half: answer the challenge, then check the listener knows the token too."""
-    key = token() if key is None else key
+    """Opener half: answer the challenge, then check the listener knows the token too.
+    The key is ``key``, else the one :func:`keyed` set, else the token."""
+    if key is None:
+        key = getattr(_local, "key", None) or token()
     nonce_l = check_hello(_recv_exact(conn, HELLO_BYTES))
     nonce_o = secrets.token_bytes(NONCE)
     conn.sendall(MAGIC + bytes([VERSION]) + nonce_o + _mac(key, b"open", nonce_l, nonce_o))
-    if not hmac.compare_digest(_recv_exact(conn, MAC), _mac(key, b"accept", nonce_o, nonce_l)):
+    answer = _recv_exact(conn, MAC)
+    if answer == REFUSED:
+        raise TokenRefused("the listener refused our proof: it holds another shared token "
+                        "(RDMAMW_TOKEN, or the per-user token file, differs) or belongs "
+                        "to another job")
+    if not hmac.compare_digest(answer, _mac(key, b"accept", nonce_o, nonce_l)):
         raise AuthError("listener failed to prove the shared token")

@@ -325,6 +325,12 @@ L("DMLC_SERVER_ID", "int", PSLITE, "this server's index (else the next free serv
 L("DMLC_WORKER_ID", "int", PSLITE, "this worker's index (else the next free worker rank)")
 L("DMLC_PS_ROOT_URI", "str", PSLITE, "the scheduler's host")
 L("DMLC_PS_ROOT_PORT", "int", PSLITE, "the scheduler's port", maximum=65535)
+# the job's identity: a rank of another job at rank 0's store is refused (the first set wins)
+L("RDMAMW_JOB_ID", "str", OWN, "the job's id (wins over the launchers')")
+L("TORCHELASTIC_RUN_ID", "str", TORCHRUN, "the job's id (--rdzv-id)")
+L("SLURM_STEP_ID", "str", SLURM, "the job step's id (with SLURM_JOB_ID: the job's id)")
+L("PMIX_NAMESPACE", "str", "PMIx (Open MPI 5, srun --mpi=pmix)", "the job's namespace")
+L("OMPI_MCA_ess_base_jobid", "str", OMPI, "the job's id (Open MPI 4)")
 del D, L, OWN, TORCHRUN, OMPI, MPICH, SLURM, PSLITE
 
 #: any variable of these launchers, declared above or not, is theirs: a job that

@@ -8,7 +8,10 @@ the registry (rdmamw/providers/__init__.py) for every one's descriptor part, lis
 and connection by rank.
 
 Of each pair, the lower rank accepts and the higher rank connects, so both sides of
-a pair call ``Channel.open(other_rank)``."""
+a pair call ``Channel.open(other_rank)``. Those channels prove the job as well as the
+token (rdmamw.auth.job_key of the id rank 0 hands out), so a rank of another job, or
+of an earlier run of this one, never gets in. A rank may hold at most
+``STASH_PER_PEER`` channels a peer opened and nobody asked for yet; more are dropped."""
 
 from __future__ import annotations
 
@@ -24,9 +27,12 @@ from rdmamw.bootstrap import choice, ifname, store
 from rdmamw.bootstrap.env import LaunchInfo, detect
 from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, setup_errors
 from rdmamw.providers import Connected, provider, providers
+from rdmamw.providers._listener import HandshakeListener, handshake_timeout
 from rdmamw.providers.base import Advert, RankPair
 
 log = logging.getLogger("rdmamw.bootstrap")
+#: channels from one peer (per provider) that wait for their Channel.open
+STASH_PER_PEER = 32
 
 
 @dataclass
@@ -81,7 +87,14 @@ class World:
                                 scheme, conn.peer_rank)
                     conn.transport.close()
                     continue
-                self._stash.setdefault((scheme, conn.peer_rank), []).append(conn)
+                stash = self._stash.setdefault((scheme, conn.peer_rank), [])
+                if len(stash) >= STASH_PER_PEER:
+                    log.warning("rdmamw: dropped a %s channel from rank %d: %d of its "
+                                "channels already wait for a Channel.open(%d)", scheme,
+                                conn.peer_rank, len(stash), conn.peer_rank)
+                    conn.transport.close()
+                    continue
+                stash.append(conn)
             return self._stash[(scheme, rank)].pop(0)
 
     def close(self) -> None:
@@ -124,6 +137,24 @@ class _Listeners(dict):
 
     world: World | None = None
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._job: str | None = None
+        self._known = threading.Event()
+
+    def set_job(self, job: str) -> None:
+        """The job's id is known: connections by rank prove it from now on."""
+        self._job = job
+        self._known.set()
+
+    def key(self) -> bytes:
+        """The key our listeners check openers' proofs with (the job's), waiting for the
+        job's id while the table is on its way."""
+        if not self._known.wait(handshake_timeout()):
+            raise ProtocolError("a connection by rank before the job's id is known")
+        assert self._job is not None
+        return auth.job_key(self._job)
+
     def peers(self, rank: int | None) -> tuple[dict, dict]:
         if self.world is None:
             raise ProtocolError("a connection by rank before the job's table is known")
@@ -151,6 +182,8 @@ def _descriptor(ip: str, ring: tuple[int, int], made: _Listeners) -> dict:
             desc[p.scheme] = part
         if lst is not None:
             made[p.scheme] = lst
+            if isinstance(lst, HandshakeListener):
+                lst.key = made.key
     return desc
 
 
@@ -162,7 +195,10 @@ def _join(info: LaunchInfo, timeout: float, ring: tuple[int, int]) -> World:
             try:
                 desc = _descriptor(sock.getsockname()[0], ring, made)
                 desc["rank"] = 0        # ps-lite: info.ranges has servers, then workers
-                table, job = store.serve(sock, info.world_size, desc, timeout, info.ranges)
+                job = store.new_job()
+                made.set_job(job)       # before the table goes out: peers may open at once
+                table, job = store.serve(sock, info.world_size, desc, timeout, info.ranges,
+                                         info.job_id, job)
             finally:
                 sock.close()
             rank = 0
@@ -174,7 +210,8 @@ def _join(info: LaunchInfo, timeout: float, ring: tuple[int, int]) -> World:
 
             table, job, rank = store.join(info.master_addr, info.master_port, info.rank,
                                           info.role, make_desc, info.world_size, timeout,
-                                          ifname.selected_address())
+                                          ifname.selected_address(), info.job_id)
+            made.set_job(job)
         choice.check_forced(table)
     except BaseException:
         made.close()
@@ -207,11 +244,14 @@ def connect_rank(rank: int, *, mode: str, timeout: float, slots: int,
     if w._owner != _fork.pid():
         _fork.refuse(f"job membership (rank {w.rank})", w._owner)
     scheme, why = w.provider_choice(rank)
+    if scheme in w.peers[rank]:         # a table not from our store: check it here too
+        provider(scheme).check_entry(w.peers[rank][scheme])
     log.info("rank %d -> rank %d: %s provider (%s)", w.rank, rank, scheme, why)
     pair = RankPair(w.job, w.rank, rank, w.peers[w.rank], w.peers[rank],
                     lambda t: w.accept(scheme, rank, t))
-    return provider(scheme).connect_rank(pair, mode=mode, timeout=timeout, slots=slots,
-                                         slot_size=slot_size)
+    with auth.keyed(auth.job_key(w.job)):   # we prove the job, not just the token
+        return provider(scheme).connect_rank(pair, mode=mode, timeout=timeout, slots=slots,
+                                             slot_size=slot_size)
 
 
 __all__ = ["LaunchInfo", "World", "auth", "connect_rank", "detect", "finalize", "init",

@@ -31,6 +31,23 @@ class LaunchInfo:
     #: ps-lite: the ranks each role's members without an id take (servers 1..S, then
     #: the workers); empty under the other launchers
     ranges: dict[str, range] = field(default_factory=dict)
+    #: the job's id from the launcher (:func:`launcher_job`), None when it gives none
+    job_id: str | None = None
+
+
+def launcher_job(env: Mapping[str, str] | None = None) -> str | None:
+    """The job's id as the launcher tells it, the first of: ``RDMAMW_JOB_ID``, torchrun's
+    run id, Slurm's job id (and step), the PMIx namespace (Open MPI 5, srun --mpi=pmix),
+    Open MPI 4's job id; None when none is set. Every rank of one job has the same; rank
+    0's store refuses a rank whose id differs from its own."""
+    for name, tag in (("RDMAMW_JOB_ID", "rdmamw"), ("TORCHELASTIC_RUN_ID", "torchrun"),
+                      ("SLURM_JOB_ID", "slurm"), ("PMIX_NAMESPACE", "pmix"),
+                      ("OMPI_MCA_ess_base_jobid", "openmpi")):
+        value = config.get(name, env)
+        if value is not None and value != "":
+            step = config.get("SLURM_STEP_ID", env) if name == "SLURM_JOB_ID" else None
+            return f"{tag}:{value}" + (f".{step}" if step else "")
+    return None
 
 
 def first_slurm_host(nodelist: str) -> str:
@@ -108,4 +125,4 @@ def detect(env: Mapping[str, str] | None = None) -> LaunchInfo:
         raise RdmamwError(f"bootstrap port {port} is not a TCP port")
     ranges = {"server": range(1, 1 + servers),
               "worker": range(1 + servers, size)} if role is not None else {}
-    return LaunchInfo(rank, size, addr, port, launcher, role, local_size, ranges)
+    return LaunchInfo(rank, size, addr, port, launcher, role, local_size, ranges, launcher_job(env))

@@ -71,6 +71,7 @@ def join(kv: KV, rank: int, size: int, timeout: float, ip: str, prefix: str = "r
             d["rank"] = got_rank
             table[r] = d
         job = kv.get(f"{prefix}/job").decode("ascii", "replace")
+        made.set_job(job)
         choice.check_forced(table)
     except BaseException:
         made.close()

@@ -2,7 +2,13 @@
 the whole table back, once. Connections prove the shared token (rdmamw.auth) before
 a byte of msgpack is read; joins are served concurrently with a deadline each, and
 garbage or silence is logged and dropped, never fatal. A rank that never shows up makes
-init() fail with a Timeout that names it, on every rank."""
+init() fail with a Timeout that names it, on every rank.
+
+A job has an identity: a join names the launcher's job id (rdmamw.bootstrap.env's
+``launcher_job``) and the world size, and rank 0 refuses a rank whose either differs
+from its own (:class:`OtherJob` on that rank) and goes on waiting for its own. The
+table comes with a fresh job id rank 0 makes for every job; the job's channels by rank
+prove it with the token (rdmamw.auth.job_key)."""
 
 from __future__ import annotations
 
@@ -15,13 +21,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rdmamw import auth
-from rdmamw.errors import PeerLost, PeerNotFound, ProtocolError, RdmamwError, Timeout
+from rdmamw.errors import PeerLost, PeerNotFound, PeerRefused, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import providers
 from rdmamw.providers._listener import HandshakeListener
 from rdmamw.transport.wire import field, recv_frame, send_frame
 
 log = logging.getLogger("rdmamw.bootstrap")
 JOIN_LIMIT = 16384
+
+
+class OtherJob(PeerRefused):
+    """Rank 0 at our MASTER_ADDR:MASTER_PORT belongs to another job (another launcher
+    job id or world size): two jobs share a port, or an old job's rank 0 still runs."""
+
+
+def new_job() -> str:
+    """A fresh id for one job (the shm names and the channel proofs of its ranks)."""
+    return secrets.token_hex(6)
 
 
 def _table_limit(world_size: int) -> int:
@@ -90,6 +106,28 @@ def parse_join(join: dict) -> tuple[int | None, str | None, dict]:
     return rank, role, desc
 
 
+def parse_identity(join: dict) -> tuple[str | None, int | None]:
+    """(launcher job id, world size) a join claims (None: not said), or ProtocolError."""
+    job = join.get("launcher_job")
+    if job is not None and not (isinstance(job, str) and len(job) <= 1024):
+        raise ProtocolError("join field 'launcher_job' is not a job id")
+    size = None if join.get("world_size") is None else field(join, "world_size", int)
+    return job, size
+
+
+def other_job(theirs: tuple[str | None, int | None], ours: tuple[str | None, int],
+              where: str) -> str | None:
+    """Why a join of identity ``theirs`` is of another job than ``ours``, or None."""
+    (job, size), (my_job, my_size) = theirs, ours
+    if job != my_job or (size is not None and size != my_size):
+        return (f"{where} belongs to another job (job {my_job or 'without an id'}, "
+                f"{my_size} ranks) than this rank (job {job or 'without an id'}, "
+                f"{'?' if size is None else size} ranks): another job uses the same "
+                f"MASTER_PORT, or a rank 0 of an earlier run still runs; give each job "
+                f"its own MASTER_PORT")
+    return None
+
+
 @dataclass
 class _Join:
     """A joiner that proved the token and sent its descriptor; it waits on ``conn``
@@ -100,6 +138,8 @@ class _Join:
     rank: int | None
     role: str | None
     desc: dict
+    job: str | None = None
+    size: int | None = None
 
 
 class _Joins(HandshakeListener[_Join]):
@@ -112,18 +152,22 @@ class _Joins(HandshakeListener[_Join]):
         super().__init__(sock, log)
 
     def _handshake(self, conn: socket.socket, addr) -> _Join:
-        auth.accept_side(conn)
-        return _Join(conn, self._peer(conn, addr), *parse_join(recv_frame(conn, JOIN_LIMIT)))
+        auth.accept_side(conn, tell=True)   # a joining rank learns it was the token
+        join = recv_frame(conn, JOIN_LIMIT)
+        return _Join(conn, self._peer(conn, addr), *parse_join(join), *parse_identity(join))
 
     def _discard(self, item: _Join) -> None:
         item.conn.close()
 
 
 def serve(sock: socket.socket, world_size: int, me: dict, timeout: float,
-          ranges: dict[str, range] | None = None) -> tuple[dict[int, dict], str]:
-    """Rank 0: collect all descriptors (rank 0's is ``me``), reply the table and a
-    job id to every rank, return both. Timeout names the ranks that never came.
+          ranges: dict[str, range] | None = None, launcher_job: str | None = None,
+          job: str | None = None) -> tuple[dict[int, dict], str]:
+    """Rank 0: collect all descriptors (rank 0's is ``me``) of the ranks of our job
+    (``launcher_job``, ``world_size``), reply the table and the job id (``job``, or a
+    fresh one) to every rank, return both. Timeout names the ranks that never came.
     ``sock`` is closed on return."""
+    job = job or new_job()
     ranks = _Ranks(world_size, ranges or {})
     ranks.table[0] = me
     conns: list[tuple[socket.socket, int]] = []
@@ -142,18 +186,20 @@ def serve(sock: socket.socket, world_size: int, me: dict, timeout: float,
                 j = joins.accept(left)
             except Timeout:
                 continue
+            why = other_job((j.job, j.size), (launcher_job, world_size), "rank 0")
             try:
+                if why is not None:
+                    raise ProtocolError(why)
                 rank = ranks.assign(j.rank, j.role)
             except ProtocolError as e:
                 log.warning("rdmamw: dropped connection from %s to %s: %s", j.peer,
                             joins.address, e)
-                _try_send(j.conn, {"ok": False, "error": str(e)})
+                _try_send(j.conn, {"ok": False, "error": str(e), "other_job": why is not None})
                 j.conn.close()
                 continue
             j.desc["rank"] = rank
             ranks.table[rank] = j.desc
             conns.append((j.conn, rank))
-        job = secrets.token_hex(6)
         table = [ranks.table[r] for r in range(world_size)]
         for c, r in conns:
             _try_send(c, {"ok": True, "job": job, "rank": r, "table": table})
@@ -174,11 +220,14 @@ def _try_send(conn: socket.socket, obj: dict) -> None:
 def join(host: str, port: int, rank: int | None, role: str | None,
          make_desc: Callable[[str], dict],
          world_size: int, timeout: float,
-         source: str | None = None) -> tuple[dict[int, dict], str, int]:
+         source: str | None = None,
+         launcher_job: str | None = None) -> tuple[dict[int, dict], str, int]:
     """Ranks > 0: send our descriptor, made from the local IP the store is reached
     from (so our listener binds the interface the others can reach; ``source``, the
-    interface RDMAMW_SOCKET_IFNAME selects, when given), wait for the table. Returns
-    (table, job id, our rank)."""
+    interface RDMAMW_SOCKET_IFNAME selects, when given), and our job's identity
+    (``launcher_job``, ``world_size``), wait for the table. Returns (table, job id,
+    our rank); :class:`OtherJob` if rank 0 is of another job, ``AuthError`` if it
+    holds another token."""
     deadline = time.monotonic() + timeout
     while True:
         conn = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -198,11 +247,17 @@ def join(host: str, port: int, rank: int | None, role: str | None,
         conn.settimeout(max(1.0, deadline - time.monotonic()))
         auth.open_side(conn)
         desc = make_desc(conn.getsockname()[0])
-        send_frame(conn, {"rank": rank, "role": role, "desc": desc})
+        send_frame(conn, {"rank": rank, "role": role, "desc": desc,
+                          "launcher_job": launcher_job, "world_size": world_size})
         conn.settimeout(max(1.0, deadline - time.monotonic()) + 5.0)
         reply = recv_frame(conn, _table_limit(world_size))
     except TimeoutError:
         raise Timeout(f"rdmamw.init(): no table from rank 0 within {timeout:g} s") from None
+    except auth.TokenRefused:
+        raise auth.TokenRefused(
+            f"rdmamw.init(): rank 0 (bootstrap store {host}:{port}) refused our token: it "
+            f"holds another one. Set the same RDMAMW_TOKEN in every rank (or share the "
+            f"per-user token file)") from None
     except ProtocolError as e:
         raise PeerNotFound(f"rdmamw.init(): joining the bootstrap store at {host}:{port} "
                            f"failed: {e}") from None
@@ -212,6 +267,9 @@ def join(host: str, port: int, rank: int | None, role: str | None,
     finally:
         conn.close()
     if reply.get("ok") is not True:
+        if reply.get("other_job") is True:
+            raise OtherJob(f"rdmamw.init(): rank 0 (bootstrap store {host}:{port}) refused "
+                           f"us: {reply.get('error')}")
         if "missing" in reply:
             raise Timeout(f"rdmamw.init(): ranks {reply['missing']} of {world_size} never "
                           f"joined the bootstrap store")

@@ -2,13 +2,23 @@
 no client, however slow or hostile, stalls a listener.
 
 A daemon thread, started by the first ``accept()``, takes connections off the listening
-socket and runs each one's handshake in a thread of its own with a deadline
-(``RDMAMW_HANDSHAKE_TIMEOUT`` s, default 10; the loop shuts down a socket whose
-handshake outlives it). Finished handshakes wait in a queue for ``accept()``; failed
-ones are logged with the peer and the reason, and dropped. At most
+socket. An unauthenticated connection costs almost nothing and never delays an
+authenticated one: for a listener whose handshake proves the shared token
+(``proves_token``: tcp, verbs, the bootstrap store), the loop itself sends the
+challenge (rdmamw.auth) and collects the opener's proof, without a thread, within
+:func:`proof_timeout` (at most ``PROOF_TIMEOUT`` s, shorter than the handshake's
+deadline). A newcomer pushes out the strangers of its source address that are past
+``UNPROVEN_PER_SOURCE`` and older than ``UNPROVEN_GRACE`` s (a burst of ranks joining at
+once is held whole), and past ``UNPROVEN_MAX`` strangers in all the oldest of the
+busiest source goes. Strangers hold no thread and no slot, so however many there are,
+a token holder is served at once. Only a connection whose proof
+arrived gets a thread: it runs the handshake (which checks the proof first) with a
+deadline (``RDMAMW_HANDSHAKE_TIMEOUT`` s from accept, default 10; the loop shuts down a
+socket whose handshake outlives it). Finished handshakes wait in a queue for
+``accept()``; failed ones are logged with the peer and the reason, and dropped. While
 ``RDMAMW_LISTEN_BACKLOG`` connections (default 16) are in a handshake or finished but
-not yet accepted; more wait in the kernel's listen queue. ``close()`` stops the loop,
-cuts the handshakes under way and closes what was never accepted."""
+not yet accepted, new ones wait in the kernel's listen queue. ``close()`` stops the
+loop, cuts the handshakes under way and closes what was never accepted."""
 
 from __future__ import annotations
 
@@ -23,8 +33,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from rdmamw import config
-from rdmamw.errors import ChannelClosed, ConfigError, ProviderUnavailable, Timeout
+from rdmamw import auth, config
+from rdmamw.errors import ChannelClosed, ConfigError, ProtocolError, ProviderUnavailable, Timeout
 
 T = TypeVar("T")
 
@@ -35,6 +45,21 @@ LOCAL_ERRORS = (ProviderUnavailable, ConfigError)
 def handshake_timeout() -> float:
     """Seconds one connection may take to finish its handshake (RDMAMW_HANDSHAKE_TIMEOUT)."""
     return config.get("RDMAMW_HANDSHAKE_TIMEOUT")
+
+
+#: seconds an opener has to answer the challenge (capped by the handshake deadline)
+PROOF_TIMEOUT = 3.0
+#: unproven connections held per source address once they are UNPROVEN_GRACE s old (a
+#: burst of younger ones, a job's ranks all joining at once, is held whole), and in all:
+#: the oldest goes first
+UNPROVEN_PER_SOURCE = 8
+UNPROVEN_GRACE = 1.0
+UNPROVEN_MAX = 256
+
+
+def proof_timeout() -> float:
+    """Seconds from accept to the opener's token proof."""
+    return min(PROOF_TIMEOUT, handshake_timeout())
 
 
 def listen_backlog() -> int:
@@ -59,12 +84,32 @@ class _Pending:
             pass
 
 
+class _Stranger:
+    """A connection that was sent the challenge and has not proved the token yet."""
+
+    __slots__ = ("accepted", "addr", "buf", "conn", "deadline", "nonce", "source")
+
+    def __init__(self, conn: socket.socket, addr: Any, nonce: bytes, now: float,
+                 deadline: float) -> None:
+        self.conn, self.addr, self.nonce = conn, addr, nonce
+        self.source = addr[0] if isinstance(addr, tuple) and addr else "local"
+        self.accepted, self.deadline, self.buf = now, deadline, b""
+
+
 class HandshakeListener(Generic[T]):
     """Base of the listeners: serves ``_handshake(conn, addr) -> T`` concurrently on the
     bound, listening socket ``sock``. Subclasses supply ``_handshake`` and ``address``,
-    and ``_discard`` when a T is not a :class:`~rdmamw.providers.Connected`."""
+    and ``_discard`` when a T is not a :class:`~rdmamw.providers.Connected`.
+
+    ``proves_token`` (default True): ``_handshake`` begins with
+    ``rdmamw.auth.accept_side(conn)``, whose challenge and proof the loop handles (see
+    the module doc); a handshake that does not check the proof is refused. A listener
+    that authenticates otherwise (shm: the kernel's peer credentials) sets it False.
+    ``key``, when set, gives the key the proof is checked with (default: the token)."""
 
     address: str
+    proves_token = True
+    key: Callable[[], bytes] | None = None
 
     def __init__(self, sock: socket.socket, log: logging.Logger) -> None:
         self._timeout, self._limit = handshake_timeout(), listen_backlog()
@@ -75,6 +120,8 @@ class HandshakeListener(Generic[T]):
         self._pending: set[_Pending] = set()
         self._workers: set[threading.Thread] = set()
         self._held = 0                    # pending + done: bounded by _limit
+        self._strangers: dict[int, _Stranger] = {}    # by fd, oldest first
+        self._proof_timeout = proof_timeout()
         self._closed = False
         self._loop: threading.Thread | None = None
         self._wake = -1                   # eventfd that wakes the loop (from _start on)
@@ -149,6 +196,9 @@ class HandshakeListener(Generic[T]):
                 os.eventfd_write(self._wake, 1)
         if self._loop is not None:
             self._loop.join()             # no new handshakes from here on
+        for st in list(self._strangers.values()):
+            st.conn.close()
+        self._strangers.clear()
         with self._lock:
             left, self._done = list(self._done), deque()
             for p in self._pending:
@@ -183,18 +233,84 @@ class HandshakeListener(Generic[T]):
             if not self._closed:
                 os.eventfd_write(self._wake, 1)
 
-    def _tick(self) -> tuple[bool, float | None] | None:
-        """(room for another handshake, seconds to the next deadline), after cutting the
-        handshakes past theirs; None once closed."""
+    def _tick(self) -> tuple[bool, float | None, list[int]] | None:
+        """(room for another handshake, seconds to the next deadline, the strangers'
+        fds), after cutting the handshakes and strangers past theirs; None once closed."""
+        now = time.monotonic()
+        for fd, st in list(self._strangers.items()):
+            if st.deadline <= now:
+                self._drop(fd, f"did not prove the token within {self._proof_timeout:g} s")
         with self._lock:
             if self._closed:
                 return None
-            now = time.monotonic()
             for p in self._pending:
                 if p.deadline <= now and not p.expired:
                     p.cut(expired=True)
             wait = min((p.deadline for p in self._pending if not p.expired), default=None)
-            return self._held < self._limit, None if wait is None else wait - now
+        if self._strangers:
+            first = min(st.deadline for st in self._strangers.values())
+            wait = first if wait is None else min(wait, first)
+        return (self._held < self._limit, None if wait is None else wait - now,
+                list(self._strangers))
+
+    def _drop(self, fd: int, reason: str) -> None:
+        """Hang up on a stranger (the loop's thread)."""
+        st = self._strangers.pop(fd)
+        peer = self._peer(st.conn, st.addr)
+        st.conn.close()
+        self._log.warning("rdmamw: dropped connection from %s to %s: %s", peer,
+                          self.address, reason)
+
+    def _welcome(self, conn: socket.socket, addr: Any) -> None:
+        """Challenge a new connection and hold it as a stranger until its proof comes;
+        the oldest strangers of its source (or of all) make room."""
+        now = time.monotonic()
+        try:
+            conn.setblocking(False)
+            nonce, hello = auth.challenge()
+            conn.send(hello)              # a fresh socket's buffer takes it whole
+        except OSError as e:
+            conn.close()
+            self._log.warning("rdmamw: dropped connection from %s to %s: %s",
+                              self._peer(conn, addr), self.address, e)
+            return
+        st = _Stranger(conn, addr, nonce, now, now + self._proof_timeout)
+        same = [fd for fd, o in self._strangers.items() if o.source == st.source]
+        aged = [fd for fd in same if self._strangers[fd].accepted <= now - UNPROVEN_GRACE]
+        for fd in aged[:max(0, len(same) + 1 - UNPROVEN_PER_SOURCE)]:
+            self._drop(fd, f"more than {UNPROVEN_PER_SOURCE} connections from {st.source} "
+                           f"without the token proof: the oldest go")
+        if len(self._strangers) >= UNPROVEN_MAX:      # the busiest source's oldest goes
+            count: dict[str, int] = {}
+            for o in self._strangers.values():
+                count[o.source] = count.get(o.source, 0) + 1
+            busiest = max(count, key=count.__getitem__)
+            self._drop(next(fd for fd, o in self._strangers.items() if o.source == busiest),
+                       f"more than {UNPROVEN_MAX} connections without the token proof: "
+                       f"the oldest of the busiest source goes")
+        self._strangers[conn.fileno()] = st
+
+    def _heard(self, fd: int) -> None:
+        """A stranger sent something: the proof once it is whole (then its handshake
+        gets a thread), or a hang-up."""
+        st = self._strangers.get(fd)
+        if st is None:
+            return
+        try:
+            got = st.conn.recv(auth.PROOF_BYTES - len(st.buf))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(fd, f"failed before the token proof: {e}")
+            return
+        if not got:
+            self._drop(fd, "hung up before the token proof")
+            return
+        st.buf += got
+        if len(st.buf) == auth.PROOF_BYTES:
+            del self._strangers[fd]
+            st.conn.setblocking(True)
+            self._spawn(st.conn, st.addr, st.accepted, (st.nonce, st.buf))
 
     def _take(self) -> None:
         try:
@@ -205,15 +321,23 @@ class HandshakeListener(Generic[T]):
             self._log.warning("rdmamw: %s cannot accept: %s", self.address, e)
             time.sleep(0.1)
             return
+        if self.proves_token:
+            self._welcome(conn, addr)
+        else:
+            self._spawn(conn, addr, time.monotonic(), None)
+
+    def _spawn(self, conn: socket.socket, addr: Any, accepted: float,
+               proof: tuple[bytes, bytes] | None) -> None:
+        """Run one connection's handshake in a thread of its own."""
         conn.settimeout(self._timeout)
         try:
-            p = _Pending(conn.dup(), time.monotonic() + self._timeout)
+            p = _Pending(conn.dup(), accepted + self._timeout)
         except OSError as e:
             conn.close()
             self._log.warning("rdmamw: %s dropped a connection: %s", self.address, e)
             time.sleep(0.1)
             return
-        t = threading.Thread(target=self._serve, args=(conn, addr, p), daemon=True,
+        t = threading.Thread(target=self._serve, args=(conn, addr, p, proof), daemon=True,
                              name=f"rdmamw-handshake {self.address}")
         with self._lock:
             self._held += 1
@@ -231,12 +355,22 @@ class HandshakeListener(Generic[T]):
             self._log.warning("rdmamw: %s dropped a connection: %s", self.address, e)
             time.sleep(0.1)
 
-    def _serve(self, conn: socket.socket, addr: Any, p: _Pending) -> None:
+    def _serve(self, conn: socket.socket, addr: Any, p: _Pending,
+               proof: tuple[bytes, bytes] | None) -> None:
         """One connection's handshake (its own thread): queue the result or drop it."""
         peer, item, reason = "?", None, None
         try:
             peer = self._peer(conn, addr)
-            item = self._handshake(conn, addr)
+            if proof is None:
+                item = self._handshake(conn, addr)
+            else:
+                with auth.answered(conn, *proof, self.key) as answer:
+                    item = self._handshake(conn, addr)
+                if not answer.used:
+                    self._discard(item)
+                    item = None
+                    raise ProtocolError(f"{type(self).__name__} never checked the token "
+                                        f"proof")
         except LOCAL_ERRORS as e:
             item = e
             conn.close()
@@ -276,6 +410,7 @@ def _run(ref: weakref.ref, wake: int, sock: int) -> None:
     poll = select.poll()
     poll.register(wake, select.POLLIN)
     listening = False
+    watched: set[int] = set()             # the strangers' sockets
     while True:
         me = ref()
         tick = None if me is None else me._tick()
@@ -283,7 +418,7 @@ def _run(ref: weakref.ref, wake: int, sock: int) -> None:
             if me is None:                # dropped without close(): nobody else will
                 os.close(wake)
             return
-        room, wait = tick
+        room, wait, strangers = tick
         del me
         if room != listening:             # full: new peers wait in the kernel's queue
             if room:
@@ -291,12 +426,24 @@ def _run(ref: weakref.ref, wake: int, sock: int) -> None:
             else:
                 poll.unregister(sock)
             listening = room
-        for fd, _ in poll.poll(None if wait is None else max(0, int(wait * 1000) + 1)):
+        now = set(strangers)
+        for fd in watched - now:
+            poll.unregister(fd)
+        for fd in now - watched:
+            poll.register(fd, select.POLLIN)
+        watched = now
+        for fd, ev in poll.poll(None if wait is None else max(0, int(wait * 1000) + 1)):
             if fd == wake:
                 try:
                     os.eventfd_read(wake)
                 except BlockingIOError:
                     pass
-            elif listening and (me := ref()) is not None:
-                me._take()
+            elif ev & select.POLLNVAL:
+                continue                  # a stranger dropped meanwhile
+            elif (me := ref()) is not None:
+                if fd == sock:
+                    if listening:
+                        me._take()
+                else:
+                    me._heard(fd)
                 del me

@@ -255,6 +255,8 @@ class ShmListener(HandshakeListener[Connected]):
     """Accepts shm connections on ``shm://NAME``; a peer of another user, or one that
     fails the handshake, is logged and dropped."""
 
+    proves_token = False            # the kernel vouches for the peer (SO_PEERCRED)
+
     def __init__(self, name: str, slots: int, slot_size: int) -> None:
         layout.check_ring(slots, slot_size)
         self.name, self.slots, self.slot_size = name, slots, slot_size

@@ -20,7 +20,7 @@ import socket
 import time
 
 from rdmamw import auth, config
-from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
+from rdmamw.errors import ConfigError, PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import Connected
 from rdmamw.providers._listener import HandshakeListener
 from rdmamw.providers._tcp import TcpTransport, alloc_block, free_block
@@ -41,10 +41,10 @@ def peer_timeout() -> float:
 
 
 def parse(where: str) -> tuple[str, int]:
-    """``"HOST:PORT"`` / ``"[V6]:PORT"`` -> (host, port), or ValueError."""
+    """``"HOST:PORT"`` / ``"[V6]:PORT"`` -> (host, port), or ConfigError (a ValueError)."""
     host, sep, port = where.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"tcp address {where!r} is not HOST:PORT")
+        raise ConfigError(f"tcp address {where!r} is not HOST:PORT (PORT 0..65535)")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     return host, int(port)
 
