@@ -27,7 +27,8 @@ from rdmamw.ps.server import KVServer
 from tests.helpers import make_pair
 
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 150)), deadline=None,
-                derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                derandomize=True,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 # ---- the parameter server (finding 3) ------------------------------------------------
