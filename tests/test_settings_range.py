@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -38,27 +39,14 @@ def _roundtrip(provider: str, **ring: int) -> None:
     """A channel pair with every setting from the environment (and ``ring``), a small
     and a large message each way."""
     addr = f"shm://{unique_name('range')}" if provider == "shm" else "tcp://127.0.0.1:0"
-    with rdmamw.listen(addr, **ring) as lst:
-        got: dict = {}
-
-        def accept() -> None:
-            try:
-                got["ch"] = lst.accept(timeout=10)
-            except BaseException as e:  # noqa: BLE001 - handed to the test thread
-                got["err"] = e
-
-        t = threading.Thread(target=accept)
-        t.start()
+    with rdmamw.listen(addr, **ring) as lst, ThreadPoolExecutor(1) as pool:
+        accepted = pool.submit(lst.accept, timeout=10)
         try:
             a = rdmamw.Channel.open(lst.address, timeout=10, **ring)
         except RdmamwError:
-            lst.close()                 # the accept above ends with it
+            lst.close()                 # ends the accept too
             raise
-        finally:
-            t.join(15)
-        if "err" in got:
-            raise got["err"]
-        b = got["ch"]
+        b = accepted.result(15)
         try:
             big = np.arange(BIG, dtype=np.uint8)
             for x, y in ((a, b), (b, a)):
