@@ -192,6 +192,27 @@ def test_a_bad_payload_header_does_not_turn_its_payload_into_a_header():
     assert bad.ops() == [wire.ERR, wire.OK], bad.sent
 
 
+def test_a_request_the_server_fails_on_drops_only_that_worker(monkeypatch, caplog):
+    """Past the checks, anything one request raises (a bug: planted here) drops that
+    worker, logged with its traceback, instead of ending serve(): the other worker is
+    served and the server finishes when it says goodbye."""
+    srv, bad, good = _served()
+
+    def broken(w, h):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(srv, "_gradient_done", broken)
+    bad.inbox.append([wire.pack(wire.CLOCK, c=1, base=0)])
+    with caplog.at_level(logging.ERROR, "rdmamw.ps"):
+        _spin(srv)
+    assert srv.lost == {0} and bad.closed
+    assert "worker 0: request failed (RuntimeError: planted)" in caplog.text
+    _good_pull_still_works(srv, good)
+    good.inbox.append([wire.pack(wire.BYE, id=9)])
+    _spin(srv)
+    assert srv.finished and good.ops() == [wire.OK]
+
+
 def test_another_workers_pull_succeeds_after_a_bad_request_over_channels():
     """End to end on shm channels: the server runs serve() on its thread; worker 0
     sends one malformed request, worker 1 (a KVWorker) still pulls, and serve()
