@@ -470,15 +470,35 @@ def test_perf_server_survives_a_client_that_leaves_mid_run():
     assert done.get("runs") == 1, done
 
 
+_EDGE = st.one_of(st.sampled_from([0, -1, 1 << 30, (1 << 30) + 1, 10 ** 9 + 1, 4097,
+                                   (1 << 64) - 1, -(1 << 63), 1.5, True, "8", None]), _value)
+
+
+@st.composite
+def _perf_params(draw: st.DrawFn) -> object:
+    """Valid parameters with some fields replaced by edge values (huge, negative,
+    wrong type), deleted, or extra ones added; or any msgpack value."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(_value)
+    d = {"v": 1, "test": draw(st.sampled_from(["lat", "bw", "rate"])),
+         "sizes": draw(st.lists(st.integers(1, 1 << 30), min_size=1, max_size=64)),
+         "iters": draw(st.integers(1, 10 ** 9)), "warmup": draw(st.integers(0, 10 ** 9)),
+         "batch": draw(st.integers(1, 4096)), "last": draw(st.booleans())}
+    for _ in range(draw(st.sampled_from([1, 1, 1, 0, 2]))):
+        k = draw(st.sampled_from(sorted(d)))
+        if draw(st.integers(0, 3)):
+            d[k] = draw(_EDGE)
+        else:
+            d.pop(k, None)
+    if draw(st.integers(0, 5)) == 0:
+        d["sizes"] = draw(st.lists(st.one_of(st.integers(1, 1 << 30), _EDGE), min_size=0,
+                                   max_size=70))
+    d.update(draw(st.dictionaries(st.text(max_size=3), _value, max_size=2)))
+    return d
+
+
 @FUZZ
-@given(d=st.one_of(_value, st.fixed_dictionaries(
-    {"v": st.one_of(st.just(1), _value)},
-    optional={"test": st.one_of(st.sampled_from(["lat", "bw", "rate"]), _value),
-              "sizes": st.one_of(st.lists(st.integers(-5, 1 << 31), max_size=3), _value),
-              "iters": st.one_of(st.integers(-5, 1 << 40), _value),
-              "warmup": st.one_of(st.integers(-5, 1 << 40), _value),
-              "batch": st.one_of(st.integers(-5, 1 << 14), _value),
-              "last": _value})))
+@given(d=_perf_params())
 def test_fuzz_perf_parameters(d):
     """check_params returns Params within the documented bounds or raises
     ProtocolError: never another exception for the server loop to die of."""
@@ -489,7 +509,9 @@ def test_fuzz_perf_parameters(d):
     except ProtocolError:
         return
     assert p.test in perf.TESTS and 1 <= p.batch <= perf.MAX_BATCH
-    assert all(1 <= s <= perf.MAX_SIZE for s in p.sizes)
+    assert 1 <= p.iters <= perf.MAX_ITERS and 0 <= p.warmup <= perf.MAX_ITERS
+    assert isinstance(p.last, bool)
+    assert all(1 <= s <= perf.MAX_SIZE for s in p.sizes) and len(p.sizes) <= perf.MAX_SIZES
 
 
 def test_perf_server_says_it_listens_on_every_interface_and_takes_bind():
