@@ -529,7 +529,7 @@ def test_perf_server_says_it_listens_on_every_interface_and_takes_bind():
 
 
 def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_THREAD)
+    r = resource.getrusage(resource.RUSAGE_SELF)      # every thread: tcp has a progress one
     return r.ru_utime + r.ru_stime
 
 
@@ -566,5 +566,43 @@ def test_a_stray_byte_on_the_shm_side_channel_does_not_make_waits_spin():
         wall, cpu = time.monotonic() - t0, _cpu() - cpu0
         assert cpu < 0.3, f"a {wall:.2f} s wait used {cpu:.2f} s of CPU"
         assert got.type is rdmamw.PeerLost and wall < 0.5, (got, wall)
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+def _tcp_socket_to(port: int) -> int:
+    """The fd of this process's tcp socket connected to ``port`` (the opener's end of
+    a pair: the transport keeps it to itself)."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            s = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        with s:
+            try:
+                if s.type == socket.SOCK_STREAM and s.getpeername()[1] == port:
+                    return int(name)
+            except (OSError, IndexError, TypeError):
+                pass
+    raise AssertionError(f"no socket to port {port}")
+
+
+def test_a_stray_byte_on_a_tcp_connection_does_not_make_waits_spin():
+    """The same on tcp, where the socket is the data stream: a byte written into it
+    from outside the transport is garbage in the peer's framing. The waiting side
+    fails (PeerLost) or times out, without burning the wait's time in CPU."""
+    from tests.helpers import make_pair
+
+    a, b, lst = make_pair(provider="tcp", spin_us=0)
+    try:
+        port = int(lst.address.rsplit(":", 1)[1])
+        with socket.socket(fileno=os.dup(_tcp_socket_to(port))) as s:
+            s.send(b"!")
+        t0 = time.monotonic()
+        cpu0 = _cpu()
+        with pytest.raises((rdmamw.PeerLost, rdmamw.Timeout)):
+            b.recv(timeout=1.0)
+        wall, cpu = time.monotonic() - t0, _cpu() - cpu0
+        assert cpu < 0.3, f"a {wall:.2f} s wait used {cpu:.2f} s of CPU"
     finally:
         a.close(), b.close(), lst.close()
