@@ -606,3 +606,35 @@ def test_a_stray_byte_on_a_tcp_connection_does_not_make_waits_spin():
         assert cpu < 0.3, f"a {wall:.2f} s wait used {cpu:.2f} s of CPU"
     finally:
         a.close(), b.close(), lst.close()
+
+
+# ---- the worker's side: a server's malformed reply ------------------------------------
+
+
+BAD_REPLIES = {
+    "not msgpack": [b"\xc1"],
+    "not a map": [_p([1])],
+    "no op": [_p({"id": 0})],
+    "end without version": [_p({"op": "end", "id": 0})],
+    "end of a string id": [_p({"op": "end", "id": "0", "version": 1})],
+    "end with a bad plan": [_p({"op": "end", "id": 0, "version": 1, "plan": [1, "x"]})],
+    "err without msg": [_p({"op": "err"})],
+    "val of an unhashable key": [_p({"op": "val", "k": [1], "o": 0}), F4],
+    "val past the end": [_p({"op": "val", "k": "w", "o": 8}), F4],
+    "val of a negative offset": [_p({"op": "val", "k": "w", "o": -4}), F4],
+    "val not whole elements": [_p({"op": "val", "k": "w", "o": 0}), b"\0" * 6],
+}
+
+
+@pytest.mark.parametrize("frames", BAD_REPLIES.values(), ids=BAD_REPLIES)
+def test_a_malformed_server_reply_is_a_protocol_error_on_the_worker(frames):
+    """A worker reading a server's reply that does not fit (wrong types, a block past
+    its array) raises ProtocolError, not a raw KeyError / TypeError / ValueError."""
+    from rdmamw.ps import KVWorker
+
+    w = KVWorker([FakeChannel()])
+    dest = {"w": np.zeros(10, np.float32)}
+    hdr: dict = {0: None}
+    with pytest.raises(ProtocolError):
+        for f in frames:
+            w._take(0, memoryview(f), hdr, dest, 0)

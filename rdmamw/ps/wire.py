@@ -138,6 +138,30 @@ def request(msg: object) -> dict:
     return h
 
 
+def reply(msg: object) -> dict:
+    """A server's header as a worker reads it, checked (ProtocolError otherwise): a
+    map with a reply op and the fields the worker uses of the right types."""
+    try:
+        h = unpack(msg)
+    except Exception as e:  # noqa: BLE001 - msgpack raises several types
+        raise ProtocolError(f"server reply is not msgpack ({type(e).__name__}: {e})") from None
+    op = h.get("op") if isinstance(h, dict) else None
+    ints = [h.get("id"), h.get("version"), h.get("merged", 0)] if op in (OK, END) else []
+    plan, shares = (h.get("plan"), h.get("shares")) if op in (OK, END) else (None, None)
+    ok = (op == VAL and type(h.get("k")) in KEY_TYPES and type(h.get("o", 0)) is int
+          and h.get("o", 0) >= 0
+          or op == ERR and isinstance(h.get("msg"), str)
+          or op in (OK, END) and all(type(v) is int for v in ints)
+          and (plan is None or isinstance(plan, list) and len(plan) == 3
+               and all(type(v) is int for v in plan))
+          and (shares is None or isinstance(shares, list)
+               and all(type(v) is int for v in shares)))
+    if not ok:
+        raise ProtocolError(f"server reply {h!r:.80} is not a well-formed "
+                            f"ok / val / end / err")
+    return h
+
+
 def shard(key: Hashable, nservers: int) -> int:
     """The server that owns ``key``: stable across processes (not Python's hash)."""
     return zlib.crc32(repr(key).encode()) % nservers
