@@ -146,6 +146,10 @@ SETTINGS: dict[str, Setting] = {}
 def _declare(component: str, name: str, kind: str, default: Any, doc: str, **kw: Any) -> None:
     if name in SETTINGS:
         raise AssertionError(f"{name} declared twice")
+    if "maximum" not in kw and kind in ("seconds", "bytes", "float"):
+        kw["maximum"] = {"seconds": MAX_SECONDS, "bytes": MAX_BYTES, "float": MAX_SPIN_US}[kind]
+    if kind in ("int", "float", "bytes", "seconds") and not kw.get("maximum", math.inf) < math.inf:
+        raise AssertionError(f"{name}: a number needs a maximum the code can honour")
     SETTINGS[name] = Setting(name, kind, default, doc, component, **kw)
 
 
@@ -161,11 +165,28 @@ def _uid_list(value: str, what: str) -> frozenset[int] | None:
     return uids
 
 
+def _topology(value: str, what: str) -> str:
+    if value in ("host", "hostname", "probe") or "," in value:
+        return value
+    raise ConfigError(f"{what}={value!r} is not host, hostname, probe or comma-separated "
+                      "labels (one per rank)")
+
+
 K, M, G = 1 << 10, 1 << 20, 1 << 30
+#: the bounds every setting of a kind gets unless it declares its own: what the code
+#: can honour (a C poll() takes int milliseconds and a deadline must fit a time_t; a
+#: byte count must fit the size_t it is handed to); tests/test_settings_range.py sets
+#: every setting to its minimum and maximum and runs the path that uses it
+MAX_SECONDS = 1e6               # 11.6 days
+MAX_BYTES = 1 << 50             # 1 PiB
+MAX_SPIN_US = 1e6               # one second of spinning before a sleep
+MAX_RANKS = 1 << 20             # ranks of a job: what rank 0's bootstrap serves in time
+MAX_RING_SLOTS = 1 << 20        # rdmamw/transport/layout.py MAX_SLOTS
+MAX_PEER_HEARTBEAT = 60.0       # the largest heartbeat a tcp peer accepts (providers/tcp.py)
 D = _declare
 # channel
 D("channel", "RDMAMW_SLOTS", "int", 128, "slots in the ring a channel receives on", minimum=1,
-  maximum=1 << 20)
+  maximum=MAX_RING_SLOTS)
 D("channel", "RDMAMW_SLOT_SIZE", "bytes", 64 * K, "bytes per slot: the largest eager message",
   minimum=64, maximum=G)
 D("channel", "RDMAMW_SPIN_US", "float", 100.0,
@@ -190,7 +211,7 @@ D("memory", "RDMAMW_REGCACHE_BYTES", "bytes", G,
   "registered bytes the registration cache keeps per channel")
 D("memory", "RDMAMW_POOL_BYTES", "bytes", 256 * M, "bytes a buffer pool keeps")
 D("memory", "RDMAMW_POOL_SHARDS", "int", None,
-  "per-thread shards of a buffer pool (default min(8, CPUs))", minimum=1)
+  "per-thread shards of a buffer pool (default min(8, CPUs))", minimum=1, maximum=1024)
 D("memory", "RDMAMW_RNDV_STRATEGY", "choice", "",
   "rendezvous strategy for large messages, over the tuning file",
   choices=(*RNDV_STRATEGIES, ""))
@@ -200,12 +221,14 @@ D("memory", "RDMAMW_TUNE_FILE", "path", "",
   "rendezvous tuning file (default ~/.config/rdmamw/rendezvous.json)")
 # shm
 D("shm", "RDMAMW_SHM_STAGING", "bytes", G,
-  "size of the staging area for rendezvous when CMA is not permitted")
+  "size of the staging area for rendezvous when CMA is not permitted (the largest "
+  "rendezvous message then; a peer takes at most 1 TiB)", minimum=1, maximum=1 << 40)
 D("shm", "RDMAMW_SHM_CMA", "bool", True,
   "use process_vm_readv/writev (CMA) for rendezvous between processes")
 D("shm", "RDMAMW_SHM_ASSIST", "bytes", M,
   "messages from this size on are copied with the peer's help")
-D("shm", "RDMAMW_SHM_ASSIST_CHUNK", "bytes", 256 * K, "piece of an assisted copy")
+D("shm", "RDMAMW_SHM_ASSIST_CHUNK", "bytes", 256 * K, "piece of an assisted copy",
+  minimum=1)
 D("shm", "RDMAMW_SHM_ASSIST_STALL", "seconds", 10.0,
   "seconds an assisted copy may make no progress before it fails", minimum=1e-3)
 D("shm", "RDMAMW_SHM_ALLOW_UIDS", "str", "",
@@ -213,7 +236,8 @@ D("shm", "RDMAMW_SHM_ALLOW_UIDS", "str", "",
   check=_uid_list)
 # tcp
 D("tcp", "RDMAMW_TCP_HEARTBEAT", "seconds", 0.25,
-  "interval of heartbeats on an idle tcp connection (0: none)")
+  "interval of heartbeats on an idle tcp connection (0: none; at most the 60 s a peer "
+  "accepts)", maximum=MAX_PEER_HEARTBEAT)
 D("tcp", "RDMAMW_TCP_PEER_TIMEOUT", "seconds", 1.5,
   "silence after which a tcp peer is lost", minimum=1e-3)
 # verbs
@@ -222,30 +246,35 @@ D("verbs", "RDMAMW_VERBS_LIBRARY", "str", "libibverbs.so.1",
 D("verbs", "RDMAMW_VERBS_FABRIC", "str", "",
   "declare this rank's fabric (net:NAME) instead of deriving it from its GID")
 D("verbs", "RDMAMW_VERBS_DEVICE", "str", "", "RDMA device name (default: the first usable)")
-D("verbs", "RDMAMW_VERBS_PORT", "int", 0, "device port (0: the first active)")
+D("verbs", "RDMAMW_VERBS_PORT", "int", 0, "device port (0: the first active)", maximum=255)
 D("verbs", "RDMAMW_VERBS_GID_INDEX", "int", -1, "GID index (-1: chosen by link layer)",
-  minimum=-1)
-D("verbs", "RDMAMW_VERBS_SQ_DEPTH", "int", 256, "send queue depth of a channel's QP", minimum=1)
-D("verbs", "RDMAMW_VERBS_RQ_DEPTH", "int", 0, "receive queue depth (0: from the ring)")
-D("verbs", "RDMAMW_VERBS_INLINE", "int", 256, "bytes sent inline in a work request")
+  minimum=-1, maximum=(1 << 16) - 1)
+D("verbs", "RDMAMW_VERBS_SQ_DEPTH", "int", 256, "send queue depth of a channel's QP", minimum=1,
+  maximum=1 << 16)
+D("verbs", "RDMAMW_VERBS_RQ_DEPTH", "int", 0, "receive queue depth (0: from the ring)",
+  maximum=1 << 16)
+D("verbs", "RDMAMW_VERBS_INLINE", "int", 256, "bytes sent inline in a work request",
+  maximum=4096)
 D("verbs", "RDMAMW_VERBS_EVENT", "int", 0,
   "1: sleep on the completion channel (WRITE_WITH_IMM wake-ups)", maximum=1)
 D("verbs", "RDMAMW_VERBS_PINNED_BYTES", "bytes", 0,
   "registered (pinned) bytes the process's verbs channels may hold; 0: half the memory, "
-  "at most `ulimit -l`")
-D("verbs", "RDMAMW_VERBS_POLL_MS", "int", 1, "re-check interval of a sleeper without events")
+  "at most `ulimit -l`", maximum=1 << 50)
+D("verbs", "RDMAMW_VERBS_POLL_MS", "int", 1, "re-check interval of a sleeper without events",
+  maximum=60000)
 D("verbs", "RDMAMW_VERBS_TIMEOUT", "int", 14, "QP local ACK timeout exponent (4.096 us x 2^n)",
   maximum=31)
 # bootstrap (the launcher variables are read with torchrun's, MPI's and Slurm's)
 OWN = "a launcher of one's own"
 D("bootstrap", "RDMAMW_RANK", "int", None, "this process's rank (set by a launcher)",
-  set_by=OWN)
+  maximum=MAX_RANKS - 1, set_by=OWN)
 D("bootstrap", "RDMAMW_WORLD_SIZE", "int", None, "ranks in the job (set by a launcher)",
-  minimum=1, set_by=OWN)
+  minimum=1, maximum=MAX_RANKS, set_by=OWN)
 D("bootstrap", "RDMAMW_MASTER_ADDR", "str", None,
   "rank 0's bootstrap address (wins over the launchers')", set_by=OWN)
 D("bootstrap", "RDMAMW_MASTER_PORT", "int", None,
-  "rank 0's bootstrap port (wins over the launchers')", maximum=65535, set_by=OWN)
+  "rank 0's bootstrap port (wins over the launchers')", minimum=1, maximum=65535,
+  set_by=OWN)
 D("bootstrap", "RDMAMW_SOCKET_IFNAME", "str", "",
   "interfaces for the tcp and bootstrap addresses: prefixes, =exact, ^ excludes")
 D("bootstrap", "RDMAMW_INIT_TIMEOUT", "seconds", 60.0, "seconds rdmamw.init() waits for the job")
@@ -256,18 +285,19 @@ D("bootstrap", "RDMAMW_PROVIDER_PLUGINS", "str", "",
   "more providers: module or module:attr (default attr PROVIDER), comma-separated")
 # collectives
 D("collectives", "RDMAMW_COLL_SLOTS", "int", 16, "slots of a collective channel's ring",
-  minimum=1)
+  minimum=1, maximum=MAX_RING_SLOTS)
 D("collectives", "RDMAMW_COLL_SLOT_SIZE", "bytes", M, "slot bytes of a collective channel",
   minimum=64, maximum=G)
 D("collectives", "RDMAMW_COLL_MIN_CHUNK", "bytes", 16 * K, "smallest pipeline chunk",
-  minimum=1)
+  minimum=1, maximum=G)
 D("collectives", "RDMAMW_COLL_CHUNK", "bytes", 4 * M,
   "largest pipeline chunk on channels with rendezvous (others: their eager limit)",
   minimum=64, maximum=G)
 D("collectives", "RDMAMW_COLL_SPIN_US", "float", None,
   "microseconds a collective's wait spins before it sleeps (default RDMAMW_SPIN_US; 0 "
   "when this host runs more ranks than it has CPUs)", minimum=0.0)
-D("collectives", "RDMAMW_COLL_PIECES", "int", 1, "pipeline pieces per transfer", minimum=1)
+D("collectives", "RDMAMW_COLL_PIECES", "int", 1, "pipeline pieces per transfer", minimum=1,
+  maximum=1 << 16)
 D("collectives", "RDMAMW_COLL_RESULT_BYTES", "bytes", G,
   "idle bytes the pool of out-of-place collective results keeps")
 D("collectives", "RDMAMW_ALLREDUCE_ALGORITHM", "choice", "",
@@ -275,9 +305,11 @@ D("collectives", "RDMAMW_ALLREDUCE_ALGORITHM", "choice", "",
 D("collectives", "RDMAMW_COLL_CONFIG", "path", "",
   "cost-model file of `rdmamw tune` (default ~/.config/rdmamw/collectives.json)")
 D("collectives", "RDMAMW_COLL_TOPOLOGY", "str", "host",
-  "how ranks group for hierarchical algorithms: host, or labels")
+  "how ranks group for hierarchical algorithms: host, hostname, probe, or labels "
+  "(comma-separated, one per rank)", check=_topology)
 # parameter server
-D("ps", "RDMAMW_PS_SLOTS", "int", 16, "slots of a parameter-server channel's ring", minimum=1)
+D("ps", "RDMAMW_PS_SLOTS", "int", 16, "slots of a parameter-server channel's ring", minimum=1,
+  maximum=MAX_RING_SLOTS)
 D("ps", "RDMAMW_PS_SLOT_SIZE", "bytes", M, "slot bytes of a parameter-server channel",
   minimum=64, maximum=G)
 D("ps", "RDMAMW_PS_INIT_TIMEOUT", "seconds", 60.0,
@@ -297,41 +329,46 @@ def L(name: str, kind: str, set_by: str, doc: str, **kw: Any) -> None:
 
 
 TORCHRUN, OMPI, MPICH, SLURM, PSLITE = "torchrun", "Open MPI", "MPICH", "Slurm", "ps-lite"
-L("RANK", "int", TORCHRUN, "this process's rank")
-L("WORLD_SIZE", "int", TORCHRUN, "ranks in the job", minimum=1)
-L("LOCAL_RANK", "int", TORCHRUN, "this process's rank on its host")
-L("LOCAL_WORLD_SIZE", "int", TORCHRUN, "ranks on this host", minimum=1)
+RK, WS = {"maximum": MAX_RANKS - 1}, {"minimum": 1, "maximum": MAX_RANKS}
+L("RANK", "int", TORCHRUN, "this process's rank", **RK)
+L("WORLD_SIZE", "int", TORCHRUN, "ranks in the job", **WS)
+L("LOCAL_RANK", "int", TORCHRUN, "this process's rank on its host", **RK)
+L("LOCAL_WORLD_SIZE", "int", TORCHRUN, "ranks on this host", **WS)
 L("MASTER_ADDR", "str", TORCHRUN, "rank 0's host (also read under MPI and Slurm)")
 L("MASTER_PORT", "int", TORCHRUN, "rank 0's port (torchrun's agent store; ours takes the "
-  "next one when TORCHELASTIC_USE_AGENT_STORE=True)", maximum=65535)
+  "next one when TORCHELASTIC_USE_AGENT_STORE=True)", minimum=1, maximum=65535)
 L("TORCHELASTIC_USE_AGENT_STORE", "str", TORCHRUN,
   "True: torchrun's agent runs its own store on MASTER_PORT")
-L("OMPI_COMM_WORLD_RANK", "int", OMPI, "this process's rank")
-L("OMPI_COMM_WORLD_SIZE", "int", OMPI, "ranks in the job", minimum=1)
-L("OMPI_COMM_WORLD_LOCAL_SIZE", "int", OMPI, "ranks on this host", minimum=1)
-L("PMI_RANK", "int", MPICH, "this process's rank")
-L("PMI_SIZE", "int", MPICH, "ranks in the job", minimum=1)
-L("MPI_LOCALNRANKS", "int", MPICH, "ranks on this host", minimum=1)
-L("SLURM_PROCID", "int", SLURM, "this process's rank")
-L("SLURM_NTASKS", "int", SLURM, "ranks in the job", minimum=1)
-L("SLURM_NTASKS_PER_NODE", "int", SLURM, "ranks per host", minimum=1)
+L("OMPI_COMM_WORLD_RANK", "int", OMPI, "this process's rank", **RK)
+L("OMPI_COMM_WORLD_SIZE", "int", OMPI, "ranks in the job", **WS)
+L("OMPI_COMM_WORLD_LOCAL_SIZE", "int", OMPI, "ranks on this host", **WS)
+L("PMI_RANK", "int", MPICH, "this process's rank", **RK)
+L("PMI_SIZE", "int", MPICH, "ranks in the job", **WS)
+L("MPI_LOCALNRANKS", "int", MPICH, "ranks on this host", **WS)
+L("SLURM_PROCID", "int", SLURM, "this process's rank", **RK)
+L("SLURM_NTASKS", "int", SLURM, "ranks in the job", **WS)
+L("SLURM_NTASKS_PER_NODE", "int", SLURM, "ranks per host", **WS)
 L("SLURM_JOB_NODELIST", "str", SLURM, "the job's hosts: the first one runs rank 0's store")
-L("SLURM_JOB_ID", "int", SLURM, "the job's id: rank 0's port is 20000 + id mod 20000")
+L("SLURM_JOB_ID", "int", SLURM, "the job's id: rank 0's port is 20000 + id mod 20000",
+  maximum=(1 << 63) - 1)
 L("DMLC_ROLE", "str", PSLITE, "scheduler (rank 0), server or worker")
-L("DMLC_NUM_SERVER", "int", PSLITE, "servers in the job (ranks 1..S)", default=0)
+L("DMLC_NUM_SERVER", "int", PSLITE, "servers in the job (ranks 1..S)", default=0,
+  maximum=MAX_RANKS // 2 - 1)
 L("DMLC_NUM_WORKER", "int", PSLITE, "workers in the job (the ranks after the servers)",
-  default=0)
-L("DMLC_SERVER_ID", "int", PSLITE, "this server's index (else the next free server rank)")
-L("DMLC_WORKER_ID", "int", PSLITE, "this worker's index (else the next free worker rank)")
+  default=0, maximum=MAX_RANKS // 2)
+L("DMLC_SERVER_ID", "int", PSLITE, "this server's index (else the next free server rank)",
+  maximum=MAX_RANKS // 2 - 2)
+L("DMLC_WORKER_ID", "int", PSLITE, "this worker's index (else the next free worker rank)",
+  maximum=MAX_RANKS // 2 - 1)
 L("DMLC_PS_ROOT_URI", "str", PSLITE, "the scheduler's host")
-L("DMLC_PS_ROOT_PORT", "int", PSLITE, "the scheduler's port", maximum=65535)
+L("DMLC_PS_ROOT_PORT", "int", PSLITE, "the scheduler's port", minimum=1, maximum=65535)
 # the job's identity: a rank of another job at rank 0's store is refused (the first set wins)
 L("RDMAMW_JOB_ID", "str", OWN, "the job's id (wins over the launchers')")
 L("TORCHELASTIC_RUN_ID", "str", TORCHRUN, "the job's id (--rdzv-id)")
 L("SLURM_STEP_ID", "str", SLURM, "the job step's id (with SLURM_JOB_ID: the job's id)")
 L("PMIX_NAMESPACE", "str", "PMIx (Open MPI 5, srun --mpi=pmix)", "the job's namespace")
 L("OMPI_MCA_ess_base_jobid", "str", OMPI, "the job's id (Open MPI 4)")
-del D, L, OWN, TORCHRUN, OMPI, MPICH, SLURM, PSLITE
+del D, L, OWN, TORCHRUN, OMPI, MPICH, SLURM, PSLITE, RK, WS
 
 #: any variable of these launchers, declared above or not, is theirs: a job that
 #: rdmamw.bootstrap.launch starts does not inherit it
@@ -406,23 +443,34 @@ def effective() -> list[dict[str, Any]]:
 def markdown_table() -> str:
     """The tables of docs/config.md: the library's settings, then the launchers'
     variables."""
-    lines = ["| variable | type | default | what it sets |", "|---|---|---|---|"]
+    lines = ["| variable | type | default | range | what it sets |", "|---|---|---|---|---|"]
     for s in SETTINGS.values():
         if s.component == "launcher":
             continue
         default = "-" if s.default in (None, "") else s.default
         if s.kind == "bytes" and isinstance(default, int):
             default = _human_bytes(default)
-        lines.append(f"| `{s.name}` | {s.kind} | {default} | {s.doc} |")
+        lines.append(f"| `{s.name}` | {s.kind} | {default} | {_range(s)} | {s.doc} |")
     lines += ["", "Set by launchers (read by `rdmamw.init()`, docs/api.md \"Jobs\"):", "",
-              "| variable | type | set by | what it says |", "|---|---|---|---|"]
-    lines += [f"| `{s.name}` | {s.kind} | {s.set_by} | {s.doc} |"
+              "| variable | type | range | set by | what it says |", "|---|---|---|---|---|"]
+    lines += [f"| `{s.name}` | {s.kind} | {_range(s)} | {s.set_by} | {s.doc} |"
               for s in SETTINGS.values() if s.component == "launcher"]
     return "\n".join(lines) + "\n"
 
 
+def _range(s: Setting) -> str:
+    """A numeric setting's bounds as the table shows them (``-`` for the others)."""
+    if s.kind not in ("int", "float", "bytes", "seconds"):
+        return "-"
+    if s.kind == "bytes":
+        return f"{_human_bytes(int(s.minimum))}..{_human_bytes(int(s.maximum))}"
+    if s.kind == "int":
+        return f"{int(s.minimum)}..{int(s.maximum)}"
+    return f"{s.minimum:g}..{s.maximum:g}"
+
+
 def _human_bytes(n: int) -> str:
-    for unit, size in (("G", G), ("M", M), ("K", K)):
+    for unit, size in (("P", 1 << 50), ("T", 1 << 40), ("G", G), ("M", M), ("K", K)):
         if n >= size and n % size == 0:
             return f"{n // size}{unit}"
     return str(n)

@@ -1,7 +1,7 @@
 """``rdmamw perf``: perftest's ib_send_lat / ib_write_bw (or ucx_perftest) for rdmamw
 channels, on every provider: a server on one end, a client on the other.
 
-    rdmamw perf --server [ADDR]                 # prints the address it listens on
+    rdmamw perf --server [ADDR | --bind HOST]   # prints the address it listens on
     rdmamw perf ADDR [-t lat|bw|rate] [-s SIZE[,SIZE..] | -a] [-n ITERS] [--batch N]
                      [--mode batched|ack|batched,ack] [--provider SCHEME] [--json]
 
@@ -9,6 +9,10 @@ ADDR is ``HOST[:PORT]`` (tcp, verbs; port 18515 as perftest's), a name (shm), or
 whole address (``verbs://10.0.0.1:7000``). The client decides the test and sends its
 parameters as the first message of each channel (one channel per mode, since the
 opener chooses the mode); the server follows and exits after the client's last run.
+A client that sends bad parameters, stalls or leaves mid-run is dropped (noted on
+the server's output) and the server waits for the next. Like perftest's, the server
+listens on every interface (0.0.0.0) unless ADDR or ``--bind HOST`` names one; it
+says so when it starts.
 ``lat`` is a ping-pong (one message each way per iteration; latency = half the round
 trip, as perftest's); ``bw`` and ``rate`` stream ``--batch`` messages per
 ``send_batch`` until the server has counted ``-n`` of them and answered (``rate``:
@@ -29,7 +33,7 @@ import msgpack
 
 import rdmamw
 from rdmamw.config import parse_bytes
-from rdmamw.errors import ProtocolError, RdmamwError
+from rdmamw.errors import MessageTooLarge, ProtocolError, RdmamwError
 from rdmamw.memory.units import human
 from rdmamw.providers import best, schemes
 from rdmamw.providers import provider as lookup
@@ -112,27 +116,57 @@ def _echo(ch, reply: memoryview, count: int, timeout: float) -> None:
     _report(ch, 2 * count, nbytes)
 
 
+def _serve_one(ch, timeout: float) -> Params:
+    """One client's channel: its parameters, every run they ask for, its close."""
+    p = check_params(bytes(ch.recv(timeout=timeout)))
+    reply = memoryview(bytearray(max(p.sizes) if p.test == "lat" else 1))
+    for _size in p.sizes:
+        for count in (p.warmup, p.iters):
+            if p.test == "lat":
+                _echo(ch, reply, count, timeout)
+            else:
+                _sink(ch, count, timeout)
+    # the client closes first: its last report must not race our close
+    try:
+        ch.recv(timeout=timeout)
+    except rdmamw.ChannelClosed:
+        pass
+    return p
+
+
+#: what one client can do to its own channel (bad parameters, a stall, leaving mid-run):
+#: that channel is dropped and the server serves the next
+CLIENT_FAILURES = (ProtocolError, rdmamw.PeerLost, rdmamw.ChannelClosed, rdmamw.Timeout,
+                   MessageTooLarge)
+
+
+def exposure_note(address: str) -> str:
+    """What to say of a server listening on every interface (else "")."""
+    host = address.partition("://")[2].rpartition(":")[0].strip("[]")
+    if host not in ("0.0.0.0", "::", ""):
+        return ""
+    return (f"rdmamw perf: listening on every interface ({host or '*'}), as perftest does; "
+            f"--bind HOST listens on one")
+
+
 def serve(address: str, timeout: float, out=sys.stdout) -> int:
-    """Serve clients' runs until one says it was the last; the number of runs."""
+    """Serve clients' runs until one says it was the last; the number of runs. A
+    client's failure (:data:`CLIENT_FAILURES`) drops its channel, noted on ``out``."""
     runs = 0
     with rdmamw.listen(address) as lst:
         print(f"rdmamw perf: listening on {lst.address}", file=out, flush=True)
+        note = exposure_note(lst.address)
+        if note:
+            print(note, file=sys.stderr, flush=True)
         while True:
             with lst.accept(timeout=timeout) as ch:
-                p = check_params(bytes(ch.recv(timeout=timeout)))
-                reply = memoryview(bytearray(max(p.sizes) if p.test == "lat" else 1))
-                for _size in p.sizes:
-                    for count in (p.warmup, p.iters):
-                        if p.test == "lat":
-                            _echo(ch, reply, count, timeout)
-                        else:
-                            _sink(ch, count, timeout)
-                runs += 1
-                # the client closes first: its last report must not race our close
                 try:
-                    ch.recv(timeout=timeout)
-                except rdmamw.ChannelClosed:
-                    pass
+                    p = _serve_one(ch, timeout)
+                except CLIENT_FAILURES as e:
+                    print(f"rdmamw perf: client {ch.peer} dropped: {type(e).__name__}: {e}",
+                          file=out, flush=True)
+                    continue
+            runs += 1
             if p.last:
                 return runs
 
@@ -241,8 +275,17 @@ def default_provider() -> str:
     return best(network=True).scheme
 
 
-def resolve(addr: str | None, provider: str | None, server: bool) -> str:
-    """The channel address for ADDR and --provider (see the module docstring)."""
+def resolve(addr: str | None, provider: str | None, server: bool,
+            bind: str | None = None) -> str:
+    """The channel address for ADDR, --provider and --bind (see the module docstring)."""
+    if bind is not None:
+        if not server:
+            raise ValueError("--bind is the server's (the client connects to ADDR)")
+        if addr:
+            raise ValueError("give the server ADDR or --bind HOST, not both")
+        if not bind.strip():
+            raise ValueError("--bind needs a host")
+        addr = bind
     if addr and "://" in addr:
         scheme = addr.partition("://")[0]
         if provider and provider != scheme:
@@ -250,6 +293,8 @@ def resolve(addr: str | None, provider: str | None, server: bool) -> str:
         return addr
     provider = provider or default_provider()
     if not lookup(provider).network:       # a name on this host, not HOST:PORT
+        if bind is not None:
+            raise ValueError(f"--bind is for network providers, not {provider}")
         return f"{provider}://{addr or 'rdmamw-perf'}"
     if not addr:
         if not server:
@@ -309,6 +354,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("address", nargs="?", metavar="ADDR",
                    help="the server (client); where to listen (server)")
     p.add_argument("--server", action="store_true", help="be the server")
+    p.add_argument("--bind", metavar="HOST",
+                   help="the server's interface (default 0.0.0.0: every interface)")
     p.add_argument("-t", "--test", choices=TESTS, default="bw", help="default bw")
     sz = p.add_mutually_exclusive_group()
     sz.add_argument("-s", "--size", help="message size(s), e.g. 8 or 64K or 8,4K,1M "
@@ -347,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = _sizes(p, args)
     iters = args.iters or DEFAULT_ITERS[args.test]
     try:
-        address = resolve(args.address, args.provider, args.server)
+        address = resolve(args.address, args.provider, args.server, args.bind)
     except ValueError as e:
         p.error(str(e))
     try:

@@ -33,7 +33,7 @@ import numpy as np
 from rdmamw import config
 from rdmamw.channel import Channel, Message
 from rdmamw.collectives._kernels import Copier
-from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, RdmamwError
+from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, ProtocolError, RdmamwError
 from rdmamw.steps import Steps
 
 # Chunks (docs/collectives.md, "Chunking and pipelining"): up to RDMAMW_COLL_CHUNK
@@ -385,6 +385,7 @@ class Communicator:
         equal means everyone agrees; otherwise all raise the same clear error. It is
         also a barrier: nobody leaves before every rank has arrived."""
         lo = hi = [header, self.rank]
+        lo_key = hi_key = _order(lo)
         cap = self._cap
         k, n = 1, self.size
         while k < n:
@@ -401,13 +402,33 @@ class Communicator:
                 m.release()
             if magic != MAGIC:
                 raise RdmamwError(f"collective #{self.seq}: bad header from rank {frm}")
-            lo, hi, cap = min(lo, olo), max(hi, ohi), min(cap, ocap)
+            olo_key, ohi_key = self._checked(frm, olo, ohi, ocap, len(header))
+            if olo_key < lo_key:
+                lo, lo_key = olo, olo_key
+            if ohi_key > hi_key:
+                hi, hi_key = ohi, ohi_key
+            cap = min(cap, ocap)
             k *= 2
         self.max_chunk = cap
         if lo[0] != hi[0]:
             raise CollectiveMismatch(
                 f"collective #{lo[0][0]}: rank {lo[1]} called {describe(lo[0])} but rank "
                 f"{hi[1]} called {describe(hi[0])}")
+
+    def _checked(self, frm: int, lo: Any, hi: Any, cap: Any, fields: int) -> tuple:
+        """The order keys of a peer's smallest and largest header, once each is
+        ``[header, rank]`` with the header's fields of the types every rank sends
+        (:func:`describe`'s) and ``cap`` a chunk size; else ProtocolError."""
+        keys = []
+        for entry in (lo, hi):
+            if not _well_formed(entry, fields, self.size):
+                raise ProtocolError(f"collective #{self.seq}: rank {frm} sent a malformed "
+                                    f"header {entry!r:.120}")
+            keys.append(_order(entry))
+        if type(cap) is not int or not 1 <= cap <= 1 << 62:
+            raise ProtocolError(f"collective #{self.seq}: rank {frm} sent a malformed header "
+                                f"(chunk {cap!r:.40})")
+        return tuple(keys)
 
     def close(self, linger: float = 5.0) -> None:
         """Close every channel; the communicator is done.
@@ -512,6 +533,31 @@ def chunk_limit(ch: Channel, chunk: int) -> int:
     if ch.rendezvous == "off":
         return ch.eager_limit
     return min(chunk, ch.peer_max_message_size or chunk)
+
+
+#: the types of a header's fields: [seq, kind, dtype, shape, op, root, algorithm]
+_FIELD_TYPES = (int, str, str, list, str, int, str)
+
+
+def _well_formed(entry: Any, fields: int, size: int) -> bool:
+    """Whether ``entry`` is ``[header, rank]`` as a rank sends it: ``fields`` fields
+    of :data:`_FIELD_TYPES`, the shape a list of sizes (or ``"*"``), a rank of the job."""
+    if not (type(entry) is list and len(entry) == 2):
+        return False
+    h, rank = entry
+    return (type(h) is list and len(h) == fields == len(_FIELD_TYPES)
+            and all(type(v) is t for v, t in zip(h, _FIELD_TYPES, strict=True))
+            and all(type(d) is int or d == "*" for d in h[3])
+            and type(rank) is int and 0 <= rank < size)
+
+
+def _order(entry: list) -> tuple:
+    """The order of well-formed ``[header, rank]`` entries: the lists' own, except that
+    a shape's ``"*"`` (an uneven alltoall) sorts after every size instead of raising
+    TypeError against one (``["*", 4]`` against ``[8, 4]``)."""
+    h, rank = entry
+    shape = tuple((1, 0) if d == "*" else (0, d) for d in h[3])
+    return (*h[:3], shape, *h[4:], rank)
 
 
 def describe(h: list) -> str:

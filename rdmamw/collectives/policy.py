@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rdmamw import config
+from rdmamw.errors import ConfigError
 from rdmamw.vocabulary import ALLREDUCE_ALGORITHMS as ALGORITHMS
 
 CONFIG_ENV = "RDMAMW_COLL_CONFIG"
@@ -48,10 +50,29 @@ class Model:
         return {"intra": vars(self.intra), "inter": vars(self.inter), "gamma": self.gamma}
 
     @classmethod
-    def from_json(cls, d: dict, source: str = "") -> Model:
-        m = d.get("model", d)
-        return cls(Link(**m["intra"]), Link(**m["inter"]), float(m["gamma"]),
-                   d.get("algorithm"), source)
+    def from_json(cls, d: Any, source: str = "") -> Model:
+        """The model of a config file's JSON, checked: ConfigError naming ``source``
+        for anything but finite non-negative numbers and a known algorithm."""
+        def num(v: Any, what: str) -> float:
+            if type(v) not in (int, float) or not 0 <= v < math.inf:
+                raise ConfigError(f"{source or 'cost model'}: {what} = {v!r:.40} is not a "
+                                  f"finite number >= 0")
+            return float(v)
+
+        def link(v: Any, what: str) -> Link:
+            if not isinstance(v, dict):
+                raise ConfigError(f"{source or 'cost model'}: {what!r} is not a map")
+            return Link(num(v.get("alpha"), f"{what}.alpha"), num(v.get("beta"), f"{what}.beta"))
+
+        m = d.get("model", d) if isinstance(d, dict) else None
+        if not isinstance(m, dict):
+            raise ConfigError(f"{source or 'cost model'}: not a map of intra, inter, gamma")
+        algorithm = d.get("algorithm")
+        if algorithm not in (None, "auto", *ALGORITHMS):
+            raise ConfigError(f"{source or 'cost model'}: algorithm {algorithm!r:.40} is not "
+                              f"'auto' or one of {ALGORITHMS}")
+        return cls(link(m.get("intra"), "intra"), link(m.get("inter"), "inter"),
+                   num(m.get("gamma"), "gamma"), algorithm, source)
 
 
 def load(path: str | os.PathLike | None = None) -> Model:
@@ -61,7 +82,12 @@ def load(path: str | os.PathLike | None = None) -> Model:
     if not p.exists():
         return Model()
     logging.getLogger("rdmamw.collectives").info("collectives cost model from %s", p)
-    return Model.from_json(json.loads(p.read_text()), str(p))
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"{p} ({CONFIG_ENV} or the default) is not a cost model "
+                          f"written by `rdmamw tune`: {e}") from None
+    return Model.from_json(doc, f"{p} ({CONFIG_ENV} or the default)")
 
 
 def step(model: Model, groups: list[int], sends: list[tuple[int, int, float]],

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from rdmamw import config
+from rdmamw.errors import ConfigError
 
 PROBE_BYTES = 1 << 20
 PROBE_REPEAT = 5
@@ -45,13 +46,13 @@ def resolve(comm: Any, spec: Any, allgather: Callable[..., np.ndarray]) -> list[
         spec = spec.split(",")
     if isinstance(spec, list | tuple):
         if len(spec) != n:
-            raise ValueError(f"topology has {len(spec)} labels for {n} ranks")
+            raise ConfigError(f"topology has {len(spec)} labels for {n} ranks")
         return labels_to_groups(list(spec))
     if spec in ("host", "hostname"):
         return labels_to_groups([comm.world.peers[r].get(spec) for r in range(n)])
     if spec == "probe":
         return groups_from_bandwidth(probe(comm, allgather))
-    raise ValueError(f"unknown topology {spec!r}: use 'host', 'hostname', 'probe' or labels")
+    raise ConfigError(f"unknown topology {spec!r}: use 'host', 'hostname', 'probe' or labels")
 
 
 def probe(comm: Any, allgather: Callable[..., np.ndarray],

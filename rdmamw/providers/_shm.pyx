@@ -640,4 +640,11 @@ cdef class ShmTransport(Transport):
         if r == 0 or (r < 0 and errno != EAGAIN and errno != EINTR):
             self.state = RM_ERR_PEER_LOST      # the engine tells a clean close by CTRL
             return self.state
+        if r > 0:
+            # nothing is sent on the kept socket after the handshake: a byte there is a
+            # breach of the protocol, and left unread it would wake every later wait
+            # at once (a wait spinning a core); the peer is lost
+            self.state = RM_ERR_PEER_LOST
+            shutdown(self.sock, SHUT_RDWR)
+            return self.state
         return 1

@@ -23,6 +23,7 @@ from rdmamw.ps.optim import SGD
 from rdmamw.sched import Dsana
 
 log = logging.getLogger("rdmamw.ps")
+_SKIP: dict = {}        # expect[w]: the payload of a refused header, dropped unread
 
 
 class KVServer:
@@ -133,7 +134,19 @@ class KVServer:
                 log.warning("rdmamw.ps: worker %d sent %d messages after bye; dropped",
                             w, len(msgs) - i)
                 break
-            self._message(w, m)
+            if w in self.lost:
+                break
+            try:
+                self._message(w, m)
+            except wire.BadRequest as e:
+                self._error(w, e.key, f"bad request from worker {w}: {e}")
+            except Exception as e:  # noqa: BLE001 - one request must not end the loop
+                # a request the checks let through and the server could not take: drop
+                # that worker (its state may be half updated), serve the others
+                log.error("rdmamw.ps: worker %d: request failed (%s: %s); dropping it",
+                          w, type(e).__name__, e, exc_info=True)
+                self.chans[w].close()
+                self._lose(w, e)
         return True
 
     def stats(self) -> dict:
@@ -159,15 +172,24 @@ class KVServer:
     # -- messages -------------------------------------------------------------------
 
     def _message(self, w: int, m: Any) -> None:
+        """One message of worker ``w``: a header (checked by wire.request), or the
+        payload of the header before it; BadRequest for what does not fit."""
         hdr = self.expect[w]
         if hdr is not None:                        # the payload of the last header
             self.expect[w] = None
             with m:
                 self.peers[w].bytes_in += len(m)
-                self._payload(w, hdr, m)
+                if hdr is not _SKIP:               # its header was refused
+                    self._payload(w, hdr, m)
             return
-        h = wire.unpack(m)
-        m.release()
+        try:
+            h = wire.request(m)
+        except wire.BadRequest as e:
+            if e.payload:
+                self.expect[w] = _SKIP
+            raise
+        finally:
+            m.release()
         op = h["op"]
         if op in wire.WITH_PAYLOAD:
             self.expect[w] = h
@@ -183,11 +205,12 @@ class KVServer:
             self._forget(w)
             if "id" in h:               # acknowledged, so the worker's next messages wait
                 self._send(w, [wire.pack(wire.OK, id=h["id"], version=self.policy.version)])
-        else:
-            self._error(w, None, f"unknown request {op!r}")
 
     def _payload(self, w: int, h: dict, m: Any) -> None:
         key, o = h["k"], h.get("o", 0)
+        if len(m) % h["dt"].itemsize:
+            raise wire.BadRequest(f"key {key!r}: a payload of {len(m)} bytes is not whole "
+                                  f"{h['dt']} elements", key=key)
         if h["op"] == wire.INIT:
             self._init_block(w, h, m)
             return
@@ -195,8 +218,12 @@ class KVServer:
         if cur is None:
             self._error(w, key, f"push of unknown key {key!r}")
             return
+        if h["dt"] != cur.dtype:
+            self._error(w, key, f"key {key!r}: pushed {h['dt']} but the server holds "
+                                f"{cur.dtype} of shape {cur.shape}")
+            return
         block = np.frombuffer(m, dtype=cur.dtype)
-        if np.dtype(h["dt"]) != cur.dtype or o + block.size > cur.size:
+        if o + block.size > cur.size:
             self._error(w, key, f"key {key!r}: pushed {h['dt']} block [{o}:{o + block.size}] "
                                 f"does not fit the server's {cur.dtype} of shape {cur.shape}")
             return
@@ -215,10 +242,15 @@ class KVServer:
         del block
 
     def _init_block(self, w: int, h: dict, m: Any) -> None:
-        key, shape, dt = h["k"], tuple(h["shape"]), np.dtype(h["dt"])
+        key, shape, dt = h["k"], h["shape"], h["dt"]
         cur = self.model.get(key)
         if cur is None and h.get("o", 0) == 0:
-            cur = self.model[key] = np.zeros(shape, dt)
+            try:
+                cur = np.zeros(shape, dt)
+            except (MemoryError, ValueError) as e:
+                raise wire.BadRequest(f"key {key!r}: cannot hold {dt} {shape} ({e})",
+                                      key=key) from None
+            self.model[key] = cur
             self.velocity[key] = np.zeros(cur.size, dt)
             self.pending[key] = np.zeros(cur.size, dt)
             self._init_by[key] = w
@@ -227,12 +259,15 @@ class KVServer:
             self._error(w, key, f"key {key!r} initialised as {dt} {shape} but the server "
                                 f"holds {have}")
             return
+        o, n = h.get("o", 0), len(m) // dt.itemsize
+        if o + n > cur.size:
+            raise wire.BadRequest(f"key {key!r}: initial block [{o}:{o + n}] past its "
+                                  f"{cur.size} elements", key=key)
         if w <= self._init_by.get(key, -1):    # the lowest worker index's values win
             self._init_by[key] = w
         elif self._init_rest.get(key) != w:     # not the values the key holds
             return
         block = np.frombuffer(m, dtype=dt)
-        o = h.get("o", 0)
         cur.reshape(-1)[o:o + block.size] = block
         del block
         if h.get("last"):

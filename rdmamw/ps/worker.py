@@ -399,15 +399,22 @@ class KVWorker:
             with m:
                 tgt = dest.get(h["k"]) if dest is not None else None
                 if tgt is not None:
+                    o = h.get("o", 0)
+                    n, odd = divmod(len(m), tgt.dtype.itemsize)
+                    if odd or o + n > tgt.size:
+                        raise ProtocolError(f"server {s}: a block of {len(m)} bytes at "
+                                            f"{o} does not fit key {h['k']!r}")
                     blk = np.frombuffer(m, dtype=tgt.dtype)
-                    tgt[h["o"]:h["o"] + blk.size] = blk
+                    tgt[o:o + blk.size] = blk
                     self.metrics.bytes_pulled += blk.nbytes
                     del blk
             if arrived is not None and h.get("last"):
                 arrived(h["k"])
             return None
-        h = wire.unpack(m)
-        m.release()
+        try:
+            h = wire.reply(m)
+        finally:
+            m.release()
         if h["op"] == wire.VAL:
             hdr[s] = h
         elif h["op"] == wire.ERR:
