@@ -30,7 +30,6 @@ from rdmamw.torch.p2p import PointToPoint
 from rdmamw.torch.tensors import (
     PLAIN,
     WIDEN,
-    UnsupportedOp,
     UnsupportedTensor,
     as_numpy,
     check,
@@ -102,6 +101,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                  ) -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size
+        self._name = ""
         secs = timeout.total_seconds()
         ip = local_ip(store)
         world = kvstore.join(store, rank, size, secs, ip, "rdmamw/coll", launcher="torch")
@@ -128,6 +128,16 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"ProcessGroupRdmamw(rank={self._rank}, size={self._size})"
 
+    # torch reads a group's name from its registered backends, which a Python
+    # ProcessGroup has none of ("ProcessGroup name not set" in destroy_process_group)
+    def _set_group_name(self, name: str) -> None:
+        super()._set_group_name(name)
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
     # ---- reductions ------------------------------------------------------------------
 
     def allreduce(self, tensors: list[Tensor], opts: Any = None) -> Work:
@@ -135,7 +145,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
             t = tensors[0]
             if (type(t) is Tensor and t.dtype in PLAIN and t.is_cpu
                     and t.layout is torch.strided and t.is_contiguous()
-                    and opts.reduceOp == _SUM):
+                    and not t.requires_grad and opts.reduceOp == _SUM):
                 # torch's blocking dist.all_reduce(t), the call training loops make
                 # most: each check once, no closure, no Work but the finished one
                 # (docs/benchmarks.md, the backend's own cost)
@@ -150,7 +160,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         if name != "avg" and t.dtype not in WIDEN and t.is_contiguous():
             # nothing to stage or finish: the tensor's own memory is reduced in place
             # (a third of the backend's cost per call went to the staging closures)
-            x = t.numpy()
+            x = as_numpy(t)
             h = coll.allreduce(x, op=name, out=x, comm=self.comm, async_op=_async(opts))
             return work_after(h, lambda _: [t])
         buf, back = _staged(t, widen=True)
@@ -270,8 +280,34 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[list[Tensor]], inputs: list[Tensor],
                             opts: Any = None) -> Work:
-        return self._all([self.allgather([o], [i], opts)
-                          for o, i in zip(output_lists, inputs, strict=True)], output_lists)
+        """torch's all_gather_coalesced: ``output_lists[r][j]`` receives rank r's
+        ``inputs[j]``; one allgather of the inputs flattened together."""
+        n = self._size
+        if len(output_lists) != n or any(len(o) != len(inputs) for o in output_lists):
+            raise UnsupportedTensor(f"all_gather_coalesced needs {n} lists of "
+                                    f"{len(inputs)} output tensors")
+        if not inputs:
+            return completed(output_lists)
+        dt = inputs[0].dtype
+        for j, i in enumerate(inputs):
+            check(i)
+            if i.dtype != dt:
+                raise UnsupportedTensor(f"all_gather_coalesced: every tensor must be {dt}, "
+                                        f"not {i.dtype}")
+            _same([o[j] for o in output_lists], i, "all_gather_coalesced")
+        flat = torch.cat([i.detach().reshape(-1) for i in inputs])
+        h = coll.allgather(as_numpy(flat), comm=self.comm, async_op=_async(opts))
+
+        def finish(res: np.ndarray) -> list[list[Tensor]]:
+            rows = from_numpy(res, dt)
+            for r, outs in enumerate(output_lists):
+                k = 0
+                for o in outs:
+                    o.copy_(rows[r, k:k + o.numel()].view(o.shape))
+                    k += o.numel()
+            return output_lists
+
+        return work_after(h, finish)
 
     def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                     opts: Any = None) -> Work:
@@ -373,8 +409,14 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         return work_after(h, lambda _: (back(), [t])[1])
 
     def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> Work:
-        raise UnsupportedOp("the rdmamw backend needs recv's src (no receive from any "
-                            "source)")
+        """The first message of ``tag`` from any other rank (``dist.recv(t)``,
+        ``dist.irecv(t)``); the Work's ``_source_rank()`` names the sender."""
+        t = _one(tensors, "recv")
+        buf, back = _staged(t)
+        peers = [r for r in range(self._size) if r != self._rank]
+        h = self.p2p.recv_any(as_numpy(buf).reshape(-1).view(np.uint8), t.dtype,
+                              tuple(t.shape), peers, tag)
+        return work_after(h, lambda _: (back(), [t])[1], source=True)
 
     # ---- life ------------------------------------------------------------------------
 
