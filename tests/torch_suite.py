@@ -33,6 +33,19 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+#: tests that pass on gloo here and cannot on rdmamw, with the reason (docs/torch.md
+#: lists the same; tests/test_torch_suite.py holds the two together)
+_MONITORED = ("torch's dist.monitored_barrier refuses every backend but gloo by name "
+              "(torch/distributed/distributed_c10d.py, monitored_barrier)")
+NOT_APPLICABLE: dict[str, str] = {
+    "test_monitored_barrier_gloo": _MONITORED,
+    "test_monitored_barrier_gloo_rank_0_timeout": _MONITORED,
+    "test_monitored_barrier_gloo_subgroup": _MONITORED,
+    "test_sparse_all_reduce_sum": "sparse tensors: the backend refuses them "
+                                  "(UnsupportedTensor); no sparse all_reduce",
+}
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="rdmamw")
@@ -46,6 +59,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--as-gloo", action="store_true",
                     help="torch's skip decorators see 'gloo' (the tests it runs for gloo "
                          "only, by name), the process groups are --backend's")
+    ap.add_argument("--compare", action="store_true",
+                    help="run gloo, then --backend (and, as gloo, the tests torch keeps "
+                         "for gloo by name); print both counts and every test gloo "
+                         "passes and --backend does not; exit 1 if one is not in "
+                         "NOT_APPLICABLE")
     ap.add_argument("--timeout", type=int, default=120,
                     help="seconds per test before its ranks are killed (torch: 300)")
     return ap.parse_args(argv)
@@ -63,8 +81,9 @@ def setup_env(args: argparse.Namespace) -> None:
 
 
 def make_class(backend: str, spawn: bool, as_gloo: bool = False) -> type:
-    """The test class; ``as_gloo``: torch's decorators see "gloo" (they run the tests
-    torch keeps for gloo by name) while every process group is ``backend``'s."""
+    """The test class; ``as_gloo``: torch's tests see "gloo" (its decorators and the
+    tests' own ``if BACKEND == "gloo"``: the tests torch runs for gloo only, by name)
+    while every process group they make is ``backend``'s."""
     import torch
     from torch.testing._internal.common_distributed import DistTestCases
 
@@ -76,12 +95,11 @@ def make_class(backend: str, spawn: bool, as_gloo: bool = False) -> type:
             DistTestCases.backend_feature[feature].add(backend)
     if as_gloo:
         os.environ["BACKEND"] = "gloo"
-    from torch.testing._internal.distributed import distributed_test
+        as_backend(backend)
     from torch.testing._internal.distributed.distributed_test import (
         DistributedTest,
         TestDistBackend,
     )
-    distributed_test.BACKEND = backend          # what init_process_group is given
 
     class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         def setUp(self) -> None:
@@ -93,6 +111,30 @@ def make_class(backend: str, spawn: bool, as_gloo: bool = False) -> type:
     TestDistBackendWithSpawn.__name__ = TestDistBackendWithSpawn.__qualname__ = name
     globals()[name] = TestDistBackendWithSpawn      # a spawned rank finds it by name
     return TestDistBackendWithSpawn
+
+
+def as_backend(backend: str) -> None:
+    """init_process_group and new_group asked for gloo make ``backend``'s groups."""
+    import torch.distributed as dist
+    init, new = dist.init_process_group, dist.new_group
+
+    def swap(kw: dict, args: tuple) -> tuple:
+        if args and args[0] == "gloo":
+            args = (backend, *args[1:])
+        if kw.get("backend") == "gloo":
+            kw["backend"] = backend
+        return args
+
+    def init_process_group(*args, **kw):
+        return init(*swap(kw, args), **kw)
+
+    def new_group(*args, **kw):
+        if len(args) > 2 and args[2] == "gloo":
+            args = (*args[:2], backend, *args[3:])
+        swap(kw, ())
+        return new(*args, **kw)
+
+    dist.init_process_group, dist.new_group = init_process_group, new_group
 
 
 class Result(unittest.TextTestResult):
@@ -137,8 +179,60 @@ class Result(unittest.TextTestResult):
         self._note(test, "FAIL", "unexpected success")
 
 
+def run(args: list[str], out: str) -> dict[str, list]:
+    """This script in a process of its own (torch's module reads the backend when it
+    is imported); its outcomes."""
+    import subprocess
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    log = out[:-len(".json")] + ".log"
+    print(f"running {' '.join(args[:4])} ... (output: {log})", flush=True)
+    with open(log, "w") as f:
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), *args, "--json", out],
+                           env=env, stdout=f, stderr=subprocess.STDOUT)
+    if p.returncode:
+        raise SystemExit(f"tests/torch_suite.py {' '.join(args)} exited with "
+                         f"{p.returncode}; see {log}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def compare(args: argparse.Namespace) -> int:
+    ws, sel = str(args.world_size), [x for p in args.patterns for x in ("-k", p)]
+    tmp = tempfile.mkdtemp(prefix="torch-compare-")
+    common = ["--world-size", ws, "--timeout", str(args.timeout), *sel]
+    gloo = run(["--backend", "gloo", *common], os.path.join(tmp, "gloo.json"))
+    ours = run(["--backend", args.backend, *common], os.path.join(tmp, "ours.json"))
+    gated = [n for n, o in gloo.items() if o[0] == "PASS" and ours[n][0] == "SKIP"]
+    if gated:
+        names = [x for n in gated for x in ("-k", f"^{n}$")]
+        again = run(["--backend", args.backend, "--as-gloo", "--world-size", ws,
+                     "--timeout", str(args.timeout), *names],
+                    os.path.join(tmp, "gated.json"))
+        ours.update({n: o for n, o in again.items() if o[0] != "SKIP"})
+
+    def count(d: dict, what: str) -> int:
+        return sum(1 for o in d.values() if o[0] == what)
+
+    print(f"torch {__import__('torch').__version__} DistributedTest, world size {ws}: "
+          f"{len(gloo)} tests")
+    print(f"{'':10}{'gloo':>8}{args.backend:>8}")
+    for what in ("PASS", "FAIL", "SKIP"):
+        print(f"{what.lower():10}{count(gloo, what):>8}{count(ours, what):>8}")
+    print(f"({len(gated)} tests torch runs for gloo only by name ran on {args.backend} "
+          f"with --as-gloo; {sum(1 for n in gated if ours[n][0] == 'PASS')} passed)")
+    missing = sorted(n for n, o in gloo.items() if o[0] == "PASS" and ours[n][0] != "PASS")
+    bad = [n for n in missing if n not in NOT_APPLICABLE]
+    for n in missing:
+        why = NOT_APPLICABLE.get(n) or "NOT DOCUMENTED: " + (
+            ours[n][2].strip().splitlines() or ["?"])[-1][:160]
+        print(f"  gloo passes, {args.backend} {ours[n][0].lower()}s: {n}: {why}")
+    return 1 if bad else 0
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
+    if args.compare:
+        return compare(args)
     setup_env(args)
     sys.path.insert(0, ROOT)
     cls = make_class(args.backend, args.spawn, args.as_gloo)

@@ -25,7 +25,7 @@ import rdmamw.collectives as coll
 from rdmamw.bootstrap import kvstore
 from rdmamw.bootstrap.env import detect
 from rdmamw.collectives.comm import Communicator
-from rdmamw.errors import ConfigError, RdmamwError
+from rdmamw.errors import ConfigError, RdmamwError, Timeout
 from rdmamw.torch.p2p import PointToPoint
 from rdmamw.torch.tensors import (
     PLAIN,
@@ -111,6 +111,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         except BaseException:
             world.close()
             raise
+        self.timeout = secs
         self.comm = Communicator(world, timeout=secs)
         self.p2p = PointToPoint(pworld, secs)
 
@@ -387,7 +388,10 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         return work_after(h, lambda _: (back(), [output])[1])
 
     def barrier(self, opts: Any = None) -> Work:
-        h = coll.barrier(comm=self.comm, async_op=_async(opts))
+        try:
+            h = coll.barrier(comm=self.comm, async_op=_async(opts))
+        except Timeout as e:        # torch's callers look for "timeout" in the message
+            raise Timeout(f"barrier: Timed out after {self.timeout:g} s: {e}") from e
         return work_after(h, lambda _: [])
 
     # ---- point to point --------------------------------------------------------------
