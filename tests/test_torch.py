@@ -96,6 +96,15 @@ def test_recv_from_any_source_takes_each_message_once_and_respects_the_tag():
     assert res[0]["tags"] == {"9": [2, 9.0], "7": [1, 7.0]}, res[0]
 
 
+def test_monitored_barrier_names_a_rank_that_died_within_the_timeout():
+    res = tjob(3, "monitored", {"victim": 1, "timeout": 2}, expect_dead=(1,))
+    assert len(res) == 2
+    for r in res:
+        assert r["error"] and r["error"].startswith("Timeout"), r
+        assert "ranks [1] failed to pass monitoredBarrier" in r["error"], r
+        assert r["seconds"] < 2 + 2, r
+
+
 @pytest.mark.parametrize("kind, words", [("shape", "float32[101]"), ("dtype", "float64[100]"),
                                          ("op", "op=max")])
 def test_mismatched_calls_raise_on_every_rank(kind, words):

@@ -311,6 +311,26 @@ def anysource(cfg: dict) -> dict:
     return {"rank": me, "got": got, "tags": tags}
 
 
+def monitored(cfg: dict) -> dict:
+    """rdmamw.torch.monitored_barrier: one round with every rank, then rank ``victim``
+    exits; the others' monitored_barrier raises naming it within the timeout."""
+    me, n = init(cfg)
+    rdmamw.torch.monitored_barrier(timeout=datetime.timedelta(seconds=5))
+    if me == cfg["victim"]:
+        os._exit(3)
+    t0 = time.monotonic()
+    try:
+        rdmamw.torch.monitored_barrier(timeout=datetime.timedelta(seconds=cfg["timeout"]),
+                                       wait_all_ranks=True)
+        err = None
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        err = f"{type(e).__name__}: {e}"
+    took = time.monotonic() - t0
+    if me == 0:
+        time.sleep(2)       # rank 0 holds the store the others read the verdict from
+    return {"rank": me, "error": err, "seconds": took}
+
+
 def mismatch(cfg: dict) -> dict:
     """Rank 1 calls with a different shape / dtype / op; every rank's wait() raises."""
     me, n = init(cfg)

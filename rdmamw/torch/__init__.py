@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from rdmamw.torch.backend import ProcessGroupRdmamw, create
+from rdmamw.torch.backend import ProcessGroupRdmamw, create, monitored_barrier
 from rdmamw.torch.optim import DistributedOptimizer, DistributedOptimizerError
 from rdmamw.torch.p2p import P2PMismatch
 from rdmamw.torch.tensors import UnsupportedOp, UnsupportedTensor
@@ -30,4 +30,4 @@ register()
 
 __all__ = ["BACKEND", "DistributedOptimizer", "DistributedOptimizerError", "P2PMismatch",
            "ProcessGroupRdmamw", "UnsupportedOp", "UnsupportedTensor", "create",
-           "register"]
+           "monitored_barrier", "register"]

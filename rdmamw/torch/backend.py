@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -102,6 +103,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._name = ""
+        self._store, self._monitored = store, 0
         secs = timeout.total_seconds()
         ip = local_ip(store)
         world = kvstore.join(store, rank, size, secs, ip, "rdmamw/coll", launcher="torch")
@@ -394,6 +396,42 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
             raise Timeout(f"barrier: Timed out after {self.timeout:g} s: {e}") from e
         return work_after(h, lambda _: [])
 
+    def monitored_barrier(self, timeout: datetime.timedelta | None = None,
+                          wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive within ``timeout``
+        (default: the group's), on every rank that did: each rank checks in through
+        the group's store; rank 0 waits for the others, then says done or who is
+        missing (the first, or all with ``wait_all_ranks``). Timeout otherwise."""
+        secs = timeout.total_seconds() if timeout else self.timeout
+        self._monitored += 1
+        key, store = f"rdmamw/monitored/{self._monitored}", self._store
+        store.set(f"{key}/{self._rank}", b"1")
+        end, pause = time.monotonic() + secs, 0.001
+        if self._rank == 0:
+            missing = list(range(1, self._size))
+            while True:
+                missing = [r for r in missing if not store.check([f"{key}/{r}"])]
+                if not missing or time.monotonic() >= end:
+                    break
+                time.sleep(pause)
+                pause = min(0.05, pause * 2)
+            if missing and not wait_all_ranks:
+                missing = missing[:1]
+            store.set(f"{key}/done", ",".join(map(str, missing)).encode())
+        else:
+            end += 5.0          # rank 0's verdict comes after its own timeout
+            while not store.check([f"{key}/done"]):
+                if time.monotonic() >= end:
+                    raise Timeout(f"monitored_barrier: rank 0 did not answer within "
+                                  f"{secs:g} s")
+                time.sleep(pause)
+                pause = min(0.05, pause * 2)
+            got = bytes(store.get(f"{key}/done")).decode()
+            missing = [int(r) for r in got.split(",") if r]
+        if missing:
+            raise Timeout(f"monitored_barrier: ranks {missing} failed to pass "
+                          f"monitoredBarrier within {secs:g} s")
+
     # ---- point to point --------------------------------------------------------------
 
     def send(self, tensors: list[Tensor], dst: int, tag: int = 0) -> Work:
@@ -508,6 +546,17 @@ def _even(rows: int, n: int, what: str) -> list[int]:
         raise UnsupportedTensor(f"all_to_all_single: the {what}'s {rows} rows do not "
                                 f"split evenly over {n} ranks; pass split sizes")
     return [rows // n] * n
+
+
+def monitored_barrier(group: Any = None, timeout: datetime.timedelta | None = None,
+                      wait_all_ranks: bool = False) -> None:
+    """``dist.monitored_barrier`` for rdmamw groups (torch's refuses every backend
+    but gloo by name): ProcessGroupRdmamw.monitored_barrier of ``group`` (default:
+    the default group)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupRdmamw):
+        raise TypeError(f"monitored_barrier: {pg!r} is not an rdmamw group")
+    pg.monitored_barrier(timeout, wait_all_ranks)
 
 
 def create(opts: Any, backend_options: Any = None) -> ProcessGroupRdmamw:
