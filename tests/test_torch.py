@@ -96,6 +96,14 @@ def test_recv_from_any_source_takes_each_message_once_and_respects_the_tag():
     assert res[0]["tags"] == {"9": [2, 9.0], "7": [1, 7.0]}, res[0]
 
 
+def test_a_subgroup_whose_members_disagree_fails_on_every_member():
+    res = tjob(3, "disagree")
+    for r in res:
+        assert r["error"] and r["error"].startswith("ConfigError: new_group"), r
+        assert "[0, 1]" in r["error"] and "[0, 1, 2]" in r["error"], r
+        assert r["seconds"] < 10, r
+
+
 def test_monitored_barrier_names_a_rank_that_died_within_the_timeout():
     res = tjob(3, "monitored", {"victim": 1, "timeout": 2}, expect_dead=(1,))
     assert len(res) == 2

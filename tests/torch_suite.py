@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: tests that pass on gloo here and cannot on rdmamw, with the reason (docs/torch.md
 #: lists the same; tests/test_torch_suite.py holds the two together)
 _MONITORED = ("torch's dist.monitored_barrier refuses every backend but gloo by name "
-              "(torch/distributed/distributed_c10d.py, monitored_barrier)")
+              "(torch.distributed.distributed_c10d.monitored_barrier)")
 NOT_APPLICABLE: dict[str, str] = {
     "test_monitored_barrier_gloo": _MONITORED,
     "test_monitored_barrier_gloo_rank_0_timeout": _MONITORED,

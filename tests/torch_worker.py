@@ -331,6 +331,22 @@ def monitored(cfg: dict) -> dict:
     return {"rank": me, "error": err, "seconds": took}
 
 
+def disagree(cfg: dict) -> dict:
+    """new_group with ranks the members disagree on: rank 0 says [0, 1], the others
+    [0, 1, 2]; every rank must get an error, soon (the group's timeout is 30 min)."""
+    me, n = init(cfg)
+    t0 = time.monotonic()
+    try:
+        g = dist.new_group([0, 1] if me == 0 else [0, 1, 2])
+        dist.all_reduce(torch.ones(3), group=g)
+        err = None
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        err = f"{type(e).__name__}: {e}"
+    took = time.monotonic() - t0
+    dist.barrier()                              # the default group is still whole
+    return {"rank": me, "error": err, "seconds": took}
+
+
 def mismatch(cfg: dict) -> dict:
     """Rank 1 calls with a different shape / dtype / op; every rank's wait() raises."""
     me, n = init(cfg)

@@ -98,16 +98,20 @@ def _same(ts: Sequence[Tensor], like: Tensor, what: str) -> None:
 class ProcessGroupRdmamw(dist.ProcessGroup):
     """A process group on rdmamw (see the module doc and docs/torch.md)."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta
-                 ) -> None:
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta,
+                 ranks: Sequence[int] = ()) -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size
         self._name = ""
         self._store, self._monitored = store, 0
         secs = timeout.total_seconds()
         ip = local_ip(store)
+        if ranks:                   # a new group: its members say which ranks it has
+            store.set(f"rdmamw/ranks/{rank}", ",".join(map(str, ranks)).encode())
         world = kvstore.join(store, rank, size, secs, ip, "rdmamw/coll", launcher="torch")
         try:
+            if ranks:
+                _same_members(store, rank, size, list(ranks))
             pworld = kvstore.join(store, rank, size, secs, ip, "rdmamw/p2p",
                                   launcher="torch")
         except BaseException:
@@ -564,7 +568,20 @@ def create(opts: Any, backend_options: Any = None) -> ProcessGroupRdmamw:
     size, timeout, and the global ranks of a new group; empty for the default group)."""
     if not opts.global_ranks_in_group:
         _check_launcher(opts.group_size)
-    return ProcessGroupRdmamw(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    return ProcessGroupRdmamw(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                              list(opts.global_ranks_in_group))
+
+
+def _same_members(store: Any, rank: int, size: int, ranks: list[int]) -> None:
+    """Every member of a new group called new_group with the same ranks (each wrote
+    its list before its endpoints, which every member has read by now); else a clear
+    error on every member, not a collective that waits for a rank never coming."""
+    for r in range(size):
+        theirs = [int(x) for x in bytes(store.get(f"rdmamw/ranks/{r}")).decode().split(",")]
+        if theirs != ranks:
+            raise ConfigError(f"new_group: this rank (group rank {rank}) was given ranks "
+                              f"{ranks} but group rank {r} was given {theirs}; every "
+                              f"member must pass the same ranks")
 
 
 def _check_launcher(size: int) -> None:
