@@ -6,7 +6,7 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml
 
-.PHONY: demo test test-slow soak vm-deps bench bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
+.PHONY: demo test test-slow test-torch soak vm-deps bench bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
 	bench-verbs fuzz-tcp mutate mutate-c lint build clean
 
 $(VPY):
@@ -51,6 +51,15 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	bash bench/setup.sh $(VPY)
 	$(VPY) bench/run.py
+
+# torch's own distributed test suite (DistributedTest, tests/torch_suite.py) at world
+# sizes 2 and 3: gloo's run, then rdmamw's, both counts side by side; fails on a test
+# gloo passes and rdmamw does not unless docs/torch.md says why it cannot apply
+test-torch: $(STAMP)
+	bash scripts/setup_torch.sh $(VPY)
+	$(VPY) -m pip install --quiet "expecttest>=0.2"
+	$(VPY) tests/torch_suite.py --compare --world-size 2
+	$(VPY) tests/torch_suite.py --compare --world-size 3
 
 # allreduce 1 MiB / 64 MiB at 2 and 4 ranks against mpi4py, gloo and the numpy.add floor
 bench-allreduce: $(STAMP)

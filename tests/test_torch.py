@@ -84,6 +84,35 @@ def test_every_init_method(how, tmp_path):
     assert all(r["backend"] == "rdmamw" and r["size"] == 2 for r in lines), lines
 
 
+def test_recv_from_any_source_takes_each_message_once_and_respects_the_tag():
+    """Two ranks send 20 messages each to rank 0 at once; rank 0 receives 40 times from
+    any source: every message once, with its true sender, each sender's in order; a
+    receive of tag 9 leaves rank 1's earlier tag-7 message for the receive of tag 7."""
+    res = tjob(3, "anysource", {"k": 20})
+    got = res[0]["got"]
+    assert all(src == sender for src, sender, _ in got), got        # the source is right
+    for r in (1, 2):
+        assert [i for src, _, i in got if src == r] == list(range(20)), got
+    assert res[0]["tags"] == {"9": [2, 9.0], "7": [1, 7.0]}, res[0]
+
+
+def test_a_subgroup_whose_members_disagree_fails_on_every_member():
+    res = tjob(3, "disagree")
+    for r in res:
+        assert r["error"] and r["error"].startswith("ConfigError: new_group"), r
+        assert "[0, 1]" in r["error"] and "[0, 1, 2]" in r["error"], r
+        assert r["seconds"] < 10, r
+
+
+def test_monitored_barrier_names_a_rank_that_died_within_the_timeout():
+    res = tjob(3, "monitored", {"victim": 1, "timeout": 2}, expect_dead=(1,))
+    assert len(res) == 2
+    for r in res:
+        assert r["error"] and r["error"].startswith("Timeout"), r
+        assert "ranks [1] failed to pass monitoredBarrier" in r["error"], r
+        assert r["seconds"] < 2 + 2, r
+
+
 @pytest.mark.parametrize("kind, words", [("shape", "float32[101]"), ("dtype", "float64[100]"),
                                          ("op", "op=max")])
 def test_mismatched_calls_raise_on_every_rank(kind, words):
@@ -175,3 +204,22 @@ def test_store_join_names_missing_ranks_and_refuses_bad_descriptors():
     w = kvstore.join(kv, 0, 1, 5.0, "127.0.0.1", "t4")     # a world of one meets itself
     assert w.world_size == 1 and w.peers[0]["rank"] == 0 and w.job
     w.close()
+
+
+def test_register_is_idempotent_and_exported(monkeypatch):
+    """rdmamw.torch.register() (what Ray Train and other launchers call in each worker)
+    returns the backend's name, any number of times: after the import registered it,
+    a call changes nothing (the same registration object stays); where torch has no
+    "rdmamw" (a worker whose torch state was reset), it registers it."""
+    import torch.distributed as dist
+
+    import rdmamw.torch
+    assert "register" in rdmamw.torch.__all__
+    before = dist.Backend._plugins["RDMAMW"]
+    assert rdmamw.torch.register() == rdmamw.torch.register() == "rdmamw"
+    assert dist.Backend._plugins["RDMAMW"] is before
+    monkeypatch.setattr(dist.Backend, "_plugins", {})
+    assert rdmamw.torch.register() == "rdmamw"
+    assert dist.Backend._plugins["RDMAMW"].creator_fn is rdmamw.torch.create
+    assert dist.Backend("rdmamw") == "rdmamw"
+    assert dist.Backend.backend_capability["rdmamw"] == ["cpu"]

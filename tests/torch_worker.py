@@ -272,6 +272,81 @@ def groups(cfg: dict) -> dict:
     return {"rank": me, "groups": res}
 
 
+def anysource(cfg: dict) -> dict:
+    """Receive from any source: ranks 1.. each send ``k`` tagged messages to rank 0 at
+    once; rank 0 takes them with ``recv(t)`` / ``irecv(t)`` without a source (each
+    message once, the source right, each sender's in order); then the tag: rank 1's
+    message of tag 7 is there first, rank 0's receive of tag 9 must take rank 2's."""
+    me, n = init(cfg)
+    k = cfg.get("k", 20)
+    got: list[list[int]] = []
+    if me == 0:
+        for i in range(k * (n - 1)):
+            t = torch.full((3,), -1.0)
+            if i % 2:
+                src = dist.recv(t, tag=5)
+            else:
+                w = dist.irecv(t, tag=5)
+                w.wait()
+                src = w._source_rank()
+            assert t[0] == t[1] == t[2], t
+            got.append([src, int(t[0]) // 1000, int(t[0]) % 1000])
+    else:
+        works = [dist.isend(torch.full((3,), float(me * 1000 + i)), 0, tag=5)
+                 for i in range(k)]
+        for w in works:
+            w.wait()
+    if me == 1:
+        dist.send(torch.full((2,), 7.0), 0, tag=7)
+    dist.barrier()                      # rank 1's tag 7 went before rank 2's tag 9
+    tags = {}
+    if me == 2:
+        dist.send(torch.full((2,), 9.0), 0, tag=9)
+    if me == 0:
+        for tag in (9, 7):
+            t = torch.zeros(2)
+            tags[tag] = [dist.recv(t, tag=tag), float(t[0])]
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"rank": me, "got": got, "tags": tags}
+
+
+def monitored(cfg: dict) -> dict:
+    """rdmamw.torch.monitored_barrier: one round with every rank, then rank ``victim``
+    exits; the others' monitored_barrier raises naming it within the timeout."""
+    me, n = init(cfg)
+    rdmamw.torch.monitored_barrier(timeout=datetime.timedelta(seconds=5))
+    if me == cfg["victim"]:
+        os._exit(3)
+    t0 = time.monotonic()
+    try:
+        rdmamw.torch.monitored_barrier(timeout=datetime.timedelta(seconds=cfg["timeout"]),
+                                       wait_all_ranks=True)
+        err = None
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        err = f"{type(e).__name__}: {e}"
+    took = time.monotonic() - t0
+    if me == 0:
+        time.sleep(2)       # rank 0 holds the store the others read the verdict from
+    return {"rank": me, "error": err, "seconds": took}
+
+
+def disagree(cfg: dict) -> dict:
+    """new_group with ranks the members disagree on: rank 0 says [0, 1], the others
+    [0, 1, 2]; every rank must get an error, soon (the group's timeout is 30 min)."""
+    me, n = init(cfg)
+    t0 = time.monotonic()
+    try:
+        g = dist.new_group([0, 1] if me == 0 else [0, 1, 2])
+        dist.all_reduce(torch.ones(3), group=g)
+        err = None
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        err = f"{type(e).__name__}: {e}"
+    took = time.monotonic() - t0
+    dist.barrier()                              # the default group is still whole
+    return {"rank": me, "error": err, "seconds": took}
+
+
 def mismatch(cfg: dict) -> dict:
     """Rank 1 calls with a different shape / dtype / op; every rank's wait() raises."""
     me, n = init(cfg)

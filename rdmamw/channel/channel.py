@@ -11,7 +11,9 @@ from rdmamw import _fork, auth, config
 from rdmamw.channel import rendezvous as _rendezvous
 from rdmamw.channel.address import split_address
 from rdmamw.engine import Engine
+from rdmamw.engine._messages import set_host_view
 from rdmamw.errors import ConfigError, ProviderUnavailable, Timeout, setup_errors
+from rdmamw.memory.buffer import host_view
 from rdmamw.memory.counters import channel_stats
 from rdmamw.memory.regcache import RegCache
 from rdmamw.providers import Connected, provider
@@ -44,6 +46,9 @@ def message_limit(value: int | str | None = None) -> int:
 
 
 log = logging.getLogger("rdmamw.channel")
+
+# CPU tensors and DLPack host arrays go to the engine as arrays over their memory
+set_host_view(host_view)
 
 
 class Channel(Engine):

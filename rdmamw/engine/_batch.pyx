@@ -21,6 +21,7 @@ from rdmamw.engine._frames cimport (
     pad8,
 )
 from rdmamw.engine._leases cimport end_owned, take_lease
+from rdmamw.engine._messages cimport host_view
 from rdmamw.transport.atomics cimport rm_load_acquire64
 
 from rdmamw.errors import MessageTooLarge
@@ -107,10 +108,15 @@ cdef class SendBatch:
                 try:
                     PyObject_GetBuffer(item, &self.bufs[i], PyBUF_C_CONTIGUOUS)
                 except (TypeError, BufferError, ValueError) as e:
-                    self.release_bufs(i)
-                    raise TypeError(
-                        f"message {i} ({type(item).__name__}) is not a C-contiguous "
-                        f"bytes-like object; nothing was sent") from e
+                    try:
+                        item = host_view(item)      # a CPU tensor, a DLPack host array
+                        PyObject_GetBuffer(item, &self.bufs[i], PyBUF_C_CONTIGUOUS)
+                    except (TypeError, BufferError, ValueError) as e2:
+                        self.release_bufs(i)
+                        raise TypeError(
+                            f"message {i} ({type(<object>items[i]).__name__}) is not a "
+                            f"C-contiguous bytes-like object ({e2}); nothing was "
+                            f"sent") from e
                 self.held[i] = 1
                 self.ptrs[i] = <char *>self.bufs[i].buf
                 self.lens[i] = <size_t>self.bufs[i].len

@@ -44,3 +44,4 @@ cdef Message new_message(Endpoint eng, char *ptr, Py_ssize_t length, uint32_t sl
 cdef Py_ssize_t take_eager(Endpoint eng, list out, Py_ssize_t got, Py_ssize_t maxn,
                            uint32_t *opened, char **rndv) except -1
 cdef Dest new_dest(object obj)
+cdef object host_view(object obj)

@@ -7,6 +7,7 @@ the object whose death frees the memory."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -73,3 +74,48 @@ def owner_span(root: Any, buf: Any) -> tuple[int, int]:
         return span(root)
     except RegistrationError:
         return span(buf)
+
+
+#: DLPack device types (dlpack.h DLDeviceType) whose memory the host can address
+_DLPACK_HOST = {1: "cpu", 3: "cuda_host", 11: "rocm_host"}
+_DLPACK_NAMES = {2: "cuda", 4: "opencl", 7: "vulkan", 8: "metal", 9: "vpi", 10: "rocm",
+                 12: "ext_dev", 13: "cuda_managed", 14: "oneapi", 15: "webgpu",
+                 16: "hexagon", 17: "maia"}
+
+
+def host_view(obj: Any) -> np.ndarray:
+    """A numpy array over the host memory of ``obj``, an object without the buffer
+    protocol that the channel was given (send_batch, send, recv_into, post_recv):
+    a CPU torch tensor (its ``.numpy()`` view, whose base is the tensor, so the
+    registration cache keys on the tensor's storage as for ``t.numpy()``), or any
+    object exporting ``__dlpack__`` for host memory (``numpy.from_dlpack``). No copy.
+
+    ``TypeError`` naming the device for device memory (a torch tensor not on the CPU,
+    a DLPack device other than host memory, ``__cuda_array_interface__``), for a
+    sparse tensor, and for anything else."""
+    name = type(obj).__name__
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if obj.device.type != "cpu":
+            raise TypeError(f"a {obj.device} tensor is device memory; the channel moves "
+                            f"host memory only (copy it with .cpu())")
+        if obj.layout != torch.strided:
+            raise TypeError(f"a {obj.layout} tensor has no single range of memory "
+                            f"(.to_dense() first)")
+        t = obj.detach()
+        try:
+            return t.numpy()
+        except TypeError:               # a dtype numpy lacks (bfloat16, ...): its bytes
+            return t.view(torch.uint8).numpy() if t.is_contiguous() else t.numpy()
+    if hasattr(obj, "__cuda_array_interface__"):
+        raise TypeError(f"{name} is CUDA device memory (__cuda_array_interface__); the "
+                        f"channel moves host memory only")
+    device = getattr(obj, "__dlpack_device__", None)
+    if device is None or not hasattr(obj, "__dlpack__"):
+        raise TypeError(f"{name} has neither the buffer protocol nor __dlpack__")
+    kind, index = device()
+    kind = int(kind)
+    if kind not in _DLPACK_HOST:
+        raise TypeError(f"{name} is {_DLPACK_NAMES.get(kind, f'DLPack device type {kind}')}"
+                        f":{index} device memory; the channel moves host memory only")
+    return np.from_dlpack(obj)

@@ -7,15 +7,27 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from rdmamw.torch.backend import ProcessGroupRdmamw, create
+from rdmamw.torch.backend import ProcessGroupRdmamw, create, monitored_barrier
 from rdmamw.torch.optim import DistributedOptimizer, DistributedOptimizerError
 from rdmamw.torch.p2p import P2PMismatch
 from rdmamw.torch.tensors import UnsupportedOp, UnsupportedTensor
 
 BACKEND = "rdmamw"
 
-if BACKEND.upper() not in dist.Backend._plugins:
-    dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])
+
+def register() -> str:
+    """Register the backend "rdmamw" with ``torch.distributed`` (CPU tensors) and
+    return its name; idempotent (a second call, or one after ``import rdmamw.torch``,
+    does nothing). Importing this package calls it; launchers that build each worker
+    (Ray Train, a custom ``mp.spawn`` target) call it in the worker before
+    ``init_process_group("rdmamw")`` to say so, whatever imported what."""
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])
+    return BACKEND
+
+
+register()
 
 __all__ = ["BACKEND", "DistributedOptimizer", "DistributedOptimizerError", "P2PMismatch",
-           "ProcessGroupRdmamw", "UnsupportedOp", "UnsupportedTensor", "create"]
+           "ProcessGroupRdmamw", "UnsupportedOp", "UnsupportedTensor", "create",
+           "monitored_barrier", "register"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,12 +26,11 @@ import rdmamw.collectives as coll
 from rdmamw.bootstrap import kvstore
 from rdmamw.bootstrap.env import detect
 from rdmamw.collectives.comm import Communicator
-from rdmamw.errors import ConfigError, RdmamwError
+from rdmamw.errors import ConfigError, RdmamwError, Timeout
 from rdmamw.torch.p2p import PointToPoint
 from rdmamw.torch.tensors import (
     PLAIN,
     WIDEN,
-    UnsupportedOp,
     UnsupportedTensor,
     as_numpy,
     check,
@@ -98,19 +98,26 @@ def _same(ts: Sequence[Tensor], like: Tensor, what: str) -> None:
 class ProcessGroupRdmamw(dist.ProcessGroup):
     """A process group on rdmamw (see the module doc and docs/torch.md)."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta
-                 ) -> None:
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta,
+                 ranks: Sequence[int] = ()) -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size
+        self._name = ""
+        self._store, self._monitored = store, 0
         secs = timeout.total_seconds()
         ip = local_ip(store)
+        if ranks:                   # a new group: its members say which ranks it has
+            store.set(f"rdmamw/ranks/{rank}", ",".join(map(str, ranks)).encode())
         world = kvstore.join(store, rank, size, secs, ip, "rdmamw/coll", launcher="torch")
         try:
+            if ranks:
+                _same_members(store, rank, size, list(ranks))
             pworld = kvstore.join(store, rank, size, secs, ip, "rdmamw/p2p",
                                   launcher="torch")
         except BaseException:
             world.close()
             raise
+        self.timeout = secs
         self.comm = Communicator(world, timeout=secs)
         self.p2p = PointToPoint(pworld, secs)
 
@@ -128,6 +135,16 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"ProcessGroupRdmamw(rank={self._rank}, size={self._size})"
 
+    # torch reads a group's name from its registered backends, which a Python
+    # ProcessGroup has none of ("ProcessGroup name not set" in destroy_process_group)
+    def _set_group_name(self, name: str) -> None:
+        super()._set_group_name(name)
+        self._name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._name
+
     # ---- reductions ------------------------------------------------------------------
 
     def allreduce(self, tensors: list[Tensor], opts: Any = None) -> Work:
@@ -135,7 +152,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
             t = tensors[0]
             if (type(t) is Tensor and t.dtype in PLAIN and t.is_cpu
                     and t.layout is torch.strided and t.is_contiguous()
-                    and opts.reduceOp == _SUM):
+                    and not t.requires_grad and opts.reduceOp == _SUM):
                 # torch's blocking dist.all_reduce(t), the call training loops make
                 # most: each check once, no closure, no Work but the finished one
                 # (docs/benchmarks.md, the backend's own cost)
@@ -150,7 +167,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         if name != "avg" and t.dtype not in WIDEN and t.is_contiguous():
             # nothing to stage or finish: the tensor's own memory is reduced in place
             # (a third of the backend's cost per call went to the staging closures)
-            x = t.numpy()
+            x = as_numpy(t)
             h = coll.allreduce(x, op=name, out=x, comm=self.comm, async_op=_async(opts))
             return work_after(h, lambda _: [t])
         buf, back = _staged(t, widen=True)
@@ -270,8 +287,34 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[list[Tensor]], inputs: list[Tensor],
                             opts: Any = None) -> Work:
-        return self._all([self.allgather([o], [i], opts)
-                          for o, i in zip(output_lists, inputs, strict=True)], output_lists)
+        """torch's all_gather_coalesced: ``output_lists[r][j]`` receives rank r's
+        ``inputs[j]``; one allgather of the inputs flattened together."""
+        n = self._size
+        if len(output_lists) != n or any(len(o) != len(inputs) for o in output_lists):
+            raise UnsupportedTensor(f"all_gather_coalesced needs {n} lists of "
+                                    f"{len(inputs)} output tensors")
+        if not inputs:
+            return completed(output_lists)
+        dt = inputs[0].dtype
+        for j, i in enumerate(inputs):
+            check(i)
+            if i.dtype != dt:
+                raise UnsupportedTensor(f"all_gather_coalesced: every tensor must be {dt}, "
+                                        f"not {i.dtype}")
+            _same([o[j] for o in output_lists], i, "all_gather_coalesced")
+        flat = torch.cat([i.detach().reshape(-1) for i in inputs])
+        h = coll.allgather(as_numpy(flat), comm=self.comm, async_op=_async(opts))
+
+        def finish(res: np.ndarray) -> list[list[Tensor]]:
+            rows = from_numpy(res, dt)
+            for r, outs in enumerate(output_lists):
+                k = 0
+                for o in outs:
+                    o.copy_(rows[r, k:k + o.numel()].view(o.shape))
+                    k += o.numel()
+            return output_lists
+
+        return work_after(h, finish)
 
     def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                     opts: Any = None) -> Work:
@@ -351,8 +394,47 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         return work_after(h, lambda _: (back(), [output])[1])
 
     def barrier(self, opts: Any = None) -> Work:
-        h = coll.barrier(comm=self.comm, async_op=_async(opts))
+        try:
+            h = coll.barrier(comm=self.comm, async_op=_async(opts))
+        except Timeout as e:        # torch's callers look for "timeout" in the message
+            raise Timeout(f"barrier: Timed out after {self.timeout:g} s: {e}") from e
         return work_after(h, lambda _: [])
+
+    def monitored_barrier(self, timeout: datetime.timedelta | None = None,
+                          wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive within ``timeout``
+        (default: the group's), on every rank that did: each rank checks in through
+        the group's store; rank 0 waits for the others, then says done or who is
+        missing (the first, or all with ``wait_all_ranks``). Timeout otherwise."""
+        secs = timeout.total_seconds() if timeout else self.timeout
+        self._monitored += 1
+        key, store = f"rdmamw/monitored/{self._monitored}", self._store
+        store.set(f"{key}/{self._rank}", b"1")
+        end, pause = time.monotonic() + secs, 0.001
+        if self._rank == 0:
+            missing = list(range(1, self._size))
+            while True:
+                missing = [r for r in missing if not store.check([f"{key}/{r}"])]
+                if not missing or time.monotonic() >= end:
+                    break
+                time.sleep(pause)
+                pause = min(0.05, pause * 2)
+            if missing and not wait_all_ranks:
+                missing = missing[:1]
+            store.set(f"{key}/done", ",".join(map(str, missing)).encode())
+        else:
+            end += 5.0          # rank 0's verdict comes after its own timeout
+            while not store.check([f"{key}/done"]):
+                if time.monotonic() >= end:
+                    raise Timeout(f"monitored_barrier: rank 0 did not answer within "
+                                  f"{secs:g} s")
+                time.sleep(pause)
+                pause = min(0.05, pause * 2)
+            got = bytes(store.get(f"{key}/done")).decode()
+            missing = [int(r) for r in got.split(",") if r]
+        if missing:
+            raise Timeout(f"monitored_barrier: ranks {missing} failed to pass "
+                          f"monitoredBarrier within {secs:g} s")
 
     # ---- point to point --------------------------------------------------------------
 
@@ -373,8 +455,14 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         return work_after(h, lambda _: (back(), [t])[1])
 
     def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> Work:
-        raise UnsupportedOp("the rdmamw backend needs recv's src (no receive from any "
-                            "source)")
+        """The first message of ``tag`` from any other rank (``dist.recv(t)``,
+        ``dist.irecv(t)``); the Work's ``_source_rank()`` names the sender."""
+        t = _one(tensors, "recv")
+        buf, back = _staged(t)
+        peers = [r for r in range(self._size) if r != self._rank]
+        h = self.p2p.recv_any(as_numpy(buf).reshape(-1).view(np.uint8), t.dtype,
+                              tuple(t.shape), peers, tag)
+        return work_after(h, lambda _: (back(), [t])[1], source=True)
 
     # ---- life ------------------------------------------------------------------------
 
@@ -464,12 +552,36 @@ def _even(rows: int, n: int, what: str) -> list[int]:
     return [rows // n] * n
 
 
+def monitored_barrier(group: Any = None, timeout: datetime.timedelta | None = None,
+                      wait_all_ranks: bool = False) -> None:
+    """``dist.monitored_barrier`` for rdmamw groups (torch's refuses every backend
+    but gloo by name): ProcessGroupRdmamw.monitored_barrier of ``group`` (default:
+    the default group)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupRdmamw):
+        raise TypeError(f"monitored_barrier: {pg!r} is not an rdmamw group")
+    pg.monitored_barrier(timeout, wait_all_ranks)
+
+
 def create(opts: Any, backend_options: Any = None) -> ProcessGroupRdmamw:
     """torch's factory for the "rdmamw" backend (extended API: store, group rank and
     size, timeout, and the global ranks of a new group; empty for the default group)."""
     if not opts.global_ranks_in_group:
         _check_launcher(opts.group_size)
-    return ProcessGroupRdmamw(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    return ProcessGroupRdmamw(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                              list(opts.global_ranks_in_group))
+
+
+def _same_members(store: Any, rank: int, size: int, ranks: list[int]) -> None:
+    """Every member of a new group called new_group with the same ranks (each wrote
+    its list before its endpoints, which every member has read by now); else a clear
+    error on every member, not a collective that waits for a rank never coming."""
+    for r in range(size):
+        theirs = [int(x) for x in bytes(store.get(f"rdmamw/ranks/{r}")).decode().split(",")]
+        if theirs != ranks:
+            raise ConfigError(f"new_group: this rank (group rank {rank}) was given ranks "
+                              f"{ranks} but group rank {r} was given {theirs}; every "
+                              f"member must pass the same ranks")
 
 
 def _check_launcher(size: int) -> None:

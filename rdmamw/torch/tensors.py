@@ -57,7 +57,10 @@ def check(t: torch.Tensor) -> None:
 
 def as_numpy(t: torch.Tensor) -> np.ndarray:
     """The tensor's memory as a numpy array of its wire dtype (no copy); ``t`` must
-    be contiguous."""
+    be contiguous. A tensor that requires grad gives its data (DDP with
+    ``create_graph=True`` reduces such gradients)."""
+    if t.requires_grad:
+        t = t.detach()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16)
     return t.numpy()

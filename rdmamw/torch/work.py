@@ -31,6 +31,15 @@ class Work(dist.Work):
         super().__init__()
         self._tf: TorchFuture = TorchFuture()
         self._error = False
+        self._source = -1
+
+    def _source_rank(self) -> int:
+        """The sender's group rank, for a receive from any source (what
+        ``dist.recv(t)`` returns and ``dist.irecv(t).wait()`` then asks)."""
+        self.wait()
+        if self._source < 0:
+            raise RuntimeError("_source_rank: only a receive from any source has one")
+        return self._source
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
         secs = timeout.total_seconds() if timeout else 0.0
@@ -70,10 +79,11 @@ class Work(dist.Work):
             self._tf.set_result(value)
 
 
-def work_after(h: Any, finish: Callable[[Any], Any]) -> Work:
+def work_after(h: Any, finish: Callable[[Any], Any], source: bool = False) -> Work:
     """A Work done once the collective is (``h``: its progress.Handle, or its result
     when it ran in this thread) and ``finish(result)`` ran; its future's value is what
-    ``finish`` returns (a list of tensors)."""
+    ``finish`` returns (a list of tensors). ``source``: the result is the sender's
+    rank of a receive from any source (the Work's ``_source_rank()``)."""
     if not isinstance(h, Handle):
         return completed(finish(h))
     fut: Future = h.future
@@ -81,6 +91,8 @@ def work_after(h: Any, finish: Callable[[Any], Any]) -> Work:
 
     def done(f: Future) -> None:
         try:
+            if source:
+                w._source = f.result()
             value = finish(f.result())
         except BaseException as e:  # noqa: BLE001 - handed to the waiter
             w._finish(error=e)
