@@ -28,6 +28,7 @@ TAKES = {
     "read_remote": (TcpTransport, (0, 0, 0)),
     "expose_churn": (VerbsTransport, (0, 0, 1)),
     "qp_error": (VerbsTransport, ()),
+    "verbs_side_socket": (VerbsTransport, ()),
 }
 #: the hooks that take something else first (bytes, a Channel)
 OTHERS = {"apply_stream", "slot_address"}
