@@ -22,6 +22,9 @@ JUNIT=$(mktemp -p . .device-junit.XXXXXX.xml)
 DIGITS=$(mktemp -p . .device-digits.XXXXXX.npz); trap 'rm -f "$JUNIT" "$DIGITS"' EXIT
 "$VPY" -c "import sys; from rdmamw.apps.demo import mlp; mlp.load(seed=0).save(sys.argv[1])" \
   "$DIGITS" 2>/dev/null || rm -f "$DIGITS"
+# the VM's bound: the device tests take about 1,400 s under TCG now, and the soak comes
+# after them inside the same VM
+export RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-2700}
 # the device tests, then the soak on verbs (bench/soak.py; smaller messages: TCG is slow)
 scripts/rxe-vm.sh "DEVICE_TEST_DIGITS=$DIGITS RDMAMW_TEST_PROVIDERS=verbs $VPY -m pytest -q -p no:cacheprovider -m device -rs --junitxml=$JUNIT ${RDMAMW_DEVICE_PYTEST_ARGS:-} \
   && $VPY bench/soak.py --provider verbs --seconds ${SOAK_SECONDS:-60} --peers 2 --threads 1 --max-size 262144"
