@@ -60,13 +60,46 @@ def body_at(p: np.ndarray, thread: int, seq: int, n: int) -> memoryview:
     return memoryview(p[off:off + n])
 
 
+def map_kinds() -> dict[str, int]:
+    """How many mappings of each kind (the file, or the bracketed name, or "anon"):
+    what a failed "maps" check prints, so a leak says what it leaks."""
+    kinds: dict[str, int] = {}
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            name = parts[5].strip() if len(parts) > 5 else "anon"
+            kinds[name] = kinds.get(name, 0) + 1
+    return kinds
+
+
+def fd_kinds() -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        name = target.split(":", 1)[0] if ":" in target else target
+        kinds[name] = kinds.get(name, 0) + 1
+    return kinds
+
+
 def resources() -> dict:
     with open("/proc/self/status") as f:
         st = dict(line.split(":", 1) for line in f)
-    with open("/proc/self/maps") as f:
-        maps = sum(1 for _ in f)
+    kinds = map_kinds()
     return {"fds": len(os.listdir("/proc/self/fd")), "threads": int(st["Threads"]),
-            "maps": maps, "rss_mib": int(st["VmRSS"].split()[0]) / 1024}
+            "maps": sum(kinds.values()), "rss_mib": int(st["VmRSS"].split()[0]) / 1024,
+            "map_kinds": kinds, "fd_kinds": fd_kinds()}
+
+
+def counts_only(res: dict | None) -> dict | None:
+    return res and {k: v for k, v in res.items() if not k.endswith("_kinds")}
+
+
+def grown(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: after.get(k, 0) - before.get(k, 0) for k in sorted(set(before) | set(after))
+            if after.get(k, 0) != before.get(k, 0)}
 
 
 # ---- the peer process ------------------------------------------------------------------
@@ -303,7 +336,7 @@ class Hub:
         next_kill = t0 + a.kill_every if a.kill_every else None
         while time.monotonic() - t0 < a.seconds and not self.failures:
             time.sleep(0.1)
-            if base is None and time.monotonic() >= warm:
+            if base is None and time.monotonic() >= warm and self.settled():
                 gc.collect()
                 base = resources()
             if next_kill is not None and time.monotonic() >= next_kill:
@@ -311,6 +344,12 @@ class Hub:
                 next_kill = time.monotonic() + a.kill_every
             self.reap_dead()
         return self.finish(base, time.monotonic() - t0)
+
+    def settled(self) -> bool:
+        """Every peer connected and sending: the state the end is compared with (taken
+        earlier, under a slow VM, it missed the device and connections opened later)."""
+        live = self.live()
+        return len(live) == self.a.peers and all(p.messages > 0 for p in live)
 
     def live(self) -> list[Peer]:
         with self.lock:
@@ -374,7 +413,9 @@ class Hub:
         self.lst.close()
         gc.collect()
         end = resources()
-        if base is not None:
+        if base is None:
+            self.fail("no baseline: the peers were never all connected and sending at once")
+        else:
             self.check_flat(base, end)
         with self.lock:
             peers = list(self.peers.values())
@@ -388,7 +429,8 @@ class Hub:
             "peer_lost_s": {"max": max(self.lost_latency, default=None),
                             "median": sorted(self.lost_latency)[len(self.lost_latency) // 2]
                             if self.lost_latency else None},
-            "hub_after_warmup": base, "hub_at_end": end,
+            "hub_after_warmup": counts_only(base), "hub_at_end": counts_only(end),
+            "hub_maps_changed": base and end and grown(base["map_kinds"], end["map_kinds"]),
             "failures": self.failures,
         }
 
@@ -396,7 +438,9 @@ class Hub:
         a = self.a
         for key, slack in (("fds", 4), ("threads", 2), ("maps", 16)):
             if end[key] > base[key] + slack:
-                self.fail(f"hub {key}: {base[key]} after warm-up, {end[key]} at the end")
+                kinds = {"maps": "map_kinds", "fds": "fd_kinds"}.get(key)
+                what = f" (changed: {grown(base[kinds], end[kinds])})" if kinds else ""
+                self.fail(f"hub {key}: {base[key]} after warm-up, {end[key]} at the end{what}")
         if end["rss_mib"] > base["rss_mib"] + a.rss_slack_mib:
             self.fail(f"hub RSS: {base['rss_mib']:.0f} MiB after warm-up, "
                       f"{end['rss_mib']:.0f} MiB at the end")
