@@ -276,3 +276,16 @@ def test_close_from_another_thread_wakes_a_blocked_receive(pair):
     with pytest.raises(rdmamw.ChannelClosed):
         b.recv(timeout=30)
     assert time.monotonic() - t0 < 2.0
+
+
+def test_an_idle_receive_raises_its_sleep_flag_once(pair):
+    """A receive sleeps in slices (50 ms: signals get through) and keeps its sleep flag
+    raised at the peer across them: one write up and one down for the whole wait, not
+    two per slice (50 idle receivers on verbs spent the VM's cores on those writes)."""
+    _, b = pair
+    s0 = b.stats()
+    with pytest.raises(rdmamw.Timeout):
+        b.recv(timeout=0.6)
+    s1 = b.stats()
+    assert s1["sleeps"] - s0["sleeps"] >= 6             # it slept through many slices
+    assert s1["work_requests"] - s0["work_requests"] == 2     # the flag, up and down

@@ -466,13 +466,15 @@ cdef class Engine(Endpoint):
                     first_wait = False
                     continue
                 with nogil:
-                    st = self.w.wait(WAIT_ARRIVAL, 0, slice_end(deadline), first_wait)
+                    st = self.w.wait(WAIT_ARRIVAL, 0, slice_end(deadline), first_wait, True)
                 first_wait = False
                 if st < 0:
                     link.raise_peer(st, "receive")
                 if st == 0:
                     PyErr_CheckSignals()
         finally:
+            with nogil:
+                self.w.lower()      # a flag kept raised between slices
             PyThread_release_lock(self.recv_lock)
 
     # ---- lifetime and introspection ------------------------------------------------

@@ -11,10 +11,13 @@ cdef class Waiter:
     cdef EagerSender tx
     cdef RndvSender rs
     cdef EagerReceiver rx
+    cdef bint arrival_up     # the sleep flag stays raised between slices of one receive
 
     cdef bint ready(self, int what, uint64_t target) noexcept nogil
     cdef int spin(self, int what, uint64_t target, int64_t until, uint32_t relax) noexcept nogil
-    cdef int wait(self, int what, uint64_t target, int64_t until, bint spin) noexcept nogil
+    cdef int wait(self, int what, uint64_t target, int64_t until, bint spin,
+                  bint keep=*) noexcept nogil
+    cdef void lower(self) noexcept nogil
     cdef bint arm(self, int what, uint64_t target, int64_t spin_ns) noexcept nogil
     cdef void disarm(self) noexcept nogil
     cdef void _serve(self, int what) noexcept nogil

@@ -55,10 +55,14 @@ cdef class Waiter:
             if t >= until:
                 return 0
 
-    cdef int wait(self, int what, uint64_t target, int64_t until, bint spin) noexcept nogil:
+    cdef int wait(self, int what, uint64_t target, int64_t until, bint spin,
+                  bint keep=False) noexcept nogil:
         """Until ``what`` (``target``: the rendezvous index of WAIT_DONE) is ready: 1;
         ``until`` passes: 0; the peer goes: <0. ``spin``: the first wait of a call,
-        which spins spin_us before it sleeps."""
+        which spins spin_us before it sleeps. ``keep`` (a receive's slice): when
+        ``until`` passes, the sleep flag stays raised for the next slice, so an idle
+        receiver does not write it down and up at the peer every slice; the caller
+        lowers it with lower() when the call ends."""
         cdef int64_t t = now_ns()
         cdef int st, r
         if spin and what != WAIT_ARRIVAL:
@@ -66,8 +70,11 @@ cdef class Waiter:
         r = self.spin(what, target, min(until, t + self.link.spin_ns) if spin else t,
                       32 if what == WAIT_ARRIVAL else 64)
         if r != 0:
+            if self.arrival_up and what == WAIT_ARRIVAL:
+                self.lower()
             return r
-        self._flag(what, True)
+        if not (self.arrival_up and what == WAIT_ARRIVAL):
+            self._flag(what, True)
         while True:
             if self.ready(what, target):
                 r = 1
@@ -87,8 +94,18 @@ cdef class Waiter:
                 if st < 0:
                     r = 1 if what == WAIT_ARRIVAL and self.ready(what, target) else st
                     break
+        if r == 0 and keep and what == WAIT_ARRIVAL:
+            self.arrival_up = True
+            return r
+        self.arrival_up = False
         self._flag(what, False)
         return r
+
+    cdef void lower(self) noexcept nogil:
+        """Lower a sleep flag kept raised between slices (the receive is over)."""
+        if self.arrival_up:
+            self.arrival_up = False
+            self._flag(WAIT_ARRIVAL, False)
 
     cdef bint arm(self, int what, uint64_t target, int64_t spin_ns) noexcept nogil:
         """An event loop's wait (Engine.arm): check, arm the transport's descriptor,

@@ -31,6 +31,7 @@ cdef enum:
     RECV_POOL = 64      # receive WRs posted with one call
     RECV_BUF = 64       # the bytes of the one buffer every receive WR points at
     MAX_CQS = 256       # CQs of each kind per device (each holds cq_cap completions)
+    NOT_TAKEN = -1000   # _take: another thread holds that CQ's lock
 
 cdef extern from *:
     """
@@ -144,6 +145,8 @@ cdef class VerbsDevice:
                         uint32_t need, bint events) except? 0xFFFFFFFF
     cdef void _put(self, rmv_route **t, uint32_t cap, rmv_route *r) noexcept nogil
     cdef rmv_route *_find(self, uint32_t qpn) noexcept nogil
+    cdef int _take(self, int *lock, ibv_cq *cq, ibv_wc *wcs, bint wait) noexcept nogil
+    cdef void _routes(self, ibv_wc *wcs, int k, rmv_route **out) noexcept nogil
     cdef int add(self, rmv_route *r) except -1
     cdef void leave(self, rmv_route *r) noexcept
     cdef void purge(self, rmv_route *r) noexcept

@@ -390,24 +390,44 @@ cdef class VerbsDevice:
 
     # ---- the data path: polling and routing (nogil) -------------------------------
 
+    cdef int _take(self, int *lock, ibv_cq *cq, ibv_wc *wcs, bint wait) noexcept nogil:
+        """Take a CQ's lock and poll a batch from it: the number polled (negative if
+        polling failed), the lock held. NOT_TAKEN (lock not held) when another thread
+        polls that CQ and ``wait`` is false: it routes the completions for us."""
+        if wait:
+            rm_spin_lock(lock)
+        elif not rm_spin_trylock(lock):
+            return NOT_TAKEN
+        return ibv_poll_cq(cq, WC_BATCH, wcs)
+
+    cdef void _routes(self, ibv_wc *wcs, int k, rmv_route **out) noexcept nogil:
+        """The route of each of ``k`` completions (NULL, counted as dropped, for a QP
+        that has left). The caller holds the CQ's lock, which keeps these routes alive
+        after the table's lock is released (leave() takes the CQ locks)."""
+        cdef int j
+        rm_spin_lock(&self.tlock)
+        for j in range(k):
+            out[j] = self._find(wcs[j].qp_num)
+            if out[j] == NULL:
+                self.n_dropped += 1
+        rm_spin_unlock(&self.tlock)
+        rmv_add64(&self.n_routed, k)
+
     cdef int poll_send(self, uint32_t i, bint wait) noexcept nogil:
         """Poll send CQ ``i`` once (a batch) and move each completion to its route's
-        inbox; another thread polling it already (``wait`` false) routes them for us.
-        The number polled, or -1 (errno) if polling failed."""
+        inbox. The number polled: 0 also when another thread polls it already (``wait``
+        false), negative if polling failed."""
         cdef ibv_wc wcs[WC_BATCH]
-        cdef int k, j
+        cdef rmv_route *routes[WC_BATCH]
         cdef rmv_route *r
-        if wait:
-            rm_spin_lock(&self.s_lock[i])
-        elif not rm_spin_trylock(&self.s_lock[i]):
+        cdef int j, k = self._take(&self.s_lock[i], self.scqs[i], wcs, wait)
+        if k == NOT_TAKEN:
             return 0
-        k = ibv_poll_cq(self.scqs[i], WC_BATCH, wcs)
         if k > 0:
-            rm_spin_lock(&self.tlock)
+            self._routes(wcs, k, routes)
             for j in range(k):
-                r = self._find(wcs[j].qp_num)
+                r = routes[j]
                 if r == NULL:
-                    self.n_dropped += 1
                     continue
                 rm_spin_lock(&r.ilock)
                 if r.inbox_len == r.inbox_cap:
@@ -416,32 +436,29 @@ cdef class VerbsDevice:
                     r.inbox[(r.inbox_head + r.inbox_len) % r.inbox_cap] = wcs[j]
                     r.inbox_len += 1
                 rm_spin_unlock(&r.ilock)
-            rm_spin_unlock(&self.tlock)
-            rmv_add64(&self.n_routed, k)
         rm_spin_unlock(&self.s_lock[i])
         return k
 
     cdef int poll_recv(self, uint32_t i, bint wait) noexcept nogil:
         """Poll receive CQ ``i`` once (a batch): count each completion on its route,
-        repost its receive WRs, and wake the routes that sleep. The number polled."""
+        repost its receive WRs, and wake the routes that sleep. The number polled, as
+        poll_send's."""
         cdef ibv_wc wcs[WC_BATCH]
+        cdef rmv_route *routes[WC_BATCH]
         cdef rmv_route *touched[WC_BATCH]
         cdef uint32_t again[WC_BATCH]
-        cdef int k, j, n = 0, m, rc
+        cdef int j, n = 0, m, rc
         cdef uint32_t ok
         cdef rmv_route *r
         cdef uint64_t one = 1
-        if wait:
-            rm_spin_lock(&self.r_lock[i])
-        elif not rm_spin_trylock(&self.r_lock[i]):
+        cdef int k = self._take(&self.r_lock[i], self.rcqs[i], wcs, wait)
+        if k == NOT_TAKEN:
             return 0
-        k = ibv_poll_cq(self.rcqs[i], WC_BATCH, wcs)
         if k > 0:
-            rm_spin_lock(&self.tlock)
+            self._routes(wcs, k, routes)
             for j in range(k):
-                r = self._find(wcs[j].qp_num)
+                r = routes[j]
                 if r == NULL:
-                    self.n_dropped += 1
                     continue
                 ok = wcs[j].status == IBV_WC_SUCCESS
                 if not ok and not rmv_load32(&r.recv_failed):
@@ -454,9 +471,7 @@ cdef class VerbsDevice:
                 else:
                     touched[n], again[n] = r, ok
                     n += 1
-            rm_spin_unlock(&self.tlock)
-            rmv_add64(&self.n_routed, k)
-            for m in range(n):      # the routes stay while we hold the CQ's lock
+            for m in range(n):
                 r = touched[m]
                 rc = route_post(r, again[m])
                 if rc != 0 and r.post_errno == 0:
