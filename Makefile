@@ -24,16 +24,14 @@ demo: $(STAMP)
 	$(VENV)/bin/rdmamw demo
 
 # The device tests (marked `device`) skip on the host and run in a soft-RoCE VM
-# (scripts/test-device.sh; RDMAMW_VM=0 leaves them out). The apt packages come first
+# (scripts/test-device.sh; RDMAMW_VM=0 leaves them out), in the background while the host
+# suite and the soaks run (scripts/test-all.sh). The apt packages come first
 # (rdma-core and pyverbs for the VM; the verbs extension itself needs no header).
 test: vm-deps $(STAMP)
 	bash scripts/setup_test_deps.sh
 	bash scripts/setup_torch.sh $(VPY)
 	$(VPY) -m ruff check .
-	$(VPY) -m pytest -q -p no:cacheprovider
-	$(VPY) bench/soak.py --provider shm --seconds $(SOAK_SECONDS)
-	$(VPY) bench/soak.py --provider tcp --seconds $(SOAK_SECONDS)
-	SOAK_SECONDS=$(SOAK_SECONDS) bash scripts/test-device.sh $(VPY)
+	SOAK_SECONDS=$(SOAK_SECONDS) bash scripts/test-all.sh $(VPY)
 
 # the randomized soak (bench/soak.py, docs/benchmarks.md): 60 s per provider in `make
 # test` (verbs inside the VM); `make soak SOAK_SECONDS=1800 SOAK_PROVIDER=tcp` for a long run

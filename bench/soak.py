@@ -346,10 +346,11 @@ class Hub:
         return self.finish(base, time.monotonic() - t0)
 
     def settled(self) -> bool:
-        """Every peer connected and sending: the state the end is compared with (taken
-        earlier, under a slow VM, it missed the device and connections opened later)."""
-        live = self.live()
-        return len(live) == self.a.peers and all(p.messages > 0 for p in live)
+        """A peer connected and sending: what a process opens once (a device, its CQs
+        and threads) is open, so the end is compared with a state that has it (taken
+        before the first connection, under a slow VM, it did not). Not every peer: with
+        kills every few seconds and peers slow to start there may be no such moment."""
+        return any(p.messages > 0 for p in self.live())
 
     def live(self) -> list[Peer]:
         with self.lock:
@@ -414,7 +415,7 @@ class Hub:
         gc.collect()
         end = resources()
         if base is None:
-            self.fail("no baseline: the peers were never all connected and sending at once")
+            self.fail("no baseline: no peer was ever connected and sending")
         else:
             self.check_flat(base, end)
         with self.lock:

@@ -21,7 +21,9 @@ class PeerNotFound(RdmamwError, ConnectionError):
 
 class PeerRefused(RdmamwError, PermissionError):
     """The other side may not connect: a shm peer of another user (see
-    ``RDMAMW_SHM_ALLOW_UIDS``). The message names the peer and how to let it in."""
+    ``RDMAMW_SHM_ALLOW_UIDS``), or a verbs listener whose pinned-memory budget
+    (``RDMAMW_VERBS_PINNED_BYTES``) has no room for the channel. The message names the
+    peer and what to change."""
 
 
 class ChannelClosed(RdmamwError):

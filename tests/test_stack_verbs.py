@@ -75,10 +75,12 @@ def demo_job(digits: str, out, env: dict, *args: str) -> subprocess.CompletedPro
 
 @pytest.mark.timeout(900)
 def test_demo_every_consistency_model_and_dsana_over_verbs(tmp_path, digits):
-    """Every model, and BSP with DSANA, in one job: each far above chance; BSP reaches
-    exactly the accuracy it reaches over shm (its result does not depend on timing)."""
+    """The models, and BSP with DSANA, in one job: each far above chance; BSP reaches
+    exactly the accuracy it reaches over shm (its result does not depend on timing).
+    Three models here (a minute each under TCG); on the host every model runs in
+    tests/test_ps.py and the demo in tests/test_ps_demo.py."""
     out = tmp_path / "verbs.json"
-    models = ["bsp", "asp", "ssp", "lsp", "alsp", "hybrid"]
+    models = ["bsp", "ssp", "alsp"]
     p = demo_job(digits, out, {}, "--consistency", ",".join(models))
     runs = {r["name"]: r for r in json.loads(out.read_text())["runs"]}
     assert sorted(runs) == sorted(models)
@@ -99,7 +101,9 @@ def coll_job(n: int, scenario: str, cfg: dict, env: dict) -> list[dict]:
     return sorted(json_objects(p.stdout), key=lambda r: r["rank"])
 
 
-@pytest.mark.parametrize("n", [2, 3, 4, 5])
+# 3 (rhd's odd case, compared with shm) and 4 in `make test`: ~2 min each under TCG
+@pytest.mark.parametrize("n", [pytest.param(2, marks=pytest.mark.slow), 3, 4,
+                               pytest.param(5, marks=pytest.mark.slow)])
 def test_collectives_over_verbs(n):
     """Every allreduce algorithm (exact against numpy on int64), broadcast, allgather,
     reduce_scatter and barrier; every channel a verbs channel that carried the data.

@@ -167,7 +167,7 @@ def test_a_missing_rank_times_out_naming_it(tmp_path):
         assert r["seconds"] < 3 + 3, r
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_ddp_trains_like_gloo(n, tmp_path):
     """DistributedDataParallel from one seed (ranks start with different parameters,
     so DDP's initial broadcast matters; 1 MB buckets, so several all_reduces overlap

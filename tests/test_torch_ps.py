@@ -117,7 +117,7 @@ def test_the_example_trains_the_cnn_under_each_model_with_and_without_dsana(tmp_
     out, png = tmp_path / "t.json", tmp_path / "t.png"
     p = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "torch_ps_train.py"),
                         "--workers", "2", "--servers", "1", "--epochs", "3",
-                        "--compute-ms", "1", "--quiet", "--consistency", "bsp,lsp,asp",
+                        "--compute-ms", "1", "--quiet", "--consistency", "bsp,asp",
                         "--sched", "none,dsana",
                         "--json", str(out), "--plot", str(png)],
                        cwd=tmp_path, env={**clean_env(), "PYTHONPATH": ROOT},
@@ -125,8 +125,8 @@ def test_the_example_trains_the_cnn_under_each_model_with_and_without_dsana(tmp_
     assert p.returncode == 0, p.stderr[-3000:]
     assert "digits CNN in torch" in p.stdout and "test acc" in p.stdout
     r = json.loads(out.read_text())
-    assert [run["name"] for run in r["runs"]] == ["bsp", "bsp+dsana", "lsp", "lsp+dsana",
-                                                  "asp", "asp+dsana"]
+    # (lsp and the other models: test_asynchronous_models_converge, in-process)
+    assert [run["name"] for run in r["runs"]] == ["bsp", "bsp+dsana", "asp", "asp+dsana"]
     for run in r["runs"]:
         assert len(run["epochs"]) == 3
         assert run["final_accuracy"] > max(0.3, run["curve"][0]["accuracy"] + 0.15), run

@@ -280,7 +280,9 @@ def test_a_full_budget_refuses_the_next_channel_and_closing_one_frees_its_share(
             lst.accept(timeout=10)
         assert p.stdout.readline().split() == ["open", "0"]
         assert p.stdout.readline().split() == ["open", "1"]
-        assert p.stdout.readline().split()[:2] == ["refused", "2"]
+        refused = p.stdout.readline()
+        assert refused.split()[:3] == ["refused", "2", "PeerRefused"], refused
+        assert "RDMAMW_VERBS_PINNED_BYTES" in refused, refused
         first.send(b"still").wait(timeout=10)
         second.send(b"still").wait(timeout=10)
         second.close()
@@ -305,13 +307,29 @@ def test_a_hello_asking_for_more_than_the_budget_is_refused_before_registering(
     monkeypatch.setenv("RDMAMW_VERBS_PINNED_BYTES", str(before + (4 << 20)))
     qps = [d.counters()["qps"] for d in _verbs_dev.devices()]
     p = _opener(lst.address, 1, slots=128, slot_size=65536)     # an 8 MiB staging ring here
+    accepted: list = []
+    # the listener serves handshakes while someone accepts
+    t = threading.Thread(target=_accept_until_closed, args=(lst, accepted))
+    t.start()
     try:
+        t0 = time.monotonic()
         _go(p)
-        assert p.stdout.readline().split()[:2] == ["refused", "0"]
-        with pytest.raises(rdmamw.Timeout):
-            lst.accept(timeout=1)
+        refused = p.stdout.readline()
+        # told why at once, not left to wait out its 60 s timeout
+        assert refused.split()[:3] == ["refused", "0", "PeerRefused"], refused
+        assert "RDMAMW_VERBS_PINNED_BYTES" in refused, refused
+        assert time.monotonic() - t0 < 30
         assert _verbs_dev.pinned()[0] == before
         assert [d.counters()["qps"] for d in _verbs_dev.devices()] == qps
     finally:
         p.kill()
         lst.close()
+        t.join(30)
+    assert accepted == ["ChannelClosed"]           # nothing was accepted before the close
+
+
+def _accept_until_closed(lst, out: list) -> None:
+    try:
+        out.append(lst.accept(timeout=120))
+    except rdmamw.RdmamwError as e:
+        out.append(type(e).__name__)

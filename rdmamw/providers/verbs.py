@@ -22,7 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rdmamw import auth
-from rdmamw.errors import PeerNotFound, ProtocolError, ProviderUnavailable, RdmamwError, Timeout
+from rdmamw.errors import (
+    PeerNotFound,
+    PeerRefused,
+    ProtocolError,
+    ProviderUnavailable,
+    RdmamwError,
+    RegistrationError,
+    Timeout,
+)
 from rdmamw.providers import Connected, verbs_rank
 from rdmamw.providers import verbs_device as dev
 from rdmamw.providers._listener import HandshakeListener
@@ -77,6 +85,27 @@ def check_descriptor(d: dict, theirs: layout.Layout) -> dict:
     return d
 
 
+#: the longest reason a refusing peer may give that we repeat (it wrote it, not us)
+REFUSAL_CHARS = 400
+
+
+def _refuse(conn: socket.socket, why: str) -> None:
+    """Say why in place of our descriptor, before hanging up (the peer proved the token)."""
+    try:
+        fr.send_frame(conn, {"refused": why[:REFUSAL_CHARS]})
+    except OSError:
+        pass                        # it went already: nothing to tell
+
+
+def _unless_refused(frame: dict, peer_name: str) -> dict:
+    """The peer's descriptor frame, or PeerRefused with the reason it sent instead."""
+    if "refused" in frame:
+        why = frame["refused"]
+        why = why[:REFUSAL_CHARS] if isinstance(why, str) else "no reason given"
+        raise PeerRefused(f"{peer_name} refused the channel: {why}")
+    return frame
+
+
 def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
                mode: str | None, peer_name: str, rank: int | None = None,
                pin: Pin | Callable[[int | None], Pin] | None = None) -> Connected:
@@ -115,9 +144,13 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
     rq = o["rq_depth"] or 2 * (slots + peer_slots) + 64
     # what this channel registers: our block, the staging copy of the peer's ring and
     # its words (the engine's); refused before anything is, if the budget has no room
-    dev.check_budget(mine.total + peer_slots * layout.slot_stride(peer_slot_size)
-                     + 2 * layout.PAGE, f"a channel with {peer_name} ({slots} slots of "
-                     f"{slot_size} B here, {peer_slots} of {peer_slot_size} B there)")
+    try:
+        dev.check_budget(mine.total + peer_slots * layout.slot_stride(peer_slot_size)
+                         + 2 * layout.PAGE, f"a channel with {peer_name} ({slots} slots of "
+                         f"{slot_size} B here, {peer_slots} of {peer_slot_size} B there)")
+    except RegistrationError as e:
+        _refuse(conn, str(e))       # the peer learns why, instead of waiting its timeout
+        raise
     tp = dev.transport_class()()
     try:
         try:
@@ -131,7 +164,7 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
                      event=bool(o["event"]))
         del local["inline"]
         fr.send_frame(conn, local)
-        d = check_descriptor(fr.recv_frame(conn), theirs)
+        d = check_descriptor(_unless_refused(fr.recv_frame(conn), peer_name), theirs)
         if pin is not None and d["gid"] != pin.peer_gid:
             raise ProtocolError(f"{peer_name} shows GID {d['gid'].hex()} in its handshake, "
                                 f"but {pin.peer_gid.hex()} in its descriptor in the store")
