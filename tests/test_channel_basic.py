@@ -289,3 +289,70 @@ def test_an_idle_receive_raises_its_sleep_flag_once(pair):
     s1 = b.stats()
     assert s1["sleeps"] - s0["sleeps"] >= 6             # it slept through many slices
     assert s1["work_requests"] - s0["work_requests"] == 2     # the flag, up and down
+
+
+def _in_thread(fn) -> dict:
+    """Run ``fn`` in a thread that is not the main one; what it returned or raised and
+    how long it took."""
+    import time
+    out: dict = {}
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            out["value"] = fn()
+        except BaseException as e:      # noqa: BLE001 (the test looks at it)
+            out["error"] = e
+        out["seconds"] = time.monotonic() - t0
+
+    t = threading.Thread(target=run)
+    t.start()
+    out["thread"] = t
+    return out
+
+
+def test_an_idle_receive_off_the_main_thread_sleeps_without_slices(pair):
+    """Only the main thread runs signal handlers, so only its waits come back every
+    50 ms; a receive in another thread sleeps until its deadline (500 idle threads
+    would otherwise wake 10,000 times a second)."""
+    _, b = pair
+    s0 = b.stats()
+    out = _in_thread(lambda: b.recv(timeout=1.0))
+    out["thread"].join(30)
+    assert isinstance(out.get("error"), rdmamw.Timeout), out
+    assert b.stats()["sleeps"] - s0["sleeps"] <= 4      # a 50 ms slice each: 20
+
+
+def test_close_wakes_a_receive_blocked_in_another_thread(pair):
+    """The receive sleeps without slices there: close() must wake it (the transport's
+    wake_self), or it would sleep until its 30 s timeout."""
+    import time
+    _, b = pair
+    out = _in_thread(lambda: b.recv(timeout=30))
+    time.sleep(0.3)
+    b.close()
+    out["thread"].join(30)
+    assert isinstance(out.get("error"), rdmamw.ChannelClosed), out
+    assert out["seconds"] < 5, out
+
+
+def test_close_wakes_a_send_blocked_on_a_full_ring_in_another_thread(pair):
+    """A sender whose ring is full sleeps until the receiver releases slots; closing
+    the channel from another thread ends its wait with ChannelClosed at once."""
+    import time
+    a, b = pair
+    payload = b"x" * 64
+    for _ in range(10_000):     # fill the ring: nobody on b receives
+        try:
+            a.send(payload, timeout=0)
+        except rdmamw.Timeout:
+            break
+    else:
+        pytest.fail("the ring never filled")
+    out = _in_thread(lambda: a.send(payload, timeout=30))
+    time.sleep(0.3)
+    assert "seconds" not in out                     # still waiting for room
+    a.close()
+    out["thread"].join(30)
+    assert isinstance(out.get("error"), rdmamw.ChannelClosed), out
+    assert out["seconds"] < 5, out

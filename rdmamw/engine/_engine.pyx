@@ -219,7 +219,7 @@ cdef class Engine(Endpoint):
                     # ring full (or no rendezvous entry): wait for reclaim (done) bits,
                     # a slice at a time (signals)
                     with nogil:
-                        st = self.w.wait(self.tx.blocked_on, 0, slice_end(deadline),
+                        st = self.w.wait(self.tx.blocked_on, 0, link.wait_until(deadline),
                                          first_wait)
                     first_wait = False
                     self.rs.poll(self.rs.next)
@@ -227,6 +227,8 @@ cdef class Engine(Endpoint):
                         link.raise_peer(st, "waiting for free slots")
                     if st == 0:
                         PyErr_CheckSignals()
+                        if link.closed:     # by another thread
+                            link.refuse()
                         if deadline and now_ns() >= deadline:
                             raise Timeout(
                                 f"ring full for the whole timeout; {b.plan_start[k]} of "
@@ -328,7 +330,7 @@ cdef class Engine(Endpoint):
             if deadline and now_ns() > deadline:
                 raise Timeout("the receiver has not taken the batch's rendezvous messages")
             with nogil:     # ask the receiver for its done bits, as for free slots
-                st = self.w.wait(WAIT_DONE, rndv, slice_end(deadline), first)
+                st = self.w.wait(WAIT_DONE, rndv, link.wait_until(deadline), first)
             first = False
             if st < 0:
                 self.rs.poll(rndv)
@@ -336,6 +338,8 @@ cdef class Engine(Endpoint):
                     break
                 link.raise_peer(st, "waiting for the rendezvous done bits")
             PyErr_CheckSignals()
+            if link.closed and not self.rs.poll(rndv):
+                link.refuse()
         return 0
 
     # ---- receiving ----------------------------------------------------------------
@@ -466,7 +470,8 @@ cdef class Engine(Endpoint):
                     first_wait = False
                     continue
                 with nogil:
-                    st = self.w.wait(WAIT_ARRIVAL, 0, slice_end(deadline), first_wait, True)
+                    st = self.w.wait(WAIT_ARRIVAL, 0, link.wait_until(deadline), first_wait,
+                                     True)
                 first_wait = False
                 if st < 0:
                     link.raise_peer(st, "receive")

@@ -48,6 +48,7 @@ cdef class Link:
     cdef int set_peer(self, object peer) except -1
     cdef int open(self) except -1
     cdef int shut(self) except -1
+    cdef int64_t wait_until(self, int64_t deadline) noexcept nogil
     cdef int end(self) except -1
     cdef void announce_closed(self) noexcept nogil
     cdef int refuse(self) except -1
@@ -178,6 +179,9 @@ cdef inline void fill_wr(rm_wr *wr, uint64_t *src, uint32_t lkey, uint32_t regio
 
 cdef enum:
     SLICE_NS = 50000000     # a blocked call returns to the GIL this often (signals)
+    # off the main thread (no signal handlers run there), over a transport that wakes
+    # its sleepers on close: how long one sleep may last (a bound for timeout_ms)
+    LONG_SLICE_NS = 3600000000000
     PEER_CHECK_NS = 1000000 # a wait asks the provider about the peer this often
 
 
@@ -190,3 +194,4 @@ cdef inline int64_t slice_end(int64_t deadline) noexcept nogil:
 
 
 cdef int64_t deadline_of(object timeout) except -1
+cdef bint on_main_thread() noexcept nogil

@@ -31,6 +31,8 @@ from rdmamw.transport._base cimport (
 from rdmamw.transport.atomics cimport rm_fence_seq_cst, rm_load_acquire64, rm_spin_lock, rm_spin_unlock
 
 import logging
+import os
+import threading
 
 from rdmamw import _fork
 from rdmamw.errors import ChannelClosed, MessageTooLarge, PeerLost, ProtocolError
@@ -38,6 +40,27 @@ from rdmamw.errors import ChannelClosed, MessageTooLarge, PeerLost, ProtocolErro
 _log = logging.getLogger("rdmamw.channel")
 
 cdef int64_t DYING_NS = 200000000       # a refused READ: how long to look for the peer's death
+
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef unsigned long pthread_t
+    pthread_t pthread_self()
+
+cdef pthread_t _main_thread = <pthread_t>threading.main_thread().ident
+
+
+def _main_thread_in_child() -> None:
+    global _main_thread
+    _main_thread = pthread_self()   # the thread that forked is the child's only one
+
+
+os.register_at_fork(after_in_child=_main_thread_in_child)
+
+
+cdef bint on_main_thread() noexcept nogil:
+    """Python runs signal handlers on its main thread only: the one thread whose waits
+    must come back to the interpreter every SLICE_NS."""
+    return pthread_self() == _main_thread
 
 
 cdef int64_t deadline_of(object timeout) except -1:
@@ -101,9 +124,23 @@ cdef class Link:
 
     cdef int shut(self) except -1:
         """No more sends or receives on this side (close(); in a fork child that is
-        all: the connection is the parent's, rdmamw/_fork.py)."""
+        all: the connection is the parent's, rdmamw/_fork.py). A thread of ours asleep
+        in a wait is woken to see it."""
         self.closed = True
+        if self.tp is not None and not self.inherited():
+            self.tp.wake_self()
         return 0
+
+    cdef int64_t wait_until(self, int64_t deadline) noexcept nogil:
+        """Where the next sleep of a wait that ends at ``deadline`` (0: never) stops:
+        after SLICE_NS on the main thread, for its signal handlers, and with a transport
+        that cannot wake its sleepers on close; elsewhere at the deadline (or after
+        LONG_SLICE_NS), so an idle thread does not wake 20 times a second to look."""
+        cdef int64_t t
+        if self.tp is None or not self.tp.wakes_self or on_main_thread():
+            return slice_end(deadline)
+        t = now_ns() + LONG_SLICE_NS
+        return deadline if deadline and deadline < t else t
 
     cdef int end(self) except -1:
         """close()'s last step: the transport goes."""

@@ -113,6 +113,7 @@ cdef extern from *:
     int MSG_PEEK, MSG_DONTWAIT, SHUT_RDWR
     int posix_memalign(void **memptr, size_t alignment, size_t size) nogil
     ssize_t read(int fd, void *buf, size_t n) nogil
+    ssize_t write(int fd, const void *buf, size_t n) nogil
 
 cdef uint64_t INTERNAL = (<uint64_t>1) << 63     # wr_id of WRs the engine never sees
 cdef int64_t STUCK_NS = 10000000000               # no completion at all for this long: peer gone
@@ -180,6 +181,7 @@ cdef class VerbsTransport(Transport):
         self.sock = -1
         self.state = RM_ERR_CLOSED
         self.direct_source = False      # the engine copies payloads into registered staging
+        self.wakes_self = True
         self.synchronous = False        # the HCA reads sources after post() returns
 
     # ---- set-up (Python, once per connection) ----------------------------------
@@ -280,7 +282,6 @@ cdef class VerbsTransport(Transport):
                  uint64_t addr, uint32_t rkey, tuple regions, bint peer_imm):
         """Point the QP at the peer (RTR, RTS) and take its regions for bounds checks.
         The caller has validated the descriptor against the layout it computed."""
-        cdef ibv_qp_attr at
         cdef int i
         if self.qp == NULL or len(gid) != 16 or len(regions) != RM_NREGIONS:
             raise ValueError("transport not opened or bad descriptor")
@@ -290,25 +291,8 @@ cdef class VerbsTransport(Transport):
             self.peer[i].addr = NULL      # never dereferenced: remote memory
             self.peer[i].length = length
         self.peer_rkey, self.peer_imm = rkey, peer_imm
-        memset(&at, 0, sizeof(at))
-        at.qp_state = IBV_QPS_RTR
-        at.path_mtu = <ibv_mtu>min(self.mtu, mtu)
-        at.dest_qp_num, at.rq_psn = qpn, psn
-        at.max_dest_rd_atomic, at.min_rnr_timer = 1, 12
-        at.ah_attr.is_global, at.ah_attr.port_num, at.ah_attr.dlid = 1, self.port, lid
-        memcpy(at.ah_attr.grh.dgid.raw, <char *>gid, 16)
-        at.ah_attr.grh.sgid_index, at.ah_attr.grh.hop_limit = self.gid_index, 64
-        if ibv_modify_qp(self.qp, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU
-                         | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC
-                         | IBV_QP_MIN_RNR_TIMER):
-            raise OSError(errno, f"QP to RTR failed ({strerror(errno).decode()})")
-        memset(&at, 0, sizeof(at))
-        at.qp_state, at.sq_psn, at.max_rd_atomic = IBV_QPS_RTS, my_psn, 1
-        # retry_cnt 6: rxe reads 7 as "retry forever", and a dead peer must surface
-        at.timeout, at.retry_cnt, at.rnr_retry = self.timeout_exp, 6, 7
-        if ibv_modify_qp(self.qp, &at, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT
-                         | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC):
-            raise OSError(errno, f"QP to RTS failed ({strerror(errno).decode()})")
+        _qp_to_rts(self.qp, <ibv_mtu>min(self.mtu, mtu), my_psn, qpn, psn, gid, lid,
+                   self.port, self.gid_index, self.timeout_exp)
 
     def _attach_socket(self, int fd):
         """Take the handshake socket (EOF = peer gone); the transport is live now."""
@@ -674,6 +658,13 @@ cdef class VerbsTransport(Transport):
             pass
         self._drain_recv()
 
+    cdef int wake_self(self) noexcept nogil:
+        cdef uint64_t one = 1
+        if self.route == NULL or self.route.evfd < 0:
+            return RM_ERR_CLOSED
+        write(self.route.evfd, &one, 8)     # the eventfd wait() polls
+        return 0
+
     cdef int wake_peer(self) noexcept nogil:
         cdef ibv_send_wr *w
         cdef int rc
@@ -771,6 +762,32 @@ cdef class VerbsTransport(Transport):
         if self.state == 1 and _sock_dead(self.sock):
             self._fail(RM_ERR_PEER_LOST, FAIL_SOCKET)
         return self.state
+
+
+cdef int _qp_to_rts(ibv_qp *qp, ibv_mtu mtu, uint32_t my_psn, uint32_t qpn, uint32_t psn,
+                    bytes gid, int lid, int port, int gid_index, int timeout_exp) except -1:
+    """RESET/INIT -> RTR (pointed at the peer's QP) -> RTS; OSError naming the step."""
+    cdef ibv_qp_attr at
+    memset(&at, 0, sizeof(at))
+    at.qp_state = IBV_QPS_RTR
+    at.path_mtu = mtu
+    at.dest_qp_num, at.rq_psn = qpn, psn
+    at.max_dest_rd_atomic, at.min_rnr_timer = 1, 12
+    at.ah_attr.is_global, at.ah_attr.port_num, at.ah_attr.dlid = 1, port, lid
+    memcpy(at.ah_attr.grh.dgid.raw, <char *>gid, 16)
+    at.ah_attr.grh.sgid_index, at.ah_attr.grh.hop_limit = gid_index, 64
+    if ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU
+                     | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC
+                     | IBV_QP_MIN_RNR_TIMER):
+        raise OSError(errno, f"QP to RTR failed ({strerror(errno).decode()})")
+    memset(&at, 0, sizeof(at))
+    at.qp_state, at.sq_psn, at.max_rd_atomic = IBV_QPS_RTS, my_psn, 1
+    # retry_cnt 6: rxe reads 7 as "retry forever", and a dead peer must surface
+    at.timeout, at.retry_cnt, at.rnr_retry = timeout_exp, 6, 7
+    if ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT
+                     | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC):
+        raise OSError(errno, f"QP to RTS failed ({strerror(errno).decode()})")
+    return 0
 
 
 cdef bint _sock_dead(int sock) noexcept nogil:
