@@ -30,7 +30,7 @@ from distributed.comm.core import BaseListener, Comm, CommClosedError, Connector
 from distributed.comm.registry import Backend
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
 from distributed.protocol.utils import host_array
-from distributed.utils import ensure_ip, get_ip
+from distributed.utils import ensure_ip, ensure_memoryview, get_ip
 
 from rdmamw import auth, config
 from rdmamw import channel as _sync
@@ -207,8 +207,8 @@ class RdmamwComm(Comm):
             on_error=on_error,
             context={"sender": self.local_info, "recipient": self.remote_info,
                      **self.handshake_options})
-        views = [f if isinstance(f, bytes) else memoryview(f).cast("B") for f in frames]
-        sizes = [len(v) for v in views]
+        views = [f if isinstance(f, bytes) else ensure_memoryview(f) for f in frames]
+        sizes = [v.nbytes if isinstance(v, memoryview) else len(v) for v in views]
         header = _HEADER.pack(_MAGIC, len(sizes)) + struct.pack(f"<{len(sizes)}Q", *sizes)
         batch = [header, *(v for v, n in zip(views, sizes, strict=True) if n)]
         async with self._write_lock:
