@@ -174,7 +174,7 @@ def test_one_send_batch_per_message_no_copy_and_right_sized_receives(monkeypatch
 
     async def recv_into(self, buf):
         n = await real_into(self, buf)
-        received.append((memoryview(buf).nbytes, n))
+        received.append((np.asarray(memoryview(buf).obj).nbytes, n))  # the whole buffer
         return n
 
     monkeypatch.setattr(Channel, "send_batch", send_batch)
@@ -202,6 +202,34 @@ def test_one_send_batch_per_message_no_copy_and_right_sized_receives(monkeypatch
                if not isinstance(f, bytes))                # the array itself, no copy
     assert received and all(size == n for size, n in received)
     assert arr.nbytes in {n for _size, n in received}
+
+
+def test_concurrent_writes_on_one_comm_stay_whole():
+    """Writers that share a comm (a BatchedSend and an RPC, say) each send a whole
+    message: a batch that waits for ring slots half-way is not interleaved with
+    another's frames."""
+    async def main():
+        got = []
+        done = asyncio.get_running_loop().create_future()
+
+        async def keep(comm):
+            for _ in range(8):
+                got.append(await comm.read())
+            done.set_result(None)
+        async with listen("rdmamw://127.0.0.1:0", keep) as lst:
+            comm = await connect(lst.contact_address)
+            await asyncio.gather(*(comm.write(
+                {"i": i, "p": [to_serialize(np.full(30_000 + i, i, np.uint8))
+                               for _ in range(12)]}) for i in range(8)))
+            await done
+            await comm.close()
+        return got
+
+    with dask.config.set({"distributed.comm.rdmamw.slots": 4}):    # the ring fills
+        got = run(main())
+    assert sorted(m["i"] for m in got) == list(range(8))
+    for m in got:
+        assert all(len(p) == 30_000 + m["i"] and (p == m["i"]).all() for p in m["p"])
 
 
 @pytest.mark.parametrize("shm", WAYS)
@@ -364,6 +392,32 @@ def test_a_stranger_without_the_token_is_refused_and_the_listener_keeps_serving(
                 await comm.close()
 
     run(main())
+
+
+def test_a_failed_accept_does_not_stop_the_listener(monkeypatch):
+    """The provider's accept can raise for a local reason (out of descriptors); the
+    listener logs it and goes on accepting."""
+    from rdmamw import aio
+    real, failed = aio.Listener.accept, []
+
+    async def accept(self):
+        if self not in failed:              # each listener (tcp, shm) fails once
+            failed.append(self)
+            raise OSError(24, "Too many open files")
+        return await real(self)
+    monkeypatch.setattr(aio.Listener, "accept", accept)
+
+    async def main():
+        async with listen("rdmamw://127.0.0.1:0", echo) as lst:
+            for shm in (True, False):
+                with use_shm(shm):
+                    comm = await connect(lst.contact_address, timeout=10)
+                await comm.write(shm)
+                assert await comm.read() is shm
+                await comm.close()
+
+    run(main())
+    assert len(failed) == 2
 
 
 def test_no_listening_off_loopback_without_a_token(monkeypatch):
