@@ -122,7 +122,7 @@ def main() -> None:
     print(f"{'size':>6} | {'round trip, median (us)':^34} | {'throughput (MB/s, both ways)':^32} |"
           f" speed-up")
     print(f"{'':>6} | {'rdmamw':>10} {'tcp':>10} {'inproc':>10}  | {'rdmamw':>10} {'tcp':>10}"
-          f" {'inproc':>10} | rdmamw/tcp")
+          f" {'inproc':>10} |   vs tcp")
     for r in rows:
         print(f"{r['size']:>6} | {r['rdmamw_rtt_us']:>10.1f} {r['tcp_rtt_us']:>10.1f} "
               f"{r['inproc_rtt_us']:>10.1f}  | {r['rdmamw_MBps']:>10.1f} {r['tcp_MBps']:>10.1f} "

@@ -480,7 +480,7 @@ def churn(cycles: int, shm: bool) -> tuple[int, int, int, int]:
 
 @pytest.mark.parametrize("shm", WAYS)
 def test_open_close_cycles_leak_no_fds_or_threads(shm):
-    fd0, th0, fd1, th1 = churn(2000 if shm else 50, shm)
+    fd0, th0, fd1, th1 = churn(2000 if shm else 20, shm)
     assert fd1 <= fd0 and th1 <= th0, (fd0, th0, fd1, th1)
 
 
