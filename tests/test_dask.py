@@ -514,13 +514,18 @@ def p2p_shuffle(protocol: str, nparts: int, rows: int):
         out = ddf.shuffle("k", method="p2p", npartitions=nparts)
         parts = c.compute(out.to_delayed())
         got = [p.result() for p in parts]
-    return [g.sort_values(["k", "v"]).reset_index(drop=True) for g in got]
+        import dask.array as da
+        x = da.from_array(np.arange(rows * 8, dtype="f8").reshape(rows, 8), chunks=(rows // 8, 8))
+        y = x.rechunk((rows, 1), method="p2p").compute()
+    return [g.sort_values(["k", "v"]).reset_index(drop=True) for g in got], y
 
 
-def test_p2p_shuffle_on_four_worker_processes_equals_tcp():
+def test_p2p_shuffle_and_rechunk_on_four_worker_processes_equal_tcp():
     import pandas as pd
-    got = p2p_shuffle("rdmamw://", 8, 40_000)
-    want = p2p_shuffle("tcp://", 8, 40_000)
+    got, got_y = p2p_shuffle("rdmamw://", 8, 40_000)
+    want, want_y = p2p_shuffle("tcp://", 8, 40_000)
+    assert np.array_equal(got_y, want_y)
+    assert np.array_equal(got_y, np.arange(40_000 * 8, dtype="f8").reshape(40_000, 8))
     assert len(got) == len(want) == 8
     for g, w in zip(got, want, strict=True):
         pd.testing.assert_frame_equal(g, w)
