@@ -530,3 +530,44 @@ def test_p2p_shuffle_and_rechunk_on_four_worker_processes_equal_tcp():
     for g, w in zip(got, want, strict=True):
         pd.testing.assert_frame_equal(g, w)
     assert sum(len(g) for g in got) == 40_000
+
+
+def shuffle_with_a_killed_worker(protocol: str) -> tuple[str, int]:
+    """A P2P shuffle during which one worker process is SIGKILLed: what it came to
+    (the result's row count, or the exception's type) and a task run afterwards."""
+    import signal
+    import time
+
+    import dask.dataframe as dd
+    import pandas as pd
+    from distributed import Client, LocalCluster
+
+    rows = 400_000
+    df = pd.DataFrame({"k": np.arange(rows) % 977, "v": np.arange(rows, dtype="f8")})
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}), \
+            LocalCluster(protocol=protocol, host="127.0.0.1", n_workers=4,
+                         threads_per_worker=1, processes=True, dashboard_address=None,
+                         worker_dashboard_address=None) as cluster, Client(cluster) as c:
+        out = dd.from_pandas(df, npartitions=16).shuffle("k", method="p2p", npartitions=16)
+        fut = c.compute(out.map_partitions(len).sum())
+        pids = c.run(os.getpid)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+                "shuffle-transfer" in str(key) for keys in c.processing().values()
+                for key in keys):
+            time.sleep(0.02)
+        os.kill(next(iter(pids.values())), signal.SIGKILL)
+        try:
+            what = str(fut.result(timeout=120))
+        except Exception as e:  # noqa: BLE001 - the type is what is compared
+            what = type(e).__name__
+        after = c.submit(lambda: 41 + 1, pure=False).result(timeout=60)
+    return what, after
+
+
+@pytest.mark.slow
+def test_a_worker_killed_during_a_p2p_shuffle_ends_as_on_tcp():
+    got = shuffle_with_a_killed_worker("rdmamw://")
+    want = shuffle_with_a_killed_worker("tcp://")
+    print("killed worker: rdmamw", got, "tcp", want)
+    assert got == want and got[1] == 42, (got, want)
