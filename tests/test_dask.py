@@ -291,6 +291,24 @@ def test_close_or_abort_from_either_side(shm, how, side):
         run(main())
 
 
+def test_stopping_a_listener_leaves_its_comms_working():
+    """As with tcp://, stop() ends accepting; comms already handed to the handler stay
+    (their owner closes them), and new connects fail."""
+    async def main():
+        lst = await listen("rdmamw://127.0.0.1:0", echo)
+        comm = await connect(lst.contact_address)
+        await comm.write("before stop")         # the listener's side of the handshake
+        assert await comm.read() == "before stop"   # is over (stop() aborts those)
+        lst.stop()
+        await comm.write("after stop")
+        assert await comm.read() == "after stop"
+        await comm.close()
+        with pytest.raises(OSError):
+            await connect(lst.contact_address, timeout=0.5)
+
+    run(main())
+
+
 def test_a_message_written_before_close_is_still_read():
     async def main():
         got = asyncio.get_running_loop().create_future()

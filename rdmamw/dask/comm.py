@@ -70,8 +70,12 @@ def _use_shm() -> bool:
 
 
 def _connect_timeout() -> float:
+    """One tcp attempt's bound for the connect (rdmamw's open retries a refused
+    connect until it; the handshake has at least 1 s): short, since distributed's
+    connect retries with backoff itself until ``distributed.comm.timeouts.connect``,
+    and an attempt it gave up on still holds an executor thread until this passes."""
     t = dask.config.get("distributed.comm.timeouts.connect", default=30)
-    return float(dask.utils.parse_timedelta(t, default="seconds"))
+    return min(1.0, float(dask.utils.parse_timedelta(t, default="seconds")))
 
 
 def shm_name(host: str, port: int) -> str:
@@ -127,7 +131,7 @@ class RdmamwComm(Comm):
         self._peer_addr = peer_addr
         self._write_lock = asyncio.Lock()
         self._read_lock = asyncio.Lock()
-        self._finalizer = weakref.finalize(self, ch.close)
+        self._finalizer = weakref.finalize(self, _close_quietly, ch)
         self._finalizer.atexit = False
 
     @property
@@ -233,10 +237,7 @@ class RdmamwComm(Comm):
         ch, self._ch = self._ch, None
         if ch is not None:
             self._finalizer.detach()
-            try:
-                ch.close()
-            except _errors.WrongLoop:     # aborted from another loop's thread
-                ch.sync.close()
+            _close_quietly(ch)
 
     def closed(self) -> bool:
         ch = self._ch
@@ -258,6 +259,14 @@ async def _open(address: str, timeout: float) -> Channel:
     except asyncio.CancelledError:
         fut.add_done_callback(_close_late)
         raise
+
+
+def _close_quietly(ch: Channel) -> None:
+    """Close a comm's channel found unreferenced (from whatever thread collects it)."""
+    try:
+        ch.close()
+    except _errors.WrongLoop:
+        ch.sync.close()
 
 
 def _close_late(fut: asyncio.Future) -> None:
@@ -308,7 +317,8 @@ class RdmamwListener(BaseListener):
         self.deserialize = deserialize
         self.allow_offload = allow_offload
         self._listeners: list[Listener] = []
-        self._tasks: set[asyncio.Task] = set()
+        self._accepting: set[asyncio.Task] = set()   # the accept loops (stop ends them)
+        self._handlers: set[asyncio.Task] = set()    # comms handed out: theirs to close
         self._bound: tuple[str, int] | None = None
 
     async def start(self) -> None:
@@ -330,12 +340,7 @@ class RdmamwListener(BaseListener):
             log.warning("%s: no shm listener (%s); local peers use tcp",
                         self.listen_address, e)
         for lst in self._listeners:
-            self._spawn(self._accept_loop(lst))
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            _keep(self._accepting, self._accept_loop(lst))
 
     async def _accept_loop(self, lst: Listener) -> None:
         while True:
@@ -348,7 +353,7 @@ class RdmamwListener(BaseListener):
                     return
                 log.info("%s refused a peer: %s", self.listen_address, e)
                 continue
-            self._spawn(self._handle(ch))
+            _keep(self._handlers, self._handle(ch))
 
     async def _handle(self, ch: Channel) -> None:
         if ch.sync.provider == "shm":
@@ -372,7 +377,7 @@ class RdmamwListener(BaseListener):
         for lst in lsts:
             with contextlib.suppress(Exception):
                 lst.close()
-        for task in list(self._tasks):
+        for task in list(self._accepting):
             task.cancel()
         self.abort_handshaking_comms()
 
@@ -392,6 +397,13 @@ class RdmamwListener(BaseListener):
     @property
     def contact_address(self) -> str:
         return PREFIX + unparse_host_port(self.contact_host, self.get_host_port()[1])
+
+
+def _keep(tasks: set[asyncio.Task], coro: Any) -> None:
+    """Run ``coro`` as a task held in ``tasks`` until it ends."""
+    task = asyncio.ensure_future(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 class RdmamwBackend(Backend):
