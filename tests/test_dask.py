@@ -161,6 +161,24 @@ def test_frames_with_zeros_in_their_shape():
     assert back["n"] == 1
 
 
+def test_a_frame_above_the_channels_limit_goes_in_pieces(monkeypatch):
+    """A frame larger than the largest message the peer's channel takes (here 1 MiB;
+    the echo's reply is pickled, which distributed.comm.shard does not cut) goes as
+    pieces of one batch, received into slices of one buffer: whole, never refused."""
+    monkeypatch.setenv("RDMAMW_MAX_MESSAGE_SIZE", str(1 << 20))
+    big = np.arange(5 << 20, dtype=np.uint8)
+
+    async def main():
+        async with listen("rdmamw://127.0.0.1:0", echo) as lst:
+            comm = await connect(lst.contact_address)
+            await comm.write({"x": to_serialize(big)})
+            back = await comm.read()
+            await comm.close()
+        return back["x"]
+
+    assert np.array_equal(run(main()), big)
+
+
 def test_one_send_batch_per_message_no_copy_and_right_sized_receives(monkeypatch):
     """A message is one send_batch of header + frames, the frames the caller's own
     memory; each frame is received by recv_into a buffer of exactly its size."""

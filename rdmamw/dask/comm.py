@@ -41,8 +41,9 @@ log = logging.getLogger("rdmamw.dask")
 
 SCHEME = "rdmamw"
 PREFIX = SCHEME + "://"
-_HEADER = struct.Struct("<4sI")     # magic, frame count; then one "<Q" per frame
-_MAGIC = b"RDK1"
+#: magic, frame count, piece size; then one "<Q" per frame
+_HEADER = struct.Struct("<4sIQ")
+_MAGIC = b"RDK2"
 #: the channel errors that mean the comm is over: the peer closed or died, this side
 #: closed, the transport failed
 _GONE = (_errors.ChannelClosed, _errors.PeerLost, _errors.ProtocolError, ConnectionError)
@@ -76,6 +77,12 @@ def _connect_timeout() -> float:
     and an attempt it gave up on still holds an executor thread until this passes."""
     t = dask.config.get("distributed.comm.timeouts.connect", default=30)
     return min(1.0, float(dask.utils.parse_timedelta(t, default="seconds")))
+
+
+def _shard_size() -> int:
+    """The largest frame (``distributed.comm.shard``, 64 MiB, as tcp:// splits them):
+    far below a channel's largest message (RDMAMW_MAX_MESSAGE_SIZE, 1 GiB)."""
+    return dask.utils.parse_bytes(dask.config.get("distributed.comm.shard"))
 
 
 def shm_name(host: str, port: int) -> str:
@@ -184,8 +191,8 @@ class RdmamwComm(Comm):
         m = await ch.recv()
         try:
             view = memoryview(m)
-            magic, count = _HEADER.unpack_from(view)
-            if magic != _MAGIC or len(view) != _HEADER.size + 8 * count:
+            magic, count, piece = _HEADER.unpack_from(view)
+            if magic != _MAGIC or len(view) != _HEADER.size + 8 * count or not piece:
                 raise _errors.ProtocolError("not an rdmamw:// comm header")
             sizes = struct.unpack_from(f"<{count}Q", view, _HEADER.size)
         finally:
@@ -194,11 +201,12 @@ class RdmamwComm(Comm):
         frames = []
         for n in sizes:
             buf = host_array(n)
-            if n:
-                got = await ch.recv_into(buf)
-                if got != n:
-                    raise _errors.ProtocolError(f"a frame of {got} bytes where the "
-                                                f"header said {n}")
+            for at in range(0, n, piece):
+                want = min(piece, n - at)
+                got = await ch.recv_into(buf[at:at + want])
+                if got != want:
+                    raise _errors.ProtocolError(f"a piece of {got} bytes where the "
+                                                f"header said {want}")
             frames.append(buf)
         return frames
 
@@ -210,15 +218,26 @@ class RdmamwComm(Comm):
             msg, allow_offload=self.allow_offload, serializers=serializers,
             on_error=on_error,
             context={"sender": self.local_info, "recipient": self.remote_info,
-                     **self.handshake_options})
+                     **self.handshake_options},
+            frame_split_size=_shard_size())
         views = [f if isinstance(f, bytes) else ensure_memoryview(f) for f in frames]
         sizes = [v.nbytes if isinstance(v, memoryview) else len(v) for v in views]
-        header = _HEADER.pack(_MAGIC, len(sizes)) + struct.pack(f"<{len(sizes)}Q", *sizes)
-        batch = [header, *(v for v, n in zip(views, sizes, strict=True) if n)]
         async with self._write_lock:
             ch = self._ch
             if ch is None:
                 raise CommClosedError(f"in {self!r}: closed")
+            # a frame above the largest message the peer takes goes in pieces (views)
+            piece = ch.sync.peer_max_message_size or ch.sync.max_message_size
+            header = _HEADER.pack(_MAGIC, len(sizes), piece) + \
+                struct.pack(f"<{len(sizes)}Q", *sizes)
+            batch = [header]
+            for v, n in zip(views, sizes, strict=True):
+                if n <= piece:
+                    if n:
+                        batch.append(v)
+                else:
+                    mv = memoryview(v)
+                    batch.extend(mv[at:at + piece] for at in range(0, n, piece))
             try:
                 await ch.send_batch(batch)
             except _GONE as e:
@@ -226,7 +245,7 @@ class RdmamwComm(Comm):
             except BaseException:
                 self.abort()        # part of a message may have gone: no resuming
                 raise
-        return sum(sizes) + len(header)
+        return sum(sizes) + _HEADER.size + 8 * len(sizes)
 
     async def close(self) -> None:
         # a write returns once its messages are done, so nothing is left to flush
