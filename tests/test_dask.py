@@ -456,6 +456,27 @@ def test_a_failed_accept_does_not_stop_the_listener(monkeypatch):
     assert len(failed) == 2
 
 
+def test_a_peer_that_sends_no_comm_header_is_hung_up_on():
+    """A same-user process that opens the shm name with a plain channel and sends
+    junk: the listener drops it (its channel closes) and keeps serving."""
+    async def main():
+        async with listen("rdmamw://127.0.0.1:0", echo) as lst:
+            host, port = lst.get_host_port()
+            for junk in (b"x", b"RDK2" + b"\xff" * 60):
+                ch = await Channel.open(f"shm://{dcomm.shm_name(host, port)}", slots=4)
+                await ch.send(junk)
+                with pytest.raises((errors.ChannelClosed, errors.PeerLost)):
+                    while True:         # the listener's handshake, then the hang-up
+                        (await ch.recv()).release()
+                ch.close()
+            comm = await connect(lst.contact_address)
+            await comm.write("fine")
+            assert await comm.read() == "fine"
+            await comm.close()
+
+    run(main(), timeout=20)
+
+
 def test_no_listening_off_loopback_without_a_token(monkeypatch):
     monkeypatch.delenv("RDMAMW_TOKEN", raising=False)
 

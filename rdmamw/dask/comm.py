@@ -190,13 +190,14 @@ class RdmamwComm(Comm):
     async def _read_frames(ch: Channel) -> list:
         m = await ch.recv()
         try:
-            view = memoryview(m)
-            magic, count, piece = _HEADER.unpack_from(view)
-            if magic != _MAGIC or len(view) != _HEADER.size + 8 * count or not piece:
-                raise _errors.ProtocolError("not an rdmamw:// comm header")
-            sizes = struct.unpack_from(f"<{count}Q", view, _HEADER.size)
+            with memoryview(m) as view:
+                if len(view) < _HEADER.size:
+                    raise _errors.ProtocolError("not an rdmamw:// comm header")
+                magic, count, piece = _HEADER.unpack_from(view)
+                if magic != _MAGIC or len(view) != _HEADER.size + 8 * count or not piece:
+                    raise _errors.ProtocolError("not an rdmamw:// comm header")
+                sizes = struct.unpack_from(f"<{count}Q", view, _HEADER.size)
         finally:
-            del view
             m.release()
         frames = []
         for n in sizes:
