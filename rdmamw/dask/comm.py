@@ -1,0 +1,451 @@
+"""The ``rdmamw://`` comm of Dask distributed over :mod:`rdmamw.aio` (docs/dask.md).
+
+An address is ``rdmamw://HOST:PORT``. A listener there listens on ``tcp://HOST:PORT``
+(rdmamw's tcp provider: every connection proves the shared token) and on an shm name
+made from the same address (``shm://`` is an abstract socket of this network
+namespace, whose peers the kernel vouches for: same user). A connector whose target is
+an address of its own host opens the shm name first and falls back to tcp.
+
+One Dask message is one ``send_batch``: a header (the frames' sizes) and every
+non-empty frame, each a message of its own (bytes, memoryviews, numpy and Arrow
+buffers go as they are: no copy into one buffer). The reader receives the header, then
+each frame with ``recv_into`` into a buffer of exactly its size (frames above the
+eager limit are READ into it by rendezvous)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import ipaddress
+import logging
+import struct
+import weakref
+from functools import partial
+from typing import Any
+
+import dask
+from distributed.comm.addressing import parse_host_port, unparse_host_port
+from distributed.comm.core import BaseListener, Comm, CommClosedError, Connector
+from distributed.comm.registry import Backend
+from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
+from distributed.protocol.utils import host_array
+from distributed.utils import ensure_ip, ensure_memoryview, get_ip
+
+from rdmamw import auth, config
+from rdmamw import channel as _sync
+from rdmamw import errors as _errors
+from rdmamw.aio import Channel, Listener
+
+log = logging.getLogger("rdmamw.dask")
+
+SCHEME = "rdmamw"
+PREFIX = SCHEME + "://"
+#: magic, frame count, piece size; then one "<Q" per frame
+_HEADER = struct.Struct("<4sIQ")
+_MAGIC = b"RDK2"
+#: the channel errors that mean the comm is over: the peer closed or died, this side
+#: closed, the transport failed
+_GONE = (_errors.ChannelClosed, _errors.PeerLost, _errors.ProtocolError, ConnectionError)
+
+
+class TokenRequired(_errors.ConfigError):
+    """An rdmamw:// listener on an address other hosts can reach needs an explicit
+    shared token (RDMAMW_TOKEN, or rdmamw.auth.set_token): the per-user token file is
+    for one host."""
+
+
+def _settings() -> dict[str, Any]:
+    """The ring of each comm's channel (``distributed.comm.rdmamw.slots`` /
+    ``slot-size`` in Dask's config; smaller than a plain channel's, since Dask opens
+    many comms per pair of processes)."""
+    slots = dask.config.get("distributed.comm.rdmamw.slots", default=32)
+    size = dask.config.get("distributed.comm.rdmamw.slot-size", default="64 KiB")
+    return {"slots": int(slots), "slot_size": dask.utils.parse_bytes(size)}
+
+
+def _use_shm() -> bool:
+    """``distributed.comm.rdmamw.shm`` (default True): whether a peer of this host is
+    reached over shm; False sends everything over the tcp provider."""
+    return bool(dask.config.get("distributed.comm.rdmamw.shm", default=True))
+
+
+def _connect_timeout() -> float:
+    """One tcp attempt's bound for the connect (rdmamw's open retries a refused
+    connect until it; the handshake has at least 1 s): short, since distributed's
+    connect retries with backoff itself until ``distributed.comm.timeouts.connect``,
+    and an attempt it gave up on still holds an executor thread until this passes."""
+    t = dask.config.get("distributed.comm.timeouts.connect", default=30)
+    return min(1.0, float(dask.utils.parse_timedelta(t, default="seconds")))
+
+
+def _shard_size() -> int:
+    """The largest frame (``distributed.comm.shard``, 64 MiB, as tcp:// splits them):
+    far below a channel's largest message (RDMAMW_MAX_MESSAGE_SIZE, 1 GiB)."""
+    return dask.utils.parse_bytes(dask.config.get("distributed.comm.shard"))
+
+
+def shm_name(host: str, port: int) -> str:
+    """The shm name a listener at ``host:port`` also accepts on (``*`` for a listener
+    on every address: no other listener can hold that port then)."""
+    return f"rdmamw-dask-{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(ensure_ip(host)).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_wildcard(host: str) -> bool:
+    return host in ("", "0.0.0.0", "::")
+
+
+def has_token() -> bool:
+    """Whether a token was given explicitly (RDMAMW_TOKEN or auth.set_token), not
+    just the per-user file."""
+    return bool(config.get("RDMAMW_TOKEN") or getattr(auth, "_installed", None))
+
+
+_local_ips: frozenset[str] | None = None
+
+
+def is_local(host: str) -> bool:
+    """Whether ``host`` is an address of this host (then shm may reach it)."""
+    global _local_ips
+    if is_loopback(host):
+        return True
+    if _local_ips is None:
+        import psutil
+        _local_ips = frozenset(a.address.split("%")[0] for addrs in
+                               psutil.net_if_addrs().values() for a in addrs)
+    try:
+        return ensure_ip(host) in _local_ips
+    except OSError:
+        return False
+
+
+# ---- the comm ------------------------------------------------------------------------
+class RdmamwComm(Comm):
+    """One Dask comm: one rdmamw channel (:class:`rdmamw.aio.Channel`)."""
+
+    def __init__(self, ch: Channel, local_addr: str, peer_addr: str,
+                 deserialize: bool = True) -> None:
+        super().__init__(deserialize=deserialize)
+        self._ch: Channel | None = ch
+        self._local_addr = local_addr
+        self._peer_addr = peer_addr
+        self._write_lock = asyncio.Lock()
+        self._read_lock = asyncio.Lock()
+        self._finalizer = weakref.finalize(self, _close_quietly, ch)
+        self._finalizer.atexit = False
+
+    @property
+    def local_address(self) -> str:
+        return self._local_addr
+
+    @property
+    def peer_address(self) -> str:
+        return self._peer_addr
+
+    @property
+    def same_host(self) -> bool:
+        ch = self._ch
+        return ch is not None and ch.sync.provider == "shm"
+
+    @property
+    def extra_info(self) -> dict:
+        ch = self._ch
+        return {"provider": ch.sync.provider} if ch is not None else {}
+
+    def _gone(self, e: BaseException | None = None) -> CommClosedError:
+        self.abort()
+        why = f"{type(e).__name__}: {e}" if e is not None else "closed"
+        return CommClosedError(f"in {self!r}: {why}")
+
+    async def read(self, deserializers: Any = None) -> Any:
+        ch = self._ch
+        if ch is None:
+            raise CommClosedError(f"in {self!r}: closed")
+        async with self._read_lock:
+            try:
+                frames = await self._read_frames(ch)
+            except _GONE as e:
+                raise self._gone(e) from e
+            except BaseException:
+                # cancelled (or worse) between the header and its frames: the stream
+                # cannot be resumed, as for Dask's tcp comm
+                self.abort()
+                raise
+        try:
+            return await from_frames(frames, deserialize=self.deserialize,
+                                     deserializers=deserializers,
+                                     allow_offload=self.allow_offload)
+        except EOFError:
+            self.abort()
+            raise CommClosedError("aborted stream on truncated data") from None
+
+    @staticmethod
+    async def _read_frames(ch: Channel) -> list:
+        m = await ch.recv()
+        try:
+            with memoryview(m) as view:
+                if len(view) < _HEADER.size:
+                    raise _errors.ProtocolError("not an rdmamw:// comm header")
+                magic, count, piece = _HEADER.unpack_from(view)
+                if magic != _MAGIC or len(view) != _HEADER.size + 8 * count or not piece:
+                    raise _errors.ProtocolError("not an rdmamw:// comm header")
+                sizes = struct.unpack_from(f"<{count}Q", view, _HEADER.size)
+        finally:
+            m.release()
+        frames = []
+        for n in sizes:
+            buf = host_array(n)
+            for at in range(0, n, piece):
+                want = min(piece, n - at)
+                got = await ch.recv_into(buf[at:at + want])
+                if got != want:
+                    raise _errors.ProtocolError(f"a piece of {got} bytes where the "
+                                                f"header said {want}")
+            frames.append(buf)
+        return frames
+
+    async def write(self, msg: Any, serializers: Any = None, on_error: str = "message"
+                    ) -> int:
+        if self._ch is None:
+            raise CommClosedError(f"in {self!r}: closed")
+        frames = await to_frames(
+            msg, allow_offload=self.allow_offload, serializers=serializers,
+            on_error=on_error,
+            context={"sender": self.local_info, "recipient": self.remote_info,
+                     **self.handshake_options},
+            frame_split_size=_shard_size())
+        views = [f if isinstance(f, bytes) else ensure_memoryview(f) for f in frames]
+        sizes = [v.nbytes if isinstance(v, memoryview) else len(v) for v in views]
+        async with self._write_lock:
+            ch = self._ch
+            if ch is None:
+                raise CommClosedError(f"in {self!r}: closed")
+            # a frame above the largest message the peer takes goes in pieces (views)
+            piece = ch.sync.peer_max_message_size or ch.sync.max_message_size
+            header = _HEADER.pack(_MAGIC, len(sizes), piece) + \
+                struct.pack(f"<{len(sizes)}Q", *sizes)
+            batch = [header]
+            for v, n in zip(views, sizes, strict=True):
+                if n <= piece:
+                    if n:
+                        batch.append(v)
+                else:
+                    mv = memoryview(v)
+                    batch.extend(mv[at:at + piece] for at in range(0, n, piece))
+            try:
+                await ch.send_batch(batch)
+            except _GONE as e:
+                raise self._gone(e) from e
+            except BaseException:
+                self.abort()        # part of a message may have gone: no resuming
+                raise
+        return sum(sizes) + _HEADER.size + 8 * len(sizes)
+
+    async def close(self) -> None:
+        # a write returns once its messages are done, so nothing is left to flush
+        async with self._write_lock:
+            self.abort()
+
+    def abort(self) -> None:
+        ch, self._ch = self._ch, None
+        if ch is not None:
+            self._finalizer.detach()
+            _close_quietly(ch)
+
+    def closed(self) -> bool:
+        ch = self._ch
+        if ch is not None and ch.closed:
+            self._ch = None
+            self._finalizer.detach()
+        return self._ch is None
+
+
+# ---- connecting --------------------------------------------------------------------
+async def _open(address: str, timeout: float) -> Channel:
+    """``Channel.open`` in the loop's executor; a channel that arrives after the
+    caller gave up (cancelled) is closed, not leaked."""
+    loop = asyncio.get_running_loop()
+    fut = loop.run_in_executor(None, partial(_sync.Channel.open, address, timeout=timeout,
+                                             **_settings()))
+    try:
+        return Channel(await asyncio.shield(fut))
+    except asyncio.CancelledError:
+        fut.add_done_callback(_close_late)
+        raise
+
+
+def _close_quietly(ch: Channel) -> None:
+    """Close a comm's channel found unreferenced (from whatever thread collects it)."""
+    try:
+        ch.close()
+    except _errors.WrongLoop:
+        ch.sync.close()
+
+
+def _close_late(fut: asyncio.Future) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        fut.result().close()
+
+
+class RdmamwConnector(Connector):
+    async def connect(self, address: str, deserialize: bool = True,
+                      **connection_args: Any) -> RdmamwComm:
+        host, port = parse_host_port(address)
+        ip = ensure_ip(host)
+        where = unparse_host_port(ip, port)
+        ch = None
+        if _use_shm() and is_local(ip):
+            for name in (shm_name(ip, port), shm_name("*", port)):
+                try:
+                    ch = await _open(f"shm://{name}", 0.0)
+                    break
+                except _errors.PeerNotFound:
+                    continue
+                except (_errors.RdmamwError, OSError) as e:
+                    log.debug("shm to %s failed (%s); trying tcp", address, e)
+                    break
+        if ch is None:
+            try:
+                ch = await _open(f"tcp://{where}", _connect_timeout())
+            except _errors.PeerNotFound as e:
+                raise OSError(errno.ECONNREFUSED, str(e)) from e      # Dask retries
+            except (_errors.RdmamwError, OSError) as e:
+                raise CommClosedError(f"connecting to {PREFIX}{where}: "
+                                      f"{type(e).__name__}: {e}") from e
+        local = PREFIX + unparse_host_port(ip if ch.sync.provider == "shm"
+                                           else get_ip(ip), 0)
+        return RdmamwComm(ch, local, PREFIX + where, deserialize)
+
+
+# ---- listening ---------------------------------------------------------------------
+class RdmamwListener(BaseListener):
+    prefix = PREFIX
+    def __init__(self, address: str, comm_handler: Any, deserialize: bool = True,
+                 allow_offload: bool = True, default_host: str | None = None,
+                 **connection_args: Any) -> None:
+        super().__init__()
+        self.ip, self.port = parse_host_port(address, 0)
+        self.default_host = default_host
+        self.comm_handler = comm_handler
+        self.deserialize = deserialize
+        self.allow_offload = allow_offload
+        self._listeners: list[Listener] = []
+        self._accepting: set[asyncio.Task] = set()   # the accept loops (stop ends them)
+        self._handlers: set[asyncio.Task] = set()    # comms handed out: theirs to close
+        self._bound: tuple[str, int] | None = None
+
+    async def start(self) -> None:
+        if not is_loopback(self.ip) and not has_token():
+            raise TokenRequired(
+                f"refusing to listen on {PREFIX}{unparse_host_port(self.ip, self.port)}: "
+                f"an address other hosts can reach needs a shared token; set "
+                f"RDMAMW_TOKEN to the same secret in every process of the cluster "
+                f"(docs/dask.md), or listen on 127.0.0.1")
+        ring = _settings()
+        tcp = Listener(_sync.listen(f"tcp://{unparse_host_port(self.ip, self.port)}", **ring))
+        self._listeners.append(tcp)
+        self._bound = parse_host_port(tcp.address.partition("://")[2])
+        host = "*" if _is_wildcard(self.ip) else ensure_ip(self.ip)
+        try:
+            self._listeners.append(Listener(
+                _sync.listen(f"shm://{shm_name(host, self._bound[1])}", **ring)))
+        except (_errors.RdmamwError, OSError) as e:   # tcp alone still serves
+            log.warning("%s: no shm listener (%s); local peers use tcp",
+                        self.listen_address, e)
+        for lst in self._listeners:
+            _keep(self._accepting, self._accept_loop(lst))
+
+    async def _accept_loop(self, lst: Listener) -> None:
+        while True:
+            try:
+                ch = await lst.accept()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:        # a peer that failed its handshake: next
+                if not self._listeners:
+                    return
+                log.info("%s refused a peer: %s", self.listen_address, e)
+                continue
+            _keep(self._handlers, self._handle(ch))
+
+    async def _handle(self, ch: Channel) -> None:
+        if ch.sync.provider == "shm":
+            peer = PREFIX + unparse_host_port(self.contact_host, 0)
+        else:
+            peer = PREFIX + ch.peer.partition("://")[2]
+        comm = RdmamwComm(ch, self.contact_address, peer, self.deserialize)
+        comm.allow_offload = self.allow_offload
+        if not self._listeners:         # stopped meanwhile
+            comm.abort()
+            return
+        try:
+            await self.on_connection(comm)
+        except CommClosedError:
+            log.info("connection from %s closed before its handshake", peer)
+            return
+        await self.comm_handler(comm)
+
+    def stop(self) -> None:
+        lsts, self._listeners = self._listeners, []
+        for lst in lsts:
+            with contextlib.suppress(Exception):
+                lst.close()
+        for task in list(self._accepting):
+            task.cancel()
+        self.abort_handshaking_comms()
+
+    def get_host_port(self) -> tuple[str, int]:
+        if self._bound is None:
+            raise ValueError("invalid operation on a listener that has not started")
+        return self._bound
+
+    @property
+    def listen_address(self) -> str:
+        return PREFIX + unparse_host_port(*self.get_host_port())
+
+    @property
+    def contact_host(self) -> str:
+        return ensure_concrete_host(self.get_host_port()[0], default_host=self.default_host)
+
+    @property
+    def contact_address(self) -> str:
+        return PREFIX + unparse_host_port(self.contact_host, self.get_host_port()[1])
+
+
+def _keep(tasks: set[asyncio.Task], coro: Any) -> None:
+    """Run ``coro`` as a task held in ``tasks`` until it ends."""
+    task = asyncio.ensure_future(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
+class RdmamwBackend(Backend):
+    """``rdmamw://HOST:PORT`` for distributed's comm registry."""
+
+    def get_connector(self) -> RdmamwConnector:
+        return RdmamwConnector()
+
+    def get_listener(self, loc: str, handle_comm: Any, deserialize: bool,
+                     **connection_args: Any) -> RdmamwListener:
+        return RdmamwListener(loc, handle_comm, deserialize, **connection_args)
+
+    def get_address_host(self, loc: str) -> str:
+        return parse_host_port(loc)[0]
+
+    def get_address_host_port(self, loc: str) -> tuple[str, int]:
+        return parse_host_port(loc)
+
+    def resolve_address(self, loc: str) -> str:
+        host, port = parse_host_port(loc)
+        return unparse_host_port(ensure_ip(host), port)
+
+    def get_local_address_for(self, loc: str) -> str:
+        host, _port = parse_host_port(loc)
+        return unparse_host_port(get_ip(ensure_ip(host)), None)
