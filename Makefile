@@ -43,8 +43,9 @@ soak: $(STAMP)
 vm-deps:
 	@if [ "$${RDMAMW_VM:-1}" != 0 ]; then bash scripts/rxe-vm.sh --deps; fi
 
-test-slow: $(STAMP)
+test-slow: vm-deps $(STAMP)
 	$(VPY) -m pytest -q -p no:cacheprovider -m slow --timeout 900
+	RDMAMW_DEVICE_MARK="device and slow" SOAK_SECONDS=10 bash scripts/test-device.sh $(VPY)
 
 bench: $(STAMP)
 	bash bench/setup.sh $(VPY)

@@ -3,6 +3,8 @@
 # verbs, the pyverbs peer, verbs faults) inside the soft-RoCE VM of scripts/rxe-vm.sh.
 # The extension is built on the host (seconds) and run in the guest (TCG is slow).
 # Exit status: the guest pytest's (125 = the VM itself failed). RDMAMW_VM=0 skips.
+# RDMAMW_DEVICE_MARK: which device tests (default "device and not slow"; `make
+# test-slow` runs "device and slow").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VPY=${1:-.venv/bin/python}
@@ -26,7 +28,7 @@ DIGITS=$(mktemp -p . .device-digits.XXXXXX.npz); trap 'rm -f "$JUNIT" "$DIGITS"'
 # after them inside the same VM
 export RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-2700}
 # the device tests, then the soak on verbs (bench/soak.py; smaller messages: TCG is slow)
-scripts/rxe-vm.sh "DEVICE_TEST_DIGITS=$DIGITS RDMAMW_TEST_PROVIDERS=verbs $VPY -m pytest -q -p no:cacheprovider -m device -rs --junitxml=$JUNIT ${RDMAMW_DEVICE_PYTEST_ARGS:-} \
+scripts/rxe-vm.sh "DEVICE_TEST_DIGITS=$DIGITS RDMAMW_TEST_PROVIDERS=verbs $VPY -m pytest -q -p no:cacheprovider -m '${RDMAMW_DEVICE_MARK:-device and not slow}' -rs --junitxml=$JUNIT ${RDMAMW_DEVICE_PYTEST_ARGS:-} \
   && $VPY bench/soak.py --provider verbs --seconds ${SOAK_SECONDS:-60} --peers 2 --threads 1 --max-size 262144"
 # all skipped is not passed: some device test must have run and passed
 passed=$("$VPY" scripts/junit_passed.py --slowest 15 "$JUNIT")
