@@ -311,21 +311,32 @@ def _in_thread(fn) -> dict:
     return out
 
 
-def test_an_idle_receive_off_the_main_thread_sleeps_without_slices(pair):
+def test_an_idle_receive_off_the_main_thread_sleeps_without_slices(mode, provider,
+                                                                  monkeypatch):
     """Only the main thread runs signal handlers, so only its waits come back every
     50 ms; a receive in another thread sleeps until its deadline (500 idle threads
-    would otherwise wake 10,000 times a second)."""
-    _, b = pair
-    s0 = b.stats()
-    out = _in_thread(lambda: b.recv(timeout=1.0))
-    out["thread"].join(30)
-    assert isinstance(out.get("error"), rdmamw.Timeout), out
-    assert b.stats()["sleeps"] - s0["sleeps"] <= 4      # a 50 ms slice each: 20
+    would otherwise wake 10,000 times a second). On verbs with completion events: a
+    verbs sleeper without them looks again every RDMAMW_VERBS_POLL_MS (a plain WRITE
+    raises no event)."""
+    monkeypatch.setenv("RDMAMW_VERBS_EVENT", "1")
+    a, b, lst = make_pair(mode, provider=provider)
+    try:
+        assert b.poll_interval == 0         # woken by events, not by a timer
+        s0 = b.stats()
+        out = _in_thread(lambda: b.recv(timeout=1.0))
+        out["thread"].join(30)
+        assert isinstance(out.get("error"), rdmamw.Timeout), out
+        assert b.stats()["sleeps"] - s0["sleeps"] <= 4      # a 50 ms slice each: 20
+    finally:
+        a.close()
+        b.close()
+        lst.close()
 
 
 def test_close_wakes_a_receive_blocked_in_another_thread(pair):
-    """The receive sleeps without slices there: close() must wake it (the transport's
-    wake_self), or it would sleep until its 30 s timeout."""
+    """The receive sleeps without slices there: close() must wake it (each provider's
+    close wakes a thread asleep in its wait()), or it would sleep until its 30 s
+    timeout."""
     import time
     _, b = pair
     out = _in_thread(lambda: b.recv(timeout=30))
@@ -356,3 +367,4 @@ def test_close_wakes_a_send_blocked_on_a_full_ring_in_another_thread(pair):
     out["thread"].join(30)
     assert isinstance(out.get("error"), rdmamw.ChannelClosed), out
     assert out["seconds"] < 5, out
+

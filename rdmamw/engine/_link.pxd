@@ -179,9 +179,6 @@ cdef inline void fill_wr(rm_wr *wr, uint64_t *src, uint32_t lkey, uint32_t regio
 
 cdef enum:
     SLICE_NS = 50000000     # a blocked call returns to the GIL this often (signals)
-    # off the main thread (no signal handlers run there), over a transport that wakes
-    # its sleepers on close: how long one sleep may last (a bound for timeout_ms)
-    LONG_SLICE_NS = 3600000000000
     PEER_CHECK_NS = 1000000 # a wait asks the provider about the peer this often
 
 

@@ -57,6 +57,11 @@ def _main_thread_in_child() -> None:
 os.register_at_fork(after_in_child=_main_thread_in_child)
 
 
+# off the main thread (no signal handlers run there), over a transport whose close wakes
+# its sleepers: how long one sleep may last (an hour; a bound for wait()'s timeout_ms)
+cdef int64_t LONG_SLICE_NS = 3600 * <int64_t>1000000000
+
+
 cdef bint on_main_thread() noexcept nogil:
     """Python runs signal handlers on its main thread only: the one thread whose waits
     must come back to the interpreter every SLICE_NS."""
@@ -124,20 +129,17 @@ cdef class Link:
 
     cdef int shut(self) except -1:
         """No more sends or receives on this side (close(); in a fork child that is
-        all: the connection is the parent's, rdmamw/_fork.py). A thread of ours asleep
-        in a wait is woken to see it."""
+        all: the connection is the parent's, rdmamw/_fork.py)."""
         self.closed = True
-        if self.tp is not None and not self.inherited():
-            self.tp.wake_self()
         return 0
 
     cdef int64_t wait_until(self, int64_t deadline) noexcept nogil:
         """Where the next sleep of a wait that ends at ``deadline`` (0: never) stops:
         after SLICE_NS on the main thread, for its signal handlers, and with a transport
-        that cannot wake its sleepers on close; elsewhere at the deadline (or after
+        whose close() does not wake its sleepers; elsewhere at the deadline (or after
         LONG_SLICE_NS), so an idle thread does not wake 20 times a second to look."""
         cdef int64_t t
-        if self.tp is None or not self.tp.wakes_self or on_main_thread():
+        if self.tp is None or not self.tp.close_wakes or on_main_thread():
             return slice_end(deadline)
         t = now_ns() + LONG_SLICE_NS
         return deadline if deadline and deadline < t else t

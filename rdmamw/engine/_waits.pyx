@@ -89,7 +89,7 @@ cdef class Waiter:
                 break
             self._serve(what)
             st = self.link.sleep(<int>((until - t) // 1000000) + 1)
-            if self.link.closed:        # closed by another thread (it woke us): look
+            if self.link.closed:        # closed by another thread (its close woke us)
                 r = 0
                 break
             if st < 0 and st != RM_ERR_CLOSED:

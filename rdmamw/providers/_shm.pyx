@@ -151,7 +151,7 @@ cdef class ShmTransport(Transport):
         self.state = RM_ERR_CLOSED
         self.direct_source = True
         self.synchronous = True
-        self.wakes_self = True
+        self.close_wakes = True         # close() writes my_evfd, shuts the socket
         self.max_inline = 1 << 30
 
     def _attach(self, int sock, int my_memfd, size_t my_size, int peer_memfd, size_t peer_size,
@@ -576,13 +576,6 @@ cdef class ShmTransport(Transport):
             rm_spin_unlock(&self.xlock)
             while handle != 0 and rm_load_acquire32(&self.assist_key) == handle:
                 rm_cpu_relax()      # one chunk of assist() (my other thread) in progress
-        return 0
-
-    cdef int wake_self(self) noexcept nogil:
-        cdef uint64_t one = 1
-        if self.my_evfd < 0:
-            return RM_ERR_CLOSED
-        write(self.my_evfd, &one, 8)    # full (EAGAIN): a wake-up is pending already
         return 0
 
     cdef int wake_peer(self) noexcept nogil:

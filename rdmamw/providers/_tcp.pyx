@@ -60,7 +60,6 @@ cdef extern from "sched.h" nogil:
 
 cdef extern from "unistd.h" nogil:
     int close(int fd)
-    ssize_t write(int fd, const void *buf, size_t n)
 
 
 assert RT_LOST == RM_ERR_PEER_LOST and RT_CLOSED == RM_ERR_CLOSED and RT_NREG == RM_NREGIONS
@@ -84,7 +83,7 @@ cdef class TcpTransport(Transport):
         self.c.sock = -1
         self.c.evfd = -1
         self.c.state = RT_CLOSED
-        self.wakes_self = True
+        self.close_wakes = True         # close() takes the connection down: evfd fires
         if pthread_mutex_init(&self.c.send_mu, NULL) != 0 \
                 or pthread_mutex_init(&self.c.xp_mu, NULL) != 0 \
                 or pthread_mutex_init(&self.c.xw_mu, NULL) != 0 \
@@ -315,13 +314,6 @@ cdef class TcpTransport(Transport):
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
         if handle and self.c != NULL:
             rt_unexpose(self.c, handle)
-        return 0
-
-    cdef int wake_self(self) noexcept nogil:
-        cdef uint64_t one = 1
-        if self.c == NULL or self.c.evfd < 0:
-            return RM_ERR_CLOSED
-        write(self.c.evfd, &one, 8)     # the evfd rt_wait polls
         return 0
 
     cdef int wake_peer(self) noexcept nogil:

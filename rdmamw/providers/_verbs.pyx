@@ -113,7 +113,6 @@ cdef extern from *:
     int MSG_PEEK, MSG_DONTWAIT, SHUT_RDWR
     int posix_memalign(void **memptr, size_t alignment, size_t size) nogil
     ssize_t read(int fd, void *buf, size_t n) nogil
-    ssize_t write(int fd, const void *buf, size_t n) nogil
 
 cdef uint64_t INTERNAL = (<uint64_t>1) << 63     # wr_id of WRs the engine never sees
 cdef int64_t STUCK_NS = 10000000000               # no completion at all for this long: peer gone
@@ -181,7 +180,7 @@ cdef class VerbsTransport(Transport):
         self.sock = -1
         self.state = RM_ERR_CLOSED
         self.direct_source = False      # the engine copies payloads into registered staging
-        self.wakes_self = True
+        self.close_wakes = True         # close() shuts the side socket wait() polls
         self.synchronous = False        # the HCA reads sources after post() returns
 
     # ---- set-up (Python, once per connection) ----------------------------------
@@ -657,13 +656,6 @@ cdef class VerbsTransport(Transport):
         while self.dev.poll_recv(self.route.rcq, True) == WC_BATCH:
             pass
         self._drain_recv()
-
-    cdef int wake_self(self) noexcept nogil:
-        cdef uint64_t one = 1
-        if self.route == NULL or self.route.evfd < 0:
-            return RM_ERR_CLOSED
-        write(self.route.evfd, &one, 8)     # the eventfd wait() polls
-        return 0
 
     cdef int wake_peer(self) noexcept nogil:
         cdef ibv_send_wr *w

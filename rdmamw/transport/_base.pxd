@@ -135,12 +135,11 @@ cdef class Transport:
     # on either, so only the side channel tells). Default: peer_state() < 0
     cdef bint peer_exited(self) noexcept nogil
     cdef int assist(self) noexcept nogil  # idle: help the peer with its work (shm: copies); default 0
-    # wake a thread of this endpoint asleep in wait() (close() from another thread):
-    # with it the engine's waits off the main thread sleep until their deadline instead
-    # of waking every slice to look (idle threads cost nothing). A provider that has it
-    # sets wakes_self. Default: RM_ERR_UNSUPPORTED, and the waits keep their slices
-    cdef int wake_self(self) noexcept nogil
-    cdef readonly bint wakes_self
+    # close_wakes: the provider promises that close() wakes a thread of this endpoint
+    # asleep in wait() (shm, tcp, verbs: their eventfd or socket). Then the engine's
+    # waits off the main thread sleep until their deadline instead of waking every
+    # 50 ms slice to look (idle threads cost nothing). Default False: they keep slices
+    cdef readonly bint close_wakes
     # rendezvous: make [addr, addr+length) readable/writable by the peer (or only usable
     # locally); the provider bounds-checks the peer's EXPOSED work requests against it.
     # The engine's send thread and receive thread call expose/unexpose at the same time:
