@@ -255,8 +255,9 @@ D("verbs", "RDMAMW_VERBS_RQ_DEPTH", "int", 0, "receive queue depth (0: from the 
   maximum=1 << 16)
 D("verbs", "RDMAMW_VERBS_INLINE", "int", 256, "bytes sent inline in a work request",
   maximum=4096)
-D("verbs", "RDMAMW_VERBS_EVENT", "int", 0,
-  "1: sleep on the completion channel (WRITE_WITH_IMM wake-ups)", maximum=1)
+D("verbs", "RDMAMW_VERBS_EVENT", "int", 1,
+  "1: a sleeper is woken by completion events (the peer's WRITE_WITH_IMM); 0: it also "
+  "re-checks every RDMAMW_VERBS_POLL_MS", maximum=1)
 D("verbs", "RDMAMW_VERBS_PINNED_BYTES", "bytes", 0,
   "registered (pinned) bytes the process's verbs channels may hold; 0: half the memory, "
   "at most `ulimit -l`", maximum=1 << 50)

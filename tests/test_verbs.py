@@ -170,10 +170,13 @@ def test_chain_longer_than_the_send_queue_is_split():
 
 @device
 @pytest.mark.device
-def test_event_mode_sleeping_receiver_is_woken_by_the_immediate():
-    a, b, lst, _, tb = _pair("?event=1")
+@pytest.mark.parametrize("event", [1, 0])
+def test_a_sleeping_receiver_is_woken(event):
+    """By the immediate of the peer's WRITE_WITH_IMM (event mode, the default), or by
+    the wake-up SEND the peer sends on seeing our sleep flag (event=0)."""
+    a, b, lst, _, tb = _pair(f"?event={event}")
     try:
-        assert tb.event_mode
+        assert tb.event_mode == bool(event)
         got = []
         t = threading.Thread(target=lambda: got.extend(recv_all(b, 3, timeout=20)))
         t.start()
@@ -188,10 +191,11 @@ def test_event_mode_sleeping_receiver_is_woken_by_the_immediate():
 
 @device
 @pytest.mark.device
-@pytest.mark.parametrize("mode", ["batched", "ack"])
-def test_event_mode_many_laps_in_order(mode):
-    """Receiver and sender both sleep on completion channels at times; nothing is lost."""
-    a, b, lst, _, _ = _pair("?event=1", slots=8, slot_size=512, mode=mode)
+@pytest.mark.parametrize("mode,event", [("batched", 1), ("ack", 1), ("batched", 0)])
+def test_many_laps_in_order_with_sleepers(mode, event):
+    """Receiver and sender both sleep at times (on completion channels in event mode,
+    the default; with timed re-checks without it); nothing is lost."""
+    a, b, lst, _, _ = _pair(f"?event={event}", slots=8, slot_size=512, mode=mode)
     total = 1500 if mode == "batched" else 400
     got = []
     t = threading.Thread(target=lambda: got.extend(recv_all(b, total, timeout=20)))
