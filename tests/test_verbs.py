@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
@@ -114,6 +114,37 @@ def test_fuzz_descriptor(changes):
     assert d["regions"] == [list(r) for r in theirs.regions()]
     assert 0 < d["qpn"] < 1 << 24 and len(d["gid"]) == 16 and type(d["event"]) is bool
     assert 0 < d["addr"] and d["addr"] + d["len"] <= 1 << 64 and 0 <= d["rkey"] < 1 << 32
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(max_size=2000), st.binary(max_size=64), st.integers(),
+                 st.none(), st.booleans(), st.lists(st.text(max_size=8), max_size=4),
+                 st.dictionaries(st.text(max_size=4), st.integers(), max_size=3)),
+       st.booleans())
+@example("x" * (1 << 20), False)
+@example("budget\n\x1b[2Jfull", True)
+def test_a_hostile_refusal_frame_is_a_bounded_peer_refused(why, with_descriptor):
+    """Whatever a peer puts in ``refused`` (a megabyte-long story, bytes, a dict, control
+    characters), even beside a whole descriptor, the result is PeerRefused with a short
+    printable reason; never the descriptor, never another error."""
+    frame = {"refused": why}
+    if with_descriptor:
+        frame.update(_descriptor(layout.endpoint_layout(16, 4096, 8)))
+    with pytest.raises(rdmamw.PeerRefused) as e:
+        verbs._unless_refused(frame, "peer 7")
+    msg = str(e.value)
+    assert msg.startswith("peer 7 refused the channel: ")
+    reason = msg[len("peer 7 refused the channel: "):]
+    assert 0 < len(reason) <= verbs.REFUSAL_CHARS and reason.isprintable()
+    if isinstance(why, str) and why.isprintable() and why:
+        assert reason == why[:verbs.REFUSAL_CHARS]
+    elif not isinstance(why, str) or not why:
+        assert reason == "no reason given"
+
+
+def test_a_frame_without_refused_is_passed_on_whole():
+    d = _descriptor(layout.endpoint_layout(16, 4096, 8))
+    assert verbs._unless_refused(dict(d), "peer") == d
 
 
 # ---- on a device (the soft-RoCE VM) ----------------------------------------------

@@ -191,4 +191,3 @@ cdef inline int64_t slice_end(int64_t deadline) noexcept nogil:
 
 
 cdef int64_t deadline_of(object timeout) except -1
-cdef bint on_main_thread() noexcept nogil

@@ -101,7 +101,8 @@ def _unless_refused(frame: dict, peer_name: str) -> dict:
     """The peer's descriptor frame, or PeerRefused with the reason it sent instead."""
     if "refused" in frame:
         why = frame["refused"]
-        why = why[:REFUSAL_CHARS] if isinstance(why, str) else "no reason given"
+        why = why[:REFUSAL_CHARS] if isinstance(why, str) and why else "no reason given"
+        why = "".join(c if c.isprintable() else "?" for c in why)    # the peer wrote it
         raise PeerRefused(f"{peer_name} refused the channel: {why}")
     return frame
 
