@@ -86,11 +86,14 @@ class SlotRingMachine(RuleBasedStateMachine):
         self.m: SlotRingModel | None = None
         self.rounds = 0
 
-    @initialize(nslots=RING_SIZES)
-    def make_rings(self, nslots: int) -> None:
+    @initialize(nslots=RING_SIZES, eighths=st.integers(1, 8))
+    def make_rings(self, nslots: int, eighths: int = 8) -> None:
+        """A ring of which the receiver granted ``eighths``/8 at first (it grows)."""
         self.nslots = nslots
-        self.c = self.ring_class(nslots, send=SendBitmaps(nslots), recv=RecvBitmaps(nslots))
-        self.m = self.ring_class(nslots, send=self.send_model(nslots))
+        usable = max(1, nslots * eighths // 8)
+        self.c = self.ring_class(nslots, send=SendBitmaps(nslots, usable=usable),
+                                 recv=RecvBitmaps(nslots))
+        self.m = self.ring_class(nslots, send=self.send_model(nslots, usable=usable))
 
     # ---- lockstep plumbing
     def both(self, name: str, *args: Any, check: bool = True) -> Any:
@@ -184,6 +187,14 @@ class SlotRingMachine(RuleBasedStateMachine):
         order = data.draw(st.permutations(sorted(self.m.outstanding)))
         self.release_all(order[: data.draw(st.integers(0, len(order)))])
 
+    @rule(extra=st.integers(1, 64))
+    def grant(self, extra: int) -> None:
+        """The receiver registers more of its ring: the sender may use more slots."""
+        n = min(self.nslots, self.m.send.usable + extra)
+        self.c.send.grant(n)
+        self.m.send.grant(n)
+        self.check()
+
     @rule(coalesce=st.booleans())
     def flush(self, coalesce: bool) -> None:
         self.both("flush", coalesce)
@@ -232,7 +243,7 @@ class SlotRingMachine(RuleBasedStateMachine):
             assert ring.delivered == list(range(ring.next_seq)), "a message was lost"
             assert not ring.outstanding and ring.recv.pending_slots() == []
             assert ring.recv.unflushed == 0
-            assert ring.send.free_slots() == self.nslots, "slots leaked"
+            assert ring.send.free_slots() == ring.send.usable, "slots leaked"
 
 
 FAST = settings(

@@ -30,9 +30,17 @@ cdef class SendBitmaps:
     cdef uint32_t dirty_start       # circular span of arrival words changed since take_dirty
     cdef uint32_t dirty_count
     cdef uint64_t last_mask         # valid bits of the last word
+    cdef readonly uint32_t usable   # slots the receiver granted (a ring that grows)
+    cdef uint32_t usable_words      # words holding usable slots
+    cdef uint64_t usable_mask       # usable bits of the last of them
 
     cdef uint32_t alloc(self, uint32_t n, uint32_t *out) noexcept nogil
     cdef uint32_t count_free(self) noexcept nogil
+    cdef int set_usable(self, uint32_t n) except -1
+    cdef inline uint64_t usable_bits(self, uint32_t w) noexcept nogil:
+        if w + 1 < self.usable_words:
+            return ~(<uint64_t>0)
+        return self.usable_mask if w + 1 == self.usable_words else 0
     cdef bint take_dirty(self, uint32_t *start, uint32_t *count) noexcept nogil
 
 

@@ -73,7 +73,7 @@ cdef class SendBitmaps:
     """The sender's half of one direction: allocates free slots and records which
     arrival words changed so exactly those words are written to the peer."""
 
-    def __cinit__(self, uint32_t nslots, object reclaim=None):
+    def __cinit__(self, uint32_t nslots, object reclaim=None, uint32_t usable=0):
         if nslots == 0:
             raise ValueError("a ring needs at least one slot")
         self.nslots = nslots
@@ -91,18 +91,32 @@ cdef class SendBitmaps:
         else:
             self._reclaim_owner = reclaim
         self.reclaim = _borrow_words(reclaim, self.nwords, "reclaim")
+        self.set_usable(usable or nslots)
 
     def __dealloc__(self):
         free(self.arrival)
+
+    cdef int set_usable(self, uint32_t n) except -1:
+        """Hand out only slots below ``n`` (what the receiver registered so far); a
+        ring only grows."""
+        if n == 0 or n > self.nslots or n < self.usable:
+            raise ValueError(f"usable slots {n} outside [{max(1, self.usable)}, {self.nslots}]")
+        self.usable = n
+        self.usable_words = words_for(n)
+        self.usable_mask = rm_tail_mask(n)
+        return 0
+
+    def grant(self, uint32_t n):
+        """Python view of set_usable (tests)."""
+        self.set_usable(n)
 
     cdef uint32_t alloc(self, uint32_t n, uint32_t *out) noexcept nogil:
         """Take up to ``n`` free slots (flipping their arrival phase); return how many."""
         cdef uint32_t got = 0, scanned = 0, w = self.cursor, d
         cdef uint64_t free_bits, bit
         while got < n and scanned < self.nwords:
-            free_bits = ~(self.arrival[w] ^ rm_load_acquire64(&self.reclaim[w]))
-            if w == self.nwords - 1:
-                free_bits &= self.last_mask
+            free_bits = ~(self.arrival[w] ^ rm_load_acquire64(&self.reclaim[w])) \
+                & self.usable_bits(w)
             if free_bits:
                 while free_bits and got < n:
                     bit = free_bits & (~free_bits + 1)
@@ -130,9 +144,8 @@ cdef class SendBitmaps:
         cdef uint32_t w, total = 0
         cdef uint64_t free_bits
         for w in range(self.nwords):
-            free_bits = ~(self.arrival[w] ^ rm_load_acquire64(&self.reclaim[w]))
-            if w == self.nwords - 1:
-                free_bits &= self.last_mask
+            free_bits = ~(self.arrival[w] ^ rm_load_acquire64(&self.reclaim[w])) \
+                & self.usable_bits(w)
             total += <uint32_t>rm_popcount64(free_bits)
         return total
 

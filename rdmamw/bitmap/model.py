@@ -91,7 +91,7 @@ def _bits(word: int) -> list[int]:
 class SendBitmapsModel:
     """Sender half: owns the arrival truth, reads the receiver-written reclaim copy."""
 
-    def __init__(self, nslots: int, reclaim: Words | None = None) -> None:
+    def __init__(self, nslots: int, reclaim: Words | None = None, usable: int = 0) -> None:
         self.nslots = _check_nslots(nslots)
         self.nwords = words_for(self.nslots)
         self.last_mask = tail_mask(self.nslots)
@@ -100,11 +100,20 @@ class SendBitmapsModel:
         self.cursor = 0
         self.dirty_start = 0
         self.dirty_count = 0
+        self.usable = 0
+        self.grant(usable or self.nslots)
+
+    def grant(self, n: int) -> None:
+        """Hand out only slots below ``n`` (what the receiver registered so far); a ring
+        only grows."""
+        if n < max(1, self.usable) or n > self.nslots:
+            raise ValueError(f"usable slots {n} outside [{max(1, self.usable)}, {self.nslots}]")
+        self.usable = n
 
     def _free_bits(self, w: int) -> int:
         free = ~(self.arrival[w] ^ self.reclaim[w]) & WORD_MASK
-        if w == self.nwords - 1:
-            free &= self.last_mask
+        if (w + 1) * 64 > self.usable:
+            free &= tail_mask(self.usable) if w == (self.usable - 1) // 64 else 0
         return free
 
     def _mark_dirty(self, w: int) -> None:
@@ -251,8 +260,10 @@ class SendSide(Protocol):
     """What :class:`SlotRingModel` needs from a sender (Cython or model)."""
 
     nslots: int
+    usable: int
 
     def alloc_slots(self, n: int) -> list[int]: ...
+    def grant(self, n: int) -> None: ...
     def free_slots(self) -> int: ...
     def take_dirty_words(self) -> tuple[int, int] | None: ...
     @property
