@@ -30,11 +30,13 @@ from rdmamw.errors import ConfigError, RdmamwError, Timeout
 from rdmamw.torch.p2p import PointToPoint
 from rdmamw.torch.tensors import (
     PLAIN,
+    SCALED,
     WIDEN,
     UnsupportedTensor,
     as_numpy,
     check,
     op_name,
+    premul_factor,
 )
 from rdmamw.torch.work import Done, Work, completed, work_after
 
@@ -76,6 +78,18 @@ def _staged(t: Tensor, widen: bool = False) -> tuple[Tensor, Callable[[], None]]
         buf = t.contiguous()
     else:
         return t, lambda: None
+    return buf, lambda: t.copy_(buf)
+
+
+def _reduced(t: Tensor, name: str, opts: Any) -> tuple[Tensor, Callable[[], None]]:
+    """``_staged(t, widen=True)`` for a reduction by ``name``; for PREMUL_SUM a copy
+    of ``t`` times the op's factor (in float32 for float16 / bfloat16: ``t`` itself
+    is never scaled, so a failed call leaves it as it was)."""
+    if name != "premul_sum":
+        return _staged(t, widen=True)
+    buf = t.to(torch.float32 if t.dtype in WIDEN else t.dtype,
+               memory_format=torch.contiguous_format, copy=True)
+    buf.mul_(premul_factor(opts.reduceOp))
     return buf, lambda: t.copy_(buf)
 
 
@@ -164,13 +178,13 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                 return work_after(h, lambda _: [t])
         t = _one(tensors, "all_reduce")
         name = op_name(_op(opts), t.dtype)
-        if name != "avg" and t.dtype not in WIDEN and t.is_contiguous():
+        if name not in SCALED and t.dtype not in WIDEN and t.is_contiguous():
             # nothing to stage or finish: the tensor's own memory is reduced in place
             # (a third of the backend's cost per call went to the staging closures)
             x = as_numpy(t)
             h = coll.allreduce(x, op=name, out=x, comm=self.comm, async_op=_async(opts))
             return work_after(h, lambda _: [t])
-        buf, back = _staged(t, widen=True)
+        buf, back = _reduced(t, name, opts)
         x = as_numpy(buf)
         h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=_async(opts))
         return work_after(h, self._finish(buf, back, [t], name))
@@ -183,6 +197,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         name = op_name(_op(opts), tensors[0].dtype)
         wide = torch.float32 if tensors[0].dtype in WIDEN else tensors[0].dtype
         flat = torch.cat([t.reshape(-1).to(wide) for t in tensors])
+        if name == "premul_sum":
+            flat.mul_(premul_factor(opts.reduceOp))
         x = as_numpy(flat)
         h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=_async(opts))
 
@@ -198,7 +214,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         t = _one(tensors, "reduce")
         name = op_name(_op(opts), t.dtype)
         root = _root(opts, self._size)
-        buf, back = _staged(t, widen=True)
+        buf, back = _reduced(t, name, opts)
         x = as_numpy(buf)
         mine = root == self._rank
         h = coll.reduce(x, op=_sum(name), root=root, out=x if mine else None,
@@ -217,6 +233,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         name = op_name(_op(opts), out.dtype)
         wide = torch.float32 if out.dtype in WIDEN else out.dtype
         stack = torch.stack([i.to(wide) for i in ins])
+        if name == "premul_sum":
+            stack.mul_(premul_factor(opts.reduceOp))
         h = coll.reduce_scatter(as_numpy(stack), op=_sum(name), comm=self.comm,
                                 async_op=_async(opts))
 
@@ -240,7 +258,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                 f"{output.numel()} elements of {output.dtype}, not {input.numel()} of "
                 f"{input.dtype}")
         name = op_name(_op(opts), output.dtype)
-        src, _ = _staged(input, widen=True)
+        src, _ = _reduced(input, name, opts)
         buf, back = _staged(output, widen=True)
         h = coll.reduce_scatter(as_numpy(src).reshape(n, -1), op=_sum(name),
                                 out=as_numpy(buf).reshape(1, -1), comm=self.comm,
@@ -535,7 +553,7 @@ def _op(opts: Any) -> Any:
 
 
 def _sum(name: str) -> str:
-    return "sum" if name == "avg" else name
+    return "sum" if name in SCALED else name
 
 
 def _root(opts: Any, size: int) -> int:
