@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -227,3 +228,75 @@ def test_premul_sum_refuses_integers_and_odd_factors_before_sending():
         assert "one-element real CPU tensor, not torch.complex64" in errors[1], errors
         assert "meta" in errors[2], errors
         assert after == [2.0] * 3
+
+
+# ---- timeouts ------------------------------------------------------------------------
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[BaseException | None, float]:
+    t0 = time.monotonic()
+    try:
+        fn()
+        return None, time.monotonic() - t0
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        return e, time.monotonic() - t0
+
+
+def _barrier(pg: Any, secs: float | None = None, async_op: bool = False) -> Any:
+    o = dist.BarrierOptions()
+    o.asyncOp = async_op
+    if secs is not None:
+        o.timeout = datetime.timedelta(seconds=secs)     # what dist.barrier(timeout=) sets
+    return pg.barrier(o).wait()
+
+
+@pytest.mark.parametrize("backend", ["gloo", "rdmamw"])
+def test_work_wait_past_its_timeout_raises_and_the_operation_goes_on(backend):
+    """``work.wait(timeout)`` on an all_reduce rank 1 joins late: a RuntimeError
+    (torch's DistBackendError for rdmamw, gloo's "Operation timed out!") within the
+    timeout; the all_reduce goes on, a later wait sees it done with the right sum,
+    and the group stays usable, as on gloo."""
+    def fn(pg, r):
+        t = torch.full((4,), float(r + 1))
+        if r == 1:
+            time.sleep(0.8)
+        w = pg.allreduce([t], _opts("allreduce", R.SUM))
+        err, took = _timed(lambda: w.wait(datetime.timedelta(seconds=0.3))) if r == 0 \
+            else (None, 0.0)
+        w.wait()
+        after = torch.ones(2)
+        pg.allreduce([after], _opts("allreduce", R.SUM)).wait()
+        return err, took, t.tolist(), after.tolist()
+
+    (err, took, t, after), one = ranks(2, fn, backend)
+    assert isinstance(err, RuntimeError) and "timed out" in str(err).lower(), err
+    assert 0.3 <= took < 0.3 + 0.25, took
+    if backend == "rdmamw":
+        assert isinstance(err, dist.DistBackendError) and isinstance(err, TimeoutError)
+    assert t == one[2] == [3.0] * 4 and after == one[3] == [2.0, 2.0]
+
+
+@pytest.mark.parametrize("backend", ["gloo", "rdmamw"])
+@pytest.mark.parametrize("own", [True, False], ids=["per-call", "per-group"])
+def test_a_barrier_past_its_timeout_fails_cleanly_on_every_rank(backend, own):
+    """A barrier rank 1 comes to 1.5 s late: with ``dist.barrier(timeout=1 s)`` in a
+    group of 20 s (per call), or a blocking barrier in a group made with timeout=1 s
+    (``new_group(timeout=)``, asynchronously here): rank 0 raises a RuntimeError
+    saying it timed out within the timeout; the group is then broken, as gloo's:
+    rank 0's next call and rank 1's late barrier raise at once, nobody hangs."""
+    def fn(pg, r):
+        _barrier(pg)                            # channels open, both ranks here
+        if r == 1:
+            time.sleep(1.5)
+            return _timed(lambda: _barrier(pg))
+        first = _timed(lambda: _barrier(pg, 1.0) if own else _barrier(pg, async_op=True))
+        return first, _timed(lambda: _barrier(pg))
+
+    ((first, took), (after, after_took)), (late, late_took) = ranks(
+        2, fn, backend, timeout=20.0 if own else 1.0)
+    assert isinstance(first, RuntimeError) and "timed out" in str(first).lower(), first
+    assert 1.0 <= took < 1.0 + 0.5, took
+    if backend == "rdmamw":
+        assert isinstance(first, dist.DistBackendError) and isinstance(first, TimeoutError)
+    assert after is not None and after_took < 0.5, (after, after_took)
+    assert late is not None and late_took < 0.5, (late, late_took)

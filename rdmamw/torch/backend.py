@@ -23,10 +23,12 @@ import torch
 import torch.distributed as dist
 
 import rdmamw.collectives as coll
+from rdmamw import errors
 from rdmamw.bootstrap import kvstore
 from rdmamw.bootstrap.env import detect
+from rdmamw.collectives.api import plan_barrier
 from rdmamw.collectives.comm import Communicator
-from rdmamw.errors import ConfigError, RdmamwError, Timeout
+from rdmamw.errors import ConfigError, RdmamwError
 from rdmamw.torch.p2p import PointToPoint
 from rdmamw.torch.tensors import (
     PLAIN,
@@ -38,10 +40,11 @@ from rdmamw.torch.tensors import (
     op_name,
     premul_factor,
 )
-from rdmamw.torch.work import Done, Work, completed, work_after
+from rdmamw.torch.work import Done, Timeout, Work, completed, work_after
 
 Tensor = torch.Tensor
 _SUM = dist.ReduceOp.SUM
+_ZERO = datetime.timedelta(0)
 
 
 def local_ip(store: Any) -> str:
@@ -109,6 +112,40 @@ def _same(ts: Sequence[Tensor], like: Tensor, what: str) -> None:
                                     f"{list(like.shape)}, not {t.dtype}{list(t.shape)}")
 
 
+class _Comm(Communicator):
+    """The group's communicator: a collective given a timeout of its own (torch's
+    ``dist.barrier(timeout=)``, the body's ``timeout``) waits that long instead of
+    the group's, for as long as it runs; its timeouts are torch's error type
+    (work.Timeout)."""
+
+    def run(self, header: list, peers: Any, body: Callable[[], Any]) -> Any:
+        secs = getattr(body, "timeout", None)
+        try:
+            if secs is None:
+                return super().run(header, peers, body)
+            with self._lock:            # (collectives run one at a time anyway)
+                keep, self.timeout = self.timeout, secs
+                try:
+                    return super().run(header, peers, body)
+                finally:
+                    self.timeout = keep
+        except errors.Timeout as e:     # torch's callers look for "timed out"
+            raise Timeout(f"{header[0]}: Timed out after {secs or self.timeout:g} s "
+                          f"(collective #{self.seq}): {e}") from e
+
+
+class _Timed:
+    """A collective's body with a timeout of its own (see _Comm)."""
+
+    __slots__ = ("body", "timeout")
+
+    def __init__(self, body: Callable[[], Any], timeout: float) -> None:
+        self.body, self.timeout = body, timeout
+
+    def __call__(self) -> Any:
+        return self.body()
+
+
 class ProcessGroupRdmamw(dist.ProcessGroup):
     """A process group on rdmamw (see the module doc and docs/torch.md)."""
 
@@ -132,7 +169,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
             world.close()
             raise
         self.timeout = secs
-        self.comm = Communicator(world, timeout=secs)
+        self.comm = _Comm(world, timeout=secs)
         self.p2p = PointToPoint(pworld, secs)
 
     # ---- identity --------------------------------------------------------------------
@@ -412,10 +449,15 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         return work_after(h, lambda _: (back(), [output])[1])
 
     def barrier(self, opts: Any = None) -> Work:
-        try:
-            h = coll.barrier(comm=self.comm, async_op=_async(opts))
-        except Timeout as e:        # torch's callers look for "timeout" in the message
-            raise Timeout(f"barrier: Timed out after {self.timeout:g} s: {e}") from e
+        """``opts.timeout``: ``dist.barrier(timeout=)`` (unset: negative), this
+        barrier's own, else the group's. Past it: Timeout ("Timed out", the words
+        torch's callers look for) and the group is broken (its channels close, so
+        the other ranks' next calls fail at once), as gloo's."""
+        own = getattr(opts, "timeout", None)
+        secs = own.total_seconds() if own is not None and own >= _ZERO else self.timeout
+        plan = plan_barrier(self.comm)
+        body = plan.body if secs == self.timeout else _Timed(plan.body, secs)
+        h = self.comm.call(plan.header, plan.peers, body, _async(opts))
         return work_after(h, lambda _: [])
 
     def monitored_barrier(self, timeout: datetime.timedelta | None = None,
