@@ -25,7 +25,9 @@ R = dist.ReduceOp
 def ranks(n: int, fn: Callable[[Any, int], Any], backend: str = "rdmamw",
           timeout: float = 20.0, store: Any = None) -> list[Any]:
     """``fn(group, rank)`` on ``n`` threads, each with its rank's group of ``backend``
-    ("rdmamw" or "gloo"); their results (an exception a thread raised is raised)."""
+    ("rdmamw" or "gloo"); their results (an exception a thread raised is raised).
+    Each group is known to torch's group table for the call (``dist.P2POp``, torch's
+    rank translations look there), with group rank = global rank."""
     store = store if store is not None else dist.HashStore()
     out: list[Any] = [None] * n
     errs: list[BaseException | None] = [None] * n
@@ -37,9 +39,12 @@ def ranks(n: int, fn: Callable[[Any, int], Any], backend: str = "rdmamw",
                 pg = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), r, n, td)
             else:
                 pg = ProcessGroupRdmamw(dist.PrefixStore("rdmamw", store), r, n, td)
+            table = dist.distributed_c10d._world.pg_group_ranks
+            table[pg] = {g: g for g in range(n)}
             try:
                 out[r] = fn(pg, r)
             finally:
+                del table[pg]
                 if backend != "gloo":
                     pg.shutdown()
         except BaseException as e:  # noqa: BLE001 - raised in the test's thread
@@ -300,3 +305,63 @@ def test_a_barrier_past_its_timeout_fails_cleanly_on_every_rank(backend, own):
         assert isinstance(first, dist.DistBackendError) and isinstance(first, TimeoutError)
     assert after is not None and after_took < 0.5, (after, after_took)
     assert late is not None and late_took < 0.5, (late, late_took)
+
+
+# ---- batch_isend_irecv ---------------------------------------------------------------
+
+
+def _p2p_batches(pg: Any) -> dict[int, int]:
+    """The send_batch calls so far on each point-to-point channel of the group."""
+    return {peer: ch.stats()["batches"] for peer, ch in pg.p2p._chans.items()}
+
+
+def test_batch_isend_irecv_posts_one_batch_per_peer():
+    """torch's ``dist.batch_isend_irecv`` on an rdmamw group (3 ranks): rank 0's 4
+    sends to rank 1 and 3 to rank 2, interleaved with its receives, go as one
+    ``send_batch`` per peer (the channels' ``stats()["batches"]``), not one per
+    tensor; every tensor arrives whole, in order; dist._coalescing_manager (torch's
+    own protocol) batches the same way."""
+    def fn(pg, r):
+        for p in range(3):                      # open the channels both ways
+            if p != r:
+                pg.send([torch.zeros(1)], p, 0).wait()
+        for p in range(3):
+            if p != r:
+                pg.recv([torch.zeros(1)], p, 0).wait()
+        if r != 0:
+            k = 4 if r == 1 else 3
+            got = [torch.empty(5) for _ in range(k)]
+            ws = dist.batch_isend_irecv(
+                [dist.P2POp(dist.isend, torch.full((2,), float(r)), group=pg, group_peer=0)]
+                + [dist.P2POp(dist.irecv, g, group=pg, group_peer=0) for g in got])
+            for w in ws:
+                w.wait()
+            ws = [dist.irecv(g, group=pg, group_src=0) for g in got]
+            for w in ws:
+                w.wait()
+            return [g.tolist() for g in got]
+        before = _p2p_batches(pg)
+        back = {1: torch.empty(2), 2: torch.empty(2)}
+        ops = []
+        for i in range(4):
+            for p in (1, 2)[: 2 if i < 3 else 1]:
+                ops.append(dist.P2POp(dist.isend, torch.full((5,), 10.0 * p + i), group=pg,
+                                      group_peer=p))
+                if i == 1:
+                    ops.append(dist.P2POp(dist.irecv, back[p], group=pg, group_peer=p))
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        mid = _p2p_batches(pg)
+        with dist._coalescing_manager(pg, torch.device("cpu"), async_ops=True) as cm:
+            for i in range(4):
+                for p in (1, 2)[: 2 if i < 3 else 1]:
+                    dist.isend(torch.full((5,), 10.0 * p + i), group=pg, group_dst=p)
+        cm.wait()
+        after = _p2p_batches(pg)
+        return ({p: mid[p] - before[p] for p in (1, 2)},
+                {p: after[p] - mid[p] for p in (1, 2)}, {p: t.tolist() for p, t in back.items()})
+
+    (batched, managed, back), one, two = ranks(3, fn)
+    assert batched == {1: 1, 2: 1} and managed == {1: 1, 2: 1}, (batched, managed)
+    assert back == {1: [1.0, 1.0], 2: [2.0, 2.0]}
+    assert one == [[10.0 + i] * 5 for i in range(4)] and two == [[20.0 + i] * 5 for i in range(3)]

@@ -40,7 +40,7 @@ from rdmamw.torch.tensors import (
     op_name,
     premul_factor,
 )
-from rdmamw.torch.work import Done, Timeout, Work, completed, work_after
+from rdmamw.torch.work import Done, Timeout, Work, completed, torch_error, work_after
 
 Tensor = torch.Tensor
 _SUM = dist.ReduceOp.SUM
@@ -171,6 +171,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         self.timeout = secs
         self.comm = _Comm(world, timeout=secs)
         self.p2p = PointToPoint(pworld, secs)
+        #: the sends of the coalescing window open (_start_coalescing), else None
+        self._batch: list[tuple] | None = None
 
     # ---- identity --------------------------------------------------------------------
 
@@ -502,9 +504,42 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         t = _one(tensors, "send")
         self._peer(dst)
         buf = t.contiguous()
-        h = self.p2p.send(as_numpy(buf).reshape(-1).view(np.uint8), t.dtype,
-                          tuple(t.shape), dst, tag)
+        data = as_numpy(buf).reshape(-1).view(np.uint8)
+        if self._batch is not None:         # posted with the others at _end_coalescing
+            w = Work()
+            self._batch.append((dst, (data, t.dtype, tuple(t.shape), tag), w, t))
+            return w
+        h = self.p2p.send(data, t.dtype, tuple(t.shape), dst, tag)
         return work_after(h, lambda _: (buf, [t])[1])
+
+    # torch's coalescing protocol: dist.batch_isend_irecv on an rdmamw group (see
+    # rdmamw.torch.register) and dist._coalescing_manager(group, device) call these
+    # around the operations of one batch
+
+    def _start_coalescing(self, device: Any = None) -> None:
+        """Hold the sends from now to :meth:`_end_coalescing` (receives and
+        collectives go at once)."""
+        if self._batch is not None:
+            raise RuntimeError("rdmamw: _start_coalescing while a batch is open")
+        self._batch = []
+
+    def _end_coalescing(self, device: Any = None) -> Work:
+        """Post the held sends, all of those to one peer as one ``send_batch`` (in
+        call order), and return a Work done when they all are; each send's own Work
+        is done with its peer's batch."""
+        batch, self._batch = self._batch or [], None
+        by_peer: dict[int, list[tuple]] = {}
+        for item in batch:
+            by_peer.setdefault(item[0], []).append(item)
+        for dst, items in by_peer.items():
+            try:
+                h = self.p2p.send_many(dst, [item[1] for item in items])
+            except BaseException as e:  # noqa: BLE001 - each send's Work says it
+                for item in items:
+                    item[2]._finish(error=e)
+                continue
+            h.future.add_done_callback(lambda f, items=items: _sent(f, items))
+        return self._all([item[2] for item in batch], None)
 
     def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> Work:
         t = _one(tensors, "recv")
@@ -571,6 +606,16 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         for x in works:
             x.get_future().add_done_callback(one)
         return w
+
+
+def _sent(f: Any, items: list[tuple]) -> None:
+    """Finish the Works of one peer's batch of sends (``f``: its future)."""
+    e = f.exception()
+    for _, _, w, t in items:
+        if e is not None:
+            w._finish(error=torch_error(e))
+        else:
+            w._finish([t])
 
 
 def _rows_into(outs: list[Tensor]) -> Callable[[np.ndarray | None], list[list[Tensor]]]:
