@@ -94,3 +94,23 @@ def test_debug_detail_wraps_gloo_but_not_a_python_group(tmp_path, monkeypatch):
     finally:
         monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG")
         dist.set_debug_level_from_env()
+
+
+def test_split_group_is_refused_by_torch_on_a_host_without_accelerator(tmp_path):
+    """torch 2.13's dist.split_group needs the default group bound to an accelerator
+    (``device_id=``, which torch refuses to be the CPU) before it asks any backend:
+    gloo and rdmamw get the same RuntimeError here (docs/torch.md); new_group is the
+    CPU way to subgroups. If torch lets CPU groups split, this fails and the doc is
+    to be revisited."""
+    for backend in ("gloo", "rdmamw"):
+        dist.init_process_group(backend, init_method=f"file://{tmp_path / backend}",
+                                rank=0, world_size=1)
+        try:
+            with pytest.raises(RuntimeError, match="No device associated with the default pg"):
+                dist.split_group(split_ranks=[[0]])
+            g = dist.new_group([0])
+            t = torch.ones(2)
+            dist.all_reduce(t, group=g)
+            assert torch.equal(t, torch.ones(2))
+        finally:
+            dist.destroy_process_group()
