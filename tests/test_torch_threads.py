@@ -365,3 +365,22 @@ def test_batch_isend_irecv_posts_one_batch_per_peer():
     assert batched == {1: 1, 2: 1} and managed == {1: 1, 2: 1}, (batched, managed)
     assert back == {1: [1.0, 1.0], 2: [2.0, 2.0]}
     assert one == [[10.0 + i] * 5 for i in range(4)] and two == [[20.0 + i] * 5 for i in range(3)]
+
+
+def test_coalescing_manager_waits_for_the_coalesced_collective_and_receives():
+    """``dist._coalescing_manager(group, device, async_ops=True)``: torch hands the
+    all_reduces of the block to ``allreduce_coalesced`` and then keeps only the Work
+    of ``_end_coalescing``: that Work must cover the coalesced all_reduce and the
+    receives of the block, so that ``cm.wait()`` means the tensors are there."""
+    def fn(pg, r):
+        ts = [torch.full((1 << 20,), float(r + k)) for k in range(2)]
+        got = torch.empty(1 << 20)
+        with dist._coalescing_manager(pg, torch.device("cpu"), async_ops=True) as cm:
+            for t in ts:
+                dist.all_reduce(t, group=pg)
+            dist.isend(torch.full((1 << 20,), 7.0 + r), group=pg, group_dst=1 - r)
+            dist.irecv(got, group=pg, group_src=1 - r)
+        cm.wait()
+        return [t[-1].item() for t in ts], got[-1].item()
+
+    assert ranks(2, fn) == [([1.0, 3.0], 8.0), ([1.0, 3.0], 7.0)]

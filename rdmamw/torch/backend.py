@@ -13,6 +13,7 @@ a copy."""
 from __future__ import annotations
 
 import datetime
+import functools
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -146,6 +147,19 @@ class _Timed:
         return self.body()
 
 
+def _held(method: Callable[..., Work]) -> Callable[..., Work]:
+    """An operation whose Work the open coalescing window's Work (what
+    ``_end_coalescing`` returns: all that ``dist._coalescing_manager``'s caller
+    waits on, torch's coalesced collectives included) also waits for."""
+    @functools.wraps(method)
+    def call(self: ProcessGroupRdmamw, *args: Any, **kwargs: Any) -> Work:
+        w = method(self, *args, **kwargs)
+        if self._batch is not None:
+            self._held.append(w)
+        return w
+    return call
+
+
 class ProcessGroupRdmamw(dist.ProcessGroup):
     """A process group on rdmamw (see the module doc and docs/torch.md)."""
 
@@ -171,8 +185,10 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         self.timeout = secs
         self.comm = _Comm(world, timeout=secs)
         self.p2p = PointToPoint(pworld, secs)
-        #: the sends of the coalescing window open (_start_coalescing), else None
+        #: the sends of the coalescing window open (_start_coalescing), else None;
+        #: the Works of its other operations (_held)
         self._batch: list[tuple] | None = None
+        self._held: list[Work] = []
 
     # ---- identity --------------------------------------------------------------------
 
@@ -228,6 +244,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=_async(opts))
         return work_after(h, self._finish(buf, back, [t], name))
 
+    @_held
     def allreduce_coalesced(self, tensors: list[Tensor], opts: Any = None) -> Work:
         if not tensors:
             return completed([])
@@ -304,6 +321,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                                 async_op=_async(opts))
         return work_after(h, self._finish(buf, back, [output], name))
 
+    @_held
     def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                         opts: Any = None) -> Work:
         return self._all([self.reduce_scatter_single(o, i, opts)
@@ -373,6 +391,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
 
         return work_after(h, finish)
 
+    @_held
     def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                     opts: Any = None) -> Work:
         return self._all([self.all_gather_single(o, i, opts)
@@ -521,13 +540,16 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         collectives go at once)."""
         if self._batch is not None:
             raise RuntimeError("rdmamw: _start_coalescing while a batch is open")
-        self._batch = []
+        self._batch, self._held = [], []
 
     def _end_coalescing(self, device: Any = None) -> Work:
         """Post the held sends, all of those to one peer as one ``send_batch`` (in
         call order), and return a Work done when they all are; each send's own Work
-        is done with its peer's batch."""
+        is done with its peer's batch. The Work also waits for the receives and
+        coalesced collectives called in the window (torch's _coalescing_manager
+        returns only this one)."""
         batch, self._batch = self._batch or [], None
+        held, self._held = self._held, []
         by_peer: dict[int, list[tuple]] = {}
         for item in batch:
             by_peer.setdefault(item[0], []).append(item)
@@ -539,8 +561,9 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                     item[2]._finish(error=e)
                 continue
             h.future.add_done_callback(lambda f, items=items: _sent(f, items))
-        return self._all([item[2] for item in batch], None)
+        return self._all([item[2] for item in batch] + held, None)
 
+    @_held
     def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> Work:
         t = _one(tensors, "recv")
         self._peer(src)
@@ -549,6 +572,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                           tuple(t.shape), src, tag)
         return work_after(h, lambda _: (back(), [t])[1])
 
+    @_held
     def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> Work:
         """The first message of ``tag`` from any other rank (``dist.recv(t)``,
         ``dist.irecv(t)``); the Work's ``_source_rank()`` names the sender."""
