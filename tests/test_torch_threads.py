@@ -275,7 +275,7 @@ def test_work_wait_past_its_timeout_raises_and_the_operation_goes_on(backend):
 
     (err, took, t, after), one = ranks(2, fn, backend)
     assert isinstance(err, RuntimeError) and "timed out" in str(err).lower(), err
-    assert 0.3 <= took < 0.3 + 0.25, took
+    assert 0.3 <= took < 0.3 + 0.45, took        # rank 1 comes at 0.8 s
     if backend == "rdmamw":
         assert isinstance(err, dist.DistBackendError) and isinstance(err, TimeoutError)
     assert t == one[2] == [3.0] * 4 and after == one[3] == [2.0, 2.0]
