@@ -17,9 +17,12 @@ and "torch's layer alone": ``dist.all_reduce`` through a bare group that only ha
 numpy view to the collective (the floor under any Python backend's overhead).
 DDP: the small CNN of tests/torch_worker.py (batch 32 of 8x8 images, 1 MB buckets),
 median seconds per training step (forward, backward with the bucket all_reduces,
-SGD step). Each backend's job runs ``--rounds`` times (3), alternating with the
-other's; a figure is the median of the jobs' medians. Prints the ratios the
-targets of issue 16 are stated in and writes the JSON to bench/results/.
+SGD step); and a 25 M-parameter MLP (1024 -> 4096 -> 4096 -> 1024 -> 10, batch 32,
+torch's default 25 MB buckets: 100 MB of gradients reduced per step), the model
+issue 30's DDP target is stated for (``--ddp25-steps``). Each backend's job runs
+``--rounds`` times (3), alternating with the other's; a figure is the median of the
+jobs' medians. Prints the ratios the targets of issues 16 and 30 are stated in and
+writes the JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -157,9 +160,36 @@ def rank(cfg: dict) -> None:
             opt.step()
 
         out[f"ddp-{backend}"] = timed(step, lambda: None, cfg["ddp_steps"])
+    if cfg.get("ddp25_steps"):
+        out[f"ddp25-{backend}"] = timed(ddp25_step(me), lambda: None, cfg["ddp25_steps"])
     if me == 0:
         emit(out)
     dist.destroy_process_group()
+
+
+def mlp25m():
+    """A 25.2 M-parameter MLP (fully connected, ReLU): 1024 -> 4096 -> 4096 -> 1024 -> 10."""
+    import torch
+    nn = torch.nn
+    return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(),
+                         nn.Linear(4096, 1024), nn.ReLU(), nn.Linear(1024, 10))
+
+
+def ddp25_step(me: int):
+    """One DDP training step of mlp25m() (batch 32, default buckets, SGD)."""
+    import torch
+    torch.manual_seed(0)
+    net = torch.nn.parallel.DistributedDataParallel(mlp25m())
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(me)
+    x, y = torch.randn(32, 1024, generator=g), torch.randint(0, 10, (32,), generator=g)
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+
+    return step
 
 
 def run(backend: str, n: int, cfg: dict) -> dict:
@@ -193,7 +223,9 @@ def main() -> int:
     ap.add_argument("--sizes", default="1M,64M")
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--reps", type=int, default=None, help="default 100 / 12 by size")
-    ap.add_argument("--ddp-steps", type=int, default=40, help="0: no DDP")
+    ap.add_argument("--ddp-steps", type=int, default=40, help="0: no DDP of the CNN")
+    ap.add_argument("--ddp25-steps", type=int, default=10,
+                    help="steps of the 25 M-parameter model's DDP (0: none)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="jobs per backend, alternating (the median of their medians)")
     ap.add_argument("--pin", action="store_true",
@@ -201,7 +233,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args()
     cfg = {"sizes": [SIZES[s] for s in a.sizes.split(",") if s], "reps": a.reps,
-           "ddp_steps": a.ddp_steps, "pin": a.pin}
+           "ddp_steps": a.ddp_steps, "ddp25_steps": a.ddp25_steps, "pin": a.pin}
     meta = {"started": dt.datetime.now().isoformat(timespec="seconds"),
             "loadavg": os.getloadavg(), "cores": len(os.sched_getaffinity(0))}
     res, lines = {}, []
@@ -238,6 +270,10 @@ def main() -> int:
         if d and dg:
             lines.append(f"DDP step  {n} ranks  rdmamw {d * 1e3:8.3f} ms  gloo "
                          f"{dg * 1e3:8.3f} ms  (rdmamw/gloo {d / dg:4.2f}x)")
+        d, dg = r.get("ddp25-rdmamw"), g.get("ddp25-gloo")
+        if d and dg:
+            lines.append(f"DDP step, 25 M parameters  {n} ranks  rdmamw {d * 1e3:8.3f} ms  "
+                         f"gloo {dg * 1e3:8.3f} ms ({dg / d:5.2f}x faster)")
     for k, v in res.items():
         if "error" in v:
             lines.append(f"{k}: NOT MEASURED - {v['error'][-300:]}")

@@ -62,3 +62,55 @@ def test_op_names_are_cached_only_for_what_was_accepted():
             tensors.op_name(dist.ReduceOp.BXOR, torch.float32)
     assert tensors.op_name(dist.ReduceOp.AVG, torch.float32) == "avg"
     assert tensors.op_name(dist.ReduceOp.BXOR, torch.int32) == "bxor"
+
+
+def test_debug_detail_wraps_gloo_but_not_a_python_group(tmp_path, monkeypatch):
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: torch wraps gloo's backend in its
+    ProcessGroupWrapper (a gloo helper group checks each collective's fingerprint),
+    but a Python ProcessGroup such as rdmamw's is returned before that step
+    (distributed_c10d._new_process_group_helper; docs/torch.md "What torch
+    decides"): the group works unwrapped, its own header round checking every
+    collective on every rank. If torch starts wrapping it, this fails and the doc
+    is to be revisited."""
+    from torch.distributed.distributed_c10d import _ProcessGroupWrapper
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    dist.set_debug_level_from_env()
+    try:
+        for backend in ("gloo", "rdmamw"):
+            dist.init_process_group(backend, init_method=f"file://{tmp_path / backend}",
+                                    rank=0, world_size=1)
+            try:
+                pg = dist.distributed_c10d._get_default_group()
+                if backend == "gloo":
+                    assert isinstance(pg._get_backend(torch.device("cpu")),
+                                      _ProcessGroupWrapper)
+                else:
+                    assert type(pg) is rdmamw.torch.ProcessGroupRdmamw
+                t = torch.ones(3)
+                dist.all_reduce(t)
+                assert torch.equal(t, torch.ones(3))
+            finally:
+                dist.destroy_process_group()
+    finally:
+        monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG")
+        dist.set_debug_level_from_env()
+
+
+def test_split_group_is_refused_by_torch_on_a_host_without_accelerator(tmp_path):
+    """torch 2.13's dist.split_group needs the default group bound to an accelerator
+    (``device_id=``, which torch refuses to be the CPU) before it asks any backend:
+    gloo and rdmamw get the same RuntimeError here (docs/torch.md); new_group is the
+    CPU way to subgroups. If torch lets CPU groups split, this fails and the doc is
+    to be revisited."""
+    for backend in ("gloo", "rdmamw"):
+        dist.init_process_group(backend, init_method=f"file://{tmp_path / backend}",
+                                rank=0, world_size=1)
+        try:
+            with pytest.raises(RuntimeError, match="No device associated with the default pg"):
+                dist.split_group(split_ranks=[[0]])
+            g = dist.new_group([0])
+            t = torch.ones(2)
+            dist.all_reduce(t, group=g)
+            assert torch.equal(t, torch.ones(2))
+        finally:
+            dist.destroy_process_group()

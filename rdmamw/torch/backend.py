@@ -13,6 +13,7 @@ a copy."""
 from __future__ import annotations
 
 import datetime
+import functools
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -23,23 +24,28 @@ import torch
 import torch.distributed as dist
 
 import rdmamw.collectives as coll
+from rdmamw import errors
 from rdmamw.bootstrap import kvstore
 from rdmamw.bootstrap.env import detect
+from rdmamw.collectives.api import plan_barrier
 from rdmamw.collectives.comm import Communicator
-from rdmamw.errors import ConfigError, RdmamwError, Timeout
+from rdmamw.errors import ConfigError, RdmamwError
 from rdmamw.torch.p2p import PointToPoint
 from rdmamw.torch.tensors import (
     PLAIN,
+    SCALED,
     WIDEN,
     UnsupportedTensor,
     as_numpy,
     check,
     op_name,
+    premul_factor,
 )
-from rdmamw.torch.work import Done, Work, completed, work_after
+from rdmamw.torch.work import Done, Timeout, Work, completed, torch_error, work_after
 
 Tensor = torch.Tensor
 _SUM = dist.ReduceOp.SUM
+_ZERO = datetime.timedelta(0)
 
 
 def local_ip(store: Any) -> str:
@@ -79,6 +85,18 @@ def _staged(t: Tensor, widen: bool = False) -> tuple[Tensor, Callable[[], None]]
     return buf, lambda: t.copy_(buf)
 
 
+def _reduced(t: Tensor, name: str, opts: Any) -> tuple[Tensor, Callable[[], None]]:
+    """``_staged(t, widen=True)`` for a reduction by ``name``; for PREMUL_SUM a copy
+    of ``t`` times the op's factor (in float32 for float16 / bfloat16: ``t`` itself
+    is never scaled, so a failed call leaves it as it was)."""
+    if name != "premul_sum":
+        return _staged(t, widen=True)
+    buf = t.to(torch.float32 if t.dtype in WIDEN else t.dtype,
+               memory_format=torch.contiguous_format, copy=True)
+    buf.mul_(premul_factor(opts.reduceOp))
+    return buf, lambda: t.copy_(buf)
+
+
 def _one(tensors: Sequence[Tensor], what: str) -> Tensor:
     if len(tensors) != 1:
         raise UnsupportedTensor(f"{what}: the rdmamw backend takes one tensor per call, "
@@ -93,6 +111,53 @@ def _same(ts: Sequence[Tensor], like: Tensor, what: str) -> None:
         if t.dtype != like.dtype or t.shape != like.shape:
             raise UnsupportedTensor(f"{what}: every tensor must be {like.dtype}"
                                     f"{list(like.shape)}, not {t.dtype}{list(t.shape)}")
+
+
+class _Comm(Communicator):
+    """The group's communicator: a collective given a timeout of its own (torch's
+    ``dist.barrier(timeout=)``, the body's ``timeout``) waits that long instead of
+    the group's, for as long as it runs; its timeouts are torch's error type
+    (work.Timeout)."""
+
+    def run(self, header: list, peers: Any, body: Callable[[], Any]) -> Any:
+        secs = getattr(body, "timeout", None)
+        try:
+            if secs is None:
+                return super().run(header, peers, body)
+            with self._lock:            # (collectives run one at a time anyway)
+                keep, self.timeout = self.timeout, secs
+                try:
+                    return super().run(header, peers, body)
+                finally:
+                    self.timeout = keep
+        except errors.Timeout as e:     # torch's callers look for "timed out"
+            raise Timeout(f"{header[0]}: Timed out after {secs or self.timeout:g} s "
+                          f"(collective #{self.seq}): {e}") from e
+
+
+class _Timed:
+    """A collective's body with a timeout of its own (see _Comm)."""
+
+    __slots__ = ("body", "timeout")
+
+    def __init__(self, body: Callable[[], Any], timeout: float) -> None:
+        self.body, self.timeout = body, timeout
+
+    def __call__(self) -> Any:
+        return self.body()
+
+
+def _held(method: Callable[..., Work]) -> Callable[..., Work]:
+    """An operation whose Work the open coalescing window's Work (what
+    ``_end_coalescing`` returns: all that ``dist._coalescing_manager``'s caller
+    waits on, torch's coalesced collectives included) also waits for."""
+    @functools.wraps(method)
+    def call(self: ProcessGroupRdmamw, *args: Any, **kwargs: Any) -> Work:
+        w = method(self, *args, **kwargs)
+        if self._batch is not None:
+            self._held.append(w)
+        return w
+    return call
 
 
 class ProcessGroupRdmamw(dist.ProcessGroup):
@@ -118,8 +183,12 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
             world.close()
             raise
         self.timeout = secs
-        self.comm = Communicator(world, timeout=secs)
+        self.comm = _Comm(world, timeout=secs)
         self.p2p = PointToPoint(pworld, secs)
+        #: the sends of the coalescing window open (_start_coalescing), else None;
+        #: the Works of its other operations (_held)
+        self._batch: list[tuple] | None = None
+        self._held: list[Work] = []
 
     # ---- identity --------------------------------------------------------------------
 
@@ -164,17 +233,18 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                 return work_after(h, lambda _: [t])
         t = _one(tensors, "all_reduce")
         name = op_name(_op(opts), t.dtype)
-        if name != "avg" and t.dtype not in WIDEN and t.is_contiguous():
+        if name not in SCALED and t.dtype not in WIDEN and t.is_contiguous():
             # nothing to stage or finish: the tensor's own memory is reduced in place
             # (a third of the backend's cost per call went to the staging closures)
             x = as_numpy(t)
             h = coll.allreduce(x, op=name, out=x, comm=self.comm, async_op=_async(opts))
             return work_after(h, lambda _: [t])
-        buf, back = _staged(t, widen=True)
+        buf, back = _reduced(t, name, opts)
         x = as_numpy(buf)
         h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=_async(opts))
         return work_after(h, self._finish(buf, back, [t], name))
 
+    @_held
     def allreduce_coalesced(self, tensors: list[Tensor], opts: Any = None) -> Work:
         if not tensors:
             return completed([])
@@ -183,6 +253,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         name = op_name(_op(opts), tensors[0].dtype)
         wide = torch.float32 if tensors[0].dtype in WIDEN else tensors[0].dtype
         flat = torch.cat([t.reshape(-1).to(wide) for t in tensors])
+        if name == "premul_sum":
+            flat.mul_(premul_factor(opts.reduceOp))
         x = as_numpy(flat)
         h = coll.allreduce(x, op=_sum(name), out=x, comm=self.comm, async_op=_async(opts))
 
@@ -198,7 +270,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         t = _one(tensors, "reduce")
         name = op_name(_op(opts), t.dtype)
         root = _root(opts, self._size)
-        buf, back = _staged(t, widen=True)
+        buf, back = _reduced(t, name, opts)
         x = as_numpy(buf)
         mine = root == self._rank
         h = coll.reduce(x, op=_sum(name), root=root, out=x if mine else None,
@@ -217,6 +289,8 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         name = op_name(_op(opts), out.dtype)
         wide = torch.float32 if out.dtype in WIDEN else out.dtype
         stack = torch.stack([i.to(wide) for i in ins])
+        if name == "premul_sum":
+            stack.mul_(premul_factor(opts.reduceOp))
         h = coll.reduce_scatter(as_numpy(stack), op=_sum(name), comm=self.comm,
                                 async_op=_async(opts))
 
@@ -240,13 +314,14 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                 f"{output.numel()} elements of {output.dtype}, not {input.numel()} of "
                 f"{input.dtype}")
         name = op_name(_op(opts), output.dtype)
-        src, _ = _staged(input, widen=True)
+        src, _ = _reduced(input, name, opts)
         buf, back = _staged(output, widen=True)
         h = coll.reduce_scatter(as_numpy(src).reshape(n, -1), op=_sum(name),
                                 out=as_numpy(buf).reshape(1, -1), comm=self.comm,
                                 async_op=_async(opts))
         return work_after(h, self._finish(buf, back, [output], name))
 
+    @_held
     def reduce_scatter_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                         opts: Any = None) -> Work:
         return self._all([self.reduce_scatter_single(o, i, opts)
@@ -316,6 +391,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
 
         return work_after(h, finish)
 
+    @_held
     def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor],
                                     opts: Any = None) -> Work:
         return self._all([self.all_gather_single(o, i, opts)
@@ -394,10 +470,15 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         return work_after(h, lambda _: (back(), [output])[1])
 
     def barrier(self, opts: Any = None) -> Work:
-        try:
-            h = coll.barrier(comm=self.comm, async_op=_async(opts))
-        except Timeout as e:        # torch's callers look for "timeout" in the message
-            raise Timeout(f"barrier: Timed out after {self.timeout:g} s: {e}") from e
+        """``opts.timeout``: ``dist.barrier(timeout=)`` (unset: negative), this
+        barrier's own, else the group's. Past it: Timeout ("Timed out", the words
+        torch's callers look for) and the group is broken (its channels close, so
+        the other ranks' next calls fail at once), as gloo's."""
+        own = getattr(opts, "timeout", None)
+        secs = own.total_seconds() if own is not None and own >= _ZERO else self.timeout
+        plan = plan_barrier(self.comm)
+        body = plan.body if secs == self.timeout else _Timed(plan.body, secs)
+        h = self.comm.call(plan.header, plan.peers, body, _async(opts))
         return work_after(h, lambda _: [])
 
     def monitored_barrier(self, timeout: datetime.timedelta | None = None,
@@ -442,10 +523,47 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         t = _one(tensors, "send")
         self._peer(dst)
         buf = t.contiguous()
-        h = self.p2p.send(as_numpy(buf).reshape(-1).view(np.uint8), t.dtype,
-                          tuple(t.shape), dst, tag)
+        data = as_numpy(buf).reshape(-1).view(np.uint8)
+        if self._batch is not None:         # posted with the others at _end_coalescing
+            w = Work()
+            self._batch.append((dst, (data, t.dtype, tuple(t.shape), tag), w, t))
+            return w
+        h = self.p2p.send(data, t.dtype, tuple(t.shape), dst, tag)
         return work_after(h, lambda _: (buf, [t])[1])
 
+    # torch's coalescing protocol: dist.batch_isend_irecv on an rdmamw group (see
+    # rdmamw.torch.register) and dist._coalescing_manager(group, device) call these
+    # around the operations of one batch
+
+    def _start_coalescing(self, device: Any = None) -> None:
+        """Hold the sends from now to :meth:`_end_coalescing` (receives and
+        collectives go at once)."""
+        if self._batch is not None:
+            raise RuntimeError("rdmamw: _start_coalescing while a batch is open")
+        self._batch, self._held = [], []
+
+    def _end_coalescing(self, device: Any = None) -> Work:
+        """Post the held sends, all of those to one peer as one ``send_batch`` (in
+        call order), and return a Work done when they all are; each send's own Work
+        is done with its peer's batch. The Work also waits for the receives and
+        coalesced collectives called in the window (torch's _coalescing_manager
+        returns only this one)."""
+        batch, self._batch = self._batch or [], None
+        held, self._held = self._held, []
+        by_peer: dict[int, list[tuple]] = {}
+        for item in batch:
+            by_peer.setdefault(item[0], []).append(item)
+        for dst, items in by_peer.items():
+            try:
+                h = self.p2p.send_many(dst, [item[1] for item in items])
+            except BaseException as e:  # noqa: BLE001 - each send's Work says it
+                for item in items:
+                    item[2]._finish(error=e)
+                continue
+            h.future.add_done_callback(lambda f, items=items: _sent(f, items))
+        return self._all([item[2] for item in batch] + held, None)
+
+    @_held
     def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> Work:
         t = _one(tensors, "recv")
         self._peer(src)
@@ -454,6 +572,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                           tuple(t.shape), src, tag)
         return work_after(h, lambda _: (back(), [t])[1])
 
+    @_held
     def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> Work:
         """The first message of ``tag`` from any other rank (``dist.recv(t)``,
         ``dist.irecv(t)``); the Work's ``_source_rank()`` names the sender."""
@@ -513,6 +632,16 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         return w
 
 
+def _sent(f: Any, items: list[tuple]) -> None:
+    """Finish the Works of one peer's batch of sends (``f``: its future)."""
+    e = f.exception()
+    for _, _, w, t in items:
+        if e is not None:
+            w._finish(error=torch_error(e))
+        else:
+            w._finish([t])
+
+
 def _rows_into(outs: list[Tensor]) -> Callable[[np.ndarray | None], list[list[Tensor]]]:
     """The finishing step of the gathers: row r of the result into ``outs[r]``."""
     def finish(res: np.ndarray | None) -> list[list[Tensor]]:
@@ -535,7 +664,7 @@ def _op(opts: Any) -> Any:
 
 
 def _sum(name: str) -> str:
-    return "sum" if name == "avg" else name
+    return "sum" if name in SCALED else name
 
 
 def _root(opts: Any, size: int) -> int:

@@ -68,11 +68,21 @@ class PointToPoint:
     def send(self, data: np.ndarray, dtype: torch.dtype, shape: tuple, peer: int,
              tag: int) -> Handle:
         """``data``: the tensor's bytes (C-contiguous uint8, kept until done)."""
-        head = msgpack.packb([tag, str(dtype), list(shape)])
+        return self.send_many(peer, [(data, dtype, shape, tag)])
+
+    def send_many(self, peer: int, sends: list[tuple[np.ndarray, torch.dtype, tuple, int]]
+                  ) -> Handle:
+        """Several sends to ``peer`` (each ``(data, dtype, shape, tag)`` as for
+        :meth:`send`) posted together: one ``send_batch`` of their headers and bytes,
+        each message as :meth:`send` would have sent it (the receiver cannot tell)."""
+        msgs: list = []
+        for data, dtype, shape, tag in sends:
+            msgs.append(msgpack.packb([tag, str(dtype), list(shape)]))
+            if len(data):
+                msgs.append(data)
 
         def go() -> None:
-            ch = self._channel(peer)
-            ch.send_batch([head, data] if len(data) else [head], timeout=self.timeout).wait()
+            self._channel(peer).send_batch(msgs, timeout=self.timeout).wait()
 
         return self._submit(peer, "send", go)
 

@@ -19,9 +19,10 @@ class UnsupportedTensor(RdmamwError, TypeError):
     it does not carry. Raised before anything is sent."""
 
 
-class UnsupportedOp(RdmamwError, ValueError):
+class UnsupportedOp(RdmamwError, ValueError, RuntimeError):
     """A reduce op the rdmamw backend does not have for this dtype (raised before
-    anything is sent)."""
+    anything is sent). Also a RuntimeError: what gloo raises for the same calls (AVG
+    on an integer tensor), so code written against gloo catches it."""
 
 
 #: torch dtype -> the numpy dtype it travels as
@@ -37,7 +38,10 @@ PLAIN = frozenset(WIRE) - set(WIDEN)
 #: int(RedOpType) -> rdmamw's name (an options' ReduceOp object holds it in ``.op``)
 OPS = {int(ReduceOp.SUM): "sum", int(ReduceOp.PRODUCT): "prod", int(ReduceOp.MIN): "min",
        int(ReduceOp.MAX): "max", int(ReduceOp.BAND): "band", int(ReduceOp.BOR): "bor",
-       int(ReduceOp.BXOR): "bxor", int(ReduceOp.AVG): "avg"}
+       int(ReduceOp.BXOR): "bxor", int(ReduceOp.AVG): "avg",
+       int(ReduceOp.PREMUL_SUM): "premul_sum"}
+#: the ops that reduce as a sum, then (AVG) or before (PREMUL_SUM) scale
+SCALED = ("avg", "premul_sum")
 
 
 def check(t: torch.Tensor) -> None:
@@ -84,7 +88,8 @@ _NAMES: dict = {}
 
 def op_name(op: object, dtype: torch.dtype) -> str:
     """rdmamw's name of torch reduce op ``op`` on ``dtype`` ("avg" is sum then a
-    division, floating point only), or UnsupportedOp."""
+    division, "premul_sum" each rank's tensor times the op's factor then a sum:
+    floating point only), or UnsupportedOp."""
     kind = getattr(op, "op", op)
     key = (getattr(kind, "value", kind), dtype)     # an int: hashes and compares fast
     try:
@@ -103,11 +108,29 @@ def _op_name(op: object, dtype: torch.dtype) -> str:
         name = None
     if name is None:
         raise UnsupportedOp(f"reduce op {label(op)} is not supported by the rdmamw backend; "
-                            f"use SUM, PRODUCT, MIN, MAX, AVG, BAND, BOR or BXOR")
+                            f"use SUM, PRODUCT, MIN, MAX, AVG, PREMUL_SUM, BAND, BOR or "
+                            f"BXOR")
     floating = dtype.is_floating_point
     if name in ("band", "bor", "bxor") and floating:
         raise UnsupportedOp(f"{label(op)} needs an integer or bool tensor, not {dtype}")
     if name == "avg" and not floating:
+        # gloo sums, then fails dividing in place ("result type Float can't be cast to
+        # the desired output type Int"): an error there too, here before sending
         raise UnsupportedOp(f"AVG needs a floating-point tensor, not {dtype} (use SUM and "
-                            f"divide)")
+                            f"divide; gloo refuses it too)")
+    if name == "premul_sum" and not floating:
+        raise UnsupportedOp(f"PREMUL_SUM needs a floating-point tensor, not {dtype} (as "
+                            f"nccl's)")
     return name
+
+
+def premul_factor(op: object) -> float:
+    """The factor of a PREMUL_SUM op (``dist._make_nccl_premul_sum(f)``,
+    ``ReduceOp.PREMUL_SUM(f)``): a number, or a one-element CPU tensor read now."""
+    f = op.factor
+    if isinstance(f, torch.Tensor):
+        if f.numel() != 1 or not f.is_cpu or f.is_complex():
+            raise UnsupportedOp(f"PREMUL_SUM's factor must be a number or a one-element "
+                                f"real CPU tensor, not {f.dtype}{list(f.shape)} on {f.device}")
+        return float(f.item())
+    return float(f)

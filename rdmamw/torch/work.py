@@ -19,8 +19,23 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future as TorchFuture
 
+from rdmamw import errors
 from rdmamw.collectives.progress import Handle
-from rdmamw.errors import Timeout
+
+
+class Timeout(errors.Timeout, dist.DistBackendError):
+    """A wait of the torch backend past its timeout: rdmamw's Timeout (a
+    TimeoutError) that is also torch's ``DistBackendError`` (a RuntimeError), the
+    type gloo's and nccl's timeouts have, so code written for them catches it."""
+
+
+def torch_error(e: BaseException) -> BaseException:
+    """``e``, or for an rdmamw Timeout the same as this module's :class:`Timeout`."""
+    if isinstance(e, errors.Timeout) and not isinstance(e, Timeout):
+        t = Timeout(str(e))
+        t.__cause__ = e
+        return t
+    return e
 
 
 class Work(dist.Work):
@@ -42,13 +57,18 @@ class Work(dist.Work):
         return self._source
 
     def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        """Until the operation is done (its error raised); with a ``timeout``, a
+        :class:`Timeout` once that passed, as gloo's "Operation timed out!": the
+        operation goes on, a later wait can still see it done."""
         secs = timeout.total_seconds() if timeout else 0.0
         if secs > 0 and not self._tf.done():
             end, pause = time.monotonic() + secs, 0.0001
             while not self._tf.done():
-                if time.monotonic() >= end:
-                    raise Timeout(f"rdmamw: operation not done after {secs:g} s")
-                time.sleep(pause)
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise Timeout(f"rdmamw: operation timed out: not done after {secs:g} s "
+                                  f"(it goes on; wait again for it)")
+                time.sleep(min(pause, left))
                 pause = min(0.01, pause * 2)
         self._tf.wait()             # raises the operation's error
         return True
@@ -95,7 +115,7 @@ def work_after(h: Any, finish: Callable[[Any], Any], source: bool = False) -> Wo
                 w._source = f.result()
             value = finish(f.result())
         except BaseException as e:  # noqa: BLE001 - handed to the waiter
-            w._finish(error=e)
+            w._finish(error=torch_error(e))
             return
         w._finish(value)
 
