@@ -1,24 +1,25 @@
-"""The one accept loop of every listener (shm, tcp, verbs, the bootstrap store), so that
-no client, however slow or hostile, stalls a listener.
+"""The one accept loop of every listener (shm, tcp, verbs, the bootstrap store), so that no
+client, however slow or hostile, stalls a listener.
 
 A daemon thread, started by the first ``accept()``, takes connections off the listening
 socket. An unauthenticated connection costs almost nothing and never delays an
 authenticated one: for a listener whose handshake proves the shared token
-(``proves_token``: tcp, verbs, the bootstrap store), the loop itself sends the
-challenge (rdmamw.auth) and collects the opener's proof, without a thread, within
-:func:`proof_timeout` (at most ``PROOF_TIMEOUT`` s, shorter than the handshake's
+(``proves_token``: tcp, verbs, the bootstrap store), the loop itself sends the challenge
+(rdmamw.auth) and collects the opener's proof, without a thread, within
+:func:`proof_timeout` (``RDMAMW_PROOF_TIMEOUT`` s, default 3, capped by the handshake's
 deadline). A newcomer pushes out the strangers of its source address that are past
-``UNPROVEN_PER_SOURCE`` and older than ``UNPROVEN_GRACE`` s (a burst of ranks joining at
-once is held whole), and past ``UNPROVEN_MAX`` strangers in all the oldest of the
-busiest source goes. Strangers hold no thread and no slot, so however many there are,
-a token holder is served at once. Only a connection whose proof
-arrived gets a thread: it runs the handshake (which checks the proof first) with a
-deadline (``RDMAMW_HANDSHAKE_TIMEOUT`` s from accept, default 10; the loop shuts down a
-socket whose handshake outlives it). Finished handshakes wait in a queue for
-``accept()``; failed ones are logged with the peer and the reason, and dropped. While
-``RDMAMW_LISTEN_BACKLOG`` connections (default 16) are in a handshake or finished but
-not yet accepted, new ones wait in the kernel's listen queue. ``close()`` stops the
-loop, cuts the handshakes under way and closes what was never accepted."""
+``RDMAMW_UNPROVEN_PER_SOURCE`` (default 8) and older than ``RDMAMW_UNPROVEN_GRACE`` s
+(default 1: a burst of ranks joining at once is held whole), and past
+``RDMAMW_UNPROVEN_MAX`` strangers in all (default 256) the oldest of the busiest source
+goes. A listener reads these settings (docs/config.md) when it is made. Strangers hold
+no thread and no slot, so however many there are, a token holder is served at once. Only
+a connection whose proof arrived gets a thread: it runs the handshake (which checks the
+proof first) with a deadline (``RDMAMW_HANDSHAKE_TIMEOUT`` s from accept, default 10;
+the loop shuts down a socket whose handshake outlives it). Finished handshakes wait in a
+queue for ``accept()``; failed ones are logged with the peer and the reason, and
+dropped. While ``RDMAMW_LISTEN_BACKLOG`` connections (default 16) are in a handshake or
+finished but not yet accepted, new ones wait in the kernel's listen queue. ``close()``
+stops the loop, cuts the handshakes under way and closes what was never accepted."""
 
 from __future__ import annotations
 
@@ -47,19 +48,18 @@ def handshake_timeout() -> float:
     return config.get("RDMAMW_HANDSHAKE_TIMEOUT")
 
 
-#: seconds an opener has to answer the challenge (capped by the handshake deadline)
-PROOF_TIMEOUT = 3.0
-#: unproven connections held per source address once they are UNPROVEN_GRACE s old (a
-#: burst of younger ones, a job's ranks all joining at once, is held whole), and in all:
-#: the oldest goes first
-UNPROVEN_PER_SOURCE = 8
-UNPROVEN_GRACE = 1.0
-UNPROVEN_MAX = 256
-
-
 def proof_timeout() -> float:
-    """Seconds from accept to the opener's token proof."""
-    return min(PROOF_TIMEOUT, handshake_timeout())
+    """Seconds from accept to the opener's token proof (RDMAMW_PROOF_TIMEOUT, at most
+    the handshake's deadline)."""
+    return min(config.get("RDMAMW_PROOF_TIMEOUT"), handshake_timeout())
+
+
+def unproven_caps() -> tuple[int, float, int]:
+    """(unproven connections held per source once they are older than the grace, the
+    grace in seconds, unproven connections held in all): RDMAMW_UNPROVEN_PER_SOURCE,
+    RDMAMW_UNPROVEN_GRACE, RDMAMW_UNPROVEN_MAX."""
+    return (config.get("RDMAMW_UNPROVEN_PER_SOURCE"), config.get("RDMAMW_UNPROVEN_GRACE"),
+            config.get("RDMAMW_UNPROVEN_MAX"))
 
 
 def listen_backlog() -> int:
@@ -122,6 +122,7 @@ class HandshakeListener(Generic[T]):
         self._held = 0                    # pending + done: bounded by _limit
         self._strangers: dict[int, _Stranger] = {}    # by fd, oldest first
         self._proof_timeout = proof_timeout()
+        self._per_source, self._grace, self._unproven_max = unproven_caps()
         self._closed = False
         self._loop: threading.Thread | None = None
         self._wake = -1                   # eventfd that wakes the loop (from _start on)
@@ -276,17 +277,17 @@ class HandshakeListener(Generic[T]):
             return
         st = _Stranger(conn, addr, nonce, now, now + self._proof_timeout)
         same = [fd for fd, o in self._strangers.items() if o.source == st.source]
-        aged = [fd for fd in same if self._strangers[fd].accepted <= now - UNPROVEN_GRACE]
-        for fd in aged[:max(0, len(same) + 1 - UNPROVEN_PER_SOURCE)]:
-            self._drop(fd, f"more than {UNPROVEN_PER_SOURCE} connections from {st.source} "
+        aged = [fd for fd in same if self._strangers[fd].accepted <= now - self._grace]
+        for fd in aged[:max(0, len(same) + 1 - self._per_source)]:
+            self._drop(fd, f"more than {self._per_source} connections from {st.source} "
                            f"without the token proof: the oldest go")
-        if len(self._strangers) >= UNPROVEN_MAX:      # the busiest source's oldest goes
+        if len(self._strangers) >= self._unproven_max:   # the busiest source's oldest goes
             count: dict[str, int] = {}
             for o in self._strangers.values():
                 count[o.source] = count.get(o.source, 0) + 1
             busiest = max(count, key=count.__getitem__)
             self._drop(next(fd for fd, o in self._strangers.items() if o.source == busiest),
-                       f"more than {UNPROVEN_MAX} connections without the token proof: "
+                       f"more than {self._unproven_max} connections without the token proof: "
                        f"the oldest of the busiest source goes")
         self._strangers[conn.fileno()] = st
 
