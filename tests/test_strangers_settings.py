@@ -7,6 +7,7 @@ variable."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 
@@ -121,3 +122,25 @@ def test_bad_values_are_config_errors_when_a_listener_is_made(name, text, monkey
     monkeypatch.setenv(name, text)
     with pytest.raises(ConfigError, match=name):
         rdmamw.listen("tcp://127.0.0.1:0").close()
+
+
+def test_a_flood_of_strangers_is_logged_in_a_bounded_number_of_lines(caplog):
+    """100 connections that hang up at once: the first DROPS_LOGGED are logged one by
+    one, the other 80 in one line that counts them (a line per connection would let
+    any stranger fill the job's log); a token holder still gets in."""
+    from rdmamw.providers import _listener
+
+    caplog.set_level(logging.WARNING, logger="rdmamw.tcp")
+    with rdmamw.listen("tcp://127.0.0.1:0") as lst:
+        port = _serving(lst)
+        for _ in range(100):
+            socket.create_connection(("127.0.0.1", port)).close()
+        deadline = time.monotonic() + 10
+        while lst._impl._drops[1] < 100:
+            assert time.monotonic() < deadline, lst._impl._drops
+            time.sleep(0.05)
+        took, a, b = open_and_accept(lst, timeout=5)
+        a.close(), b.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "rdmamw.tcp"]
+    assert len(lines) == _listener.DROPS_LOGGED + 1, lines
+    assert "dropped 80 more connections" in lines[-1], lines[-1]

@@ -16,10 +16,12 @@ no thread and no slot, so however many there are, a token holder is served at on
 a connection whose proof arrived gets a thread: it runs the handshake (which checks the
 proof first) with a deadline (``RDMAMW_HANDSHAKE_TIMEOUT`` s from accept, default 10;
 the loop shuts down a socket whose handshake outlives it). Finished handshakes wait in a
-queue for ``accept()``; failed ones are logged with the peer and the reason, and
-dropped. While ``RDMAMW_LISTEN_BACKLOG`` connections (default 16) are in a handshake or
-finished but not yet accepted, new ones wait in the kernel's listen queue. ``close()``
-stops the loop, cuts the handshakes under way and closes what was never accepted."""
+queue for ``accept()``; failed ones are logged with the peer and the reason (the first
+``DROPS_LOGGED`` of every ``DROPS_WINDOW`` s one by one, the others counted in one
+line), and dropped. While ``RDMAMW_LISTEN_BACKLOG`` connections (default 16) are in a
+handshake or finished but not yet accepted, new ones wait in the kernel's listen queue.
+``close()`` stops the loop, cuts the handshakes under way and closes what was never
+accepted."""
 
 from __future__ import annotations
 
@@ -41,6 +43,13 @@ T = TypeVar("T")
 
 #: failures that are ours, not the peer's: accept() raises them instead of dropping
 LOCAL_ERRORS = (ProviderUnavailable, ConfigError)
+
+
+#: dropped connections a listener logs one by one in each DROPS_WINDOW s; a flood of
+#: hostile clients past that is one line that counts them (a log line per connection
+#: would let any stranger fill the job's log)
+DROPS_LOGGED = 20
+DROPS_WINDOW = 10.0
 
 
 def handshake_timeout() -> float:
@@ -128,6 +137,8 @@ class HandshakeListener(Generic[T]):
         self._wake = -1                   # eventfd that wakes the loop (from _start on)
         self._abandoned: weakref.finalize | None = None
         self._watchers: list[Callable[[], None]] = []
+        self._drops_lock = threading.Lock()
+        self._drops: list = [time.monotonic(), 0, ""]   # window start, drops, the last
 
     # ---- what a provider supplies ----------------------------------------------------
     def _handshake(self, conn: socket.socket, addr: Any) -> T:
@@ -214,6 +225,8 @@ class HandshakeListener(Generic[T]):
         for item in left:
             if not isinstance(item, Exception):
                 self._discard(item)
+        with self._drops_lock:
+            self._flush_drops(time.monotonic())
 
     # ---- the loop ------------------------------------------------------------------------
     def _start(self) -> None:
@@ -259,8 +272,33 @@ class HandshakeListener(Generic[T]):
         st = self._strangers.pop(fd)
         peer = self._peer(st.conn, st.addr)
         st.conn.close()
-        self._log.warning("rdmamw: dropped connection from %s to %s: %s", peer,
-                          self.address, reason)
+        self._dropped(peer, reason)
+
+    def _dropped(self, peer: str, reason: str) -> None:
+        """Log a dropped connection: the first ``DROPS_LOGGED`` of each ``DROPS_WINDOW``
+        s one by one, the rest as one line that counts them (when the next drop comes
+        after the window, or at close)."""
+        now = time.monotonic()
+        with self._drops_lock:
+            if now - self._drops[0] >= DROPS_WINDOW:
+                self._flush_drops(now)
+            self._drops[1] += 1
+            quiet = self._drops[1] > DROPS_LOGGED
+            if quiet:
+                self._drops[2] = f"{peer}: {reason}"
+        if not quiet:
+            self._log.warning("rdmamw: dropped connection from %s to %s: %s", peer,
+                              self.address, reason)
+
+    def _flush_drops(self, now: float) -> None:
+        """Say how many drops went unlogged in the window that ends; start a new one
+        (under ``_drops_lock``)."""
+        start, n, last = self._drops
+        if n > DROPS_LOGGED:
+            self._log.warning("rdmamw: dropped %d more connections to %s in %.0f s, not "
+                              "logged one by one (the last from %s)", n - DROPS_LOGGED,
+                              self.address, now - start, last)
+        self._drops = [now, 0, ""]
 
     def _welcome(self, conn: socket.socket, addr: Any) -> None:
         """Challenge a new connection and hold it as a stranger until its proof comes;
@@ -272,8 +310,7 @@ class HandshakeListener(Generic[T]):
             conn.send(hello)              # a fresh socket's buffer takes it whole
         except OSError as e:
             conn.close()
-            self._log.warning("rdmamw: dropped connection from %s to %s: %s",
-                              self._peer(conn, addr), self.address, e)
+            self._dropped(self._peer(conn, addr), str(e))
             return
         st = _Stranger(conn, addr, nonce, now, now + self._proof_timeout)
         same = [fd for fd, o in self._strangers.items() if o.source == st.source]
@@ -400,8 +437,7 @@ class HandshakeListener(Generic[T]):
             self._log.debug("rdmamw: %s closed during a handshake with %s", self.address,
                             peer)
         elif reason is not None:
-            self._log.warning("rdmamw: dropped connection from %s to %s: %s", peer,
-                              self.address, reason)
+            self._dropped(peer, reason)
         self._poke()
 
 
