@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -91,3 +92,19 @@ def test_init_of_the_largest_world_with_ranks_missing_says_so_in_a_line():
         assert "Timeout" in last and f"{BIG - 2} of {BIG} ranks never joined" in last, err
         assert last.endswith(f"ranks [1, 3-{BIG - 1}]") or f"ranks [1, 3-{BIG - 1}]" in last
         assert len(err) < 4000, len(err)
+
+
+def test_a_store_join_through_another_store_names_the_missing_ranks_compactly():
+    """The same through a key-value store (rdmamw/bootstrap/kvstore.py, torch's
+    stores): of a world of 2^20 only ranks 0 and 2 published, the Timeout is a line."""
+    from rdmamw.bootstrap import kvstore
+
+    class KV:
+        def check(self, keys):
+            return keys[0] in ("p/desc/0", "p/desc/2", "p/job")
+
+    keys = {r: f"p/desc/{r}" for r in range(BIG)}
+    with pytest.raises(rdmamw.Timeout) as e:
+        kvstore._await(KV(), keys, time.monotonic(), "joining", BIG, 1.0)
+    assert f"ranks [1, 3-{BIG - 1}] of {BIG} never published" in str(e.value), str(e.value)
+    assert f"({BIG - 2} ranks" in str(e.value) and len(str(e.value)) < 300
