@@ -194,7 +194,10 @@ def hostile_main(a: argparse.Namespace) -> int:
     threads.append(threading.Thread(target=slow, daemon=True))
     for t in threads:
         t.start()
-    stop.wait()
+    parent = os.getppid()
+    while not stop.wait(0.5):
+        if os.getppid() != parent:      # the soak is gone: so are we
+            stop.set()
     for t in threads:
         t.join(15)
     print(json.dumps(counts), flush=True)
@@ -400,7 +403,7 @@ class Soak:
                 worker.push(["w"], [np.ones(1000, dtype=np.float32)])
                 worker.pull(["w"])
                 self.took("pull", time.monotonic() - t0)
-                self.stop.wait(0.001)
+                self.stop.wait(0.01)
             hostile.close()
             worker.close()
             st.join(30)
