@@ -279,13 +279,10 @@ def join(host: str, port: int, rank: int | None, role: str | None,
             raise OtherJob(f"rdmamw.init(): rank 0 (bootstrap store {host}:{port}) refused "
                            f"us: {reply.get('error')}")
         if "missing" in reply:
-            count, missing = reply.get("missing_count"), reply["missing"]
-            if not isinstance(missing, str):
-                missing = ranklist.compact(missing) if isinstance(missing, list) and all(
-                    isinstance(r, int) for r in missing) else "?"
+            count = reply.get("missing_count")
             raise Timeout(f"rdmamw.init(): {count if isinstance(count, int) else 'some'} of "
                           f"{world_size} ranks never joined the bootstrap store: ranks "
-                          f"{missing[:MISSING_SHOWN]}")
+                          f"{str(reply['missing'])[:MISSING_SHOWN]}")
         raise RdmamwError(f"rdmamw.init(): rank 0 refused us: {reply.get('error')}")
     raw = field(reply, "table", list)
     if len(raw) != world_size or not all(isinstance(d, dict) for d in raw):
