@@ -5,6 +5,7 @@ size; now runs (``[3-17, 20, 40-1023]``), at most ``ranklist.SHOWN`` of them, th
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import threading
@@ -108,3 +109,30 @@ def test_a_store_join_through_another_store_names_the_missing_ranks_compactly():
         kvstore._await(KV(), keys, time.monotonic(), "joining", BIG, 1.0)
     assert f"ranks [1, 3-{BIG - 1}] of {BIG} never published" in str(e.value), str(e.value)
     assert f"({BIG - 2} ranks" in str(e.value) and len(str(e.value)) < 300
+
+
+def test_a_joining_rank_repeats_at_most_a_line_of_rank_0s_list():
+    """A rank 0 (of our token) that answers a join with a list of a million characters:
+    the joining rank's Timeout repeats 400 of them."""
+    from rdmamw import auth
+    from rdmamw.transport.wire import recv_frame, send_frame
+
+    sock = socket.create_server(("127.0.0.1", 0))
+
+    def rank0():
+        conn, _ = sock.accept()
+        with conn:
+            auth.accept_side(conn)
+            recv_frame(conn, store.JOIN_LIMIT)
+            send_frame(conn, {"ok": False, "missing": "[" + "7, " * 333_333 + "]",
+                              "missing_count": 333_333})
+    t = threading.Thread(target=rank0)
+    t.start()
+    try:
+        with pytest.raises(rdmamw.Timeout) as e:
+            store.join("127.0.0.1", sock.getsockname()[1], 1, None, lambda ip: {"host": "h"},
+                       BIG, 10)
+    finally:
+        t.join(10)
+        sock.close()
+    assert "333333 of" in str(e.value) and len(str(e.value)) < 600, len(str(e.value))
