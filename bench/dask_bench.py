@@ -24,16 +24,9 @@ import time
 
 import numpy as np
 
+from rdmamw.testing.comm import echo
+
 SIZES = {"8B": 8, "64KiB": 64 << 10, "2MiB": 2 << 20, "64MiB": 64 << 20}
-
-
-async def _echo(comm):
-    from distributed.comm import CommClosedError
-    try:
-        while True:
-            await comm.write(await comm.read())
-    except CommClosedError:
-        pass
 
 
 def _server(scheme: str, q) -> None:
@@ -42,7 +35,7 @@ def _server(scheme: str, q) -> None:
     from distributed.comm import listen
 
     async def main():
-        async with listen(f"{scheme}://127.0.0.1:0", _echo) as lst:
+        async with listen(f"{scheme}://127.0.0.1:0", echo) as lst:
             q.put(lst.contact_address)
             await asyncio.sleep(3600)
     asyncio.run(main())
@@ -73,7 +66,7 @@ def run_scheme(scheme: str, sizes: dict[str, int], reps: dict[str, int]) -> dict
         from distributed.comm import listen
 
         async def main():
-            async with listen("inproc://", _echo) as lst:
+            async with listen("inproc://", echo) as lst:
                 for name, n in sizes.items():
                     out[name] = await _measure(lst.contact_address, n, reps[name])
         asyncio.run(main())

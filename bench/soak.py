@@ -102,6 +102,25 @@ def grown(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
             if after.get(k, 0) != before.get(k, 0)}
 
 
+def emit(summary: dict, path: str | None) -> None:
+    """Print the summary, and write it to ``path`` too when given."""
+    print(json.dumps(summary, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+def accept_each(lst, stop: threading.Event, serve) -> None:
+    """Accept on ``lst`` until ``stop``, each channel served by ``serve(ch)`` in a
+    thread of its own."""
+    while not stop.is_set():
+        try:
+            ch = lst.accept(timeout=0.5)
+        except rdmamw.Timeout:
+            continue
+        threading.Thread(target=serve, args=(ch,), daemon=True).start()
+
+
 # ---- the peer process ------------------------------------------------------------------
 
 def peer_main(a: argparse.Namespace) -> int:
@@ -248,12 +267,7 @@ class Hub:
             self.peers[(pid, incarnation)] = Peer(pid, incarnation, proc)
 
     def accept_loop(self) -> None:
-        while not self.stop.is_set():
-            try:
-                ch = self.lst.accept(timeout=0.5)
-            except rdmamw.Timeout:
-                continue
-            threading.Thread(target=self.serve, args=(ch,), daemon=True).start()
+        accept_each(self.lst, self.stop, self.serve)
 
     def serve(self, ch) -> None:
         peer = None
@@ -469,10 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.peer:
         return peer_main(a)
     summary = Hub(a).run()
-    print(json.dumps(summary, indent=1))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(summary, f, indent=1)
+    emit(summary, a.json)
     print(f"soak {a.provider}: {summary['messages']} messages, {summary['bytes'] / 1e9:.2f} GB "
           f"in {summary['seconds']} s; {summary['kills']} kills, {summary['forks']} forks; "
           f"{len(summary['failures'])} failures")

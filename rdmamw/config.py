@@ -183,6 +183,8 @@ MAX_SPIN_US = 1e6               # one second of spinning before a sleep
 MAX_RANKS = 1 << 20             # ranks of a job: what rank 0's bootstrap serves in time
 MAX_RING_SLOTS = 1 << 20        # rdmamw/transport/layout.py MAX_SLOTS
 MAX_PEER_HEARTBEAT = 60.0       # the largest heartbeat a tcp peer accepts (providers/tcp.py)
+MAX_UNPROVEN = 1 << 16          # unproven connections a listener holds (each an fd; a
+                                # newcomer at the cap scans them: providers/_listener.py)
 D = _declare
 # channel
 D("channel", "RDMAMW_SLOTS", "int", 128, "slots in the ring a channel receives on", minimum=1,
@@ -202,6 +204,19 @@ D("channel", "RDMAMW_MAX_PEER_RING", "bytes", 256 * M,
   "largest ring (slots x stride) a peer's hello may ask us to hold for it")
 D("channel", "RDMAMW_HANDSHAKE_TIMEOUT", "seconds", 10.0,
   "seconds one incoming connection may take to finish its handshake", minimum=1e-3)
+D("channel", "RDMAMW_PROOF_TIMEOUT", "seconds", 3.0,
+  "seconds an incoming connection has to prove the token (at most the handshake's)",
+  minimum=1e-3)
+D("channel", "RDMAMW_UNPROVEN_PER_SOURCE", "int", 8,
+  "connections from one address a listener holds unproven once they are "
+  "RDMAMW_UNPROVEN_GRACE s old (a newcomer pushes out the oldest)", minimum=1,
+  maximum=MAX_UNPROVEN)
+D("channel", "RDMAMW_UNPROVEN_GRACE", "seconds", 1.0,
+  "seconds a burst of unproven connections from one address is held whole (a job's "
+  "ranks joining at once)", minimum=0.0)
+D("channel", "RDMAMW_UNPROVEN_MAX", "int", 256,
+  "unproven connections a listener holds in all (a newcomer pushes out the busiest "
+  "address's oldest)", minimum=1, maximum=MAX_UNPROVEN)
 D("channel", "RDMAMW_LISTEN_BACKLOG", "int", 16,
   "connections a listener holds in a handshake or unaccepted", minimum=1, maximum=4096)
 D("channel", "RDMAMW_TOKEN", "str", "",

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make test` after the set-up: the device half (scripts/test-device.sh: the soft-RoCE VM)
-# runs in the background while the host half (pytest, then the shm and tcp soaks) runs
-# here. The host suite spends most of its time waiting on peers and deadlines, so the two
-# overlap well on two cores (about 18 + 22 min one after the other, about 25 together).
+# runs in the background while the host half (pytest, then the shm and tcp soaks and
+# the hostile soak) runs here. The host suite spends most of its time waiting on peers
+# and deadlines, so the two overlap well on two cores (about 18 + 22 min one after the
+# other, about 25 together).
 # The VM's output goes to a log printed when it ends. Exit status: the first failure of
 # host tests, soaks and device half, in that order.
 set -uo pipefail
@@ -21,6 +22,8 @@ host=$?
 soak=0
 "$VPY" bench/soak.py --provider shm --seconds "$SOAK_SECONDS" || soak=$?
 "$VPY" bench/soak.py --provider tcp --seconds "$SOAK_SECONDS" || soak=$?
+# hostile clients against the listeners, the store and the parameter server (~20 s)
+"$VPY" bench/hostile_soak.py --seconds "${HOSTILE_SOAK_SECONDS:-10}" || soak=$?
 echo "[test] host half done ($(( $(date +%s) - t0 )) s): pytest $host, soaks $soak; waiting for the device half"
 wait "$devpid"
 dev=$?

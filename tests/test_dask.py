@@ -30,6 +30,7 @@ import rdmamw.dask  # noqa: E402
 from rdmamw import errors  # noqa: E402
 from rdmamw.aio import Channel  # noqa: E402
 from rdmamw.dask import comm as dcomm  # noqa: E402
+from rdmamw.testing.comm import echo  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EP = "rdmamw.dask.comm:RdmamwBackend"
@@ -75,15 +76,6 @@ def run(coro, timeout=60):
 
 def use_shm(on: bool):
     return dask.config.set({"distributed.comm.rdmamw.shm": on})
-
-
-async def echo(comm):
-    """distributed's tests' echo handler: answer every message until the comm ends."""
-    try:
-        while True:
-            await comm.write(await comm.read())
-    except CommClosedError:
-        pass
 
 
 # ---- registration --------------------------------------------------------------------

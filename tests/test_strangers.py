@@ -15,7 +15,7 @@ import time
 import pytest
 
 import rdmamw
-from rdmamw import auth
+from rdmamw import auth, config
 from rdmamw.bootstrap import store
 from rdmamw.providers import _listener
 from tests.test_listener_dos import open_and_accept, raw_client
@@ -60,7 +60,7 @@ def test_strangers_cost_no_thread_and_are_capped_per_source():
         port = int(lst.address.rpartition(":")[2])
         idle = strangers(port)
         try:
-            time.sleep(_listener.UNPROVEN_GRACE + 0.3)
+            time.sleep(config.get("RDMAMW_UNPROVEN_GRACE") + 0.3)
             idle += strangers(port, 1)          # a newcomer: the aged ones past 8 go
             time.sleep(0.3)
             assert threading.active_count() <= base + 1, \

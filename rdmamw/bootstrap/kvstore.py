@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import msgpack
 
 from rdmamw import config
-from rdmamw.bootstrap import World, _descriptor, _Listeners, choice
+from rdmamw.bootstrap import World, _descriptor, _Listeners, choice, ranklist
 from rdmamw.bootstrap.store import parse_join
 from rdmamw.errors import ProtocolError, Timeout
 
@@ -40,9 +40,10 @@ def _await(kv: KV, keys: dict[int, str], deadline: float, what: str, size: int,
         if not left:
             return
         if time.monotonic() >= deadline:
-            raise Timeout(f"{what}: ranks {sorted(left)} of {size} never published their "
-                          f"endpoints in the store within {timeout:g} s (not started, "
-                          f"crashed, or started with another world size?)")
+            raise Timeout(f"{what}: ranks {ranklist.compact(left)} of {size} never "
+                          f"published their endpoints in the store within {timeout:g} s "
+                          f"({len(left)} ranks: not started, crashed, or started with "
+                          f"another world size?)")
         time.sleep(pause)
         pause = min(POLL_MAX, pause * 2)
 

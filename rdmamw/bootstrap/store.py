@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rdmamw import auth
+from rdmamw.bootstrap import ranklist
 from rdmamw.errors import PeerLost, PeerNotFound, PeerRefused, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import providers
 from rdmamw.providers._listener import HandshakeListener
@@ -28,6 +29,8 @@ from rdmamw.transport.wire import field, recv_frame, send_frame
 
 log = logging.getLogger("rdmamw.bootstrap")
 JOIN_LIMIT = 16384
+#: characters of rank 0's list of missing ranks a joining rank repeats
+MISSING_SHOWN = 400
 
 
 class OtherJob(PeerRefused):
@@ -87,8 +90,13 @@ class _Ranks:
             raise ProtocolError(f"rank {rank} joined twice")
         return rank
 
-    def missing(self) -> list[int]:
-        return [r for r in range(self.world_size) if r not in self.table]
+    def complete(self) -> bool:
+        return len(self.table) >= self.world_size    # assign() keeps them in the world
+
+    def missing(self) -> tuple[int, str]:
+        """(how many ranks have not joined, which: compact and bounded)."""
+        return (self.world_size - len(self.table),
+                ranklist.compact_runs(ranklist.gaps(self.table, self.world_size)))
 
 
 def parse_join(join: dict) -> tuple[int | None, str | None, dict]:
@@ -174,14 +182,14 @@ def serve(sock: socket.socket, world_size: int, me: dict, timeout: float,
     deadline = time.monotonic() + timeout
     joins = _Joins(sock)
     try:
-        while ranks.missing():
+        while not ranks.complete():
             left = deadline - time.monotonic()
             if left <= 0:
-                missing = ranks.missing()
+                count, missing = ranks.missing()
                 for c, _ in conns:
-                    _try_send(c, {"ok": False, "missing": missing})
-                raise Timeout(f"rdmamw.init(): ranks {missing} of {world_size} never joined "
-                              f"the bootstrap store within {timeout:g} s")
+                    _try_send(c, {"ok": False, "missing": missing, "missing_count": count})
+                raise Timeout(f"rdmamw.init(): {count} of {world_size} ranks never joined "
+                              f"the bootstrap store within {timeout:g} s: ranks {missing}")
             try:
                 j = joins.accept(left)
             except Timeout:
@@ -271,8 +279,10 @@ def join(host: str, port: int, rank: int | None, role: str | None,
             raise OtherJob(f"rdmamw.init(): rank 0 (bootstrap store {host}:{port}) refused "
                            f"us: {reply.get('error')}")
         if "missing" in reply:
-            raise Timeout(f"rdmamw.init(): ranks {reply['missing']} of {world_size} never "
-                          f"joined the bootstrap store")
+            count = reply.get("missing_count")
+            raise Timeout(f"rdmamw.init(): {count if isinstance(count, int) else 'some'} of "
+                          f"{world_size} ranks never joined the bootstrap store: ranks "
+                          f"{str(reply['missing'])[:MISSING_SHOWN]}")
         raise RdmamwError(f"rdmamw.init(): rank 0 refused us: {reply.get('error')}")
     raw = field(reply, "table", list)
     if len(raw) != world_size or not all(isinstance(d, dict) for d in raw):

@@ -1,24 +1,27 @@
-"""The one accept loop of every listener (shm, tcp, verbs, the bootstrap store), so that
-no client, however slow or hostile, stalls a listener.
+"""The one accept loop of every listener (shm, tcp, verbs, the bootstrap store), so that no
+client, however slow or hostile, stalls a listener.
 
 A daemon thread, started by the first ``accept()``, takes connections off the listening
 socket. An unauthenticated connection costs almost nothing and never delays an
 authenticated one: for a listener whose handshake proves the shared token
-(``proves_token``: tcp, verbs, the bootstrap store), the loop itself sends the
-challenge (rdmamw.auth) and collects the opener's proof, without a thread, within
-:func:`proof_timeout` (at most ``PROOF_TIMEOUT`` s, shorter than the handshake's
+(``proves_token``: tcp, verbs, the bootstrap store), the loop itself sends the challenge
+(rdmamw.auth) and collects the opener's proof, without a thread, within
+:func:`proof_timeout` (``RDMAMW_PROOF_TIMEOUT`` s, default 3, capped by the handshake's
 deadline). A newcomer pushes out the strangers of its source address that are past
-``UNPROVEN_PER_SOURCE`` and older than ``UNPROVEN_GRACE`` s (a burst of ranks joining at
-once is held whole), and past ``UNPROVEN_MAX`` strangers in all the oldest of the
-busiest source goes. Strangers hold no thread and no slot, so however many there are,
-a token holder is served at once. Only a connection whose proof
-arrived gets a thread: it runs the handshake (which checks the proof first) with a
-deadline (``RDMAMW_HANDSHAKE_TIMEOUT`` s from accept, default 10; the loop shuts down a
-socket whose handshake outlives it). Finished handshakes wait in a queue for
-``accept()``; failed ones are logged with the peer and the reason, and dropped. While
-``RDMAMW_LISTEN_BACKLOG`` connections (default 16) are in a handshake or finished but
-not yet accepted, new ones wait in the kernel's listen queue. ``close()`` stops the
-loop, cuts the handshakes under way and closes what was never accepted."""
+``RDMAMW_UNPROVEN_PER_SOURCE`` (default 8) and older than ``RDMAMW_UNPROVEN_GRACE`` s
+(default 1: a burst of ranks joining at once is held whole), and past
+``RDMAMW_UNPROVEN_MAX`` strangers in all (default 256) the oldest of the busiest source
+goes. A listener reads these settings (docs/config.md) when it is made. Strangers hold
+no thread and no slot, so however many there are, a token holder is served at once. Only
+a connection whose proof arrived gets a thread: it runs the handshake (which checks the
+proof first) with a deadline (``RDMAMW_HANDSHAKE_TIMEOUT`` s from accept, default 10;
+the loop shuts down a socket whose handshake outlives it). Finished handshakes wait in a
+queue for ``accept()``; failed ones are logged with the peer and the reason (the first
+``DROPS_LOGGED`` of every ``DROPS_WINDOW`` s one by one, the others counted in one
+line), and dropped. While ``RDMAMW_LISTEN_BACKLOG`` connections (default 16) are in a
+handshake or finished but not yet accepted, new ones wait in the kernel's listen queue.
+``close()`` stops the loop, cuts the handshakes under way and closes what was never
+accepted."""
 
 from __future__ import annotations
 
@@ -42,24 +45,30 @@ T = TypeVar("T")
 LOCAL_ERRORS = (ProviderUnavailable, ConfigError)
 
 
+#: dropped connections a listener logs one by one in each DROPS_WINDOW s; a flood of
+#: hostile clients past that is one line that counts them (a log line per connection
+#: would let any stranger fill the job's log)
+DROPS_LOGGED = 20
+DROPS_WINDOW = 10.0
+
+
 def handshake_timeout() -> float:
     """Seconds one connection may take to finish its handshake (RDMAMW_HANDSHAKE_TIMEOUT)."""
     return config.get("RDMAMW_HANDSHAKE_TIMEOUT")
 
 
-#: seconds an opener has to answer the challenge (capped by the handshake deadline)
-PROOF_TIMEOUT = 3.0
-#: unproven connections held per source address once they are UNPROVEN_GRACE s old (a
-#: burst of younger ones, a job's ranks all joining at once, is held whole), and in all:
-#: the oldest goes first
-UNPROVEN_PER_SOURCE = 8
-UNPROVEN_GRACE = 1.0
-UNPROVEN_MAX = 256
-
-
 def proof_timeout() -> float:
-    """Seconds from accept to the opener's token proof."""
-    return min(PROOF_TIMEOUT, handshake_timeout())
+    """Seconds from accept to the opener's token proof (RDMAMW_PROOF_TIMEOUT, at most
+    the handshake's deadline)."""
+    return min(config.get("RDMAMW_PROOF_TIMEOUT"), handshake_timeout())
+
+
+def unproven_caps() -> tuple[int, float, int]:
+    """(unproven connections held per source once they are older than the grace, the
+    grace in seconds, unproven connections held in all): RDMAMW_UNPROVEN_PER_SOURCE,
+    RDMAMW_UNPROVEN_GRACE, RDMAMW_UNPROVEN_MAX."""
+    return (config.get("RDMAMW_UNPROVEN_PER_SOURCE"), config.get("RDMAMW_UNPROVEN_GRACE"),
+            config.get("RDMAMW_UNPROVEN_MAX"))
 
 
 def listen_backlog() -> int:
@@ -122,11 +131,14 @@ class HandshakeListener(Generic[T]):
         self._held = 0                    # pending + done: bounded by _limit
         self._strangers: dict[int, _Stranger] = {}    # by fd, oldest first
         self._proof_timeout = proof_timeout()
+        self._per_source, self._grace, self._unproven_max = unproven_caps()
         self._closed = False
         self._loop: threading.Thread | None = None
         self._wake = -1                   # eventfd that wakes the loop (from _start on)
         self._abandoned: weakref.finalize | None = None
         self._watchers: list[Callable[[], None]] = []
+        self._drops_lock = threading.Lock()
+        self._drops: list = [time.monotonic(), 0, ""]   # window start, drops, the last
 
     # ---- what a provider supplies ----------------------------------------------------
     def _handshake(self, conn: socket.socket, addr: Any) -> T:
@@ -213,6 +225,8 @@ class HandshakeListener(Generic[T]):
         for item in left:
             if not isinstance(item, Exception):
                 self._discard(item)
+        with self._drops_lock:
+            self._flush_drops(time.monotonic())
 
     # ---- the loop ------------------------------------------------------------------------
     def _start(self) -> None:
@@ -258,8 +272,33 @@ class HandshakeListener(Generic[T]):
         st = self._strangers.pop(fd)
         peer = self._peer(st.conn, st.addr)
         st.conn.close()
-        self._log.warning("rdmamw: dropped connection from %s to %s: %s", peer,
-                          self.address, reason)
+        self._dropped(peer, reason)
+
+    def _dropped(self, peer: str, reason: str) -> None:
+        """Log a dropped connection: the first ``DROPS_LOGGED`` of each ``DROPS_WINDOW``
+        s one by one, the rest as one line that counts them (when the next drop comes
+        after the window, or at close)."""
+        now = time.monotonic()
+        with self._drops_lock:
+            if now - self._drops[0] >= DROPS_WINDOW:
+                self._flush_drops(now)
+            self._drops[1] += 1
+            quiet = self._drops[1] > DROPS_LOGGED
+            if quiet:
+                self._drops[2] = f"{peer}: {reason}"
+        if not quiet:
+            self._log.warning("rdmamw: dropped connection from %s to %s: %s", peer,
+                              self.address, reason)
+
+    def _flush_drops(self, now: float) -> None:
+        """Say how many drops went unlogged in the window that ends; start a new one
+        (under ``_drops_lock``)."""
+        start, n, last = self._drops
+        if n > DROPS_LOGGED:
+            self._log.warning("rdmamw: dropped %d more connections to %s in %.0f s, not "
+                              "logged one by one (the last from %s)", n - DROPS_LOGGED,
+                              self.address, now - start, last)
+        self._drops = [now, 0, ""]
 
     def _welcome(self, conn: socket.socket, addr: Any) -> None:
         """Challenge a new connection and hold it as a stranger until its proof comes;
@@ -271,22 +310,21 @@ class HandshakeListener(Generic[T]):
             conn.send(hello)              # a fresh socket's buffer takes it whole
         except OSError as e:
             conn.close()
-            self._log.warning("rdmamw: dropped connection from %s to %s: %s",
-                              self._peer(conn, addr), self.address, e)
+            self._dropped(self._peer(conn, addr), str(e))
             return
         st = _Stranger(conn, addr, nonce, now, now + self._proof_timeout)
         same = [fd for fd, o in self._strangers.items() if o.source == st.source]
-        aged = [fd for fd in same if self._strangers[fd].accepted <= now - UNPROVEN_GRACE]
-        for fd in aged[:max(0, len(same) + 1 - UNPROVEN_PER_SOURCE)]:
-            self._drop(fd, f"more than {UNPROVEN_PER_SOURCE} connections from {st.source} "
+        aged = [fd for fd in same if self._strangers[fd].accepted <= now - self._grace]
+        for fd in aged[:max(0, len(same) + 1 - self._per_source)]:
+            self._drop(fd, f"more than {self._per_source} connections from {st.source} "
                            f"without the token proof: the oldest go")
-        if len(self._strangers) >= UNPROVEN_MAX:      # the busiest source's oldest goes
+        if len(self._strangers) >= self._unproven_max:   # the busiest source's oldest goes
             count: dict[str, int] = {}
             for o in self._strangers.values():
                 count[o.source] = count.get(o.source, 0) + 1
             busiest = max(count, key=count.__getitem__)
             self._drop(next(fd for fd, o in self._strangers.items() if o.source == busiest),
-                       f"more than {UNPROVEN_MAX} connections without the token proof: "
+                       f"more than {self._unproven_max} connections without the token proof: "
                        f"the oldest of the busiest source goes")
         self._strangers[conn.fileno()] = st
 
@@ -399,8 +437,7 @@ class HandshakeListener(Generic[T]):
             self._log.debug("rdmamw: %s closed during a handshake with %s", self.address,
                             peer)
         elif reason is not None:
-            self._log.warning("rdmamw: dropped connection from %s to %s: %s", peer,
-                              self.address, reason)
+            self._dropped(peer, reason)
         self._poke()
 
 
