@@ -276,6 +276,10 @@ D("verbs", "RDMAMW_VERBS_EVENT", "int", 1,
 D("verbs", "RDMAMW_VERBS_PINNED_BYTES", "bytes", 0,
   "registered (pinned) bytes the process's verbs channels may hold; 0: half the memory, "
   "at most `ulimit -l`", maximum=1 << 50)
+D("verbs", "RDMAMW_VERBS_RING_START", "bytes", 0,
+  "bytes of a channel's receive ring registered at connect (at least one slot); the "
+  "device thread registers twice as much each time the peer runs short, up to the whole "
+  "ring. 0: the whole ring at once", maximum=1 << 40)
 D("verbs", "RDMAMW_VERBS_POLL_MS", "int", 1, "re-check interval of a sleeper without events",
   maximum=60000)
 D("verbs", "RDMAMW_VERBS_TIMEOUT", "int", 14, "QP local ACK timeout exponent (4.096 us x 2^n)",

@@ -74,6 +74,9 @@ def test_parse_where_and_options():
             verbs.parse_where(bad)
 
 
+STRIDE = layout.slot_stride(4096)       # of the ring of endpoint_layout(16, 4096, 8)
+
+
 def _descriptor(theirs: layout.Layout, **changes) -> dict:
     d = {"v": 1, "qpn": 17, "psn": 5, "gid": bytes(16), "lid": 0, "mtu": 3,
          "addr": 0x7F0000000000, "rkey": 0x1234, "len": theirs.total,
@@ -87,17 +90,19 @@ def _descriptor(theirs: layout.Layout, **changes) -> dict:
     {"mtu": 9}, {"addr": 0}, {"addr": 1 << 64}, {"addr": (1 << 64) - 4096},
     {"rkey": 1 << 32}, {"rkey": -1}, {"len": 4096}, {"regions": [[0, 4096]] * 4},
     {"regions": None}, {"event": 1}, {"lid": 1 << 16},
+    {"granted": -1}, {"granted": 17}, {"granted": True}, {"granted": "1"}, {"granted": None},
+    {"granted": -1}, {"granted": 17}, {"granted": True}, {"granted": "1"}, {"granted": None},
 ])
 def test_bad_descriptor_is_protocol_error(changes):
     theirs = layout.endpoint_layout(16, 4096, 8)
-    assert verbs.check_descriptor(_descriptor(theirs), theirs)
+    assert verbs.check_descriptor(_descriptor(theirs), theirs, STRIDE)
     with pytest.raises(rdmamw.ProtocolError):
-        verbs.check_descriptor(_descriptor(theirs, **changes), theirs)
+        verbs.check_descriptor(_descriptor(theirs, **changes), theirs, STRIDE)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from(["v", "qpn", "psn", "gid", "lid", "mtu", "addr", "rkey",
-                                        "len", "regions", "event"]),
+                                        "len", "regions", "event", "granted"]),
                        st.one_of(st.integers(-2**63, 2**64 - 1), st.binary(max_size=17),
                                  st.booleans(), st.none(), st.text(max_size=4),
                                  st.lists(st.lists(st.integers(0, 1 << 20), max_size=2),
@@ -107,10 +112,11 @@ def test_fuzz_descriptor(changes):
     theirs = layout.endpoint_layout(16, 4096, 8)
     d = _descriptor(theirs, **changes)
     try:
-        verbs.check_descriptor(d, theirs)
+        verbs.check_descriptor(d, theirs, STRIDE)
     except rdmamw.ProtocolError:
         return
     assert d["v"] == 1 and d["len"] == theirs.total
+    assert type(d["granted"]) is int and 0 <= d["granted"] <= 16
     assert d["regions"] == [list(r) for r in theirs.regions()]
     assert 0 < d["qpn"] < 1 << 24 and len(d["gid"]) == 16 and type(d["event"]) is bool
     assert 0 < d["addr"] and d["addr"] + d["len"] <= 1 << 64 and 0 <= d["rkey"] < 1 << 32

@@ -34,6 +34,13 @@ cdef class EagerReceiver:
     cdef uint32_t max_open          # slots one receive call may open
     # write-back of reclaim words (and the done word of rendezvous messages taken)
     cdef readonly uint32_t flush_threshold
+    cdef inline uint32_t threshold(self) noexcept nogil:
+        """Releases written back at once: flush_threshold, or a quarter of the slots
+        granted while the ring grows (a sender with 4 slots never waits for 32)."""
+        cdef uint32_t g = self.link.local_granted()
+        if g >= self.nslots:
+            return self.flush_threshold
+        return max(1, min(self.flush_threshold, g // 4))
     cdef uint32_t done_unflushed    # done bits flipped since the last write-back
 
     cdef int fill_ready(self) except -1

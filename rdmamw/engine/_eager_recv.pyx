@@ -192,7 +192,7 @@ cdef class EagerReceiver:
         link.lock()
         self.rbm.release(slot)
         if not link.closed and not link.peer_gone and (
-                self.rbm.unflushed >= self.flush_threshold
+                self.rbm.unflushed >= self.threshold()
                 or rm_load_acquire64(&link.ctrl[CTRL_CREDIT_WAIT])):
             self.flush_locked()
         link.unlock()

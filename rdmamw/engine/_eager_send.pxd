@@ -7,6 +7,10 @@ from rdmamw.engine._rndv_send cimport RndvSender
 from rdmamw.transport._base cimport rm_wr
 
 
+cdef enum:
+    MAX_PARTS = 40                  # a ring of 2^20 slots, doubling from one slot
+
+
 cdef class EagerSender:
     cdef Link link
     cdef SendBatch batch
@@ -16,7 +20,12 @@ cdef class EagerSender:
     cdef uint32_t peer_stride
     cdef readonly uint32_t peer_slot_size
     cdef char *staging              # mirrors the peer's ring slot for slot
-    cdef uint32_t lkey_staging
+    # staging is registered in parts, as the peer grants its ring (a ring that grows):
+    # part p holds the slots below part_end[p], with key part_lkey[p]
+    cdef uint32_t nparts
+    cdef uint32_t part_end[MAX_PARTS]
+    cdef uint32_t part_lkey[MAX_PARTS]
+    cdef bint grow_failed           # registering a part failed: stay at what we have
     cdef uint32_t lkey_arrival
     cdef readonly uint64_t send_seq
     cdef uint32_t *alloc_tmp        # the peer slots of the chain being built
@@ -29,6 +38,15 @@ cdef class EagerSender:
     cdef int grow(self, uint32_t n) except -1
     cdef uint32_t post_planned(self, uint32_t k, uint32_t nplan, int *rc) noexcept nogil
     cdef uint32_t alloc(self, uint32_t want) noexcept nogil
+    cdef bint take_grant(self) noexcept nogil
+    cdef int stage(self, uint32_t n) except -1
+    cdef inline uint32_t lkey_of(self, uint32_t slot) noexcept nogil:
+        """The key of the staging part that holds ``slot`` (the last part holds
+        half the ring, so most slots take one compare)."""
+        cdef uint32_t p = self.nparts - 1
+        while p and slot < self.part_end[p - 1]:
+            p -= 1
+        return self.part_lkey[p]
     cdef int post_slots(self, uint32_t k0, uint32_t got) noexcept nogil
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil
     cdef uint32_t arrival_wrs(self, uint32_t nw) noexcept nogil

@@ -8,6 +8,8 @@ from libc.stdint cimport uint8_t, uint16_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy
 
+import logging
+
 from rdmamw.engine._frames cimport (
     CTRL_RX_SLEEP,
     DESC_BYTES,
@@ -37,6 +39,8 @@ from rdmamw.transport.atomics cimport (
 
 from rdmamw.transport import layout
 
+log = logging.getLogger("rdmamw.engine")
+
 cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
@@ -53,16 +57,17 @@ cdef class EagerSender:
         self.link, self.batch, self.rs = link, batch, rs
         self.peer_nslots, self.peer_slot_size = peer_nslots, peer_slot_size
         self.peer_stride = layout.slot_stride(peer_slot_size)
-        self.sbm = SendBitmaps(peer_nslots, reclaim)
+        # a ring that grows: the peer has granted part of its ring so far
+        self.sbm = SendBitmaps(peer_nslots, reclaim, min(peer_nslots, link.peer_granted()))
         if posix_memalign(&mem, 4096, <size_t>peer_nslots * self.peer_stride) != 0:
             raise MemoryError()
         self.staging = <char *>mem
         self.alloc_tmp = <uint32_t *>malloc(4 * peer_nslots)
         if self.alloc_tmp == NULL:
             raise MemoryError()
-        # everything a work request may read from must be known to the transport
-        self.lkey_staging = link.register_local(<size_t>self.staging,
-                                                <size_t>peer_nslots * self.peer_stride)
+        # everything a work request may read from must be known to the transport: the
+        # staging copy of the slots granted (untouched pages past them cost nothing)
+        self.stage(self.sbm.usable)
         self.lkey_arrival = link.register_local(<size_t>self.sbm.arrival, self.sbm.nwords * 8)
         if not link.synchronous():
             self.snap = <uint64_t *>calloc(SNAP_DEPTH * self.sbm.nwords, 8)
@@ -115,8 +120,46 @@ cdef class EagerSender:
         return k
 
     cdef uint32_t alloc(self, uint32_t want) noexcept nogil:
-        """Take up to ``want`` free peer slots (in alloc_tmp); how many."""
-        return self.sbm.alloc(want, self.alloc_tmp)
+        """Take up to ``want`` free peer slots (in alloc_tmp); how many. Short of
+        slots, a ring that grows looks for the peer's next grant first."""
+        cdef uint32_t got = self.sbm.alloc(want, self.alloc_tmp)
+        if got < want and self.take_grant():
+            got += self.sbm.alloc(want - got, self.alloc_tmp + got)
+        return got
+
+    cdef bint take_grant(self) noexcept nogil:
+        """The peer granted more of its ring: stage the new slots and use them."""
+        cdef uint32_t n
+        if self.sbm.usable >= self.peer_nslots or self.grow_failed:
+            return False
+        self.link.take_grant()
+        n = min(self.peer_nslots, self.link.peer_granted())
+        if n <= self.sbm.usable:
+            return False
+        with gil:
+            try:
+                self.stage(n)
+                self.sbm.set_usable(n)
+            except Exception as e:      # no room to register: go on with what we have
+                self.grow_failed = True
+                log.warning("%s: the peer granted %d ring slots; staging them failed "
+                            "(%s): sending on %d", self.link.peer, n, e, self.sbm.usable)
+                return False
+        return True
+
+    cdef int stage(self, uint32_t n) except -1:
+        """Register the staging of slots [part_end[last], n) as a new part."""
+        cdef uint32_t start = self.part_end[self.nparts - 1] if self.nparts else 0
+        if n <= start:
+            return 0
+        if self.nparts == MAX_PARTS:
+            raise ValueError(f"a ring of more than {MAX_PARTS} parts")
+        self.part_lkey[self.nparts] = self.link.register_local(
+            <size_t>self.staging + <size_t>start * self.peer_stride,
+            <size_t>(n - start) * self.peer_stride)
+        self.part_end[self.nparts] = n
+        self.nparts += 1
+        return 0
 
     cdef int post_slots(self, uint32_t k0, uint32_t got) noexcept nogil:
         """Post planned slots k0..k0+got (allocated into alloc_tmp) as one chain: slot
@@ -148,7 +191,7 @@ cdef class EagerSender:
         cdef char *st = self.staging + <size_t>slot * self.peer_stride
         cdef rm_slot_hdr *h = <rm_slot_hdr *>st
         cdef uint32_t i, first = self.batch.plan_start[k], last = self.batch.plan_start[k + 1]
-        cdef uint32_t L
+        cdef uint32_t L, lkey = self.lkey_of(slot)
         cdef char *p
         cdef rm_wr *wr
         h.seq = self.send_seq
@@ -175,7 +218,7 @@ cdef class EagerSender:
             wr.local_addr = <uint64_t>st
             wr.remote_off = <uint64_t>slot * self.peer_stride
             wr.length = SLOT_HEADER + self.batch.plan_used[k]
-            wr.lkey = self.lkey_staging
+            wr.lkey = lkey
             wr.rkey = RM_REGION_RING
             wr.opcode = RM_WR_WRITE
             wr.flags = 0
@@ -187,7 +230,7 @@ cdef class EagerSender:
         wr = &self.wrs[nw]
         wr.wr_id = 0
         wr.remote_off = <uint64_t>slot * self.peer_stride
-        wr.lkey = self.lkey_staging
+        wr.lkey = lkey
         wr.rkey = RM_REGION_RING
         wr.opcode = RM_WR_WRITE
         wr.imm = 0
@@ -211,7 +254,7 @@ cdef class EagerSender:
         wr.local_addr = <uint64_t>st
         wr.remote_off = <uint64_t>slot * self.peer_stride
         wr.length = HDR_BYTES
-        wr.lkey = self.lkey_staging
+        wr.lkey = lkey
         wr.rkey = RM_REGION_RING
         wr.opcode = RM_WR_WRITE
         wr.flags = RM_WR_INLINE

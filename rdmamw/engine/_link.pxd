@@ -124,6 +124,16 @@ cdef class Link:
     cdef inline bint attached(self) noexcept nogil:
         return self.tp is not None
 
+    # a ring that grows (Transport.local_granted / peer_granted / take_grant)
+    cdef inline uint32_t local_granted(self) noexcept nogil:
+        return self.tp.local_granted
+
+    cdef inline uint32_t peer_granted(self) noexcept nogil:
+        return self.tp.peer_granted
+
+    cdef inline bint take_grant(self) noexcept nogil:
+        return self.tp.take_grant()
+
     cdef object register_local(self, size_t addr, size_t length)
     cdef int sleep(self, int timeout_ms) noexcept nogil
     cdef int arm_fd(self) noexcept nogil

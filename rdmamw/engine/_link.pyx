@@ -109,7 +109,7 @@ cdef class Link:
             raise ValueError("transport ring region is smaller than the ring")
         if self.tp.peer[RM_REGION_RING].length < <uint64_t>peer_nslots * peer_stride:
             raise ValueError("peer ring region is smaller than its ring")
-        return 0
+        return self.tp.set_rings(nslots, stride, peer_nslots, peer_stride)
 
     cdef object region_view(self, int region):
         """Writable view of one of my regions (the units wire their bitmaps to it)."""

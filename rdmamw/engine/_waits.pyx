@@ -18,6 +18,9 @@ from rdmamw.transport._base cimport RM_ERR_CLOSED, now_ns
 from rdmamw.transport.atomics cimport rm_cpu_relax, rm_fence_seq_cst, rm_load_acquire64
 
 
+cdef int GRANT_ASK_MS = 20     # a sender short of granted slots asks again this often
+
+
 @cython.final
 cdef class Waiter:
     """The waits of one endpoint, over the units whose state they wait on."""
@@ -29,7 +32,7 @@ cdef class Waiter:
         if what == WAIT_ARRIVAL:
             return self.rx.has_arrivals()
         if what == WAIT_SLOTS:
-            return self.tx.sbm.count_free() != 0
+            return self.tx.sbm.count_free() != 0 or self.tx.take_grant()
         return self.rs.ready(what, target)
 
     cdef int spin(self, int what, uint64_t target, int64_t until, uint32_t relax) noexcept nogil:
@@ -64,7 +67,8 @@ cdef class Waiter:
         receiver does not write it down and up at the peer every slice; the caller
         lowers it with lower() when the call ends."""
         cdef int64_t t = now_ns()
-        cdef int st, r
+        cdef int st, r, ms
+        cdef bint asked = False
         if spin and what != WAIT_ARRIVAL:
             self.link.cnt.credit_waits += 1
         r = self.spin(what, target, min(until, t + self.link.spin_ns) if spin else t,
@@ -88,7 +92,15 @@ cdef class Waiter:
                 r = 0
                 break
             self._serve(what)
-            st = self.link.sleep(<int>((until - t) // 1000000) + 1)
+            ms = <int>((until - t) // 1000000) + 1
+            if what == WAIT_SLOTS and self.tx.sbm.usable < self.tx.peer_nslots:
+                # a ring that grows: _flag's wake-up asked the peer for more slots;
+                # ask again each GRANT_ASK_MS in case that request found no room
+                if asked:
+                    self.link.wake_peer()
+                asked = True
+                ms = min(ms, GRANT_ASK_MS)
+            st = self.link.sleep(ms)
             if self.link.closed:        # closed by another thread (its close woke us)
                 r = 0
                 break

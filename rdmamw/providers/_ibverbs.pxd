@@ -135,6 +135,7 @@ cdef extern from "rm_ibverbs.h" nogil:
         IBV_ACCESS_REMOTE_WRITE
         IBV_ACCESS_REMOTE_READ
         IBV_SEND_SIGNALED
+        IBV_SEND_SOLICITED
         IBV_SEND_INLINE
         IBV_WC_SUCCESS
         IBV_WC_WR_FLUSH_ERR

@@ -9,8 +9,10 @@ from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_wc, rm_wr
 from rdmamw.providers._ibverbs cimport *
 from rdmamw.providers._verbs_dev cimport (
     RECV_BUF,
+    GRANT_OFF,
     RECV_POOL,
     WC_BATCH,
+    VerbsBlock,
     VerbsDevice,
     VerbsMemory,
     rmv_route,
@@ -47,13 +49,12 @@ cdef class VerbsTransport(Transport):
     cdef readonly bytes gid
     cdef readonly VerbsFailure failure
     cdef ibv_qp *qp
-    cdef ibv_mr *block_mr
     cdef ibv_mr *recv_mr
-    cdef char *block
-    cdef size_t block_len
     cdef char *recv_buf
     cdef uint64_t peer_addr[RM_NREGIONS]
     cdef uint32_t peer_rkey
+    cdef readonly VerbsBlock block      # my block, its registrations; rings that grow
+    cdef uint32_t ring_slots, peer_slots    # both rings' sizes (set_rings), for stats
     cdef readonly bint peer_imm         # the peer wants its bitmap words WITH_IMM
     cdef readonly bint event_mode       # my peer sends WITH_IMM: sleep on the channel
     cdef int poll_ms

@@ -46,6 +46,8 @@ from rdmamw.transport._base cimport (
     RM_REGION_ARRIVAL,
     RM_REGION_CTRL,
     RM_REGION_RECLAIM,
+    RM_REGION_RING,
+    RM_ALL_SLOTS,
     RM_ERR_UNSUPPORTED,
     RM_WR_EXPOSED,
     RM_WR_PUBLISH,
@@ -59,7 +61,13 @@ from rdmamw.transport._base cimport (
     rm_mem,
     rm_wr,
 )
-from rdmamw.transport.atomics cimport rm_cpu_relax, rm_spin_lock, rm_spin_unlock
+from rdmamw.transport.atomics cimport (
+    rm_cpu_relax,
+    rm_load_acquire64,
+    rm_spin_lock,
+    rm_spin_trylock,
+    rm_spin_unlock,
+)
 from rdmamw.providers._ibverbs cimport *
 from rdmamw.providers._verbs_dev cimport (
     VerbsDevice,
@@ -68,6 +76,7 @@ from rdmamw.providers._verbs_dev cimport (
     rmv_load32,
     rmv_load64,
     pin_charge,
+    pin_refund,
     rmv_route,
     route_fill,
     route_free,
@@ -187,13 +196,12 @@ cdef class VerbsTransport(Transport):
 
     def _open(self, str dev_name, int port, int gid_index, size_t block_len, tuple regions,
               uint32_t sq_depth, uint32_t rq_depth, uint32_t max_inline, bint event_mode,
-              int poll_ms, int timeout_exp):
+              int poll_ms, int timeout_exp, uint64_t stride=0, uint32_t granted=0):
         """Take the process's device (context, channel, shared CQs: a VerbsDevice),
         make this endpoint's PD, its room on the CQs and its QP (INIT), register the
-        block; return the local half of the endpoint descriptor."""
+        block: its header and the first ``granted`` slots (of ``stride`` bytes) of the
+        ring, or all of it (0); return the local half of the endpoint descriptor."""
         cdef int i
-        cdef ibv_qp_init_attr ia
-        cdef ibv_qp_attr at
         cdef void *mem = NULL
         cdef VerbsDevice dev
         cdef rmv_route *r
@@ -207,6 +215,10 @@ cdef class VerbsTransport(Transport):
         self.gid, self.lid, self.mtu = dev.port_info(port, gid_index)
         self.port, self.gid_index = port, gid_index
         self.dev, self.mem = dev, VerbsMemory(dev)
+        ring_off, ring_len = regions[RM_REGION_RING]
+        self.block = VerbsBlock(self.mem, block_len, ring_off, ring_len, stride, granted)
+        if self.block.on:
+            self.local_granted = self.block.granted
         self.timeout_exp = timeout_exp
         self.sq_depth = max(8, min(sq_depth, <uint32_t>dev.max_qp_wr))
         self.rq_depth = max(8, min(rq_depth, <uint32_t>dev.max_qp_wr))
@@ -216,48 +228,20 @@ cdef class VerbsTransport(Transport):
         self.max_chain = self.sq_depth // 2
         self.sig_bound = self.sq_depth // 4
         self.event_mode, self.poll_ms = event_mode, poll_ms
-        if pin_charge(block_len + RECV_BUF):
-            raise budget_error(block_len + RECV_BUF, "a channel's receive ring")
-        self.mem.charged += block_len + RECV_BUF
-        if posix_memalign(&mem, 4096, block_len) != 0:
-            raise MemoryError()
-        memset(mem, 0, block_len)
-        self.block, self.block_len = <char *>mem, block_len
-        # the peer writes the block, nothing else: no remote read, no atomics
-        self.block_mr = ibv_reg_mr(self.mem.pd, mem, block_len,
-                                   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
-        if self.block_mr == NULL:
-            raise OSError(errno, f"ibv_reg_mr of the {block_len}-byte block failed "
-                                 f"({strerror(errno).decode()}; is `ulimit -l` too low?)")
-        mem = NULL
+        if pin_charge(RECV_BUF):
+            raise budget_error(RECV_BUF, "a channel's receive buffer")
+        self.mem.charged += RECV_BUF
         if posix_memalign(&mem, 64, RECV_BUF) != 0:
             raise MemoryError()
         self.recv_buf = <char *>mem
         self.recv_mr = ibv_reg_mr(self.mem.pd, mem, RECV_BUF, IBV_ACCESS_LOCAL_WRITE)
         if self.recv_mr == NULL:
             raise OSError(errno, "ibv_reg_mr of the receive buffer failed")
-        while True:
-            memset(&ia, 0, sizeof(ia))
-            ia.send_cq, ia.recv_cq = dev.scqs[r.scq], dev.rcqs[r.rcq]
-            ia.qp_type, ia.sq_sig_all = IBV_QPT_RC, 0
-            ia.cap.max_send_wr, ia.cap.max_recv_wr = self.sq_depth, self.rq_depth
-            ia.cap.max_send_sge, ia.cap.max_recv_sge = 1, 1
-            ia.cap.max_inline_data = max_inline
-            self.qp = ibv_create_qp(self.mem.pd, &ia)
-            if self.qp != NULL or max_inline == 0:
-                break
-            max_inline //= 2         # the device allows less inline data: ask for less
-        if self.qp == NULL:
-            raise OSError(errno, f"ibv_create_qp failed ({strerror(errno).decode()})")
-        self.max_inline = ia.cap.max_inline_data
+        self.qp = _create_qp(self.mem.pd, dev.scqs[r.scq], dev.rcqs[r.rcq], self.sq_depth,
+                             self.rq_depth, &max_inline, port)
+        self.max_inline = max_inline
         self.qpn = r.qpn = self.qp.qp_num
         r.qp = self.qp
-        memset(&at, 0, sizeof(at))
-        at.qp_state, at.port_num, at.pkey_index = IBV_QPS_INIT, port, 0
-        at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
-        if ibv_modify_qp(self.qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
-                         | IBV_QP_ACCESS_FLAGS):
-            raise OSError(errno, "QP to INIT failed")
         self.sig_pos = <uint64_t *>calloc(self.sq_depth, 8)
         self.stash_cap = self.sq_depth + 16
         self.stash = <rm_wc *>calloc(self.stash_cap, sizeof(rm_wc))
@@ -271,17 +255,22 @@ cdef class VerbsTransport(Transport):
             off, length = regions[i]
             if off < 0 or length <= 0 or off + length > block_len:
                 raise ValueError(f"region ({off}, {length}) outside a block of {block_len}")
-            self.local[i].addr = self.block + <size_t>off
+            self.local[i].addr = self.block.base + <size_t>off
             self.local[i].length = length
         return {"qpn": self.qpn, "gid": self.gid, "lid": self.lid,
-                "mtu": self.mtu, "addr": <uint64_t>self.block,
-                "rkey": self.block_mr.rkey, "len": block_len, "inline": self.max_inline}
+                "mtu": self.mtu, "addr": <uint64_t>self.block.base,
+                "rkey": self.block.head_mr.rkey, "len": block_len, "inline": self.max_inline,
+                "granted": self.block.granted if self.block.on else 0}
 
     def _connect(self, uint32_t my_psn, uint32_t qpn, uint32_t psn, bytes gid, int lid, int mtu,
-                 uint64_t addr, uint32_t rkey, tuple regions, bint peer_imm):
-        """Point the QP at the peer (RTR, RTS) and take its regions for bounds checks.
-        The caller has validated the descriptor against the layout it computed."""
+                 uint64_t addr, uint32_t rkey, tuple regions, bint peer_imm,
+                 uint64_t peer_stride=0, uint32_t peer_granted=0):
+        """Point the QP at the peer (RTR, RTS) and take its regions for bounds checks:
+        of its ring, only the first ``peer_granted`` slots (of ``peer_stride`` bytes)
+        until it grants more (0: all). The caller has validated the descriptor against
+        the layout it computed."""
         cdef int i
+        cdef rmv_route *r = self.route
         if self.qp == NULL or len(gid) != 16 or len(regions) != RM_NREGIONS:
             raise ValueError("transport not opened or bad descriptor")
         for i in range(RM_NREGIONS):
@@ -290,6 +279,13 @@ cdef class VerbsTransport(Transport):
             self.peer[i].addr = NULL      # never dereferenced: remote memory
             self.peer[i].length = length
         self.peer_rkey, self.peer_imm = rkey, peer_imm
+        self.block.peer(self.peer[RM_REGION_RING].length, peer_stride, peer_granted, rkey)
+        if self.block.peer_granted:
+            self.peer_granted = self.block.peer_granted
+        if self.block.on:      # the peer's wake-ups ask for grants (_offer_hook)
+            r.hook_owner = <void *>self
+            r.hook_want = <uint64_t *>self.local[RM_REGION_CTRL].addr    # CTRL_CREDIT_WAIT
+            r.hook = <void (*)(void *) noexcept nogil>_offer_hook     # (below)
         _qp_to_rts(self.qp, <ibv_mtu>min(self.mtu, mtu), my_psn, qpn, psn, gid, lid,
                    self.port, self.gid_index, self.timeout_exp)
 
@@ -344,11 +340,15 @@ cdef class VerbsTransport(Transport):
         d = Transport.counters(self)
         d["recv_completions"] = self.n_recv_completions
         n, nbytes = self.mem.usage() if self.mem is not None else (0, 0)
-        for mr in (<size_t>self.block_mr, <size_t>self.recv_mr):
-            if mr:
-                n += 1
-                nbytes += (<ibv_mr *>mr).length
-        d["mrs"], d["bytes_registered"] = n, nbytes
+        bn, bbytes = self.block.usage() if self.block is not None else (0, 0)
+        if self.recv_mr != NULL:
+            n, nbytes = n + 1, nbytes + self.recv_mr.length
+        d["mrs"], d["bytes_registered"] = n + bn, nbytes + bbytes
+        # a ring that grows (docs/protocol.md): slots granted each way, grants made
+        d["ring_slots_granted"] = min(self.local_granted, self.ring_slots)
+        d["peer_ring_slots_granted"] = min(self.peer_granted, self.peer_slots)
+        if self.block is not None:
+            d["ring_grants_given"], d["ring_grants_taken"] = self.block.given, self.block.taken
         if self.dev is not None:
             c = self.dev.counters()
             d["device_qps"], d["device_cqs"] = c["qps"], c["send_cqs"] + c["recv_cqs"]
@@ -405,12 +405,11 @@ cdef class VerbsTransport(Transport):
         if self.joined:
             self.dev.purge(self.route)      # nor stays in the shared CQs (GIL held)
             self.joined = False
-        if self.block_mr != NULL:
-            ibv_dereg_mr(self.block_mr)
-            self.block_mr = NULL
         if self.recv_mr != NULL:
             ibv_dereg_mr(self.recv_mr)
             self.recv_mr = NULL
+        if self.block is not None:
+            self.block.release()    # its MRs (before the PD goes)
         if self.mem is not None:
             self.mem.release()      # its MRs, then the PD (after the QP and MRs on it)
 
@@ -418,7 +417,6 @@ cdef class VerbsTransport(Transport):
         self._destroy()
         route_free(self.route)
         self.route = NULL
-        free(self.block)
         free(self.recv_buf)
         free(self.sig_pos)
         free(self.stash)
@@ -445,6 +443,7 @@ cdef class VerbsTransport(Transport):
 
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
         cdef uint32_t i, j, part
+        cdef uint64_t lim
         cdef rm_wr *wr
         cdef int rc = 0
         if self.state != 1:
@@ -456,8 +455,11 @@ cdef class VerbsTransport(Transport):
                                                 and wr.opcode != RM_WR_WRITE):
                     return RM_ERR_BOUNDS
                 continue
-            if wr.rkey >= RM_NREGIONS or wr.remote_off > self.peer[wr.rkey].length \
-                    or wr.length > self.peer[wr.rkey].length - wr.remote_off:
+            if wr.rkey >= RM_NREGIONS:
+                return RM_ERR_BOUNDS
+            # of the peer's ring, only the slots it granted
+            lim = self.block.limit if wr.rkey == RM_REGION_RING else self.peer[wr.rkey].length
+            if wr.remote_off > lim or wr.length > lim - wr.remote_off:
                 return RM_ERR_BOUNDS
             # READ needs a remotely readable source: the block grants remote write only
             if wr.opcode != RM_WR_WRITE and wr.opcode != RM_WR_WRITE_IMM:
@@ -506,6 +508,8 @@ cdef class VerbsTransport(Transport):
             w.send_flags |= IBV_SEND_INLINE
         w.wr.rdma.remote_addr = self.peer_addr[wr.rkey] + wr.remote_off
         w.wr.rdma.rkey = self.peer_rkey
+        if wr.rkey == RM_REGION_RING:
+            w.wr.rdma.rkey = self.block.rkey_of(wr.remote_off)
         self.bytes_written += wr.length
 
     cdef int _post_chain(self, uint32_t count, bint final) noexcept nogil:
@@ -657,6 +661,22 @@ cdef class VerbsTransport(Transport):
             pass
         self._drain_recv()
 
+    # ---- a ring that grows (docs/protocol.md "Rings that grow") ----------------------
+
+    cdef int set_rings(self, uint32_t nslots, uint64_t stride, uint32_t peer_nslots,
+                       uint64_t peer_stride) except -1:
+        if self.block.on and nslots != self.block.slots or \
+                self.block.peer_granted and peer_nslots != self.block.peer_slots:
+            raise ValueError("the engine's rings differ from the ones registered")
+        self.ring_slots, self.peer_slots = nslots, peer_nslots
+        return 0
+
+    cdef bint take_grant(self) noexcept nogil:
+        if self.state != 1 or not self.block.take(self.local[RM_REGION_CTRL].addr):
+            return False
+        self.peer_granted = self.block.peer_granted or RM_ALL_SLOTS
+        return True
+
     cdef int wake_peer(self) noexcept nogil:
         cdef ibv_send_wr *w
         cdef int rc
@@ -670,6 +690,7 @@ cdef class VerbsTransport(Transport):
         memset(w, 0, sizeof(ibv_send_wr))
         w.wr_id = INTERNAL
         w.opcode = IBV_WR_SEND          # zero bytes: only the receive completion matters
+        w.send_flags = IBV_SEND_SOLICITED   # an event even where nobody sleeps (grants)
         rc = self._post_chain(1, True)
         rm_spin_unlock(&self.lock)
         if rc == 0:
@@ -754,6 +775,52 @@ cdef class VerbsTransport(Transport):
         if self.state == 1 and _sock_dead(self.sock):
             self._fail(RM_ERR_PEER_LOST, FAIL_SOCKET)
         return self.state
+
+
+cdef ibv_qp *_create_qp(ibv_pd *pd, ibv_cq *scq, ibv_cq *rcq, uint32_t sq_depth,
+                       uint32_t rq_depth, uint32_t *max_inline, int port) except NULL:
+    """An RC queue pair on the shared CQs, in INIT (remote READ and WRITE allowed: the
+    MRs say where), with as much inline data as the device allows of ``max_inline``
+    (set to what it gave)."""
+    cdef ibv_qp_init_attr ia
+    cdef ibv_qp_attr at
+    cdef ibv_qp *qp
+    while True:
+        memset(&ia, 0, sizeof(ia))
+        ia.send_cq, ia.recv_cq = scq, rcq
+        ia.qp_type, ia.sq_sig_all = IBV_QPT_RC, 0
+        ia.cap.max_send_wr, ia.cap.max_recv_wr = sq_depth, rq_depth
+        ia.cap.max_send_sge, ia.cap.max_recv_sge = 1, 1
+        ia.cap.max_inline_data = max_inline[0]
+        qp = ibv_create_qp(pd, &ia)
+        if qp != NULL or max_inline[0] == 0:
+            break
+        max_inline[0] //= 2         # the device allows less inline data: ask for less
+    if qp == NULL:
+        raise OSError(errno, f"ibv_create_qp failed ({strerror(errno).decode()})")
+    max_inline[0] = ia.cap.max_inline_data
+    memset(&at, 0, sizeof(at))
+    at.qp_state, at.port_num, at.pkey_index = IBV_QPS_INIT, port, 0
+    at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+    if ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
+                     | IBV_QP_ACCESS_FLAGS):
+        e = errno
+        ibv_destroy_qp(qp)
+        raise OSError(e, "QP to INIT failed")
+    return qp
+
+
+cdef void _grant_wrs(ibv_send_wr *w, ibv_sge *sge, uint64_t *word, uint32_t lkey,
+                     uint64_t remote_addr, uint32_t rkey, bint inline) noexcept nogil:
+    """w[0..2): the WRITE of one grant word to ``remote_addr``, then the wake-up SEND
+    (solicited: the peer's device thread sees it even where nobody sleeps)."""
+    memset(w, 0, 2 * sizeof(ibv_send_wr))
+    sge.addr, sge.length, sge.lkey = <uint64_t>word, 8, lkey
+    w.wr_id, w.opcode, w.sg_list, w.num_sge = INTERNAL, IBV_WR_RDMA_WRITE, sge, 1
+    w.send_flags = IBV_SEND_INLINE if inline else 0
+    w.wr.rdma.remote_addr, w.wr.rdma.rkey = remote_addr, rkey
+    w.next = &w[1]
+    w[1].wr_id, w[1].opcode, w[1].send_flags = INTERNAL, IBV_WR_SEND, IBV_SEND_SOLICITED
 
 
 cdef int _qp_to_rts(ibv_qp *qp, ibv_mtu mtu, uint32_t my_psn, uint32_t qpn, uint32_t psn,
@@ -895,3 +962,32 @@ def probe(int max_gids=32):
         ibv_free_device_list(lst)
     return out
 
+
+cdef void _offer_hook(VerbsTransport tp) noexcept nogil:
+    """rmv_route.hook of an endpoint whose ring grows (its owner: the transport). The
+    peer waits for credit: grant it the next part of my ring (VerbsBlock registers it)
+    by writing the part's grant word into its control page, then wake it. Runs on the
+    thread that routed the peer's wake-up (the device thread while the application is
+    away) under the receive CQ's lock, so it only tries the other locks: a peer still
+    short asks again (engine/_waits.pyx)."""
+    cdef bint posted = False
+    cdef int k
+    if tp.state != 1:
+        return
+    k = tp.block.offer()
+    if k < 0:
+        return
+    if rm_spin_trylock(&tp.lock):
+        if tp.sq_depth - (tp.sq_posted - tp.sq_done) < 2:
+            tp._poll_send_locked()
+        if tp.state == 1 and tp.sq_depth - (tp.sq_posted - tp.sq_done) >= 2:
+            _grant_wrs(tp.swr, tp.sge, &tp.block.words[k], tp.block.words_mr.lkey,
+                       tp.peer_addr[RM_REGION_CTRL] + GRANT_OFF + 8 * k, tp.peer_rkey,
+                       tp.max_inline >= 8)
+            posted = tp._post_chain(2, True) == 0
+            if posted:
+                tp.n_wakeups += 1
+        rm_spin_unlock(&tp.lock)
+    tp.block.done(posted)
+    if posted:
+        tp.local_granted = tp.block.granted

@@ -87,6 +87,12 @@ cdef struct rmv_route:
     # receive completion to a sleeping route writes evfd
     int evfd
     int sleeping
+    # a ring that grows: a poller that routes a receive completion while *hook_want
+    # is nonzero (the peer waits for credit) calls hook(hook_owner), under the CQ's
+    # lock (leave() takes it: no call after the route left)
+    void (*hook)(void *owner) noexcept nogil
+    void *hook_owner
+    uint64_t *hook_want
 
 
 # this extension's table of libibverbs calls (rm_ibverbs.h keeps one per extension),
@@ -152,7 +158,7 @@ cdef class VerbsDevice:
     cdef void purge(self, rmv_route *r) noexcept
     cdef int poll_send(self, uint32_t i, bint wait) noexcept nogil
     cdef int poll_recv(self, uint32_t i, bint wait) noexcept nogil
-    cdef void arm(self, uint32_t i) noexcept nogil
+    cdef void arm(self, uint32_t i, bint solicited=*) noexcept nogil
     cdef void sleep(self, rmv_route *r, bint up) noexcept nogil
     cdef void dispatch(self) noexcept nogil
 
@@ -176,4 +182,54 @@ cdef class VerbsMemory:
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil
     cdef int unexpose(self, uint32_t handle) noexcept nogil
+    cdef void release(self) noexcept
+
+
+cdef enum:
+    MAX_PARTS = 40             # parts of a ring that grows (doubling from one slot)
+    GRANT_OFF = 1536           # the grant words: control-page words 192..231 (bytes)
+
+
+cdef class VerbsBlock:
+    # the block (mmap: zero pages on demand) and its first part, registered at connect:
+    # the header (control words, bitmaps) and the first slots of my ring, or all of it
+    cdef VerbsMemory mem
+    cdef char *base
+    cdef uint64_t length
+    cdef ibv_mr *head_mr
+    # my ring: the slots the peer may write are registered in parts; offer() registers
+    # the next part
+    cdef readonly bint on               # my ring started short of its size
+    cdef readonly uint32_t slots        # my ring's size, in slots
+    cdef uint64_t stride, off           # its slots' stride, where it starts in the block
+    cdef readonly uint32_t granted      # slots the peer may write
+    cdef uint32_t pending               # slots of a part registered, its word not sent
+    cdef ibv_mr *mrs[MAX_PARTS]         # the parts registered after the first
+    cdef uint32_t n_mrs
+    cdef uint64_t charged               # their bytes, charged to the pinned budget
+    cdef int lock                       # offer(): one at a time
+    cdef bint stopped                   # the budget or a registration said no
+    cdef uint64_t *words                # the grant words, as posted (registered)
+    cdef ibv_mr *words_mr
+    cdef readonly uint64_t given, taken
+    # the peer's ring: the parts granted so far (part p: ring bytes below part_end[p],
+    # key part_rkey[p]); every WRITE into it stays below ``limit``
+    cdef readonly uint32_t peer_slots, peer_granted     # peer_granted 0: all
+    cdef uint64_t peer_stride
+    cdef readonly uint64_t limit
+    cdef uint64_t part_end[MAX_PARTS]
+    cdef uint32_t part_rkey[MAX_PARTS]
+    cdef uint32_t n_parts
+    cdef bint peer_bad                  # a grant word failed its checks: take no more
+
+    cdef int offer(self) noexcept nogil
+    cdef void done(self, bint posted) noexcept nogil
+    cdef bint take(self, const char *ctrl) noexcept nogil
+    cdef inline uint32_t rkey_of(self, uint64_t off) noexcept nogil:
+        """The key of the peer's ring part that holds ring offset ``off`` (most slots
+        are in the last part: one compare)."""
+        cdef uint32_t p = self.n_parts - 1
+        while p and off < self.part_end[p - 1]:
+            p -= 1
+        return self.part_rkey[p]
     cdef void release(self) noexcept

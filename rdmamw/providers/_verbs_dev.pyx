@@ -17,7 +17,7 @@ import cython
 from libc.errno cimport EINTR, errno
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, realloc
-from libc.string cimport strerror
+from libc.string cimport memset, strerror
 
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
@@ -31,7 +31,12 @@ from rdmamw.transport._base cimport (
 )
 from rdmamw.errors import RegistrationError
 
-from rdmamw.transport.atomics cimport rm_spin_lock, rm_spin_trylock, rm_spin_unlock
+from rdmamw.transport.atomics cimport (
+    rm_load_acquire64,
+    rm_spin_lock,
+    rm_spin_trylock,
+    rm_spin_unlock,
+)
 from rdmamw.providers._ibverbs cimport *
 
 cdef extern from *:
@@ -55,6 +60,11 @@ cdef extern from "<poll.h>" nogil:
 cdef extern from "<sys/eventfd.h>" nogil:
     int eventfd(unsigned int initval, int flags)
     int EFD_NONBLOCK, EFD_CLOEXEC
+
+cdef extern from "<stdlib.h>" nogil:
+    int posix_memalign(void **memptr, size_t alignment, size_t size)
+
+from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
 
 cdef extern from "<unistd.h>" nogil:
     ssize_t write(int fd, const void *buf, size_t n)
@@ -302,6 +312,8 @@ cdef class VerbsDevice:
         if cq == NULL:
             raise OSError(errno, f"ibv_create_cq of {cap} entries failed "
                                  f"({strerror(errno).decode()})")
+        if events:
+            ibv_req_notify_cq(cq, 1)        # the device thread sees solicited SENDs
         i = n[0]
         cqs[i], used[i], size[i] = cq, 0, cap
         n[0] = i + 1
@@ -479,13 +491,18 @@ cdef class VerbsDevice:
                 rmv_add64(&r.recv_ok, again[m])
                 if rmv_load32(&r.sleeping) and r.evfd >= 0:
                     write(r.evfd, &one, 8)
+                if r.hook != NULL and again[m] and rmv_load64(r.hook_want):
+                    r.hook(r.hook_owner)
         rm_spin_unlock(&self.r_lock[i])
         return k
 
-    cdef void arm(self, uint32_t i) noexcept nogil:
-        """Ask for an event on the channel at receive CQ ``i``'s next completion."""
+    cdef void arm(self, uint32_t i, bint solicited=False) noexcept nogil:
+        """Ask for an event on the channel at receive CQ ``i``'s next completion (or
+        next solicited one: the wake-up SENDs, which also ask for ring grants)."""
         rm_spin_lock(&self.r_lock[i])
-        ibv_req_notify_cq(self.rcqs[i], 0)
+        # (sleepers read under the lock: a sleeper counts itself before it arms, so
+        # the last arm of the two is never solicited-only while it sleeps)
+        ibv_req_notify_cq(self.rcqs[i], solicited and rmv_load32(&self.sleepers) == 0)
         rm_spin_unlock(&self.r_lock[i])
 
     cdef void sleep(self, rmv_route *r, bint up) noexcept nogil:
@@ -527,10 +544,11 @@ cdef class VerbsDevice:
                     continue
                 while self.poll_recv(i, True) == WC_BATCH:
                     pass
-                if rmv_load32(&self.sleepers) > 0:
-                    self.arm(i)
-                    while self.poll_recv(i, True) == WC_BATCH:
-                        pass
+                # always armed: for every completion while anybody sleeps, else only
+                # for the solicited ones (a wake-up SEND: a sender asks for a grant)
+                self.arm(i, True)
+                while self.poll_recv(i, True) == WC_BATCH:
+                    pass
 
     def counters(self):
         """What the device holds for this process: queue pairs, shared CQs, events."""
@@ -730,3 +748,161 @@ cdef class VerbsMemory:
     def __dealloc__(self):
         self.release()
         free(self.lmrs)
+
+
+@cython.final
+@cython.no_gc_clear     # release() deregisters through mem (before the PD goes)
+cdef class VerbsBlock:
+    """One endpoint's block (control words, bitmaps, the ring the peer writes) and its
+    registrations, and a ring that grows both ways (docs/protocol.md "Rings that
+    grow"): the parts of my ring registered and granted to the peer, and the parts of
+    the peer's ring it granted me. The transport posts the grant words and wakes the
+    peer; this unit owns what the words say and the registrations behind them."""
+
+    def __cinit__(self, VerbsMemory mem not None, uint64_t length, uint64_t off,
+                  uint64_t ring_len, uint64_t stride, uint32_t granted):
+        cdef void *p = NULL
+        cdef uint64_t head = length
+        self.mem, self.length = mem, length
+        # zero pages on demand: the part of a ring never granted costs no memory
+        p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if p == MAP_FAILED:
+            raise MemoryError()
+        self.base = <char *>p
+        if stride and granted and ring_len % stride == 0 and granted < ring_len // stride:
+            self.on = True      # the header and the first slots now, the rest on demand
+            self.slots, self.stride, self.off = ring_len // stride, stride, off
+            self.granted = granted
+            head = off + <uint64_t>granted * stride
+        if pin_charge(head):
+            raise budget_error(head, "a channel's receive ring")
+        self.charged = head
+        # the peer writes the block, nothing else: no remote read, no atomics
+        self.head_mr = ibv_reg_mr(mem.pd, p, head, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+        if self.head_mr == NULL:
+            raise OSError(errno, f"ibv_reg_mr of the {head}-byte block failed "
+                                 f"({strerror(errno).decode()}; is `ulimit -l` too low?)")
+        if not self.on:
+            return
+        p = NULL
+        if posix_memalign(&p, 64, MAX_PARTS * 8) != 0:
+            raise MemoryError()
+        memset(p, 0, MAX_PARTS * 8)
+        self.words = <uint64_t *>p
+        self.words_mr = ibv_reg_mr(mem.pd, p, MAX_PARTS * 8, IBV_ACCESS_LOCAL_WRITE)
+        if self.words_mr == NULL:
+            raise OSError(errno, "ibv_reg_mr of the grant words failed")
+
+    def peer(self, uint64_t ring_len, uint64_t stride, uint32_t granted, uint32_t rkey):
+        """The peer's ring: ``granted`` slots of ``stride`` bytes usable now (0: all)."""
+        self.limit = ring_len
+        if stride and granted and ring_len % stride == 0 and granted < ring_len // stride:
+            self.peer_stride, self.peer_slots = stride, ring_len // stride
+            self.peer_granted = granted
+            self.limit = <uint64_t>granted * stride
+        self.part_end[0], self.part_rkey[0], self.n_parts = self.limit, rkey, 1
+
+    cdef int offer(self) noexcept nogil:
+        """Register the next part of my ring (twice what is granted), unless one is
+        waiting to be sent; -1 if there is nothing to send or another thread is at
+        it, else the index k of the grant word to post (words[k]), with the lock
+        held until done()."""
+        cdef uint32_t have = self.granted, new, k
+        cdef uint64_t ln
+        cdef ibv_mr *mr = NULL
+        if not self.on or self.stopped or not rm_spin_trylock(&self.lock):
+            return -1
+        if self.pending == 0:
+            if have >= self.slots:
+                rm_spin_unlock(&self.lock)
+                return -1
+            new = min(self.slots, max(2 * have, have + 1))
+            ln = <uint64_t>(new - have) * self.stride
+            if self.n_mrs < MAX_PARTS and pin_charge(ln) == 0:
+                mr = ibv_reg_mr(self.mem.pd, self.base + self.off + <uint64_t>have * self.stride,
+                                ln, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+                if mr == NULL:
+                    pin_refund(ln)
+                else:
+                    self.charged += ln
+            if mr == NULL:              # past the budget: the ring stays as it is
+                self.stopped = True
+                rm_spin_unlock(&self.lock)
+                return -1
+            k = self.n_mrs
+            self.mrs[k] = mr
+            self.n_mrs = k + 1
+            self.words[k] = (<uint64_t>new << 32) | mr.rkey
+            self.pending = new
+        return self.n_mrs - 1
+
+    cdef void done(self, bint posted) noexcept nogil:
+        """After offer(): the word was posted (the peer may use the part) or not yet."""
+        if posted:
+            self.granted, self.pending = self.pending, 0
+            self.given += 1
+        rm_spin_unlock(&self.lock)
+
+    cdef bint take(self, const char *ctrl) noexcept nogil:
+        """Take the peer's new grant words from my control page ``ctrl`` (each read
+        once, then checked: more slots than granted, no more than its ring). A bad
+        one ends the taking: the peer only keeps itself short."""
+        cdef uint64_t word
+        cdef uint32_t slots
+        cdef bint got = False
+        if self.peer_granted == 0 or self.peer_bad:
+            return False
+        while self.n_parts < MAX_PARTS:
+            word = rm_load_acquire64(<uint64_t *>(ctrl + GRANT_OFF) + (self.n_parts - 1))
+            if word == 0:
+                break
+            slots = <uint32_t>(word >> 32)
+            if slots <= self.peer_granted or slots > self.peer_slots:
+                self.peer_bad = True
+                break
+            self.limit = <uint64_t>slots * self.peer_stride
+            self.part_end[self.n_parts], self.part_rkey[self.n_parts] = self.limit, <uint32_t>word
+            self.n_parts += 1
+            self.taken += 1
+            got = True
+            if slots == self.peer_slots:
+                self.peer_granted = 0       # all of it
+                break
+            self.peer_granted = slots
+        return got
+
+    def usage(self):
+        """(MRs, bytes) registered here: the block's parts, the grant words."""
+        cdef uint32_t i
+        cdef size_t n = 0, nbytes = 0
+        for i in range(self.n_mrs):
+            n, nbytes = n + 1, nbytes + self.mrs[i].length
+        for mr in (<size_t>self.head_mr, <size_t>self.words_mr):
+            if mr:
+                n, nbytes = n + 1, nbytes + (<ibv_mr *>mr).length
+        return n, nbytes
+
+    cdef void release(self) noexcept:
+        """Give the pins back and deregister (nothing in a fork child: the parent's)."""
+        cdef uint32_t i
+        pin_refund(self.charged)
+        self.charged = 0
+        if self.mem is None or self.mem.dev.inherited():
+            self.n_mrs = 0
+            self.words_mr = self.head_mr = NULL
+            return
+        for i in range(self.n_mrs):
+            ibv_dereg_mr(self.mrs[i])
+        self.n_mrs = 0
+        if self.words_mr != NULL:
+            ibv_dereg_mr(self.words_mr)
+            self.words_mr = NULL
+        if self.head_mr != NULL:
+            ibv_dereg_mr(self.head_mr)
+            self.head_mr = NULL
+
+    def __dealloc__(self):
+        self.release()
+        free(self.words)
+        if self.base != NULL:       # after the transport: Messages may point into it
+            munmap(self.base, self.length)

@@ -56,9 +56,9 @@ class Pin:
     peer_gid: bytes
 
 
-def check_descriptor(d: dict, theirs: layout.Layout) -> dict:
-    """Validate a peer's endpoint descriptor against the layout we computed for it;
-    ProtocolError before anything is read or written."""
+def check_descriptor(d: dict, theirs: layout.Layout, stride: int) -> dict:
+    """Validate a peer's endpoint descriptor against the layout we computed for it
+    (``stride``: of its ring's slots); ProtocolError before anything is read or written."""
     if fr.field(d, "v", int) != DESCRIPTOR_VERSION:
         raise ProtocolError(f"peer descriptor version {d['v']}, we speak {DESCRIPTOR_VERSION}")
     qpn, psn = fr.field(d, "qpn", int), fr.field(d, "psn", int)
@@ -82,7 +82,21 @@ def check_descriptor(d: dict, theirs: layout.Layout) -> dict:
                             f"{[list(r) for r in theirs.regions()]!r}")
     if not isinstance(d.get("event"), bool):
         raise ProtocolError("descriptor field 'event' missing or not a bool")
+    # a ring that grows: the slots the peer registered at connect (0 or absent: all)
+    granted = d.setdefault("granted", 0)
+    slots = theirs.ring_len // stride
+    if not isinstance(granted, int) or isinstance(granted, bool) or not 0 <= granted <= slots:
+        raise ProtocolError(f"descriptor grants {granted!r} ring slots; its ring has {slots}")
     return d
+
+
+def ring_start_slots(start_bytes: int, slots: int, slot_size: int) -> int:
+    """The slots of a ring of ``slots`` registered at connect for RDMAMW_VERBS_RING_START
+    = ``start_bytes``: at least one; 0 (the whole ring) when that is all of them."""
+    if start_bytes <= 0:
+        return 0
+    n = max(1, start_bytes // layout.slot_stride(slot_size))
+    return 0 if n >= slots else n
 
 
 #: the longest reason a refusing peer may give that we repeat (it wrote it, not us)
@@ -143,10 +157,15 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
     else:
         name, port, gid_index = dev.choose(o["device"], o["port"], o["gid_index"])
     rq = o["rq_depth"] or 2 * (slots + peer_slots) + 64
+    granted = ring_start_slots(o["ring_start"], slots, slot_size)
+    stride, peer_stride = layout.slot_stride(slot_size), layout.slot_stride(peer_slot_size)
     # what this channel registers: our block, the staging copy of the peer's ring and
-    # its words (the engine's); refused before anything is, if the budget has no room
+    # its words (the engine's), for a ring that grows what it starts with; refused
+    # before anything is, if the budget has no room
+    start = mine.ring + granted * stride if granted else mine.total
+    peer_start = min(peer_slots, granted) if granted else peer_slots
     try:
-        dev.check_budget(mine.total + peer_slots * layout.slot_stride(peer_slot_size)
+        dev.check_budget(start + peer_start * peer_stride
                          + 2 * layout.PAGE, f"a channel with {peer_name} ({slots} slots of "
                          f"{slot_size} B here, {peer_slots} of {peer_slot_size} B there)")
     except RegistrationError as e:
@@ -157,7 +176,8 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
         try:
             local = tp._open(name, port, gid_index, mine.total,
                              mine.regions(), o["sq_depth"], rq,
-                             o["inline"], bool(o["event"]), o["poll_ms"], o["timeout"])
+                             o["inline"], bool(o["event"]), o["poll_ms"], o["timeout"],
+                             stride, granted)
         except OSError as e:
             raise ProviderUnavailable(f"verbs device {name} port {port}: {e}") from None
         psn = int.from_bytes(os.urandom(3), "little")
@@ -165,13 +185,15 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
                      event=bool(o["event"]))
         del local["inline"]
         fr.send_frame(conn, local)
-        d = check_descriptor(_unless_refused(fr.recv_frame(conn), peer_name), theirs)
+        d = check_descriptor(_unless_refused(fr.recv_frame(conn), peer_name), theirs,
+                             peer_stride)
         if pin is not None and d["gid"] != pin.peer_gid:
             raise ProtocolError(f"{peer_name} shows GID {d['gid'].hex()} in its handshake, "
                                 f"but {pin.peer_gid.hex()} in its descriptor in the store")
         try:
             tp._connect(psn, d["qpn"], d["psn"], d["gid"], d["lid"], d["mtu"], d["addr"],
-                        d["rkey"], tuple(tuple(r) for r in d["regions"]), d["event"])
+                        d["rkey"], tuple(tuple(r) for r in d["regions"]), d["event"],
+                        peer_stride, d["granted"])
         except OSError as e:
             raise PeerNotFound(f"cannot connect the queue pair to {peer_name}: {e}") from None
         # both QPs are in RTR before either side writes

@@ -20,6 +20,7 @@ OPTIONS = {
     "event": "RDMAMW_VERBS_EVENT",
     "poll_ms": "RDMAMW_VERBS_POLL_MS",
     "timeout": "RDMAMW_VERBS_TIMEOUT",
+    "ring_start": "RDMAMW_VERBS_RING_START",
 }
 
 

@@ -40,7 +40,10 @@ cdef enum:
     RM_NREGIONS = 4
 
 cdef enum:
-    RM_SOFT_CQ = 256        # completions kept by transports that finish work in post()
+    RM_SOFT_CQ = 256
+
+cdef enum:
+    RM_ALL_SLOTS = 0xFFFFFFFF   # local_granted / peer_granted: the whole ring        # completions kept by transports that finish work in post()
 
 # Return codes of Transport methods.
 cdef enum:
@@ -152,6 +155,16 @@ cdef class Transport:
     # must touch nothing shared (no shutdown, no close word, no thread join, no verbs).
     # Default: owner_pid is not this process's pid
     cdef bint inherited(self) noexcept nogil
+    # a ring that grows (verbs: docs/protocol.md "Rings that grow"): the slots of my
+    # ring the peer may write now (local_granted) and of the peer's ring I may write
+    # (peer_granted, raised by take_grant()). RM_ALL_SLOTS: the whole ring, always
+    # (the default: shm and tcp rings never grow). set_rings() tells the transport
+    # the geometry of both rings, once, before the first post
+    cdef readonly uint32_t local_granted
+    cdef readonly uint32_t peer_granted
+    cdef int set_rings(self, uint32_t nslots, uint64_t stride, uint32_t peer_nslots,
+                       uint64_t peer_stride) except -1
+    cdef bint take_grant(self) noexcept nogil    # True: peer_granted grew
     # optional Python methods: register_local() (default: no registration, lkey 0),
     # error_detail() (default None), counters() (the n_* fields above)
 

@@ -140,8 +140,16 @@ cdef class Transport:
     cdef bint inherited(self) noexcept nogil:
         return self.owner_pid != _pid
 
+    cdef int set_rings(self, uint32_t nslots, uint64_t stride, uint32_t peer_nslots,
+                       uint64_t peer_stride) except -1:
+        return 0
+
+    cdef bint take_grant(self) noexcept nogil:
+        return False
+
     def __cinit__(self, *args, **kwargs):
         self.owner_pid = _pid
+        self.local_granted = self.peer_granted = RM_ALL_SLOTS
 
     def error_detail(self):
         """What failed the connection, in the provider's words (a work completion's
