@@ -276,7 +276,7 @@ D("verbs", "RDMAMW_VERBS_EVENT", "int", 1,
 D("verbs", "RDMAMW_VERBS_PINNED_BYTES", "bytes", 0,
   "registered (pinned) bytes the process's verbs channels may hold; 0: half the memory, "
   "at most `ulimit -l`", maximum=1 << 50)
-D("verbs", "RDMAMW_VERBS_RING_START", "bytes", 0,
+D("verbs", "RDMAMW_VERBS_RING_START", "bytes", 64 << 10,
   "bytes of a channel's receive ring registered at connect (at least one slot); the "
   "device thread registers twice as much each time the peer runs short, up to the whole "
   "ring. 0: the whole ring at once", maximum=1 << 40)

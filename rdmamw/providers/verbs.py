@@ -134,7 +134,9 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
         auth.accept_side(conn)
     else:
         auth.open_side(conn)
-    hello = {"v": fr.PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid()}
+    # "grow": we take grants of the peer's ring (docs/protocol.md "Rings that grow")
+    hello = {"v": fr.PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size, "pid": os.getpid(),
+             "grow": True}
     if mode is not None:
         hello["mode"] = mode
         if rank is not None:
@@ -157,7 +159,8 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
     else:
         name, port, gid_index = dev.choose(o["device"], o["port"], o["gid_index"])
     rq = o["rq_depth"] or 2 * (slots + peer_slots) + 64
-    granted = ring_start_slots(o["ring_start"], slots, slot_size)
+    # a peer that takes no grants gets the whole ring at once
+    granted = ring_start_slots(o["ring_start"], slots, slot_size) if peer.get("grow") is True else 0
     stride, peer_stride = layout.slot_stride(slot_size), layout.slot_stride(peer_slot_size)
     # what this channel registers: our block, the staging copy of the peer's ring and
     # its words (the engine's), for a ring that grows what it starts with; refused
