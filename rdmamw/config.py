@@ -331,6 +331,10 @@ D("ps", "RDMAMW_PS_SLOT_SIZE", "bytes", M, "slot bytes of a parameter-server cha
 D("ps", "RDMAMW_PS_INIT_TIMEOUT", "seconds", 60.0,
   "how long a read of a key waits for the rest of initial values a worker began to send; "
   "then the read is refused (PSError) instead of waiting for ever")
+D("ps", "RDMAMW_PS_REPLY_TIMEOUT", "seconds", 10.0,
+  "seconds a server's reply may wait for its worker to take it (the ring full: the worker "
+  "sends and never reads); then that worker is dropped and the others served",
+  minimum=0.1, maximum=3600.0)
 # log
 D("log", "RDMAMW_LOG_LEVEL", "str", "",
   "level of the 'rdmamw' logger: debug, info, warning (default), error, critical")
