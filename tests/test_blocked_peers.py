@@ -15,7 +15,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
