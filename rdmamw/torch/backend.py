@@ -713,10 +713,16 @@ def _same_members(store: Any, rank: int, size: int, ranks: list[int]) -> None:
             at = next((i for i, (a, b) in enumerate(pairs) if a != b),
                       min(len(ranks), len(theirs)))
             raise ConfigError(f"new_group: this rank (group rank {rank}) was given ranks "
-                              f"{ranklist.compact(ranks)} but group rank {r} was given "
-                              f"{ranklist.compact(theirs)} ({len(ranks)} and {len(theirs)} "
-                              f"ranks, first different at position {at}); every member "
-                              f"must pass the same ranks")
+                              f"{_listed(ranks)} but group rank {r} was given "
+                              f"{_listed(theirs)} (first different at position {at}); "
+                              f"every member must pass the same ranks")
+
+
+def _listed(ranks: list[int]) -> str:
+    """A group's ranks in a message: in their order when few, else compact (a line)."""
+    if len(ranks) <= ranklist.SHOWN:
+        return str(ranks)
+    return f"{ranklist.compact(ranks)} ({len(ranks)} ranks, sorted)"
 
 
 def _check_launcher(size: int) -> None:
