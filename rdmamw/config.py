@@ -253,8 +253,11 @@ D("shm", "RDMAMW_SHM_ALLOW_UIDS", "str", "",
 D("tcp", "RDMAMW_TCP_HEARTBEAT", "seconds", 0.25,
   "interval of heartbeats on an idle tcp connection (0: none; at most the 60 s a peer "
   "accepts)", maximum=MAX_PEER_HEARTBEAT)
-D("tcp", "RDMAMW_TCP_PEER_TIMEOUT", "seconds", 1.5,
-  "silence after which a tcp peer is lost", minimum=1e-3)
+D("tcp", "RDMAMW_TCP_PEER_TIMEOUT", "seconds", 30.0,
+  "silence of a tcp peer process (stopped, starved) after which it is lost", minimum=1e-3)
+D("tcp", "RDMAMW_TCP_HOST_TIMEOUT", "seconds", 1.5,
+  "silence of a tcp peer whose host also acknowledges nothing (link down, power off) "
+  "after which it is lost (0: only the peer timeout)")
 # verbs
 D("verbs", "RDMAMW_VERBS_LIBRARY", "str", "libibverbs.so.1",
   "the libibverbs to dlopen: a name or a path")
@@ -335,6 +338,10 @@ D("ps", "RDMAMW_PS_SLOT_SIZE", "bytes", M, "slot bytes of a parameter-server cha
 D("ps", "RDMAMW_PS_INIT_TIMEOUT", "seconds", 60.0,
   "how long a read of a key waits for the rest of initial values a worker began to send; "
   "then the read is refused (PSError) instead of waiting for ever")
+D("ps", "RDMAMW_PS_REPLY_TIMEOUT", "seconds", 10.0,
+  "seconds a server's reply may wait for its worker to take it (the ring full: the worker "
+  "sends and never reads); then that worker is dropped and the others served",
+  minimum=0.1, maximum=3600.0)
 # log
 D("log", "RDMAMW_LOG_LEVEL", "str", "",
   "level of the 'rdmamw' logger: debug, info, warning (default), error, critical")

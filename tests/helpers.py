@@ -168,6 +168,30 @@ def send_until_peer_lost(ch, since: float, batch: int = 8, rounds: int = 10_000,
     assert time.monotonic() - since < 2.0
 
 
+def init_some_ranks(world_size: int, ranks, timeout: float) -> list[tuple[int, str]]:
+    """Start ``ranks`` of a job of ``world_size`` ranks on this host, each calling
+    ``rdmamw.init(timeout=timeout)`` (the other ranks never come); the (exit code,
+    stderr) of each, in order, once all have ended."""
+    import subprocess
+    import sys
+
+    from rdmamw.bootstrap.launch import free_port
+    from tests.test_bootstrap import ROOT, clean_env
+
+    port = str(free_port())
+    code = f"import rdmamw; rdmamw.init(timeout={timeout!r})"
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                              stderr=subprocess.PIPE,
+                              env=clean_env(RANK=str(r), WORLD_SIZE=str(world_size),
+                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+             for r in ranks]
+    try:
+        errs = [p.communicate(timeout=60)[1] for p in procs]
+    finally:
+        reap(procs)
+    return [(p.returncode, err) for p, err in zip(procs, errs, strict=True)]
+
+
 def reap(procs) -> None:
     """Kill and wait for every process in ``procs`` still running (in a ``finally``:
     when a timeout fired or an assertion failed, no rank outlives its test)."""

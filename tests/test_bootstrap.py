@@ -18,7 +18,7 @@ import rdmamw
 from rdmamw.bootstrap import detect
 from rdmamw.bootstrap.env import first_slurm_host
 from rdmamw.bootstrap.launch import free_port
-from tests.helpers import reap
+from tests.helpers import init_some_ranks, reap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "bootstrap_worker.py")
@@ -193,19 +193,8 @@ def test_provider_can_be_forced_to_tcp():
 
 
 def test_missing_rank_times_out_naming_it():
-    port = str(free_port())
-    code = "import rdmamw; rdmamw.init(timeout=1.5)"
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
-                              stderr=subprocess.PIPE,
-                              env=clean_env(RANK=str(r), WORLD_SIZE="4",
-                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-             for r in (0, 2)]
-    try:
-        errs = [p.communicate(timeout=60)[1] for p in procs]
-    finally:
-        reap(procs)
-    for p, err in zip(procs, errs, strict=True):
-        assert p.returncode != 0
+    for code, err in init_some_ranks(4, (0, 2), 1.5):
+        assert code != 0
         assert "Timeout" in err and "[1, 3]" in err, err
 
 

@@ -356,3 +356,19 @@ def test_init_with_a_resetting_rank_zero_is_peer_lost(monkeypatch):
     with srv, pytest.raises(rdmamw.PeerLost, match="rdmamw.init"):
         rdmamw.init(timeout=5)
     t.join(5)
+
+
+def test_a_handle_wait_past_its_timeout_is_the_typed_timeout(provider):
+    """Nobody receives a rendezvous message: its handle's wait(timeout) ends with
+    rdmamw.Timeout (a TimeoutError), on time, and the channel still works after."""
+    a, b, lst = make_pair(provider=provider)
+    try:
+        h = a.send_batch([b"r" * (1 << 20)], timeout=5)
+        t0 = time.monotonic()
+        with pytest.raises(rdmamw.Timeout):
+            h.wait(timeout=0.3)
+        assert 0.25 < time.monotonic() - t0 < 2.0
+        assert len(b.recv(timeout=10)) == 1 << 20
+        h.wait(timeout=10)
+    finally:
+        a.close(), b.close(), lst.close()

@@ -67,7 +67,7 @@ def test_four_ranks_on_two_hosts(two_hosts):
 def test_host_link_down_gives_peer_lost_within_two_seconds(two_hosts):
     hosts, devs = two_hosts
     a, b = sorted(hosts)
-    procs = start_ranks(hosts, [a, b, b], hold=True, RDMAMW_TCP_PEER_TIMEOUT="1.0")
+    procs = start_ranks(hosts, [a, b, b], hold=True, RDMAMW_TCP_HOST_TIMEOUT="1.0")
     try:
         lines = [p.stdout.readline() for p in procs]
         if not all(lines):

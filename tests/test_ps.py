@@ -263,7 +263,7 @@ def test_one_pass_drops_what_follows_a_bye_in_its_batch():
                 raise rdmamw.Timeout("nothing more")
             return [memoryview(m) for m in self.batches.pop()]
 
-        def send_batch(self, msgs):
+        def send_batch(self, msgs, timeout=None):
             self.sent.append(msgs)
 
     ch = OneBatch()

@@ -6,8 +6,6 @@ size; now runs (``[3-17, 20, 40-1023]``), at most ``ranklist.SHOWN`` of them, th
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,9 +14,7 @@ import pytest
 import rdmamw
 from rdmamw import config
 from rdmamw.bootstrap import ranklist, store
-from rdmamw.bootstrap.launch import free_port
-from tests.helpers import reap
-from tests.test_bootstrap import ROOT, clean_env
+from tests.helpers import init_some_ranks
 
 BIG = int(config.SETTINGS["RDMAMW_WORLD_SIZE"].maximum)
 
@@ -76,19 +72,8 @@ def test_a_store_timeout_names_many_gaps_in_one_bounded_line():
 def test_init_of_the_largest_world_with_ranks_missing_says_so_in_a_line():
     """A real init: ranks 0 and 2 of a job of 2^20 ranks; both time out quickly, naming
     the 2^20 - 2 missing ranks in a few characters."""
-    port = str(free_port())
-    code = "import rdmamw; rdmamw.init(timeout=2)"
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
-                              stderr=subprocess.PIPE,
-                              env=clean_env(RANK=str(r), WORLD_SIZE=str(BIG),
-                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
-             for r in (0, 2)]
-    try:
-        errs = [p.communicate(timeout=60)[1] for p in procs]
-    finally:
-        reap(procs)
-    for p, err in zip(procs, errs, strict=True):
-        assert p.returncode != 0
+    for code, err in init_some_ranks(BIG, (0, 2), 2):
+        assert code != 0
         last = err.strip().splitlines()[-1]
         assert "Timeout" in last and f"{BIG - 2} of {BIG} ranks never joined" in last, err
         assert last.endswith(f"ranks [1, 3-{BIG - 1}]") or f"ranks [1, 3-{BIG - 1}]" in last

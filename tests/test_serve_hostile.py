@@ -56,7 +56,7 @@ class FakeChannel:
             raise rdmamw.Timeout("nothing")
         return [memoryview(bytes(m)) for m in self.inbox.pop(0)]
 
-    def send_batch(self, msgs: list) -> _Sent:
+    def send_batch(self, msgs: list, timeout: float | None = None) -> _Sent:
         if self.closed:
             raise rdmamw.ChannelClosed("closed")
         hdr = None

@@ -166,6 +166,24 @@ def _ps_init_timeout() -> None:
     assert KVServer({}).init_timeout == config.get("RDMAMW_PS_INIT_TIMEOUT")
 
 
+def _ps_reply_timeout() -> None:
+    """A reply sent under the bound: delivered (a worker that reads is never dropped)."""
+    from rdmamw.ps import wire
+    from rdmamw.ps.server import KVServer
+    from tests.helpers import make_pair
+
+    a, b, lst = make_pair(slots=4, slot_size=4096)
+    try:
+        srv = KVServer({0: b})
+        assert srv.reply_timeout == config.get("RDMAMW_PS_REPLY_TIMEOUT")
+        a.send(wire.pack(wire.SYNC, id=1))
+        while not srv.serve_once():
+            pass
+        assert wire.unpack(a.recv(timeout=5))["op"] == wire.OK and not srv.lost
+    finally:
+        a.close(), b.close(), lst.close()
+
+
 def _launcher(name: str, value: int) -> Callable[[], None]:
     """detect() with ``name`` = ``value`` and the variables it goes with."""
     from rdmamw.bootstrap import env as benv
@@ -220,7 +238,8 @@ PATHS: dict[str, Callable[[], None]] = {
     "RDMAMW_SHM_STAGING": _shm_staged,
     "RDMAMW_VERBS_PINNED_BYTES": _pinned_budget,
     **{n: lambda: _roundtrip("tcp") for n in ("RDMAMW_TCP_HEARTBEAT",
-                                              "RDMAMW_TCP_PEER_TIMEOUT")},
+                                              "RDMAMW_TCP_PEER_TIMEOUT",
+                                              "RDMAMW_TCP_HOST_TIMEOUT")},
     "RDMAMW_AIO_SPIN_US": _aio,
     "RDMAMW_REGCACHE_BYTES": _regcache,
     "RDMAMW_POOL_BYTES": _pool, "RDMAMW_POOL_SHARDS": _pool,
@@ -230,6 +249,7 @@ PATHS: dict[str, Callable[[], None]] = {
     "RDMAMW_COLL_RESULT_BYTES": _results,
     "RDMAMW_PS_SLOTS": _ps_ring, "RDMAMW_PS_SLOT_SIZE": _ps_ring,
     "RDMAMW_PS_INIT_TIMEOUT": _ps_init_timeout,
+    "RDMAMW_PS_REPLY_TIMEOUT": _ps_reply_timeout,
 }
 LAUNCH = ("RDMAMW_RANK", "RDMAMW_WORLD_SIZE", "RDMAMW_MASTER_PORT", "RANK", "WORLD_SIZE",
           "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",

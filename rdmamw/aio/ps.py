@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from rdmamw.aio.channel import Channel
+from rdmamw.bootstrap import ranklist
 from rdmamw.errors import Timeout
 from rdmamw.ps import worker as _sync
 from rdmamw.steps import Driving, Steps
@@ -105,12 +106,14 @@ class KVWorker:
     async def _replies(self, rids: dict[int, int], dest: dict | None) -> dict[int, dict]:
         """:meth:`rdmamw.ps.KVWorker.receive_pull`, every server awaited at once."""
         hdr: dict[int, dict | None] = dict.fromkeys(rids)
+        done: set[int] = set()
 
         async def reply(s: int) -> dict:
             while True:
                 msgs = await self.chans[s].recv_batch()
                 end = self.sync.take_batch(s, msgs, hdr, dest, rids[s])
                 if end is not None:
+                    done.add(s)
                     return end
 
         timeout = self.sync.timeout
@@ -131,5 +134,5 @@ class KVWorker:
                         raise t.exception()  # type: ignore[misc]
                 return {s: t.result() for s, t in tasks.items()}
         except TimeoutError:
-            raise Timeout(f"no reply from servers {sorted(rids)} within {timeout:g} s"
-                          ) from None
+            raise Timeout(f"no reply from servers {ranklist.compact(set(rids) - done)} "
+                          f"within {timeout:g} s") from None

@@ -34,6 +34,8 @@ class Handle:
         try:
             return self.future.result(timeout)
         except FutureTimeout:
+            if self.future.done():      # its own Timeout (a TimeoutError, as FutureTimeout)
+                raise
             raise Timeout(f"collective still running after {timeout:g} s") from None
 
     def done(self) -> bool:

@@ -10,7 +10,9 @@
  * drops the connection: the local engine then sees PeerLost, never a stray write.
  *
  * Liveness: EOF/RST, a socket error, or no byte from the peer for `timeout_ns`
- * (the peer sends a HEARTBEAT every `hb_ns` while idle) -> state = lost.
+ * (the peer sends a HEARTBEAT every `hb_ns` while idle) -> state = lost; also no
+ * byte from the peer and no acknowledgement from its host for `host_ns`
+ * (rt_host_gone: a host gone, not a process stopped).
  *
  * Rendezvous: XREAD_REQ / XWRITE name a range this side exposed (rm_expose.h; the
  * 16-bit key in `region`, the address in `offset`) and are checked against the local
@@ -20,6 +22,8 @@
 #ifndef RM_TCP_H
 #define RM_TCP_H
 #include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -49,7 +53,8 @@ enum { RT_NREG = 4, RT_RD_MAX = 256, RT_IOV_MAX = 1024 };
 /* state: 1 = up, else RM_ERR_PEER_LOST (-2) / RM_ERR_CLOSED (-3) of transport/_base.pxd */
 enum { RT_UP = 1, RT_LOST = -2, RT_CLOSED = -3 };
 /* why the connection went down (diagnostics) */
-enum { RT_WHY_NONE = 0, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL };
+enum { RT_WHY_NONE = 0, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL,
+       RT_WHY_HOST };
 
 typedef struct {
     uint16_t type;
@@ -68,7 +73,7 @@ typedef struct {
     char *pubbuf;
     uint32_t pubcap;
     pthread_mutex_t send_mu;
-    int64_t last_rx, last_tx, hb_ns, timeout_ns;
+    int64_t last_rx, last_tx, hb_ns, timeout_ns, host_ns;
     uint64_t rd_addr[RT_RD_MAX];
     uint32_t rd_len[RT_RD_MAX];
     uint8_t rd_err[RT_RD_MAX];
@@ -192,14 +197,42 @@ static int rt_send_empty(rt_conn *c, uint16_t type) {
     return rc;
 }
 
+/* The peer has sent nothing for host_ns: has its host gone too? The peer's kernel
+ * acknowledges our bytes (the heartbeats) even while its process is stopped or
+ * starved, and answers every retransmission while its buffers are full (a closed
+ * window leaves nothing unacknowledged at all). A host that has acknowledged none of
+ * the bytes in flight for host_ns, and for longer than the current (backed-off)
+ * retransmission timeout, is gone: link down, power off. The kernel's own
+ * TCP_USER_TIMEOUT cannot tell these apart (it also ends a connection to a stopped
+ * peer whose buffers are full), so it is set to the generous peer timeout. */
+static int rt_host_gone(rt_conn *c) {
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    int64_t since_ack;
+    if (getsockopt(c->sock, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+        return 0;
+    since_ack = (int64_t)ti.tcpi_last_ack_recv * 1000000;
+    if (since_ack <= c->host_ns)
+        return 0;
+    if (ti.tcpi_unacked > 0)        /* retransmitting: tcpi_rto is backed off already */
+        return since_ack > (int64_t)ti.tcpi_rto * 1000;
+    if (ti.tcpi_probes > 0)         /* probing (a closed window, or our link down): an
+                                       answered probe resets the count; the interval
+                                       is rto << backoff */
+        return since_ack > ((int64_t)ti.tcpi_rto * 1000) << (ti.tcpi_backoff & 31);
+    return 0;
+}
+
 /* Progress thread, nothing to read: send a heartbeat when this side has been quiet
- * for hb_ns, give up after timeout_ns without a byte from the peer, else poll. */
+ * for hb_ns, give up after timeout_ns without a byte from the peer (or after host_ns
+ * if its host acknowledges nothing either), else poll. */
 static int rt_rx_wait(rt_conn *c) {
     int64_t t, quiet, wait_ms = 1000;
     struct pollfd pfd;
     if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) return -RT_WHY_LOCAL;
     t = rt_now();
     if (c->timeout_ns > 0 && t - c->last_rx > c->timeout_ns) return -RT_WHY_TIMEOUT;
+    if (c->host_ns > 0 && t - c->last_rx > c->host_ns && rt_host_gone(c)) return -RT_WHY_HOST;
     if (c->hb_ns > 0 && !__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE)) {
         quiet = t - __atomic_load_n(&c->last_tx, __ATOMIC_RELAXED);
         if (quiet >= c->hb_ns && pthread_mutex_trylock(&c->send_mu) == 0) {
@@ -211,6 +244,8 @@ static int rt_rx_wait(rt_conn *c) {
     }
     if (c->timeout_ns > 0 && c->timeout_ns / 1000000 < wait_ms)
         wait_ms = c->timeout_ns / 1000000 + 1;
+    if (c->host_ns > 0 && c->host_ns / 4000000 < wait_ms)
+        wait_ms = c->host_ns / 4000000 + 1;
     pfd.fd = c->sock;
     pfd.events = POLLIN;
     pfd.revents = 0;

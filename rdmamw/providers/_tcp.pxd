@@ -38,7 +38,8 @@ cdef extern from "rm_tcp.h" nogil:
         RT_WRITE_IMM, RT_XREAD_REQ, RT_XWRITE, RT_READ_ERR, RT_NTYPES
         RT_NREG, RT_RD_MAX
         RT_UP, RT_LOST, RT_CLOSED
-        RT_WHY_NONE, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL
+        RT_WHY_NONE, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL,
+        RT_WHY_HOST
     ctypedef struct rt_frame:
         uint16_t type
         uint16_t region
@@ -54,7 +55,7 @@ cdef extern from "rm_tcp.h" nogil:
         char *pubbuf
         uint32_t pubcap
         pthread_mutex_t send_mu
-        int64_t last_rx, last_tx, hb_ns, timeout_ns
+        int64_t last_rx, last_tx, hb_ns, timeout_ns, host_ns
         uint64_t rd_addr[256]
         uint32_t rd_len[256]
         uint8_t rd_err[256]

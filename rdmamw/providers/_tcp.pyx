@@ -70,8 +70,9 @@ FRAME_TYPES = {"WRITE": RT_WRITE, "PUBLISH": RT_PUBLISH, "WAKE": RT_WAKE,
                "HEARTBEAT": RT_HEARTBEAT, "WRITE_IMM": RT_WRITE_IMM,
                "XREAD_REQ": RT_XREAD_REQ, "XWRITE": RT_XWRITE, "READ_ERR": RT_READ_ERR}
 _WHY = {RT_WHY_NONE: "", RT_WHY_EOF: "peer closed the connection",
-        RT_WHY_IO: "socket error", RT_WHY_TIMEOUT: "peer silent past the timeout",
-        RT_WHY_FRAME: "malformed frame", RT_WHY_LOCAL: "closed locally"}
+        RT_WHY_IO: "socket error", RT_WHY_TIMEOUT: "peer silent past RDMAMW_TCP_PEER_TIMEOUT",
+        RT_WHY_FRAME: "malformed frame", RT_WHY_LOCAL: "closed locally",
+        RT_WHY_HOST: "peer's host acknowledged nothing past RDMAMW_TCP_HOST_TIMEOUT"}
 
 cdef class TcpTransport(Transport):
     """The tcp endpoint; its fields are declared in _tcp.pxd."""
@@ -101,11 +102,14 @@ cdef class TcpTransport(Transport):
         self.max_inline = 1 << 30
 
     def _attach(self, int sock, int evfd, size_t block_addr, size_t block_size,
-                tuple my_regions, tuple peer_regions, double heartbeat, double peer_timeout):
+                tuple my_regions, tuple peer_regions, double heartbeat, double peer_timeout,
+                double host_timeout=0.0):
         """Adopt a connected non-blocking socket, an eventfd and a block from
         ``alloc_block`` (regions are ((offset, length) x RM_NREGIONS)), then start the
         progress thread. Takes ownership of sock, evfd and the block only on success;
-        if it raises, they are still the caller's."""
+        if it raises, they are still the caller's. ``peer_timeout``: s without a byte
+        from the peer process; ``host_timeout``: s without a byte from it nor an
+        acknowledgement from its host (0: not checked)."""
         cdef int i
         cdef uint32_t pubcap = 8
         for regions, size in ((my_regions, block_size), (peer_regions, None)):
@@ -131,6 +135,7 @@ cdef class TcpTransport(Transport):
             self.peer[i].length = peer_regions[i][1]
         self.c.hb_ns = <int64_t>(heartbeat * 1e9)
         self.c.timeout_ns = <int64_t>(peer_timeout * 1e9)
+        self.c.host_ns = <int64_t>(host_timeout * 1e9)
         self.c.sock, self.c.evfd = sock, evfd
         self.c.last_tx = rt_now()
         self.c.state = RT_UP

@@ -7,9 +7,14 @@ hand the socket to the C progress thread (rdmamw/providers/_tcp.pyx). The listen
 serves handshakes concurrently (rdmamw/providers/_listener.py): a peer that fails any
 step or its deadline is logged and dropped; the listener keeps accepting.
 
-Liveness is tunable: ``RDMAMW_TCP_HEARTBEAT`` (s between heartbeats while idle,
-default 0.25) and ``RDMAMW_TCP_PEER_TIMEOUT`` (s of silence before PeerLost, default
-1.5; also the kernel's TCP_USER_TIMEOUT)."""
+Liveness judges the peer process and its host apart. A killed process closes its
+socket (EOF/RST): PeerLost at once. A process stopped or starved sends nothing, but
+its kernel still acknowledges our heartbeats: it is lost only after
+``RDMAMW_TCP_PEER_TIMEOUT`` (s without a byte from it, default 30; also the kernel's
+TCP_USER_TIMEOUT, which cannot tell a stopped peer whose buffers are full from a dead
+host). A host that acknowledges nothing either (link down, power off) is lost after
+``RDMAMW_TCP_HOST_TIMEOUT`` (default 1.5). ``RDMAMW_TCP_HEARTBEAT``: s between
+heartbeats while idle (default 0.25)."""
 
 from __future__ import annotations
 
@@ -40,6 +45,10 @@ def peer_timeout() -> float:
     return config.get("RDMAMW_TCP_PEER_TIMEOUT")
 
 
+def host_timeout() -> float:
+    return config.get("RDMAMW_TCP_HOST_TIMEOUT")
+
+
 def parse(where: str) -> tuple[str, int]:
     """``"HOST:PORT"`` / ``"[V6]:PORT"`` -> (host, port), or ConfigError (a ValueError)."""
     host, sep, port = where.rpartition(":")
@@ -54,7 +63,8 @@ def _family(host: str) -> int:
 
 
 def _tune(sock: socket.socket) -> None:
-    """No Nagle; a dead peer is noticed by the kernel too (keepalive, user timeout)."""
+    """No Nagle; a dead peer is noticed by the kernel too (keepalive, user timeout: the
+    peer timeout, as the kernel cannot tell a stopped peer from a dead host)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
@@ -114,7 +124,7 @@ def handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
         tp = TcpTransport()
         conn.setblocking(False)
         tp._attach(conn.fileno(), evfd, block, mine.total, mine.regions(), theirs.regions(),
-                   heartbeat(), max(peer_timeout(), 4 * peer_hb))
+                   heartbeat(), max(peer_timeout(), 4 * peer_hb), host_timeout())
     except BaseException:
         free_block(block, mine.total)
         if evfd >= 0:

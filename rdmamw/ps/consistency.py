@@ -17,6 +17,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from rdmamw.bootstrap import ranklist
+
 log = logging.getLogger("rdmamw.ps")
 
 APPLY, PEND, DROP = "apply", "pend", "drop"
@@ -216,10 +218,10 @@ class Rounds(Policy):
         if self._full():
             return True
         if now - self.opened >= self.timeout:
-            missing = sorted(self.live - set(self.pending))
+            missing = self.live - set(self.pending)
             self.stats["timeouts"] += 1
             log.warning("rdmamw.ps: round %d closed after %.1f s without workers %s",
-                        self.version, self.timeout, missing)
+                        self.version, self.timeout, ranklist.compact(missing))
             return True
         return False
 

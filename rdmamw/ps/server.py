@@ -40,7 +40,8 @@ class KVServer:
     def __init__(self, channels: dict[int, Channel] | Sequence[Channel], *,
                  consistency: Consistency | str = "bsp", lr: float = 0.1,
                  momentum: float = 0.9, idle_sleep: float = 0.0005,
-                 scheduler: Dsana | None = None, init_timeout: float | None = None) -> None:
+                 scheduler: Dsana | None = None, init_timeout: float | None = None,
+                 reply_timeout: float | None = None) -> None:
         if not isinstance(channels, dict):
             channels = dict(enumerate(channels))
         self.chans: dict[int, Channel] = dict(channels)
@@ -75,6 +76,11 @@ class KVServer:
         self._init_since: dict[Any, float] = {}
         self.init_timeout = config.get("RDMAMW_PS_INIT_TIMEOUT") if init_timeout is None \
             else init_timeout
+        # a reply a worker does not take within this many seconds drops that worker: one
+        # thread serves them all, so a worker that never reads must not stall the rest
+        self.reply_timeout = config.get("RDMAMW_PS_REPLY_TIMEOUT") if reply_timeout is None \
+            else reply_timeout
+        self.dropped = 0            # workers dropped by reply_timeout (stats: dropped_workers)
         self.lost: set[int] = set()
         self.peers: dict[int, PeerMetrics] = {w: PeerMetrics() for w in self.chans}
         self._last = -1                                # the worker heard from last
@@ -156,6 +162,7 @@ class KVServer:
                           for k, v in self.scheduler.stats.items()}
             s["dsana"]["shares"] = dict(self.scheduler.shares)
         s.update(version=self.policy.version, keys=len(self.model), lost=sorted(self.lost),
+                 dropped_workers=self.dropped,
                  bytes_in=sum(p.bytes_in for p in self.peers.values()),
                  bytes_out=sum(p.bytes_out for p in self.peers.values()),
                  mode=self.consistency.mode)
@@ -422,18 +429,29 @@ class KVServer:
         self._send(w, [wire.pack(wire.ERR, k=key, msg=text)])
 
     def _send(self, w: int, msgs: list) -> bool:
-        """Send and wait (the model may change right after); False if ``w`` is gone."""
+        """Send and wait (the model may change right after); False if ``w`` is gone.
+        A worker that has not taken its replies within ``reply_timeout`` s (its ring
+        stays full: it sends and never reads) is dropped, its channel closed."""
+        t = self.reply_timeout
+        deadline = time.monotonic() + t
         try:
-            self.chans[w].send_batch(msgs).wait()
+            self.chans[w].send_batch(msgs, timeout=t).wait(
+                max(0.0, deadline - time.monotonic()))
             return True
         except (PeerLost, ChannelClosed) as e:
             self._lose(w, e)
-            return False
+        except Timeout:
+            self.dropped += 1
+            self.chans[w].close()
+            self._lose(w, None, f"rdmamw.ps: worker %d has not taken its replies for "
+                                f"RDMAMW_PS_REPLY_TIMEOUT {t:g} s; dropped, serving the others")
+        return False
 
-    def _lose(self, w: int, e: Exception) -> None:
+    def _lose(self, w: int, e: Exception | None,
+              why: str = "rdmamw.ps: worker %d lost (%s); serving the others") -> None:
         if w in self.lost or w in self.bye:
             return
-        log.warning("rdmamw.ps: worker %d lost (%s); serving the others", w, e)
+        log.warning(why, w, *(() if e is None else (e,)))
         self.lost.add(w)
         self._forget(w)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from rdmamw.bootstrap import ranklist
 from rdmamw.channel import Channel
 from rdmamw.errors import ProtocolError, RdmamwError, Timeout
 from rdmamw.ps import wire
@@ -373,7 +374,8 @@ class KVWorker:
                 if end is not None:
                     done[s] = end
             if deadline is not None and time.monotonic() > deadline and len(done) < len(rids):
-                raise Timeout(f"no reply from servers {sorted(set(rids) - set(done))}")
+                raise Timeout(f"no reply from servers "
+                              f"{ranklist.compact(set(rids) - set(done))}")
         return done
 
     def take_batch(self, s: int, msgs: list, hdr: dict, dest: dict | None, rid: int,

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import rdmamw.collectives as coll
 from rdmamw import errors
-from rdmamw.bootstrap import kvstore
+from rdmamw.bootstrap import kvstore, ranklist
 from rdmamw.bootstrap.env import detect
 from rdmamw.collectives.api import plan_barrier
 from rdmamw.collectives.comm import Communicator
@@ -502,7 +502,9 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                 pause = min(0.05, pause * 2)
             if missing and not wait_all_ranks:
                 missing = missing[:1]
-            store.set(f"{key}/done", ",".join(map(str, missing)).encode())
+            # the verdict as the message names it: a line, whatever the world size
+            said = ranklist.compact(missing) if missing else ""
+            store.set(f"{key}/done", said.encode())
         else:
             end += 5.0          # rank 0's verdict comes after its own timeout
             while not store.check([f"{key}/done"]):
@@ -511,10 +513,9 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                                   f"{secs:g} s")
                 time.sleep(pause)
                 pause = min(0.05, pause * 2)
-            got = bytes(store.get(f"{key}/done")).decode()
-            missing = [int(r) for r in got.split(",") if r]
-        if missing:
-            raise Timeout(f"monitored_barrier: ranks {missing} failed to pass "
+            said = bytes(store.get(f"{key}/done")).decode()
+        if said:
+            raise Timeout(f"monitored_barrier: ranks {said} failed to pass "
                           f"monitoredBarrier within {secs:g} s")
 
     # ---- point to point --------------------------------------------------------------
@@ -708,9 +709,20 @@ def _same_members(store: Any, rank: int, size: int, ranks: list[int]) -> None:
     for r in range(size):
         theirs = [int(x) for x in bytes(store.get(f"rdmamw/ranks/{r}")).decode().split(",")]
         if theirs != ranks:
+            pairs = zip(ranks, theirs, strict=False)      # the shorter list may end first
+            at = next((i for i, (a, b) in enumerate(pairs) if a != b),
+                      min(len(ranks), len(theirs)))
             raise ConfigError(f"new_group: this rank (group rank {rank}) was given ranks "
-                              f"{ranks} but group rank {r} was given {theirs}; every "
-                              f"member must pass the same ranks")
+                              f"{_listed(ranks)} but group rank {r} was given "
+                              f"{_listed(theirs)} (first different at position {at}); "
+                              f"every member must pass the same ranks")
+
+
+def _listed(ranks: list[int]) -> str:
+    """A group's ranks in a message: in their order when few, else compact (a line)."""
+    if len(ranks) <= ranklist.SHOWN:
+        return str(ranks)
+    return f"{ranklist.compact(ranks)} ({len(ranks)} ranks, sorted)"
 
 
 def _check_launcher(size: int) -> None:

@@ -25,7 +25,7 @@ import msgpack
 import numpy as np
 import torch
 
-from rdmamw.bootstrap import World
+from rdmamw.bootstrap import World, ranklist
 from rdmamw.channel import Channel
 from rdmamw.collectives.progress import Handle, Progress
 from rdmamw.errors import RdmamwError, Timeout
@@ -131,7 +131,8 @@ class PointToPoint:
                         return peer
                 if time.monotonic() >= end:
                     raise Timeout(f"recv from any source (tag {tag}): no message from "
-                                  f"ranks {peers} within {self.timeout:g} s")
+                                  f"ranks {ranklist.compact(peers)} within "
+                                  f"{self.timeout:g} s")
                 time.sleep(pause)
                 pause = min(0.002, pause * 2)
 
