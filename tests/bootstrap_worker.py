@@ -57,7 +57,8 @@ def main() -> None:
         for i in range(10):
             ch.send_batch([b"%07d" % i] * 32).wait(timeout=30)
         st = ch.stats()
-        traffic[r] = {k: st[k] - before[k] for k in ("batches", "doorbells", "wakeups_sent")}
+        traffic[r] = {k: st[k] - before[k] for k in ("batches", "doorbells", "wakeups_sent",
+                                                     "control_writes", "reclaim_writebacks")}
     for r, ch in chans.items():
         got = []
         while len(got) < 320:

@@ -353,9 +353,9 @@ def test_close_wakes_a_send_blocked_on_a_full_ring_in_another_thread(pair):
     import time
     a, b = pair
     payload = b"x" * 64
-    for _ in range(10_000):     # fill the ring: nobody on b receives
-        try:
-            a.send(payload, timeout=0)
+    for _ in range(10_000):     # fill the ring: nobody on b receives (a verbs ring
+        try:                    # grows while its sender waits: give it the time)
+            a.send(payload, timeout=0.5)
         except rdmamw.Timeout:
             break
     else:

@@ -16,6 +16,7 @@ ctypedef struct rm_counters:
     uint64_t credit_waits
     uint64_t arrival_waits
     uint64_t sleeps             # the Link's: times this side blocked in the transport's wait()
+    uint64_t word_writes        # the Link's: control words written to the peer (flags, ...)
     # rendezvous send
     uint64_t rndv_sends
     uint64_t rndv_writes

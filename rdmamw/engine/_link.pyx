@@ -172,6 +172,7 @@ cdef class Link:
     cdef int put_word(self, uint32_t region, uint32_t word, uint64_t *src) noexcept nogil:
         cdef rm_wr wr
         fill_wr(&wr, src, self.lkey_words, region, word * 8, 8)
+        self.cnt.word_writes += 1
         return self.tp.post(&wr, 1)
 
     cdef int announce_max_msg(self, uint64_t max_msg) except -1:
@@ -253,6 +254,7 @@ cdef class Link:
             "bytes_received": self.cnt.bytes_recv,
             "slots_received": self.cnt.slots_recv,
             "reclaim_writebacks": self.cnt.reclaim_wb,
+            "control_writes": self.cnt.word_writes,
             "credit_waits": self.cnt.credit_waits,
             "arrival_sleeps": self.cnt.arrival_waits,
             "rndv_sends": self.cnt.rndv_sends,
