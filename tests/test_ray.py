@@ -187,3 +187,33 @@ def test_register_is_idempotent():
     assert rdmamw.ray.register() == rdmamw.ray.register() == "rdmamw"
     assert _global_registry.get("RDMAMW") is rdmamw.ray.RdmamwGroup
     assert col.is_backend_available("rdmamw")
+
+
+def test_calls_run_in_the_callers_thread():
+    """Every collective asks the torch group for a blocking run (``asyncOp`` False):
+    the default, True, hands each call to the progress thread and back (1 MiB
+    allreduce 0.95 -> 0.39 ms in bench/ray_bench.py's actors)."""
+    seen = []
+
+    class Done:
+        def wait(self):
+            return True
+
+    class Group:
+        def __getattr__(self, name):
+            def call(*args):
+                seen.append((name, args[-1]))
+                return Done()
+            return call
+
+    g = rdmamw.ray.RdmamwGroup.__new__(rdmamw.ray.RdmamwGroup)
+    g._pg, a = Group(), np.zeros(4, np.float32)
+    g.allreduce([a])
+    g.reduce([a])
+    g.broadcast([a])
+    g.allgather([[a, a]], [a])
+    g.reducescatter([a], [[a, a]])
+    g.barrier()
+    assert [n for n, _ in seen] == ["allreduce", "reduce", "broadcast", "allgather",
+                                    "reduce_scatter", "barrier"]
+    assert all(o.asyncOp is False for _, o in seen), [(n, o.asyncOp) for n, o in seen]

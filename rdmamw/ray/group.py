@@ -83,6 +83,19 @@ def _one(tensors: Sequence[Any], what: str) -> Any:
     return tensors[0]
 
 
+def _blocking(kind: str, **fields: Any) -> Any:
+    """torch's ``<kind>Options`` for a blocking call (``asyncOp`` False: the
+    collective runs in this thread, no hand-over to the progress thread and back,
+    0.2 ms of a 1 MiB allreduce here), with ``fields`` set."""
+    from torch.distributed import distributed_c10d as c10d
+
+    o = getattr(c10d, f"{kind}Options")()
+    o.asyncOp = False
+    for k, v in fields.items():
+        setattr(o, k, v)
+    return o
+
+
 def _op(opts: Any) -> Any:
     """Ray's reduce op (options may be None, an instance or the class itself: Ray's
     ``allreduce`` passes the class) as torch's."""
@@ -129,46 +142,35 @@ class RdmamwGroup(BaseGroup):
     # ---- collectives -----------------------------------------------------------------
 
     def allreduce(self, tensor: list, allreduce_options: Any = None) -> None:
-        import torch.distributed as dist
-
-        o = dist.AllreduceOptions()
-        o.reduceOp = _op(allreduce_options)
+        o = _blocking("Allreduce", reduceOp=_op(allreduce_options))
         self._pg.allreduce([_tensor(_one(tensor, "allreduce"))], o).wait()
 
     def reduce(self, tensor: list, reduce_options: Any = None) -> None:
         """The result in ``tensor`` on the root; the others' tensors are left as they were."""
-        import torch.distributed as dist
-
-        o = dist.ReduceOptions()
-        o.reduceOp = _op(reduce_options)
-        o.rootRank = getattr(reduce_options, "root_rank", 0)
+        o = _blocking("Reduce", reduceOp=_op(reduce_options),
+                      rootRank=getattr(reduce_options, "root_rank", 0))
         self._pg.reduce([_tensor(_one(tensor, "reduce"))], o).wait()
 
     def broadcast(self, tensor: list, broadcast_options: Any = None) -> None:
-        import torch.distributed as dist
-
-        o = dist.BroadcastOptions()
-        o.rootRank = getattr(broadcast_options, "root_rank", 0)
+        o = _blocking("Broadcast", rootRank=getattr(broadcast_options, "root_rank", 0))
         self._pg.broadcast([_tensor(_one(tensor, "broadcast"))], o).wait()
 
     def allgather(self, tensor_list: list, tensor: list, allgather_options: Any = None
                   ) -> None:
         outs = [_tensor(t) for t in _one(tensor_list, "allgather")]
-        self._pg.allgather([outs], [_tensor(_one(tensor, "allgather"))]).wait()
+        self._pg.allgather([outs], [_tensor(_one(tensor, "allgather"))],
+                           _blocking("Allgather")).wait()
 
     def reducescatter(self, tensor: list, tensor_list: list,
                       reducescatter_options: Any = None) -> None:
         """This rank's part of the reduced list in ``tensor``; the list is left as it
         was (Ray's gloo group all-reduces it in place, an implementation detail)."""
-        import torch.distributed as dist
-
-        o = dist.ReduceScatterOptions()
-        o.reduceOp = _op(reducescatter_options)
+        o = _blocking("ReduceScatter", reduceOp=_op(reducescatter_options))
         ins = [_tensor(t) for t in _one(tensor_list, "reducescatter")]
         self._pg.reduce_scatter([_tensor(_one(tensor, "reducescatter"))], [ins], o).wait()
 
     def barrier(self, barrier_options: Any = None) -> None:
-        self._pg.barrier().wait()
+        self._pg.barrier(_blocking("Barrier")).wait()
 
     # ---- point to point --------------------------------------------------------------
 
