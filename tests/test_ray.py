@@ -89,6 +89,15 @@ class Member:
             return [np.asarray(u)]
         return [np.asarray(t)]
 
+    def mismatched(self, group: str) -> str:
+        """An allreduce whose dtype differs by rank: the error each rank gets."""
+        rank = col.get_rank(group)
+        try:
+            col.allreduce(np.ones(8, np.float32 if rank == 0 else np.int64), group)
+        except Exception as e:  # noqa: BLE001 - its type is the answer
+            return type(e).__name__
+        return "no error"
+
 
 def _declared_rank(group: str) -> int:
     col.get_group_handle(group)
@@ -169,6 +178,25 @@ def test_send_recv(members, kind):
     got = run(members, "sendrecv", kind)
     for rank, g in enumerate(got):      # each holds the other's array
         np.testing.assert_array_equal(g[0], inputs(1 - rank)[0])
+
+
+def test_a_mismatch_fails_on_every_rank_and_the_group_goes_on(members):
+    """Ranks calling allreduce with different dtypes: every rank raises (no hang, no
+    garbage), and the next collective on the group is right."""
+    assert ray.get([m.mismatched.remote("g") for m in members]) == ["CollectiveMismatch"] * 2
+    test_allreduce(members, "numpy", "sum")
+
+
+def test_refuses_what_it_cannot_move():
+    from unittest import mock
+
+    g = rdmamw.ray.RdmamwGroup.__new__(rdmamw.ray.RdmamwGroup)
+    g._pg = mock.Mock()
+    with pytest.raises(TypeError, match="numpy arrays and torch CPU tensors, not list"):
+        g.allreduce([[1.0, 2.0]])
+    with pytest.raises(ValueError, match="one tensor per process"):
+        g.broadcast([np.zeros(2), np.zeros(2)])
+    assert not g._pg.method_calls       # refused before anything is sent
 
 
 def test_group_declared_by_the_driver(members):
