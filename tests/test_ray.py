@@ -89,6 +89,9 @@ class Member:
             return [np.asarray(u)]
         return [np.asarray(t)]
 
+    def leave(self, group: str) -> None:
+        col.destroy_collective_group(group)
+
     def mismatched(self, group: str) -> str:
         """An allreduce whose dtype differs by rank: the error each rank gets."""
         rank = col.get_rank(group)
@@ -185,6 +188,21 @@ def test_a_mismatch_fails_on_every_rank_and_the_group_goes_on(members):
     garbage), and the next collective on the group is right."""
     assert ray.get([m.mismatched.remote("g") for m in members]) == ["CollectiveMismatch"] * 2
     test_allreduce(members, "numpy", "sum")
+
+
+def test_a_group_made_again_under_its_name_meets_afresh(members):
+    """destroy, then init under the same name, rank 1 first: it must not find the
+    first incarnation's endpoints in Ray's store (rank 0 removed them)."""
+    import time
+
+    want = np.sum(np.stack([inputs(r)[0] for r in range(SIZE)]), axis=0)
+    for _ in range(2):
+        late = members[1].join.remote("again", 1)
+        time.sleep(1.0)
+        ray.get([members[0].join.remote("again", 0), late])
+        for got in run(members, "allreduce", "numpy", "sum", group="again"):
+            np.testing.assert_array_equal(got[0], want)
+        ray.get([m.leave.remote("again") for m in members])
 
 
 def test_refuses_what_it_cannot_move():
