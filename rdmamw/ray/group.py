@@ -120,7 +120,11 @@ class RdmamwGroup(BaseGroup):
         self._pg = ProcessGroupRdmamw(kv, rank, world_size, datetime.timedelta(seconds=secs))
         # every rank has read every key once the barrier passes: rank 0 removes them,
         # so a group made again under this name meets afresh
-        self.barrier()
+        try:
+            self.barrier()
+        except BaseException:
+            self._pg.shutdown()         # its channels and listeners, not left open
+            raise
         if rank == 0:
             kv.clear()
 
