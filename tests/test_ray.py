@@ -263,3 +263,19 @@ def test_calls_run_in_the_callers_thread():
     assert [n for n, _ in seen] == ["allreduce", "reduce", "broadcast", "allgather",
                                     "reduce_scatter", "barrier"]
     assert all(o.asyncOp is False for _, o in seen), [(n, o.asyncOp) for n, o in seen]
+
+
+def test_a_failed_first_barrier_closes_the_group():
+    """The group's first barrier fails (a member died while joining): its channels
+    and listeners are closed, the error goes to Ray's caller."""
+    from unittest import mock
+
+    from rdmamw.errors import Timeout
+
+    pg = mock.Mock()
+    pg.barrier.return_value.wait.side_effect = Timeout("barrier: Timed out")
+    with mock.patch("rdmamw.ray.group.RayKV"), \
+            mock.patch("rdmamw.torch.backend.ProcessGroupRdmamw", return_value=pg), \
+            pytest.raises(Timeout):
+        rdmamw.ray.RdmamwGroup(2, 1, "dead")
+    pg.shutdown.assert_called_once_with()
