@@ -30,6 +30,7 @@ demo: $(STAMP)
 test: vm-deps $(STAMP)
 	bash scripts/setup_test_deps.sh
 	bash scripts/setup_torch.sh $(VPY)
+	bash scripts/setup_ray.sh $(VPY)
 	$(VPY) -m ruff check .
 	SOAK_SECONDS=$(SOAK_SECONDS) bash scripts/test-all.sh $(VPY)
 

@@ -36,3 +36,6 @@ PYEOF
 
 # torch.distributed's gloo is the allreduce bench's second baseline (CPU torch).
 bash "$(dirname "$0")/../scripts/setup_torch.sh" "$PY"
+
+# Ray for bench/ray_bench.py (rdmamw's ray.util.collective group against Ray's gloo one).
+bash "$(dirname "$0")/../scripts/setup_ray.sh" "$PY"

@@ -5,9 +5,5 @@
 # pull a multi-GB CUDA build. Optional: RDMAMW_TORCH=0 skips it, and without it those
 # tests skip with a reason. Usage: bash scripts/setup_torch.sh VENV_PYTHON
 set -euo pipefail
-PY="${1:?usage: scripts/setup_torch.sh VENV_PYTHON}"
-[ "${RDMAMW_TORCH:-1}" = 0 ] && exit 0
-"$PY" -c "import torch" 2>/dev/null && exit 0
-echo "setup_torch: pip installing torch==2.13.0 (CPU)"
-"$PY" -m pip install --quiet "torch==2.13.0" || \
-    echo "setup_torch: warning: torch not installed; the tests that need it skip" >&2
+exec bash "$(dirname "$0")/setup_optional.sh" "${1:?usage: scripts/setup_torch.sh VENV_PYTHON}" \
+    torch "torch==2.13.0" RDMAMW_TORCH

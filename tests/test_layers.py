@@ -45,6 +45,7 @@ BELOW["rdmamw.ps"] = LIBS | {"rdmamw.sched"}
 BELOW["rdmamw.torch"] = LIBS | {"rdmamw.collectives", "rdmamw.ps"}
 BELOW["rdmamw.aio"] = LIBS | {"rdmamw.collectives", "rdmamw.ps"}   # aio.collectives, aio.ps
 BELOW["rdmamw.dask"] = LIBS | {"rdmamw.aio"}
+BELOW["rdmamw.ray"] = LIBS | {"rdmamw.torch"}      # the torch backend's process group
 BELOW["rdmamw.testing"] = {"rdmamw.errors", "rdmamw.transport", "rdmamw.providers"}
 #: applications may use every library, never each other's insides
 APPS = ("rdmamw.apps", "rdmamw.cli")

@@ -1,0 +1,34 @@
+"""Ray on rdmamw: the ``ray.util.collective`` backend "rdmamw" (docs/ray.md).
+
+>>> import rdmamw.ray, ray.util.collective as col
+>>> rdmamw.ray.register()                       # driver and every actor   # doctest: +SKIP
+>>> col.init_collective_group(2, rank, backend="rdmamw")                  # doctest: +SKIP
+>>> col.allreduce(grad)                                                  # doctest: +SKIP
+
+Ray keeps its backend registry per process, so :func:`register` must run in the
+driver (``create_collective_group`` checks it there) and in each actor before its
+group is made; it is idempotent. Ray Train's ``TorchConfig(backend="rdmamw")`` uses
+``rdmamw.torch.register`` instead (a ``torch.distributed`` backend, docs/ray.md)."""
+
+from __future__ import annotations
+
+from rdmamw.ray.group import RayKV, RdmamwGroup
+
+BACKEND = "rdmamw"
+
+
+def register() -> str:
+    """Register :class:`RdmamwGroup` with ``ray.util.collective`` under "rdmamw"
+    (Ray upper-cases it: ``Backend.RDMAMW``) and return the name; a second call
+    does nothing (Ray's own ``register_collective_backend`` refuses a name twice)."""
+    from ray.util.collective.backend_registry import (
+        _global_registry,
+        register_collective_backend,
+    )
+
+    if not _global_registry.is_registered(BACKEND):
+        register_collective_backend(BACKEND, RdmamwGroup)
+    return BACKEND
+
+
+__all__ = ["BACKEND", "RayKV", "RdmamwGroup", "register"]
