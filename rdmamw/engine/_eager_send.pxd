@@ -39,6 +39,7 @@ cdef class EagerSender:
     cdef uint32_t post_planned(self, uint32_t k, uint32_t nplan, int *rc) noexcept nogil
     cdef uint32_t alloc(self, uint32_t want) noexcept nogil
     cdef bint take_grant(self) noexcept nogil
+    cdef bint use_grant(self, uint32_t n) noexcept with gil
     cdef int stage(self, uint32_t n) except -1
     cdef inline uint32_t lkey_of(self, uint32_t slot) noexcept nogil:
         """The key of the staging part that holds ``slot`` (the last part holds

@@ -136,15 +136,19 @@ cdef class EagerSender:
         n = min(self.peer_nslots, self.link.peer_granted())
         if n <= self.sbm.usable:
             return False
-        with gil:
-            try:
-                self.stage(n)
-                self.sbm.set_usable(n)
-            except Exception as e:      # no room to register: go on with what we have
-                self.grow_failed = True
-                log.warning("%s: the peer granted %d ring slots; staging them failed "
-                            "(%s): sending on %d", self.link.peer, n, e, self.sbm.usable)
-                return False
+        return self.use_grant(n)
+
+    cdef bint use_grant(self, uint32_t n) noexcept with gil:
+        """Stage the slots up to ``n`` and use them (the GIL only here: a function with
+        Python objects in it takes the GIL at every exit, so the hot path has none)."""
+        try:
+            self.stage(n)
+            self.sbm.set_usable(n)
+        except Exception as e:          # no room to register: go on with what we have
+            self.grow_failed = True
+            log.warning("%s: the peer granted %d ring slots; staging them failed "
+                        "(%s): sending on %d", self.link.peer, n, e, self.sbm.usable)
+            return False
         return True
 
     cdef int stage(self, uint32_t n) except -1:

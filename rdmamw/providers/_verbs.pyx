@@ -654,12 +654,14 @@ cdef class VerbsTransport(Transport):
         """A receive completion of ours was routed and not yet taken."""
         return rmv_load64(&self.route.recv_ok) != self.recv_seen
 
-    cdef void _settle(self) noexcept nogil:
+    cdef int _settle(self) noexcept nogil:
         """After arming: route what reached the receive CQ before the request (it
-        raises no event), waiting for a thread polling it already."""
+        raises no event), waiting for a thread polling it already; how many of ours
+        were taken (a wake-up that came before we slept: another thread may have routed
+        it between the caller's drain and the sleep flag, without writing our eventfd)."""
         while self.dev.poll_recv(self.route.rcq, True) == WC_BATCH:
             pass
-        self._drain_recv()
+        return self._drain_recv()
 
     # ---- a ring that grows (docs/protocol.md "Rings that grow") ----------------------
 
@@ -707,8 +709,7 @@ cdef class VerbsTransport(Transport):
             return 1
         self.dev.sleep(self.route, True)    # routed completions now write our eventfd
         self.dev.arm(self.route.rcq)
-        self._settle()
-        if self._woken():                   # arrived before we slept
+        if self._settle() > 0 or self._woken():     # arrived before we slept
             self.dev.sleep(self.route, False)
             self._drain_recv()
             return 1
