@@ -15,6 +15,14 @@ from rdmamw.transport._base cimport (
 from rdmamw.transport.atomics cimport rm_spin_lock, rm_spin_unlock
 
 
+cdef extern from "rm_sleepers.h" nogil:
+    ctypedef struct rm_sleepers:
+        pass
+    int rm_sleepers_init(rm_sleepers *s)
+    void rm_sleepers_destroy(rm_sleepers *s)
+    uint64_t rm_sleepers_gen(rm_sleepers *s)
+
+
 cdef class Link:
     # the only holder of the transport: the other units reach it through the methods
     # below (the inline ones cost what the direct call did)
@@ -40,6 +48,8 @@ cdef class Link:
     cdef rm_counters cnt
     cdef const int *pid_now         # this process's pid, current across fork (transport)
     cdef int owner_pid              # the process that made the transport
+    cdef rm_sleepers sleepers       # one thread at a time sleeps in the transport
+    cdef bint sleepers_ok
 
     cdef int attach(self, Transport tp, double spin_us) except -1
     cdef int check_rings(self, uint32_t nslots, uint64_t stride, uint32_t peer_nslots,
@@ -135,7 +145,10 @@ cdef class Link:
         return self.tp.take_grant()
 
     cdef object register_local(self, size_t addr, size_t length)
-    cdef int sleep(self, int timeout_ms) noexcept nogil
+    cdef int sleep(self, int timeout_ms, uint64_t seen) noexcept nogil
+    cdef inline uint64_t sleep_gen(self) noexcept nogil:
+        """Read before a sleeper's last look (sleep()'s ``seen``)."""
+        return rm_sleepers_gen(&self.sleepers)
     cdef int arm_fd(self) noexcept nogil
     cdef void disarm_fd(self) noexcept nogil
     cdef void reap_wakeups(self) noexcept nogil

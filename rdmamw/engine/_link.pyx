@@ -39,6 +39,13 @@ from rdmamw.errors import ChannelClosed, MessageTooLarge, PeerLost, ProtocolErro
 
 _log = logging.getLogger("rdmamw.channel")
 
+cdef extern from "rm_sleepers.h" nogil:
+    enum:
+        RM_SLEEP_POLL, RM_SLEEP_LOOK
+    int rm_sleepers_enter(rm_sleepers *s, uint64_t seen, int ms)
+    void rm_sleepers_polled(rm_sleepers *s)
+
+
 cdef int64_t DYING_NS = 200000000       # a refused READ: how long to look for the peer's death
 
 
@@ -87,12 +94,19 @@ cdef class Link:
         if self.words == NULL:
             raise MemoryError()
         self.words[1] = 1
+        if rm_sleepers_init(&self.sleepers) != 0:
+            free(self.words)
+            self.words = NULL
+            raise MemoryError()
+        self.sleepers_ok = True
         self.closed = True          # until attach() and the engine's set-up succeed
         self.pid_now = current_pid()
         self.owner_pid = self.pid_now[0]
 
     def __dealloc__(self):
         free(self.words)
+        if self.sleepers_ok:
+            rm_sleepers_destroy(&self.sleepers)
 
     cdef int attach(self, Transport tp, double spin_us) except -1:
         self.tp = tp
@@ -213,10 +227,19 @@ cdef class Link:
 
     # ---- the transport's calls of a waiting thread --------------------------------
 
-    cdef int sleep(self, int timeout_ms) noexcept nogil:
-        """Block in the transport until woken or ``timeout_ms`` pass (counted)."""
+    cdef int sleep(self, int timeout_ms, uint64_t seen) noexcept nogil:
+        """Block in the transport until woken or ``timeout_ms`` pass (counted); ``seen``:
+        sleep_gen() before the caller's last look. One thread sleeps in the transport,
+        the others wait for its return (rdmamw/include/rm_sleepers.h): a wake-up one
+        thread takes is never lost to another. 1: look again; 0: timed out; <0: the
+        transport's error."""
+        cdef int r = rm_sleepers_enter(&self.sleepers, seen, timeout_ms)
+        if r != RM_SLEEP_POLL:
+            return 1 if r == RM_SLEEP_LOOK else 0
         self.cnt.sleeps += 1
-        return self.tp.wait(timeout_ms)
+        r = self.tp.wait(timeout_ms)
+        rm_sleepers_polled(&self.sleepers)
+        return r
 
     cdef int arm_fd(self) noexcept nogil:
         return self.tp.arm_fd()

@@ -276,7 +276,9 @@ cdef class RndvReceiver:
         cdef int64_t next_check = t + PEER_CHECK_NS
         cdef uint64_t done
         cdef int status
+        cdef uint64_t seen
         while True:
+            seen = self.link.sleep_gen()
             self.link.reap()
             self.link.read_result(&done, &status)
             if done == self.rd_want:
@@ -298,7 +300,7 @@ cdef class RndvReceiver:
                 sched_yield()
                 continue
             self.link.sleep(                 # tcp wakes us when the answer is in
-                min(READ_NAP_MS, <int>((until - t) // 1000000) + 1))
+                min(READ_NAP_MS, <int>((until - t) // 1000000) + 1), seen)
 
     cdef int end_read(self) except -1:
         """The READ in flight is over (or the transport closed): give back its exposure

@@ -69,6 +69,7 @@ cdef class Waiter:
         cdef int64_t t = now_ns()
         cdef int st, r, ms
         cdef bint asked = False
+        cdef uint64_t seen
         if spin and what != WAIT_ARRIVAL:
             self.link.cnt.credit_waits += 1
         r = self.spin(what, target, min(until, t + self.link.spin_ns) if spin else t,
@@ -80,6 +81,7 @@ cdef class Waiter:
         if not (self.arrival_up and what == WAIT_ARRIVAL):
             self._flag(what, True)
         while True:
+            seen = self.link.sleep_gen()
             if self.ready(what, target):
                 r = 1
                 break
@@ -100,7 +102,7 @@ cdef class Waiter:
                     self.link.wake_peer()
                 asked = True
                 ms = min(ms, GRANT_ASK_MS)
-            st = self.link.sleep(ms)
+            st = self.link.sleep(ms, seen)
             if self.link.closed:        # closed by another thread (its close woke us)
                 r = 0
                 break
