@@ -231,7 +231,7 @@ chans = []
 for i in range(n):
     sys.stdin.readline()                  # the test says when
     try:
-        ch = rdmamw.Channel.open(address, timeout=60, slots=slots, slot_size=slot_size)
+        ch = rdmamw.Channel.open(address, timeout=180, slots=slots, slot_size=slot_size)
         ch.send(b"hello %d" % i).wait(timeout=30)
         chans.append(ch)
         print("open", i, flush=True)
@@ -317,10 +317,11 @@ def test_a_hello_asking_for_more_than_the_budget_is_refused_before_registering(
         t0 = time.monotonic()
         _go(p)
         refused = p.stdout.readline()
-        # told why at once, not left to wait out its 60 s timeout
+        # told why at once, not left to wait out its 180 s timeout (the handshake
+        # takes 10-35 s under TCG on a loaded CI)
         assert refused.split()[:3] == ["refused", "0", "PeerRefused"], refused
         assert "RDMAMW_VERBS_PINNED_BYTES" in refused, refused
-        assert time.monotonic() - t0 < 30
+        assert time.monotonic() - t0 < 90
         assert _verbs_dev.pinned()[0] == before
         assert [d.counters()["qps"] for d in _verbs_dev.devices()] == qps
     finally:
