@@ -1,0 +1,103 @@
+"""The device premise of one protection domain per process (issue 28 item 1, the plan in
+docs/design.md "One PD per process: memory windows"): with every peer's QP in one PD, an
+MR with remote access would be open to all of them, so the memory a peer may touch is
+given through a type-2 memory window bound to that peer's QP. Checked here with pyverbs
+alone, on the device of the soft-RoCE VM: the bound QP's peer READs the window, a QP of
+the same PD connected to someone else is refused, and so is the MR's own key (an MR
+registered without remote access)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.helpers import NO_DEVICE, VERBS_OK
+
+pytestmark = [pytest.mark.device, pytest.mark.skipif(not VERBS_OK, reason=NO_DEVICE)]
+
+REMOTE_ACCESS_ERROR = 10        # IBV_WC_REM_ACCESS_ERR
+SECRET = b"only-the-bound-peer-reads-this"
+
+
+def test_a_type_2_window_opens_memory_to_one_qp_of_a_shared_pd():
+    pytest.importorskip("pyverbs.device", reason="python3-pyverbs is not linked into the venv")
+    import pyverbs.enums as e
+    from pyverbs.addr import AHAttr, GlobalRoute
+    from pyverbs.cq import CQ
+    from pyverbs.device import Context
+    from pyverbs.mr import MR, MW, MWBindInfo
+    from pyverbs.pd import PD
+    from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+    from pyverbs.wr import SGE, SendWR
+
+    ctx = Context(name=os.environ.get("RXEVM_DEV", "rxe0"))
+    attr = ctx.query_device()
+    if not attr.device_cap_flags & e.IBV_DEVICE_MEM_WINDOW_TYPE_2B:
+        pytest.skip("the device has no type-2 memory windows")
+    gidx = int(os.environ.get("RXEVM_GID_INDEX", "1"))
+    port, gid = ctx.query_port(1), ctx.query_gid(1, gidx)
+    pd = PD(ctx)
+    cq = CQ(ctx, 64, None, None, 0)
+    acc = e.IBV_ACCESS_REMOTE_READ | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_LOCAL_WRITE
+
+    def qp():
+        cap = QPCap(max_send_wr=16, max_recv_wr=4, max_send_sge=1, max_recv_sge=1)
+        a = QPAttr(port_num=1)
+        a.qp_access_flags = acc
+        return QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap), a)
+
+    def connect(q, other):
+        a = QPAttr(port_num=1)
+        a.qp_access_flags = acc
+        a.path_mtu = port.active_mtu
+        a.dest_qp_num, a.rq_psn, a.sq_psn = other.qp_num, 0, 0
+        a.max_dest_rd_atomic = a.max_rd_atomic = 1
+        a.min_rnr_timer, a.timeout, a.retry_cnt, a.rnr_retry = 12, 14, 7, 7
+        a.ah_attr = AHAttr(port_num=1, is_global=1, dlid=port.lid,
+                           gr=GlobalRoute(dgid=gid, sgid_index=gidx))
+        q.to_rts(a)
+
+    def pair():
+        x, y = qp(), qp()
+        connect(x, y)
+        connect(y, x)
+        return x, y
+
+    def status(wr_id):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 20:
+            for wc in cq.poll(8)[1]:
+                if wc.wr_id == wr_id:
+                    return wc.status
+        raise AssertionError(f"no completion for work request {wr_id}")
+
+    dst = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE)
+
+    def read(q, rkey, addr, wr_id):
+        dst.write(b"\0" * len(SECRET), len(SECRET), 0)
+        w = SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_READ, num_sge=1,
+                   sg=[SGE(dst.buf, len(SECRET), dst.lkey)])
+        w.set_wr_rdma(rkey, addr)
+        q.post_send(w)
+        return status(wr_id), dst.read(len(SECRET), 0)
+
+    # every QP stays referenced: a destroyed responder would answer nothing at all
+    peer, mine = pair()                 # the peer's QP and ours: the window is the peer's
+    stranger, strangers_peer = pair()   # another peer's QP, in the same PD
+    third, thirds_peer = pair()
+    mem = MR(pd, 4096, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_MW_BIND)
+    mem.write(SECRET, len(SECRET), 0)
+    mw = MW(pd, e.IBV_MW_TYPE_2)
+    bind = SendWR(wr_id=1, opcode=e.IBV_WR_BIND_MW, num_sge=0)
+    bind.set_bind_wr(mw, MWBindInfo(mem, mem.buf, 4096, e.IBV_ACCESS_REMOTE_READ))
+    try:
+        mine.post_send(bind)
+        assert status(1) == 0
+        rkey = bind.rkey    # the key the bind made (pyverbs increments mw.rkey's tag)
+        assert read(peer, rkey, mem.buf, 2) == (0, SECRET)
+        assert read(stranger, rkey, mem.buf, 3) == (REMOTE_ACCESS_ERROR, b"\0" * len(SECRET))
+        assert read(third, mem.rkey, mem.buf, 4) == (REMOTE_ACCESS_ERROR, b"\0" * len(SECRET))
+    finally:
+        mw.close()          # first: an MR with a window bound to it cannot be deregistered
