@@ -18,7 +18,7 @@ partition, and rows go to the same output partition on either scheme (a hash of
 the input's.
 
     python bench/dask_shuffle.py [--gb 1] [--reps 3] [--workers 4] [--part-mib 32]
-                                 [--no-disk] [--json]
+                                 [--no-disk] [--metrics] [--json]
 """
 
 from __future__ import annotations
@@ -100,6 +100,14 @@ class Side:
         got = self.client.compute(expr).result()
         return time.perf_counter() - t, got
 
+    def metrics(self) -> dict[str, float]:
+        """The scheduler's cumulative fine performance metrics in seconds (what the
+        workers' tasks and P2P's background comms/disk spent, by activity)."""
+        def get(dask_scheduler):
+            return {repr(k): v for k, v in dask_scheduler.cumulative_worker_metrics.items()
+                    if isinstance(k, tuple) and k[-1] == "seconds"}
+        return self.client.run_on_scheduler(get)
+
     def close(self) -> None:
         self.client.close()
         self.cluster.close()
@@ -115,7 +123,7 @@ def agree(results: dict[str, list], inputs: dict[str, list[int]], nparts: int) -
 
 
 def run(gb: float, reps: int, workers: int = 4, part_mib: int = 32,
-        disk: bool = True) -> dict:
+        disk: bool = True, metrics: bool = False) -> dict:
     """The whole comparison; raises if the schemes' results differ."""
     import dask
     sys.path.insert(0, ROOT)                    # this tree, here and in the workers
@@ -129,6 +137,7 @@ def run(gb: float, reps: int, workers: int = 4, part_mib: int = 32,
     rows = -(-total_rows // nparts)
     times: dict[str, list[float]] = {s: [] for s in SCHEMES}
     results: dict[str, list] = {s: [] for s in SCHEMES}
+    spent: dict[str, dict[str, float]] = {s: {} for s in SCHEMES}
     # forkserver: a worker starts in half the time spawn takes
     with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver",
                           "distributed.p2p.storage.disk": disk}):
@@ -138,7 +147,11 @@ def run(gb: float, reps: int, workers: int = 4, part_mib: int = 32,
                 sides[s] = Side(s, workers, nparts, rows)
             for r in range(reps):
                 for s in (SCHEMES if r % 2 == 0 else SCHEMES[::-1]):
+                    before = sides[s].metrics() if metrics else {}
                     dt, got = sides[s].shuffle_once()
+                    if metrics:
+                        for k, v in sides[s].metrics().items():
+                            spent[s][k] = spent[s].get(k, 0.0) + v - before.get(k, 0.0)
                     times[s].append(dt)
                     results[s].append(got.reset_index(drop=True))
             inputs = {s: _totals(side.input_sums) for s, side in sides.items()}
@@ -153,6 +166,9 @@ def run(gb: float, reps: int, workers: int = 4, part_mib: int = 32,
            "times_s": times, "median_s": med,
            "rdmamw_over_tcp": med["rdmamw"] / med["tcp"],
            "identical": identical, "totals": dict(zip(SUMS, _totals(ref), strict=True))}
+    if metrics:         # per scheme, summed over the reps and the workers
+        out["metrics_s"] = {s: {k: v for k, v in sorted(m.items(), key=lambda kv: -kv[1])
+                                if v >= 0.05} for s, m in spent.items()}
     if not identical:
         raise AssertionError(f"the schemes' shuffles differ: {json.dumps(out)}")
     return out
@@ -166,9 +182,11 @@ def main() -> None:
     ap.add_argument("--part-mib", type=int, default=32, help="MiB per partition")
     ap.add_argument("--no-disk", dest="disk", action="store_false",
                     help="P2P keeps its shards in memory (distributed.p2p.storage.disk)")
+    ap.add_argument("--metrics", action="store_true", help="where the workers' time "
+                    "went: distributed's fine performance metrics, per scheme")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    res = run(args.gb, args.reps, args.workers, args.part_mib, args.disk)
+    res = run(args.gb, args.reps, args.workers, args.part_mib, args.disk, args.metrics)
     if args.json:
         print(json.dumps(res, indent=1))
         return
@@ -179,6 +197,10 @@ def main() -> None:
               + f"  | median {res['median_s'][s]:7.2f} s")
     print(f"rdmamw/tcp: {res['rdmamw_over_tcp']:.2f}x (target <= 0.75x); "
           f"results identical: {res['identical']}")
+    for s, m in res.get("metrics_s", {}).items():
+        print(f"{s}: worker seconds by activity, all reps (>= 0.05 s)")
+        for k, v in m.items():
+            print(f"  {v:8.2f}  {k}")
 
 
 if __name__ == "__main__":
