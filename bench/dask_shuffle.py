@@ -9,7 +9,7 @@ the timed part is the shuffle only: ``shuffle("k", shuffle_method="p2p")`` follo
 a cheap reduction that forces it, one row of integer sums per output partition. The
 reps alternate between the schemes (rdmamw, tcp, tcp, rdmamw, ...) so that a noisy
 neighbour hurts both alike; reported: every rep's wall time, the medians and
-rdmamw/tcp, and each rep's rdmamw/tcp (its two shuffles ran back to back) with their
+rdmamw over tcp, and each rep's rdmamw over tcp (its two shuffles ran back to back) with their
 median. Only same-run ratios mean anything.
 
 The per-partition sums (row count, sums of the integer columns and of every float
@@ -199,7 +199,7 @@ def main() -> None:
     for s in SCHEMES:
         print(f"{s:>7}: " + " ".join(f"{t:7.2f}" for t in res["times_s"][s])
               + f"  | median {res['median_s'][s]:7.2f} s")
-    print(f"rdmamw/tcp: {res['rdmamw_over_tcp']:.2f}x of the medians (target <= 0.75x);"
+    print(f"rdmamw vs tcp: {res['rdmamw_over_tcp']:.2f}x of the medians (target <= 0.75x);"
           " per rep: " + " ".join(f"{r:.2f}" for r in res["paired"])
           + f", median {res['paired_median']:.2f}x; results identical: {res['identical']}")
     for s, m in res.get("metrics_s", {}).items():
