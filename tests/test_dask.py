@@ -560,7 +560,7 @@ def p2p_shuffle(protocol: str, nparts: int, rows: int):
                          worker_dashboard_address=None) as cluster, Client(cluster) as c:
         assert all(a.startswith(protocol) for a in c.scheduler_info()["workers"])
         ddf = dd.from_pandas(df, npartitions=nparts)
-        out = ddf.shuffle("k", method="p2p", npartitions=nparts)
+        out = ddf.shuffle("k", shuffle_method="p2p", npartitions=nparts)
         parts = c.compute(out.to_delayed())
         got = [p.result() for p in parts]
         import dask.array as da
@@ -597,7 +597,8 @@ def shuffle_with_a_killed_worker(protocol: str) -> tuple[str, int]:
             LocalCluster(protocol=protocol, host="127.0.0.1", n_workers=4,
                          threads_per_worker=1, processes=True, dashboard_address=None,
                          worker_dashboard_address=None) as cluster, Client(cluster) as c:
-        out = dd.from_pandas(df, npartitions=16).shuffle("k", method="p2p", npartitions=16)
+        out = dd.from_pandas(df, npartitions=16).shuffle(
+            "k", shuffle_method="p2p", npartitions=16)
         fut = c.compute(out.map_partitions(len).sum())
         pids = c.run(os.getpid)
         deadline = time.monotonic() + 30
