@@ -560,7 +560,7 @@ def p2p_shuffle(protocol: str, nparts: int, rows: int):
                          worker_dashboard_address=None) as cluster, Client(cluster) as c:
         assert all(a.startswith(protocol) for a in c.scheduler_info()["workers"])
         ddf = dd.from_pandas(df, npartitions=nparts)
-        out = ddf.shuffle("k", method="p2p", npartitions=nparts)
+        out = ddf.shuffle("k", shuffle_method="p2p", npartitions=nparts)
         parts = c.compute(out.to_delayed())
         got = [p.result() for p in parts]
         import dask.array as da
@@ -597,7 +597,8 @@ def shuffle_with_a_killed_worker(protocol: str) -> tuple[str, int]:
             LocalCluster(protocol=protocol, host="127.0.0.1", n_workers=4,
                          threads_per_worker=1, processes=True, dashboard_address=None,
                          worker_dashboard_address=None) as cluster, Client(cluster) as c:
-        out = dd.from_pandas(df, npartitions=16).shuffle("k", method="p2p", npartitions=16)
+        out = dd.from_pandas(df, npartitions=16).shuffle(
+            "k", shuffle_method="p2p", npartitions=16)
         fut = c.compute(out.map_partitions(len).sum())
         pids = c.run(os.getpid)
         deadline = time.monotonic() + 30
@@ -620,3 +621,59 @@ def test_a_worker_killed_during_a_p2p_shuffle_ends_as_on_tcp():
     want = shuffle_with_a_killed_worker("tcp://")
     print("killed worker: rdmamw", got, "tcp", want)
     assert got == want and got[1] == 42, (got, want)
+
+
+# ---- bench/dask_shuffle.py (issue 31 item 4) -----------------------------------------
+def _shuffle_bench():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("dask_shuffle",
+                                                  ROOT / "bench" / "dask_shuffle.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_shuffle_benchs_sums_ignore_row_order_and_catch_a_changed_value():
+    """What the bench compares across schemes: per-partition sums that a P2P shuffle's
+    arrival order cannot change, but one changed bit of one value does."""
+    b = _shuffle_bench()
+    part = b.make_part(3, 1000)
+    assert part["i"].tolist() == list(range(3000, 4000))
+    assert part.equals(b.make_part(3, 1000))                # seeded: the same everywhere
+    base = b.sums(part)
+    assert base.equals(b.sums(part.sample(frac=1, random_state=1)))
+    changed = part.copy()
+    changed.loc[17, "f4"] = np.nextafter(changed.loc[17, "f4"], 2.0)
+    assert not base.equals(b.sums(changed))
+    other = b.sums(changed)
+    inputs = {"rdmamw": b._totals(base), "tcp": b._totals(base)}
+    assert b.agree({"rdmamw": [base, base], "tcp": [base]}, inputs, 1)
+    assert not b.agree({"rdmamw": [base, base], "tcp": [other]}, inputs, 1)
+    assert not b.agree({"rdmamw": [base, other], "tcp": [base]}, inputs, 1)
+    assert not b.agree({"rdmamw": [base], "tcp": [base]}, inputs, 2)      # a lost part
+    assert not b.agree({"rdmamw": [base], "tcp": [base]},
+                       {"rdmamw": b._totals(other), "tcp": b._totals(base)}, 1)
+
+
+def test_the_shuffle_bench_runs_both_schemes_and_they_agree():
+    """bench/dask_shuffle.py at a tiny size: one P2P shuffle per scheme on 2 worker
+    processes each (4 in the real run), the JSON it prints, both schemes' sums equal."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "dask_shuffle.py"),
+                          "--gb", "0.01", "--reps", "1", "--part-mib", "1", "--workers", "2",
+                          "--json"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                             p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+    res = json.loads(out.stdout)
+    assert res["identical"] is True and res["workers"] == 2 and res["reps"] == 1
+    assert res["partitions"] == 11 and res["rows"] >= (1 << 30) // 100 // 64
+    assert res["totals"]["n"] == res["rows"]
+    assert res["totals"]["i"] == res["rows"] * (res["rows"] - 1) // 2
+    for s in ("rdmamw", "tcp"):
+        assert len(res["times_s"][s]) == 1 and res["median_s"][s] > 0
+    assert res["rdmamw_over_tcp"] == pytest.approx(res["median_s"]["rdmamw"]
+                                                   / res["median_s"]["tcp"])
+    assert res["paired"] == pytest.approx([res["times_s"]["rdmamw"][0]
+                                           / res["times_s"]["tcp"][0]])
