@@ -329,7 +329,7 @@ cdef class Link:
         while not self.tp.peer_exited():
             if self.tp.peer_state() >= 0 or now_ns() >= until:
                 return RM_OK        # (a connection still up: the peer refused, alive)
-            self.tp.wait(10)
+            self.sleep(10, self.sleep_gen())     # one sleeper in the transport
         self.peer_gone = True
         return RM_ERR_PEER_LOST
 

@@ -55,6 +55,10 @@ cdef extern from *:
     static inline int rmv_add32(volatile int *p, int v) {
         return __atomic_add_fetch((int *)p, v, __ATOMIC_SEQ_CST);
     }
+    static inline int rmv_flip32(volatile int *p, int from, int to) {
+        return __atomic_compare_exchange_n((int *)p, &from, to, 0, __ATOMIC_SEQ_CST,
+                                           __ATOMIC_SEQ_CST);
+    }
     """
     ibv_mr *XMR_BUSY "RMV_XMR_BUSY"     # a claimed slot whose ibv_reg_mr is under way
     uint64_t rmv_add64(uint64_t *p, uint64_t v) nogil
@@ -63,6 +67,7 @@ cdef extern from *:
     int rmv_load32(int *p) nogil
     void rmv_store32(int *p, int v) nogil
     int rmv_add32(int *p, int v) nogil
+    bint rmv_flip32(int *p, int frm, int to) nogil
 
 
 cdef struct rmv_route:

@@ -380,8 +380,7 @@ cdef class VerbsDevice:
                 self._put(self.table, cap, x)
                 j = (j + 1) & (cap - 1)
         rm_spin_unlock(&self.tlock)
-        if r.sleeping:
-            r.sleeping = 0
+        if rmv_flip32(&r.sleeping, 1, 0):
             rmv_add32(&self.sleepers, -1)
         rm_spin_unlock(&self.r_lock[r.rcq])
         rm_spin_unlock(&self.s_lock[r.scq])
@@ -506,12 +505,16 @@ cdef class VerbsDevice:
         rm_spin_unlock(&self.r_lock[i])
 
     cdef void sleep(self, rmv_route *r, bint up) noexcept nogil:
-        """Mark ``r`` sleeping (its receive completions write its eventfd) or awake."""
-        if up and not rmv_load32(&r.sleeping):
-            rmv_store32(&r.sleeping, 1)
-            rmv_add32(&self.sleepers, 1)
-        elif not up and rmv_load32(&r.sleeping):
-            rmv_store32(&r.sleeping, 0)
+        """Mark ``r`` sleeping (its receive completions write its eventfd) or awake.
+        The flag flips by compare-and-swap, so ``sleepers`` moves once per flip: a
+        load-then-store let two callers (a wait and the route's removal, or two
+        waits) both take one flag down, and a count one too low arms the CQs for
+        solicited completions only while a route sleeps (its receiver is never woken:
+        a verbs `rdmamw perf -t lat` in the CI's device run hung after earlier tests)."""
+        if up:
+            if rmv_flip32(&r.sleeping, 0, 1):
+                rmv_add32(&self.sleepers, 1)
+        elif rmv_flip32(&r.sleeping, 1, 0):
             rmv_add32(&self.sleepers, -1)
 
     def _run(self):
@@ -553,6 +556,7 @@ cdef class VerbsDevice:
     def counters(self):
         """What the device holds for this process: queue pairs, shared CQs, events."""
         return {"qps": self.n_qps, "send_cqs": self.n_scqs, "recv_cqs": self.n_rcqs,
+                "sleepers": rmv_load32(&self.sleepers),
                 "cq_events": self.n_events, "routed": self.n_routed,
                 "dropped": self.n_dropped}
 
