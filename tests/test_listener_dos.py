@@ -24,6 +24,7 @@ from rdmamw.bootstrap import store
 from rdmamw.bootstrap.launch import free_port
 from rdmamw.errors import ConfigError
 from rdmamw.providers import tcp
+from rdmamw.providers._listener import listen_backlog
 from rdmamw.transport import wire as _wire
 from tests.helpers import LISTEN_ADDRESS, NO_DEVICE, VERBS_OK, reap, unique_name
 from tests.test_bootstrap import WORKER, clean_env
@@ -404,3 +405,116 @@ def _recv_or_empty(s: socket.socket) -> bytes:
         return s.recv(65536)
     except (ConnectionResetError, TimeoutError):
         return b""
+
+
+# ---- issue 28 item 4: a connection storm ---------------------------------------------
+
+def test_proven_clients_past_the_backlog_wait_for_a_slot_not_a_thread_each(monkeypatch):
+    """Token holders that prove the token and then say nothing, five times
+    RDMAMW_LISTEN_BACKLOG of them: at most the backlog's handshake threads run at once
+    (the others wait in the loop's queue), each is cut at its deadline, and a real peer
+    after them gets through."""
+    monkeypatch.setenv("RDMAMW_LISTEN_BACKLOG", "4")
+    monkeypatch.setenv("RDMAMW_HANDSHAKE_TIMEOUT", "1")
+    most = [0]
+    with rdmamw.listen("tcp://127.0.0.1:0") as lst:
+        with pytest.raises(rdmamw.Timeout):
+            lst.accept(timeout=0.05)          # the loop runs
+        socks = [raw_client(lst.address) for _ in range(20)]
+
+        def prove(s: socket.socket) -> None:
+            s.settimeout(30)
+            try:
+                auth.open_side(s)             # answered once its handshake has a thread
+            except OSError:
+                pass
+
+        provers = [threading.Thread(target=prove, args=(s,), daemon=True) for s in socks]
+        for t in provers:
+            t.start()
+        while any(t.is_alive() for t in provers):
+            n = sum(t.name.startswith("rdmamw-handshake") for t in threading.enumerate())
+            most[0] = max(most[0], n)
+            time.sleep(0.002)
+        # (+2: a thread that gave its slot back may not have ended yet when the next starts)
+        assert 1 <= most[0] <= 4 + 2, f"{most[0]} handshake threads for 20 proven clients"
+        took, a, b = open_and_accept(lst, timeout=30)
+        check_works(a, b)
+        for s in socks:
+            s.close()
+
+
+
+STORM = """
+import sys, threading, rdmamw
+addr, n, tag = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+out = [None] * n
+def run(i):
+    try:
+        ch = rdmamw.Channel.open(addr, timeout=240, slots=4, slot_size=4096)
+        ch.send(b"%s.%d" % (tag.encode(), i)).wait(timeout=120)
+        out[i] = bytes(ch.recv(timeout=240)).decode()
+        ch.close()
+    except Exception as e:
+        out[i] = "error %s: %s" % (type(e).__name__, e)
+ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print("\\n".join(out), flush=True)
+"""
+
+#: (opener processes, channels each opens at once): hundreds on the host; fewer under TCG
+STORMS = {"tcp": (4, 50), "shm": (4, 50), "verbs": (4, 25)}
+
+
+@pytest.mark.parametrize("provider", ALL_PROVIDERS)
+def test_a_storm_of_openers_is_served_whole_with_a_bounded_number_of_threads(
+        provider, monkeypatch):
+    """Processes that each open tens of channels at once to one listener (a job's start,
+    every rank connecting to every other): every channel is accepted and works, none times
+    out, and the listener runs at most RDMAMW_LISTEN_BACKLOG handshake threads at a time,
+    not one per peer. (The openers share one address, where a job's ranks come from one per
+    host: the per-source cap on unproven strangers is lifted to match.)"""
+    monkeypatch.setenv("RDMAMW_UNPROVEN_PER_SOURCE", "1024")
+    monkeypatch.setenv("RDMAMW_UNPROVEN_MAX", "1024")
+    procs, each = STORMS[provider]
+    total = procs * each
+    most, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            n = sum(t.name.startswith("rdmamw-handshake") for t in threading.enumerate())
+            most[0] = max(most[0], n)
+            time.sleep(0.002)
+
+    with rdmamw.listen(LISTEN_ADDRESS[provider](), slots=4, slot_size=4096) as lst:
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        env = {**os.environ, "PYTHONPATH": ROOT}
+        openers = [subprocess.Popen([sys.executable, "-c", STORM, lst.address, str(each),
+                                     str(k)], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                                    env=env) for k in range(procs)]
+        chans: list[rdmamw.Channel] = []
+        try:
+            for _ in range(total):
+                chans.append(lst.accept(timeout=240))
+            stop.set()
+            tags = []
+            for ch in chans:
+                tags.append(bytes(ch.recv(timeout=120)).decode())
+                ch.send(tags[-1].encode() + b" back").wait(timeout=120)
+            outs = [p.communicate(timeout=240)[0].splitlines() for p in openers]
+        finally:
+            stop.set()
+            for p in openers:
+                p.kill()
+                p.wait()
+            for ch in chans:
+                ch.close()
+    want = [f"{k}.{i}" for k in range(procs) for i in range(each)]
+    assert sorted(tags) == sorted(want)
+    assert outs == [[f"{k}.{i} back" for i in range(each)] for k in range(procs)]
+    # (+2: a thread that gave its slot back may not have ended yet when the next starts)
+    assert 1 <= most[0] <= listen_backlog() + 2, f"{most[0]} handshake threads, {total} openers"

@@ -24,7 +24,7 @@ from rdmamw import auth
 from rdmamw.bootstrap import ranklist
 from rdmamw.errors import PeerLost, PeerNotFound, PeerRefused, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import providers
-from rdmamw.providers._listener import HandshakeListener
+from rdmamw.providers._listener import KERNEL_BACKLOG, HandshakeListener
 from rdmamw.transport.wire import field, recv_frame, send_frame
 
 log = logging.getLogger("rdmamw.bootstrap")
@@ -67,7 +67,7 @@ def listen(host: str, port: int) -> socket.socket:
             raise RdmamwError(f"rank 0 cannot listen on MASTER_ADDR={host}: not an address "
                               f"of this host") from None
         raise
-    sock.listen(1024)
+    sock.listen(KERNEL_BACKLOG)
     return sock
 
 

@@ -19,7 +19,10 @@ the loop shuts down a socket whose handshake outlives it). Finished handshakes w
 queue for ``accept()``; failed ones are logged with the peer and the reason (the first
 ``DROPS_LOGGED`` of every ``DROPS_WINDOW`` s one by one, the others counted in one
 line), and dropped. While ``RDMAMW_LISTEN_BACKLOG`` connections (default 16) are in a
-handshake or finished but not yet accepted, new ones wait in the kernel's listen queue.
+handshake or finished but not yet accepted, new ones wait in the kernel's listen queue
+(``KERNEL_BACKLOG`` long) and proven ones in the loop's, in order, their deadline
+starting with their handshake: a storm of hundreds of ranks opening channels at once
+costs at most that many threads, never one per peer.
 ``close()`` stops the loop, cuts the handshakes under way and closes what was never
 accepted."""
 
@@ -43,6 +46,11 @@ T = TypeVar("T")
 
 #: failures that are ours, not the peer's: accept() raises them instead of dropping
 LOCAL_ERRORS = (ProviderUnavailable, ConfigError)
+
+#: the kernel's queue of connections not yet taken by the loop (``listen()``'s backlog;
+#: net.core.somaxconn caps it): as long as the system allows, so that a storm of ranks
+#: connecting at once waits there instead of having SYNs dropped and retried seconds later
+KERNEL_BACKLOG = socket.SOMAXCONN
 
 
 #: dropped connections a listener logs one by one in each DROPS_WINDOW s; a flood of
@@ -130,6 +138,7 @@ class HandshakeListener(Generic[T]):
         self._workers: set[threading.Thread] = set()
         self._held = 0                    # pending + done: bounded by _limit
         self._strangers: dict[int, _Stranger] = {}    # by fd, oldest first
+        self._proven: deque[_Stranger] = deque()        # proved, waiting for a slot
         self._proof_timeout = proof_timeout()
         self._per_source, self._grace, self._unproven_max = unproven_caps()
         self._closed = False
@@ -208,9 +217,10 @@ class HandshakeListener(Generic[T]):
                 os.eventfd_write(self._wake, 1)
         if self._loop is not None:
             self._loop.join()             # no new handshakes from here on
-        for st in list(self._strangers.values()):
+        for st in [*self._strangers.values(), *self._proven]:
             st.conn.close()
         self._strangers.clear()
+        self._proven.clear()
         with self._lock:
             left, self._done = list(self._done), deque()
             for p in self._pending:
@@ -249,8 +259,12 @@ class HandshakeListener(Generic[T]):
 
     def _tick(self) -> tuple[bool, float | None, list[int]] | None:
         """(room for another handshake, seconds to the next deadline, the strangers'
-        fds), after cutting the handshakes and strangers past theirs; None once closed."""
+        fds), after cutting the handshakes and strangers past theirs and giving free slots
+        to the proven; None once closed."""
         now = time.monotonic()
+        while self._proven and self._held < self._limit and not self._closed:
+            st = self._proven.popleft()
+            self._spawn(st.conn, st.addr, time.monotonic(), (st.nonce, st.buf))
         for fd, st in list(self._strangers.items()):
             if st.deadline <= now:
                 self._drop(fd, f"did not prove the token within {self._proof_timeout:g} s")
@@ -264,8 +278,8 @@ class HandshakeListener(Generic[T]):
         if self._strangers:
             first = min(st.deadline for st in self._strangers.values())
             wait = first if wait is None else min(wait, first)
-        return (self._held < self._limit, None if wait is None else wait - now,
-                list(self._strangers))
+        return (self._held < self._limit and not self._proven,
+                None if wait is None else wait - now, list(self._strangers))
 
     def _drop(self, fd: int, reason: str) -> None:
         """Hang up on a stranger (the loop's thread)."""
@@ -330,7 +344,7 @@ class HandshakeListener(Generic[T]):
 
     def _heard(self, fd: int) -> None:
         """A stranger sent something: the proof once it is whole (then its handshake
-        gets a thread), or a hang-up."""
+        waits for a slot: see _tick), or a hang-up."""
         st = self._strangers.get(fd)
         if st is None:
             return
@@ -348,7 +362,7 @@ class HandshakeListener(Generic[T]):
         if len(st.buf) == auth.PROOF_BYTES:
             del self._strangers[fd]
             st.conn.setblocking(True)
-            self._spawn(st.conn, st.addr, st.accepted, (st.nonce, st.buf))
+            self._proven.append(st)
 
     def _take(self) -> None:
         try:

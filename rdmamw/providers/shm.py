@@ -42,7 +42,7 @@ from rdmamw.errors import (
     Timeout,
 )
 from rdmamw.providers import Connected
-from rdmamw.providers._listener import HandshakeListener
+from rdmamw.providers._listener import KERNEL_BACKLOG, HandshakeListener
 from rdmamw.providers._shm import XTAB_BYTES, ShmTransport, cma_probe
 from rdmamw.providers.base import Advert, RankPair
 from rdmamw.transport import layout
@@ -263,7 +263,7 @@ class ShmListener(HandshakeListener[Connected]):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         try:
             sock.bind(_address(name))
-            sock.listen(128)
+            sock.listen(KERNEL_BACKLOG)
             super().__init__(sock, log)
         except OSError as e:
             sock.close()

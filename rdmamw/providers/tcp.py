@@ -27,7 +27,7 @@ import time
 from rdmamw import auth, config
 from rdmamw.errors import ConfigError, PeerNotFound, ProtocolError, RdmamwError, Timeout
 from rdmamw.providers import Connected
-from rdmamw.providers._listener import HandshakeListener
+from rdmamw.providers._listener import KERNEL_BACKLOG, HandshakeListener
 from rdmamw.providers._tcp import TcpTransport, alloc_block, free_block
 from rdmamw.providers.base import Advert, RankPair
 from rdmamw.transport import layout
@@ -154,7 +154,7 @@ class TcpListener(HandshakeListener[Connected]):
                 raise RdmamwError(f"tcp://{where}: {host} is not an address of this "
                                   f"host") from None
             raise
-        sock.listen(128)
+        sock.listen(KERNEL_BACKLOG)
         self.host, self.port = host, sock.getsockname()[1]
         try:
             super().__init__(sock, log)

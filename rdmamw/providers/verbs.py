@@ -33,7 +33,7 @@ from rdmamw.errors import (
 )
 from rdmamw.providers import Connected, verbs_rank
 from rdmamw.providers import verbs_device as dev
-from rdmamw.providers._listener import HandshakeListener
+from rdmamw.providers._listener import KERNEL_BACKLOG, HandshakeListener
 from rdmamw.providers.base import Advert, RankPair
 from rdmamw.providers.verbs_address import Where, parse_where
 from rdmamw.transport import layout
@@ -233,7 +233,7 @@ class VerbsListener(HandshakeListener[Connected]):
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.w.host, self.w.port))
-            sock.listen(128)
+            sock.listen(KERNEL_BACKLOG)
             self.port = sock.getsockname()[1]
             super().__init__(sock, log)
         except OSError as e:
