@@ -30,8 +30,8 @@ TAKES = {
     "qp_error": (VerbsTransport, ()),
     "verbs_side_socket": (VerbsTransport, ()),
 }
-#: the hooks that take something else first (bytes, a Channel)
-OTHERS = {"apply_stream", "slot_address"}
+#: the hooks that take something else first (bytes, a Channel, a verbs device)
+OTHERS = {"apply_stream", "set_max_mr", "slot_address"}
 
 
 @pytest.fixture(scope="module")

@@ -278,6 +278,64 @@ def test_the_device_tells_its_limits():
 
 
 
+def test_memory_registrations_are_counted_and_max_mr_refuses_the_next_channel():
+    """The device counts the process's memory registrations (counters()["mrs"]): a
+    channel's come back exactly when it closes. Past the device's max_mr the next
+    channel is refused with an error naming max_mr, before the driver is asked; the
+    open channels keep working."""
+    from rdmamw import testing
+    a, b, lst, ta, _ = _pair()
+    dev = ta.dev
+    try:
+        gc.collect()
+        n0 = dev.counters()["mrs"]
+        made = _pairs(1)
+        per = dev.counters()["mrs"] - n0
+        assert per >= 4, per        # each side: block, staging ring, receive buffer...
+        _close(made)
+        del made
+        gc.collect()
+        assert dev.counters()["mrs"] == n0
+        old = testing.set_max_mr(dev, n0 + per // 2)
+        try:
+            lst2 = rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=4096)
+            got: dict = {}
+            t = threading.Thread(target=lambda: got.update(r=_catch(lst2.accept, 30)))
+            t.start()
+            opened = _catch(lambda: rdmamw.Channel.open(lst2.address, timeout=30, slots=16,
+                                                        slot_size=4096))
+            t.join(40)
+            lst2.close()
+            errors = [e for e in (opened, got.get("r")) if isinstance(e, Exception)]
+            assert any("max_mr" in str(e) for e in errors), (opened, got)
+            for e in errors:
+                assert isinstance(e, rdmamw.RdmamwError), repr(e)
+            for ch in (opened, got.get("r")):
+                if isinstance(ch, rdmamw.Channel):
+                    ch.close()
+            # a transport's registrations go with it: drop every reference (the errors'
+            # tracebacks hold the failed ones)
+            opened = e = ch = None
+            got.clear()
+            errors.clear()
+            gc.collect()
+            assert dev.counters()["mrs"] == n0      # what the refused one took came back
+            a.send(b"still").wait(timeout=10)
+            assert recv_all(b, 1) == [b"still"]
+        finally:
+            testing.set_max_mr(dev, old)
+        _close(_pairs(1))                          # room again
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+def _catch(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - handed to the test
+        return e
+
+
 OPENER = """
 import sys, rdmamw
 address, n, slots, slot_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])

@@ -201,7 +201,7 @@ cdef class VerbsTransport(Transport):
         make this endpoint's PD, its room on the CQs and its QP (INIT), register the
         block: its header and the first ``granted`` slots (of ``stride`` bytes) of the
         ring, or all of it (0); return the local half of the endpoint descriptor."""
-        cdef int i
+        cdef int i, err
         cdef void *mem = NULL
         cdef VerbsDevice dev
         cdef rmv_route *r
@@ -234,9 +234,10 @@ cdef class VerbsTransport(Transport):
         if posix_memalign(&mem, 64, RECV_BUF) != 0:
             raise MemoryError()
         self.recv_buf = <char *>mem
-        self.recv_mr = ibv_reg_mr(self.mem.pd, mem, RECV_BUF, IBV_ACCESS_LOCAL_WRITE)
+        self.recv_mr = self.mem.dev.reg_mr(self.mem.pd, mem, RECV_BUF, IBV_ACCESS_LOCAL_WRITE)
         if self.recv_mr == NULL:
-            raise OSError(errno, "ibv_reg_mr of the receive buffer failed")
+            err = errno
+            raise self.mem.dev.mr_failed(err, "a channel's receive buffer", RECV_BUF)
         self.qp = _create_qp(self.mem.pd, dev.scqs[r.scq], dev.rcqs[r.rcq], self.sq_depth,
                              self.rq_depth, &max_inline, port)
         self.max_inline = max_inline
@@ -406,7 +407,7 @@ cdef class VerbsTransport(Transport):
             self.dev.purge(self.route)      # nor stays in the shared CQs (GIL held)
             self.joined = False
         if self.recv_mr != NULL:
-            ibv_dereg_mr(self.recv_mr)
+            self.mem.dev.dereg_mr(self.recv_mr)
             self.recv_mr = NULL
         if self.block is not None:
             self.block.release()    # its MRs (before the PD goes)

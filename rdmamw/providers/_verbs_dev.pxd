@@ -35,7 +35,9 @@ cdef enum:
 
 cdef extern from *:
     """
+    #include <errno.h>
     #define RMV_XMR_BUSY ((struct ibv_mr *)1)
+    static inline void rmv_set_errno(int e) { errno = e; }   /* Cython: errno = would be a local */
     static inline uint64_t rmv_add64(volatile uint64_t *p, uint64_t v) {
         return __atomic_add_fetch((uint64_t *)p, v, __ATOMIC_SEQ_CST);
     }
@@ -68,6 +70,7 @@ cdef extern from *:
     void rmv_store32(int *p, int v) nogil
     int rmv_add32(int *p, int v) nogil
     bint rmv_flip32(int *p, int frm, int to) nogil
+    void rmv_set_errno(int e) nogil
 
 
 cdef struct rmv_route:
@@ -142,6 +145,7 @@ cdef class VerbsDevice:
     cdef readonly uint32_t n_qps
     cdef int tlock
     cdef int sleepers               # routes with ``sleeping`` set
+    cdef int n_mrs                  # memory registrations of the process here (<= max_mr)
     cdef int stopfd                 # wakes the thread to end (tests, never in use)
     cdef object thread
     cdef readonly uint64_t n_events, n_routed, n_dropped
@@ -165,6 +169,8 @@ cdef class VerbsDevice:
     cdef int poll_recv(self, uint32_t i, bint wait) noexcept nogil
     cdef void arm(self, uint32_t i, bint solicited=*) noexcept nogil
     cdef void sleep(self, rmv_route *r, bint up) noexcept nogil
+    cdef ibv_mr *reg_mr(self, ibv_pd *pd, void *addr, size_t length, int flags) noexcept nogil
+    cdef void dereg_mr(self, ibv_mr *mr) noexcept nogil
     cdef void dispatch(self) noexcept nogil
 
 

@@ -14,7 +14,7 @@ import threading
 
 import cython
 
-from libc.errno cimport EINTR, errno
+from libc.errno cimport EINTR, ENOSPC, errno
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memset, strerror
@@ -553,10 +553,41 @@ cdef class VerbsDevice:
                 while self.poll_recv(i, True) == WC_BATCH:
                     pass
 
+    # ---- memory registrations: counted once per process, bounded by max_mr ----------
+
+    cdef ibv_mr *reg_mr(self, ibv_pd *pd, void *addr, size_t length, int flags) noexcept nogil:
+        """ibv_reg_mr, counted against the device's max_mr: past it NULL with errno
+        ENOSPC (mr_failed() says which limit), before the driver is asked."""
+        cdef ibv_mr *mr
+        if rmv_add32(&self.n_mrs, 1) > self.max_mr:
+            rmv_add32(&self.n_mrs, -1)
+            rmv_set_errno(ENOSPC)
+            return NULL
+        mr = ibv_reg_mr(pd, addr, length, flags)
+        if mr == NULL:
+            rmv_add32(&self.n_mrs, -1)
+        return mr
+
+    cdef void dereg_mr(self, ibv_mr *mr) noexcept nogil:
+        ibv_dereg_mr(mr)
+        rmv_add32(&self.n_mrs, -1)
+
+    def mr_failed(self, int err, str what, size_t length):
+        """The error for a reg_mr that returned NULL with errno ``err``: past max_mr a
+        RegistrationError (as past the pinned budget), else the driver's OSError."""
+        if err == ENOSPC and rmv_load32(&self.n_mrs) >= self.max_mr:
+            return RegistrationError(
+                f"{what}: {self.name} holds at most {self.max_mr} memory registrations "
+                f"(its max_mr) and this process has {rmv_load32(&self.n_mrs)}: fewer "
+                f"channels per process, or a smaller RDMAMW_REGCACHE_BYTES")
+        return OSError(err, f"ibv_reg_mr of {length} bytes for {what} failed "
+                            f"({strerror(err).decode()}; is `ulimit -l` too low?)")
+
     def counters(self):
-        """What the device holds for this process: queue pairs, shared CQs, events."""
+        """What the device holds for this process: queue pairs, shared CQs, memory
+        registrations, events."""
         return {"qps": self.n_qps, "send_cqs": self.n_scqs, "recv_cqs": self.n_rcqs,
-                "sleepers": rmv_load32(&self.sleepers),
+                "mrs": rmv_load32(&self.n_mrs), "sleepers": rmv_load32(&self.sleepers),
                 "cq_events": self.n_events, "routed": self.n_routed,
                 "dropped": self.n_dropped}
 
@@ -614,15 +645,17 @@ cdef class VerbsMemory:
         targets); the MR lives as long as the transport. Its lkey."""
         cdef ibv_mr *mr
         cdef void *p
+        cdef int err
         if pin_charge(length):
             raise budget_error(length, "a channel's staging ring or control words")
-        mr = ibv_reg_mr(self.pd, <void *>addr, length, IBV_ACCESS_LOCAL_WRITE)
+        mr = self.dev.reg_mr(self.pd, <void *>addr, length, IBV_ACCESS_LOCAL_WRITE)
         if mr == NULL:
+            err = errno
             pin_refund(length)
-            raise OSError(errno, f"ibv_reg_mr of {length} bytes failed")
+            raise self.dev.mr_failed(err, "a channel's staging ring or control words", length)
         p = realloc(self.lmrs, (self.n_lmrs + 1) * sizeof(ibv_mr *))
         if p == NULL:
-            ibv_dereg_mr(mr)
+            self.dev.dereg_mr(mr)
             pin_refund(length)
             raise MemoryError()
         self.charged += length
@@ -637,11 +670,14 @@ cdef class VerbsMemory:
         cdef int flags = IBV_ACCESS_LOCAL_WRITE | (IBV_ACCESS_REMOTE_READ if remote_read else 0)
         if pin_charge(length):
             raise budget_error(length, "registering a buffer for a large message")
+        cdef int err = 0
         with nogil:
-            mr = ibv_reg_mr(self.pd, <void *>addr, length, flags)
+            mr = self.dev.reg_mr(self.pd, <void *>addr, length, flags)
+            if mr == NULL:
+                err = errno
         if mr == NULL:
             pin_refund(length)
-            raise OSError(errno, f"ibv_reg_mr of {length} bytes failed: {strerror(errno).decode()}")
+            raise self.dev.mr_failed(err, "registering a buffer for a large message", length)
         self.charged += length
         self.cached_mrs[<size_t>mr] = None
         return (<size_t>mr, mr.lkey, mr.rkey)
@@ -656,7 +692,7 @@ cdef class VerbsMemory:
             self.charged -= (<ibv_mr *>p).length
             pin_refund((<ibv_mr *>p).length)
             with nogil:
-                ibv_dereg_mr(<ibv_mr *>p)
+                self.dev.dereg_mr(<ibv_mr *>p)
 
     def usage(self):
         """(MRs, bytes) registered here now: local, cached and exposed."""
@@ -699,7 +735,7 @@ cdef class VerbsMemory:
             rm_spin_unlock(&self.xlock)
             return RM_ERR_AGAIN
         rm_spin_unlock(&self.xlock)
-        mr = ibv_reg_mr(self.pd, <void *>addr, length, flags)
+        mr = self.dev.reg_mr(self.pd, <void *>addr, length, flags)
         rm_spin_lock(&self.xlock)
         self.xmrs[i] = mr           # NULL (failed) frees the slot again
         rm_spin_unlock(&self.xlock)
@@ -723,7 +759,7 @@ cdef class VerbsMemory:
                 self.xmrs[handle - 1] = NULL
             rm_spin_unlock(&self.xlock)
         if mr != NULL:
-            ibv_dereg_mr(mr)
+            self.dev.dereg_mr(mr)
         return 0
 
     cdef void release(self) noexcept:
@@ -735,15 +771,15 @@ cdef class VerbsMemory:
         if self.dev is None or self.dev.inherited():
             return
         for i in range(self.n_lmrs):
-            ibv_dereg_mr(self.lmrs[i])
+            self.dev.dereg_mr(self.lmrs[i])
         self.n_lmrs = 0
         if self.cached_mrs:
             for p in self.cached_mrs:
-                ibv_dereg_mr(<ibv_mr *><size_t>p)
+                self.dev.dereg_mr(<ibv_mr *><size_t>p)
             self.cached_mrs.clear()
         for i in range(XMR_N):
             if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY:
-                ibv_dereg_mr(self.xmrs[i])
+                self.dev.dereg_mr(self.xmrs[i])
             self.xmrs[i] = NULL
         if self.pd != NULL:
             ibv_dealloc_pd(self.pd)
@@ -767,6 +803,7 @@ cdef class VerbsBlock:
                   uint64_t ring_len, uint64_t stride, uint32_t granted):
         cdef void *p = NULL
         cdef uint64_t head = length
+        cdef int err
         self.mem, self.length = mem, length
         # zero pages on demand: the part of a ring never granted costs no memory
         p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
@@ -782,10 +819,11 @@ cdef class VerbsBlock:
             raise budget_error(head, "a channel's receive ring")
         self.charged = head
         # the peer writes the block, nothing else: no remote read, no atomics
-        self.head_mr = ibv_reg_mr(mem.pd, p, head, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+        self.head_mr = mem.dev.reg_mr(mem.pd, p, head,
+                                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
         if self.head_mr == NULL:
-            raise OSError(errno, f"ibv_reg_mr of the {head}-byte block failed "
-                                 f"({strerror(errno).decode()}; is `ulimit -l` too low?)")
+            err = errno
+            raise mem.dev.mr_failed(err, "a channel's receive block", head)
         if not self.on:
             return
         p = NULL
@@ -793,9 +831,10 @@ cdef class VerbsBlock:
             raise MemoryError()
         memset(p, 0, MAX_PARTS * 8)
         self.words = <uint64_t *>p
-        self.words_mr = ibv_reg_mr(mem.pd, p, MAX_PARTS * 8, IBV_ACCESS_LOCAL_WRITE)
+        self.words_mr = mem.dev.reg_mr(mem.pd, p, MAX_PARTS * 8, IBV_ACCESS_LOCAL_WRITE)
         if self.words_mr == NULL:
-            raise OSError(errno, "ibv_reg_mr of the grant words failed")
+            err = errno
+            raise mem.dev.mr_failed(err, "a channel's grant words", MAX_PARTS * 8)
 
     def peer(self, uint64_t ring_len, uint64_t stride, uint32_t granted, uint32_t rkey):
         """The peer's ring: ``granted`` slots of ``stride`` bytes usable now (0: all)."""
@@ -823,8 +862,9 @@ cdef class VerbsBlock:
             new = min(self.slots, max(2 * have, have + 1))
             ln = <uint64_t>(new - have) * self.stride
             if self.n_mrs < MAX_PARTS and pin_charge(ln) == 0:
-                mr = ibv_reg_mr(self.mem.pd, self.base + self.off + <uint64_t>have * self.stride,
-                                ln, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+                mr = self.mem.dev.reg_mr(self.mem.pd,
+                                         self.base + self.off + <uint64_t>have * self.stride,
+                                         ln, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
                 if mr == NULL:
                     pin_refund(ln)
                 else:
@@ -896,13 +936,13 @@ cdef class VerbsBlock:
             self.words_mr = self.head_mr = NULL
             return
         for i in range(self.n_mrs):
-            ibv_dereg_mr(self.mrs[i])
+            self.mem.dev.dereg_mr(self.mrs[i])
         self.n_mrs = 0
         if self.words_mr != NULL:
-            ibv_dereg_mr(self.words_mr)
+            self.mem.dev.dereg_mr(self.words_mr)
             self.words_mr = NULL
         if self.head_mr != NULL:
-            ibv_dereg_mr(self.head_mr)
+            self.mem.dev.dereg_mr(self.head_mr)
             self.head_mr = NULL
 
     def __dealloc__(self):

@@ -36,7 +36,7 @@ from rdmamw.providers._tcp cimport (
     rt_progress,
 )
 from rdmamw.providers._verbs cimport VerbsTransport
-from rdmamw.providers._verbs_dev cimport XMR_BUSY
+from rdmamw.providers._verbs_dev cimport XMR_BUSY, VerbsDevice
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_READ,
@@ -284,6 +284,14 @@ def qp_error(VerbsTransport tp not None) -> None:
     rc = ibv_modify_qp(tp.qp, &at, IBV_QP_STATE)
     if rc != 0:
         raise OSError(rc, f"ibv_modify_qp to ERR failed: {os.strerror(rc)}")
+
+
+def set_max_mr(VerbsDevice dev not None, int n) -> int:
+    """Make the device's max_mr read ``n`` (tests of the limit: no device has so few
+    registrations); the value it had."""
+    old = dev.max_mr
+    dev.max_mr = n
+    return old
 
 
 def verbs_side_socket(VerbsTransport tp not None) -> int:
