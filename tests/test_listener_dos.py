@@ -465,10 +465,12 @@ for t in ts:
 print("\\n".join(out), flush=True)
 """
 
-#: (opener processes, channels each opens at once): hundreds on the host; fewer under TCG
-STORMS = {"tcp": (4, 50), "shm": (4, 50), "verbs": (4, 25)}
+#: (opener processes, channels each opens at once): hundreds on the host; under TCG four
+#: times the backlog (100 took 67 s alone in the VM and past 120 s in the full device run)
+STORMS = {"tcp": (4, 50), "shm": (4, 50), "verbs": (4, 16)}
 
 
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("provider", ALL_PROVIDERS)
 def test_a_storm_of_openers_is_served_whole_with_a_bounded_number_of_threads(
         provider, monkeypatch):

@@ -31,7 +31,7 @@ TAKES = {
     "verbs_side_socket": (VerbsTransport, ()),
 }
 #: the hooks that take something else first (bytes, a Channel, a verbs device)
-OTHERS = {"apply_stream", "set_max_mr", "slot_address"}
+OTHERS = {"apply_stream", "set_device_limit", "slot_address"}
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,11 @@ def _close(pairs) -> None:
         a.close(), b.close(), lst.close()
 
 
+def _cqs() -> tuple[int, int]:
+    c = _verbs_dev.devices()[0].counters()
+    return c["send_cqs"], c["recv_cqs"]
+
+
 def test_what_the_process_holds_does_not_grow_with_its_channels():
     base = _verbs_fds()         # other tests may have left a pyverbs context open
     one = _pairs(1)
@@ -68,6 +73,8 @@ def test_what_the_process_holds_does_not_grow_with_its_channels():
         one[0][0].send(b"x").wait(timeout=10)
         assert recv_all(one[0][1], 1) == [b"x"]
         fds_one = _verbs_fds()
+        # the shared CQs an earlier test's many channels made stay (a device keeps them)
+        cqs_one = _cqs()
         more = _pairs(8)
         try:
             for a, b, *_ in more:
@@ -79,7 +86,7 @@ def test_what_the_process_holds_does_not_grow_with_its_channels():
             assert len(devs) == 1
             c = devs[0].counters()
             assert c["qps"] == 18            # both ends of 9 channels, one process
-            assert (c["send_cqs"], c["recv_cqs"]) == (1, 1)
+            assert (c["send_cqs"], c["recv_cqs"]) == cqs_one
         finally:
             _close(more)
         del more, a, b, _
@@ -278,25 +285,26 @@ def test_the_device_tells_its_limits():
 
 
 
-def test_memory_registrations_are_counted_and_max_mr_refuses_the_next_channel():
-    """The device counts the process's memory registrations (counters()["mrs"]): a
-    channel's come back exactly when it closes. Past the device's max_mr the next
-    channel is refused with an error naming max_mr, before the driver is asked; the
-    open channels keep working."""
+@pytest.mark.parametrize("limit, counter", [("max_mr", "mrs"), ("max_qp", "qps")])
+def test_the_channel_past_a_device_limit_is_refused_naming_it(limit, counter):
+    """The device counts the process's memory registrations and queue pairs
+    (counters()): a channel's come back exactly when it closes. Past the device's
+    max_mr or max_qp the next channel is refused with an RdmamwError naming the limit,
+    before the driver is asked; the open channels keep working."""
     from rdmamw import testing
     a, b, lst, ta, _ = _pair()
     dev = ta.dev
     try:
         gc.collect()
-        n0 = dev.counters()["mrs"]
+        n0 = dev.counters()[counter]
         made = _pairs(1)
-        per = dev.counters()["mrs"] - n0
-        assert per >= 4, per        # each side: block, staging ring, receive buffer...
+        per = dev.counters()[counter] - n0
+        assert per >= 2, per        # each side: a QP; a block, a staging ring...
         _close(made)
         del made
         gc.collect()
-        assert dev.counters()["mrs"] == n0
-        old = testing.set_max_mr(dev, n0 + per // 2)
+        assert dev.counters()[counter] == n0
+        old = testing.set_device_limit(dev, limit, n0 + per // 2)
         try:
             lst2 = rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=4096)
             got: dict = {}
@@ -307,7 +315,7 @@ def test_memory_registrations_are_counted_and_max_mr_refuses_the_next_channel():
             t.join(40)
             lst2.close()
             errors = [e for e in (opened, got.get("r")) if isinstance(e, Exception)]
-            assert any("max_mr" in str(e) for e in errors), (opened, got)
+            assert any(limit in str(e) for e in errors), (opened, got)
             for e in errors:
                 assert isinstance(e, rdmamw.RdmamwError), repr(e)
             for ch in (opened, got.get("r")):
@@ -319,11 +327,11 @@ def test_memory_registrations_are_counted_and_max_mr_refuses_the_next_channel():
             got.clear()
             errors.clear()
             gc.collect()
-            assert dev.counters()["mrs"] == n0      # what the refused one took came back
+            assert dev.counters()[counter] == n0    # what the refused one took came back
             a.send(b"still").wait(timeout=10)
             assert recv_all(b, 1) == [b"still"]
         finally:
-            testing.set_max_mr(dev, old)
+            testing.set_device_limit(dev, limit, old)
         _close(_pairs(1))                          # room again
     finally:
         a.close(), b.close(), lst.close()

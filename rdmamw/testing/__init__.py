@@ -20,14 +20,15 @@ from rdmamw.testing._hooks import (
     qp_error,
     read_remote,
     region_address,
-    set_max_mr,
+    set_device_limit,
     unexpose_range,
     verbs_side_socket,
 )
 
 __all__ = ["apply_stream", "assist_now", "expose_churn", "expose_range", "forge_peer_xtab",
            "hammer_job", "job_claimed", "job_state", "offer_job", "qp_error", "read_remote",
-           "region_address", "set_max_mr", "slot_address", "unexpose_range", "verbs_side_socket"]
+           "region_address", "set_device_limit", "slot_address", "unexpose_range",
+           "verbs_side_socket"]
 
 
 def slot_address(channel: Any, slot: int) -> int:

@@ -286,11 +286,15 @@ def qp_error(VerbsTransport tp not None) -> None:
         raise OSError(rc, f"ibv_modify_qp to ERR failed: {os.strerror(rc)}")
 
 
-def set_max_mr(VerbsDevice dev not None, int n) -> int:
-    """Make the device's max_mr read ``n`` (tests of the limit: no device has so few
-    registrations); the value it had."""
-    old = dev.max_mr
-    dev.max_mr = n
+def set_device_limit(VerbsDevice dev not None, str name, int n) -> int:
+    """Make the device's limit ``name`` (max_mr or max_qp) read ``n`` (tests of the
+    limits: no device has so few); the value it had."""
+    if name == "max_mr":
+        old, dev.max_mr = dev.max_mr, n
+    elif name == "max_qp":
+        old, dev.max_qp = dev.max_qp, n
+    else:
+        raise ValueError(f"no such device limit here: {name!r}")
     return old
 
 
