@@ -161,7 +161,9 @@ def rank(cfg: dict) -> None:
 
         out[f"ddp-{backend}"] = timed(step, lambda: None, cfg["ddp_steps"])
     if cfg.get("ddp25_steps"):
-        out[f"ddp25-{backend}"] = timed(ddp25_step(me), lambda: None, cfg["ddp25_steps"])
+        step, alone = ddp25_step(me)
+        out[f"ddp25-{backend}"] = timed(step, lambda: None, cfg["ddp25_steps"])
+        out[f"ddp25-alone-{backend}"] = timed(alone, lambda: None, cfg["ddp25_steps"])
     if me == 0:
         emit(out)
     dist.destroy_process_group()
@@ -176,7 +178,9 @@ def mlp25m():
 
 
 def ddp25_step(me: int):
-    """One DDP training step of mlp25m() (batch 32, default buckets, SGD)."""
+    """One DDP training step of mlp25m() (batch 32, default buckets, SGD), and the same
+    step under DDP's ``no_sync()``: the compute alone, no gradient leaves the rank (the
+    floor no backend's step can go under, with the ranks sharing the cores as here)."""
     import torch
     torch.manual_seed(0)
     net = torch.nn.parallel.DistributedDataParallel(mlp25m())
@@ -189,7 +193,11 @@ def ddp25_step(me: int):
         torch.nn.functional.cross_entropy(net(x), y).backward()
         opt.step()
 
-    return step
+    def alone() -> None:
+        with net.no_sync():
+            step()
+
+    return step, alone
 
 
 def run(backend: str, n: int, cfg: dict) -> dict:
@@ -274,6 +282,12 @@ def main() -> int:
         if d and dg:
             lines.append(f"DDP step, 25 M parameters  {n} ranks  rdmamw {d * 1e3:8.3f} ms  "
                          f"gloo {dg * 1e3:8.3f} ms ({dg / d:5.2f}x faster)")
+            f, fg = r.get("ddp25-alone-rdmamw"), g.get("ddp25-alone-gloo")
+            if f and fg:        # the compute alone: no backend's step can go under it
+                floor = min(f, fg)
+                lines.append(f"{'':>21s}the same step under no_sync() (compute alone): "
+                             f"{f * 1e3:8.3f} ms in rdmamw's jobs, {fg * 1e3:8.3f} ms in "
+                             f"gloo's: at most {dg / floor:4.2f}x faster than gloo here")
     for k, v in res.items():
         if "error" in v:
             lines.append(f"{k}: NOT MEASURED - {v['error'][-300:]}")
