@@ -22,6 +22,7 @@ import rdmamw
 from rdmamw.providers import _verbs_dev
 from tests.helpers import NO_DEVICE, VERBS_OK
 from tests.test_channel_basic import recv_all
+from tests.test_listener_dos import _catch
 from tests.test_verbs import _pair
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -340,13 +341,6 @@ def test_the_channel_past_a_device_limit_is_refused_naming_it(limit, counter):
         _close(_pairs(1))                          # room again
     finally:
         a.close(), b.close(), lst.close()
-
-
-def _catch(fn, *args):
-    try:
-        return fn(*args)
-    except Exception as e:  # noqa: BLE001 - handed to the test
-        return e
 
 
 OPENER = """
