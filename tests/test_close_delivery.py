@@ -1,0 +1,139 @@
+"""A clean close loses nothing: a message whose send completed before the peer's
+close() is delivered before the receiver sees ChannelClosed, whether the receive
+blocks, polls or times out (docs/protocol.md, "Closing"); and the soak's hub, which
+checks exactly that, does not end its receive on a ChannelClosed its own tick send
+raised (bench/soak.py: "no final report" in CI)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import msgpack
+import pytest
+
+import rdmamw
+from rdmamw.errors import ChannelClosed, Timeout
+from tests.close_worker import REC, body, plan
+from tests.helpers import LISTEN_ADDRESS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: channels per test: tcp's close takes about 0.1 s here
+ROUNDS = {"shm": 160}
+
+
+def _soak():
+    spec = importlib.util.spec_from_file_location("soak", os.path.join(ROOT, "bench",
+                                                                       "soak.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["soak"] = mod           # (its dataclasses look their module up)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_soak_hub_checks_the_whole_batch_when_a_tick_finds_the_peer_closed(provider):
+    """The CI failure: the peer's last batch (its threads' END, its report) came in one
+    recv_batch; the hub sent a tick after the first message, the peer had closed by
+    then, the send raised ChannelClosed and the hub took it for the end of the receive:
+    the report, received, was never looked at."""
+    soak = _soak()
+    hub = soak.Hub(argparse.Namespace(seed=1, pool_seed=12345, provider=provider))
+    try:
+        peer = soak.Peer(0, 0, proc=None)
+        hub.peers[(0, 0)] = peer
+        hub.rng.random = lambda: 0.0    # a tick after every message
+        got: dict = {}
+        t = threading.Thread(target=lambda: got.setdefault("ch", hub.lst.accept(10)))
+        t.start()
+        ch = rdmamw.Channel.open(hub.lst.address, timeout=10)
+        t.join(10)
+        ch.send(soak.HDR.pack(soak.HELLO, 0, 0)).wait(5)
+        ch.send_batch([soak.HDR.pack(soak.DATA, 0, 0) + bytes(soak.body_at(hub.pool, 0, 0, 9)),
+                       soak.HDR.pack(soak.END, 0, 1),
+                       soak.HDR.pack(soak.END, 1 << 31, 0) + msgpack.packb({"counts": [1]})]
+                      ).wait(5)
+        ch.close()                      # before the hub looks: its first tick finds it
+        hub.serve(got["ch"])
+        assert hub.failures == []
+        assert peer.ended == {0: 1}, "the rest of the batch was dropped"
+        assert peer.report == {"counts": [1]}
+    finally:
+        hub.lst.close()
+
+
+def _receive_round(ch, rnd: int, how: int, buf: bytearray) -> list[str]:
+    """Receive until ChannelClosed (``how``: 0 blocks, 1 polls, 2 short timeouts,
+    3 recv_into polls); what went wrong."""
+    want = [sum(s) for s in plan(rnd)]
+    seen = [0] * len(want)
+    bad: list[str] = []
+
+    def take(data) -> None:
+        r, t, seq = REC.unpack_from(data)
+        if r != rnd or seq != seen[t] or bytes(data) != body(rnd, t, seq):
+            bad.append(f"round {rnd}: got {(r, t, seq)}, expected thread {t} seq {seen[t]}")
+        seen[t] = seq + 1
+
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            if how == 3:
+                n = ch.recv_into(buf, timeout=0)
+                take(memoryview(buf)[:n])
+                continue
+            for m in ch.recv_batch(timeout=(None, 0, 0.0002)[how]):
+                take(m)
+                m.release()
+        except Timeout:
+            continue
+        except ChannelClosed:
+            break
+    else:
+        return [f"round {rnd}: no ChannelClosed within 10 s"]
+    if seen != want:
+        bad.append(f"round {rnd} (receive {how}): ChannelClosed after {seen} of {want} "
+                   f"messages")
+    try:
+        late = ch.recv_batch(timeout=0)
+        bad.append(f"round {rnd} (receive {how}): {len(late)} message(s) delivered after "
+                   f"ChannelClosed")
+    except ChannelClosed:
+        pass
+    return bad
+
+
+def test_every_message_sent_before_close_comes_before_channel_closed(provider):
+    """ROUNDS (or 60) channels from another process: one or two threads send batches (some
+    larger than the ring: they go in pieces), wait for them, and close at once. The
+    receive blocks, polls, or times out in short slices: every message arrives, in
+    order per thread, then ChannelClosed, and nothing is left to deliver after it."""
+    lst = rdmamw.listen(LISTEN_ADDRESS[provider](), slots=8, slot_size=1024, spin_us=5)
+    rounds = ROUNDS.get(provider, 60)
+    proc = subprocess.Popen([sys.executable, "-m", "tests.close_worker", lst.address,
+                             str(rounds)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+    bad: list[str] = []
+    buf = bytearray(1024)
+    try:
+        for rnd in range(rounds):
+            with lst.accept(timeout=20) as ch:
+                bad += _receive_round(ch, rnd, rnd % 4, buf)
+            if len(bad) > 5:
+                break
+        assert proc.wait(30) == 0 or bad
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        lst.close()
+    assert not bad, "\n".join(bad)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_soak_module():
+    yield
+    sys.modules.pop("soak", None)
