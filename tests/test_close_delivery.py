@@ -18,13 +18,13 @@ import msgpack
 import pytest
 
 import rdmamw
-from rdmamw.errors import ChannelClosed, Timeout
+from rdmamw.errors import ChannelClosed, RdmamwError, Timeout
 from tests.close_worker import REC, body, plan
 from tests.helpers import LISTEN_ADDRESS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: channels per test: tcp's close takes about 0.1 s here
-ROUNDS = {"shm": 160}
+ROUNDS = {"shm": 400}
 
 
 def _soak():
@@ -75,8 +75,10 @@ def _receive_round(ch, rnd: int, how: int, buf: bytearray) -> list[str]:
 
     def take(data) -> None:
         r, t, seq = REC.unpack_from(data)
-        if r != rnd or seq != seen[t] or bytes(data) != body(rnd, t, seq):
-            bad.append(f"round {rnd}: got {(r, t, seq)}, expected thread {t} seq {seen[t]}")
+        if r != rnd or t >= len(seen) or seq != seen[t] or bytes(data) != body(rnd, t, seq):
+            bad.append(f"round {rnd}: got {(r, t, seq)} ({len(data)} B), expected "
+                       f"{seen}")
+            return
         seen[t] = seq + 1
 
     end = time.monotonic() + 10
@@ -93,6 +95,8 @@ def _receive_round(ch, rnd: int, how: int, buf: bytearray) -> list[str]:
             continue
         except ChannelClosed:
             break
+        except RdmamwError as e:
+            return [f"round {rnd} (receive {how}): {type(e).__name__}: {e}"]
     else:
         return [f"round {rnd}: no ChannelClosed within 10 s"]
     if seen != want:
@@ -107,13 +111,16 @@ def _receive_round(ch, rnd: int, how: int, buf: bytearray) -> list[str]:
     return bad
 
 
-def test_every_message_sent_before_close_comes_before_channel_closed(provider):
-    """ROUNDS (or 60) channels from another process: one or two threads send batches (some
-    larger than the ring: they go in pieces), wait for them, and close at once. The
-    receive blocks, polls, or times out in short slices: every message arrives, in
-    order per thread, then ChannelClosed, and nothing is left to deliver after it."""
-    lst = rdmamw.listen(LISTEN_ADDRESS[provider](), slots=8, slot_size=1024, spin_us=5)
-    rounds = ROUNDS.get(provider, 60)
+@pytest.mark.parametrize("slots", [8, 72])
+def test_every_message_sent_before_close_comes_before_channel_closed(provider, slots):
+    """ROUNDS (or 40) channels from another process: one or two threads send batches
+    (some larger than the ring: they go in pieces), wait for them, and close at once.
+    The receive blocks, polls, or times out in short slices: every message arrives, in
+    order per thread, then ChannelClosed, and nothing is left to deliver after it. A
+    ring of 72 slots has two arrival words: a batch that wraps writes word 1 before
+    word 0, so a scan between the two sees slots behind a gap."""
+    lst = rdmamw.listen(LISTEN_ADDRESS[provider](), slots=slots, slot_size=1024, spin_us=5)
+    rounds = ROUNDS.get(provider, 40)
     proc = subprocess.Popen([sys.executable, "-m", "tests.close_worker", lst.address,
                              str(rounds)], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
     bad: list[str] = []
