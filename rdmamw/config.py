@@ -283,6 +283,9 @@ D("verbs", "RDMAMW_VERBS_RING_START", "bytes", 64 << 10,
   "bytes of a channel's receive ring registered at connect (at least one slot); the "
   "device thread registers twice as much each time the peer runs short, up to the whole "
   "ring. 0: the whole ring at once", maximum=1 << 40)
+D("verbs", "RDMAMW_VERBS_WINDOWS", "int", 1,
+  "1: the keys a peer gets are type-2 memory windows bound to its channel's queue pair, "
+  "where the device has them; 0: keys of MRs with remote access", maximum=1)
 D("verbs", "RDMAMW_VERBS_POLL_MS", "int", 1, "re-check interval of a sleeper without events",
   maximum=60000)
 D("verbs", "RDMAMW_VERBS_TIMEOUT", "int", 14, "QP local ACK timeout exponent (4.096 us x 2^n)",

@@ -263,7 +263,8 @@ ELSEWHERE = {
     **{n: "the verbs provider's (a device; tests/test_verbs.py in the VM)"
        for n in ("RDMAMW_VERBS_PORT", "RDMAMW_VERBS_GID_INDEX", "RDMAMW_VERBS_SQ_DEPTH",
                  "RDMAMW_VERBS_RQ_DEPTH", "RDMAMW_VERBS_INLINE", "RDMAMW_VERBS_EVENT",
-                 "RDMAMW_VERBS_POLL_MS", "RDMAMW_VERBS_TIMEOUT", "RDMAMW_VERBS_RING_START")},
+                 "RDMAMW_VERBS_POLL_MS", "RDMAMW_VERBS_TIMEOUT", "RDMAMW_VERBS_RING_START",
+                 "RDMAMW_VERBS_WINDOWS")},
 }
 #: (setting, end) whose path may refuse the value with a typed error, and why
 MAY_REFUSE = {

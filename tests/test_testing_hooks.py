@@ -28,6 +28,10 @@ TAKES = {
     "read_remote": (TcpTransport, (0, 0, 0)),
     "expose_churn": (VerbsTransport, (0, 0, 1)),
     "qp_error": (VerbsTransport, ()),
+    "verbs_keys": (VerbsTransport, ()),
+    "verbs_expose": (VerbsTransport, (0, 1)),
+    "verbs_remote": (VerbsTransport, (0, 0, 1)),
+    "verbs_unexpose": (VerbsTransport, (0,)),
     "verbs_side_socket": (VerbsTransport, ()),
 }
 #: the hooks that take something else first (bytes, a Channel, a verbs device)
@@ -63,7 +67,8 @@ def test_a_hook_refuses_what_it_cannot_drive(name, channel):
             getattr(hooks, name)(other, *rest)
 
 
-@pytest.mark.parametrize("name", ["expose_churn", "qp_error"])
+@pytest.mark.parametrize("name", ["expose_churn", "qp_error", "verbs_keys", "verbs_expose",
+                                  "verbs_remote"])
 def test_the_verbs_hooks_on_an_unconnected_transport_say_so(name):
     with pytest.raises(ValueError, match="verbs transport is not connected"):
         getattr(hooks, name)(VerbsTransport(), *TAKES[name][1])

@@ -196,15 +196,19 @@ def test_only_an_old_version_of_a_symbol_is_not_enough(tmp_path):
 
 #: struct -> members whose offsets must match (sizeof is compared for every struct)
 MEMBERS = {
-    "ibv_device_attr": ["max_qp_wr", "max_sge", "max_cqe", "phys_port_cnt"],
+    "ibv_device_attr": ["max_qp_wr", "device_cap_flags", "max_sge", "max_cqe",
+                        "phys_port_cnt"],
     "ibv_port_attr": ["state", "max_mtu", "active_mtu", "gid_tbl_len", "lid", "link_layer",
                       "port_cap_flags2"],
-    "ibv_context_ops": ["poll_cq", "req_notify_cq", "post_send", "post_recv"],
+    "ibv_context_ops": ["alloc_mw", "dealloc_mw", "poll_cq", "req_notify_cq", "post_send",
+                        "post_recv"],
     "ibv_context": ["device", "ops", "cmd_fd", "mutex", "abi_compat"],
     "ibv_comp_channel": ["context", "fd", "refcnt"],
     "ibv_cq": ["context", "channel", "cq_context", "cqe", "async_events_completed"],
     "ibv_qp": ["context", "qp_num", "state", "events_completed"],
     "ibv_mr": ["addr", "length", "lkey", "rkey"],
+    "ibv_pd": ["context", "handle"],
+    "ibv_mw": ["context", "pd", "rkey", "handle", "type"],
     "ibv_qp_cap": ["max_send_wr", "max_recv_wr", "max_send_sge", "max_recv_sge",
                    "max_inline_data"],
     "ibv_qp_init_attr": ["qp_context", "send_cq", "recv_cq", "srq", "cap", "qp_type",
@@ -218,7 +222,10 @@ MEMBERS = {
                     "retry_cnt", "rnr_retry", "rate_limit"],
     "ibv_sge": ["addr", "length", "lkey"],
     "ibv_send_wr": ["wr_id", "next", "sg_list", "num_sge", "opcode", "send_flags",
-                    "imm_data", "wr.rdma.remote_addr", "wr.rdma.rkey", "qp_type"],
+                    "imm_data", "wr.rdma.remote_addr", "wr.rdma.rkey", "qp_type",
+                    "bind_mw.mw", "bind_mw.rkey", "bind_mw.bind_info.mr",
+                    "bind_mw.bind_info.addr", "bind_mw.bind_info.length",
+                    "bind_mw.bind_info.mw_access_flags"],
     "ibv_recv_wr": ["wr_id", "next", "sg_list", "num_sge"],
     "ibv_wc": ["wr_id", "status", "opcode", "vendor_err", "byte_len", "imm_data", "qp_num",
                "wc_flags", "dlid_path_bits"],
@@ -232,7 +239,8 @@ IBV_QP_TIMEOUT IBV_QP_RETRY_CNT IBV_QP_RNR_RETRY IBV_QP_RQ_PSN IBV_QP_MAX_QP_RD_
 IBV_QP_MIN_RNR_TIMER IBV_QP_SQ_PSN IBV_QP_MAX_DEST_RD_ATOMIC IBV_QP_DEST_QPN
 IBV_ACCESS_LOCAL_WRITE IBV_ACCESS_REMOTE_WRITE IBV_ACCESS_REMOTE_READ IBV_SEND_SIGNALED
 IBV_SEND_INLINE IBV_WC_SUCCESS IBV_WC_WR_FLUSH_ERR IBV_PORT_ACTIVE IBV_LINK_LAYER_INFINIBAND
-IBV_LINK_LAYER_ETHERNET""".split()
+IBV_LINK_LAYER_ETHERNET IBV_WR_BIND_MW IBV_WR_LOCAL_INV IBV_MW_TYPE_1 IBV_MW_TYPE_2
+IBV_ACCESS_MW_BIND IBV_DEVICE_MEM_WINDOW_TYPE_2B""".split()
 
 
 def _layout(tmp_path, header: str) -> dict:

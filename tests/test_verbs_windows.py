@@ -8,12 +8,16 @@ registered without remote access)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
 import pytest
 
+import rdmamw
+from rdmamw import testing as hooks
 from tests.helpers import NO_DEVICE, VERBS_OK
+from tests.test_channel_basic import recv_all
 
 pytestmark = [pytest.mark.device, pytest.mark.skipif(not VERBS_OK, reason=NO_DEVICE)]
 
@@ -101,3 +105,84 @@ def test_a_type_2_window_opens_memory_to_one_qp_of_a_shared_pd():
         assert read(third, mem.rkey, mem.buf, 4) == (REMOTE_ACCESS_ERROR, b"\0" * len(SECRET))
     finally:
         mw.close()          # first: an MR with a window bound to it cannot be deregistered
+
+
+# ---- the provider's own keys (RDMAMW_VERBS_WINDOWS, on by default) -----------------
+
+def _pair(opts: str = ""):
+    from tests.test_verbs import _pair as pair
+    return pair(opts)
+
+
+def _device_windows() -> int:
+    return sum(d.counters()["mws"] for d in rdmamw.providers._verbs_dev.devices())
+
+
+def test_the_block_opens_only_with_the_window_key_the_peer_was_given():
+    """A peer that forges a WRITE into our block with the MR's own key (what it would
+    get without windows) is refused by the NIC; the window key it was given works."""
+    a, b, lst, ta, tb = _pair()
+    try:
+        a.send(b"through the window").wait(timeout=10)
+        assert recv_all(b, 1) == [b"through the window"]
+        _, key, mr_key = hooks.verbs_keys(tb)
+        assert key != mr_key
+        end = hooks.region_address(tb, 0) + 8 * 160     # a control word nothing uses
+        assert hooks.verbs_remote(ta, key, end, b"windowed") == (True, b"")
+        assert ctypes.string_at(end, 8) == b"windowed"
+        assert hooks.verbs_remote(ta, mr_key, end, b"by-mr-ky") == (False, b"")
+        assert ctypes.string_at(end, 8) == b"windowed"
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["exposed", "cached"])
+def test_an_exposure_s_key_dies_with_it(cached):
+    """A rendezvous source is readable by the peer while exposed, and never after:
+    also a buffer the registration cache keeps registered (without windows its MR's
+    key stayed valid as long as the cache held it)."""
+    a, b, lst, ta, tb = _pair()
+    buf = ctypes.create_string_buffer(SECRET * 100, 4096)
+    addr = ctypes.addressof(buf)
+    windows = _device_windows()
+    handle = tb.mr_register(addr, 4096, remote_read=True) if cached else None
+    try:
+        h, key = hooks.verbs_expose(tb, addr, 4096, cached=handle)
+        assert _device_windows() == windows + 1
+        assert hooks.verbs_remote(ta, key, addr, 4096) == (True, buf.raw[:4096])
+        hooks.verbs_unexpose(tb, h)
+        assert _device_windows() == windows
+        assert hooks.verbs_remote(ta, key, addr, 4096) == (False, b"")
+    finally:
+        if handle is not None:
+            tb.mr_deregister(handle)
+        a.close(), b.close(), lst.close()
+    if not cached:
+        return
+    a, b, lst, ta, tb = _pair()     # the cached MR's own key opens nothing either
+    handle = tb.mr_register(addr, 4096, remote_read=True)
+    try:
+        assert hooks.verbs_remote(ta, handle[2], addr, 64) == (False, b"")
+    finally:
+        tb.mr_deregister(handle)
+        a.close(), b.close(), lst.close()
+
+
+@pytest.mark.parametrize("windows", [0, 1])
+def test_both_settings_carry_eager_and_rendezvous_messages(windows):
+    """RDMAMW_VERBS_WINDOWS=0 (or a device without type-2 windows) hands out the MRs'
+    own keys; either way every message arrives whole."""
+    import numpy as np
+    a, b, lst, ta, tb = _pair(f"?windows={windows}")
+    try:
+        _, key, mr_key = hooks.verbs_keys(tb)
+        assert (key == mr_key) == (not windows)
+        big = np.arange(1 << 20, dtype=np.uint32)       # 4 MiB: rendezvous
+        a.send_batch([b"small", big]).wait(timeout=30)
+        got = recv_all(b, 2, timeout=30)
+        assert bytes(got[0]) == b"small"
+        assert np.array_equal(np.frombuffer(got[1], dtype=np.uint32), big)
+        binds = ta.n_binds + tb.n_binds
+        assert (binds > 0) == bool(windows)
+    finally:
+        a.close(), b.close(), lst.close()

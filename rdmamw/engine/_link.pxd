@@ -99,6 +99,10 @@ cdef class Link:
                            rm_mem *out) noexcept nogil:
         return self.tp.expose(addr, length, access, out)
 
+    cdef inline int expose_cached(self, uint64_t addr, uint64_t length, uint32_t access,
+                                  uint32_t lkey, uint32_t rkey, rm_mem *out) noexcept nogil:
+        return self.tp.expose_cached(addr, length, access, lkey, rkey, out)
+
     cdef inline int unexpose(self, uint32_t handle) noexcept nogil:
         return self.tp.unexpose(handle)
 

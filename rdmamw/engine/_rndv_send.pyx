@@ -89,15 +89,16 @@ cdef class RndvSender:
             self.waddr[e] = adv[0]
             self.wkey[e] = <uint32_t>adv[2]
         if self.batch.lease_of[i] != NULL:       # registered by the cache (remote read)
-            mem.handle = 0
-            mem.lkey = self.batch.lease_keys[2 * i]
-            mem.rkey = self.batch.lease_keys[2 * i + 1]
+            rc = self.link.expose_cached(<uint64_t>self.batch.ptrs[i], L,
+                                         RM_ACCESS_LOCAL if written else RM_ACCESS_REMOTE_READ,
+                                         self.batch.lease_keys[2 * i],
+                                         self.batch.lease_keys[2 * i + 1], &mem)
         else:
             rc = self.link.expose(<uint64_t>self.batch.ptrs[i], L,
                                   RM_ACCESS_LOCAL if written else RM_ACCESS_REMOTE_READ,
                                   &mem)
-            if rc != 0:
-                return rc
+        if rc != 0:
+            return rc
         d.addr = 0 if written else <uint64_t>self.batch.ptrs[i]
         d.length = L
         d.index = j

@@ -13,6 +13,7 @@
 #define RM_IBVERBS_H
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <link.h>
 #include <pthread.h>
 #include <stddef.h>
@@ -44,7 +45,9 @@ enum ibv_qp_state { IBV_QPS_RESET = 0, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS, I
                     IBV_QPS_SQE, IBV_QPS_ERR };
 enum ibv_mtu { IBV_MTU_256 = 1, IBV_MTU_512, IBV_MTU_1024, IBV_MTU_2048, IBV_MTU_4096 };
 enum ibv_wr_opcode { IBV_WR_RDMA_WRITE = 0, IBV_WR_RDMA_WRITE_WITH_IMM = 1, IBV_WR_SEND = 2,
-                     IBV_WR_SEND_WITH_IMM = 3, IBV_WR_RDMA_READ = 4 };
+                     IBV_WR_SEND_WITH_IMM = 3, IBV_WR_RDMA_READ = 4, IBV_WR_LOCAL_INV = 7,
+                     IBV_WR_BIND_MW = 8 };
+enum ibv_mw_type { IBV_MW_TYPE_1 = 1, IBV_MW_TYPE_2 = 2 };
 enum ibv_fork_status { IBV_FORK_DISABLED = 0, IBV_FORK_ENABLED = 1, IBV_FORK_UNNEEDED = 2 };
 enum {
     IBV_QP_STATE = 1 << 0, IBV_QP_ACCESS_FLAGS = 1 << 3, IBV_QP_PKEY_INDEX = 1 << 4,
@@ -54,7 +57,9 @@ enum {
     IBV_QP_MIN_RNR_TIMER = 1 << 15, IBV_QP_SQ_PSN = 1 << 16,
     IBV_QP_MAX_DEST_RD_ATOMIC = 1 << 17, IBV_QP_DEST_QPN = 1 << 20,
 };
-enum { IBV_ACCESS_LOCAL_WRITE = 1, IBV_ACCESS_REMOTE_WRITE = 2, IBV_ACCESS_REMOTE_READ = 4 };
+enum { IBV_ACCESS_LOCAL_WRITE = 1, IBV_ACCESS_REMOTE_WRITE = 2, IBV_ACCESS_REMOTE_READ = 4,
+       IBV_ACCESS_MW_BIND = 16 };
+enum { IBV_DEVICE_MEM_WINDOW_TYPE_2B = 1 << 24 };
 enum { IBV_SEND_SIGNALED = 2, IBV_SEND_SOLICITED = 4, IBV_SEND_INLINE = 8 };
 enum { IBV_WC_SUCCESS = 0, IBV_WC_WR_FLUSH_ERR = 5 };
 enum { IBV_PORT_ACTIVE = 4 };
@@ -138,6 +143,18 @@ struct ibv_qp {
     uint32_t events_completed;
 };
 
+struct ibv_pd {
+    struct ibv_context *context;
+    uint32_t handle;
+};
+
+struct ibv_mw {
+    struct ibv_context *context;
+    struct ibv_pd *pd;
+    uint32_t rkey, handle;
+    enum ibv_mw_type type;
+};
+
 struct ibv_mr {
     struct ibv_context *context;
     struct ibv_pd *pd;
@@ -185,6 +202,12 @@ struct ibv_qp_attr {
     uint32_t rate_limit;
 };
 
+struct ibv_mw_bind_info {
+    struct ibv_mr *mr;
+    uint64_t addr, length;
+    unsigned int mw_access_flags;
+};
+
 struct ibv_sge {
     uint64_t addr;
     uint32_t length, lkey;
@@ -208,10 +231,10 @@ struct ibv_send_wr {
         struct {
             struct ibv_mw *mw;
             uint32_t rkey;
-            struct { struct ibv_mr *mr; uint64_t addr, length; unsigned int access; } info;
+            struct ibv_mw_bind_info bind_info;
         } bind_mw;
         struct { void *hdr; uint16_t hdr_sz, mss; } tso;
-    } ext;
+    };                                  /* anonymous, as in verbs.h */
 };
 
 struct ibv_recv_wr {
@@ -359,6 +382,25 @@ static inline enum ibv_fork_status ibv_is_fork_initialized(void) {
 static inline int ibv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr,
                                 struct ibv_send_wr **bad) {
     return qp->context->ops.post_send(qp, wr, bad);
+}
+
+/* Memory windows: static inline in verbs.h too, through context->ops. */
+static inline struct ibv_mw *ibv_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type) {
+    struct ibv_mw *(*f)(struct ibv_pd *, enum ibv_mw_type) =
+        (struct ibv_mw *(*)(struct ibv_pd *, enum ibv_mw_type))pd->context->ops.alloc_mw;
+    if (!f) {
+        errno = EOPNOTSUPP;
+        return NULL;
+    }
+    return f(pd, type);
+}
+
+static inline int ibv_dealloc_mw(struct ibv_mw *mw) {
+    return ((int (*)(struct ibv_mw *))mw->context->ops.dealloc_mw)(mw);
+}
+
+static inline uint32_t ibv_inc_rkey(uint32_t rkey) {
+    return (rkey & ~(uint32_t)0xff) | ((rkey + 1) & 0xff);
 }
 
 static inline int ibv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr,

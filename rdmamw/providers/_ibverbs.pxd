@@ -20,6 +20,11 @@ cdef extern from "rm_ibverbs.h" nogil:
         pass
     cdef struct ibv_comp_channel:
         int fd
+    cdef enum ibv_mw_type:
+        IBV_MW_TYPE_1
+        IBV_MW_TYPE_2
+    cdef struct ibv_mw:
+        uint32_t rkey
     cdef struct ibv_mr:
         void *addr
         size_t length
@@ -31,6 +36,7 @@ cdef extern from "rm_ibverbs.h" nogil:
         uint32_t qp_num
 
     cdef struct ibv_device_attr:
+        unsigned int device_cap_flags
         int max_qp
         int max_qp_wr
         int max_cq
@@ -134,6 +140,8 @@ cdef extern from "rm_ibverbs.h" nogil:
         IBV_ACCESS_LOCAL_WRITE
         IBV_ACCESS_REMOTE_WRITE
         IBV_ACCESS_REMOTE_READ
+        IBV_ACCESS_MW_BIND
+        IBV_DEVICE_MEM_WINDOW_TYPE_2B
         IBV_SEND_SIGNALED
         IBV_SEND_SOLICITED
         IBV_SEND_INLINE
@@ -148,6 +156,7 @@ cdef extern from "rm_ibverbs.h" nogil:
         IBV_WR_RDMA_WRITE_WITH_IMM
         IBV_WR_SEND
         IBV_WR_RDMA_READ
+        IBV_WR_BIND_MW
 
     cdef struct ibv_sge:
         uint64_t addr
@@ -161,6 +170,17 @@ cdef extern from "rm_ibverbs.h" nogil:
     cdef union _ibv_wr_u:
         _ibv_rdma rdma
 
+    cdef struct ibv_mw_bind_info:
+        ibv_mr *mr
+        uint64_t addr
+        uint64_t length
+        unsigned int mw_access_flags
+
+    cdef struct _ibv_bind_mw:
+        ibv_mw *mw
+        uint32_t rkey
+        ibv_mw_bind_info bind_info
+
     cdef struct ibv_send_wr:
         uint64_t wr_id
         ibv_send_wr *next
@@ -170,6 +190,7 @@ cdef extern from "rm_ibverbs.h" nogil:
         unsigned int send_flags
         uint32_t imm_data
         _ibv_wr_u wr
+        _ibv_bind_mw bind_mw        # in an anonymous union (rm_ibverbs.h)
 
     cdef struct ibv_recv_wr:
         uint64_t wr_id
@@ -204,6 +225,9 @@ cdef extern from "rm_ibverbs.h" nogil:
     int ibv_dealloc_pd(ibv_pd *pd)
     ibv_mr *ibv_reg_mr(ibv_pd *pd, void *addr, size_t length, int access)
     int ibv_dereg_mr(ibv_mr *mr)
+    ibv_mw *ibv_alloc_mw(ibv_pd *pd, ibv_mw_type t)
+    int ibv_dealloc_mw(ibv_mw *mw)
+    uint32_t ibv_inc_rkey(uint32_t rkey)
     ibv_comp_channel *ibv_create_comp_channel(ibv_context *c)
     int ibv_destroy_comp_channel(ibv_comp_channel *ch)
     ibv_cq *ibv_create_cq(ibv_context *c, int cqe, void *cq_context, ibv_comp_channel *ch,

@@ -5,7 +5,7 @@
 # exposure table; the package itself never imports them.
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
-from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_wc, rm_wr
+from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_mem, rm_wc, rm_wr
 from rdmamw.providers._ibverbs cimport *
 from rdmamw.providers._verbs_dev cimport (
     RECV_BUF,
@@ -75,10 +75,10 @@ cdef class VerbsTransport(Transport):
     cdef int lock                       # send queue and its accounting
     cdef int rlock                      # recv_seen and the receive counters
     cdef readonly uint64_t n_recv_completions
+    cdef readonly uint64_t n_binds      # memory-window binds posted (exposures, parts)
     cdef readonly uint32_t qpn
     cdef uint8_t timeout_exp
 
-    cdef void _drain_sq(self, int64_t budget_ns) noexcept nogil
     cdef void _destroy(self) noexcept
     cdef void _fail(self, int code, int kind=*, int err=*) noexcept nogil
     cdef void _wc_error(self, ibv_wc *wc, int kind) noexcept nogil

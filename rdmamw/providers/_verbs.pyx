@@ -70,8 +70,10 @@ from rdmamw.transport.atomics cimport (
 )
 from rdmamw.providers._ibverbs cimport *
 from rdmamw.providers._verbs_dev cimport (
+    VerbsBlock,
     VerbsDevice,
     VerbsMemory,
+    XMR_N,
     load_table,
     rmv_load32,
     rmv_load64,
@@ -196,13 +198,15 @@ cdef class VerbsTransport(Transport):
 
     def _open(self, str dev_name, int port, int gid_index, size_t block_len, tuple regions,
               uint32_t sq_depth, uint32_t rq_depth, uint32_t max_inline, bint event_mode,
-              int poll_ms, int timeout_exp, uint64_t stride=0, uint32_t granted=0):
+              int poll_ms, int timeout_exp, uint64_t stride=0, uint32_t granted=0,
+              bint windows=True):
         """Take the process's device (context, channel, shared CQs: a VerbsDevice),
         make this endpoint's PD, its room on the CQs and its QP (INIT), register the
         block: its header and the first ``granted`` slots (of ``stride`` bytes) of the
-        ring, or all of it (0); return the local half of the endpoint descriptor."""
-        cdef int i, err
-        cdef void *mem = NULL
+        ring, or all of it (0); return the local half of the endpoint descriptor. With
+        ``windows`` (where the device has them) every key the peer gets is a memory
+        window's, bound to this QP."""
+        cdef int i
         cdef VerbsDevice dev
         cdef rmv_route *r
         if len(regions) != RM_NREGIONS:
@@ -214,7 +218,7 @@ cdef class VerbsTransport(Transport):
         dev = device(dev_name)
         self.gid, self.lid, self.mtu = dev.port_info(port, gid_index)
         self.port, self.gid_index = port, gid_index
-        self.dev, self.mem = dev, VerbsMemory(dev)
+        self.dev, self.mem = dev, VerbsMemory(dev, windows and dev.has_windows)
         ring_off, ring_len = regions[RM_REGION_RING]
         self.block = VerbsBlock(self.mem, block_len, ring_off, ring_len, stride, granted)
         if self.block.on:
@@ -228,30 +232,7 @@ cdef class VerbsTransport(Transport):
         self.max_chain = self.sq_depth // 2
         self.sig_bound = self.sq_depth // 4
         self.event_mode, self.poll_ms = event_mode, poll_ms
-        if pin_charge(RECV_BUF):
-            raise budget_error(RECV_BUF, "a channel's receive buffer")
-        self.mem.charged += RECV_BUF
-        if posix_memalign(&mem, 64, RECV_BUF) != 0:
-            raise MemoryError()
-        self.recv_buf = <char *>mem
-        self.recv_mr = self.mem.dev.reg_mr(self.mem.pd, mem, RECV_BUF, IBV_ACCESS_LOCAL_WRITE)
-        if self.recv_mr == NULL:
-            err = errno
-            raise self.mem.dev.mr_failed(err, "a channel's receive buffer", RECV_BUF)
-        self.qp = _create_qp(self.mem.pd, dev.scqs[r.scq], dev.rcqs[r.rcq], self.sq_depth,
-                             self.rq_depth, &max_inline, port)
-        self.max_inline = max_inline
-        self.qpn = r.qpn = self.qp.qp_num
-        r.qp = self.qp
-        self.sig_pos = <uint64_t *>calloc(self.sq_depth, 8)
-        self.stash_cap = self.sq_depth + 16
-        self.stash = <rm_wc *>calloc(self.stash_cap, sizeof(rm_wc))
-        self.swr = <ibv_send_wr *>calloc(self.max_chain, sizeof(ibv_send_wr))
-        self.sge = <ibv_sge *>calloc(self.max_chain, sizeof(ibv_sge))
-        if self.sig_pos == NULL or self.stash == NULL or self.swr == NULL or self.sge == NULL:
-            raise MemoryError()
-        route_fill(r, <uint64_t>self.recv_buf, self.recv_mr.lkey, self.rq_depth)
-        dev.add(r)
+        _open_qp(self, dev, r, max_inline, port)
         for i in range(RM_NREGIONS):
             off, length = regions[i]
             if off < 0 or length <= 0 or off + length > block_len:
@@ -260,7 +241,7 @@ cdef class VerbsTransport(Transport):
             self.local[i].length = length
         return {"qpn": self.qpn, "gid": self.gid, "lid": self.lid,
                 "mtu": self.mtu, "addr": <uint64_t>self.block.base,
-                "rkey": self.block.head_mr.rkey, "len": block_len, "inline": self.max_inline,
+                "rkey": self.block.head_rkey, "len": block_len, "inline": self.max_inline,
                 "granted": self.block.granted if self.block.on else 0}
 
     def _connect(self, uint32_t my_psn, uint32_t qpn, uint32_t psn, bytes gid, int lid, int mtu,
@@ -289,6 +270,8 @@ cdef class VerbsTransport(Transport):
             r.hook = <void (*)(void *) noexcept nogil>_offer_hook     # (below)
         _qp_to_rts(self.qp, <ibv_mtu>min(self.mtu, mtu), my_psn, qpn, psn, gid, lid,
                    self.port, self.gid_index, self.timeout_exp)
+        if self.block.head_mw != NULL:
+            _bind_head(self)
 
     def _attach_socket(self, int fd):
         """Take the handshake socket (EOF = peer gone); the transport is live now."""
@@ -306,14 +289,41 @@ cdef class VerbsTransport(Transport):
 
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil:
-        """Register the range (one MR per exposure: VerbsMemory's table)."""
+        """Register the range (one MR per exposure: VerbsMemory's table); with windows,
+        bind the exposure's window to the QP, ahead of the descriptor that names it."""
+        cdef int rc
         if self.state != 1 or self.inherited():
             out.handle = out.lkey = out.rkey = 0
             return RM_ERR_CLOSED
-        return self.mem.expose(addr, length, access, out)
+        rc = self.mem.expose(addr, length, access, out)
+        if rc == 0 and access != RM_ACCESS_LOCAL and self.mem.windows:
+            rc = _bind_exposed(self, out, addr, length, access)
+        return rc
+
+    cdef int expose_cached(self, uint64_t addr, uint64_t length, uint32_t access,
+                           uint32_t lkey, uint32_t rkey, rm_mem *out) noexcept nogil:
+        """A range inside a registration cache's MR: its keys, or with windows a
+        window over just the range, bound to the QP (the MR allows no remote access)."""
+        cdef int rc
+        if access == RM_ACCESS_LOCAL or not self.mem.windows:
+            out.handle, out.lkey, out.rkey = 0, lkey, rkey
+            return 0
+        if self.state != 1 or self.inherited():
+            out.handle = out.lkey = out.rkey = 0
+            return RM_ERR_CLOSED
+        rc = self.mem.expose_cached(lkey, out)
+        if rc == 0:
+            rc = _bind_exposed(self, out, addr, length, access)
+        return rc
 
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
-        return 0 if self.mem is None else self.mem.unexpose(handle)
+        """Free the exposure; a window's bind must have finished first (a window freed
+        under a pending bind fails the QP)."""
+        if self.mem is None:
+            return 0
+        if self.mem.windows and 0 < handle <= XMR_N and not self.inherited():
+            _await_bind(self, self.mem.xbind[handle - 1])
+        return self.mem.unexpose(handle)
 
     def mr_register(self, size_t addr, size_t length, bint remote_read=False):
         """Register [addr, addr+length) for the registration cache (rdmamw.memory.regcache):
@@ -367,28 +377,10 @@ cdef class VerbsTransport(Transport):
             return
         if self.state == 1:
             with nogil:
-                self._drain_sq(1000000000)
+                _drain_sq(self, 1000000000)
             self.state = RM_ERR_CLOSED
         if self.sock >= 0:
             shutdown(self.sock, SHUT_RDWR)
-
-    cdef void _drain_sq(self, int64_t budget_ns) noexcept nogil:
-        cdef int64_t end = now_ns() + budget_ns
-        cdef ibv_send_wr *w
-        rm_spin_lock(&self.lock)
-        if self.unsig and self.state == 1:
-            w = &self.swr[0]     # a signaled zero-byte WRITE flushes the unsignaled tail
-            memset(w, 0, sizeof(ibv_send_wr))
-            w.wr_id = INTERNAL
-            w.opcode = IBV_WR_RDMA_WRITE
-            w.send_flags = IBV_SEND_SIGNALED
-            w.wr.rdma.remote_addr = self.peer_addr[RM_REGION_CTRL]
-            w.wr.rdma.rkey = self.peer_rkey
-            self._post_chain(1, True)
-        while self.state == 1 and self.sq_done < self.sq_posted and now_ns() < end:
-            if self._poll_send_locked() == 0:
-                rm_cpu_relax()
-        rm_spin_unlock(&self.lock)
 
     cdef void _destroy(self) noexcept:
         if self.sock >= 0:
@@ -400,6 +392,10 @@ cdef class VerbsTransport(Transport):
             return
         if self.joined:
             self.dev.leave(self.route)      # no completion is routed here any more
+        if self.block is not None:
+            self.block.drop_windows()   # a window bound to the QP holds it
+        if self.mem is not None:
+            self.mem.drop_windows()
         if self.qp != NULL:
             ibv_destroy_qp(self.qp)
             self.qp = NULL
@@ -779,6 +775,61 @@ cdef class VerbsTransport(Transport):
         return self.state
 
 
+cdef void _drain_sq(VerbsTransport tp, int64_t budget_ns) noexcept nogil:
+    """Let the posted WRs finish (close), at most ``budget_ns``."""
+    cdef int64_t end = now_ns() + budget_ns
+    cdef ibv_send_wr *w
+    rm_spin_lock(&tp.lock)
+    if tp.unsig and tp.state == 1:
+        w = &tp.swr[0]     # a signaled zero-byte WRITE flushes the unsignaled tail
+        memset(w, 0, sizeof(ibv_send_wr))
+        w.wr_id = INTERNAL
+        w.opcode = IBV_WR_RDMA_WRITE
+        w.send_flags = IBV_SEND_SIGNALED
+        w.wr.rdma.remote_addr = tp.peer_addr[RM_REGION_CTRL]
+        w.wr.rdma.rkey = tp.peer_rkey
+        tp._post_chain(1, True)
+    while tp.state == 1 and tp.sq_done < tp.sq_posted and now_ns() < end:
+        if tp._poll_send_locked() == 0:
+            rm_cpu_relax()
+    rm_spin_unlock(&tp.lock)
+
+
+cdef int _open_qp(VerbsTransport tp, VerbsDevice dev, rmv_route *r, uint32_t max_inline,
+                  int port) except -1:
+    """The endpoint's part of _open from its receive buffer on: the QP (INIT) on the
+    route's CQs, the block's window, the send-side arrays, the receive WRs posted, the
+    route added to the device's table."""
+    cdef void *mem = NULL
+    cdef int err
+    if pin_charge(RECV_BUF):
+        raise budget_error(RECV_BUF, "a channel's receive buffer")
+    tp.mem.charged += RECV_BUF
+    if posix_memalign(&mem, 64, RECV_BUF) != 0:
+        raise MemoryError()
+    tp.recv_buf = <char *>mem
+    tp.recv_mr = tp.mem.dev.reg_mr(tp.mem.pd, mem, RECV_BUF, IBV_ACCESS_LOCAL_WRITE)
+    if tp.recv_mr == NULL:
+        err = errno
+        raise tp.mem.dev.mr_failed(err, "a channel's receive buffer", RECV_BUF)
+    tp.qp = _create_qp(tp.mem.pd, dev.scqs[r.scq], dev.rcqs[r.rcq], tp.sq_depth,
+                       tp.rq_depth, &max_inline, port)
+    tp.max_inline = max_inline
+    tp.block.open_window()
+    tp.qpn = r.qpn = tp.qp.qp_num
+    r.qp = tp.qp
+    tp.sig_pos = <uint64_t *>calloc(tp.sq_depth, 8)
+    tp.stash_cap = tp.sq_depth + 16
+    tp.stash = <rm_wc *>calloc(tp.stash_cap, sizeof(rm_wc))
+    tp.swr = <ibv_send_wr *>calloc(tp.max_chain, sizeof(ibv_send_wr))
+    tp.sge = <ibv_sge *>calloc(tp.max_chain, sizeof(ibv_sge))
+    if tp.sig_pos == NULL or tp.stash == NULL or tp.swr == NULL or tp.sge == NULL:
+        raise MemoryError()
+    route_fill(r, <uint64_t>tp.recv_buf, tp.recv_mr.lkey, tp.rq_depth)
+    dev.add(r)
+    return 0
+
+
 cdef ibv_qp *_create_qp(ibv_pd *pd, ibv_cq *scq, ibv_cq *rcq, uint32_t sq_depth,
                        uint32_t rq_depth, uint32_t *max_inline, int port) except NULL:
     """An RC queue pair on the shared CQs, in INIT (remote READ and WRITE allowed: the
@@ -810,6 +861,90 @@ cdef ibv_qp *_create_qp(ibv_pd *pd, ibv_cq *scq, ibv_cq *rcq, uint32_t sq_depth,
         ibv_destroy_qp(qp)
         raise OSError(e, "QP to INIT failed")
     return qp
+
+
+# ---- memory windows: the keys a peer gets (docs/protocol.md "Keys a peer gets") ------
+
+cdef int _bind_head(VerbsTransport tp) except -1:
+    """Bind the block's window to the QP (now ready to send) and wait for it: the peer
+    writes the block only after the handshake's last step, which follows."""
+    cdef VerbsBlock b = tp.block
+    cdef ibv_send_wr *bad = NULL
+    cdef int rc
+    cdef int64_t end = now_ns() + 2 * STUCK_NS
+    _bind_wr(&tp.swr[0], b.head_mw, b.head_mr, <uint64_t>b.head_mr.addr,
+             b.head_mr.length, IBV_ACCESS_REMOTE_WRITE, b.head_rkey)
+    rm_spin_lock(&tp.lock)
+    rc = ibv_post_send(tp.qp, tp.swr, &bad)
+    if rc == 0:
+        tp.sig_pos[tp.sig_tail % tp.sq_depth] = tp.sq_posted + 1
+        tp.sig_tail += 1
+        tp.n_signaled += 1
+        tp.sq_posted += 1
+        tp.n_wrs += 1
+        tp.n_doorbells += 1
+        tp.n_binds += 1
+        with nogil:
+            while tp.sq_done < tp.sq_posted and not tp.error_reported and now_ns() < end:
+                if tp._poll_send_locked() == 0:
+                    rm_cpu_relax()
+    rm_spin_unlock(&tp.lock)
+    if rc != 0:
+        raise OSError(rc, f"posting the bind of the block's memory window failed "
+                          f"({strerror(rc).decode()})")
+    if tp.sq_done < tp.sq_posted:
+        raise OSError(5, "binding the block's memory window failed: "
+                         + (str(tp.failure.detail()) if tp.error_reported
+                            else "no completion within 20 s"))
+    return 0
+
+
+cdef int _bind_exposed(VerbsTransport tp, rm_mem *out, uint64_t addr, uint64_t length,
+                       uint32_t access) noexcept nogil:
+    """Post the bind of exposure ``out``'s window (signaled: unexpose waits for it before
+    the window is freed); undo the exposure if it cannot be posted."""
+    cdef uint32_t i = out.handle - 1
+    cdef int rc
+    rm_spin_lock(&tp.lock)
+    _bind_wr(&tp.swr[0], tp.mem.xmws[i], tp.mem.xmrs[i], addr, length,
+             IBV_ACCESS_REMOTE_READ if access == RM_ACCESS_REMOTE_READ
+             else IBV_ACCESS_REMOTE_WRITE, out.rkey)
+    rc = tp._post_chain(1, True)
+    if rc == 0:
+        tp.mem.xbind[i] = tp.sq_posted
+        tp.n_binds += 1
+    rm_spin_unlock(&tp.lock)
+    if rc != 0:
+        tp.mem.unexpose(out.handle)
+        out.handle = out.lkey = out.rkey = 0
+    return rc
+
+
+cdef void _await_bind(VerbsTransport tp, uint64_t pos) noexcept nogil:
+    """Until the send queue has completed past ``pos`` (a bind), or the connection is
+    dead; a QP that completes nothing for STUCK_NS is given up as a lost peer."""
+    cdef int64_t end
+    if tp.sq_done >= pos:
+        return
+    end = now_ns() + STUCK_NS
+    rm_spin_lock(&tp.lock)
+    while tp.sq_done < pos and tp.state == 1:
+        if tp._poll_send_locked() == 0:
+            if now_ns() > end:
+                tp._fail(RM_ERR_PEER_LOST, FAIL_STUCK)
+            rm_cpu_relax()
+    rm_spin_unlock(&tp.lock)
+
+
+cdef void _bind_wr(ibv_send_wr *w, ibv_mw *mw, ibv_mr *mr, uint64_t addr, uint64_t length,
+                   unsigned int access, uint32_t rkey) noexcept nogil:
+    """w: the signaled BIND_MW of type-2 window ``mw`` over [addr, addr+length) of
+    ``mr`` with ``access``, giving it key ``rkey`` (ibv_inc_rkey of its last)."""
+    memset(w, 0, sizeof(ibv_send_wr))
+    w.wr_id, w.opcode, w.send_flags = INTERNAL, IBV_WR_BIND_MW, IBV_SEND_SIGNALED
+    w.bind_mw.mw, w.bind_mw.rkey = mw, rkey
+    w.bind_mw.bind_info.mr, w.bind_mw.bind_info.addr = mr, addr
+    w.bind_mw.bind_info.length, w.bind_mw.bind_info.mw_access_flags = length, access
 
 
 cdef void _grant_wrs(ibv_send_wr *w, ibv_sge *sge, uint64_t *word, uint32_t lkey,
@@ -979,14 +1114,23 @@ cdef void _offer_hook(VerbsTransport tp) noexcept nogil:
     k = tp.block.offer()
     if k < 0:
         return
+    cdef ibv_mw *mw = tp.block.mws[k]
+    cdef ibv_mr *mr = tp.block.mrs[k]
+    cdef uint32_t n = 3 if mw != NULL else 2
     if rm_spin_trylock(&tp.lock):
-        if tp.sq_depth - (tp.sq_posted - tp.sq_done) < 2:
+        if tp.sq_depth - (tp.sq_posted - tp.sq_done) < n:
             tp._poll_send_locked()
-        if tp.state == 1 and tp.sq_depth - (tp.sq_posted - tp.sq_done) >= 2:
-            _grant_wrs(tp.swr, tp.sge, &tp.block.words[k], tp.block.words_mr.lkey,
+        if tp.state == 1 and tp.sq_depth - (tp.sq_posted - tp.sq_done) >= n:
+            if mw != NULL:      # the part's window, bound before the word names it
+                _bind_wr(&tp.swr[0], mw, mr, <uint64_t>mr.addr, mr.length,
+                         IBV_ACCESS_REMOTE_WRITE, <uint32_t>tp.block.words[k])
+                tp.swr[0].send_flags = 0
+                tp.swr[0].next = &tp.swr[1]
+                tp.n_binds += 1
+            _grant_wrs(&tp.swr[n - 2], tp.sge, &tp.block.words[k], tp.block.words_mr.lkey,
                        tp.peer_addr[RM_REGION_CTRL] + GRANT_OFF + 8 * k, tp.peer_rkey,
                        tp.max_inline >= 8)
-            posted = tp._post_chain(2, True) == 0
+            posted = tp._post_chain(n, True) == 0
             if posted:
                 tp.n_wakeups += 1
         rm_spin_unlock(&tp.lock)

@@ -18,6 +18,7 @@ from rdmamw.providers._ibverbs cimport (
     ibv_context,
     ibv_cq,
     ibv_mr,
+    ibv_mw,
     ibv_pd,
     ibv_qp,
     ibv_recv_wr,
@@ -146,6 +147,8 @@ cdef class VerbsDevice:
     cdef int tlock
     cdef int sleepers               # routes with ``sleeping`` set
     cdef int n_mrs                  # memory registrations of the process here (<= max_mr)
+    cdef int n_mws                  # memory windows of the process here
+    cdef readonly bint has_windows  # type-2 memory windows (bound to one QP each)
     cdef int stopfd                 # wakes the thread to end (tests, never in use)
     cdef object thread
     cdef readonly uint64_t n_events, n_routed, n_dropped
@@ -171,28 +174,44 @@ cdef class VerbsDevice:
     cdef void sleep(self, rmv_route *r, bint up) noexcept nogil
     cdef ibv_mr *reg_mr(self, ibv_pd *pd, void *addr, size_t length, int flags) noexcept nogil
     cdef void dereg_mr(self, ibv_mr *mr) noexcept nogil
+    cdef ibv_mw *alloc_mw(self, ibv_pd *pd) noexcept nogil
+    cdef void dealloc_mw(self, ibv_mw *mw) noexcept nogil
     cdef void dispatch(self) noexcept nogil
 
 
 cdef class VerbsMemory:
     cdef readonly VerbsDevice dev
     cdef ibv_pd *pd                 # this endpoint's
+    # windows: every range the peer may touch is an MR without remote access plus a
+    # type-2 memory window over it, bound to this endpoint's QP (the transport posts
+    # the bind); the key the peer gets is the window's, which no other QP can use
+    cdef readonly bint windows
     cdef uint64_t charged           # of the pinned budget, by register_local/mr_register
     cdef ibv_mr **lmrs              # register_local's, for the transport's life
     cdef uint32_t n_lmrs
-    # MRs of the registration caches (mr_register): address -> ibv_mr, deregistered by
-    # the cache, or here when the transport dies with some still cached
-    cdef dict cached_mrs
+    # MRs of the registration caches (mr_register), deregistered by the cache, or here
+    # when the transport dies with some still cached (xlock: expose_cached looks up)
+    cdef ibv_mr **cmrs
+    cdef uint32_t n_cmrs, cap_cmrs
     # rendezvous: one MR per exposed range, handle = index + 1. The engine's send and
     # receive threads expose and unexpose at the same time: xlock guards the table
     # (a slot is claimed with XMR_BUSY before ibv_reg_mr, which runs unlocked).
     cdef ibv_mr *xmrs[XMR_N]
+    cdef ibv_mw *xmws[XMR_N]        # with windows: the exposure's window
+    cdef uint64_t xbind[XMR_N]      # ... and the send-queue count that ends its bind
+    cdef bint xborrowed[XMR_N]      # the MR is a cached one (expose_cached): keep it
     cdef uint32_t xmr_hint
     cdef int xlock
 
+    cdef int remote_flags(self, int access) noexcept nogil
+    cdef int _claim(self) noexcept nogil
+    cdef int _fill(self, uint32_t i, ibv_mr *mr, bint remote, rm_mem *out) noexcept nogil
+    cdef ibv_mr *_uncache(self, size_t p) noexcept nogil
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil
+    cdef int expose_cached(self, uint32_t lkey, rm_mem *out) noexcept nogil
     cdef int unexpose(self, uint32_t handle) noexcept nogil
+    cdef void drop_windows(self) noexcept
     cdef void release(self) noexcept
 
 
@@ -208,6 +227,8 @@ cdef class VerbsBlock:
     cdef char *base
     cdef uint64_t length
     cdef ibv_mr *head_mr
+    cdef ibv_mw *head_mw                # with windows: the one the peer writes through
+    cdef readonly uint32_t head_rkey    # the key the peer gets for the header
     # my ring: the slots the peer may write are registered in parts; offer() registers
     # the next part
     cdef readonly bint on               # my ring started short of its size
@@ -216,6 +237,7 @@ cdef class VerbsBlock:
     cdef readonly uint32_t granted      # slots the peer may write
     cdef uint32_t pending               # slots of a part registered, its word not sent
     cdef ibv_mr *mrs[MAX_PARTS]         # the parts registered after the first
+    cdef ibv_mw *mws[MAX_PARTS]         # with windows: theirs (bound with the grant)
     cdef uint32_t n_mrs
     cdef uint64_t charged               # their bytes, charged to the pinned budget
     cdef int lock                       # offer(): one at a time
@@ -236,6 +258,7 @@ cdef class VerbsBlock:
     cdef int offer(self) noexcept nogil
     cdef void done(self, bint posted) noexcept nogil
     cdef bint take(self, const char *ctrl) noexcept nogil
+    cdef void drop_windows(self) noexcept
     cdef inline uint32_t rkey_of(self, uint64_t off) noexcept nogil:
         """The key of the peer's ring part that holds ring offset ``off`` (most slots
         are in the last part: one compare)."""

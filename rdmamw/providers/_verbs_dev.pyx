@@ -24,6 +24,7 @@ from rdmamw.transport._base cimport (
     RM_ACCESS_REMOTE_READ,
     RM_ACCESS_REMOTE_WRITE,
     RM_ERR_AGAIN,
+    RM_ERR_BOUNDS,
     RM_ERR_OS,
     RM_ERR_UNSUPPORTED,
     current_pid,
@@ -242,6 +243,7 @@ cdef class VerbsDevice:
         self.name = dev_name
         self.max_qp, self.max_qp_wr, self.max_cq = dattr.max_qp, dattr.max_qp_wr, dattr.max_cq
         self.max_cqe, self.max_mr, self.max_pd = dattr.max_cqe, dattr.max_mr, dattr.max_pd
+        self.has_windows = bool(dattr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B)
         self.cq_cap = max(64, min(cq_cap, <uint32_t>max(dattr.max_cqe, 64)))
         self.chan = ibv_create_comp_channel(self.ctx)
         if self.chan == NULL or rmv_set_nonblock(self.chan.fd) < 0:
@@ -572,6 +574,19 @@ cdef class VerbsDevice:
         ibv_dereg_mr(mr)
         rmv_add32(&self.n_mrs, -1)
 
+    cdef ibv_mw *alloc_mw(self, ibv_pd *pd) noexcept nogil:
+        """A type-2 memory window on ``pd`` (counted); NULL with errno."""
+        cdef ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2)
+        if mw != NULL:
+            rmv_add32(&self.n_mws, 1)
+        return mw
+
+    cdef void dealloc_mw(self, ibv_mw *mw) noexcept nogil:
+        """Free a window: it is invalid from here on (no peer can use its key), and
+        the MR under it may be deregistered."""
+        ibv_dealloc_mw(mw)
+        rmv_add32(&self.n_mws, -1)
+
     def mr_failed(self, int err, str what, size_t length):
         """The error for a reg_mr that returned NULL with errno ``err``: past max_mr a
         RegistrationError (as past the pinned budget), else the driver's OSError."""
@@ -587,7 +602,8 @@ cdef class VerbsDevice:
         """What the device holds for this process: queue pairs, shared CQs, memory
         registrations, events."""
         return {"qps": self.n_qps, "send_cqs": self.n_scqs, "recv_cqs": self.n_rcqs,
-                "mrs": rmv_load32(&self.n_mrs), "sleepers": rmv_load32(&self.sleepers),
+                "mrs": rmv_load32(&self.n_mrs), "mws": rmv_load32(&self.n_mws),
+                "sleepers": rmv_load32(&self.sleepers),
                 "cq_events": self.n_events, "routed": self.n_routed,
                 "dropped": self.n_dropped}
 
@@ -628,17 +644,27 @@ cdef class VerbsDevice:
 cdef class VerbsMemory:
     """One endpoint's protection domain and the MRs registered on it: local ones, the
     registration caches', and one per exposed range (the NIC then refuses any remote
-    access outside it or without the right). All live until deregistered or until
-    the transport dies."""
+    access outside it or without the right). With ``windows`` no MR here allows remote
+    access at all: the peer's keys are those of type-2 memory windows bound to the
+    endpoint's QP (docs/protocol.md "Keys a peer gets"). All live until deregistered or
+    until the transport dies."""
 
-    def __cinit__(self, VerbsDevice dev not None):
+    def __cinit__(self, VerbsDevice dev not None, bint windows=False):
         if dev.ctx == NULL:
             raise ValueError("the device is not open")
-        self.dev = dev
-        self.cached_mrs = {}
+        if windows and not dev.has_windows:
+            raise ValueError(f"{dev.name} has no type-2 memory windows")
+        self.dev, self.windows = dev, windows
         self.pd = ibv_alloc_pd(dev.ctx)
         if self.pd == NULL:
             raise OSError(errno, f"ibv_alloc_pd failed ({strerror(errno).decode()})")
+
+    cdef int remote_flags(self, int access) noexcept nogil:
+        """The MR flags for a range the peer gets ``access`` (IBV_ACCESS_REMOTE_*) to:
+        with windows the window carries the right and the MR only lets it bind."""
+        if self.windows:
+            return IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND
+        return IBV_ACCESS_LOCAL_WRITE | access
 
     def register_local(self, size_t addr, size_t length):
         """Register [addr, addr+length) for local access only (WR sources, READ
@@ -665,9 +691,12 @@ cdef class VerbsMemory:
         return mr.lkey
 
     def mr_register(self, size_t addr, size_t length, bint remote_read):
-        """An MR for a registration cache: ``(mr, lkey, rkey)``."""
+        """An MR for a registration cache: ``(mr, lkey, rkey)`` (with windows the rkey
+        opens nothing: expose_cached() binds a window per message)."""
         cdef ibv_mr *mr
-        cdef int flags = IBV_ACCESS_LOCAL_WRITE | (IBV_ACCESS_REMOTE_READ if remote_read else 0)
+        cdef void *p
+        cdef int flags = self.remote_flags(IBV_ACCESS_REMOTE_READ) if remote_read \
+            else IBV_ACCESS_LOCAL_WRITE
         if pin_charge(length):
             raise budget_error(length, "registering a buffer for a large message")
         cdef int err = 0
@@ -678,76 +707,157 @@ cdef class VerbsMemory:
         if mr == NULL:
             pin_refund(length)
             raise self.dev.mr_failed(err, "registering a buffer for a large message", length)
+        rm_spin_lock(&self.xlock)
+        if self.n_cmrs == self.cap_cmrs:
+            p = realloc(self.cmrs, (2 * self.cap_cmrs + 8) * sizeof(ibv_mr *))
+            if p != NULL:
+                self.cmrs, self.cap_cmrs = <ibv_mr **>p, 2 * self.cap_cmrs + 8
+        if self.n_cmrs < self.cap_cmrs:
+            self.cmrs[self.n_cmrs] = mr
+            self.n_cmrs += 1
+            p = <void *>mr
+        else:
+            p = NULL
+        rm_spin_unlock(&self.xlock)
+        if p == NULL:
+            self.dev.dereg_mr(mr)
+            pin_refund(length)
+            raise MemoryError()
         self.charged += length
-        self.cached_mrs[<size_t>mr] = None
         return (<size_t>mr, mr.lkey, mr.rkey)
+
+    cdef ibv_mr *_uncache(self, size_t p) noexcept nogil:
+        """Take the cached MR ``p`` out of the table (NULL: not there)."""
+        cdef uint32_t i
+        cdef ibv_mr *mr = NULL
+        rm_spin_lock(&self.xlock)
+        for i in range(self.n_cmrs):
+            if <size_t>self.cmrs[i] == p:
+                mr = self.cmrs[i]
+                self.n_cmrs -= 1
+                self.cmrs[i] = self.cmrs[self.n_cmrs]
+                break
+        rm_spin_unlock(&self.xlock)
+        return mr
 
     def mr_deregister(self, handle):
         """Deregister an MR of mr_register (nothing in a fork child: it is the
         parent's, same uverbs file)."""
         cdef size_t p = handle[0]
+        cdef ibv_mr *mr
         if self.dev.inherited():
             return
-        if self.cached_mrs.pop(p, 0) is None:
-            self.charged -= (<ibv_mr *>p).length
-            pin_refund((<ibv_mr *>p).length)
+        mr = self._uncache(p)
+        if mr != NULL:
+            self.charged -= mr.length
+            pin_refund(mr.length)
             with nogil:
-                self.dev.dereg_mr(<ibv_mr *>p)
+                self.dev.dereg_mr(mr)
 
     def usage(self):
-        """(MRs, bytes) registered here now: local, cached and exposed."""
+        """(MRs, bytes) registered here now: local, cached and exposed (an exposure of
+        a cached MR is a window, not another MR)."""
         cdef uint32_t i
         cdef size_t n = self.n_lmrs, nbytes = 0
         for i in range(self.n_lmrs):
             nbytes += self.lmrs[i].length
-        for p in self.cached_mrs:
-            nbytes += (<ibv_mr *><size_t>p).length
-        n += len(self.cached_mrs)
         rm_spin_lock(&self.xlock)
+        n += self.n_cmrs
+        for i in range(self.n_cmrs):
+            nbytes += self.cmrs[i].length
         for i in range(XMR_N):
-            if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY:
+            if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY and not self.xborrowed[i]:
                 n += 1
                 nbytes += self.xmrs[i].length
         rm_spin_unlock(&self.xlock)
         return n, nbytes
 
-    cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
-                    rm_mem *out) noexcept nogil:
-        """Register the range with the access asked for, in a free slot of the table."""
-        cdef int flags = IBV_ACCESS_LOCAL_WRITE
+    cdef int _claim(self) noexcept nogil:
+        """A free slot of the exposure table, marked busy; -1 if none."""
         cdef uint32_t i, k
-        cdef ibv_mr *mr
-        out.handle = out.lkey = out.rkey = 0
-        if access == RM_ACCESS_REMOTE_READ:
-            flags |= IBV_ACCESS_REMOTE_READ
-        elif access == RM_ACCESS_REMOTE_WRITE:
-            flags |= IBV_ACCESS_REMOTE_WRITE
-        elif access != RM_ACCESS_LOCAL:
-            return RM_ERR_UNSUPPORTED
         rm_spin_lock(&self.xlock)
         for k in range(XMR_N):
             i = (self.xmr_hint + k) % XMR_N
             if self.xmrs[i] == NULL:
                 self.xmrs[i] = XMR_BUSY
                 self.xmr_hint = (i + 1) % XMR_N
-                break
-        else:
-            rm_spin_unlock(&self.xlock)
-            return RM_ERR_AGAIN
+                rm_spin_unlock(&self.xlock)
+                return i
         rm_spin_unlock(&self.xlock)
-        mr = self.dev.reg_mr(self.pd, <void *>addr, length, flags)
+        return -1
+
+    cdef int _fill(self, uint32_t i, ibv_mr *mr, bint remote, rm_mem *out) noexcept nogil:
+        """Fill slot i with ``mr`` and, with windows and ``remote``, a new window over
+        it (the transport binds it to its QP with the key put in out.rkey)."""
+        cdef ibv_mw *mw = NULL
+        if self.windows and remote:
+            mw = self.dev.alloc_mw(self.pd)
+            if mw == NULL:
+                return RM_ERR_OS
         rm_spin_lock(&self.xlock)
-        self.xmrs[i] = mr           # NULL (failed) frees the slot again
+        self.xmrs[i], self.xmws[i], self.xbind[i] = mr, mw, 0
         rm_spin_unlock(&self.xlock)
-        if mr == NULL:
-            return RM_ERR_OS
         out.handle = i + 1
         out.lkey = mr.lkey
-        out.rkey = mr.rkey
+        out.rkey = ibv_inc_rkey(mw.rkey) if mw != NULL else mr.rkey
         return 0
 
-    cdef int unexpose(self, uint32_t handle) noexcept nogil:
+    cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
+                    rm_mem *out) noexcept nogil:
+        """Register the range with the access asked for, in a free slot of the table
+        (with windows: a window to bind too, xmws[handle - 1])."""
+        cdef int flags = IBV_ACCESS_LOCAL_WRITE
+        cdef int i, rc
+        cdef ibv_mr *mr
+        out.handle = out.lkey = out.rkey = 0
+        if access == RM_ACCESS_REMOTE_READ:
+            flags = self.remote_flags(IBV_ACCESS_REMOTE_READ)
+        elif access == RM_ACCESS_REMOTE_WRITE:
+            flags = self.remote_flags(IBV_ACCESS_REMOTE_WRITE)
+        elif access != RM_ACCESS_LOCAL:
+            return RM_ERR_UNSUPPORTED
+        i = self._claim()
+        if i < 0:
+            return RM_ERR_AGAIN
+        mr = self.dev.reg_mr(self.pd, <void *>addr, length, flags)
+        rc = RM_ERR_OS if mr == NULL else self._fill(i, mr, access != RM_ACCESS_LOCAL, out)
+        if rc != 0:
+            if mr != NULL:
+                self.dev.dereg_mr(mr)
+            rm_spin_lock(&self.xlock)
+            self.xmrs[i] = NULL         # frees the slot again
+            rm_spin_unlock(&self.xlock)
+        return rc
+
+    cdef int expose_cached(self, uint32_t lkey, rm_mem *out) noexcept nogil:
+        """With windows: a slot of the table holding the cached MR of ``lkey`` (kept
+        when unexposed) and a new window over it, for a READ by the peer."""
+        cdef uint32_t k
         cdef ibv_mr *mr = NULL
+        cdef int i, rc
+        i = self._claim()
+        if i < 0:
+            return RM_ERR_AGAIN
+        rm_spin_lock(&self.xlock)
+        for k in range(self.n_cmrs):
+            if self.cmrs[k].lkey == lkey:
+                mr = self.cmrs[k]
+                break
+        self.xborrowed[i] = mr != NULL
+        rm_spin_unlock(&self.xlock)
+        rc = RM_ERR_BOUNDS if mr == NULL else self._fill(i, mr, True, out)
+        if rc != 0:
+            rm_spin_lock(&self.xlock)
+            self.xmrs[i], self.xborrowed[i] = NULL, False
+            rm_spin_unlock(&self.xlock)
+        return rc
+
+    cdef int unexpose(self, uint32_t handle) noexcept nogil:
+        """Free the exposure's window (its key opens nothing from here on), then its
+        MR unless a cache owns it. The transport saw the window's bind finish."""
+        cdef ibv_mr *mr = NULL
+        cdef ibv_mw *mw = NULL
+        cdef bint borrowed = False
         if self.dev.inherited():
             return 0        # a fork child: the MR is the parent's (same uverbs file)
         if 0 < handle <= XMR_N:
@@ -756,31 +866,48 @@ cdef class VerbsMemory:
             if mr == XMR_BUSY:
                 mr = NULL               # not a handle anyone was given yet
             else:
-                self.xmrs[handle - 1] = NULL
+                mw, borrowed = self.xmws[handle - 1], self.xborrowed[handle - 1]
+                self.xmrs[handle - 1], self.xmws[handle - 1] = NULL, NULL
+                self.xborrowed[handle - 1] = False
             rm_spin_unlock(&self.xlock)
-        if mr != NULL:
+        if mw != NULL:
+            self.dev.dealloc_mw(mw)
+        if mr != NULL and not borrowed:
             self.dev.dereg_mr(mr)
         return 0
 
+    cdef void drop_windows(self) noexcept:
+        """Free the exposures' windows: before the QP they are bound to is destroyed
+        (a bound window holds the QP: soft-RoCE's destroy waits for it)."""
+        cdef uint32_t i
+        if self.dev is None or self.dev.inherited():
+            return
+        rm_spin_lock(&self.xlock)
+        for i in range(XMR_N):
+            if self.xmws[i] != NULL:
+                self.dev.dealloc_mw(self.xmws[i])
+                self.xmws[i] = NULL
+        rm_spin_unlock(&self.xlock)
+
     cdef void release(self) noexcept:
-        """Deregister every MR, then free the PD (its queue pair and the transport's
-        own MRs on it are gone); nothing in a fork child."""
+        """Free every window, deregister every MR, then free the PD (its queue pair
+        and the transport's own MRs on it are gone); nothing in a fork child."""
         cdef uint32_t i
         pin_refund(self.charged)    # a fork child holds copies, not the parent's pins
         self.charged = 0
         if self.dev is None or self.dev.inherited():
             return
+        self.drop_windows()
+        for i in range(XMR_N):
+            if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY and not self.xborrowed[i]:
+                self.dev.dereg_mr(self.xmrs[i])
+            self.xmrs[i], self.xborrowed[i] = NULL, False
         for i in range(self.n_lmrs):
             self.dev.dereg_mr(self.lmrs[i])
         self.n_lmrs = 0
-        if self.cached_mrs:
-            for p in self.cached_mrs:
-                self.dev.dereg_mr(<ibv_mr *><size_t>p)
-            self.cached_mrs.clear()
-        for i in range(XMR_N):
-            if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY:
-                self.dev.dereg_mr(self.xmrs[i])
-            self.xmrs[i] = NULL
+        for i in range(self.n_cmrs):
+            self.dev.dereg_mr(self.cmrs[i])
+        self.n_cmrs = 0
         if self.pd != NULL:
             ibv_dealloc_pd(self.pd)
             self.pd = NULL
@@ -788,6 +915,7 @@ cdef class VerbsMemory:
     def __dealloc__(self):
         self.release()
         free(self.lmrs)
+        free(self.cmrs)
 
 
 @cython.final
@@ -820,10 +948,11 @@ cdef class VerbsBlock:
         self.charged = head
         # the peer writes the block, nothing else: no remote read, no atomics
         self.head_mr = mem.dev.reg_mr(mem.pd, p, head,
-                                      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+                                      mem.remote_flags(IBV_ACCESS_REMOTE_WRITE))
         if self.head_mr == NULL:
             err = errno
             raise mem.dev.mr_failed(err, "a channel's receive block", head)
+        self.head_rkey = self.head_mr.rkey
         if not self.on:
             return
         p = NULL
@@ -835,6 +964,16 @@ cdef class VerbsBlock:
         if self.words_mr == NULL:
             err = errno
             raise mem.dev.mr_failed(err, "a channel's grant words", MAX_PARTS * 8)
+
+    def open_window(self):
+        """With windows: the block's window (the transport binds it once its QP can
+        send), made after the QP: a process's objects are destroyed newest first when
+        it dies, and a window bound to a QP must go before it (soft-RoCE waits)."""
+        if self.mem.windows and self.head_mw == NULL:
+            self.head_mw = self.mem.dev.alloc_mw(self.mem.pd)
+            if self.head_mw == NULL:
+                raise OSError(errno, "ibv_alloc_mw for a channel's receive block failed")
+            self.head_rkey = ibv_inc_rkey(self.head_mw.rkey)
 
     def peer(self, uint64_t ring_len, uint64_t stride, uint32_t granted, uint32_t rkey):
         """The peer's ring: ``granted`` slots of ``stride`` bytes usable now (0: all)."""
@@ -853,6 +992,7 @@ cdef class VerbsBlock:
         cdef uint32_t have = self.granted, new, k
         cdef uint64_t ln
         cdef ibv_mr *mr = NULL
+        cdef ibv_mw *mw = NULL
         if not self.on or self.stopped or not rm_spin_trylock(&self.lock):
             return -1
         if self.pending == 0:
@@ -864,7 +1004,12 @@ cdef class VerbsBlock:
             if self.n_mrs < MAX_PARTS and pin_charge(ln) == 0:
                 mr = self.mem.dev.reg_mr(self.mem.pd,
                                          self.base + self.off + <uint64_t>have * self.stride,
-                                         ln, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+                                         ln, self.mem.remote_flags(IBV_ACCESS_REMOTE_WRITE))
+                if mr != NULL and self.mem.windows:
+                    mw = self.mem.dev.alloc_mw(self.mem.pd)
+                    if mw == NULL:
+                        self.mem.dev.dereg_mr(mr)
+                        mr = NULL
                 if mr == NULL:
                     pin_refund(ln)
                 else:
@@ -874,9 +1019,11 @@ cdef class VerbsBlock:
                 rm_spin_unlock(&self.lock)
                 return -1
             k = self.n_mrs
-            self.mrs[k] = mr
+            self.mrs[k], self.mws[k] = mr, mw
             self.n_mrs = k + 1
-            self.words[k] = (<uint64_t>new << 32) | mr.rkey
+            # the key of the window (bound with the grant word's WRITE), else the MR's
+            self.words[k] = (<uint64_t>new << 32) | (
+                ibv_inc_rkey(mw.rkey) if mw != NULL else mr.rkey)
             self.pending = new
         return self.n_mrs - 1
 
@@ -926,6 +1073,19 @@ cdef class VerbsBlock:
                 n, nbytes = n + 1, nbytes + (<ibv_mr *>mr).length
         return n, nbytes
 
+    cdef void drop_windows(self) noexcept:
+        """Free the windows: before the QP they are bound to is destroyed."""
+        cdef uint32_t i
+        if self.mem is None or self.mem.dev.inherited():
+            return
+        for i in range(self.n_mrs):
+            if self.mws[i] != NULL:
+                self.mem.dev.dealloc_mw(self.mws[i])
+                self.mws[i] = NULL
+        if self.head_mw != NULL:
+            self.mem.dev.dealloc_mw(self.head_mw)
+            self.head_mw = NULL
+
     cdef void release(self) noexcept:
         """Give the pins back and deregister (nothing in a fork child: the parent's)."""
         cdef uint32_t i
@@ -934,7 +1094,9 @@ cdef class VerbsBlock:
         if self.mem is None or self.mem.dev.inherited():
             self.n_mrs = 0
             self.words_mr = self.head_mr = NULL
+            self.head_mw = NULL
             return
+        self.drop_windows()             # first: an MR under a window stays
         for i in range(self.n_mrs):
             self.mem.dev.dereg_mr(self.mrs[i])
         self.n_mrs = 0

@@ -21,6 +21,7 @@ OPTIONS = {
     "poll_ms": "RDMAMW_VERBS_POLL_MS",
     "timeout": "RDMAMW_VERBS_TIMEOUT",
     "ring_start": "RDMAMW_VERBS_RING_START",
+    "windows": "RDMAMW_VERBS_WINDOWS",
 }
 
 

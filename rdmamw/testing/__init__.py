@@ -22,13 +22,18 @@ from rdmamw.testing._hooks import (
     region_address,
     set_device_limit,
     unexpose_range,
+    verbs_expose,
+    verbs_keys,
+    verbs_remote,
     verbs_side_socket,
+    verbs_unexpose,
 )
 
 __all__ = ["apply_stream", "assist_now", "expose_churn", "expose_range", "forge_peer_xtab",
            "hammer_job", "job_claimed", "job_state", "offer_job", "qp_error", "read_remote",
            "region_address", "set_device_limit", "slot_address", "unexpose_range",
-           "verbs_side_socket"]
+           "verbs_expose", "verbs_keys", "verbs_remote", "verbs_side_socket",
+           "verbs_unexpose"]
 
 
 def slot_address(channel: Any, slot: int) -> int:

@@ -12,9 +12,9 @@ import os
 import socket
 import threading
 
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from rdmamw.providers._ibverbs cimport (
     IBV_QP_STATE,
@@ -43,8 +43,11 @@ from rdmamw.transport._base cimport (
     RM_ACCESS_REMOTE_WRITE,
     RM_ERR_BOUNDS,
     RM_NREGIONS,
+    RM_WR_EXPOSED,
     RM_WR_READ,
     RM_WR_SIGNALED,
+    RM_WR_WRITE,
+    now_ns,
     Transport,
     rm_mem,
     rm_wr,
@@ -296,6 +299,78 @@ def set_device_limit(VerbsDevice dev not None, str name, int n) -> int:
     else:
         raise ValueError(f"no such device limit here: {name!r}")
     return old
+
+
+def verbs_keys(VerbsTransport tp not None) -> tuple:
+    """(the block's address, the key its peer was given for it, its MR's own key):
+    with memory windows the two keys differ and only the first opens the block, and
+    only through this endpoint's queue pair."""
+    _require_connected(tp)
+    return <uint64_t>tp.block.base, tp.block.head_rkey, tp.block.head_mr.rkey
+
+
+def verbs_expose(VerbsTransport tp not None, size_t addr, size_t length,
+                 bint writable=False, tuple cached=None) -> tuple:
+    """Expose [addr, addr+length) to the peer as a rendezvous does: registered for it,
+    or (``cached``: a handle of ``tp.mr_register``) inside a cached MR.
+    ``(handle, key)`` for verbs_unexpose and the peer's verbs_remote."""
+    cdef rm_mem m
+    cdef int rc
+    cdef uint32_t access = RM_ACCESS_REMOTE_WRITE if writable else RM_ACCESS_REMOTE_READ
+    _require_connected(tp)
+    if cached is None:
+        rc = tp.expose(addr, length, access, &m)
+    else:
+        rc = tp.expose_cached(addr, length, access, cached[1], cached[2], &m)
+    if rc != 0:
+        raise OSError(f"expose failed ({rc})")
+    return m.handle, m.rkey
+
+
+def verbs_unexpose(VerbsTransport tp not None, uint32_t handle) -> None:
+    tp.unexpose(handle)
+
+
+def verbs_remote(VerbsTransport tp not None, uint32_t rkey, uint64_t addr,
+                 object data, double timeout=20.0) -> tuple:
+    """READ ``data`` bytes (an int) from, or WRITE ``data`` (bytes) to, the peer's
+    ``addr`` under ``rkey``, as a peer that forges its own work requests can:
+    ``(True, bytes read or b"")`` once it completed, ``(False, b"")`` if the peer's
+    NIC refused it (the connection is then dead, as after any remote access error)."""
+    cdef rm_wr wr
+    cdef int rc
+    cdef bint reading = isinstance(data, int)
+    cdef uint32_t n = data if reading else len(data)
+    cdef char *buf = <char *>calloc(n or 1, 1)
+    cdef int64_t end
+    if buf == NULL:
+        raise MemoryError()
+    _require_connected(tp)
+    try:
+        if not reading:
+            memcpy(buf, <const char *>data, n)
+        memset(&wr, 0, sizeof(wr))
+        wr.wr_id = (<uint64_t>1) << 63       # an internal id: the engine never sees it
+        wr.local_addr, wr.remote_off, wr.length = <uint64_t>buf, addr, n
+        wr.lkey = tp.register_local(<size_t>buf, n or 1)
+        wr.rkey = rkey
+        wr.opcode = RM_WR_READ if reading else RM_WR_WRITE
+        wr.flags = RM_WR_EXPOSED | RM_WR_SIGNALED
+        with nogil:
+            rc = tp.post(&wr, 1)
+            end = now_ns() + <int64_t>(timeout * 1e9)
+            rm_spin_lock(&tp.lock)
+            while rc == 0 and tp.state == 1 and tp.sq_done < tp.sq_posted and now_ns() < end:
+                if tp._poll_send_locked() == 0:
+                    rm_cpu_relax()
+            rm_spin_unlock(&tp.lock)
+        if rc != 0 or tp.state != 1:
+            return False, b""
+        if tp.sq_done < tp.sq_posted:
+            raise TimeoutError("no completion for the forged work request")
+        return True, (buf[:n] if reading else b"")
+    finally:
+        free(buf)
 
 
 def verbs_side_socket(VerbsTransport tp not None) -> int:

@@ -150,6 +150,8 @@ cdef class Transport:
     # Default: RM_ERR_UNSUPPORTED with can_expose False (the channel sends eagerly only)
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil
+    cdef int expose_cached(self, uint64_t addr, uint64_t length, uint32_t access,
+                           uint32_t lkey, uint32_t rkey, rm_mem *out) noexcept nogil
     cdef int unexpose(self, uint32_t handle) noexcept nogil
     # True in a fork child: the connection is the parent's, so close() and dealloc
     # must touch nothing shared (no shutdown, no close word, no thread join, no verbs).
