@@ -223,7 +223,8 @@ D("channel", "RDMAMW_TOKEN", "str", "",
   "the job's shared secret (default: ~/.config/rdmamw/token, made on first use)", secret=True)
 # memory
 D("memory", "RDMAMW_REGCACHE_BYTES", "bytes", G,
-  "registered bytes the registration cache keeps per channel")
+  "registered bytes each registration cache keeps (verbs with windows: the process's "
+  "caches, else each channel's)")
 D("memory", "RDMAMW_POOL_BYTES", "bytes", 256 * M, "bytes a buffer pool keeps")
 D("memory", "RDMAMW_POOL_SHARDS", "int", None,
   "per-thread shards of a buffer pool (default min(8, CPUs))", minimum=1, maximum=1024)

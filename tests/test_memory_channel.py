@@ -80,6 +80,14 @@ verbs = pytest.mark.skipif(not VERBS_OK, reason=NO_DEVICE)
 MiB = 1 << 20
 
 
+@pytest.fixture
+def own_caches(monkeypatch):
+    """Channels that register for themselves (RDMAMW_VERBS_WINDOWS=0: a protection
+    domain per channel, so caches per channel, closed with it): the counts below are
+    one channel's. The process-wide caches of windowed channels are tested after."""
+    monkeypatch.setenv("RDMAMW_VERBS_WINDOWS", "0")
+
+
 def _verbs_pair(strategy="read"):
     return make_pair(slots=8, slot_size=4096, provider="verbs", rendezvous=strategy)
 
@@ -87,7 +95,7 @@ def _verbs_pair(strategy="read"):
 @pytest.mark.device
 @verbs
 @pytest.mark.parametrize("strategy", ["read", "write"])
-def test_verbs_repeated_send_of_one_buffer_registers_it_once(fresh_pool, strategy):
+def test_verbs_repeated_send_of_one_buffer_registers_it_once(fresh_pool, own_caches, strategy):
     """The issue's check: the same 4 MiB buffer sent n times is registered once (one
     MR, kept: the same rkey every time), each later send is a cache hit; so is the
     buffer the receiver READs into ("read"). With "write" the sender WRITEs from the
@@ -126,7 +134,7 @@ def test_verbs_repeated_send_of_one_buffer_registers_it_once(fresh_pool, strateg
 
 @pytest.mark.device
 @verbs
-def test_verbs_cached_mr_outlives_clear_while_the_read_is_pending(fresh_pool):
+def test_verbs_cached_mr_outlives_clear_while_the_read_is_pending(fresh_pool, own_caches):
     """A source is leased until its done bit: dropping the cache's entries meanwhile
     (eviction, clear) leaves its MR registered, so the peer's READ still works; it is
     deregistered once the send completes."""
@@ -149,7 +157,7 @@ def test_verbs_cached_mr_outlives_clear_while_the_read_is_pending(fresh_pool):
 
 @pytest.mark.device
 @verbs
-def test_verbs_freed_buffer_drops_its_mr_and_a_new_one_is_registered(fresh_pool):
+def test_verbs_freed_buffer_drops_its_mr_and_a_new_one_is_registered(fresh_pool, own_caches):
     """A buffer the user frees takes its MR with it (weak reference): the next buffer,
     maybe at the same address, gets a registration of its own, never the stale one."""
     a, b, lst = _verbs_pair()
@@ -172,7 +180,7 @@ def test_verbs_freed_buffer_drops_its_mr_and_a_new_one_is_registered(fresh_pool)
 
 @pytest.mark.device
 @verbs
-def test_verbs_cache_off_registers_per_send(fresh_pool, monkeypatch):
+def test_verbs_cache_off_registers_per_send(fresh_pool, own_caches, monkeypatch):
     """RDMAMW_REGCACHE_BYTES=0: every send registers and deregisters (the old way)."""
     monkeypatch.setenv("RDMAMW_REGCACHE_BYTES", "0")
     a, b, lst = _verbs_pair()
@@ -187,3 +195,34 @@ def test_verbs_cache_off_registers_per_send(fresh_pool, monkeypatch):
     finally:
         a.close(), b.close(), lst.close()
 
+
+
+@pytest.mark.device
+@verbs
+def test_verbs_one_buffer_sent_to_several_peers_is_registered_once(fresh_pool):
+    """With memory windows (the default) every channel of the process is on one
+    protection domain and shares its registration caches: a 4 MiB array sent to four
+    peers is registered once (one MR; each peer READs it through a window of its own,
+    bound to its queue pair for that message only), and stays registered after the
+    channels close (the caches live as long as the process)."""
+    pairs = [_verbs_pair() for _ in range(4)]
+    src = np.arange(4 * MiB // 8, dtype=np.uint64).view(np.uint8)
+    cache = pairs[0][0].regcache
+    try:
+        assert all(a.regcache is cache and b.regcache is cache for a, b, _ in pairs)
+        before = cache.stats()
+        for a, b, _ in pairs:
+            h = a.send(src)
+            m = b.recv(timeout=60)
+            assert np.array_equal(np.frombuffer(m, np.uint8), src)
+            h.wait(timeout=60)
+        after = cache.stats()
+        assert after["registrations"] - before["registrations"] == 1
+        assert after["hits"] - before["hits"] == 3
+        assert (src.ctypes.data, 4 * MiB, False) in cache.entries()
+    finally:
+        for a, b, lst in pairs:
+            a.close(), b.close(), lst.close()
+    assert (src.ctypes.data, 4 * MiB, False) in cache.entries()
+    del src                         # freed: its MR goes with it
+    assert cache.stats()["deregistrations"] - before["deregistrations"] == 1

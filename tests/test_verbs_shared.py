@@ -68,6 +68,7 @@ def _cqs() -> tuple[int, int]:
 
 
 def test_what_the_process_holds_does_not_grow_with_its_channels():
+    gc.collect()                # earlier tests' transports (some with a PD of their own)
     base = _verbs_fds()         # other tests may have left a pyverbs context open
     one = _pairs(1)
     try:
@@ -87,6 +88,7 @@ def test_what_the_process_holds_does_not_grow_with_its_channels():
             assert len(devs) == 1
             c = devs[0].counters()
             assert c["qps"] == 18            # both ends of 9 channels, one process
+            assert c["pds"] == 1             # theirs: memory windows keep them apart
             assert (c["send_cqs"], c["recv_cqs"]) == cqs_one
         finally:
             _close(more)

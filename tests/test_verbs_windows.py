@@ -1,5 +1,5 @@
 """The device premise of one protection domain per process (issue 28 item 1, the plan in
-docs/design.md "One PD per process: memory windows"): with every peer's QP in one PD, an
+docs/protocol.md "Keys a peer gets"): with every peer's QP in one PD, an
 MR with remote access would be open to all of them, so the memory a peer may touch is
 given through a type-2 memory window bound to that peer's QP. Checked here with pyverbs
 alone, on the device of the soft-RoCE VM: the bound QP's peer READs the window, a QP of
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-import rdmamw
 from rdmamw import testing as hooks
+from rdmamw.providers import _verbs_dev
 from tests.helpers import NO_DEVICE, VERBS_OK
 from tests.test_channel_basic import recv_all
 
@@ -115,7 +115,7 @@ def _pair(opts: str = ""):
 
 
 def _device_windows() -> int:
-    return sum(d.counters()["mws"] for d in rdmamw.providers._verbs_dev.devices())
+    return sum(d.counters()["mws"] for d in _verbs_dev.devices())
 
 
 def test_the_block_opens_only_with_the_window_key_the_peer_was_given():
@@ -186,3 +186,27 @@ def test_both_settings_carry_eager_and_rendezvous_messages(windows):
         assert (binds > 0) == bool(windows)
     finally:
         a.close(), b.close(), lst.close()
+
+
+def test_a_window_is_refused_on_another_peer_s_queue_pair_of_the_same_pd():
+    """Two channels of this process share its protection domain: what one channel
+    exposed to its peer cannot be READ by the other channel's peer with the same key
+    (the window is bound to the first channel's queue pair); the first peer can."""
+    first, second = _pair(), _pair()
+    assert _verbs_dev_pds() == 1
+    buf = ctypes.create_string_buffer(SECRET * 100, 4096)
+    addr = ctypes.addressof(buf)
+    try:
+        h, key = hooks.verbs_expose(first[4], addr, 4096)
+        assert hooks.verbs_remote(second[3], key, addr, 64) == (False, b"")
+        assert hooks.verbs_remote(first[3], key, addr, 64) == (True, buf.raw[:64])
+        hooks.verbs_unexpose(first[4], h)
+    finally:
+        for a, b, lst, *_ in (first, second):
+            a.close(), b.close(), lst.close()
+
+
+def _verbs_dev_pds() -> int:
+    import gc
+    gc.collect()        # earlier tests' endpoints without windows had a PD each
+    return sum(d.counters()["pds"] for d in _verbs_dev.devices())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -173,11 +174,8 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
         ch.allocate = _rendezvous.allocate
         if strategy != OFF and tp.registers_memory:
             # a large buffer is registered on its first send (or receive), not per
-            # message; registrations are per channel (each has its own protection
-            # domain), bounded by RDMAMW_REGCACHE_BYTES each
-            ch.regcache = RegCache(partial(tp.mr_register, remote_read=True),
-                                   tp.mr_deregister)
-            ch.regcache_dst = RegCache(tp.mr_register, tp.mr_deregister)
+            # message
+            ch.regcache, ch.regcache_dst = _registration_caches(tp)
     except BaseException:
         conn.transport.close()
         raise
@@ -189,6 +187,35 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
              conn.slot_size, conn.peer_slots, conn.peer_slot_size, ch.rendezvous,
              ch.rndv_threshold if ch.rendezvous != OFF else "-")
     return ch
+
+
+_CACHES_LOCK = threading.Lock()
+
+
+@_fork.at_child
+def _new_caches_lock() -> None:
+    global _CACHES_LOCK
+    _CACHES_LOCK = threading.Lock()   # a thread of the parent may have held it at fork
+
+
+def _registration_caches(tp: Any) -> tuple[RegCache, RegCache]:
+    """A channel's registration caches (large sources, READ destinations): those of
+    the process's shared protection domain where the provider has one (verbs with
+    memory windows: a buffer is registered once for all peers; the caches live as long
+    as the process), else the channel's own (its own domain; closed with it). Each is
+    bounded by RDMAMW_REGCACHE_BYTES."""
+    owner = tp.shared_registrations() if hasattr(tp, "shared_registrations") else None
+    if owner is None:
+        return (RegCache(partial(tp.mr_register, remote_read=True), tp.mr_deregister),
+                RegCache(tp.mr_register, tp.mr_deregister))
+    with _CACHES_LOCK:
+        if owner.regcaches is None:
+            owner.regcaches = (
+                RegCache(partial(owner.mr_register, remote_read=True), owner.mr_deregister,
+                         shared=True),
+                RegCache(partial(owner.mr_register, remote_read=False),
+                         owner.mr_deregister, shared=True))
+        return owner.regcaches
 
 
 class Listener:

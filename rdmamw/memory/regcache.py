@@ -124,8 +124,11 @@ class RegCache:
     provider (``ibv_reg_mr`` / ``ibv_dereg_mr`` on verbs; cheap bookkeeping on shm)."""
 
     def __init__(self, register: Register, deregister: Deregister,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, shared: bool = False) -> None:
         self._register, self._deregister = register, deregister
+        #: used by every channel of a protection domain the process shares (verbs with
+        #: memory windows): a channel's close leaves it alone
+        self.shared = shared
         self.max_bytes = default_max_bytes() if max_bytes is None else int(max_bytes)
         if self.max_bytes < 0:
             raise RegistrationError(f"max_bytes must be >= 0, not {max_bytes}")
@@ -225,7 +228,10 @@ class RegCache:
                 self._drop(e)
 
     def close(self) -> None:
-        """Clear and refuse further use (the provider's protection domain goes next)."""
+        """Clear and refuse further use (the provider's protection domain goes next);
+        nothing for a shared cache (its domain stays, other channels use it)."""
+        if self.shared:
+            return
         self.clear()
         with self._guard:
             self._closed = True

@@ -42,6 +42,7 @@ cdef class VerbsFailure:
 cdef class VerbsTransport(Transport):
     cdef readonly VerbsDevice dev       # context, channel, shared CQs (the process's)
     cdef readonly VerbsMemory mem       # this endpoint's PD and its MRs
+    cdef readonly VerbsMemory cache_mem # the registration caches' MRs (mem, or shared)
     cdef rmv_route *route               # the QP's share of the device's CQs
     cdef bint joined                    # route holds room on the device's CQs
     cdef uint64_t recv_seen             # route.recv_ok taken so far (rlock)

@@ -218,7 +218,10 @@ cdef class VerbsTransport(Transport):
         dev = device(dev_name)
         self.gid, self.lid, self.mtu = dev.port_info(port, gid_index)
         self.port, self.gid_index = port, gid_index
-        self.dev, self.mem = dev, VerbsMemory(dev, windows and dev.has_windows)
+        self.dev, self.mem = dev, dev.memory(windows and dev.has_windows)
+        # the registration caches' MRs: the process's (one per buffer for all peers)
+        # on the shared PD, else this endpoint's
+        self.cache_mem = dev.shared_memory if self.mem.windows else self.mem
         ring_off, ring_len = regions[RM_REGION_RING]
         self.block = VerbsBlock(self.mem, block_len, ring_off, ring_len, stride, granted)
         if self.block.on:
@@ -311,7 +314,7 @@ cdef class VerbsTransport(Transport):
         if self.state != 1 or self.inherited():
             out.handle = out.lkey = out.rkey = 0
             return RM_ERR_CLOSED
-        rc = self.mem.expose_cached(lkey, out)
+        rc = self.mem.expose_cached(self.cache_mem, lkey, out)
         if rc == 0:
             rc = _bind_exposed(self, out, addr, length, access)
         return rc
@@ -332,12 +335,17 @@ cdef class VerbsTransport(Transport):
         the device refuses (``ulimit -l``)."""
         if self.mem is None:
             raise OSError(107, "the transport is not open")
-        return self.mem.mr_register(addr, length, remote_read)
+        return self.cache_mem.mr_register(addr, length, remote_read)
+
+    def shared_registrations(self):
+        """The process's VerbsMemory whose registrations all channels on the shared PD
+        use (None: this channel registers for itself)."""
+        return self.cache_mem if self.mem is not None and self.mem.windows else None
 
     def mr_deregister(self, handle):
         """Deregister an MR of mr_register (the cache calls it once nothing uses it)."""
-        if self.mem is not None:
-            self.mem.mr_deregister(handle)
+        if self.cache_mem is not None:
+            self.cache_mem.mr_deregister(handle)
 
     def error_detail(self):
         """What failed the connection first, in words (None while it is up or was

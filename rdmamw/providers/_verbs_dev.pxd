@@ -149,6 +149,12 @@ cdef class VerbsDevice:
     cdef int n_mrs                  # memory registrations of the process here (<= max_mr)
     cdef int n_mws                  # memory windows of the process here
     cdef readonly bint has_windows  # type-2 memory windows (bound to one QP each)
+    # the process's protection domain, made on the first endpoint with windows and
+    # shared by them all (each peer's access is its windows'), with the VerbsMemory
+    # that holds the registration caches' MRs for all of them (once per buffer)
+    cdef ibv_pd *pd
+    cdef readonly object shared_memory
+    cdef int n_pds                  # protection domains of the process here
     cdef int stopfd                 # wakes the thread to end (tests, never in use)
     cdef object thread
     cdef readonly uint64_t n_events, n_routed, n_dropped
@@ -186,6 +192,10 @@ cdef class VerbsMemory:
     # type-2 memory window over it, bound to this endpoint's QP (the transport posts
     # the bind); the key the peer gets is the window's, which no other QP can use
     cdef readonly bint windows
+    cdef bint own_pd                # pd is this endpoint's (no windows): freed with it
+    # the registration caches over this memory's MRs, when it is the process's shared
+    # one (set by the channel layer on first use: rdmamw.channel.channel)
+    cdef public object regcaches
     cdef uint64_t charged           # of the pinned budget, by register_local/mr_register
     cdef ibv_mr **lmrs              # register_local's, for the transport's life
     cdef uint32_t n_lmrs
@@ -209,7 +219,7 @@ cdef class VerbsMemory:
     cdef ibv_mr *_uncache(self, size_t p) noexcept nogil
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil
-    cdef int expose_cached(self, uint32_t lkey, rm_mem *out) noexcept nogil
+    cdef int expose_cached(self, VerbsMemory owner, uint32_t lkey, rm_mem *out) noexcept nogil
     cdef int unexpose(self, uint32_t handle) noexcept nogil
     cdef void drop_windows(self) noexcept
     cdef void release(self) noexcept

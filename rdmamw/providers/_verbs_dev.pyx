@@ -587,6 +587,21 @@ cdef class VerbsDevice:
         ibv_dealloc_mw(mw)
         rmv_add32(&self.n_mws, -1)
 
+    def memory(self, bint windows):
+        """The VerbsMemory of a new endpoint: with windows on the process's one PD
+        (made on first use, with ``shared_memory``: the registration caches' owner),
+        else on a PD of its own."""
+        if not windows:
+            return VerbsMemory(self, False)
+        with _DEVICES_LOCK:
+            if self.pd == NULL:
+                self.pd = ibv_alloc_pd(self.ctx)
+                if self.pd == NULL:
+                    raise OSError(errno, f"ibv_alloc_pd failed ({strerror(errno).decode()})")
+                self.n_pds += 1
+                self.shared_memory = VerbsMemory(self, True)
+        return VerbsMemory(self, True)
+
     def mr_failed(self, int err, str what, size_t length):
         """The error for a reg_mr that returned NULL with errno ``err``: past max_mr a
         RegistrationError (as past the pinned budget), else the driver's OSError."""
@@ -602,7 +617,8 @@ cdef class VerbsDevice:
         """What the device holds for this process: queue pairs, shared CQs, memory
         registrations, events."""
         return {"qps": self.n_qps, "send_cqs": self.n_scqs, "recv_cqs": self.n_rcqs,
-                "mrs": rmv_load32(&self.n_mrs), "mws": rmv_load32(&self.n_mws),
+                "pds": rmv_load32(&self.n_pds), "mrs": rmv_load32(&self.n_mrs),
+                "mws": rmv_load32(&self.n_mws),
                 "sleepers": rmv_load32(&self.sleepers),
                 "cq_events": self.n_events, "routed": self.n_routed,
                 "dropped": self.n_dropped}
@@ -629,6 +645,10 @@ cdef class VerbsDevice:
         if self.chan != NULL:
             ibv_destroy_comp_channel(self.chan)
             self.chan = NULL
+        if self.pd != NULL:
+            self.shared_memory = None
+            ibv_dealloc_pd(self.pd)
+            self.pd = NULL
         if self.ctx != NULL:
             ibv_close_device(self.ctx)
             self.ctx = NULL
@@ -655,9 +675,16 @@ cdef class VerbsMemory:
         if windows and not dev.has_windows:
             raise ValueError(f"{dev.name} has no type-2 memory windows")
         self.dev, self.windows = dev, windows
+        if windows:
+            if dev.pd == NULL:
+                raise ValueError("the device's PD is made by VerbsDevice.memory()")
+            self.pd = dev.pd        # the process's: the windows keep peers apart
+            return
         self.pd = ibv_alloc_pd(dev.ctx)
         if self.pd == NULL:
             raise OSError(errno, f"ibv_alloc_pd failed ({strerror(errno).decode()})")
+        self.own_pd = True
+        rmv_add32(&dev.n_pds, 1)
 
     cdef int remote_flags(self, int access) noexcept nogil:
         """The MR flags for a range the peer gets ``access`` (IBV_ACCESS_REMOTE_*) to:
@@ -829,20 +856,23 @@ cdef class VerbsMemory:
             rm_spin_unlock(&self.xlock)
         return rc
 
-    cdef int expose_cached(self, uint32_t lkey, rm_mem *out) noexcept nogil:
-        """With windows: a slot of the table holding the cached MR of ``lkey`` (kept
-        when unexposed) and a new window over it, for a READ by the peer."""
+    cdef int expose_cached(self, VerbsMemory owner, uint32_t lkey, rm_mem *out) noexcept nogil:
+        """With windows: a slot of the table holding ``owner``'s cached MR of ``lkey``
+        (kept when unexposed: its lease keeps it registered) and a new window over it,
+        for a READ by the peer."""
         cdef uint32_t k
         cdef ibv_mr *mr = NULL
         cdef int i, rc
         i = self._claim()
         if i < 0:
             return RM_ERR_AGAIN
-        rm_spin_lock(&self.xlock)
-        for k in range(self.n_cmrs):
-            if self.cmrs[k].lkey == lkey:
-                mr = self.cmrs[k]
+        rm_spin_lock(&owner.xlock)
+        for k in range(owner.n_cmrs):
+            if owner.cmrs[k].lkey == lkey:
+                mr = owner.cmrs[k]
                 break
+        rm_spin_unlock(&owner.xlock)
+        rm_spin_lock(&self.xlock)
         self.xborrowed[i] = mr != NULL
         rm_spin_unlock(&self.xlock)
         rc = RM_ERR_BOUNDS if mr == NULL else self._fill(i, mr, True, out)
@@ -908,9 +938,10 @@ cdef class VerbsMemory:
         for i in range(self.n_cmrs):
             self.dev.dereg_mr(self.cmrs[i])
         self.n_cmrs = 0
-        if self.pd != NULL:
+        if self.pd != NULL and self.own_pd:
             ibv_dealloc_pd(self.pd)
-            self.pd = NULL
+            rmv_add32(&self.dev.n_pds, -1)
+        self.pd = NULL
 
     def __dealloc__(self):
         self.release()
