@@ -363,6 +363,7 @@ cdef class VerbsTransport(Transport):
         if self.recv_mr != NULL:
             n, nbytes = n + 1, nbytes + self.recv_mr.length
         d["mrs"], d["bytes_registered"] = n + bn, nbytes + bbytes
+        d["mw_binds"] = self.n_binds    # windows bound (docs/protocol.md "Keys a peer gets")
         # a ring that grows (docs/protocol.md): slots granted each way, grants made
         d["ring_slots_granted"] = min(self.local_granted, self.ring_slots)
         d["peer_ring_slots_granted"] = min(self.peer_granted, self.peer_slots)
@@ -887,11 +888,8 @@ cdef int _bind_head(VerbsTransport tp) except -1:
     if rc == 0:
         tp.sig_pos[tp.sig_tail % tp.sq_depth] = tp.sq_posted + 1
         tp.sig_tail += 1
-        tp.n_signaled += 1
         tp.sq_posted += 1
-        tp.n_wrs += 1
-        tp.n_doorbells += 1
-        tp.n_binds += 1
+        tp.n_binds += 1         # counted as what it is (mw_binds), not as data
         with nogil:
             while tp.sq_done < tp.sq_posted and not tp.error_reported and now_ns() < end:
                 if tp._poll_send_locked() == 0:
