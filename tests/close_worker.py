@@ -1,4 +1,4 @@
-"""``python -m tests.close_worker ADDRESS ROUNDS``: the closing peer of
+"""``python -m tests.close_worker ADDRESS ROUNDS [TIMEOUT]``: the closing peer of
 test_close_delivery.py. Each round opens a channel to ADDRESS, sends batches from one
 or two threads (odd rounds: two, so batches from both interleave in the ring), waits
 for every handle, then closes at once: everything it sent completed before close(),
@@ -30,22 +30,24 @@ def body(rnd: int, t: int, seq: int) -> bytes:
     return REC.pack(rnd, t, seq) + bytes([seq & 0xFF]) * ((rnd * 31 + seq * 97) % 700)
 
 
-def send(ch, rnd: int, t: int, sizes: list[int], errors: list[BaseException]) -> None:
+def send(ch, rnd: int, t: int, sizes: list[int], errors: list[BaseException],
+         timeout: float) -> None:
     """Thread ``t``'s batches of round ``rnd``, each waited for."""
     try:
         seq = 0
         for n in sizes:
-            ch.send_batch([body(rnd, t, seq + i) for i in range(n)], timeout=10).wait(10)
+            ch.send_batch([body(rnd, t, seq + i) for i in range(n)],
+                          timeout=timeout).wait(timeout)
             seq += n
     except BaseException as e:      # noqa: BLE001 - reported by main
         errors.append(e)
 
 
-def main(address: str, rounds: int) -> int:
+def main(address: str, rounds: int, timeout: float = 10.0) -> int:
     for rnd in range(rounds):
-        ch = rdmamw.Channel.open(address, timeout=10)
+        ch = rdmamw.Channel.open(address, timeout=timeout)
         errors: list[BaseException] = []
-        threads = [threading.Thread(target=send, args=(ch, rnd, t, s, errors))
+        threads = [threading.Thread(target=send, args=(ch, rnd, t, s, errors, timeout))
                    for t, s in enumerate(plan(rnd))]
         for th in threads:
             th.start()
@@ -59,4 +61,4 @@ def main(address: str, rounds: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), *map(float, sys.argv[3:4])))
