@@ -11,6 +11,8 @@ import statistics
 import subprocess
 from pathlib import Path
 
+from rdmamw.memory.units import human
+
 #: /proc/self/status fields, in KiB
 STATUS_KEYS = {"VmSize": "vm_kib", "VmRSS": "rss_kib", "VmPin": "pin_kib", "VmLck": "lck_kib"}
 #: the objects of this pid that `rdma resource show KIND` lists
@@ -177,10 +179,16 @@ def _fmt(v: float | None, div: int) -> str:
     return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
 
 
+def _array(summary: dict) -> str:
+    """The array the job sent to every peer, as the heading names it (runs written before
+    ``--array-bytes`` existed sent 4 MiB)."""
+    return human(summary.get("array_bytes", 4 << 20))
+
+
 def table(summary: dict) -> str:
     """The job's medians as a markdown table, one row a metric."""
     head = ("| metric (median over ranks) | per rank, before | per rank, after mesh "
-            "| per peer | 4 MiB to every peer: per rank | per peer |")
+            f"| per peer | {_array(summary)} to every peer: per rank | per peer |")
     lines = [head, "|---|---|---|---|---|---|"]
     for key, label, div in METRICS:
         m = summary["metrics"][key]
@@ -195,8 +203,8 @@ def compare_table(labelled: list[tuple[str, dict]]) -> str:
     before and after a change) side by side: per rank after the mesh and per peer for
     each, then what the array to every peer added per peer; the slowest connect last."""
     head = "| metric (median over ranks) | " + " | ".join(
-        f"{lab}: per rank | {lab}: per peer | {lab}: +4 MiB to all, per peer"
-        for lab, _ in labelled) + " |"
+        f"{lab}: per rank | {lab}: per peer | {lab}: +{_array(s)} to all, per peer"
+        for lab, s in labelled) + " |"
     lines = [head, "|---|" + "---|---|---|" * len(labelled)]
     for key, label, div in METRICS:
         cells = []

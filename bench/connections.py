@@ -1,16 +1,17 @@
 """What one more connection costs: jobs of N ranks open channels all-to-all and report,
 per process and per peer, what the channels hold: RDMA device contexts, infiniband event
 fds, all fds, threads, QPs, CQs, PDs and MRs of the process, pinned and locked bytes,
-virtual size, resident memory; the connect time of the slowest rank; and what one 4 MiB
-numpy array sent to every peer (rendezvous) adds.
+virtual size, resident memory; the connect time of the slowest rank; and what one numpy
+array (``--array-bytes``, 4 MiB by default) sent to every peer (rendezvous) adds.
 
     python bench/connections.py                      # N = 8, 32, 64 on the default provider
     python bench/connections.py --ranks 2,8,16 --provider verbs --json out.json
+    python bench/connections.py --ranks 64 --array-bytes 256K   # 63 arrays held must fit
 
 Every rank calls ``rdmamw.init()``, measures itself (``before``), opens
 ``Channel.open(r)`` to every other rank (both sides open, as the API says), trades one
 message on each channel (so the rings are really wired), measures again (``mesh``),
-sends the same 4 MiB array to every peer and receives theirs, measures (``rndv``, the
+sends the same array to every peer and receives theirs, measures (``rndv``, the
 received arrays and the send handles still held), waits for its sends, drops the arrays,
 measures (``done``) and prints one JSON line; all ranks measure between the same
 barriers (one message each way on every channel). Per job the table gives the median over ranks of
@@ -44,7 +45,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import conncost  # noqa: E402
 
-ARRAY_BYTES = 4 << 20
+from rdmamw.config import parse_bytes  # noqa: E402
+
+ARRAY_BYTES = 4 << 20          # default of --array-bytes
 
 
 def sync(chans: dict, tag: bytes, timeout: float) -> None:
@@ -58,7 +61,7 @@ def sync(chans: dict, tag: bytes, timeout: float) -> None:
         assert got == tag, (r, got[:16], tag)
 
 
-def rank_main(timeout: float, rdma_tool: bool) -> None:
+def rank_main(timeout: float, rdma_tool: bool, array_bytes: int) -> None:
     import numpy as np
 
     import rdmamw
@@ -73,12 +76,12 @@ def rank_main(timeout: float, rdma_tool: bool) -> None:
     snap["mesh"] = conncost.snapshot(n, rdma_tool)
     sync(chans, b"measured", timeout)
     t0 = time.monotonic()
-    x = np.full(ARRAY_BYTES, w.rank & 0xFF, dtype=np.uint8)   # one array to every peer
+    x = np.full(array_bytes, w.rank & 0xFF, dtype=np.uint8)   # one array to every peer
     handles = [ch.send(x) for ch in chans.values()]
     got = {r: ch.recv(timeout=timeout) for r, ch in chans.items()}
     for r, m in got.items():
         a = np.frombuffer(m, np.uint8)
-        assert a.size == ARRAY_BYTES and a[0] == a[-1] == r & 0xFF, (r, a.size)
+        assert a.size == array_bytes and a[0] == a[-1] == r & 0xFF, (r, a.size)
     rndv_s = time.monotonic() - t0
     sync(chans, b"received", timeout)
     snap["rndv"] = conncost.snapshot(n, rdma_tool)      # arrays and send handles held
@@ -94,20 +97,23 @@ def rank_main(timeout: float, rdma_tool: bool) -> None:
                       "connect_s": connect_s, "rndv_s": rndv_s,
                       "provider": some.peer.partition("://")[0],
                       "ring_bytes": some.nslots * some.slot_size,
+                      "array_bytes": array_bytes,
                       "memlock": resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]}),
           flush=True)
     for ch in chans.values():
         ch.close()
 
 
-def run_job(n: int, provider: str | None, timeout: float, rdma_tool: bool) -> list[dict]:
+def run_job(n: int, provider: str | None, timeout: float, rdma_tool: bool,
+            array_bytes: int = ARRAY_BYTES) -> list[dict]:
     """Start the job as the project's launcher does (``spawn``'s environment); each rank's
     output goes to its own file (a full pipe must not stall a rank while another is read)."""
     import secrets
 
     from rdmamw.bootstrap.launch import free_port, job_env
     env = {"RDMAMW_PROVIDER": provider} if provider else {}
-    args = [sys.executable, __file__, "--rank", "--timeout", str(timeout)]
+    args = [sys.executable, __file__, "--rank", "--timeout", str(timeout),
+            "--array-bytes", str(array_bytes)]
     if not rdma_tool:
         args.append("--no-rdma-tool")
     port, token = free_port(), secrets.token_hex(32)
@@ -161,13 +167,16 @@ def main() -> None:
                     help="init, connect and receive timeout of each rank, s (default 300)")
     ap.add_argument("--no-rdma-tool", action="store_true",
                     help="do not run iproute2's rdma (QPs, CQs, PDs, MRs are then n/a)")
+    ap.add_argument("--array-bytes", type=parse_bytes, default=ARRAY_BYTES,
+                    help="the array each rank sends to every peer (default 4M); a rank "
+                         "holds N - 1 of them at once, so large jobs want less")
     ap.add_argument("--json", default=None, help="write the summaries and raw rows here")
     ap.add_argument("--compare", nargs="+", metavar="LABEL=FILE.json",
                     help="run nothing: print the --json files of earlier runs side by "
                          "side, one table per job size (e.g. before=a.json after=b.json)")
     a = ap.parse_args()
     if a.rank:
-        rank_main(a.timeout, not a.no_rdma_tool)
+        rank_main(a.timeout, not a.no_rdma_tool, a.array_bytes)
         return
     if a.compare:
         compare(a.compare)
@@ -175,10 +184,11 @@ def main() -> None:
     results = []
     for n in (int(x) for x in a.ranks.split(",")):
         t0 = time.monotonic()
-        rows = sorted(run_job(n, a.provider, a.timeout, not a.no_rdma_tool),
+        rows = sorted(run_job(n, a.provider, a.timeout, not a.no_rdma_tool, a.array_bytes),
                       key=lambda r: r["rank"])
         s = conncost.summarize(rows, n)
         s.update(provider=rows[0]["provider"], ring_bytes=rows[0]["ring_bytes"],
+                 array_bytes=rows[0]["array_bytes"],
                  memlock=rows[0]["memlock"], job_s=time.monotonic() - t0)
         results.append({"summary": s, "rows": rows})
         lim = "unlimited" if s["memlock"] == resource.RLIM_INFINITY else s["memlock"]

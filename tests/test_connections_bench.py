@@ -138,3 +138,15 @@ def test_two_runs_side_by_side():
     assert "| all fds | 19 | 3 | 0 | 13 | 1 | 0 |" in text
     assert "| pinned, VmPin (KiB) | 300 | 100 | 4,096 | 30 | 10 | 1,365 |" in text
     assert lines[-1] == "| connect, slowest rank (s) | 2.00 | | | 0.70 | | |"
+
+
+def test_headings_name_the_array_each_job_sent():
+    """``--array-bytes`` is carried into the summary and named in both tables; a run
+    written before the option existed sent 4 MiB."""
+    rows = [_row(0, 19, 300, 256, 1.0), _row(1, 19, 300, 256, 2.0)]
+    small = cc.summarize(rows, 4) | {"array_bytes": 256 << 10}
+    old = cc.summarize(rows, 4)
+    assert "| 256 KiB to every peer: per rank | per peer |" in cc.table(small)
+    assert "| 4 MiB to every peer: per rank |" in cc.table(old)
+    head = cc.compare_table([("new", small), ("old", old)]).splitlines()[0]
+    assert "new: +256 KiB to all, per peer" in head and "old: +4 MiB to all, per peer" in head
