@@ -95,16 +95,22 @@ def count_user(objects: list[dict]) -> int:
     return sum(1 for o in objects if "pid" in o or "comm" not in o)
 
 
-def rdma_counts(pids: set[int], run=subprocess.run) -> tuple[dict[str, int | None], str | None]:
+#: how long one `rdma resource show KIND` may take: a 64-rank job has ~38,000 MRs, which
+#: iproute2 lists in about a minute under TCG
+RDMA_TIMEOUT = 900
+
+
+def rdma_counts(pids: set[int], run=None) -> tuple[dict[str, int | None], str | None]:
     """For each of QPs, CQs, PDs and MRs: ``KIND_own``, those made by a live thread of
     ``pids``, and ``KIND_job``, all user-made ones on the host's devices (in the VM:
     the job's); (None for each, why) when iproute2's ``rdma`` is missing or refuses."""
     counts: dict[str, int | None] = {}
     nothing = {f"{k}_{w}": None for k in RDMA_KINDS for w in ("own", "job")}
+    run = run or subprocess.run
     for kind in RDMA_KINDS:
         try:
             p = run(["rdma", "-j", "resource", "show", kind], capture_output=True,
-                    text=True, timeout=60)
+                    text=True, timeout=RDMA_TIMEOUT)
         except (OSError, subprocess.SubprocessError) as e:
             return nothing, f"rdma resource show {kind}: {e}"
         if p.returncode != 0:
@@ -116,18 +122,25 @@ def rdma_counts(pids: set[int], run=subprocess.run) -> tuple[dict[str, int | Non
     return counts, None
 
 
-def snapshot(world: int, rdma: bool = True) -> dict:
+def snapshot(world: int, rdma: bool = True, counter: bool = True) -> dict:
     """What this process holds now: the status figures, fds, threads and (``rdma``) the
     QPs, CQs, PDs and MRs: ``qp`` etc. are the job's user-made objects / ``world`` (the
     kernel cannot tell which process made an object whose thread has exited; all ranks
-    measure between the same barriers); ``rdma_error`` says why they are None."""
+    measure between the same barriers); ``rdma_error`` says why they are None. Those
+    are the same for every rank, so only one rank (``counter``) asks the tool: the
+    others' are None, with no error (64 ranks listing ~38,000 MRs at once under TCG
+    took minutes each)."""
     snap: dict = parse_status(Path("/proc/self/status").read_text())
     snap.update(classify_fds(fd_targets()))
     tids = {int(t) for t in os.listdir("/proc/self/task")}
     snap["threads"] = len(tids)
-    counts, why = (rdma_counts(tids) if rdma else
-                   ({f"{k}_{w}": None for k in RDMA_KINDS for w in ("own", "job")},
-                    "not asked (--no-rdma-tool)"))
+    nothing = {f"{k}_{w}": None for k in RDMA_KINDS for w in ("own", "job")}
+    if not rdma:
+        counts, why = nothing, "not asked (--no-rdma-tool)"
+    elif not counter:
+        counts, why = nothing, None
+    else:
+        counts, why = rdma_counts(tids)
     snap.update(counts)
     for kind in RDMA_KINDS:
         job = counts[f"{kind}_job"]

@@ -23,8 +23,9 @@ a context's async event fd or a completion channel), /proc/self/task, and iprout
 ``rdma -j resource show qp|cq|pd|mr``: the kernel names the *thread* that made an object
 and forgets it when that thread exits (a listener's handshake thread), so the table
 gives the job's user-made objects / N, in the VM where the job is alone on the device
-(the JSON also has ``KIND_own``, those of live threads of the rank). ``n/a`` when the
-tool is missing or refuses (the reason is printed).
+(rank 0 alone asks the tool, since those figures are the job's; its JSON also has
+``KIND_own``, those of its live threads). ``n/a`` when the tool is missing or refuses
+(the reason is printed).
 """
 
 from __future__ import annotations
@@ -67,13 +68,17 @@ def rank_main(timeout: float, rdma_tool: bool, array_bytes: int) -> None:
     import rdmamw
     w = rdmamw.init(timeout=timeout)
     n = w.world_size
-    snap = {"before": conncost.snapshot(n, rdma_tool)}
+
+    def snapshot() -> dict:       # rank 0 counts the job's QPs, CQs, PDs and MRs
+        return conncost.snapshot(n, rdma_tool, counter=w.rank == 0)
+
+    snap = {"before": snapshot()}
     t0 = time.monotonic()
     chans = {r: rdmamw.Channel.open(r, timeout=timeout) for r in range(n) if r != w.rank}
     connect_s = time.monotonic() - t0
     sync(chans, b"x", timeout)          # my channels are wired both ways
     sync(chans, b"mesh", timeout)       # everybody's are
-    snap["mesh"] = conncost.snapshot(n, rdma_tool)
+    snap["mesh"] = snapshot()
     sync(chans, b"measured", timeout)
     t0 = time.monotonic()
     x = np.full(array_bytes, w.rank & 0xFF, dtype=np.uint8)   # one array to every peer
@@ -84,13 +89,13 @@ def rank_main(timeout: float, rdma_tool: bool, array_bytes: int) -> None:
         assert a.size == array_bytes and a[0] == a[-1] == r & 0xFF, (r, a.size)
     rndv_s = time.monotonic() - t0
     sync(chans, b"received", timeout)
-    snap["rndv"] = conncost.snapshot(n, rdma_tool)      # arrays and send handles held
+    snap["rndv"] = snapshot()      # arrays and send handles held
     sync(chans, b"measured", timeout)
     for h in handles:
         h.wait(timeout)
     del got, handles
     sync(chans, b"done", timeout)
-    snap["done"] = conncost.snapshot(n, rdma_tool)
+    snap["done"] = snapshot()
     sync(chans, b"bye", timeout)        # nobody closes while a peer still counts
     some = next(iter(chans.values()))
     print(json.dumps({"rank": w.rank, "pid": os.getpid(), "snap": snap,

@@ -150,3 +150,28 @@ def test_headings_name_the_array_each_job_sent():
     assert "| 4 MiB to every peer: per rank |" in cc.table(old)
     head = cc.compare_table([("new", small), ("old", old)]).splitlines()[0]
     assert "new: +256 KiB to all, per peer" in head and "old: +4 MiB to all, per peer" in head
+
+
+def test_one_rank_counts_the_job_s_objects_and_the_medians_are_its(monkeypatch):
+    """The job-wide QPs, CQs, PDs and MRs are asked of iproute2 by one rank only (64
+    ranks listing ~38,000 MRs at once ran into the tool's timeout); the others leave
+    them None without an error, and the summary's figures are the counting rank's."""
+    calls = []
+
+    def fake(cmd, **kw):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, QP_JSON + GONE, "")
+    monkeypatch.setattr(cc.subprocess, "run", fake)
+    other = cc.snapshot(4, rdma=True, counter=False)
+    assert calls == [] and other["qp"] is None and other["rdma_error"] is None
+    counting = cc.snapshot(4, rdma=True, counter=True)
+    assert len(calls) == len(cc.RDMA_KINDS) and counting["rdma_error"] is None
+    assert counting["qp"] == 4 / 4                 # the 4 user-made QPs of QP_JSON + GONE
+    before = _snap(qp=0)
+    rows = [{"rank": r, "connect_s": 1.0, "rndv_s": 1.0, "snap": {
+        "before": before if r == 0 else _snap(),
+        "mesh": counting if r == 0 else other, "rndv": counting if r == 0 else other,
+        "done": counting if r == 0 else other}} for r in range(4)]
+    s = cc.summarize(rows, 4)
+    assert s["metrics"]["qp"]["after"] == 1 and s["metrics"]["qp"]["per_peer"] == 1 / 3
+    assert s["rdma_error"] is None
