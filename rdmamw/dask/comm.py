@@ -346,7 +346,7 @@ async def _read_offer(ch: Channel, what: str) -> _offer.Offer:
         finally:
             m.release()
         try:
-            return _offer.read(data)
+            return _offer.decode(data)
         except _errors.ProtocolError as e:
             raise FatalCommClosedError(f"{what}: {e}") from e
     except BaseException:
@@ -386,6 +386,7 @@ async def _tcp_or_verbs(ip: str, target: str) -> Channel:
         raise CommClosedError(f"connecting to {PREFIX}{target}: "
                               f"{type(e).__name__}: {e}") from e
     got = await _read_offer(ch, PREFIX + target)
+    _offer.COUNTS["offers"] += 1
     if got.rdma is None or not _use_verbs() or _routes.blocked(target):
         return ch
     try:
