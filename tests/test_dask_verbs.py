@@ -135,20 +135,27 @@ _FIELDS = {"dev": st.text(max_size=70), "port": st.integers(-1, 300),
 
 @st.composite
 def near_offers(draw) -> bytes:
-    """Offers of the right shape with any field replaced, dropped or added."""
+    """A valid offer with one to three mutations: a field of the body or of its RDMA
+    port replaced by a near value or anything, a key dropped or added, the port list
+    emptied or repeated."""
     port = dict(PORT.as_dict())
-    for k in draw(st.sets(st.sampled_from(sorted(port)))):
-        port[k] = draw(st.one_of(_FIELDS[k], _ANY))
-    if draw(st.booleans()):
-        port.pop(draw(st.sampled_from(sorted(port))))
-    body = {"id": draw(st.one_of(st.binary(min_size=15, max_size=17), _ANY)),
-            "port": draw(st.one_of(st.integers(-1, 70000), _ANY)),
-            "ports": draw(st.one_of(st.just([port]), st.lists(st.just(port), max_size=3),
-                                    _ANY))}
-    for k in draw(st.sets(st.sampled_from(["id", "port", "ports"]))):
-        del body[k]
-    if draw(st.booleans()):
-        body[draw(st.text(max_size=5))] = draw(_ANY)
+    body = {"id": bytes(16), "port": 4000, "ports": [port]}
+    near = {"id": st.binary(min_size=15, max_size=17), "port": st.integers(-1, 70000),
+            "ports": st.lists(st.just(port), max_size=3)}
+    for _ in range(draw(st.integers(1, 3))):
+        what = draw(st.sampled_from(["body", "port", "drop", "drop-port", "add", "add-port"]))
+        if what == "body":
+            k = draw(st.sampled_from(sorted(near)))
+            body[k] = draw(st.one_of(near[k], _ANY))
+        elif what == "port":
+            k = draw(st.sampled_from(sorted(_FIELDS)))
+            port[k] = draw(st.one_of(_FIELDS[k], _ANY))
+        elif what in ("drop", "drop-port"):
+            d = body if what == "drop" else port
+            if d:
+                del d[draw(st.sampled_from(sorted(d)))]
+        else:
+            (body if what == "add" else port)[draw(st.text(max_size=5))] = draw(_ANY)
     return offer.MAGIC + msgpack.packb(body)
 
 
