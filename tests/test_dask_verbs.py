@@ -423,5 +423,6 @@ def test_a_comm_runs_on_verbs_frames_whole_and_the_second_connect_goes_direct():
                 assert offer.COUNTS["offers"] - offers == 1, round_   # the first only
             assert offer.COUNTS["direct"] - direct == 1
 
-    with no_shm():
+    # a verbs attempt may take up to 5 s (min(5, connect timeout / 10)): a slow VM
+    with no_shm(**{"distributed.comm.timeouts.connect": "60s"}):
         run(main(), timeout=300)
