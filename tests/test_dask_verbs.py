@@ -373,6 +373,37 @@ def test_the_comm_moves_to_the_offered_channel_and_goes_there_directly_next(fake
         run(main())
 
 
+def test_local_peers_still_use_shm_and_the_switch_keeps_comms_on_tcp(fake_verbs):
+    """A remembered route does not take a local peer off shm; with
+    ``distributed.comm.rdmamw.verbs: false`` a connector reads the offer and stays on
+    tcp (no route learned, none used)."""
+    async def main():
+        async with listen("rdmamw://127.0.0.1:0", echo) as lst:
+            target = f"127.0.0.1:{lst.get_host_port()[1]}"
+            with no_shm():
+                comm = await connect(lst.contact_address)
+                await comm.close()
+            assert dcomm._routes.direct(target) is not None
+            offers, direct = offer.COUNTS["offers"], offer.COUNTS["direct"]
+            comm = await connect(lst.contact_address)          # shm on (the default)
+            assert comm.extra_info["provider"] == "shm" and comm.same_host
+            await comm.close()
+            dcomm._routes.forget(target)
+            with no_shm(**{"distributed.comm.rdmamw.verbs": False}):
+                for _ in range(2):
+                    comm = await connect(lst.contact_address)
+                    assert comm.extra_info["provider"] == "tcp"
+                    assert comm._ch.peer == f"tcp://{target}"     # not the side channel
+                    await comm.write("x")
+                    assert await comm.read() == "x"
+                    await comm.close()
+            assert offer.COUNTS["offers"] - offers == 2
+            assert offer.COUNTS["direct"] == direct
+            assert dcomm._routes.direct(target) is None
+
+    run(main())
+
+
 def test_a_stale_route_falls_back_to_the_offer_over_tcp(fake_verbs):
     """The remembered side port now held by another listener (its offer's id differs),
     then by nobody: each connect still works, through tcp and a fresh offer, which
