@@ -179,6 +179,52 @@ def test_routes_are_bounded_least_recently_used_first_out_and_failures_expire():
     assert not r.blocked("h:1") and len(r) == 2
 
 
+# ---- the two halves of the judgement (the device's own calls patched) ----------------
+def test_the_listener_pins_its_first_rdma_port_and_offers_the_bound_port(monkeypatch):
+    asked = []
+
+    class Bound:
+        address = "verbs://10.77.0.2:41234"
+
+    def fake_listen(address, **ring):
+        asked.append((address, ring))
+        return Bound()
+    other = Port("mlx5_0", 2, 3, GID, "ethernet", "roce:10.77.0.0/24")
+    monkeypatch.setattr(offer.verbs_rank, "local_ports", lambda: ([PORT, other], ""))
+    monkeypatch.setattr(offer._sync, "listen", fake_listen)
+    ident = offer.new_id()
+    lst, got = offer.listen("0.0.0.0", {"slots": 8, "slot_size": 4096}, ident)
+    assert asked == [("verbs://0.0.0.0:0?device=rxe0&port=1&gid_index=1",
+                      {"slots": 8, "slot_size": 4096})]
+    assert lst is not None and got == offer.Offer(ident, 41234, PORT)
+    offer.listen("::", {}, ident)
+    assert asked[-1][0].startswith("verbs://[::]:0?")
+
+
+def test_the_connector_routes_to_the_dialed_host_with_its_own_port_on_the_fabric(
+        monkeypatch):
+    from rdmamw.providers.verbs_address import parse_where
+    o = offer.Offer(offer.new_id(), 41234, PORT)
+    elsewhere = Port("mlx5_0", 1, 0, bytes(10) + b"\xff\xff" + bytes([192, 168, 1, 5]),
+                     "ethernet", "roce:192.168.1.0/24")
+    mine = Port("mlx5_1", 2, 3, bytes(10) + b"\xff\xff" + bytes([10, 77, 0, 9]),
+                "ethernet", "roce:10.77.0.0/24")
+    monkeypatch.setattr(offer.verbs_rank, "local_ports", lambda: ([elsewhere, mine], ""))
+    address, why = offer.route("10.0.0.7", o)
+    assert why == "" and address == \
+        "verbs://10.0.0.7:41234?device=mlx5_1&port=2&gid_index=3"
+    w = parse_where(address.partition("://")[2])
+    assert (w.host, w.port, w.opts["device"], w.opts["port"], w.opts["gid_index"]) == \
+        ("10.0.0.7", 41234, "mlx5_1", 2, 3)
+    assert offer.route("fe80::1", o)[0].startswith("verbs://[fe80::1]:41234?")
+    monkeypatch.setattr(offer.verbs_rank, "local_ports", lambda: ([elsewhere], ""))
+    assert offer.route("10.0.0.7", o) == (None, offer.route("10.0.0.7", o)[1])
+    assert "no common fabric" in offer.route("10.0.0.7", o)[1]
+    monkeypatch.setattr(offer.verbs_rank, "local_ports", lambda: ([], "no device"))
+    assert offer.route("10.0.0.7", o) == (None, "no device")
+    assert offer.route("10.0.0.7", offer.Offer(o.id))[0] is None
+
+
 # ---- a listener without verbs ---------------------------------------------------------
 @pytest.mark.parametrize("verbs", [True, False], ids=["verbs-on", "verbs-off"])
 def test_a_listener_without_verbs_offers_none_and_comms_run_on_tcp(verbs, monkeypatch):
