@@ -1,10 +1,14 @@
 """The ``rdmamw://`` comm of Dask distributed over :mod:`rdmamw.aio` (docs/dask.md).
 
 An address is ``rdmamw://HOST:PORT``. A listener there listens on ``tcp://HOST:PORT``
-(rdmamw's tcp provider: every connection proves the shared token) and on an shm name
+(rdmamw's tcp provider: every connection proves the shared token), on an shm name
 made from the same address (``shm://`` is an abstract socket of this network
-namespace, whose peers the kernel vouches for: same user). A connector whose target is
-an address of its own host opens the shm name first and falls back to tcp.
+namespace, whose peers the kernel vouches for: same user) and, where verbs is usable,
+on a verbs side channel of an ephemeral port, which it *offers* at the start of every
+tcp comm (rdmamw/dask/offer.py). A connector whose target is an address of its own
+host opens the shm name first; otherwise it goes straight to the verbs route it
+learned for that address, else opens tcp, reads the offer and moves to verbs when
+it shares a fabric with the listener; tcp whenever verbs fails.
 
 One Dask message is one ``send_batch``: a header (the frames' sizes) and every
 non-empty frame, each a message of its own (bytes, memoryviews, numpy and Arrow
@@ -26,7 +30,13 @@ from typing import Any
 
 import dask
 from distributed.comm.addressing import parse_host_port, unparse_host_port
-from distributed.comm.core import BaseListener, Comm, CommClosedError, Connector
+from distributed.comm.core import (
+    BaseListener,
+    Comm,
+    CommClosedError,
+    Connector,
+    FatalCommClosedError,
+)
 from distributed.comm.registry import Backend
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
 from distributed.protocol.utils import host_array
@@ -36,6 +46,7 @@ from rdmamw import auth, config
 from rdmamw import channel as _sync
 from rdmamw import errors as _errors
 from rdmamw.aio import Channel, Listener
+from rdmamw.dask import offer as _offer
 
 log = logging.getLogger("rdmamw.dask")
 
@@ -68,6 +79,27 @@ def _use_shm() -> bool:
     """``distributed.comm.rdmamw.shm`` (default True): whether a peer of this host is
     reached over shm; False sends everything over the tcp provider."""
     return bool(dask.config.get("distributed.comm.rdmamw.shm", default=True))
+
+
+def _use_verbs() -> bool:
+    """``distributed.comm.rdmamw.verbs`` (default True): whether a listener offers
+    the verbs provider and a connector takes such offers; False keeps every comm
+    that is not shm on tcp."""
+    return bool(dask.config.get("distributed.comm.rdmamw.verbs", default=True))
+
+
+def _offer_timeout() -> float:
+    """How long a connector waits for the listener's offer (it is the listener's first
+    message, sent as it accepts): ``distributed.comm.timeouts.connect``."""
+    t = dask.config.get("distributed.comm.timeouts.connect", default=30)
+    return float(dask.utils.parse_timedelta(t, default="seconds"))
+
+
+def _verbs_timeout() -> float:
+    """One verbs attempt's bound (connect and handshake: a device to open, a queue pair
+    to set up on both sides): longer than tcp's, at most 5 s; when it passes the comm
+    stays on tcp."""
+    return min(5.0, max(_connect_timeout(), _offer_timeout() / 10))
 
 
 def _connect_timeout() -> float:
@@ -294,6 +326,91 @@ def _close_late(fut: asyncio.Future) -> None:
         fut.result().close()
 
 
+#: Dask address -> the verbs route learned from its listener's offer (process-wide)
+_routes = _offer.Routes()
+
+
+async def _read_offer(ch: Channel, what: str) -> _offer.Offer:
+    """The listener's offer, the first message of a tcp or verbs comm; a comm whose
+    offer is malformed is no rdmamw:// comm of this version: FatalCommClosedError
+    (retrying cannot help). Closes ``ch`` on any failure (cancellation too)."""
+    try:
+        try:
+            m = await asyncio.wait_for(ch.recv(), _offer_timeout())
+        except (*_GONE, asyncio.TimeoutError) as e:
+            raise CommClosedError(f"{what}: no offer from the listener "
+                                  f"({type(e).__name__}: {e})") from e
+        try:
+            with memoryview(m) as view:
+                data = bytes(view[:_offer.MAX_OFFER + 1])
+        finally:
+            m.release()
+        try:
+            return _offer.decode(data)
+        except _errors.ProtocolError as e:
+            raise FatalCommClosedError(f"{what}: {e}") from e
+    except BaseException:
+        _close_quietly(ch)
+        raise
+
+
+async def _verbs(address: str, ident: bytes, target: str) -> Channel | None:
+    """A verbs channel at ``address`` whose listener shows offer id ``ident``, or None
+    (logged at debug: the caller carries on over tcp)."""
+    try:
+        ch = await _open(address, _verbs_timeout())
+    except Exception as e:      # whatever verbs raised (cancellation goes through)
+        log.debug("verbs to %s (%s) failed, tcp instead: %s", target, address, e)
+        return None
+    try:
+        got = await _read_offer(ch, address)
+    except CommClosedError as e:
+        log.debug("verbs to %s (%s): %s; tcp instead", target, address, e)
+        return None
+    if got.id != ident:
+        log.debug("verbs to %s (%s) reached another listener; tcp instead", target,
+                  address)
+        _close_quietly(ch)
+        return None
+    return ch
+
+
+async def _tcp_or_verbs(ip: str, target: str) -> Channel:
+    """tcp, then the listener's offer; the verbs channel it names when this process can
+    reach it (the tcp one is closed then), else the tcp one."""
+    try:
+        ch = await _open(f"tcp://{target}", _connect_timeout())
+    except _errors.PeerNotFound as e:
+        raise OSError(errno.ECONNREFUSED, str(e)) from e      # Dask retries
+    except (_errors.RdmamwError, OSError) as e:
+        raise CommClosedError(f"connecting to {PREFIX}{target}: "
+                              f"{type(e).__name__}: {e}") from e
+    got = await _read_offer(ch, PREFIX + target)
+    _offer.COUNTS["offers"] += 1
+    if got.rdma is None or not _use_verbs() or _routes.blocked(target):
+        return ch
+    try:
+        loop = asyncio.get_running_loop()
+        try:
+            address, why = await loop.run_in_executor(None, _offer.route, ip, got)
+        except Exception as e:          # a bad setting (RDMAMW_VERBS_FABRIC): not verbs
+            address, why = None, f"{type(e).__name__}: {e}"
+        v = None
+        if address is None:
+            log.debug("%s offers verbs; staying on tcp: %s", PREFIX + target, why)
+        else:
+            v = await _verbs(address, got.id, target)
+    except BaseException:
+        _close_quietly(ch)
+        raise
+    if v is None:
+        _routes.failed(target)      # tcp for a while: no attempt per comm
+        return ch
+    _routes.remember(target, address, got.id)
+    _close_quietly(ch)
+    return v
+
+
 class RdmamwConnector(Connector):
     async def connect(self, address: str, deserialize: bool = True,
                       **connection_args: Any) -> RdmamwComm:
@@ -311,14 +428,16 @@ class RdmamwConnector(Connector):
                 except (_errors.RdmamwError, OSError) as e:
                     log.debug("shm to %s failed (%s); trying tcp", address, e)
                     break
+        if ch is None and _use_verbs():
+            known = _routes.direct(where)
+            if known is not None:
+                ch = await _verbs(*known, where)
+                if ch is None:          # the listener moved or verbs broke: ask again
+                    _routes.forget(where)
+                else:
+                    _offer.COUNTS["direct"] += 1
         if ch is None:
-            try:
-                ch = await _open(f"tcp://{where}", _connect_timeout())
-            except _errors.PeerNotFound as e:
-                raise OSError(errno.ECONNREFUSED, str(e)) from e      # Dask retries
-            except (_errors.RdmamwError, OSError) as e:
-                raise CommClosedError(f"connecting to {PREFIX}{where}: "
-                                      f"{type(e).__name__}: {e}") from e
+            ch = await _tcp_or_verbs(ip, where)
         local = PREFIX + unparse_host_port(ip if ch.sync.provider == "shm"
                                            else get_ip(ip), 0)
         return RdmamwComm(ch, local, PREFIX + where, deserialize)
@@ -340,6 +459,9 @@ class RdmamwListener(BaseListener):
         self._accepting: set[asyncio.Task] = set()   # the accept loops (stop ends them)
         self._handlers: set[asyncio.Task] = set()    # comms handed out: theirs to close
         self._bound: tuple[str, int] | None = None
+        #: the first message of every tcp and verbs comm (offer.py)
+        self._offer = _offer.Offer(_offer.new_id())
+        self._offer_bytes = _offer.encode(self._offer)
 
     async def start(self) -> None:
         if not is_loopback(self.ip) and not has_token():
@@ -359,8 +481,31 @@ class RdmamwListener(BaseListener):
         except (_errors.RdmamwError, OSError) as e:   # tcp alone still serves
             log.warning("%s: no shm listener (%s); local peers use tcp",
                         self.listen_address, e)
+        if _use_verbs():
+            await self._listen_verbs(ring)
         for lst in self._listeners:
             _keep(self._accepting, self._accept_loop(lst))
+
+    async def _listen_verbs(self, ring: dict) -> None:
+        """The verbs side channel on the tcp listener's host, and the offer naming it;
+        tcp alone when verbs is not usable here (logged, never an error)."""
+        host = "0.0.0.0" if self.ip == "" else self.ip
+        loop = asyncio.get_running_loop()
+        try:
+            lst, offer = await loop.run_in_executor(None, _offer.listen, host, ring,
+                                                    self._offer.id)
+        except Exception as e:          # a bad setting (RDMAMW_VERBS_FABRIC): tcp only
+            log.info("%s: no verbs (%s: %s); other hosts use tcp", self.listen_address,
+                     type(e).__name__, e)
+            return
+        if lst is None:
+            return
+        if not self._listeners:         # stopped meanwhile
+            lst.close()
+            return
+        self._listeners.append(Listener(lst))
+        self._offer, self._offer_bytes = offer, _offer.encode(offer)
+        log.info("%s offers %s", self.listen_address, lst.address)
 
     async def _accept_loop(self, lst: Listener) -> None:
         while True:
@@ -376,19 +521,28 @@ class RdmamwListener(BaseListener):
             _keep(self._handlers, self._handle(ch))
 
     async def _handle(self, ch: Channel) -> None:
-        if ch.sync.provider == "shm":
-            peer = PREFIX + unparse_host_port(self.contact_host, 0)
-        else:
+        offered = ch.sync.provider != "shm"
+        if offered:
             peer = PREFIX + ch.peer.partition("://")[2]
+        else:
+            peer = PREFIX + unparse_host_port(self.contact_host, 0)
         comm = RdmamwComm(ch, self.contact_address, peer, self.deserialize)
         comm.allow_offload = self.allow_offload
         if not self._listeners:         # stopped meanwhile
             comm.abort()
             return
         try:
+            if offered:                 # before Dask's handshake (offer.py)
+                try:
+                    await ch.send(self._offer_bytes)
+                except _GONE as e:
+                    raise comm._gone(e) from e
             await self.on_connection(comm)
         except CommClosedError:
-            log.info("connection from %s closed before its handshake", peer)
+            # a connector that took the verbs offer hangs up its tcp comm here
+            moved = ch.sync.provider == "tcp" and self._offer.rdma is not None
+            log.log(logging.DEBUG if moved else logging.INFO,
+                    "connection from %s closed before its handshake", peer)
             return
         await self.comm_handler(comm)
 
