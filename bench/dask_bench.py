@@ -9,6 +9,11 @@ of both directions over the round trip. Reported: medians over ``--reps`` round 
 after a warm-up, and the ratios rdmamw/tcp. Only same-run ratios mean anything.
 
     python bench/dask_bench.py [--reps N] [--sizes 8,64K,2M,64M] [--json]
+    python bench/dask_bench.py --no-shm    # rdmamw:// as across hosts: verbs, else tcp
+
+The provider each rdmamw:// comm ran on (shm on one host by default; ``--no-shm``
+sets ``distributed.comm.rdmamw.shm: false``, so the comm takes the listener's verbs
+offer where there is a fabric, as between hosts) is printed with the table.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from rdmamw.testing.comm import echo
 SIZES = {"8B": 8, "64KiB": 64 << 10, "2MiB": 2 << 20, "64MiB": 64 << 20}
 
 
-def _server(scheme: str, q) -> None:
+def _server(scheme: str, q, no_shm: bool = False) -> None:
+    if no_shm:
+        _no_shm()
     import rdmamw.dask
     rdmamw.dask.register()
     from distributed.comm import listen
@@ -41,12 +48,18 @@ def _server(scheme: str, q) -> None:
     asyncio.run(main())
 
 
+#: the providers the rdmamw:// comms of this process ran on
+PROVIDERS: set[str] = set()
+
+
 async def _measure(addr: str, size: int, reps: int) -> list[float]:
     from distributed.comm import connect
     from distributed.protocol import to_serialize
     payload = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
     msg = {"x": to_serialize(payload)}
     comm = await connect(addr)
+    if addr.startswith("rdmamw://"):
+        PROVIDERS.add(comm.extra_info.get("provider", "?"))
     times = []
     for i in range(reps + max(2, reps // 5)):
         t = time.perf_counter()
@@ -60,7 +73,13 @@ async def _measure(addr: str, size: int, reps: int) -> list[float]:
     return times
 
 
-def run_scheme(scheme: str, sizes: dict[str, int], reps: dict[str, int]) -> dict:
+def _no_shm() -> None:
+    import dask
+    dask.config.set({"distributed.comm.rdmamw.shm": False})
+
+
+def run_scheme(scheme: str, sizes: dict[str, int], reps: dict[str, int],
+               no_shm: bool = False) -> dict:
     out = {}
     if scheme == "inproc":
         from distributed.comm import listen
@@ -73,7 +92,7 @@ def run_scheme(scheme: str, sizes: dict[str, int], reps: dict[str, int]) -> dict
         return out
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=_server, args=(scheme, q), daemon=True)
+    p = ctx.Process(target=_server, args=(scheme, q, no_shm), daemon=True)
     p.start()
     try:
         addr = q.get(timeout=60)
@@ -91,6 +110,9 @@ def main() -> None:
                     "a tenth, at least 5)")
     ap.add_argument("--sizes", default=",".join(SIZES), help="of " + ",".join(SIZES))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-shm", action="store_true",
+                    help="rdmamw:// comms do not use shm (as between hosts: the verbs "
+                         "offer where there is a fabric, else tcp)")
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import rdmamw.dask
@@ -98,7 +120,9 @@ def main() -> None:
     sizes = {k: SIZES[k] for k in args.sizes.split(",")}
     reps = {k: args.reps if n < (8 << 20) else max(5, args.reps // 10)
             for k, n in sizes.items()}
-    res = {s: run_scheme(s, sizes, reps) for s in ("rdmamw", "tcp", "inproc")}
+    if args.no_shm:
+        _no_shm()
+    res = {s: run_scheme(s, sizes, reps, args.no_shm) for s in ("rdmamw", "tcp", "inproc")}
     rows = []
     for name, n in sizes.items():
         row = {"size": name}
@@ -110,8 +134,9 @@ def main() -> None:
         row["rdmamw_over_inproc_rtt"] = row["rdmamw_rtt_us"] / row["inproc_rtt_us"]
         rows.append(row)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"providers": sorted(PROVIDERS), "rows": rows}, indent=1))
         return
+    print(f"rdmamw:// comms ran on: {', '.join(sorted(PROVIDERS))}")
     print(f"{'size':>6} | {'round trip, median (us)':^34} | {'throughput (MB/s, both ways)':^32} |"
           f" speed-up")
     print(f"{'':>6} | {'rdmamw':>10} {'tcp':>10} {'inproc':>10}  | {'rdmamw':>10} {'tcp':>10}"
