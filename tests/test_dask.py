@@ -8,6 +8,7 @@ doing dask.dataframe's P2P shuffle, compared with tcp://."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.metadata
 import os
 import pathlib
@@ -221,6 +222,40 @@ def test_one_send_batch_per_message_no_copy_and_right_sized_receives(monkeypatch
                if not isinstance(f, bytes))                # the array itself, no copy
     assert received and all(size == n for size, n in received)
     assert arr.nbytes in {n for _size, n in received}
+
+
+@pytest.mark.parametrize("shm", WAYS)
+def test_large_frames_land_in_the_pool_and_a_kept_one_is_never_reused(shm):
+    """A received frame of POOLED_FRAME bytes and up comes from the process's buffer
+    pool and goes back when the last view of it is gone: the next frame of its size
+    reuses the memory. One the reader still holds (here through a numpy view, as a
+    deserialized array holds it) keeps its bytes while more frames arrive."""
+    from rdmamw.memory import pool
+    n = dcomm.POOLED_FRAME * 4
+    fills = [np.full(n, v, np.uint8) for v in (0xAA, 0xBB, 0xCC, 0xDD)]
+
+    async def main():
+        async with listen("rdmamw://127.0.0.1:0", echo) as lst:
+            comm = await connect(lst.contact_address)
+            stats0 = pool.default_pool().stats()
+            await comm.write({"x": to_serialize(fills[0])})
+            kept = (await comm.read())["x"][1:]             # a view of the frame, held
+            for f in fills[1:]:
+                await comm.write({"x": to_serialize(f)})
+                back = (await comm.read())["x"]
+                assert np.array_equal(back, f)
+                del back                                    # this one goes back
+            gc.collect()
+            stats1 = pool.default_pool().stats()
+            await comm.close()
+        return kept, stats0, stats1
+
+    with use_shm(shm):
+        kept, s0, s1 = run(main())
+    assert np.array_equal(kept, fills[0][1:])               # never overwritten
+    # 8 frames received in all (4 here, 4 in the echo, which is this process too)
+    assert s1["acquires"] - s0["acquires"] == 8
+    assert s1["reuses"] - s0["reuses"] >= 4
 
 
 def test_concurrent_writes_on_one_comm_stay_whole():

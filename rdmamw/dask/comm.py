@@ -47,6 +47,7 @@ from rdmamw import channel as _sync
 from rdmamw import errors as _errors
 from rdmamw.aio import Channel, Listener
 from rdmamw.dask import offer as _offer
+from rdmamw.memory import pool as _pool
 
 log = logging.getLogger("rdmamw.dask")
 
@@ -158,6 +159,21 @@ def is_local(host: str) -> bool:
         return False
 
 
+#: frames from this size up land in the process's buffer pool (rdmamw.memory.pool)
+POOLED_FRAME = 256 << 10
+
+
+def _frame_buffer(n: int) -> memoryview:
+    """Where a received frame of ``n`` bytes lands. A large one takes a buffer of the
+    process's pool (``rdmamw.memory.pool.allocate``), which goes back to the pool when
+    the last view of the frame is collected: the next frame reuses memory already
+    mapped (and, on verbs, already registered) instead of a fresh allocation whose
+    page faults cost about as much as the copy itself. Small ones as tcp:// does."""
+    if n < POOLED_FRAME:
+        return host_array(n)
+    return memoryview(_pool.allocate(n))
+
+
 # ---- the comm ------------------------------------------------------------------------
 class RdmamwComm(Comm):
     """One Dask comm: one rdmamw channel (:class:`rdmamw.aio.Channel`)."""
@@ -233,7 +249,7 @@ class RdmamwComm(Comm):
             m.release()
         frames = []
         for n in sizes:
-            buf = host_array(n)
+            buf = _frame_buffer(n)
             for at in range(0, n, piece):
                 want = min(piece, n - at)
                 got = await ch.recv_into(buf[at:at + want])
