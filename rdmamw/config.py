@@ -289,6 +289,10 @@ D("verbs", "RDMAMW_VERBS_WINDOWS", "int", 1,
   "where the device has them; 0: keys of MRs with remote access", maximum=1)
 D("verbs", "RDMAMW_VERBS_POLL_MS", "int", 1, "re-check interval of a sleeper without events",
   maximum=60000)
+D("verbs", "RDMAMW_VERBS_READ_CHUNK", "bytes", None,
+  "longest RDMA READ one work request asks for; a longer one goes as several (0: no "
+  "limit; default: 512 KiB on soft-RoCE devices, whose READ retry can stall, else no "
+  "limit)", maximum=1 << 31)
 D("verbs", "RDMAMW_VERBS_TIMEOUT", "int", 14, "QP local ACK timeout exponent (4.096 us x 2^n)",
   maximum=31)
 # bootstrap (the launcher variables are read with torchrun's, MPI's and Slurm's)

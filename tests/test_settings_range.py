@@ -264,7 +264,7 @@ ELSEWHERE = {
        for n in ("RDMAMW_VERBS_PORT", "RDMAMW_VERBS_GID_INDEX", "RDMAMW_VERBS_SQ_DEPTH",
                  "RDMAMW_VERBS_RQ_DEPTH", "RDMAMW_VERBS_INLINE", "RDMAMW_VERBS_EVENT",
                  "RDMAMW_VERBS_POLL_MS", "RDMAMW_VERBS_TIMEOUT", "RDMAMW_VERBS_RING_START",
-                 "RDMAMW_VERBS_WINDOWS")},
+                 "RDMAMW_VERBS_WINDOWS", "RDMAMW_VERBS_READ_CHUNK")},
 }
 #: (setting, end) whose path may refuse the value with a typed error, and why
 MAY_REFUSE = {

@@ -69,9 +69,23 @@ def test_parse_where_and_options():
     assert (w.host, w.port) == ("10.0.0.1", 0)
     assert w.opts["event"] == 1 and w.opts["sq_depth"] == 64 and w.opts["device"] == "rxe0"
     assert verbs.parse_where("[::1]:7").host == "::1"
-    for bad in ("nohost", "h:port", "h:70000", "h:1?nope=1", "h:1?sq_depth=x"):
+    for bad in ("nohost", "h:port", "h:70000", "h:1?nope=1", "h:1?sq_depth=x",
+                "h:1?read_chunk=-1", "h:1?read_chunk=4G", "h:1?read_chunk=x"):
         with pytest.raises(ValueError):
             verbs.parse_where(bad)
+
+
+def test_read_chunk_option_and_setting(monkeypatch):
+    """``read_chunk`` reads sizes as its setting does; unset, -1 lets the provider
+    choose by device (512 KiB on soft-RoCE, no limit elsewhere)."""
+    assert verbs.parse_where("h:1").opts["read_chunk"] == -1
+    assert verbs.parse_where("h:1?read_chunk=256K").opts["read_chunk"] == 256 << 10
+    assert verbs.parse_where("h:1?read_chunk=0").opts["read_chunk"] == 0
+    monkeypatch.setenv("RDMAMW_VERBS_READ_CHUNK", "1M")
+    assert verbs.parse_where("h:1").opts["read_chunk"] == 1 << 20
+    assert verbs.parse_where("h:1?read_chunk=64K").opts["read_chunk"] == 64 << 10
+    with pytest.raises(rdmamw.errors.ConfigError, match="RDMAMW_VERBS_READ_CHUNK"):
+        verbs.parse_where("h:1?read_chunk=lots")
 
 
 STRIDE = layout.slot_stride(4096)       # of the ring of endpoint_layout(16, 4096, 8)
@@ -186,6 +200,31 @@ def test_one_doorbell_and_one_signal_per_batch():
         assert st["signaled_completions"] / st["messages"] <= 1 / 64
     finally:
         a.close(), b.close(), lst.close()
+
+
+@device
+@pytest.mark.device
+def test_a_long_read_goes_as_pieces_of_read_chunk():
+    """RDMAMW_VERBS_READ_CHUNK / ``read_chunk``: the receiver posts an 8 MiB rendezvous
+    READ as 8 MiB / chunk work requests, the last one signaled, and the message lands
+    whole; 0 posts it as one. Soft-RoCE defaults to 512 KiB (its retry of one long
+    READ that lost a packet can stall the QP: docs/design.md "Long READs on soft-RoCE")."""
+    msg = os.urandom(8 << 20)
+    posted = {}
+    for chunk in ("0", "256K", ""):
+        a, b, lst, _, tb = _pair(f"?read_chunk={chunk}" if chunk else "", slots=16)
+        try:
+            assert tb.read_chunk == {"0": 0, "256K": 256 << 10, "": 512 << 10}[chunk]
+            st0 = b.stats()
+            h = a.send(msg)
+            assert bytes(b.recv(timeout=60)) == msg
+            h.wait(timeout=60)
+            st = b.stats()
+            assert st["rndv_reads"] - st0["rndv_reads"] == 1
+            posted[chunk] = st["work_requests"] - st0["work_requests"]
+        finally:
+            a.close(), b.close(), lst.close()
+    assert posted["256K"] - posted["0"] == 31 and posted[""] - posted["0"] == 15, posted
 
 
 @device

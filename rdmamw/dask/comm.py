@@ -108,8 +108,7 @@ def _connect_timeout() -> float:
     connect until it; the handshake has at least 1 s): short, since distributed's
     connect retries with backoff itself until ``distributed.comm.timeouts.connect``,
     and an attempt it gave up on still holds an executor thread until this passes."""
-    t = dask.config.get("distributed.comm.timeouts.connect", default=30)
-    return min(1.0, float(dask.utils.parse_timedelta(t, default="seconds")))
+    return min(1.0, _offer_timeout())
 
 
 def _shard_size() -> int:

@@ -36,6 +36,7 @@ cdef extern from "rm_ibverbs.h" nogil:
         uint32_t qp_num
 
     cdef struct ibv_device_attr:
+        uint32_t vendor_id
         unsigned int device_cap_flags
         int max_qp
         int max_qp_wr

@@ -79,6 +79,7 @@ cdef class VerbsTransport(Transport):
     cdef readonly uint64_t n_binds      # memory-window binds posted (exposures, parts)
     cdef readonly uint32_t qpn
     cdef uint8_t timeout_exp
+    cdef readonly uint32_t read_chunk   # longest READ one WR asks for (0: no limit)
 
     cdef void _destroy(self) noexcept
     cdef void _fail(self, int code, int kind=*, int err=*) noexcept nogil

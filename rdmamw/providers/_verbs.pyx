@@ -128,6 +128,10 @@ cdef extern from *:
 cdef uint64_t INTERNAL = (<uint64_t>1) << 63     # wr_id of WRs the engine never sees
 cdef int64_t STUCK_NS = 10000000000               # no completion at all for this long: peer gone
 cdef int64_t SOCK_CHECK_NS = 1000000
+# soft-RoCE (6.1) sends a READ's whole response in one burst; past ~1,000 packets the
+# receiving CPU's backlog drops some, and its READ retry can then stall the QP for good
+# (docs/design.md "Long READs on soft-RoCE"): at most this much per READ work request
+cdef uint32_t READ_CHUNK_SOFT_ROCE = 512 * 1024
 
 
 _WC_OPCODES = {0: "RDMA_WRITE", 1: "RDMA_WRITE", 2: "RDMA_READ", 3: "RDMA_READ",
@@ -199,13 +203,15 @@ cdef class VerbsTransport(Transport):
     def _open(self, str dev_name, int port, int gid_index, size_t block_len, tuple regions,
               uint32_t sq_depth, uint32_t rq_depth, uint32_t max_inline, bint event_mode,
               int poll_ms, int timeout_exp, uint64_t stride=0, uint32_t granted=0,
-              bint windows=True):
+              bint windows=True, int64_t read_chunk=-1):
         """Take the process's device (context, channel, shared CQs: a VerbsDevice),
         make this endpoint's PD, its room on the CQs and its QP (INIT), register the
         block: its header and the first ``granted`` slots (of ``stride`` bytes) of the
         ring, or all of it (0); return the local half of the endpoint descriptor. With
         ``windows`` (where the device has them) every key the peer gets is a memory
-        window's, bound to this QP."""
+        window's, bound to this QP. ``read_chunk``: the longest RDMA READ one work
+        request asks for (0: no limit; -1: READ_CHUNK_SOFT_ROCE on soft-RoCE, else no
+        limit)."""
         cdef int i
         cdef VerbsDevice dev
         cdef rmv_route *r
@@ -227,6 +233,9 @@ cdef class VerbsTransport(Transport):
         if self.block.on:
             self.local_granted = self.block.granted
         self.timeout_exp = timeout_exp
+        if read_chunk < 0:
+            read_chunk = READ_CHUNK_SOFT_ROCE if dev.soft_roce else 0
+        self.read_chunk = <uint32_t>min(read_chunk, 1 << 31)
         self.sq_depth = max(8, min(sq_depth, <uint32_t>dev.max_qp_wr))
         self.rq_depth = max(8, min(rq_depth, <uint32_t>dev.max_qp_wr))
         r = self.route = route_new(2 * self.sq_depth + 16)
@@ -448,38 +457,21 @@ cdef class VerbsTransport(Transport):
         return self.state if self.state < 0 else RM_ERR_CLOSED
 
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
-        cdef uint32_t i, j, part
-        cdef uint64_t lim
-        cdef rm_wr *wr
+        cdef uint32_t i, part, off = 0
         cdef int rc = 0
         if self.state != 1:
             return self._dead()
         for i in range(n):      # validate the whole chain first: all or nothing
-            wr = &wrs[i]
-            if wr.flags & RM_WR_EXPOSED:    # the NIC checks it against the peer's MR
-                if wr.flags & RM_WR_PUBLISH or (wr.opcode != RM_WR_READ
-                                                and wr.opcode != RM_WR_WRITE):
-                    return RM_ERR_BOUNDS
-                continue
-            if wr.rkey >= RM_NREGIONS:
-                return RM_ERR_BOUNDS
-            # of the peer's ring, only the slots it granted
-            lim = self.block.limit if wr.rkey == RM_REGION_RING else self.peer[wr.rkey].length
-            if wr.remote_off > lim or wr.length > lim - wr.remote_off:
-                return RM_ERR_BOUNDS
-            # READ needs a remotely readable source: the block grants remote write only
-            if wr.opcode != RM_WR_WRITE and wr.opcode != RM_WR_WRITE_IMM:
-                return RM_ERR_BOUNDS
-            if wr.flags & RM_WR_PUBLISH and ((wr.remote_off | wr.length) & 7):
+            if not _wr_in_bounds(self, &wrs[i]):
                 return RM_ERR_BOUNDS
         rm_spin_lock(&self.lock)
         i = 0
         while i < n and rc == 0:
-            part = n - i if n - i <= self.max_chain else self.max_chain
-            for j in range(part):
-                self._fill(j, &wrs[i + j])
-            rc = self._post_chain(part, i + part == n)
-            i += part
+            part = 0
+            while part < self.max_chain and i < n:
+                i += _fill_piece(self, part, &wrs[i], &off)
+                part += 1
+            rc = self._post_chain(part, i == n)
         rm_spin_unlock(&self.lock)
         self._drain_recv()
         return rc
@@ -782,6 +774,45 @@ cdef class VerbsTransport(Transport):
         if self.state == 1 and _sock_dead(self.sock):
             self._fail(RM_ERR_PEER_LOST, FAIL_SOCKET)
         return self.state
+
+
+cdef bint _wr_in_bounds(VerbsTransport tp, rm_wr *wr) noexcept nogil:
+    """Whether a WR the engine posts stays inside what the peer registered for us."""
+    cdef uint64_t lim
+    if wr.flags & RM_WR_EXPOSED:    # the NIC checks it against the peer's MR
+        return not wr.flags & RM_WR_PUBLISH and (wr.opcode == RM_WR_READ
+                                                 or wr.opcode == RM_WR_WRITE)
+    if wr.rkey >= RM_NREGIONS:
+        return False
+    # of the peer's ring, only the slots it granted
+    lim = tp.block.limit if wr.rkey == RM_REGION_RING else tp.peer[wr.rkey].length
+    if wr.remote_off > lim or wr.length > lim - wr.remote_off:
+        return False
+    # READ needs a remotely readable source: the block grants remote write only
+    if wr.opcode != RM_WR_WRITE and wr.opcode != RM_WR_WRITE_IMM:
+        return False
+    return not (wr.flags & RM_WR_PUBLISH and ((wr.remote_off | wr.length) & 7))
+
+
+cdef uint32_t _fill_piece(VerbsTransport tp, uint32_t j, rm_wr *wr, uint32_t *off) noexcept nogil:
+    """Fill send WR j from ``wr``, or from its next piece of at most tp.read_chunk bytes
+    at ``*off`` if it is a longer READ (only the last piece keeps its signal); 1 when
+    ``wr`` is done, 0 while pieces of it remain."""
+    cdef rm_wr piece
+    if wr.opcode != RM_WR_READ or tp.read_chunk == 0 or wr.length <= tp.read_chunk:
+        tp._fill(j, wr)
+        return 1
+    piece = wr[0]
+    piece.local_addr += off[0]
+    piece.remote_off += off[0]
+    piece.length = min(tp.read_chunk, wr.length - off[0])
+    off[0] += piece.length
+    tp._fill(j, &piece)
+    if off[0] < wr.length:
+        tp.swr[j].send_flags &= ~IBV_SEND_SIGNALED
+        return 0
+    off[0] = 0
+    return 1
 
 
 cdef void _drain_sq(VerbsTransport tp, int64_t budget_ns) noexcept nogil:

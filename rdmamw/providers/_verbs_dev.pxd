@@ -149,6 +149,7 @@ cdef class VerbsDevice:
     cdef int n_mrs                  # memory registrations of the process here (<= max_mr)
     cdef int n_mws                  # memory windows of the process here
     cdef readonly bint has_windows  # type-2 memory windows (bound to one QP each)
+    cdef readonly bint soft_roce    # the kernel's rdma_rxe (its vendor id, 0xFFFFFF)
     # the process's protection domain, made on the first endpoint with windows and
     # shared by them all (each peer's access is its windows'), with the VerbsMemory
     # that holds the registration caches' MRs for all of them (once per buffer)

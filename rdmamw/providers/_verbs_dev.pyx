@@ -71,6 +71,10 @@ cdef extern from "<unistd.h>" nogil:
     ssize_t write(int fd, const void *buf, size_t n)
     int close(int fd)
 
+# the vendor id the kernel's soft-RoCE driver (rdma_rxe) reports for its devices
+cdef enum:
+    RXE_VENDOR_ID = 0xFFFFFF
+
 
 cdef int load_table(const char *lib, char *err, size_t errlen) noexcept:
     return rm_ibv_load(lib, err, errlen)      # 0 at once when loaded
@@ -244,6 +248,7 @@ cdef class VerbsDevice:
         self.max_qp, self.max_qp_wr, self.max_cq = dattr.max_qp, dattr.max_qp_wr, dattr.max_cq
         self.max_cqe, self.max_mr, self.max_pd = dattr.max_cqe, dattr.max_mr, dattr.max_pd
         self.has_windows = bool(dattr.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B)
+        self.soft_roce = dattr.vendor_id == RXE_VENDOR_ID
         self.cq_cap = max(64, min(cq_cap, <uint32_t>max(dattr.max_cqe, 64)))
         self.chan = ibv_create_comp_channel(self.ctx)
         if self.chan == NULL or rmv_set_nonblock(self.chan.fd) < 0:

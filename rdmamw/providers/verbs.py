@@ -180,7 +180,7 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
             local = tp._open(name, port, gid_index, mine.total,
                              mine.regions(), o["sq_depth"], rq,
                              o["inline"], bool(o["event"]), o["poll_ms"], o["timeout"],
-                             stride, granted, bool(o["windows"]))
+                             stride, granted, bool(o["windows"]), o["read_chunk"])
         except OSError as e:
             raise ProviderUnavailable(f"verbs device {name} port {port}: {e}") from None
         psn = int.from_bytes(os.urandom(3), "little")

@@ -22,6 +22,7 @@ OPTIONS = {
     "timeout": "RDMAMW_VERBS_TIMEOUT",
     "ring_start": "RDMAMW_VERBS_RING_START",
     "windows": "RDMAMW_VERBS_WINDOWS",
+    "read_chunk": "RDMAMW_VERBS_READ_CHUNK",
 }
 
 
@@ -48,7 +49,12 @@ def parse_where(where: str) -> Where:
         if key not in opts:
             opts[key] = config.get(name)
     for key in OPTIONS:
-        if key != "device":
+        if key == "read_chunk":     # bytes: "512K" as in the setting, checked the same
+            value = opts[key]
+            value = config.SETTINGS[OPTIONS[key]].parse(value) if isinstance(value, str) \
+                else value
+            opts[key] = -1 if value is None else value  # -1: the device's default
+        elif key != "device":
             try:
                 opts[key] = int(opts[key])
             except ValueError:
