@@ -394,6 +394,14 @@ static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
     }
 }
 
+/* Wake the responder thread to look at the state now (it also looks every 100 ms):
+ * a close joins it, and would otherwise wait out that sleep. */
+static void rt_wake_responder(rt_conn *c) {
+    pthread_mutex_lock(&c->rq_mu);
+    pthread_cond_broadcast(&c->rq_cv);
+    pthread_mutex_unlock(&c->rq_mu);
+}
+
 /* The progress thread: apply frames until the connection goes down or stop. */
 static void *rt_progress(void *arg) {
     rt_conn *c = (rt_conn *)arg;
@@ -414,6 +422,7 @@ static void *rt_progress(void *arg) {
         if (rc) {
             if (rc != -RT_WHY_LOCAL) rt_lose(c, -rc, c->err_no);
             rt_signal(c);
+            rt_wake_responder(c);
             __atomic_store_n(&c->exited, 1, __ATOMIC_RELEASE);
             return NULL;
         }
@@ -494,6 +503,7 @@ static void rt_close_graceful(rt_conn *c, int64_t linger_ns) {
     while (!__atomic_load_n(&c->exited, __ATOMIC_ACQUIRE) && rt_now() < end)
         nanosleep(&ms, NULL);
     __atomic_store_n(&c->stop, 1, __ATOMIC_SEQ_CST);
+    rt_wake_responder(c);
     shutdown(c->sock, SHUT_RDWR);
 }
 
