@@ -293,6 +293,43 @@ def test_the_device_tells_its_limits():
 
 
 
+FULL_ACCEPTOR = """
+import sys, rdmamw
+from rdmamw import testing
+from rdmamw.providers import _verbs_dev
+with rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=4096) as lst:
+    dev = _verbs_dev.device(sys.argv[1])      # the process's, which its channels take
+    testing.set_device_limit(dev, "max_qp", dev.counters()["qps"])     # room for none
+    print(lst.address, flush=True)
+    try:
+        lst.accept(timeout=30)
+    except rdmamw.Timeout:
+        pass
+"""
+
+
+def test_an_acceptor_at_a_device_limit_tells_the_opener_why():
+    """An accepting process whose device has no room for one more queue pair refuses
+    the opener with the reason (PeerRefused naming max_qp), instead of hanging up
+    with the opener's descriptor unread (a bare connection reset). In one process the
+    test below could hit either side first, and failed when the acceptor did."""
+    a, b, lst, ta, _ = _pair()
+    name = ta.dev.name
+    a.close(), b.close(), lst.close()
+    p = subprocess.Popen([sys.executable, "-c", FULL_ACCEPTOR, name], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        address = p.stdout.readline().strip()
+        if not address.startswith("verbs://"):
+            p.kill()
+            pytest.fail(f"the acceptor did not start: {p.communicate(timeout=30)[1]}")
+        with pytest.raises(rdmamw.PeerRefused, match="max_qp"):
+            rdmamw.Channel.open(address, timeout=30, slots=16, slot_size=4096)
+    finally:
+        p.kill()
+        p.communicate(timeout=30)
+
+
 @pytest.mark.parametrize("limit, counter", [("max_mr", "mrs"), ("max_qp", "qps")])
 def test_the_channel_past_a_device_limit_is_refused_naming_it(limit, counter):
     """The device counts the process's memory registrations and queue pairs

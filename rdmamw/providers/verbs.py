@@ -181,8 +181,10 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
                              mine.regions(), o["sq_depth"], rq,
                              o["inline"], bool(o["event"]), o["poll_ms"], o["timeout"],
                              stride, granted, bool(o["windows"]), o["read_chunk"])
-        except OSError as e:
-            raise ProviderUnavailable(f"verbs device {name} port {port}: {e}") from None
+        except OSError as e:        # a device limit (max_qp, max_mr) or the driver
+            why = f"verbs device {name} port {port}: {e}"
+            _refuse(conn, why)      # the peer learns why, not just a reset connection
+            raise ProviderUnavailable(why) from None
         psn = int.from_bytes(os.urandom(3), "little")
         local.update(v=DESCRIPTOR_VERSION, psn=psn, regions=[list(r) for r in mine.regions()],
                      event=bool(o["event"]))
