@@ -132,6 +132,9 @@ cdef int64_t SOCK_CHECK_NS = 1000000
 # receiving CPU's backlog drops some, and its READ retry can then stall the QP for good
 # (docs/design.md "Long READs on soft-RoCE"): at most this much per READ work request
 cdef uint32_t READ_CHUNK_SOFT_ROCE = 512 * 1024
+# ... and every this many pieces one is signaled (internally), so a READ longer than
+# the send queue holds frees its slots as it goes, not only at the end of each part
+cdef uint32_t PIECES_PER_SIGNAL = 16
 
 
 _WC_OPCODES = {0: "RDMA_WRITE", 1: "RDMA_WRITE", 2: "RDMA_READ", 3: "RDMA_READ",
@@ -549,7 +552,9 @@ cdef class VerbsTransport(Transport):
         """Poll until the send queue has room for count WRs; bounded (caller holds lock)."""
         cdef int64_t t, start = 0, next_sock = 0
         while self.sq_depth - (self.sq_posted - self.sq_done) < count:
-            if self._poll_send_locked() == 0:
+            if self._poll_send_locked() > 0:
+                start = 0       # progress: "stuck" counts from the last completion
+            else:
                 # our receive WRs are reposted as they are polled: a peer as blocked
                 # as we are still gets its wake-up SENDs received (no RNR standstill)
                 self._drain_recv()
@@ -796,8 +801,9 @@ cdef bint _wr_in_bounds(VerbsTransport tp, rm_wr *wr) noexcept nogil:
 
 cdef uint32_t _fill_piece(VerbsTransport tp, uint32_t j, rm_wr *wr, uint32_t *off) noexcept nogil:
     """Fill send WR j from ``wr``, or from its next piece of at most tp.read_chunk bytes
-    at ``*off`` if it is a longer READ (only the last piece keeps its signal); 1 when
-    ``wr`` is done, 0 while pieces of it remain."""
+    at ``*off`` if it is a longer READ (the last piece keeps its signal, every
+    PIECES_PER_SIGNAL-th gets an internal one); 1 when ``wr`` is done, 0 while pieces
+    of it remain."""
     cdef rm_wr piece
     if wr.opcode != RM_WR_READ or tp.read_chunk == 0 or wr.length <= tp.read_chunk:
         tp._fill(j, wr)
@@ -809,7 +815,11 @@ cdef uint32_t _fill_piece(VerbsTransport tp, uint32_t j, rm_wr *wr, uint32_t *of
     off[0] += piece.length
     tp._fill(j, &piece)
     if off[0] < wr.length:
-        tp.swr[j].send_flags &= ~IBV_SEND_SIGNALED
+        if (off[0] // tp.read_chunk) % PIECES_PER_SIGNAL:
+            tp.swr[j].send_flags &= ~IBV_SEND_SIGNALED
+        else:
+            tp.swr[j].send_flags |= IBV_SEND_SIGNALED
+            tp.swr[j].wr_id |= INTERNAL
         return 0
     off[0] = 0
     return 1
