@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import random
+import sys
 import threading
 import time
 
@@ -216,8 +218,15 @@ def test_concurrent_senders_each_keep_order(pair):
         t.start()
     # 60 s: in ack mode on verbs in the VM (TCG) with CI's host half on the same 2
     # cores, one gap of 5 s without a message was seen (2026-12-05); ordering is what
-    # is tested here, and a sender that hung would still fail it
-    got = recv_all(b, 2 * n, timeout=60.0)
+    # is tested here, and a sender that hung would still fail it. It did once in
+    # batched mode on verbs (60 s without a message, CI 2026-12-05; 771 runs in a quiet
+    # VM never hung): on a timeout, print what both ends and every thread were doing
+    try:
+        got = recv_all(b, 2 * n, timeout=60.0)
+    except rdmamw.Timeout:
+        print("sender", a.stats(), "\nreceiver", b.stats(), file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        raise
     for t in ts:
         t.join()
     for tag in (b"A", b"B"):
