@@ -4,9 +4,10 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml
+SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml \
+	tests/support/_hooks.pyx tests/support/build_hooks.py
 
-.PHONY: demo test test-slow test-torch soak vm-deps bench bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
+.PHONY: demo test test-fast test-slow test-torch soak vm-deps bench bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
 	bench-verbs fuzz-tcp mutate mutate-c lint build clean
 
 $(VPY):
@@ -16,6 +17,8 @@ $(VPY):
 $(STAMP): $(VPY) $(SOURCES)
 	$(VPY) -m pip install --quiet "Cython>=3.0.10,<3.4" "setuptools>=68" wheel
 	$(VPY) -m pip install --quiet --no-build-isolation -e ".[test,dev,examples]"
+	# the test-only hooks: built in place in tests/support, never part of the package
+	$(VPY) tests/support/build_hooks.py -q
 	touch $(STAMP)
 
 build: $(STAMP)
@@ -34,12 +37,18 @@ test: vm-deps $(STAMP)
 	$(VPY) -m ruff check .
 	SOAK_SECONDS=$(SOAK_SECONDS) bash scripts/test-all.sh $(VPY)
 
-# the randomized soak (bench/soak.py, docs/benchmarks.md): 60 s per provider in `make
+# the fast lane (CI runs it before `make test`): the unit tests and the channel suite on
+# shm alone (tests/unit, tests/channel), a couple of minutes; docs/testing.md
+test-fast: $(STAMP)
+	RDMAMW_TEST_PROVIDERS=shm $(VPY) -m pytest -q -p no:cacheprovider --durations=5 \
+		tests/unit tests/channel
+
+# the randomized soak (tests/soak/soak.py, docs/benchmarks.md): 60 s per provider in `make
 # test` (verbs inside the VM); `make soak SOAK_SECONDS=1800 SOAK_PROVIDER=tcp` for a long run
 SOAK_SECONDS ?= 60
 SOAK_PROVIDER ?= shm
 soak: $(STAMP)
-	$(VPY) bench/soak.py --provider $(SOAK_PROVIDER) --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
+	$(VPY) tests/soak/soak.py --provider $(SOAK_PROVIDER) --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
 
 vm-deps:
 	@if [ "$${RDMAMW_VM:-1}" != 0 ]; then bash scripts/rxe-vm.sh --deps; fi
@@ -52,14 +61,14 @@ bench: $(STAMP)
 	bash bench/setup.sh $(VPY)
 	$(VPY) bench/run.py
 
-# torch's own distributed test suite (DistributedTest, tests/torch_suite.py) at world
+# torch's own distributed test suite (DistributedTest, tests/support/torch_suite.py) at world
 # sizes 2 and 3: gloo's run, then rdmamw's, both counts side by side; fails on a test
 # gloo passes and rdmamw does not unless docs/torch.md says why it cannot apply
 test-torch: $(STAMP)
 	bash scripts/setup_torch.sh $(VPY)
 	$(VPY) -m pip install --quiet "expecttest>=0.2"
-	$(VPY) tests/torch_suite.py --compare --world-size 2
-	$(VPY) tests/torch_suite.py --compare --world-size 3
+	$(VPY) tests/support/torch_suite.py --compare --world-size 2
+	$(VPY) tests/support/torch_suite.py --compare --world-size 3
 
 # allreduce 1 MiB / 64 MiB at 2 and 4 ranks against mpi4py, gloo and the numpy.add floor
 bench-allreduce: $(STAMP)
@@ -105,4 +114,5 @@ lint: $(STAMP)
 	$(VPY) -m ruff check .
 
 clean:
-	rm -rf build $(VENV) rdmamw/*.c rdmamw/*/*.c rdmamw/*.so rdmamw/*/*.so *.egg-info
+	rm -rf build $(VENV) rdmamw/*.c rdmamw/*/*.c rdmamw/*.so rdmamw/*/*.so *.egg-info \
+		tests/support/_hooks.c tests/support/*.so

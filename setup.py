@@ -41,11 +41,10 @@ extensions = [
     ext("rdmamw.providers._tcp", "rdmamw/providers/_tcp.pyx"),
     ext("rdmamw.memory._span", "rdmamw/memory/_span.pyx"),
     ext("rdmamw.ps._sgd", "rdmamw/ps/_sgd.pyx"),
-    ext("rdmamw.testing._hooks", "rdmamw/testing/_hooks.pyx"),
     ext("rdmamw.providers._verbs", "rdmamw/providers/_verbs.pyx"),
     ext("rdmamw.providers._verbs_dev", "rdmamw/providers/_verbs_dev.pyx"),
 ]
-for e in extensions[-3:]:   # rm_ibverbs.h: dlopen/dlvsym (in libc itself since glibc 2.34)
+for e in extensions[-2:]:   # rm_ibverbs.h: dlopen/dlvsym (in libc itself since glibc 2.34)
     e.libraries = ["dl"]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES, nthreads=0))

@@ -7,7 +7,7 @@ byte across once per direction (3x less at 4 ranks). Prints each algorithm's bes
     sudo python bench/allreduce_two_hosts.py [--length 1048576] [--reps 5] [--rate 200mbit]
 
 Needs root, iproute2 and tc. Speed comparisons live here, not in the unit tests
-(tests/test_collectives.py checks the results and the choice, not the times)."""
+(tests/integrations/test_collectives.py checks the results and the choice, not the times)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from rdmamw.collectives import policy  # noqa: E402
-from tests.helpers import reap  # noqa: E402
-from tests.netns import shape_link, two_namespaces  # noqa: E402
-from tests.test_bootstrap import clean_env  # noqa: E402
+from tests.integrations.test_bootstrap import clean_env  # noqa: E402
+from tests.support.helpers import reap  # noqa: E402
+from tests.support.netns import shape_link, two_namespaces  # noqa: E402
 
-WORKER = os.path.join(ROOT, "tests", "coll_worker.py")
+WORKER = os.path.join(ROOT, "tests", "support", "coll_worker.py")
 
 
 def main() -> None:

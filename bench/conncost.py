@@ -1,6 +1,6 @@
 """The counting half of bench/connections.py: what one process holds (read from /proc and
 from iproute2's ``rdma resource show``), and the medians over the ranks of a job. Pure
-functions of text and rows, so tests/test_connections_bench.py checks them on the host."""
+functions of text and rows, so tests/unit/test_connections_bench.py checks them on the host."""
 
 from __future__ import annotations
 

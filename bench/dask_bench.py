@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from rdmamw.testing.comm import echo
+from tests.support.dask_echo import echo
 
 SIZES = {"8B": 8, "64KiB": 64 << 10, "2MiB": 2 << 20, "64MiB": 64 << 20}
 

@@ -15,7 +15,7 @@ the calls alternating one by one with the backend's (load drifts between them); 
 call ``y = allreduce(x)`` (out of place, a pooled result) in the same alternation,
 and "torch's layer alone": ``dist.all_reduce`` through a bare group that only hands the
 numpy view to the collective (the floor under any Python backend's overhead).
-DDP: the small CNN of tests/torch_worker.py (batch 32 of 8x8 images, 1 MB buckets),
+DDP: the small CNN of tests/support/torch_worker.py (batch 32 of 8x8 images, 1 MB buckets),
 median seconds per training step (forward, backward with the bucket all_reduces,
 SGD step); and a 25 M-parameter MLP (1024 -> 4096 -> 4096 -> 1024 -> 10, batch 32,
 torch's default 25 MB buckets: 100 MB of gradients reduced per step), the model
@@ -144,7 +144,7 @@ def rank(cfg: dict) -> None:
             name, _, cpu = k.partition("/")
             out[f"{name}/{nbytes}" + ("/cpu" if cpu else "")] = v
     if cfg["ddp_steps"]:
-        sys.path.insert(0, str(ROOT / "tests"))
+        sys.path.insert(0, str(ROOT / "tests" / "support"))
         from torch_worker import Net
         torch.manual_seed(0)
         net = torch.nn.parallel.DistributedDataParallel(Net(), bucket_cap_mb=1)

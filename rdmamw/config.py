@@ -175,7 +175,7 @@ def _topology(value: str, what: str) -> str:
 K, M, G = 1 << 10, 1 << 20, 1 << 30
 #: the bounds every setting of a kind gets unless it declares its own: what the code
 #: can honour (a C poll() takes int milliseconds and a deadline must fit a time_t; a
-#: byte count must fit the size_t it is handed to); tests/test_settings_range.py sets
+#: byte count must fit the size_t it is handed to); tests/channel/test_settings_range.py sets
 #: every setting to its minimum and maximum and runs the path that uses it
 MAX_SECONDS = 1e6               # 11.6 days
 MAX_BYTES = 1 << 50             # 1 PiB

@@ -37,12 +37,12 @@ class CMutant:
 
 EXPOSE, TCP = "rdmamw/include/rm_expose.h", "rdmamw/include/rm_tcp.h"
 CORE, PHASE = "rdmamw/engine/_eager_recv.pyx", "rdmamw/bitmap/_phase.pyx"
-RNDV = "tests/test_rendezvous.py"
-HOSTILE = "tests/test_shm_hostile.py"
-ASSIST = "tests/test_shm_assist.py"
-TCPT = "tests/test_tcp.py::test_malformed_frame_drops_the_connection"
-ERRS = "tests/test_channel_errors.py"
-BITS = "tests/test_bitmap_unit.py"
+RNDV = "tests/channel/test_rendezvous.py"
+HOSTILE = "tests/providers/test_shm_hostile.py"
+ASSIST = "tests/providers/test_shm_assist.py"
+TCPT = "tests/providers/test_tcp.py::test_malformed_frame_drops_the_connection"
+ERRS = "tests/channel/test_channel_errors.py"
+BITS = "tests/unit/test_bitmap_unit.py"
 
 MUTANTS: list[CMutant] = [
     CMutant("expose-len-plus-one", EXPOSE,
@@ -62,11 +62,11 @@ MUTANTS: list[CMutant] = [
             "a read-only exposure can be written (and a write-only one read)"),
     CMutant("tcp-region-offset-past-end", TCP,
             "off <= c->len[region] &&", "off <= c->len[region] + 8 &&",
-            (TCPT, "tests/test_fuzz_tcp.py::test_fuzz_frame_decoder_near_the_edges"),
+            (TCPT, "tests/providers/test_fuzz_tcp.py::test_fuzz_frame_decoder_near_the_edges"),
             "an offset just past a region wraps the length check: any length is taken"),
     CMutant("tcp-region-length-plus-one", TCP,
             "length <= c->len[region] - off;", "length <= c->len[region] - off + 1;",
-            (TCPT, "tests/test_fuzz_tcp.py::test_fuzz_frame_decoder_near_the_edges"),
+            (TCPT, "tests/providers/test_fuzz_tcp.py::test_fuzz_frame_decoder_near_the_edges"),
             "a WRITE one byte past the end of a region lands"),
     CMutant("tcp-publish-unaligned", TCP,
             "((f->offset | f->length) & 7))", "((f->offset | f->length) & 0))",
@@ -88,7 +88,7 @@ MUTANTS: list[CMutant] = [
     CMutant("slot-used-past-slot", CORE,
             "if h.used > self.slot_size or", "if h.used > self.slot_size + 64 or",
             (f"{ERRS}::test_corrupted_header_is_protocol_error",
-             "tests/test_fuzz.py::test_fuzz_slot_decoder"),
+             "tests/channel/test_fuzz.py::test_fuzz_slot_decoder"),
             "a header claiming a few bytes more than the slot is delivered"),
     CMutant("slot-count-zero", CORE,
             "h.count == 0 or not (", "not (",
@@ -110,17 +110,17 @@ MUTANTS: list[CMutant] = [
             "if L > self.cur_used - self.cur_off - REC_HDR:",
             "if L > self.cur_used - self.cur_off:",
             (f"{ERRS}::test_record_overrun_is_protocol_error_not_a_wrong_message",
-             "tests/test_fuzz.py::test_fuzz_slot_decoder"),
+             "tests/channel/test_fuzz.py::test_fuzz_slot_decoder"),
             "a record whose bytes run REC_HDR past the used bytes"),
     CMutant("bitmap-release-span-short", PHASE,
             "        if w + 1 > self.dirty_hi:\n            self.dirty_hi = w + 1",
             "        if w + 1 > self.dirty_hi:\n            self.dirty_hi = w",
-            (f"{BITS}::test_dirty_spans", "tests/test_bitmap_properties.py"),
+            (f"{BITS}::test_dirty_spans", "tests/unit/test_bitmap_properties.py"),
             "the reclaim span written back misses the last word released"),
     CMutant("bitmap-alloc-span-short", PHASE,
             "                        self.dirty_count = d + 1",
             "                        self.dirty_count = d",
-            (f"{BITS}::test_dirty_spans", "tests/test_bitmap_properties.py"),
+            (f"{BITS}::test_dirty_spans", "tests/unit/test_bitmap_properties.py"),
             "the arrival span published misses the last word allocated"),
     CMutant("bitmap-last-word-mask", PHASE,
             "if w == self.nwords - 1:\n                free_bits &= self.last_mask\n"
@@ -136,7 +136,7 @@ def copy_with_generated(dest: Path) -> Path:
     """copy_tree plus the generated .c files (mtimes kept): only what a mutant touches
     is rebuilt."""
     copy_tree(dest)
-    for c in (ROOT / "rdmamw").rglob("*.c"):
+    for c in [*(ROOT / "rdmamw").rglob("*.c"), *(ROOT / "tests" / "support").glob("*.c")]:
         shutil.copy2(c, dest / c.relative_to(ROOT))
     return dest
 
@@ -155,7 +155,7 @@ def touch_includers(tree: Path, path: str) -> None:
     # a .pxd that names it: its own .pyx and every .pyx that cimports it (the hooks)
     modules = {".".join(f.relative_to(tree).with_suffix("").parts) for f in naming
                if f.suffix == ".pxd"}
-    for pyx in (tree / "rdmamw").rglob("*.pyx"):
+    for pyx in [*(tree / "rdmamw").rglob("*.pyx"), tree / "tests" / "support" / "_hooks.pyx"]:
         if pyx in naming or pyx.with_suffix(".pxd") in naming or any(
                 f"from {m} cimport" in pyx.read_text() for m in modules):
             pyx.touch()
@@ -164,6 +164,9 @@ def touch_includers(tree: Path, path: str) -> None:
 def build(tree: Path) -> tuple[bool, str]:
     p = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
                        cwd=tree, capture_output=True, text=True)
+    if p.returncode == 0:       # the test-only hooks cimport the providers' .pxd files
+        p = subprocess.run([sys.executable, "tests/support/build_hooks.py", "-q"],
+                           cwd=tree, capture_output=True, text=True)
     return p.returncode == 0, (p.stdout + p.stderr)[-400:]
 
 
@@ -184,7 +187,8 @@ def locate(m: CMutant) -> str:
 
 
 def sos(tree: Path) -> dict[str, float]:
-    return {str(p): p.stat().st_mtime for p in (tree / "rdmamw").rglob("*.so")}
+    return {str(p): p.stat().st_mtime for d in ("rdmamw", "tests/support")
+            for p in (tree / d).rglob("*.so")}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ mutmut 3 makes the mutants (its libcst operators: ``mutmut.mutation.file_mutatio
 create_mutations``); this driver runs them. mutmut's own runner does not fit this
 suite: it picks the tests of a mutant from the calls it recorded inside the pytest
 process, and most of the PS, collectives and bootstrap code runs in child processes
-(tests/ps_job.py, tests/coll_worker.py, launch.spawn), so those mutants come out as
+(tests/support/ps_job.py, tests/support/coll_worker.py, launch.spawn), so those mutants come out as
 "no tests" and are never run; and it forks the pytest process per mutant while the
 engine's threads are live. Here each mutant is written, alone, into a copy of the tree
 (with the built extensions), and the module's own tests (MODULE_TESTS) run in a fresh
@@ -44,36 +44,37 @@ TEST_TIMEOUT = 60
 
 #: module (relative to rdmamw/) -> the test files (or node ids) that cover it
 MODULE_TESTS: dict[str, list[str]] = {
-    "ps/consistency.py": ["tests/test_ps_consistency.py", "tests/test_ps.py"],
-    "ps/server.py": ["tests/test_ps.py"],
-    "ps/worker.py": ["tests/test_ps.py"],
-    "ps/stream.py": ["tests/test_ps.py"],
-    "ps/optim.py": ["tests/test_ps_optim.py", "tests/test_ps.py"],
-    "ps/wire.py": ["tests/test_ps.py"],
-    "ps/job.py": ["tests/test_ps.py", "tests/test_config.py::"
+    "ps/consistency.py": ["tests/unit/test_ps_consistency.py", "tests/integrations/test_ps.py"],
+    "ps/server.py": ["tests/integrations/test_ps.py"],
+    "ps/worker.py": ["tests/integrations/test_ps.py"],
+    "ps/stream.py": ["tests/integrations/test_ps.py"],
+    "ps/optim.py": ["tests/unit/test_ps_optim.py", "tests/integrations/test_ps.py"],
+    "ps/wire.py": ["tests/integrations/test_ps.py"],
+    "ps/job.py": ["tests/integrations/test_ps.py", "tests/unit/test_config.py::"
                   "test_the_parameter_server_ring_has_its_own_default_and_yields_to_the_general"],
-    "ps/metrics.py": ["tests/test_ps.py"],
+    "ps/metrics.py": ["tests/integrations/test_ps.py"],
     # the matrix at 6-8 ranks adds half a minute per run and no code path 3-5 do not take
-    "collectives/": ["tests/test_collectives.py"] + [
-        f"--deselect=tests/test_collectives.py::test_every_algorithm_dtype_and_op_matches_numpy"
+    "collectives/": ["tests/integrations/test_collectives.py"] + [
+        f"--deselect=tests/integrations/test_collectives.py::test_every_algorithm_dtype_and_op_matches_numpy"
         f"[{p}]" for p in ("5-None", "6-None", "6-a,b,a,c,b,c", "7-None", "8-None",
                            "8-a,b,c,a,b,c,d,a")],
-    "sched/": ["tests/test_sched.py"],
-    "bitmap/model.py": ["tests/test_bitmap_unit.py", "tests/test_bitmap_properties.py"],
-    "auth.py": ["tests/test_fuzz_tcp.py", "tests/test_channel_errors.py",
-                "tests/test_tcp.py::test_token_file_is_private",
-                "tests/test_tcp.py::test_token_file_defaults_to_the_home_config",
-                "tests/test_tcp.py::test_the_token_file_is_made_in_a_config_directory_that_exists",
-                "tests/test_tcp.py::test_an_empty_token_file_is_a_config_error_that_says_so"],
-    "bootstrap/": ["tests/test_bootstrap.py"],
+    "sched/": ["tests/unit/test_sched.py"],
+    "bitmap/model.py": ["tests/unit/test_bitmap_unit.py", "tests/unit/test_bitmap_properties.py"],
+    "auth.py": ["tests/providers/test_fuzz_tcp.py", "tests/channel/test_channel_errors.py",
+                "tests/providers/test_tcp.py::test_token_file_is_private",
+                "tests/providers/test_tcp.py::test_token_file_defaults_to_the_home_config",
+                "tests/providers/test_tcp.py::test_the_token_file_is_made_in_a_config_directory_that_exists",
+                "tests/providers/test_tcp.py::test_an_empty_token_file_is_a_config_error_that_says_so"],
+    "bootstrap/": ["tests/integrations/test_bootstrap.py"],
 }
 
 #: slower tests that cover the module too: run only for a mutant the fast ones missed
 SECOND_TESTS: dict[str, list[str]] = {
-    **{f"ps/{m}.py": ["tests/test_dsana.py"] for m in ("server", "worker", "stream", "wire",
-                                                       "job", "metrics")},
-    "sched/": ["tests/test_dsana.py"],
-    "collectives/": ["tests/test_collectives.py::test_every_algorithm_dtype_and_op_matches_numpy"],
+    **{f"ps/{m}.py": ["tests/integrations/test_dsana.py"]
+       for m in ("server", "worker", "stream", "wire", "job", "metrics")},
+    "sched/": ["tests/integrations/test_dsana.py"],
+    "collectives/": ["tests/integrations/test_collectives.py::"
+                     "test_every_algorithm_dtype_and_op_matches_numpy"],
 }
 
 #: the order and the seconds per module of `make mutate` on a 2-core machine: the
@@ -147,7 +148,8 @@ def copy_tree(dest: Path) -> Path:
     """The tracked files plus the built extensions, without bytecode caches."""
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True,
                            capture_output=True).stdout.decode().split("\0")
-    files += [str(p.relative_to(ROOT)) for p in (ROOT / "rdmamw").rglob("*.so")]
+    files += [str(p.relative_to(ROOT)) for d in ("rdmamw", "tests/support")
+              for p in (ROOT / d).rglob("*.so")]
     for f in filter(None, files):
         src = ROOT / f
         if not src.is_file():

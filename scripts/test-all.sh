@@ -20,10 +20,10 @@ echo "[test] device half started in the background (log printed at its end)"
 "$VPY" -m pytest -q -p no:cacheprovider --durations=15
 host=$?
 soak=0
-"$VPY" bench/soak.py --provider shm --seconds "$SOAK_SECONDS" || soak=$?
-"$VPY" bench/soak.py --provider tcp --seconds "$SOAK_SECONDS" || soak=$?
+"$VPY" tests/soak/soak.py --provider shm --seconds "$SOAK_SECONDS" || soak=$?
+"$VPY" tests/soak/soak.py --provider tcp --seconds "$SOAK_SECONDS" || soak=$?
 # hostile clients against the listeners, the store and the parameter server (~20 s)
-"$VPY" bench/hostile_soak.py --seconds "${HOSTILE_SOAK_SECONDS:-10}" || soak=$?
+"$VPY" tests/soak/hostile_soak.py --seconds "${HOSTILE_SOAK_SECONDS:-10}" || soak=$?
 echo "[test] host half done ($(( $(date +%s) - t0 )) s): pytest $host, soaks $soak; waiting for the device half"
 wait "$devpid"
 dev=$?

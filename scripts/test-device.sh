@@ -16,6 +16,10 @@ bash scripts/rxe-vm.sh --deps
 if ! "$VPY" -c "import rdmamw.providers._verbs" 2>/dev/null; then
   "$VPY" setup.py -q build_ext --inplace >/dev/null
 fi
+# the test-only hooks (not in the package): built in place in tests/support
+if ! "$VPY" -c "import tests.support._hooks" 2>/dev/null; then
+  "$VPY" tests/support/build_hooks.py -q >/dev/null
+fi
 bash scripts/pyverbs-link.sh "$VPY"
 t0=$(date +%s)
 # the guest writes its results here (the current directory is shared with the VM)
@@ -27,7 +31,7 @@ DIGITS=$(mktemp -p . .device-digits.XXXXXX.npz); trap 'rm -f "$JUNIT" "$DIGITS"'
 # the VM's bound: the device tests take about 1,400 s under TCG now, and the soak comes
 # after them inside the same VM
 export RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-2700}
-# the device tests, then the soak on verbs (bench/soak.py; smaller messages: TCG is slow).
+# the device tests, then the soak on verbs (tests/soak/soak.py; smaller messages: TCG is slow).
 # A killed peer must be seen lost within 6 s here, not the 2 s of the host soaks: under
 # TCG, with the host half of the CI on the same 2 cores, the kernel's teardown of the
 # killed process (its QPs, MRs and pinned pages go before its socket closes) and our
@@ -35,7 +39,7 @@ export RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-2700}
 # the 10 s after which a sender calls a silent peer stuck, so a death seen only that way
 # (or never) fails.
 scripts/rxe-vm.sh "DEVICE_TEST_DIGITS=$DIGITS RDMAMW_TEST_PROVIDERS=verbs $VPY -m pytest -q -p no:cacheprovider -m '${RDMAMW_DEVICE_MARK:-device and not slow}' -rs --junitxml=$JUNIT ${RDMAMW_DEVICE_PYTEST_ARGS:-} \
-  && $VPY bench/soak.py --provider verbs --seconds ${SOAK_SECONDS:-60} --peers 2 --threads 1 --max-size 262144 --lost-within 6"
+  && $VPY tests/soak/soak.py --provider verbs --seconds ${SOAK_SECONDS:-60} --peers 2 --threads 1 --max-size 262144 --lost-within 6"
 # all skipped is not passed: some device test must have run and passed
 passed=$("$VPY" scripts/junit_passed.py --slowest 15 "$JUNIT")
 if [ "$passed" -lt 1 ]; then

@@ -1,5 +1,5 @@
-"""Fixtures (the helpers the test modules import are in tests/helpers.py), the suite's
-own settings (tests/isolation.py) and, inside the soft-RoCE VM, the rule that the
+"""Fixtures (the helpers the test modules import are in tests/support/helpers.py), the suite's
+own settings (tests/support/isolation.py) and, inside the soft-RoCE VM, the rule that the
 device half really ran."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import shutil
 
-from tests.isolation import isolate
+from tests.support.isolation import isolate
 
 SUITE_HOME = isolate()      # before rdmamw is imported: no user config, no RDMAMW_* tuning
 
 import pytest  # noqa: E402
 
-from tests.helpers import (  # noqa: E402
+from tests.support.helpers import (  # noqa: E402
     CMA_PATHS,
     VERBS_OK,
     VERBS_WHY,

@@ -1,7 +1,7 @@
 """The batch engine, split by who owns the state (docs/architecture.md, "The engine").
 
 Each unit is a small Cython class holding its own fields, and the only one writing
-them (tests/test_engine_owners.py); :class:`Engine` (``_engine.pyx``) only
+them (tests/unit/test_engine_owners.py); :class:`Engine` (``_engine.pyx``) only
 orchestrates them: locks, ``send_batch`` / ``recv_batch`` and ``close``.
 
 ``_frames.pxd``    slot header, record and descriptor formats, control-word indices

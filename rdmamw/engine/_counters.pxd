@@ -1,5 +1,5 @@
 # Everything one endpoint counts, in one struct owned by its Link; each unit adds to
-# its own fields (tests/test_engine_owners.py: one writer each). Link.stats()
+# its own fields (tests/unit/test_engine_owners.py: one writer each). Link.stats()
 # (rdmamw/engine/_link.pyx) names them; the names are API.
 from libc.stdint cimport uint64_t
 

@@ -1,0 +1,225 @@
+"""The torch.distributed backend "rdmamw" (rdmamw/torch): every operation and dtype
+against torch's own reduction of all ranks' inputs (tests/support/torch_worker.py), the init
+methods, new groups, and the faults of issue 16: mismatched calls, unsupported dtypes
+and ops, a rank killed mid-all_reduce, a wrong world size or a missing rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rdmamw.bootstrap.launch import free_port, job_env
+from tests.integrations.test_collectives import ROOT, job
+from tests.support.helpers import reap
+
+torch = pytest.importorskip("torch")
+WORKER = os.path.join(ROOT, "tests", "support", "torch_worker.py")
+
+
+def tjob(n: int, scenario: str, cfg: dict | None = None, **kw) -> list[dict]:
+    return job(n, scenario, cfg, worker=WORKER, **kw)
+
+
+def raw(procs: list[subprocess.Popen], timeout: float = 90) -> list[tuple[int, list, str]]:
+    """(exit code, its JSON lines, stderr) of each process."""
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        reap(procs)
+    res = []
+    for p, (out, err) in zip(procs, outs, strict=True):
+        res.append((p.returncode, [json.loads(x) for x in out.splitlines()
+                                   if x.startswith("{")], err))
+    return res
+
+
+def popen(cmd: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_operation_and_dtype_matches_torch(n):
+    lengths = [0, 1, 5, 3000] if n <= 3 else [0, 1, 5]
+    res = tjob(n, "ops", {"lengths": lengths}, timeout=240)
+    # per length: 2 checks per reduce op (all_reduce, reduce) + 13 other operations;
+    # 4 float dtypes x 5 ops, 6 integer / bool dtypes x 7 ops
+    per_length = 4 * (2 * 5 + 13) + 6 * (2 * 7 + 13)
+    assert [r["checks"] for r in res] == [per_length * len(lengths)] * n
+
+
+def test_new_groups():
+    res = tjob(3, "groups")
+    assert [r["groups"] for r in res] == [{"a": 2}, {"b": 2}, {"a": 2, "b": 2}]
+
+
+@pytest.mark.parametrize("how", ["launcher", "tcp", "file", "torchrun"])
+def test_every_init_method(how, tmp_path):
+    """env:// under rdmamw's launcher and under torchrun (its agent's store), tcp://
+    and file:// with explicit ranks: the backend meets through torch's store only."""
+    py = sys.executable
+    env = {k: v for k, v in os.environ.items()}
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    if how == "launcher":
+        procs = [popen([py, "-m", "rdmamw.bootstrap.launch", "-n", "2", "--", py, WORKER,
+                        "hello"], env)]
+    elif how == "torchrun":
+        procs = [popen([py, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-port", str(free_port()), WORKER, "hello"], env)]
+    else:
+        method = (f"tcp://127.0.0.1:{free_port()}" if how == "tcp"
+                  else f"file://{tmp_path / 'store'}")
+        cfg = json.dumps({"init_method": method})
+        procs = [popen([py, WORKER, "hello", cfg],
+                       {**job_env(r, 2, "127.0.0.1", 1, "t" * 64), "PYTHONPATH": env["PYTHONPATH"]})
+                 for r in range(2)]
+    res = raw(procs)
+    assert all(code == 0 for code, _, _ in res), [err[-2000:] for _, _, err in res]
+    lines = [r for _, rs, _ in res for r in rs]      # a launcher prints both ranks' lines
+    assert sorted(r["rank"] for r in lines) == [0, 1]
+    assert all(r["backend"] == "rdmamw" and r["size"] == 2 for r in lines), lines
+
+
+def test_recv_from_any_source_takes_each_message_once_and_respects_the_tag():
+    """Two ranks send 20 messages each to rank 0 at once; rank 0 receives 40 times from
+    any source: every message once, with its true sender, each sender's in order; a
+    receive of tag 9 leaves rank 1's earlier tag-7 message for the receive of tag 7."""
+    res = tjob(3, "anysource", {"k": 20})
+    got = res[0]["got"]
+    assert all(src == sender for src, sender, _ in got), got        # the source is right
+    for r in (1, 2):
+        assert [i for src, _, i in got if src == r] == list(range(20)), got
+    assert res[0]["tags"] == {"9": [2, 9.0], "7": [1, 7.0]}, res[0]
+
+
+def test_a_subgroup_whose_members_disagree_fails_on_every_member():
+    res = tjob(3, "disagree")
+    for r in res:
+        assert r["error"] and r["error"].startswith("ConfigError: new_group"), r
+        assert "[0, 1]" in r["error"] and "[0, 1, 2]" in r["error"], r
+        assert r["seconds"] < 10, r
+
+
+def test_monitored_barrier_names_a_rank_that_died_within_the_timeout():
+    res = tjob(3, "monitored", {"victim": 1, "timeout": 2}, expect_dead=(1,))
+    assert len(res) == 2
+    for r in res:
+        assert r["error"] and r["error"].startswith("Timeout"), r
+        assert "ranks [1] failed to pass monitoredBarrier" in r["error"], r
+        assert r["seconds"] < 2 + 2, r
+
+
+@pytest.mark.parametrize("kind, words", [("shape", "float32[101]"), ("dtype", "float64[100]"),
+                                         ("op", "op=max")])
+def test_mismatched_calls_raise_on_every_rank(kind, words):
+    res = tjob(3, "mismatch", {"kind": kind})
+    errors = {r["error"] for r in res}
+    assert len(errors) == 1 and None not in errors, errors    # every rank, one message
+    msg = errors.pop()
+    assert msg.startswith("CollectiveMismatch") and words in msg and "rank 1" in msg, msg
+    assert [r["after"] for r in res] == [3, 3, 3]
+
+
+def test_unsupported_dtype_op_and_device_fail_before_sending():
+    res = tjob(2, "unsupported")
+    for r in res:
+        e = r["errors"]
+        assert e[0].startswith("UnsupportedTensor") and "uint64" in e[0], e
+        assert e[1].startswith("UnsupportedOp") and "AVG" in e[1], e
+        assert e[2].startswith("UnsupportedOp: ReduceOp.BXOR needs an integer"), e
+        assert e[3].startswith("UnsupportedTensor") and "CPU tensors only" in e[3], e
+        assert e[4].startswith("UnsupportedTensor") and "uint32" in e[4], e
+
+
+def test_rank_killed_during_all_reduce():
+    res = tjob(3, "die", {"victim": 1}, expect_dead=(1,))
+    assert len(res) == 2
+    for r in res:
+        assert r["error"] and r["error"].startswith("PeerLost"), r
+        assert r["seconds"] < 2.0, r
+
+
+def test_world_size_other_than_the_launchers():
+    """Launched as 2 ranks, asked for 3: rank 1 refuses at once (our check); rank 0,
+    whose TCPStore waits for 3 clients, gets torch's store timeout."""
+    res = tjob(2, "size", {"world_size": 3, "timeout": 4})
+    assert "ConfigError" in res[1]["error"] and "started 2 ranks" in res[1]["error"], res
+    assert res[1]["seconds"] < 2
+    assert res[0]["error"] and res[0]["seconds"] < 4 + 5, res
+
+
+def test_a_missing_rank_times_out_naming_it(tmp_path):
+    """A world of 3 with rank 2 never started (file:// store: torch itself does not
+    wait for the ranks): both ranks raise our Timeout naming rank 2 within the
+    group's timeout."""
+    cfg = json.dumps({"init_method": f"file://{tmp_path / 'store'}", "timeout": 3})
+    env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    procs = [popen([sys.executable, WORKER, "size", cfg],
+                   {**job_env(r, 3, "127.0.0.1", 1, "t" * 64), **env}) for r in range(2)]
+    res = raw(procs)
+    for code, (r,), err in res:
+        assert code == 0, err[-2000:]
+        assert "Timeout" in r["error"] and "ranks [2] of 3" in r["error"], r
+        assert r["seconds"] < 3 + 3, r
+
+
+@pytest.mark.parametrize("n", [pytest.param(2, marks=pytest.mark.slow), 3])
+def test_ddp_trains_like_gloo(n, tmp_path):
+    """DistributedDataParallel from one seed (ranks start with different parameters,
+    so DDP's initial broadcast matters; 1 MB buckets, so several all_reduces overlap
+    backward): the final parameters on rdmamw equal gloo's."""
+    final = {}
+    for backend in ("gloo", "rdmamw"):
+        out = tmp_path / f"{backend}.pt"
+        tjob(n, "ddp", {"backend": backend, "steps": 15, "out": str(out)})
+        final[backend] = torch.load(out)
+    assert len(final["gloo"]) == len(final["rdmamw"]) == 6
+    for a, b in zip(final["gloo"], final["rdmamw"], strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), (a - b).abs().max()
+
+
+# ---- in-process: meeting through a store -------------------------------------------
+
+
+def test_store_join_names_missing_ranks_and_refuses_bad_descriptors():
+    """bootstrap.kvstore.join on a torch HashStore: a rank that never publishes makes
+    the join time out naming it; a descriptor that is not one is a ProtocolError."""
+    import msgpack
+
+    from rdmamw.bootstrap import kvstore
+    from rdmamw.errors import ProtocolError, Timeout
+    kv = torch.distributed.HashStore()
+    with pytest.raises(Timeout, match=r"ranks \[1\] of 2 never published"):
+        kvstore.join(kv, 0, 2, 0.3, "127.0.0.1", "t1")
+    kv.set("t2/desc/1", msgpack.packb({"tcp": "http://evil", "host": "h"}))
+    with pytest.raises(ProtocolError, match="rank 1's descriptor"):
+        kvstore.join(kv, 0, 2, 5.0, "127.0.0.1", "t2")
+    kv.set("t3/desc/1", b"\xc1 not msgpack")
+    with pytest.raises(ProtocolError, match="rank 1's descriptor"):
+        kvstore.join(kv, 0, 2, 5.0, "127.0.0.1", "t3")
+    w = kvstore.join(kv, 0, 1, 5.0, "127.0.0.1", "t4")     # a world of one meets itself
+    assert w.world_size == 1 and w.peers[0]["rank"] == 0 and w.job
+    w.close()
+
+
+def test_register_is_idempotent_and_exported(monkeypatch):
+    """rdmamw.torch.register() (what Ray Train and other launchers call in each worker)
+    returns the backend's name, any number of times: after the import registered it,
+    a call changes nothing (the same registration object stays); where torch has no
+    "rdmamw" (a worker whose torch state was reset), it registers it."""
+    import torch.distributed as dist
+
+    import rdmamw.torch
+    assert "register" in rdmamw.torch.__all__
+    before = dist.Backend._plugins["RDMAMW"]
+    assert rdmamw.torch.register() == rdmamw.torch.register() == "rdmamw"
+    assert dist.Backend._plugins["RDMAMW"] is before
+    monkeypatch.setattr(dist.Backend, "_plugins", {})
+    assert rdmamw.torch.register() == "rdmamw"
+    assert dist.Backend._plugins["RDMAMW"].creator_fn is rdmamw.torch.create
+    assert dist.Backend("rdmamw") == "rdmamw"
+    assert dist.Backend.backend_capability["rdmamw"] == ["cpu"]
