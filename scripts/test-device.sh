@@ -18,7 +18,7 @@ if ! "$VPY" -c "import rdmamw.providers._verbs" 2>/dev/null; then
 fi
 # the test-only hooks (not in the package): built in place in tests/support
 if ! "$VPY" -c "import tests.support._hooks" 2>/dev/null; then
-  "$VPY" tests/support/build_hooks.py -q >/dev/null
+  "$VPY" tests/support/build_hooks.py >/dev/null
 fi
 bash scripts/pyverbs-link.sh "$VPY"
 t0=$(date +%s)

@@ -6,7 +6,8 @@ no module that can put a queue pair in error (tests/unit/test_hooks_not_in_wheel
 The extension is built with setup.py's own compiler flags, include directories and
 Cython directives (its ``ext()`` and ``DIRECTIVES``, read from setup.py, not copied),
 and cimports the package's ``.pxd`` files from this tree. The generated ``_hooks.c``
-and the ``.so`` beside it are build products (.gitignore)."""
+and the ``.so`` beside it are build products (.gitignore); the objects go to
+build/test-hooks/, not to the build/lib.* that a wheel of the package is made from."""
 
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ def main() -> None:
     from setuptools import setup
     hooks = ns["ext"](NAME, SOURCE)
     hooks.libraries = ["dl"]        # rm_ibverbs.h: dlopen/dlvsym, as the verbs extensions
-    setup(name="rdmamw-test-hooks", script_args=["build_ext", "--inplace", *sys.argv[1:]],
+    # a build directory of its own: setup.py's (build/lib.*) is what bdist_wheel packs
+    args = ["-q", "build_ext", "--inplace", "--build-lib", "build/test-hooks/lib",
+            "--build-temp", "build/test-hooks/temp", *sys.argv[1:]]
+    setup(name="rdmamw-test-hooks", script_args=args,
           ext_modules=cythonize([hooks], compiler_directives=ns["DIRECTIVES"],
                                 include_path=[str(ROOT)], quiet=True))
 
