@@ -29,7 +29,9 @@ import time
 
 import numpy as np
 
-from tests.support.dask_echo import echo
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.support.dask_echo import echo  # noqa: E402 - test-only, not in the package
 
 SIZES = {"8B": 8, "64KiB": 64 << 10, "2MiB": 2 << 20, "64MiB": 64 << 20}
 

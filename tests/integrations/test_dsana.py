@@ -51,7 +51,7 @@ def test_dsana_moves_work_off_the_straggler_and_still_makes_plain_bsp_steps():
     assert [w["plan"][0][1] for w in workers] == [20] * 3
     last = [w["plan"][-1][1] for w in workers]
     # 120 vs 20 ms per sample: the plan the scheduler makes from those timings alone
-    from test_sched import simulate
+    from tests.unit.test_sched import simulate
     _, log = simulate(lambda r, w: 1e-3 * (20 + (100 if w == 0 else 0)), 30, batch=60,
                       workers=[0, 1, 2])
     assert last == [log[-1][0][w][1] for w in range(3)] == [4, 28, 28]

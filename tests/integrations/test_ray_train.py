@@ -43,7 +43,7 @@ def _loop(config: dict) -> None:
 @pytest.mark.slow
 def test_torch_trainer_on_rdmamw(tmp_path):
     # the workers import rdmamw from this tree, and this module (the loop) by name
-    path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "tests"),
+    path = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "tests" / "integrations"),
                                        os.environ.get("PYTHONPATH")) if p)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path},

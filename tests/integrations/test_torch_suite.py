@@ -64,7 +64,7 @@ def test_torch_distributed_tests_pass_on_rdmamw(extra, names, tmp_path):
 def test_the_tests_that_cannot_apply_are_documented():
     """Every test of tests/support/torch_suite.py's NOT_APPLICABLE is named in docs/torch.md
     (as ``_DistTestBase.test_...``: torch's, not a test of tests/)."""
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
     try:
         from torch_suite import NOT_APPLICABLE
     finally:

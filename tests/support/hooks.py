@@ -1,7 +1,9 @@
 """Test-only hooks, kept out of the public classes (as ucxx keeps its in a separate
-extension): the suite and the fuzzers use them to reach a channel's memory the way a
-peer process can. The package itself never imports this package (tests/unit/test_layers.py
-checks); nothing here is part of the public API."""
+extension) and out of the package (tests/support/_hooks.pyx, built in place by
+tests/support/build_hooks.py): the suite and the fuzzers use them to reach a channel's
+memory the way a peer process can. The package never imports them
+(tests/unit/test_layers.py checks) and its wheel has none
+(tests/unit/test_hooks_not_in_wheel.py)."""
 
 from __future__ import annotations
 
