@@ -14,10 +14,10 @@ $(VPY):
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install --quiet --upgrade pip
 
+# then the test-only hooks, built in place in tests/support: never part of the package
 $(STAMP): $(VPY) $(SOURCES)
 	$(VPY) -m pip install --quiet "Cython>=3.0.10,<3.4" "setuptools>=68" wheel
 	$(VPY) -m pip install --quiet --no-build-isolation -e ".[test,dev,examples]"
-	# the test-only hooks: built in place in tests/support, never part of the package
 	$(VPY) tests/support/build_hooks.py
 	touch $(STAMP)
 
