@@ -35,7 +35,7 @@ class CMutant:
     why: str
 
 
-EXPOSE, TCP = "rdmamw/include/rm_expose.h", "rdmamw/include/rm_tcp.h"
+EXPOSE, TCP = "rdmamw/include/rm_expose.h", "rdmamw/providers/tcp/rm_tcp.h"
 CORE, PHASE = "rdmamw/engine/_eager_recv.pyx", "rdmamw/bitmap/_phase.pyx"
 RNDV = "tests/test_rendezvous.py"
 HOSTILE = "tests/test_shm_hostile.py"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import rdmamw
 from rdmamw import testing as hooks
-from rdmamw.providers import shm
+from rdmamw.providers.shm import provider as shm
 from rdmamw.transport import wire as _wire
 from tests.helpers import make_pair
 

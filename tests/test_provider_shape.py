@@ -168,7 +168,7 @@ ABOVE = [*sorted((ROOT / "rdmamw" / "bootstrap").glob("*.py")), ROOT / "rdmamw" 
 
 #: what the layers above may import from rdmamw.providers: the registry, the protocol
 #: and the listener loop every server shares (the bootstrap store's too)
-GENERIC = {"rdmamw.providers.base", "rdmamw.providers._listener",
+GENERIC = {"rdmamw.providers.base", "rdmamw.listener",
            *(f"rdmamw.providers.{x}" for x in registry.__all__)}
 
 
@@ -209,7 +209,7 @@ def test_the_check_sees_a_provider_named(tmp_path):
     p = tmp_path / "planted.py"
     p.write_text('"""shm is fine in a docstring."""\nfrom rdmamw.providers import verbs_rank\n'
                  'def f(s):\n    return s == "tcp" or f"shm://{s}"\n')
-    assert _provider_names(p) == ["planted.py:2 imports rdmamw.providers.verbs_rank",
+    assert _provider_names(p) == ["planted.py:2 imports rdmamw.providers.verbs.rank",
                                   "planted.py:4 names 'tcp'", "planted.py:4 names 'shm://'"]
 
 

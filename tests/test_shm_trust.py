@@ -18,7 +18,7 @@ import pytest
 
 from rdmamw import testing as hooks
 from rdmamw.errors import ConfigError, ProtocolError, Timeout
-from rdmamw.providers import shm
+from rdmamw.providers.shm import provider as shm
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
 from tests.helpers import unique_name

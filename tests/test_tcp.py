@@ -17,7 +17,7 @@ import rdmamw
 from rdmamw import auth
 from rdmamw import testing as hooks
 from rdmamw.errors import ConfigError
-from rdmamw.providers import tcp
+from rdmamw.providers.tcp import provider as tcp
 from tests.tcp_util import HEARTBEAT, PUBLISH, READ_REQ, READ_RESP, WRITE, frame, raw_peer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -5,9 +5,9 @@ TypeError naming what it takes, never a crash; no device needed."""
 from __future__ import annotations
 
 import pytest
-from rdmamw.providers._shm import ShmTransport
-from rdmamw.providers._tcp import TcpTransport
-from rdmamw.providers._verbs import VerbsTransport
+from rdmamw.providers.shm._transport import ShmTransport
+from rdmamw.providers.tcp._transport import TcpTransport
+from rdmamw.providers.verbs._transport import VerbsTransport
 from rdmamw.transport._base import Transport
 
 from rdmamw import testing as hooks

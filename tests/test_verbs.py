@@ -23,7 +23,7 @@ import rdmamw
 from rdmamw import auth, cli
 from rdmamw import testing as hooks
 from rdmamw.channel.channel import Channel, _make
-from rdmamw.providers import verbs
+from rdmamw.providers.verbs import provider as verbs
 from rdmamw.transport import layout
 from rdmamw.transport import wire as _wire
 from tests.helpers import NO_DEVICE, VERBS_OK, make_pair, send_until_peer_lost
@@ -47,8 +47,8 @@ def test_unavailable_says_why(capsys):
 
 
 def test_without_the_extension_verbs_says_why_and_the_rest_works(monkeypatch):
-    from rdmamw.providers import verbs_device
-    monkeypatch.setitem(sys.modules, "rdmamw.providers._verbs", None)
+    from rdmamw.providers.verbs import probe as verbs_device
+    monkeypatch.setitem(sys.modules, "rdmamw.providers.verbs._transport", None)
     monkeypatch.delattr(rdmamw.providers, "_verbs", raising=False)
     verbs_device._module.cache_clear()
     try:

@@ -1,5 +1,5 @@
 """libibverbs is loaded at run time: the verbs extension is always built from the
-project's declarations (rdmamw/include/rm_ibverbs.h), does not link libibverbs, and
+project's declarations (rdmamw/providers/verbs/rm_ibverbs.h), does not link libibverbs, and
 dlopen()s it on first use; no library or a missing symbol is a ProviderUnavailable
 naming it. Where <infiniband/verbs.h> exists, our ABI declarations are compared with
 it field by field."""
@@ -28,7 +28,7 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("module", ["rdmamw.providers._verbs", "rdmamw.providers._verbs_dev",
+@pytest.mark.parametrize("module", ["rdmamw.providers.verbs._transport", "rdmamw.providers.verbs._device",
                                     "rdmamw.testing._hooks"])
 def test_extension_does_not_link_libibverbs(module):
     """Nor do the device's extension and the test hooks, which drive a verbs endpoint
@@ -46,7 +46,7 @@ def test_extension_does_not_link_libibverbs(module):
 
 def test_loaded_on_first_use_not_at_import():
     r = _run("""
-        import os, rdmamw, rdmamw.providers._verbs as v
+        import os, rdmamw, rdmamw.providers.verbs._transport as v
         maps = lambda: "libibverbs" in open("/proc/self/maps").read()
         before = maps()
         rdmamw.listen(f"shm://load{os.getpid()}").close()
@@ -62,7 +62,7 @@ def test_no_library_is_provider_unavailable_with_the_reason():
     r = _run("""
         import rdmamw
         from rdmamw import cli
-        from rdmamw.providers import verbs_device
+        from rdmamw.providers.verbs import probe as verbs_device
         print(verbs_device.library())
         try:
             rdmamw.listen("verbs://127.0.0.1:0")
@@ -83,7 +83,7 @@ def test_the_test_hooks_work_without_libibverbs():
     the library cannot be loaded (the host suite uses the other hooks there)."""
     r = _run("""
         import rdmamw.testing as hooks
-        from rdmamw.providers._verbs import VerbsTransport
+        from rdmamw.providers.verbs._transport import VerbsTransport
         print("libibverbs" in open("/proc/self/maps").read())
         for hook in (hooks.qp_error, lambda tp: hooks.expose_churn(tp, 0, 0, 1)):
             try:
@@ -100,8 +100,8 @@ def test_load_fills_the_device_extensions_table():
     """_verbs_dev keeps its own table of libibverbs calls: load() fills it too, so a
     device is asked (and refused here: none of that name), not called through NULL."""
     r = _run("""
-        import rdmamw.providers._verbs as v
-        from rdmamw.providers._verbs_dev import VerbsDevice
+        import rdmamw.providers.verbs._transport as v
+        from rdmamw.providers.verbs._device import VerbsDevice
         try:
             v.load()
         except OSError as e:
@@ -122,7 +122,7 @@ def test_the_collectors_clear_leaves_the_transports_units():
     """The transport's __dealloc__ destroys the QP before the device's CQs and PD go:
     the garbage collector's clear (tp_clear, run on a cycle before deallocation) must
     not drop its units first (no_gc_clear), or the device closes under a live QP."""
-    from rdmamw.providers._verbs import VerbsTransport
+    from rdmamw.providers.verbs._transport import VerbsTransport
     get_slot = ctypes.pythonapi.PyType_GetSlot
     get_slot.restype, get_slot.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_int]
     tp = VerbsTransport()
@@ -185,7 +185,7 @@ def test_only_an_old_version_of_a_symbol_is_not_enough(tmp_path):
               "IBVERBS_1.0 { global: ibv_create_comp_channel; ibv_destroy_comp_channel; "
               "ibv_modify_qp; };\nIBVERBS_1.1 { global: ibv_*; local: *; } IBVERBS_1.0;\n")
     r = _run("""
-        from rdmamw.providers import verbs_device
+        from rdmamw.providers.verbs import probe as verbs_device
         print(verbs_device.library())
     """, LD_LIBRARY_PATH=str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -275,7 +275,7 @@ def test_abi_declarations_match_rdma_core(tmp_path):
 
 def test_info_names_the_library_it_loaded(capsys):
     from rdmamw import cli
-    from rdmamw.providers import verbs_device
+    from rdmamw.providers.verbs import probe as verbs_device
     loaded, path = verbs_device.library()
     if not loaded:
         pytest.skip(f"no libibverbs here: {path}")

@@ -1,7 +1,7 @@
 # cython: freethreading_compatible = False
 """Test-only hooks into the providers, kept out of their classes: drive a shm endpoint's
 assisted READ/WRITE by hand and write the peer's shared records as a (hostile) peer
-process can; feed tcp's frame decoder (rdmamw/include/rm_tcp.h) a byte stream on its own
+process can; feed tcp's frame decoder (rdmamw/providers/tcp/rm_tcp.h) a byte stream on its own
 (the fuzz target) and READ through an endpoint; churn a verbs endpoint's exposure table
 from several threads and put its queue pair in error; read a transport's region
 addresses.
@@ -16,7 +16,7 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
-from rdmamw.providers._ibverbs cimport (
+from rdmamw.providers.verbs._ibverbs cimport (
     IBV_QP_STATE,
     IBV_QPS_ERR,
     ibv_modify_qp,
@@ -25,8 +25,8 @@ from rdmamw.providers._ibverbs cimport (
     rm_ibv_load,
     rm_ibv_loaded,
 )
-from rdmamw.providers._shm cimport RM_XNONE, RM_XTAB_N, ShmTransport, rm_assist_publish
-from rdmamw.providers._tcp cimport (
+from rdmamw.providers.shm._transport cimport RM_XNONE, RM_XTAB_N, ShmTransport, rm_assist_publish
+from rdmamw.providers.tcp._transport cimport (
     RT_NREG,
     RT_UP,
     TcpTransport,
@@ -35,8 +35,8 @@ from rdmamw.providers._tcp cimport (
     rt_conn,
     rt_progress,
 )
-from rdmamw.providers._verbs cimport VerbsTransport
-from rdmamw.providers._verbs_dev cimport XMR_BUSY, VerbsDevice
+from rdmamw.providers.verbs._transport cimport VerbsTransport
+from rdmamw.providers.verbs._device cimport XMR_BUSY, VerbsDevice
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_READ,
@@ -60,8 +60,8 @@ from rdmamw.transport.atomics cimport (
     rm_store_release64,
 )
 
-from rdmamw.providers._tcp import _WHY
-from rdmamw.providers._verbs import load as _load_verbs
+from rdmamw.providers.tcp._transport import _WHY
+from rdmamw.providers.verbs._transport import load as _load_verbs
 
 
 def region_address(Transport tp not None, int region):

@@ -19,13 +19,13 @@ SYSFS = "/sys/class/infiniband"
 @functools.lru_cache(maxsize=1)
 def _module():
     """The _verbs extension with libibverbs loaded, or the reason it cannot be."""
-    name = "rdmamw.providers._verbs"
+    name = "rdmamw.providers.verbs._transport"
     try:
         mod = importlib.import_module(name)
     except ModuleNotFoundError as e:
         if e.name != name:
             raise
-        return "rdmamw was built without the verbs extension (rdmamw.providers._verbs)"
+        return "rdmamw was built without the verbs extension (rdmamw.providers.verbs._transport)"
     try:
         mod.load()
     except OSError as e:

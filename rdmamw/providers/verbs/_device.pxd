@@ -13,7 +13,7 @@
 from libc.stdint cimport uint32_t, uint64_t
 
 from rdmamw.transport._base cimport rm_mem
-from rdmamw.providers._ibverbs cimport (
+from rdmamw.providers.verbs._ibverbs cimport (
     ibv_comp_channel,
     ibv_context,
     ibv_cq,

@@ -38,7 +38,7 @@ from rdmamw.transport.atomics cimport (
     rm_spin_trylock,
     rm_spin_unlock,
 )
-from rdmamw.providers._ibverbs cimport *
+from rdmamw.providers.verbs._ibverbs cimport *
 
 cdef extern from *:
     """
@@ -229,7 +229,7 @@ cdef class VerbsDevice:
         if self.ctx != NULL:
             raise ValueError("the device is open already")
         if not rm_ibv_loaded():     # its calls would be NULL pointers
-            raise OSError(2, "libibverbs is not loaded here (rdmamw.providers._verbs.load())")
+            raise OSError(2, "libibverbs is not loaded here (rdmamw.providers.verbs._transport.load())")
         lst = ibv_get_device_list(&num)
         if lst == NULL:
             raise OSError(errno, f"ibv_get_device_list: {strerror(errno).decode()}")

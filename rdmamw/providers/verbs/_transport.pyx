@@ -68,8 +68,8 @@ from rdmamw.transport.atomics cimport (
     rm_spin_trylock,
     rm_spin_unlock,
 )
-from rdmamw.providers._ibverbs cimport *
-from rdmamw.providers._verbs_dev cimport (
+from rdmamw.providers.verbs._ibverbs cimport *
+from rdmamw.providers.verbs._device cimport (
     VerbsBlock,
     VerbsDevice,
     VerbsMemory,
@@ -84,7 +84,7 @@ from rdmamw.providers._verbs_dev cimport (
     route_free,
     route_new,
 )
-from rdmamw.providers._verbs_dev import budget_error, device
+from rdmamw.providers.verbs._device import budget_error, device
 
 cdef extern from *:
     """

@@ -13,7 +13,7 @@ peer's table, then done as one copy with ``process_vm_readv`` (CMA) from the pee
 address space; a WRITE with ``process_vm_writev``. When the connection set-up found
 CMA not permitted (ptrace rules) the exposing side copies the range into its staging
 area (a second memfd both map) and the reader copies it from there. A large CMA READ or
-WRITE is assisted (rdmamw/include/rm_assist.h): the exposing side, while idle, copies
+WRITE is assisted (rdmamw/providers/shm/rm_assist.h): the exposing side, while idle, copies
 part of it, so one message moves with two cores."""
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t

@@ -6,8 +6,8 @@
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
 from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_mem, rm_wc, rm_wr
-from rdmamw.providers._ibverbs cimport *
-from rdmamw.providers._verbs_dev cimport (
+from rdmamw.providers.verbs._ibverbs cimport *
+from rdmamw.providers.verbs._device cimport (
     RECV_BUF,
     GRANT_OFF,
     RECV_POOL,
