@@ -44,7 +44,7 @@ EXTENSIONS = {
     "rdmamw.testing._hooks": (("rdmamw/providers/shm", "rdmamw/providers/tcp", VERBS),
                               ("dl",)),
     **{f"rdmamw.providers.verbs.{unit}": ((VERBS,), ("dl",)) for unit in (
-        "_lib", "_device", "_memory", "_qp", "_transport")},
+        "_lib", "_device", "_memory", "_block", "_qp", "_transport")},
 }
 
 

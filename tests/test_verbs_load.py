@@ -28,11 +28,13 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("module", ["rdmamw.providers.verbs._transport", "rdmamw.providers.verbs._device",
-                                    "rdmamw.testing._hooks"])
+@pytest.mark.parametrize("module", [
+    *(f"rdmamw.providers.verbs.{unit}" for unit in (
+        "_lib", "_device", "_memory", "_block", "_qp", "_transport")),
+    "rdmamw.testing._hooks"])
 def test_extension_does_not_link_libibverbs(module):
-    """Nor do the device's extension and the test hooks, which drive a verbs endpoint
-    (they load the library the provider loaded, on first use)."""
+    """No extension of the provider does, nor the test hooks, which drive a verbs
+    endpoint (they load the library the provider loaded, on first use)."""
     readelf = shutil.which("readelf")
     if readelf is None:
         pytest.skip("readelf (binutils) not installed")
@@ -46,7 +48,7 @@ def test_extension_does_not_link_libibverbs(module):
 
 def test_loaded_on_first_use_not_at_import():
     r = _run("""
-        import os, rdmamw, rdmamw.providers.verbs._transport as v
+        import os, rdmamw, rdmamw.providers.verbs._lib as v
         maps = lambda: "libibverbs" in open("/proc/self/maps").read()
         before = maps()
         rdmamw.listen(f"shm://load{os.getpid()}").close()
@@ -97,10 +99,10 @@ def test_the_test_hooks_work_without_libibverbs():
 
 
 def test_load_fills_the_device_extensions_table():
-    """_verbs_dev keeps its own table of libibverbs calls: load() fills it too, so a
+    """_device keeps its own table of libibverbs calls: load() fills it too, so a
     device is asked (and refused here: none of that name), not called through NULL."""
     r = _run("""
-        import rdmamw.providers.verbs._transport as v
+        import rdmamw.providers.verbs._lib as v
         from rdmamw.providers.verbs._device import VerbsDevice
         try:
             v.load()

@@ -35,6 +35,7 @@ from rdmamw.providers.tcp._transport cimport (
     rt_conn,
     rt_progress,
 )
+from rdmamw.providers.verbs._qp cimport QP_CONNECTED
 from rdmamw.providers.verbs._transport cimport VerbsTransport
 from rdmamw.providers.verbs._device cimport XMR_BUSY, VerbsDevice
 from rdmamw.transport._base cimport (
@@ -61,7 +62,7 @@ from rdmamw.transport.atomics cimport (
 )
 
 from rdmamw.providers.tcp._transport import _WHY
-from rdmamw.providers.verbs._transport import load as _load_verbs
+from rdmamw.providers.verbs._lib import load as _load_verbs
 
 
 def region_address(Transport tp not None, int region):
@@ -360,11 +361,11 @@ def verbs_remote(VerbsTransport tp not None, uint32_t rkey, uint64_t addr,
             rc = tp.post(&wr, 1)
             end = now_ns() + <int64_t>(timeout * 1e9)
             rm_spin_lock(&tp.lock)
-            while rc == 0 and tp.state == 1 and tp.sq_done < tp.sq_posted and now_ns() < end:
+            while rc == 0 and tp.state == QP_CONNECTED and tp.sq_done < tp.sq_posted and now_ns() < end:
                 if tp._poll_send_locked() == 0:
                     rm_cpu_relax()
             rm_spin_unlock(&tp.lock)
-        if rc != 0 or tp.state != 1:
+        if rc != 0 or tp.state != QP_CONNECTED:
             return False, b""
         if tp.sq_done < tp.sq_posted:
             raise TimeoutError("no completion for the forged work request")
@@ -381,7 +382,7 @@ def verbs_side_socket(VerbsTransport tp not None) -> int:
 
 
 cdef _require_connected(VerbsTransport tp):
-    if tp.qp == NULL or tp.state != 1:
+    if tp.qp == NULL or tp.state != QP_CONNECTED:
         raise ValueError("the verbs transport is not connected (or closed)")
 
 

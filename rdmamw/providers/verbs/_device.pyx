@@ -1,13 +1,12 @@
 # cython: freethreading_compatible = False
-"""The ``verbs`` provider's device resources (declared in _verbs_dev.pxd): the device
-each process opens once, with its completion channel, shared CQs and the routing of
-their completions to queue pairs (VerbsDevice, rmv_route), and the protection domain
-of one endpoint with what it registers there (VerbsMemory: local MRs, the registration
-caches' MRs, the exposure table of rendezvous). The queue pair and its data path are
-_verbs.VerbsTransport's.
+"""The ``verbs`` provider's device (declared in _device.pxd): opened once per process,
+with its completion channel, shared CQs, the routing of their completions to queue
+pairs (VerbsDevice, rmv_route) and the thread that turns the channel's events into
+wake-ups. What an endpoint registers is _memory's; its queue pair is _qp's and
+_transport's.
 
-Like _verbs, this extension never links libibverbs: _verbs.load() fills its table of
-calls (load_table) from the library it loaded, before any device is opened."""
+This extension never links libibverbs: _lib.load() fills its table of calls from the
+library it loaded, before any device is opened."""
 
 import os
 import threading
@@ -16,29 +15,15 @@ import cython
 
 from libc.errno cimport EINTR, ENOSPC, errno
 from libc.stdint cimport uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, realloc
-from libc.string cimport memset, strerror
+from libc.stdlib cimport calloc, free
+from libc.string cimport strerror
 
-from rdmamw.transport._base cimport (
-    RM_ACCESS_LOCAL,
-    RM_ACCESS_REMOTE_READ,
-    RM_ACCESS_REMOTE_WRITE,
-    RM_ERR_AGAIN,
-    RM_ERR_BOUNDS,
-    RM_ERR_OS,
-    RM_ERR_UNSUPPORTED,
-    current_pid,
-    rm_mem,
-)
+from rdmamw.transport._base cimport current_pid
 from rdmamw.errors import RegistrationError
 
-from rdmamw.transport.atomics cimport (
-    rm_load_acquire64,
-    rm_spin_lock,
-    rm_spin_trylock,
-    rm_spin_unlock,
-)
+from rdmamw.transport.atomics cimport rm_spin_lock, rm_spin_trylock, rm_spin_unlock
 from rdmamw.providers.verbs._ibverbs cimport *
+from rdmamw.providers.verbs._lib cimport also_load
 
 cdef extern from *:
     """
@@ -62,11 +47,6 @@ cdef extern from "<sys/eventfd.h>" nogil:
     int eventfd(unsigned int initval, int flags)
     int EFD_NONBLOCK, EFD_CLOEXEC
 
-cdef extern from "<stdlib.h>" nogil:
-    int posix_memalign(void **memptr, size_t alignment, size_t size)
-
-from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, mmap, munmap
-
 cdef extern from "<unistd.h>" nogil:
     ssize_t write(int fd, const void *buf, size_t n)
     int close(int fd)
@@ -76,8 +56,12 @@ cdef enum:
     RXE_VENDOR_ID = 0xFFFFFF
 
 
-cdef int load_table(const char *lib, char *err, size_t errlen) noexcept:
+
+cdef int _fill_table(const char *lib, char *err, size_t errlen) noexcept:
     return rm_ibv_load(lib, err, errlen)      # 0 at once when loaded
+
+
+also_load(_fill_table)
 
 
 cdef rmv_route *route_new(uint32_t inbox_cap) except NULL:
@@ -132,44 +116,6 @@ cdef void route_free(rmv_route *r) noexcept:
         close(r.evfd)
     free(r.inbox)
     free(r)
-
-
-cdef uint64_t _pinned = 0          # bytes charged now, by every endpoint of the process
-cdef uint64_t _budget = 0          # set by set_pinned_budget before the first device
-
-
-cdef int pin_charge(uint64_t n) noexcept nogil:
-    cdef uint64_t cur = rmv_load64(&_pinned)
-    while True:
-        if n > _budget or cur > _budget - n:
-            return -1
-        if rmv_cas64(&_pinned, &cur, cur + n):
-            return 0
-
-
-cdef void pin_refund(uint64_t n) noexcept nogil:
-    rmv_add64(&_pinned, -n)
-
-
-def set_pinned_budget(uint64_t n) -> None:
-    """The process's budget of registered bytes (verbs_device.pinned_budget())."""
-    global _budget
-    _budget = n
-
-
-def pinned() -> tuple:
-    """(bytes registered by the process's endpoints now, the budget)."""
-    return rmv_load64(&_pinned), _budget
-
-
-def budget_error(uint64_t want, str what):
-    """The error for a registration the budget has no room for."""
-    used, budget = rmv_load64(&_pinned), _budget
-    return RegistrationError(
-        f"{what} needs {want} bytes of registered (pinned) memory, but this process has "
-        f"{used} of its {budget} registered already: the budget RDMAMW_VERBS_PINNED_BYTES "
-        f"(default: from `ulimit -l` and the memory size) is full. Close idle channels, "
-        f"use smaller rings (slots, slot_size), or raise the budget")
 
 
 _DEVICES_LOCK = threading.Lock()
@@ -229,7 +175,7 @@ cdef class VerbsDevice:
         if self.ctx != NULL:
             raise ValueError("the device is open already")
         if not rm_ibv_loaded():     # its calls would be NULL pointers
-            raise OSError(2, "libibverbs is not loaded here (rdmamw.providers.verbs._transport.load())")
+            raise OSError(2, "libibverbs is not loaded here (rdmamw.providers.verbs._lib.load())")
         lst = ibv_get_device_list(&num)
         if lst == NULL:
             raise OSError(errno, f"ibv_get_device_list: {strerror(errno).decode()}")
@@ -592,21 +538,6 @@ cdef class VerbsDevice:
         ibv_dealloc_mw(mw)
         rmv_add32(&self.n_mws, -1)
 
-    def memory(self, bint windows):
-        """The VerbsMemory of a new endpoint: with windows on the process's one PD
-        (made on first use, with ``shared_memory``: the registration caches' owner),
-        else on a PD of its own."""
-        if not windows:
-            return VerbsMemory(self, False)
-        with _DEVICES_LOCK:
-            if self.pd == NULL:
-                self.pd = ibv_alloc_pd(self.ctx)
-                if self.pd == NULL:
-                    raise OSError(errno, f"ibv_alloc_pd failed ({strerror(errno).decode()})")
-                self.n_pds += 1
-                self.shared_memory = VerbsMemory(self, True)
-        return VerbsMemory(self, True)
-
     def mr_failed(self, int err, str what, size_t length):
         """The error for a reg_mr that returned NULL with errno ``err``: past max_mr a
         RegistrationError (as past the pinned budget), else the driver's OSError."""
@@ -662,489 +593,3 @@ cdef class VerbsDevice:
         if self.stopfd >= 0:
             close(self.stopfd)
             self.stopfd = -1
-
-
-@cython.final
-@cython.no_gc_clear     # __dealloc__ deregisters through dev (before the PD goes)
-cdef class VerbsMemory:
-    """One endpoint's protection domain and the MRs registered on it: local ones, the
-    registration caches', and one per exposed range (the NIC then refuses any remote
-    access outside it or without the right). With ``windows`` no MR here allows remote
-    access at all: the peer's keys are those of type-2 memory windows bound to the
-    endpoint's QP (docs/protocol.md "Keys a peer gets"). All live until deregistered or
-    until the transport dies."""
-
-    def __cinit__(self, VerbsDevice dev not None, bint windows=False):
-        if dev.ctx == NULL:
-            raise ValueError("the device is not open")
-        if windows and not dev.has_windows:
-            raise ValueError(f"{dev.name} has no type-2 memory windows")
-        self.dev, self.windows = dev, windows
-        if windows:
-            if dev.pd == NULL:
-                raise ValueError("the device's PD is made by VerbsDevice.memory()")
-            self.pd = dev.pd        # the process's: the windows keep peers apart
-            return
-        self.pd = ibv_alloc_pd(dev.ctx)
-        if self.pd == NULL:
-            raise OSError(errno, f"ibv_alloc_pd failed ({strerror(errno).decode()})")
-        self.own_pd = True
-        rmv_add32(&dev.n_pds, 1)
-
-    cdef int remote_flags(self, int access) noexcept nogil:
-        """The MR flags for a range the peer gets ``access`` (IBV_ACCESS_REMOTE_*) to:
-        with windows the window carries the right and the MR only lets it bind."""
-        if self.windows:
-            return IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND
-        return IBV_ACCESS_LOCAL_WRITE | access
-
-    def register_local(self, size_t addr, size_t length):
-        """Register [addr, addr+length) for local access only (WR sources, READ
-        targets); the MR lives as long as the transport. Its lkey."""
-        cdef ibv_mr *mr
-        cdef void *p
-        cdef int err
-        if pin_charge(length):
-            raise budget_error(length, "a channel's staging ring or control words")
-        mr = self.dev.reg_mr(self.pd, <void *>addr, length, IBV_ACCESS_LOCAL_WRITE)
-        if mr == NULL:
-            err = errno
-            pin_refund(length)
-            raise self.dev.mr_failed(err, "a channel's staging ring or control words", length)
-        p = realloc(self.lmrs, (self.n_lmrs + 1) * sizeof(ibv_mr *))
-        if p == NULL:
-            self.dev.dereg_mr(mr)
-            pin_refund(length)
-            raise MemoryError()
-        self.charged += length
-        self.lmrs = <ibv_mr **>p
-        self.lmrs[self.n_lmrs] = mr
-        self.n_lmrs += 1
-        return mr.lkey
-
-    def mr_register(self, size_t addr, size_t length, bint remote_read):
-        """An MR for a registration cache: ``(mr, lkey, rkey)`` (with windows the rkey
-        opens nothing: expose_cached() binds a window per message)."""
-        cdef ibv_mr *mr
-        cdef void *p
-        cdef int flags = self.remote_flags(IBV_ACCESS_REMOTE_READ) if remote_read \
-            else IBV_ACCESS_LOCAL_WRITE
-        if pin_charge(length):
-            raise budget_error(length, "registering a buffer for a large message")
-        cdef int err = 0
-        with nogil:
-            mr = self.dev.reg_mr(self.pd, <void *>addr, length, flags)
-            if mr == NULL:
-                err = errno
-        if mr == NULL:
-            pin_refund(length)
-            raise self.dev.mr_failed(err, "registering a buffer for a large message", length)
-        rm_spin_lock(&self.xlock)
-        if self.n_cmrs == self.cap_cmrs:
-            p = realloc(self.cmrs, (2 * self.cap_cmrs + 8) * sizeof(ibv_mr *))
-            if p != NULL:
-                self.cmrs, self.cap_cmrs = <ibv_mr **>p, 2 * self.cap_cmrs + 8
-        if self.n_cmrs < self.cap_cmrs:
-            self.cmrs[self.n_cmrs] = mr
-            self.n_cmrs += 1
-            p = <void *>mr
-        else:
-            p = NULL
-        rm_spin_unlock(&self.xlock)
-        if p == NULL:
-            self.dev.dereg_mr(mr)
-            pin_refund(length)
-            raise MemoryError()
-        self.charged += length
-        return (<size_t>mr, mr.lkey, mr.rkey)
-
-    cdef ibv_mr *_uncache(self, size_t p) noexcept nogil:
-        """Take the cached MR ``p`` out of the table (NULL: not there)."""
-        cdef uint32_t i
-        cdef ibv_mr *mr = NULL
-        rm_spin_lock(&self.xlock)
-        for i in range(self.n_cmrs):
-            if <size_t>self.cmrs[i] == p:
-                mr = self.cmrs[i]
-                self.n_cmrs -= 1
-                self.cmrs[i] = self.cmrs[self.n_cmrs]
-                break
-        rm_spin_unlock(&self.xlock)
-        return mr
-
-    def mr_deregister(self, handle):
-        """Deregister an MR of mr_register (nothing in a fork child: it is the
-        parent's, same uverbs file)."""
-        cdef size_t p = handle[0]
-        cdef ibv_mr *mr
-        if self.dev.inherited():
-            return
-        mr = self._uncache(p)
-        if mr != NULL:
-            self.charged -= mr.length
-            pin_refund(mr.length)
-            with nogil:
-                self.dev.dereg_mr(mr)
-
-    def usage(self):
-        """(MRs, bytes) registered here now: local, cached and exposed (an exposure of
-        a cached MR is a window, not another MR)."""
-        cdef uint32_t i
-        cdef size_t n = self.n_lmrs, nbytes = 0
-        for i in range(self.n_lmrs):
-            nbytes += self.lmrs[i].length
-        rm_spin_lock(&self.xlock)
-        n += self.n_cmrs
-        for i in range(self.n_cmrs):
-            nbytes += self.cmrs[i].length
-        for i in range(XMR_N):
-            if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY and not self.xborrowed[i]:
-                n += 1
-                nbytes += self.xmrs[i].length
-        rm_spin_unlock(&self.xlock)
-        return n, nbytes
-
-    cdef int _claim(self) noexcept nogil:
-        """A free slot of the exposure table, marked busy; -1 if none."""
-        cdef uint32_t i, k
-        rm_spin_lock(&self.xlock)
-        for k in range(XMR_N):
-            i = (self.xmr_hint + k) % XMR_N
-            if self.xmrs[i] == NULL:
-                self.xmrs[i] = XMR_BUSY
-                self.xmr_hint = (i + 1) % XMR_N
-                rm_spin_unlock(&self.xlock)
-                return i
-        rm_spin_unlock(&self.xlock)
-        return -1
-
-    cdef int _fill(self, uint32_t i, ibv_mr *mr, bint remote, rm_mem *out) noexcept nogil:
-        """Fill slot i with ``mr`` and, with windows and ``remote``, a new window over
-        it (the transport binds it to its QP with the key put in out.rkey)."""
-        cdef ibv_mw *mw = NULL
-        if self.windows and remote:
-            mw = self.dev.alloc_mw(self.pd)
-            if mw == NULL:
-                return RM_ERR_OS
-        rm_spin_lock(&self.xlock)
-        self.xmrs[i], self.xmws[i], self.xbind[i] = mr, mw, 0
-        rm_spin_unlock(&self.xlock)
-        out.handle = i + 1
-        out.lkey = mr.lkey
-        out.rkey = ibv_inc_rkey(mw.rkey) if mw != NULL else mr.rkey
-        return 0
-
-    cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
-                    rm_mem *out) noexcept nogil:
-        """Register the range with the access asked for, in a free slot of the table
-        (with windows: a window to bind too, xmws[handle - 1])."""
-        cdef int flags = IBV_ACCESS_LOCAL_WRITE
-        cdef int i, rc
-        cdef ibv_mr *mr
-        out.handle = out.lkey = out.rkey = 0
-        if access == RM_ACCESS_REMOTE_READ:
-            flags = self.remote_flags(IBV_ACCESS_REMOTE_READ)
-        elif access == RM_ACCESS_REMOTE_WRITE:
-            flags = self.remote_flags(IBV_ACCESS_REMOTE_WRITE)
-        elif access != RM_ACCESS_LOCAL:
-            return RM_ERR_UNSUPPORTED
-        i = self._claim()
-        if i < 0:
-            return RM_ERR_AGAIN
-        mr = self.dev.reg_mr(self.pd, <void *>addr, length, flags)
-        rc = RM_ERR_OS if mr == NULL else self._fill(i, mr, access != RM_ACCESS_LOCAL, out)
-        if rc != 0:
-            if mr != NULL:
-                self.dev.dereg_mr(mr)
-            rm_spin_lock(&self.xlock)
-            self.xmrs[i] = NULL         # frees the slot again
-            rm_spin_unlock(&self.xlock)
-        return rc
-
-    cdef int expose_cached(self, VerbsMemory owner, uint32_t lkey, rm_mem *out) noexcept nogil:
-        """With windows: a slot of the table holding ``owner``'s cached MR of ``lkey``
-        (kept when unexposed: its lease keeps it registered) and a new window over it,
-        for a READ by the peer."""
-        cdef uint32_t k
-        cdef ibv_mr *mr = NULL
-        cdef int i, rc
-        i = self._claim()
-        if i < 0:
-            return RM_ERR_AGAIN
-        rm_spin_lock(&owner.xlock)
-        for k in range(owner.n_cmrs):
-            if owner.cmrs[k].lkey == lkey:
-                mr = owner.cmrs[k]
-                break
-        rm_spin_unlock(&owner.xlock)
-        rm_spin_lock(&self.xlock)
-        self.xborrowed[i] = mr != NULL
-        rm_spin_unlock(&self.xlock)
-        rc = RM_ERR_BOUNDS if mr == NULL else self._fill(i, mr, True, out)
-        if rc != 0:
-            rm_spin_lock(&self.xlock)
-            self.xmrs[i], self.xborrowed[i] = NULL, False
-            rm_spin_unlock(&self.xlock)
-        return rc
-
-    cdef int unexpose(self, uint32_t handle) noexcept nogil:
-        """Free the exposure's window (its key opens nothing from here on), then its
-        MR unless a cache owns it. The transport saw the window's bind finish."""
-        cdef ibv_mr *mr = NULL
-        cdef ibv_mw *mw = NULL
-        cdef bint borrowed = False
-        if self.dev.inherited():
-            return 0        # a fork child: the MR is the parent's (same uverbs file)
-        if 0 < handle <= XMR_N:
-            rm_spin_lock(&self.xlock)
-            mr = self.xmrs[handle - 1]
-            if mr == XMR_BUSY:
-                mr = NULL               # not a handle anyone was given yet
-            else:
-                mw, borrowed = self.xmws[handle - 1], self.xborrowed[handle - 1]
-                self.xmrs[handle - 1], self.xmws[handle - 1] = NULL, NULL
-                self.xborrowed[handle - 1] = False
-            rm_spin_unlock(&self.xlock)
-        if mw != NULL:
-            self.dev.dealloc_mw(mw)
-        if mr != NULL and not borrowed:
-            self.dev.dereg_mr(mr)
-        return 0
-
-    cdef void drop_windows(self) noexcept:
-        """Free the exposures' windows: before the QP they are bound to is destroyed
-        (a bound window holds the QP: soft-RoCE's destroy waits for it)."""
-        cdef uint32_t i
-        if self.dev is None or self.dev.inherited():
-            return
-        rm_spin_lock(&self.xlock)
-        for i in range(XMR_N):
-            if self.xmws[i] != NULL:
-                self.dev.dealloc_mw(self.xmws[i])
-                self.xmws[i] = NULL
-        rm_spin_unlock(&self.xlock)
-
-    cdef void release(self) noexcept:
-        """Free every window, deregister every MR, then free the PD (its queue pair
-        and the transport's own MRs on it are gone); nothing in a fork child."""
-        cdef uint32_t i
-        pin_refund(self.charged)    # a fork child holds copies, not the parent's pins
-        self.charged = 0
-        if self.dev is None or self.dev.inherited():
-            return
-        self.drop_windows()
-        for i in range(XMR_N):
-            if self.xmrs[i] != NULL and self.xmrs[i] != XMR_BUSY and not self.xborrowed[i]:
-                self.dev.dereg_mr(self.xmrs[i])
-            self.xmrs[i], self.xborrowed[i] = NULL, False
-        for i in range(self.n_lmrs):
-            self.dev.dereg_mr(self.lmrs[i])
-        self.n_lmrs = 0
-        for i in range(self.n_cmrs):
-            self.dev.dereg_mr(self.cmrs[i])
-        self.n_cmrs = 0
-        if self.pd != NULL and self.own_pd:
-            ibv_dealloc_pd(self.pd)
-            rmv_add32(&self.dev.n_pds, -1)
-        self.pd = NULL
-
-    def __dealloc__(self):
-        self.release()
-        free(self.lmrs)
-        free(self.cmrs)
-
-
-@cython.final
-@cython.no_gc_clear     # release() deregisters through mem (before the PD goes)
-cdef class VerbsBlock:
-    """One endpoint's block (control words, bitmaps, the ring the peer writes) and its
-    registrations, and a ring that grows both ways (docs/protocol.md "Rings that
-    grow"): the parts of my ring registered and granted to the peer, and the parts of
-    the peer's ring it granted me. The transport posts the grant words and wakes the
-    peer; this unit owns what the words say and the registrations behind them."""
-
-    def __cinit__(self, VerbsMemory mem not None, uint64_t length, uint64_t off,
-                  uint64_t ring_len, uint64_t stride, uint32_t granted):
-        cdef void *p = NULL
-        cdef uint64_t head = length
-        cdef int err
-        self.mem, self.length = mem, length
-        # zero pages on demand: the part of a ring never granted costs no memory
-        p = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-        if p == MAP_FAILED:
-            raise MemoryError()
-        self.base = <char *>p
-        if stride and granted and ring_len % stride == 0 and granted < ring_len // stride:
-            self.on = True      # the header and the first slots now, the rest on demand
-            self.slots, self.stride, self.off = ring_len // stride, stride, off
-            self.granted = granted
-            head = off + <uint64_t>granted * stride
-        if pin_charge(head):
-            raise budget_error(head, "a channel's receive ring")
-        self.charged = head
-        # the peer writes the block, nothing else: no remote read, no atomics
-        self.head_mr = mem.dev.reg_mr(mem.pd, p, head,
-                                      mem.remote_flags(IBV_ACCESS_REMOTE_WRITE))
-        if self.head_mr == NULL:
-            err = errno
-            raise mem.dev.mr_failed(err, "a channel's receive block", head)
-        self.head_rkey = self.head_mr.rkey
-        if not self.on:
-            return
-        p = NULL
-        if posix_memalign(&p, 64, MAX_PARTS * 8) != 0:
-            raise MemoryError()
-        memset(p, 0, MAX_PARTS * 8)
-        self.words = <uint64_t *>p
-        self.words_mr = mem.dev.reg_mr(mem.pd, p, MAX_PARTS * 8, IBV_ACCESS_LOCAL_WRITE)
-        if self.words_mr == NULL:
-            err = errno
-            raise mem.dev.mr_failed(err, "a channel's grant words", MAX_PARTS * 8)
-
-    def open_window(self):
-        """With windows: the block's window (the transport binds it once its QP can
-        send), made after the QP: a process's objects are destroyed newest first when
-        it dies, and a window bound to a QP must go before it (soft-RoCE waits)."""
-        if self.mem.windows and self.head_mw == NULL:
-            self.head_mw = self.mem.dev.alloc_mw(self.mem.pd)
-            if self.head_mw == NULL:
-                raise OSError(errno, "ibv_alloc_mw for a channel's receive block failed")
-            self.head_rkey = ibv_inc_rkey(self.head_mw.rkey)
-
-    def peer(self, uint64_t ring_len, uint64_t stride, uint32_t granted, uint32_t rkey):
-        """The peer's ring: ``granted`` slots of ``stride`` bytes usable now (0: all)."""
-        self.limit = ring_len
-        if stride and granted and ring_len % stride == 0 and granted < ring_len // stride:
-            self.peer_stride, self.peer_slots = stride, ring_len // stride
-            self.peer_granted = granted
-            self.limit = <uint64_t>granted * stride
-        self.part_end[0], self.part_rkey[0], self.n_parts = self.limit, rkey, 1
-
-    cdef int offer(self) noexcept nogil:
-        """Register the next part of my ring (twice what is granted), unless one is
-        waiting to be sent; -1 if there is nothing to send or another thread is at
-        it, else the index k of the grant word to post (words[k]), with the lock
-        held until done()."""
-        cdef uint32_t have = self.granted, new, k
-        cdef uint64_t ln
-        cdef ibv_mr *mr = NULL
-        cdef ibv_mw *mw = NULL
-        if not self.on or self.stopped or not rm_spin_trylock(&self.lock):
-            return -1
-        if self.pending == 0:
-            if have >= self.slots:
-                rm_spin_unlock(&self.lock)
-                return -1
-            new = min(self.slots, max(2 * have, have + 1))
-            ln = <uint64_t>(new - have) * self.stride
-            if self.n_mrs < MAX_PARTS and pin_charge(ln) == 0:
-                mr = self.mem.dev.reg_mr(self.mem.pd,
-                                         self.base + self.off + <uint64_t>have * self.stride,
-                                         ln, self.mem.remote_flags(IBV_ACCESS_REMOTE_WRITE))
-                if mr != NULL and self.mem.windows:
-                    mw = self.mem.dev.alloc_mw(self.mem.pd)
-                    if mw == NULL:
-                        self.mem.dev.dereg_mr(mr)
-                        mr = NULL
-                if mr == NULL:
-                    pin_refund(ln)
-                else:
-                    self.charged += ln
-            if mr == NULL:              # past the budget: the ring stays as it is
-                self.stopped = True
-                rm_spin_unlock(&self.lock)
-                return -1
-            k = self.n_mrs
-            self.mrs[k], self.mws[k] = mr, mw
-            self.n_mrs = k + 1
-            # the key of the window (bound with the grant word's WRITE), else the MR's
-            self.words[k] = (<uint64_t>new << 32) | (
-                ibv_inc_rkey(mw.rkey) if mw != NULL else mr.rkey)
-            self.pending = new
-        return self.n_mrs - 1
-
-    cdef void done(self, bint posted) noexcept nogil:
-        """After offer(): the word was posted (the peer may use the part) or not yet."""
-        if posted:
-            self.granted, self.pending = self.pending, 0
-            self.given += 1
-        rm_spin_unlock(&self.lock)
-
-    cdef bint take(self, const char *ctrl) noexcept nogil:
-        """Take the peer's new grant words from my control page ``ctrl`` (each read
-        once, then checked: more slots than granted, no more than its ring). A bad
-        one ends the taking: the peer only keeps itself short."""
-        cdef uint64_t word
-        cdef uint32_t slots
-        cdef bint got = False
-        if self.peer_granted == 0 or self.peer_bad:
-            return False
-        while self.n_parts < MAX_PARTS:
-            word = rm_load_acquire64(<uint64_t *>(ctrl + GRANT_OFF) + (self.n_parts - 1))
-            if word == 0:
-                break
-            slots = <uint32_t>(word >> 32)
-            if slots <= self.peer_granted or slots > self.peer_slots:
-                self.peer_bad = True
-                break
-            self.limit = <uint64_t>slots * self.peer_stride
-            self.part_end[self.n_parts], self.part_rkey[self.n_parts] = self.limit, <uint32_t>word
-            self.n_parts += 1
-            self.taken += 1
-            got = True
-            if slots == self.peer_slots:
-                self.peer_granted = 0       # all of it
-                break
-            self.peer_granted = slots
-        return got
-
-    def usage(self):
-        """(MRs, bytes) registered here: the block's parts, the grant words."""
-        cdef uint32_t i
-        cdef size_t n = 0, nbytes = 0
-        for i in range(self.n_mrs):
-            n, nbytes = n + 1, nbytes + self.mrs[i].length
-        for mr in (<size_t>self.head_mr, <size_t>self.words_mr):
-            if mr:
-                n, nbytes = n + 1, nbytes + (<ibv_mr *>mr).length
-        return n, nbytes
-
-    cdef void drop_windows(self) noexcept:
-        """Free the windows: before the QP they are bound to is destroyed."""
-        cdef uint32_t i
-        if self.mem is None or self.mem.dev.inherited():
-            return
-        for i in range(self.n_mrs):
-            if self.mws[i] != NULL:
-                self.mem.dev.dealloc_mw(self.mws[i])
-                self.mws[i] = NULL
-        if self.head_mw != NULL:
-            self.mem.dev.dealloc_mw(self.head_mw)
-            self.head_mw = NULL
-
-    cdef void release(self) noexcept:
-        """Give the pins back and deregister (nothing in a fork child: the parent's)."""
-        cdef uint32_t i
-        pin_refund(self.charged)
-        self.charged = 0
-        if self.mem is None or self.mem.dev.inherited():
-            self.n_mrs = 0
-            self.words_mr = self.head_mr = NULL
-            self.head_mw = NULL
-            return
-        self.drop_windows()             # first: an MR under a window stays
-        for i in range(self.n_mrs):
-            self.mem.dev.dereg_mr(self.mrs[i])
-        self.n_mrs = 0
-        if self.words_mr != NULL:
-            self.mem.dev.dereg_mr(self.words_mr)
-            self.words_mr = NULL
-        if self.head_mr != NULL:
-            self.mem.dev.dereg_mr(self.head_mr)
-            self.head_mr = NULL
-
-    def __dealloc__(self):
-        self.release()
-        free(self.words)
-        if self.base != NULL:       # after the transport: Messages may point into it
-            munmap(self.base, self.length)
