@@ -37,7 +37,8 @@ EXTENSIONS = {
     **{f"rdmamw.engine.{unit}": ((), ()) for unit in (
         "_link", "_leases", "_batch", "_rndv_send", "_eager_send", "_eager_recv",
         "_messages", "_rndv_recv", "_waits", "_engine")},
-    "rdmamw.providers.shm._transport": (("rdmamw/providers/shm",), ()),
+    **{f"rdmamw.providers.shm.{unit}": (("rdmamw/providers/shm",), ())
+       for unit in ("_endpoint", "_transport")},
     "rdmamw.providers.tcp._transport": (("rdmamw/providers/tcp",), ()),
     "rdmamw.memory._span": ((), ()),
     "rdmamw.ps._sgd": ((), ()),

@@ -17,7 +17,7 @@ import rdmamw
 from rdmamw import testing as hooks
 from rdmamw.errors import ConfigError
 from rdmamw.providers.shm import provider as shm
-from rdmamw.providers.shm import assist_settings
+from rdmamw.providers.shm.provider import assist_settings
 from tests.helpers import LISTEN_ADDRESS
 
 MiB = 1 << 20

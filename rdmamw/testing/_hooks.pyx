@@ -25,7 +25,8 @@ from rdmamw.providers.verbs._ibverbs cimport (
     rm_ibv_load,
     rm_ibv_loaded,
 )
-from rdmamw.providers.shm._transport cimport RM_XNONE, RM_XTAB_N, ShmTransport, rm_assist_publish
+from rdmamw.providers.shm._endpoint cimport RM_XNONE, RM_XTAB_N, rm_assist_publish
+from rdmamw.providers.shm._transport cimport ShmTransport
 from rdmamw.providers.tcp._transport cimport (
     RT_NREG,
     RT_UP,

@@ -43,7 +43,8 @@ from rdmamw.errors import (
 )
 from rdmamw.providers import Connected
 from rdmamw.listener import KERNEL_BACKLOG, HandshakeListener
-from rdmamw.providers.shm._transport import XTAB_BYTES, ShmTransport, cma_probe
+from rdmamw.providers.shm._endpoint import XTAB_BYTES, cma_probe
+from rdmamw.providers.shm._transport import ShmTransport
 from rdmamw.providers.base import Advert, RankPair
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr

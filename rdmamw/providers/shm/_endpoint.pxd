@@ -1,0 +1,83 @@
+# The shm provider's endpoint (ShmEndpoint: its set-up; _transport.pxd: its data path),
+# declared here so that the data path and the test-only hooks (rdmamw/testing/_hooks.pyx)
+# reach its records, the latter the way a peer process can.
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+
+from rdmamw.transport._base cimport RM_NREGIONS, Transport
+
+cdef enum:
+    SHM_CONNECTED = 1       # ShmEndpoint.state, attached; else the RM_ERR_* that ended it
+    ASSIST_ALIGN = 1 << 16  # assisted-READ chunks are multiples of this
+
+cdef extern from "rm_expose.h" nogil:
+    enum:
+        RM_XTAB_N, RM_XACC_READ, RM_XACC_WRITE
+    uint64_t RM_XNONE
+    ctypedef struct rm_xent:
+        uint64_t addr, len, staged
+        uint32_t key, access
+    ctypedef struct rm_xtab:
+        uint64_t probe
+        uint32_t gen, live
+    uint32_t rm_xtab_add(rm_xtab *t, uint64_t addr, uint64_t len, uint32_t access,
+                         uint64_t staged)
+    int rm_xtab_del(rm_xtab *t, uint32_t key, rm_xent *out)
+    int rm_xtab_find(const rm_xtab *t, uint32_t key, uint64_t addr, uint64_t len,
+                     uint32_t access, rm_xent *out)
+    int rm_xtab_alive(const rm_xtab *t, uint32_t key)
+    void rm_xtab_mirror(rm_xtab *t, const rm_xtab *src, uint32_t key)
+    void rm_xtab_retract(rm_xtab *t, uint32_t key)
+    uint64_t rm_xtab_fit(const rm_xtab *t, uint64_t size, uint64_t len)
+
+cdef extern from "rm_assist.h" nogil:
+    enum:
+        RM_ASSIST_MAX_CHUNKS
+    ctypedef struct rm_assist:
+        uint64_t claim, fin, bad, remote, local, len, chunk
+        uint32_t key, write
+    void rm_assist_publish(rm_assist *a, uint32_t seq, uint32_t write, uint64_t remote,
+                           uint64_t local, uint64_t len, uint64_t chunk, uint32_t key,
+                           uint32_t n)
+    int rm_assist_claim(rm_assist *a, uint32_t seq, uint32_t n, uint64_t *taken)
+    uint32_t rm_assist_offer(const rm_assist *a, rm_assist *out)
+    void rm_assist_finish(rm_assist *a, int i, int ok)
+
+
+cdef class ShmEndpoint(Transport):
+    cdef char *my_base
+    cdef size_t my_size
+    cdef char *peer_base
+    cdef size_t peer_size
+    cdef char *peer_addr[RM_NREGIONS]
+    cdef int sock
+    cdef int my_evfd
+    cdef int peer_evfd
+    cdef int state
+    # rendezvous
+    cdef rm_xtab *xpriv             # my exposures, private: what I check the peer against
+    cdef rm_xtab *xtab              # their mirror in my block: the peer checks its READs
+                                    # against it (and could forge it: I never read it)
+    cdef rm_xtab *peer_xtab         # the peer's mirror, in its block
+    cdef int xlock                  # guards changes to my table (two engine threads)
+    cdef int peer_pid
+    cdef int pidfd                  # the peer process (-1: not available); pid reuse guard
+    cdef bint cma                   # I may process_vm_* the peer
+    cdef bint peer_cma              # the peer may process_vm_* me (else I stage for it)
+    cdef char *arena                # my staging area (the peer maps it too)
+    cdef uint64_t arena_size
+    cdef char *peer_arena
+    cdef uint64_t peer_arena_size
+    # assisted READ/WRITE (rm_assist.h)
+    cdef rm_assist *job             # my job record, in my block: the peer helps with it
+    cdef rm_assist *peer_job        # the peer's, in its block: I help with it
+    cdef uint32_t job_seq
+    cdef uint64_t assist_min        # READs/WRITEs of at least this many bytes ask (0: never)
+    cdef uint64_t assist_chunk      # smallest chunk
+    cdef int64_t assist_stall_ns    # a helper's chunk unfinished this long: PeerLost
+    cdef int assist_busy            # one engine thread at a time helps with the peer's job
+    cdef uint32_t assist_key        # the exposure it copies from/into now (unexpose waits)
+    cdef public uint64_t n_assist_jobs          # my READs/WRITEs that asked for help
+    cdef public uint64_t n_assist_chunks_got    # chunks of them the peer copied
+    cdef public uint64_t bytes_assist_given     # bytes I copied for the peer's jobs
+
+    cdef void _close_fds(self) noexcept
