@@ -16,8 +16,8 @@ import pytest
 
 import rdmamw
 from rdmamw import auth, config
-from rdmamw.bootstrap import store
 from rdmamw import listener as _listener
+from rdmamw.bootstrap import store
 from tests.test_listener_dos import open_and_accept, raw_client
 
 STRANGERS = 150

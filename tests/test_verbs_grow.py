@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from rdmamw.providers.verbs import _device, _memory
+from rdmamw.providers.verbs import _memory
 from tests.helpers import NO_DEVICE, VERBS_OK
 from tests.test_channel_basic import recv_all
 from tests.test_verbs import _pair

@@ -260,7 +260,7 @@ def _layout(tmp_path, header: str) -> dict:
     (tmp_path / f"{tag}.c").write_text("\n".join(lines))
     exe = tmp_path / tag
     subprocess.run([CC, "-o", str(exe), str(tmp_path / f"{tag}.c"),
-                    f"-I{ROOT}/rdmamw/include", "-ldl"], check=True, capture_output=True)
+                    f"-I{ROOT}/rdmamw/providers/verbs", "-ldl"], check=True, capture_output=True)
     return json.loads(subprocess.run([str(exe)], capture_output=True, text=True,
                                      check=True).stdout)
 

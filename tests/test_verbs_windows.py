@@ -15,7 +15,7 @@ import time
 import pytest
 
 from rdmamw import testing as hooks
-from rdmamw.providers.verbs import _device, _memory
+from rdmamw.providers.verbs import _device
 from tests.helpers import NO_DEVICE, VERBS_OK
 from tests.test_channel_basic import recv_all
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from rdmamw import auth
 from rdmamw.bootstrap import ranklist
 from rdmamw.errors import PeerLost, PeerNotFound, PeerRefused, ProtocolError, RdmamwError, Timeout
-from rdmamw.providers import providers
 from rdmamw.listener import KERNEL_BACKLOG, HandshakeListener
+from rdmamw.providers import providers
 from rdmamw.transport.wire import field, recv_frame, send_frame
 
 log = logging.getLogger("rdmamw.bootstrap")

@@ -9,6 +9,15 @@ cdef enum:
     SHM_CONNECTED = 1       # ShmEndpoint.state, attached; else the RM_ERR_* that ended it
     ASSIST_ALIGN = 1 << 16  # assisted-READ chunks are multiples of this
 
+cdef extern from "sys/uio.h" nogil:     # CMA: copies from and to the peer's memory
+    struct iovec:
+        void *iov_base
+        size_t iov_len
+    ssize_t process_vm_readv(int pid, const iovec *local, unsigned long liovcnt,
+                             const iovec *remote, unsigned long riovcnt, unsigned long flags)
+    ssize_t process_vm_writev(int pid, const iovec *local, unsigned long liovcnt,
+                              const iovec *remote, unsigned long riovcnt, unsigned long flags)
+
 cdef extern from "rm_expose.h" nogil:
     enum:
         RM_XTAB_N, RM_XACC_READ, RM_XACC_WRITE

@@ -27,13 +27,6 @@ cdef extern from "unistd.h" nogil:
 cdef extern from "errno.h" nogil:
     int errno
 
-cdef extern from "sys/uio.h" nogil:
-    struct iovec:
-        void *iov_base
-        size_t iov_len
-    ssize_t process_vm_readv(int pid, const iovec *local, unsigned long liovcnt,
-                             const iovec *remote, unsigned long riovcnt, unsigned long flags)
-
 #: the exposure table and, after it, the assist job record (in each block)
 XTAB_BYTES = sizeof(rm_xtab) + sizeof(rm_assist)
 

@@ -53,16 +53,22 @@ from rdmamw.transport.atomics cimport (
 )
 
 from rdmamw.providers.shm._endpoint cimport (
+    ASSIST_ALIGN,
+    RM_ASSIST_MAX_CHUNKS,
+    RM_XACC_READ,
+    RM_XACC_WRITE,
+    RM_XNONE,
+    SHM_CONNECTED,
+    ShmEndpoint,
+    iovec,
+    process_vm_readv,
+    process_vm_writev,
     rm_assist,
     rm_assist_claim,
     rm_assist_finish,
-    RM_ASSIST_MAX_CHUNKS,
     rm_assist_offer,
     rm_assist_publish,
-    RM_XACC_READ,
-    RM_XACC_WRITE,
     rm_xent,
-    RM_XNONE,
     rm_xtab_add,
     rm_xtab_alive,
     rm_xtab_del,
@@ -70,9 +76,6 @@ from rdmamw.providers.shm._endpoint cimport (
     rm_xtab_fit,
     rm_xtab_mirror,
     rm_xtab_retract,
-    SHM_CONNECTED,
-    ASSIST_ALIGN,
-    ShmEndpoint,
 )
 
 cdef extern from "poll.h" nogil:
@@ -96,15 +99,6 @@ cdef extern from "unistd.h" nogil:
 cdef extern from "errno.h" nogil:
     int errno
     int EAGAIN, EINTR, EPERM, ESRCH
-
-cdef extern from "sys/uio.h" nogil:
-    struct iovec:
-        void *iov_base
-        size_t iov_len
-    ssize_t process_vm_readv(int pid, const iovec *local, unsigned long liovcnt,
-                             const iovec *remote, unsigned long riovcnt, unsigned long flags)
-    ssize_t process_vm_writev(int pid, const iovec *local, unsigned long liovcnt,
-                              const iovec *remote, unsigned long riovcnt, unsigned long flags)
 
 cdef extern from "sched.h" nogil:
     int sched_yield()

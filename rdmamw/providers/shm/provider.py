@@ -41,11 +41,11 @@ from rdmamw.errors import (
     RdmamwError,
     Timeout,
 )
-from rdmamw.providers import Connected
 from rdmamw.listener import KERNEL_BACKLOG, HandshakeListener
+from rdmamw.providers import Connected
+from rdmamw.providers.base import Advert, RankPair
 from rdmamw.providers.shm._endpoint import XTAB_BYTES, cma_probe
 from rdmamw.providers.shm._transport import ShmTransport
-from rdmamw.providers.base import Advert, RankPair
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
 from rdmamw.vocabulary import READ

@@ -75,7 +75,7 @@ _WHY = {RT_WHY_NONE: "", RT_WHY_EOF: "peer closed the connection",
         RT_WHY_HOST: "peer's host acknowledged nothing past RDMAMW_TCP_HOST_TIMEOUT"}
 
 cdef class TcpTransport(Transport):
-    """The tcp endpoint; its fields are declared in _tcp.pxd."""
+    """The tcp endpoint; its fields are declared in _transport.pxd."""
 
     def __cinit__(self):
         self.c = <rt_conn *>calloc(1, sizeof(rt_conn))

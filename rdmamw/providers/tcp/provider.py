@@ -26,10 +26,10 @@ import time
 
 from rdmamw import auth, config
 from rdmamw.errors import ConfigError, PeerNotFound, ProtocolError, RdmamwError, Timeout
-from rdmamw.providers import Connected
 from rdmamw.listener import KERNEL_BACKLOG, HandshakeListener
-from rdmamw.providers.tcp._transport import TcpTransport, alloc_block, free_block
+from rdmamw.providers import Connected
 from rdmamw.providers.base import Advert, RankPair
+from rdmamw.providers.tcp._transport import TcpTransport, alloc_block, free_block
 from rdmamw.transport import layout
 from rdmamw.transport.wire import PROTOCOL_VERSION, check_hello, field, recv_frame, send_frame
 from rdmamw.vocabulary import WRITE

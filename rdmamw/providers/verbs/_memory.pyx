@@ -66,7 +66,7 @@ cdef void pin_refund(uint64_t n) noexcept nogil:
 
 
 def set_pinned_budget(uint64_t n) -> None:
-    """The process's budget of registered bytes (verbs_device.pinned_budget())."""
+    """The process's budget of registered bytes (probe.pinned_budget())."""
     global _budget
     _budget = n
 

@@ -31,11 +31,11 @@ from rdmamw.errors import (
     RegistrationError,
     Timeout,
 )
-from rdmamw.providers import Connected
-from rdmamw.providers.verbs import rank as verbs_rank
-from rdmamw.providers.verbs import probe as dev
 from rdmamw.listener import KERNEL_BACKLOG, HandshakeListener
+from rdmamw.providers import Connected
 from rdmamw.providers.base import Advert, RankPair
+from rdmamw.providers.verbs import probe as dev
+from rdmamw.providers.verbs import rank as verbs_rank
 from rdmamw.providers.verbs.address import Where, parse_where
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
