@@ -109,7 +109,6 @@ cdef class VerbsFailure:
         return "failed"
 
 
-
 @cython.no_gc_clear     # __dealloc__ needs dev and mem: the QP goes before their CQs and PD
 cdef class VerbsQP(Transport):
     """An RC QP to one peer plus the registered block of this endpoint, up to RTS; its

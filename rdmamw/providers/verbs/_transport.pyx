@@ -460,7 +460,7 @@ cdef class VerbsTransport(VerbsQP):
         return self.state
 
     cdef void _offer(self) noexcept nogil:
-        """rmv_route.hook of an endpoint whose ring grows (its owner: the transport). The
+        """The hook of an endpoint whose ring grows (_qp._offer_hook calls it). The
         peer waits for credit: grant it the next part of my ring (VerbsBlock registers it)
         by writing the part's grant word into its control page, then wake it. Runs on the
         thread that routed the peer's wake-up (the device thread while the application is
