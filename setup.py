@@ -2,7 +2,7 @@
 
 `pip install .` works on any Linux with a C compiler; no RDMA library or header is
 needed. The verbs provider's extension is always built, from the project's own
-declarations of libibverbs' ABI (rdmamw/include/rm_ibverbs.h), and does not link
+declarations of libibverbs' ABI (rdmamw/providers/verbs/rm_ibverbs.h), and does not link
 libibverbs: it dlopen()s libibverbs.so.1 on first use, so one build works on
 machines with and without rdma-core (without it, `verbs://` says why).
 """
@@ -26,25 +26,36 @@ DIRECTIVES = {
 }
 
 
-def ext(name: str, *sources: str) -> Extension:
-    return Extension(name, list(sources), include_dirs=["rdmamw/include"],
+SHARED = "rdmamw/include"          # headers more than one extension includes
+VERBS = "rdmamw/providers/verbs"    # rm_ibverbs.h: dlopen/dlvsym (in libc since glibc 2.34)
+
+#: extension -> (its headers' folders besides SHARED, libraries); the source is the
+#: module's .pyx
+EXTENSIONS = {
+    "rdmamw.bitmap._phase": ((), ()),
+    "rdmamw.transport._base": ((), ()),
+    **{f"rdmamw.engine.{unit}": ((), ()) for unit in (
+        "_link", "_leases", "_batch", "_rndv_send", "_eager_send", "_eager_recv",
+        "_messages", "_rndv_recv", "_waits", "_engine")},
+    **{f"rdmamw.providers.shm.{unit}": (("rdmamw/providers/shm",), ())
+       for unit in ("_endpoint", "_transport")},
+    "rdmamw.providers.tcp._transport": (("rdmamw/providers/tcp",), ()),
+    "rdmamw.memory._span": ((), ()),
+    "rdmamw.ps._sgd": ((), ()),
+    **{f"rdmamw.providers.verbs.{unit}": ((VERBS,), ("dl",)) for unit in (
+        "_lib", "_device", "_memory", "_block", "_qp", "_transport")},
+}
+#: the test-only hooks (tests/support/_hooks.pyx): not in the package; built in place by
+#: tests/support/build_hooks.py with these, for the suite only
+TEST_HOOKS = (("rdmamw/providers/shm", "rdmamw/providers/tcp", VERBS), ("dl",))
+
+
+def ext(name: str, include_dirs: tuple, libraries: tuple) -> Extension:
+    return Extension(name, [name.replace(".", "/") + ".pyx"],
+                     include_dirs=[SHARED, *include_dirs], libraries=list(libraries),
                      extra_compile_args=CFLAGS)
 
 
-extensions = [
-    ext("rdmamw.bitmap._phase", "rdmamw/bitmap/_phase.pyx"),
-    ext("rdmamw.transport._base", "rdmamw/transport/_base.pyx"),
-    *(ext(f"rdmamw.engine.{unit}", f"rdmamw/engine/{unit}.pyx") for unit in (
-        "_link", "_leases", "_batch", "_rndv_send", "_eager_send", "_eager_recv",
-        "_messages", "_rndv_recv", "_waits", "_engine")),
-    ext("rdmamw.providers._shm", "rdmamw/providers/_shm.pyx"),
-    ext("rdmamw.providers._tcp", "rdmamw/providers/_tcp.pyx"),
-    ext("rdmamw.memory._span", "rdmamw/memory/_span.pyx"),
-    ext("rdmamw.ps._sgd", "rdmamw/ps/_sgd.pyx"),
-    ext("rdmamw.providers._verbs", "rdmamw/providers/_verbs.pyx"),
-    ext("rdmamw.providers._verbs_dev", "rdmamw/providers/_verbs_dev.pyx"),
-]
-for e in extensions[-2:]:   # rm_ibverbs.h: dlopen/dlvsym (in libc itself since glibc 2.34)
-    e.libraries = ["dl"]
+extensions = [ext(name, *how) for name, how in EXTENSIONS.items()]
 
 setup(ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES, nthreads=0))

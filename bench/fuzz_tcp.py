@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rdmamw import auth  # noqa: E402
 from rdmamw.errors import ProtocolError  # noqa: E402
-from rdmamw.providers import tcp  # noqa: E402
+from rdmamw.providers.tcp import provider as tcp  # noqa: E402
 from rdmamw.transport import wire as _wire
 from tests.support.hooks import apply_stream  # noqa: E402
 from tests.support.tcp_util import random_stream  # noqa: E402

@@ -15,7 +15,7 @@ The bootstrap store refuses a wrong proof out loud (:data:`REFUSED` in place of 
 own proof), so a joining rank can tell a wrong token from a rank 0 that hung up; the
 channel listeners just hang up.
 
-The listeners (rdmamw/providers/_listener.py) send the challenge and collect the
+The listeners (rdmamw/listener.py) send the challenge and collect the
 opener's proof in their accept loop, without a thread; the handshake thread then
 finds both here (:func:`answered`) and ``accept_side`` only checks the proof."""
 

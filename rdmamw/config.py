@@ -182,9 +182,9 @@ MAX_BYTES = 1 << 50             # 1 PiB
 MAX_SPIN_US = 1e6               # one second of spinning before a sleep
 MAX_RANKS = 1 << 20             # ranks of a job: what rank 0's bootstrap serves in time
 MAX_RING_SLOTS = 1 << 20        # rdmamw/transport/layout.py MAX_SLOTS
-MAX_PEER_HEARTBEAT = 60.0       # the largest heartbeat a tcp peer accepts (providers/tcp.py)
+MAX_PEER_HEARTBEAT = 60.0       # the largest heartbeat a tcp peer accepts (tcp/provider.py)
 MAX_UNPROVEN = 1 << 16          # unproven connections a listener holds (each an fd; a
-                                # newcomer at the cap scans them: providers/_listener.py)
+                                # newcomer at the cap scans them: rdmamw/listener.py)
 D = _declare
 # channel
 D("channel", "RDMAMW_SLOTS", "int", 128, "slots in the ring a channel receives on", minimum=1,

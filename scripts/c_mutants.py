@@ -35,7 +35,7 @@ class CMutant:
     why: str
 
 
-EXPOSE, TCP = "rdmamw/include/rm_expose.h", "rdmamw/include/rm_tcp.h"
+EXPOSE, TCP = "rdmamw/include/rm_expose.h", "rdmamw/providers/tcp/rm_tcp.h"
 CORE, PHASE = "rdmamw/engine/_eager_recv.pyx", "rdmamw/bitmap/_phase.pyx"
 RNDV = "tests/channel/test_rendezvous.py"
 HOSTILE = "tests/providers/test_shm_hostile.py"
@@ -148,8 +148,8 @@ def touch_includers(tree: Path, path: str) -> None:
     name = Path(path).name
     if not name.endswith(".h"):
         return
-    inc = tree / "rdmamw" / "include"
-    names = {name} | {h.name for h in inc.glob("*.h") if f'#include "{name}"' in h.read_text()}
+    names = {name} | {h.name for h in (tree / "rdmamw").rglob("*.h")
+                      if f'#include "{name}"' in h.read_text()}
     naming = [f for f in (tree / "rdmamw").rglob("*.p[yx][xd]")
               if any(f'extern from "{n}"' in f.read_text() for n in names)]
     # a .pxd that names it: its own .pyx and every .pyx that cimports it (the hooks)

@@ -13,7 +13,7 @@ if [ "${RDMAMW_VM:-1}" = 0 ]; then
 fi
 bash scripts/rxe-vm.sh --deps
 # an old build without the verbs extension? build it now
-if ! "$VPY" -c "import rdmamw.providers._verbs" 2>/dev/null; then
+if ! "$VPY" -c "import rdmamw.providers.verbs._transport" 2>/dev/null; then
   "$VPY" setup.py -q build_ext --inplace >/dev/null
 fi
 # the test-only hooks (not in the package): built in place in tests/support

@@ -26,8 +26,8 @@ from rdmamw import _fork, _host, auth, config
 from rdmamw.bootstrap import choice, ifname, store
 from rdmamw.bootstrap.env import LaunchInfo, detect
 from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, setup_errors
+from rdmamw.listener import HandshakeListener, handshake_timeout
 from rdmamw.providers import Connected, provider, providers
-from rdmamw.providers._listener import HandshakeListener, handshake_timeout
 from rdmamw.providers.base import Advert, RankPair
 
 log = logging.getLogger("rdmamw.bootstrap")

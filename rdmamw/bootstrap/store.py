@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from rdmamw import auth
 from rdmamw.bootstrap import ranklist
 from rdmamw.errors import PeerLost, PeerNotFound, PeerRefused, ProtocolError, RdmamwError, Timeout
+from rdmamw.listener import KERNEL_BACKLOG, HandshakeListener
 from rdmamw.providers import providers
-from rdmamw.providers._listener import KERNEL_BACKLOG, HandshakeListener
 from rdmamw.transport.wire import field, recv_frame, send_frame
 
 log = logging.getLogger("rdmamw.bootstrap")
@@ -152,7 +152,7 @@ class _Join:
 
 class _Joins(HandshakeListener[_Join]):
     """Rank 0's store socket: joins are read concurrently, a deadline each, so silent
-    or hostile sockets delay no rank (rdmamw/providers/_listener.py)."""
+    or hostile sockets delay no rank (rdmamw/listener.py)."""
 
     def __init__(self, sock: socket.socket) -> None:
         host, port = sock.getsockname()[:2]

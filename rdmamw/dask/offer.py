@@ -12,7 +12,7 @@ with one message of rdmamw's own, the *offer*::
 ``id`` is random per listener; ``port`` is the verbs side channel's TCP port, on the
 host the connector already dialed (the offer names no host, so a listener cannot send
 a connector anywhere but another port of itself); ``ports`` holds the one RDMA port
-it uses, in the form of a bootstrap descriptor's (rdmamw/providers/verbs_rank.py: device, port,
+it uses, in the form of a bootstrap descriptor's (rdmamw/providers/verbs/rank.py: device, port,
 GID index, GID, link layer, fabric). The connector judges it as the bootstrap judges
 two ranks (``verbs_rank.pair``: a common fabric), opens the verbs channel with its own
 port on that fabric, checks that the offer read there carries the same ``id`` (the
@@ -36,7 +36,7 @@ import msgpack
 
 from rdmamw import channel as _sync
 from rdmamw import errors as _errors
-from rdmamw.providers import verbs_rank
+from rdmamw.providers.verbs import rank as verbs_rank
 from rdmamw.transport import wire
 
 log = logging.getLogger("rdmamw.dask")

@@ -25,7 +25,7 @@ cdef enum:
     CTRL_MAX_MSG = 64       # the largest message the peer takes (0: not announced)
     CTRL_RNDV_DONE = 128    # rendezvous-done bitmap (one word: RNDV_N entries)
     CTRL_ADVERT = 256       # RNDV_N advertised destinations of 4 words (docs/protocol.md)
-    # words 192..231: the verbs provider's ring grants (providers/_verbs.pxd GRANT_OFF)
+    # words 192..231: the verbs provider's ring grants (providers/verbs/_block.pxd GRANT_OFF)
 
 # a record whose payload is a descriptor: the message itself is READ or was WRITTEN
 ctypedef struct rm_desc:

@@ -19,9 +19,9 @@ from rdmamw.providers.base import Connected, Provider, missing
 
 #: scheme -> the module whose ``PROVIDER`` it is (imported when first asked for)
 BUILTIN = {
-    "shm": "rdmamw.providers.shm",
-    "tcp": "rdmamw.providers.tcp",
-    "verbs": "rdmamw.providers.verbs",
+    "shm": "rdmamw.providers.shm.provider",
+    "tcp": "rdmamw.providers.tcp.provider",
+    "verbs": "rdmamw.providers.verbs.provider",
 }
 
 _registered: dict[str, Provider] = {}

@@ -136,7 +136,7 @@ class Provider(Protocol):
         ...
 
 
-#: the attributes and methods every provider object has (tests/test_provider_shape.py)
+#: the attributes and methods every provider object has (tests/providers/test_provider_shape.py)
 REQUIRED = ("scheme", "preference", "network", "authenticates", "rendezvous_default",
             "status", "info",
             "can_connect", "check_entry", "advertise", "listen", "connect", "connect_rank")

@@ -121,7 +121,7 @@ cdef class Transport:
     cdef int assist(self) noexcept nogil:
         """Called while the engine is idle (spinning or about to sleep): a provider
         whose peer's work requests are executed by CPUs may lend this one (shm: the
-        assisted READ of rdmamw/include/rm_assist.h). The number of pieces done."""
+        assisted READ of rdmamw/providers/shm/rm_assist.h). The number of pieces done."""
         return 0
 
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,

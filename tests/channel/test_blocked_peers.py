@@ -24,7 +24,7 @@ from tests.support.helpers import LISTEN_ADDRESS, reap
 
 SLOTS, SLOT = 8, 4096
 #: the deadline of each wait: past verbs' own "no send completion" check (10 s with the
-#: send queue full, rdmamw/providers/_verbs.pyx STUCK_NS), which is where a blocked peer
+#: send queue full, rdmamw/providers/verbs/_transport.pyx STUCK_NS), which is where a blocked peer
 #: was reported lost; 1 s elsewhere
 DEADLINE = {"verbs": 12.0}
 

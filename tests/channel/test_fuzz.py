@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
-from rdmamw.providers import shm
+from rdmamw.providers.shm import provider as shm
 from rdmamw.transport import wire as _wire
 from tests.support import hooks
 from tests.support.helpers import make_pair

@@ -20,7 +20,7 @@ import rdmamw
 from rdmamw.channel import channel as channel_mod
 from rdmamw.channel import rendezvous as _rendezvous
 from rdmamw.errors import ConfigError
-from rdmamw.providers import tcp
+from rdmamw.providers.tcp import provider as tcp
 from rdmamw.transport import layout
 from rdmamw.transport import wire as _wire
 from tests.support import hooks

@@ -75,7 +75,7 @@ def _shm_staged() -> None:
 
 
 def _aio() -> None:
-    from rdmamw.providers import shm  # noqa: F401 - the provider the pair uses
+    from rdmamw.providers.shm import provider as shm  # noqa: F401 - the provider the pair uses
     from tests.support.helpers import make_pair
 
     a, b, lst = make_pair()
@@ -104,7 +104,7 @@ def _regcache() -> None:
 
 
 def _pinned_budget() -> None:
-    from rdmamw.providers import verbs_device
+    from rdmamw.providers.verbs import probe as verbs_device
 
     set_to = config.get("RDMAMW_VERBS_PINNED_BYTES")
     assert verbs_device.pinned_budget() == set_to or (set_to == 0

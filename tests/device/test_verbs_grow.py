@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from rdmamw.providers import _verbs_dev
+from rdmamw.providers.verbs import _memory
 from tests.channel.test_channel_basic import recv_all
 from tests.providers.test_verbs import _pair
 from tests.support.helpers import NO_DEVICE, VERBS_OK
@@ -116,12 +116,12 @@ def test_forged_grant_words_are_ignored_and_the_channel_works():
 
 
 def test_past_the_pinned_budget_the_ring_stays_small_and_works():
-    used, budget = _verbs_dev.pinned()
+    used, budget = _memory.pinned()
     a, b, lst, ta, tb = _pair(ONE_SLOT, slots=64, slot_size=16 * KIB)
     try:
         gc.collect()                # earlier tests' channels give their pins back now
-        used_now, _ = _verbs_dev.pinned()
-        _verbs_dev.set_pinned_budget(used_now + 4 * KIB)     # no room for any part
+        used_now, _ = _memory.pinned()
+        _memory.set_pinned_budget(used_now + 4 * KIB)     # no room for any part
         msgs = _messages(200, 15_000)
         got: list = []
         t = threading.Thread(target=lambda: got.extend(recv_all(b, 200, timeout=120)))
@@ -132,5 +132,5 @@ def test_past_the_pinned_budget_the_ring_stays_small_and_works():
         assert got == msgs
         assert tb.counters()["ring_slots_granted"] == 1
     finally:
-        _verbs_dev.set_pinned_budget(budget)
+        _memory.set_pinned_budget(budget)
         _close(a, b, lst)

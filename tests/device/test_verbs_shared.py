@@ -19,7 +19,7 @@ import time
 import pytest
 
 import rdmamw
-from rdmamw.providers import _verbs_dev
+from rdmamw.providers.verbs import _device, _memory
 from tests.channel.test_channel_basic import recv_all
 from tests.providers.test_listener_dos import _catch
 from tests.providers.test_verbs import _pair
@@ -63,7 +63,7 @@ def _close(pairs) -> None:
 
 
 def _cqs() -> tuple[int, int]:
-    c = _verbs_dev.devices()[0].counters()
+    c = _device.devices()[0].counters()
     return c["send_cqs"], c["recv_cqs"]
 
 
@@ -84,7 +84,7 @@ def test_what_the_process_holds_does_not_grow_with_its_channels():
                 assert recv_all(b, 1) == [b"y"]
             assert _verbs_fds() == fds_one
             assert fds_one[0] - base[0] <= 1     # one device context, if none yet
-            devs = _verbs_dev.devices()
+            devs = _device.devices()
             assert len(devs) == 1
             c = devs[0].counters()
             assert c["qps"] == 18            # both ends of 9 channels, one process
@@ -94,7 +94,7 @@ def test_what_the_process_holds_does_not_grow_with_its_channels():
             _close(more)
         del more, a, b, _
         gc.collect()            # a queue pair goes with its transport, not at close()
-        assert _verbs_dev.devices()[0].counters()["qps"] == 2
+        assert _device.devices()[0].counters()["qps"] == 2
     finally:
         _close(one)
 
@@ -139,7 +139,7 @@ while True:
 
 
 def _sleepers() -> int:
-    return sum(d.counters()["sleepers"] for d in _verbs_dev.devices())
+    return sum(d.counters()["sleepers"] for d in _device.devices())
 
 
 def _sleep_round(k: int) -> None:
@@ -296,9 +296,9 @@ def test_the_device_tells_its_limits():
 FULL_ACCEPTOR = """
 import sys, rdmamw
 from tests.support import hooks as testing
-from rdmamw.providers import _verbs_dev
+from rdmamw.providers.verbs import _device, _memory
 with rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=4096) as lst:
-    dev = _verbs_dev.device(sys.argv[1])      # the process's, which its channels take
+    dev = _device.device(sys.argv[1])      # the process's, which its channels take
     testing.set_device_limit(dev, "max_qp", dev.counters()["qps"])     # room for none
     print(lst.address, flush=True)
     try:
@@ -416,14 +416,14 @@ def test_a_full_budget_refuses_the_next_channel_and_closing_one_frees_its_share(
     RegistrationError naming RDMAMW_VERBS_PINNED_BYTES; the open ones keep working;
     closing one gives its share back."""
     gc.collect()                # what earlier tests left goes (and gives back its share)
-    base, _ = _verbs_dev.pinned()
+    base, _ = _memory.pinned()
     lst = rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=4096)
     p = _opener(lst.address, 4)
     try:
         _go(p)
         first = lst.accept(timeout=60)
         assert recv_all(first, 1) == [b"hello 0"]
-        used, _ = _verbs_dev.pinned()
+        used, _ = _memory.pinned()
         per = used - base
         assert per > 16 * 4096
         # room for one more channel like the first, not two
@@ -431,7 +431,7 @@ def test_a_full_budget_refuses_the_next_channel_and_closing_one_frees_its_share(
         _go(p)
         second = lst.accept(timeout=60)
         assert recv_all(second, 1) == [b"hello 1"]
-        assert _verbs_dev.pinned()[0] == used + per
+        assert _memory.pinned()[0] == used + per
         # the third is refused here, before anything is registered for it
         _go(p)
         with pytest.raises(rdmamw.Timeout):
@@ -446,7 +446,7 @@ def test_a_full_budget_refuses_the_next_channel_and_closing_one_frees_its_share(
         second.close()
         del second
         gc.collect()            # its registrations go with its transport
-        assert _verbs_dev.pinned()[0] == used
+        assert _memory.pinned()[0] == used
         _go(p)
         fourth = lst.accept(timeout=60)           # the opener's fourth try fits again
         assert recv_all(fourth, 1) == [b"hello 3"]
@@ -463,9 +463,9 @@ def test_a_hello_asking_for_more_than_the_budget_is_refused_before_registering(
     # rings registered whole at connect (a ring that grows starts within any budget)
     monkeypatch.setenv("RDMAMW_VERBS_RING_START", "0")
     lst = rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=4096)
-    before = _verbs_dev.pinned()[0]
+    before = _memory.pinned()[0]
     monkeypatch.setenv("RDMAMW_VERBS_PINNED_BYTES", str(before + (4 << 20)))
-    qps = [d.counters()["qps"] for d in _verbs_dev.devices()]
+    qps = [d.counters()["qps"] for d in _device.devices()]
     p = _opener(lst.address, 1, slots=128, slot_size=65536)     # an 8 MiB staging ring here
     accepted: list = []
     # the listener serves handshakes while someone accepts
@@ -480,8 +480,8 @@ def test_a_hello_asking_for_more_than_the_budget_is_refused_before_registering(
         assert refused.split()[:3] == ["refused", "0", "PeerRefused"], refused
         assert "RDMAMW_VERBS_PINNED_BYTES" in refused, refused
         assert time.monotonic() - t0 < 90
-        assert _verbs_dev.pinned()[0] == before
-        assert [d.counters()["qps"] for d in _verbs_dev.devices()] == qps
+        assert _memory.pinned()[0] == before
+        assert [d.counters()["qps"] for d in _device.devices()] == qps
     finally:
         p.kill()
         lst.close()

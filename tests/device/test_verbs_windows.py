@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from rdmamw.providers import _verbs_dev
+from rdmamw.providers.verbs import _device
 from tests.channel.test_channel_basic import recv_all
 from tests.support import hooks
 from tests.support.helpers import NO_DEVICE, VERBS_OK
@@ -115,7 +115,7 @@ def _pair(opts: str = ""):
 
 
 def _device_windows() -> int:
-    return sum(d.counters()["mws"] for d in _verbs_dev.devices())
+    return sum(d.counters()["mws"] for d in _device.devices())
 
 
 def test_the_block_opens_only_with_the_window_key_the_peer_was_given():
@@ -210,4 +210,4 @@ def test_a_window_is_refused_on_another_peer_s_queue_pair_of_the_same_pd():
 def _verbs_dev_pds() -> int:
     import gc
     gc.collect()        # earlier tests' endpoints without windows had a PD each
-    return sum(d.counters()["pds"] for d in _verbs_dev.devices())
+    return sum(d.counters()["pds"] for d in _device.devices())

@@ -33,7 +33,7 @@ from rdmamw.aio import Channel  # noqa: E402
 from rdmamw.aio import listen as aio_listen  # noqa: E402
 from rdmamw.dask import comm as dcomm  # noqa: E402
 from rdmamw.dask import offer  # noqa: E402
-from rdmamw.providers.verbs_rank import Port  # noqa: E402
+from rdmamw.providers.verbs.rank import Port  # noqa: E402
 from tests.support.dask_echo import echo  # noqa: E402
 from tests.support.helpers import NO_DEVICE, VERBS_OK  # noqa: E402
 
@@ -203,7 +203,7 @@ def test_the_listener_pins_its_first_rdma_port_and_offers_the_bound_port(monkeyp
 
 def test_the_connector_routes_to_the_dialed_host_with_its_own_port_on_the_fabric(
         monkeypatch):
-    from rdmamw.providers.verbs_address import parse_where
+    from rdmamw.providers.verbs.address import parse_where
     o = offer.Offer(offer.new_id(), 41234, PORT)
     elsewhere = Port("mlx5_0", 1, 0, bytes(10) + b"\xff\xff" + bytes([192, 168, 1, 5]),
                      "ethernet", "roce:192.168.1.0/24")

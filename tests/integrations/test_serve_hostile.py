@@ -537,7 +537,7 @@ def _shm_pair_with_socket():
     """(opener channel, acceptor channel, the acceptor transport's side socket fd,
     listener) over shm."""
     from rdmamw.channel.channel import Channel, _make
-    from rdmamw.providers import shm
+    from rdmamw.providers.shm import provider as shm
     from tests.support.helpers import unique_name
 
     name = unique_name("stray")

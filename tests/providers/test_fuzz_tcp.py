@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import rdmamw
 from rdmamw import auth
-from rdmamw.providers import tcp
+from rdmamw.providers.tcp import provider as tcp
 from rdmamw.transport import wire as _wire
 from tests.support.hooks import apply_stream
 from tests.support.tcp_util import FRAME, REGION, random_stream

@@ -23,8 +23,8 @@ from rdmamw import auth
 from rdmamw.bootstrap import store
 from rdmamw.bootstrap.launch import free_port
 from rdmamw.errors import ConfigError
-from rdmamw.providers import tcp
-from rdmamw.providers._listener import listen_backlog
+from rdmamw.listener import listen_backlog
+from rdmamw.providers.tcp import provider as tcp
 from rdmamw.transport import wire as _wire
 from tests.integrations.test_bootstrap import WORKER, clean_env
 from tests.support.helpers import LISTEN_ADDRESS, NO_DEVICE, VERBS_OK, reap, unique_name

@@ -1,6 +1,6 @@
 """The providers choose (rdmamw/bootstrap/choice.py): each answers ``can_connect`` for
 two ranks' descriptors, the bootstrap walks them. Descriptors' verbs entries are
-checked (rdmamw/providers/verbs_rank.py), RDMAMW_PROVIDER forces one for every pair or
+checked (rdmamw/providers/verbs/rank.py), RDMAMW_PROVIDER forces one for every pair or
 fails on every rank, and RDMAMW_SOCKET_IFNAME picks the interface. Jobs over real
 verbs are in test_verbs_rank.py (VM)."""
 
@@ -18,7 +18,7 @@ import rdmamw
 from rdmamw.bootstrap import choice, ifname
 from rdmamw.bootstrap.launch import free_port
 from rdmamw.errors import ConfigError
-from rdmamw.providers import verbs_rank
+from rdmamw.providers.verbs import rank as verbs_rank
 from tests.channel.test_channel_basic import recv_all
 from tests.integrations.test_bootstrap import ROOT, WORKER, clean_env, run_job
 from tests.support.helpers import make_pair, reap

@@ -1,4 +1,4 @@
-"""Assisted READ/WRITE on shm (rdmamw/include/rm_assist.h): the exposing side copies
+"""Assisted READ/WRITE on shm (rdmamw/providers/shm/rm_assist.h): the exposing side copies
 chunks of the peer's large rendezvous READ or WRITE while it is idle. What it may copy is checked
 against its own exposure table; the data must land whole and exactly once reported."""
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import rdmamw
 from rdmamw.errors import ConfigError
-from rdmamw.providers import shm
-from rdmamw.providers.shm import assist_settings
+from rdmamw.providers.shm import provider as shm
+from rdmamw.providers.shm.provider import assist_settings
 from tests.support import hooks
 from tests.support.helpers import LISTEN_ADDRESS
 

@@ -1,7 +1,7 @@
 """A hostile shm peer (issue 13, findings 1-2): it maps our block read-write, so it can
 forge the mirror of our exposure table and rewrite the claim word of its own assist
 job while we help with it. Neither may make us read or write anything outside what we
-exposed to it. The hooks in rdmamw.testing write the shared records exactly as
+exposed to it. The test hooks (tests/support/hooks.py) write the shared records exactly as
 the peer process can."""
 
 from __future__ import annotations

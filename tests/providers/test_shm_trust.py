@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from rdmamw.errors import ConfigError, ProtocolError, Timeout
-from rdmamw.providers import shm
+from rdmamw.providers.shm import provider as shm
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
 from tests.support import hooks

@@ -1,6 +1,6 @@
 """An unauthenticated connection costs almost nothing and never delays an authenticated
 one (issue 29, finding 1): every listener that proves the token (tcp, verbs, the
-bootstrap store; rdmamw/providers/_listener.py) sends its challenge first, gives the
+bootstrap store; rdmamw/listener.py) sends its challenge first, gives the
 proof a short deadline, holds a bounded number of unproven connections per source
 (the oldest is dropped for a newcomer) and runs no thread for them, so 150 idle
 strangers keep no token holder out."""
@@ -16,8 +16,8 @@ import pytest
 
 import rdmamw
 from rdmamw import auth, config
+from rdmamw import listener as _listener
 from rdmamw.bootstrap import store
-from rdmamw.providers import _listener
 from tests.providers.test_listener_dos import open_and_accept, raw_client
 
 STRANGERS = 150

@@ -1,6 +1,6 @@
 """The listener's limits on unproven connections are settings (issue 29, left item 1):
 ``RDMAMW_PROOF_TIMEOUT``, ``RDMAMW_UNPROVEN_PER_SOURCE``, ``RDMAMW_UNPROVEN_GRACE`` and
-``RDMAMW_UNPROVEN_MAX`` (rdmamw/config.py, read by rdmamw/providers/_listener.py when
+``RDMAMW_UNPROVEN_MAX`` (rdmamw/config.py, read by rdmamw/listener.py when
 a listener is made). Each test here sets one of them away from its default and checks
 a behaviour the default would not give; bad values are ConfigErrors naming the
 variable."""
@@ -71,7 +71,7 @@ def test_proof_timeout_is_a_setting(monkeypatch):
 def test_proof_timeout_is_capped_by_the_handshake_deadline(monkeypatch):
     monkeypatch.setenv("RDMAMW_PROOF_TIMEOUT", "60")
     monkeypatch.setenv("RDMAMW_HANDSHAKE_TIMEOUT", "0.4")
-    from rdmamw.providers import _listener
+    from rdmamw import listener as _listener
     assert _listener.proof_timeout() == 0.4
 
 
@@ -128,7 +128,7 @@ def test_a_flood_of_strangers_is_logged_in_a_bounded_number_of_lines(caplog):
     """100 connections that hang up at once: the first DROPS_LOGGED are logged one by
     one, the other 80 in one line that counts them (a line per connection would let
     any stranger fill the job's log); a token holder still gets in."""
-    from rdmamw.providers import _listener
+    from rdmamw import listener as _listener
 
     caplog.set_level(logging.WARNING, logger="rdmamw.tcp")
     with rdmamw.listen("tcp://127.0.0.1:0") as lst:

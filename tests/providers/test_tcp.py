@@ -16,7 +16,7 @@ import pytest
 import rdmamw
 from rdmamw import auth
 from rdmamw.errors import ConfigError
-from rdmamw.providers import tcp
+from rdmamw.providers.tcp import provider as tcp
 from tests.support import hooks
 from tests.support.tcp_util import HEARTBEAT, PUBLISH, READ_REQ, READ_RESP, WRITE, frame, raw_peer
 

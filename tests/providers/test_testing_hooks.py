@@ -1,13 +1,13 @@
-"""The test-only hooks (rdmamw.testing) are not on the classes users hold, and each one
+"""The test-only hooks (tests/support/hooks.py) are not on the classes users hold, and each one
 refuses a transport it cannot drive (None, another provider's, a Channel) with a
 TypeError naming what it takes, never a crash; no device needed."""
 
 from __future__ import annotations
 
 import pytest
-from rdmamw.providers._shm import ShmTransport
-from rdmamw.providers._tcp import TcpTransport
-from rdmamw.providers._verbs import VerbsTransport
+from rdmamw.providers.shm._transport import ShmTransport
+from rdmamw.providers.tcp._transport import TcpTransport
+from rdmamw.providers.verbs._transport import VerbsTransport
 from rdmamw.transport._base import Transport
 
 from rdmamw.channel.channel import Channel

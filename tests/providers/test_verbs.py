@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import rdmamw
 from rdmamw import auth, cli
 from rdmamw.channel.channel import Channel, _make
-from rdmamw.providers import verbs
+from rdmamw.providers.verbs import provider as verbs
 from rdmamw.transport import layout
 from rdmamw.transport import wire as _wire
 from tests.channel.test_channel_basic import recv_all
@@ -47,8 +47,8 @@ def test_unavailable_says_why(capsys):
 
 
 def test_without_the_extension_verbs_says_why_and_the_rest_works(monkeypatch):
-    from rdmamw.providers import verbs_device
-    monkeypatch.setitem(sys.modules, "rdmamw.providers._verbs", None)
+    from rdmamw.providers.verbs import probe as verbs_device
+    monkeypatch.setitem(sys.modules, "rdmamw.providers.verbs._transport", None)
     monkeypatch.delattr(rdmamw.providers, "_verbs", raising=False)
     verbs_device._module.cache_clear()
     try:

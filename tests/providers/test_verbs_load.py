@@ -1,5 +1,5 @@
 """libibverbs is loaded at run time: the verbs extension is always built from the
-project's declarations (rdmamw/include/rm_ibverbs.h), does not link libibverbs, and
+project's declarations (rdmamw/providers/verbs/rm_ibverbs.h), does not link libibverbs, and
 dlopen()s it on first use; no library or a missing symbol is a ProviderUnavailable
 naming it. Where <infiniband/verbs.h> exists, our ABI declarations are compared with
 it field by field."""
@@ -28,11 +28,13 @@ def _run(code: str, **env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("module", ["rdmamw.providers._verbs", "rdmamw.providers._verbs_dev",
-                                    "rdmamw.testing._hooks"])
+@pytest.mark.parametrize("module", [
+    *(f"rdmamw.providers.verbs.{unit}" for unit in (
+        "_lib", "_device", "_memory", "_block", "_qp", "_transport")),
+    "tests.support._hooks"])
 def test_extension_does_not_link_libibverbs(module):
-    """Nor do the device's extension and the test hooks, which drive a verbs endpoint
-    (they load the library the provider loaded, on first use)."""
+    """No extension of the provider does, nor the test hooks, which drive a verbs
+    endpoint (they load the library the provider loaded, on first use)."""
     readelf = shutil.which("readelf")
     if readelf is None:
         pytest.skip("readelf (binutils) not installed")
@@ -46,7 +48,7 @@ def test_extension_does_not_link_libibverbs(module):
 
 def test_loaded_on_first_use_not_at_import():
     r = _run("""
-        import os, rdmamw, rdmamw.providers._verbs as v
+        import os, rdmamw, rdmamw.providers.verbs._lib as v
         maps = lambda: "libibverbs" in open("/proc/self/maps").read()
         before = maps()
         rdmamw.listen(f"shm://load{os.getpid()}").close()
@@ -62,7 +64,7 @@ def test_no_library_is_provider_unavailable_with_the_reason():
     r = _run("""
         import rdmamw
         from rdmamw import cli
-        from rdmamw.providers import verbs_device
+        from rdmamw.providers.verbs import probe as verbs_device
         print(verbs_device.library())
         try:
             rdmamw.listen("verbs://127.0.0.1:0")
@@ -79,11 +81,12 @@ def test_no_library_is_provider_unavailable_with_the_reason():
 
 
 def test_the_test_hooks_work_without_libibverbs():
-    """rdmamw.testing imports and its verbs hooks say what is wrong on a host where
-    the library cannot be loaded (the host suite uses the other hooks there)."""
+    """The test hooks (tests/support/hooks.py) import, and their verbs hooks say what is
+    wrong on a host where the library cannot be loaded (the host suite uses the others
+    there)."""
     r = _run("""
-        import rdmamw.testing as hooks
-        from rdmamw.providers._verbs import VerbsTransport
+        import tests.support.hooks as hooks
+        from rdmamw.providers.verbs._transport import VerbsTransport
         print("libibverbs" in open("/proc/self/maps").read())
         for hook in (hooks.qp_error, lambda tp: hooks.expose_churn(tp, 0, 0, 1)):
             try:
@@ -97,11 +100,11 @@ def test_the_test_hooks_work_without_libibverbs():
 
 
 def test_load_fills_the_device_extensions_table():
-    """_verbs_dev keeps its own table of libibverbs calls: load() fills it too, so a
+    """_device keeps its own table of libibverbs calls: load() fills it too, so a
     device is asked (and refused here: none of that name), not called through NULL."""
     r = _run("""
-        import rdmamw.providers._verbs as v
-        from rdmamw.providers._verbs_dev import VerbsDevice
+        import rdmamw.providers.verbs._lib as v
+        from rdmamw.providers.verbs._device import VerbsDevice
         try:
             v.load()
         except OSError as e:
@@ -122,7 +125,7 @@ def test_the_collectors_clear_leaves_the_transports_units():
     """The transport's __dealloc__ destroys the QP before the device's CQs and PD go:
     the garbage collector's clear (tp_clear, run on a cycle before deallocation) must
     not drop its units first (no_gc_clear), or the device closes under a live QP."""
-    from rdmamw.providers._verbs import VerbsTransport
+    from rdmamw.providers.verbs._transport import VerbsTransport
     get_slot = ctypes.pythonapi.PyType_GetSlot
     get_slot.restype, get_slot.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_int]
     tp = VerbsTransport()
@@ -185,7 +188,7 @@ def test_only_an_old_version_of_a_symbol_is_not_enough(tmp_path):
               "IBVERBS_1.0 { global: ibv_create_comp_channel; ibv_destroy_comp_channel; "
               "ibv_modify_qp; };\nIBVERBS_1.1 { global: ibv_*; local: *; } IBVERBS_1.0;\n")
     r = _run("""
-        from rdmamw.providers import verbs_device
+        from rdmamw.providers.verbs import probe as verbs_device
         print(verbs_device.library())
     """, LD_LIBRARY_PATH=str(tmp_path))
     assert r.returncode == 0, r.stderr
@@ -258,7 +261,7 @@ def _layout(tmp_path, header: str) -> dict:
     (tmp_path / f"{tag}.c").write_text("\n".join(lines))
     exe = tmp_path / tag
     subprocess.run([CC, "-o", str(exe), str(tmp_path / f"{tag}.c"),
-                    f"-I{ROOT}/rdmamw/include", "-ldl"], check=True, capture_output=True)
+                    f"-I{ROOT}/rdmamw/providers/verbs", "-ldl"], check=True, capture_output=True)
     return json.loads(subprocess.run([str(exe)], capture_output=True, text=True,
                                      check=True).stdout)
 
@@ -275,7 +278,7 @@ def test_abi_declarations_match_rdma_core(tmp_path):
 
 def test_info_names_the_library_it_loaded(capsys):
     from rdmamw import cli
-    from rdmamw.providers import verbs_device
+    from rdmamw.providers.verbs import probe as verbs_device
     loaded, path = verbs_device.library()
     if not loaded:
         pytest.skip(f"no libibverbs here: {path}")

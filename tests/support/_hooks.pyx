@@ -1,7 +1,7 @@
 # cython: freethreading_compatible = False
 """Test-only hooks into the providers, kept out of their classes: drive a shm endpoint's
 assisted READ/WRITE by hand and write the peer's shared records as a (hostile) peer
-process can; feed tcp's frame decoder (rdmamw/include/rm_tcp.h) a byte stream on its own
+process can; feed tcp's frame decoder (rdmamw/providers/tcp/rm_tcp.h) a byte stream on its own
 (the fuzz target) and READ through an endpoint; churn a verbs endpoint's exposure table
 from several threads and put its queue pair in error; read a transport's region
 addresses.
@@ -16,7 +16,7 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
-from rdmamw.providers._ibverbs cimport (
+from rdmamw.providers.verbs._ibverbs cimport (
     IBV_QP_STATE,
     IBV_QPS_ERR,
     ibv_modify_qp,
@@ -25,8 +25,9 @@ from rdmamw.providers._ibverbs cimport (
     rm_ibv_load,
     rm_ibv_loaded,
 )
-from rdmamw.providers._shm cimport RM_XNONE, RM_XTAB_N, ShmTransport, rm_assist_publish
-from rdmamw.providers._tcp cimport (
+from rdmamw.providers.shm._endpoint cimport RM_XNONE, RM_XTAB_N, rm_assist_publish
+from rdmamw.providers.shm._transport cimport ShmTransport
+from rdmamw.providers.tcp._transport cimport (
     RT_NREG,
     RT_UP,
     TcpTransport,
@@ -35,8 +36,9 @@ from rdmamw.providers._tcp cimport (
     rt_conn,
     rt_progress,
 )
-from rdmamw.providers._verbs cimport VerbsTransport
-from rdmamw.providers._verbs_dev cimport XMR_BUSY, VerbsDevice
+from rdmamw.providers.verbs._qp cimport QP_CONNECTED
+from rdmamw.providers.verbs._transport cimport VerbsTransport
+from rdmamw.providers.verbs._device cimport XMR_BUSY, VerbsDevice
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_READ,
@@ -60,8 +62,8 @@ from rdmamw.transport.atomics cimport (
     rm_store_release64,
 )
 
-from rdmamw.providers._tcp import _WHY
-from rdmamw.providers._verbs import load as _load_verbs
+from rdmamw.providers.tcp._transport import _WHY
+from rdmamw.providers.verbs._lib import load as _load_verbs
 
 
 def region_address(Transport tp not None, int region):
@@ -360,11 +362,11 @@ def verbs_remote(VerbsTransport tp not None, uint32_t rkey, uint64_t addr,
             rc = tp.post(&wr, 1)
             end = now_ns() + <int64_t>(timeout * 1e9)
             rm_spin_lock(&tp.lock)
-            while rc == 0 and tp.state == 1 and tp.sq_done < tp.sq_posted and now_ns() < end:
+            while rc == 0 and tp.state == QP_CONNECTED and tp.sq_done < tp.sq_posted and now_ns() < end:
                 if tp._poll_send_locked() == 0:
                     rm_cpu_relax()
             rm_spin_unlock(&tp.lock)
-        if rc != 0 or tp.state != 1:
+        if rc != 0 or tp.state != QP_CONNECTED:
             return False, b""
         if tp.sq_done < tp.sq_posted:
             raise TimeoutError("no completion for the forged work request")
@@ -381,7 +383,7 @@ def verbs_side_socket(VerbsTransport tp not None) -> int:
 
 
 cdef _require_connected(VerbsTransport tp):
-    if tp.qp == NULL or tp.state != 1:
+    if tp.qp == NULL or tp.state != QP_CONNECTED:
         raise ValueError("the verbs transport is not connected (or closed)")
 
 

@@ -24,7 +24,7 @@ def fake_fabric(spec: str) -> None:
     """Replace this rank's verbs descriptor entry with one RoCE port on ``spec``."""
     import ipaddress
 
-    from rdmamw.providers import verbs_rank
+    from rdmamw.providers.verbs import rank as verbs_rank
     ip = ipaddress.ip_interface(spec)
     port = verbs_rank.Port("rxefake", 1, 1, ipaddress.IPv6Address(f"::ffff:{ip.ip}").packed,
                            "ethernet", f"roce:{ip.network}")

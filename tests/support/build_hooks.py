@@ -18,7 +18,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "tests.support._hooks"
-SOURCE = "tests/support/_hooks.pyx"
 
 
 def setup_py_helpers() -> dict:
@@ -40,8 +39,7 @@ def main() -> None:
     ns = setup_py_helpers()
     from Cython.Build import cythonize
     from setuptools import setup
-    hooks = ns["ext"](NAME, SOURCE)
-    hooks.libraries = ["dl"]        # rm_ibverbs.h: dlopen/dlvsym, as the verbs extensions
+    hooks = ns["ext"](NAME, *ns["TEST_HOOKS"])     # its headers and libdl, as setup.py's
     # a build directory of its own: setup.py's (build/lib.*) is what bdist_wheel packs
     args = ["-q", "build_ext", "--inplace", "--build-lib", "build/test-hooks/lib",
             "--build-temp", "build/test-hooks/temp", *sys.argv[1:]]

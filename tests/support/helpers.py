@@ -21,7 +21,7 @@ def unique_name(tag: str = "t") -> str:
 
 
 def _verbs_status() -> tuple[bool, str]:
-    from rdmamw.providers import verbs_device
+    from rdmamw.providers.verbs import probe as verbs_device
     return verbs_device.status()
 
 

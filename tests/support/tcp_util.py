@@ -7,7 +7,7 @@ import socket
 import struct
 
 from rdmamw import auth
-from rdmamw.providers import tcp
+from rdmamw.providers.tcp import provider as tcp
 from rdmamw.transport.wire import recv_frame, send_frame
 
 FRAME = struct.Struct("<HHIQ")       # type, region, length, offset
@@ -32,7 +32,7 @@ def frame(kind: int, region: int = 0, offset: int = 0, payload: bytes = b"",
                       offset) + payload
 
 
-REGION = 4096        # region size of rdmamw.providers._tcp.apply_stream's harness
+REGION = 4096        # region size of rdmamw.providers.tcp._transport.apply_stream's harness
 
 
 def random_frame(rng) -> bytes:

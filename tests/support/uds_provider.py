@@ -14,9 +14,10 @@ import socket
 import time
 
 from rdmamw.errors import PeerNotFound, ProtocolError, RdmamwError, Timeout
-from rdmamw.providers import Connected, tcp
-from rdmamw.providers._listener import HandshakeListener
+from rdmamw.listener import HandshakeListener
+from rdmamw.providers import Connected
 from rdmamw.providers.base import Advert, RankPair
+from rdmamw.providers.tcp import provider as tcp
 from rdmamw.transport import layout
 
 log = logging.getLogger("rdmamw.uds")

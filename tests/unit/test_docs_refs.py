@@ -327,7 +327,7 @@ def test_the_checks_find_what_they_guard():
                  "make gone-target"):
         assert want in bad, (want, bad)
     good = ("# Planted\n[a](design.md#alignment-4k-aliasing) [b](../README.md) [c](#planted)"
-            " [d](https://example.org/x.md)\n`rdmamw/providers/_NAME.pyx`, `docs/*.md`, "
+            " [d](https://example.org/x.md)\n`rdmamw/providers/NAME/_transport.pyx`, `docs/*.md`, "
             "`collectives/api.py`, `_phase.pyx`, `rdmamw/engine/`, `bench/results/`, "
             "`verbs.h`, ~/.config/rdmamw/rendezvous.json, `rdmamw.memory.pool.allocate`, "
             "`rdmamw.collectives.api.plan_*`, `rdmamw.aio`, the `rdmamw.channel` logger.\n"

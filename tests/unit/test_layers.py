@@ -27,10 +27,13 @@ BELOW = {
     "rdmamw.auth": {"rdmamw.errors", "rdmamw.config", "rdmamw.transport"},
     "rdmamw.engine": {"rdmamw.errors", "rdmamw._fork", "rdmamw.transport", "rdmamw.bitmap"},
     "rdmamw.memory": {"rdmamw.errors", "rdmamw._fork", "rdmamw.config"},
+    #: the accept loop of every listener: the providers' and the bootstrap store's
+    "rdmamw.listener": {"rdmamw.errors", "rdmamw.config", "rdmamw.auth"},
     "rdmamw.providers": {"rdmamw.errors", "rdmamw._fork", "rdmamw._host", "rdmamw.config",
-                         "rdmamw.log", "rdmamw.transport", "rdmamw.auth"},
+                         "rdmamw.log", "rdmamw.transport", "rdmamw.auth", "rdmamw.listener"},
     "rdmamw.bootstrap": {"rdmamw.errors", "rdmamw._fork", "rdmamw._host", "rdmamw.config",
-                         "rdmamw.log", "rdmamw.transport", "rdmamw.auth", "rdmamw.providers"},
+                         "rdmamw.log", "rdmamw.transport", "rdmamw.auth", "rdmamw.listener",
+                         "rdmamw.providers"},
 }
 #: the package's shared words (channel modes, rendezvous strategies): below everything,
 #: importable from everywhere, as rdmamw.errors is
@@ -180,3 +183,65 @@ def test_the_package_never_imports_its_test_hooks():
 
 def test_every_module_has_a_layer():
     assert [m for m in MODULES if _layer(m) is None and m != "rdmamw"] == []
+
+
+# ---- the providers: a package each, one inner shape (docs/architecture.md) ------------
+
+PROVIDERS = PKG / "providers"
+#: the built-in providers' packages
+PROVIDER_PACKAGES = sorted(p.name for p in PROVIDERS.iterdir()
+                           if (p / "__init__.py").is_file())
+#: what each provider's package holds: its PROVIDER, the module that makes connections,
+#: the transport extension the engine drives
+SHAPE = ("__init__.py", "provider.py", "_transport.pyx", "_transport.pxd")
+#: lines a provider's module may have, at most
+MAX_LINES = 600
+
+
+def test_the_builtin_providers_are_the_packages():
+    from rdmamw.providers import BUILTIN
+    assert PROVIDER_PACKAGES == sorted(BUILTIN)
+    assert BUILTIN == {p: f"rdmamw.providers.{p}.provider" for p in PROVIDER_PACKAGES}
+
+
+@pytest.mark.parametrize("name", PROVIDER_PACKAGES)
+def test_every_provider_package_has_the_shape(name):
+    pkg = PROVIDERS / name
+    assert [f for f in SHAPE if not (pkg / f).is_file()] == []
+    assert f"from rdmamw.providers.{name}.provider import PROVIDER" in \
+        (pkg / "__init__.py").read_text()
+    assert not list(pkg.glob("*/")) or all(p.name == "__pycache__" for p in pkg.glob("*/"))
+
+
+@pytest.mark.parametrize("name", PROVIDER_PACKAGES)
+def test_a_provider_imports_no_other_provider(name):
+    """Each provider's package uses its own modules, the registry and the protocol
+    (rdmamw.providers, .base), never another provider's."""
+    own = f"rdmamw.providers.{name}"
+    wrong = {m: {d for d in deps if d.startswith("rdmamw.providers.")
+                 and d != "rdmamw.providers.base" and not d.startswith(own)}
+             for m, deps in GRAPH.items() if m == own or m.startswith(own + ".")}
+    assert {m: d for m, d in wrong.items() if d} == {}
+
+
+def test_the_registry_names_no_provider_module():
+    """rdmamw.providers and .base import no provider: BUILTIN names them as strings."""
+    for m in ("rdmamw.providers", "rdmamw.providers.base"):
+        assert {d for d in GRAPH[m] if d.startswith("rdmamw.providers.")} <= \
+            {"rdmamw.providers.base"}, m
+
+
+def _long_modules(root: pathlib.Path, limit: int) -> dict[str, int]:
+    sizes = {str(p.relative_to(root)): len(p.read_text().splitlines())
+             for p in sorted(root.rglob("*")) if p.suffix in (".py", ".pyx", ".pxd", ".h")}
+    return {p: n for p, n in sizes.items() if n > limit}
+
+
+def test_no_provider_module_is_over_600_lines():
+    assert _long_modules(PROVIDERS, MAX_LINES) == {}
+
+
+def test_the_length_check_sees_a_long_module(tmp_path):
+    (tmp_path / "_long.pyx").write_text("pass\n" * (MAX_LINES + 1))
+    (tmp_path / "short.h").write_text("/* */\n" * MAX_LINES)
+    assert list(_long_modules(tmp_path, MAX_LINES).values()) == [MAX_LINES + 1]

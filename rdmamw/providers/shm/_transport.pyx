@@ -13,12 +13,11 @@ peer's table, then done as one copy with ``process_vm_readv`` (CMA) from the pee
 address space; a WRITE with ``process_vm_writev``. When the connection set-up found
 CMA not permitted (ptrace rules) the exposing side copies the range into its staging
 area (a second memfd both map) and the reader copies it from there. A large CMA READ or
-WRITE is assisted (rdmamw/include/rm_assist.h): the exposing side, while idle, copies
+WRITE is assisted (rdmamw/providers/shm/rm_assist.h): the exposing side, while idle, copies
 part of it, so one message moves with two cores."""
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
 
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
@@ -37,7 +36,6 @@ from rdmamw.transport._base cimport (
     RM_WR_SIGNALED,
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
-    Transport,
     now_ns,
     rm_mem,
     rm_wr,
@@ -54,11 +52,31 @@ from rdmamw.transport.atomics cimport (
     rm_store_release64,
 )
 
-cdef extern from "sys/mman.h" nogil:
-    void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
-    int munmap(void *addr, size_t length)
-    int PROT_READ, PROT_WRITE, MAP_SHARED
-    void *MAP_FAILED
+from rdmamw.providers.shm._endpoint cimport (
+    ASSIST_ALIGN,
+    RM_ASSIST_MAX_CHUNKS,
+    RM_XACC_READ,
+    RM_XACC_WRITE,
+    RM_XNONE,
+    SHM_CONNECTED,
+    ShmEndpoint,
+    iovec,
+    process_vm_readv,
+    process_vm_writev,
+    rm_assist,
+    rm_assist_claim,
+    rm_assist_finish,
+    rm_assist_offer,
+    rm_assist_publish,
+    rm_xent,
+    rm_xtab_add,
+    rm_xtab_alive,
+    rm_xtab_del,
+    rm_xtab_find,
+    rm_xtab_fit,
+    rm_xtab_mirror,
+    rm_xtab_retract,
+)
 
 cdef extern from "poll.h" nogil:
     struct pollfd:
@@ -82,24 +100,11 @@ cdef extern from "errno.h" nogil:
     int errno
     int EAGAIN, EINTR, EPERM, ESRCH
 
-cdef extern from "sys/uio.h" nogil:
-    struct iovec:
-        void *iov_base
-        size_t iov_len
-    ssize_t process_vm_readv(int pid, const iovec *local, unsigned long liovcnt,
-                             const iovec *remote, unsigned long riovcnt, unsigned long flags)
-    ssize_t process_vm_writev(int pid, const iovec *local, unsigned long liovcnt,
-                              const iovec *remote, unsigned long riovcnt, unsigned long flags)
-
 cdef extern from "sched.h" nogil:
     int sched_yield()
 
-#: the exposure table and, after it, the assist job record (in each block)
-XTAB_BYTES = sizeof(rm_xtab) + sizeof(rm_assist)
-
 cdef enum:
     CMA_CHUNK = 1 << 30     # process_vm_* move at most this much per call here
-    ASSIST_ALIGN = 1 << 16  # assisted-READ chunks are multiples of this
 
 
 cdef int _cma(int pid, bint write, char *local, uint64_t remote, uint64_t n) noexcept nogil:
@@ -127,174 +132,8 @@ cdef int _cma(int pid, bint write, char *local, uint64_t remote, uint64_t n) noe
     return 0
 
 
-def cma_probe(int pid, size_t addr) -> int:
-    """Read 8 bytes at ``addr`` in process ``pid`` with process_vm_readv: the word, or
-    -errno (EPERM: CMA is not permitted here)."""
-    cdef uint64_t word = 0
-    cdef iovec l, r
-    l.iov_base = &word
-    l.iov_len = 8
-    r.iov_base = <void *>addr
-    r.iov_len = 8
-    if process_vm_readv(pid, &l, 1, &r, 1, 0) != 8:
-        return -errno
-    return <long long>(word >> 1)      # non-negative: the caller compares the same shift
-
-cdef class ShmTransport(Transport):
-    """The shm endpoint; its fields are declared in _shm.pxd."""
-
-    def __cinit__(self):
-        self.sock = -1
-        self.my_evfd = -1
-        self.peer_evfd = -1
-        self.pidfd = -1
-        self.state = RM_ERR_CLOSED
-        self.direct_source = True
-        self.synchronous = True
-        self.close_wakes = True         # close() writes my_evfd, shuts the socket
-        self.max_inline = 1 << 30
-
-    def _attach(self, int sock, int my_memfd, size_t my_size, int peer_memfd, size_t peer_size,
-                int my_evfd, int peer_evfd, tuple my_regions, tuple peer_regions):
-        """Map both blocks; regions are ((offset, length) x RM_NREGIONS). Takes
-        ownership of sock and the eventfds; the memfds stay the caller's."""
-        cdef int i
-        cdef void *p
-        for regions, size in ((my_regions, my_size), (peer_regions, peer_size)):
-            if len(regions) != RM_NREGIONS:
-                raise ValueError("need one (offset, length) per region")
-            for off, length in regions:
-                if off < 0 or length <= 0 or off + length > size:
-                    raise ValueError(f"region ({off}, {length}) outside a block of {size}")
-        p = mmap(NULL, my_size, PROT_READ | PROT_WRITE, MAP_SHARED, my_memfd, 0)
-        if p == MAP_FAILED:
-            raise OSError("mmap of own shm block failed")
-        self.my_base, self.my_size = <char *>p, my_size
-        p = mmap(NULL, peer_size, PROT_READ | PROT_WRITE, MAP_SHARED, peer_memfd, 0)
-        if p == MAP_FAILED:
-            raise OSError("mmap of the peer's shm block failed")
-        self.peer_base, self.peer_size = <char *>p, peer_size
-        for i in range(RM_NREGIONS):
-            self.local[i].addr = self.my_base + <size_t>my_regions[i][0]
-            self.local[i].length = my_regions[i][1]
-            self.peer_addr[i] = self.peer_base + <size_t>peer_regions[i][0]
-            self.peer[i].addr = NULL     # never dereferenced outside post()
-            self.peer[i].length = peer_regions[i][1]
-        self.sock, self.my_evfd, self.peer_evfd = sock, my_evfd, peer_evfd
-        self.state = 1
-
-    def _attach_rendezvous(self, size_t my_xtab_off, size_t peer_xtab_off, int peer_pid,
-                           int pidfd):
-        """Wire the exposure tables (at the given offsets of each block); ``pidfd``
-        becomes ours."""
-        if my_xtab_off + XTAB_BYTES > self.my_size \
-                or peer_xtab_off + XTAB_BYTES > self.peer_size:
-            raise ValueError("exposure table (and assist job record) outside the block")
-        if self.xpriv == NULL:
-            self.xpriv = <rm_xtab *>calloc(1, sizeof(rm_xtab))
-            if self.xpriv == NULL:
-                raise MemoryError("exposure table")
-        self.xtab = <rm_xtab *>(self.my_base + my_xtab_off)
-        self.peer_xtab = <rm_xtab *>(self.peer_base + peer_xtab_off)
-        memset(self.xtab, 0, XTAB_BYTES)
-        self.job = <rm_assist *>(self.my_base + my_xtab_off + sizeof(rm_xtab))
-        self.peer_job = <rm_assist *>(self.peer_base + peer_xtab_off + sizeof(rm_xtab))
-        self.peer_pid, self.pidfd = peer_pid, pidfd
-
-    def _attach_staging(self, int my_arena_fd, size_t my_arena_size, int peer_arena_fd,
-                        size_t peer_arena_size):
-        """Map the staging areas a connection without CMA needs: mine (fd >= 0) when the
-        peer cannot CMA me, the peer's when I cannot CMA it; the memfds stay the
-        caller's. Channels with CMA both ways map neither (issue 14: a staging area is
-        1 GiB of virtual size per side)."""
-        cdef void *p
-        if my_arena_fd >= 0 and self.arena == NULL:
-            p = mmap(NULL, my_arena_size, PROT_READ | PROT_WRITE, MAP_SHARED, my_arena_fd, 0)
-            if p == MAP_FAILED:
-                raise OSError("mmap of own staging area failed")
-            self.arena, self.arena_size = <char *>p, my_arena_size
-        if peer_arena_fd >= 0 and self.peer_arena == NULL:
-            p = mmap(NULL, peer_arena_size, PROT_READ, MAP_SHARED, peer_arena_fd, 0)
-            if p == MAP_FAILED:
-                raise OSError("mmap of the peer's staging area failed")
-            self.peer_arena, self.peer_arena_size = <char *>p, peer_arena_size
-
-    def _set_probe(self, uint64_t word):
-        self.xtab.probe = word
-
-    def _probe_address(self):
-        """Address of my probe word, for the peer's CMA test."""
-        return <size_t>&self.xtab.probe
-
-    def _peer_probe_word(self):
-        return <long long>(self.peer_xtab.probe >> 1)
-
-    def _set_cma(self, bint mine, bint peers):
-        """mine: I may CMA the peer; peers: the peer may CMA me (else I stage)."""
-        self.cma, self.peer_cma = mine, peers
-        self.can_expose = True
-        self.max_expose = 0 if peers else self.arena_size
-
-    def _set_assist(self, uint64_t min_bytes, uint64_t chunk, double stall_s=10.0):
-        """Ask the peer to help with CMA READs/WRITEs of at least ``min_bytes`` (0: never),
-        cut into chunks of at least ``chunk`` bytes (at most 64 of them); a chunk the
-        peer claimed and has not finished after ``stall_s`` seconds (it was stopped)
-        fails the channel instead of waiting for ever."""
-        self.assist_min = min_bytes
-        self.assist_chunk = max(chunk, <uint64_t>ASSIST_ALIGN)
-        self.assist_stall_ns = <int64_t>(stall_s * 1e9)
-
-    def counters(self):
-        d = Transport.counters(self)
-        d.update(assist_jobs=self.n_assist_jobs, assist_chunks_got=self.n_assist_chunks_got,
-                 assist_bytes_given=self.bytes_assist_given)
-        return d
-
-    def fileno(self):
-        return self.sock
-
-    @property
-    def cma_modes(self):
-        """(I read the peer by CMA, the peer reads me by CMA)."""
-        return bool(self.cma), bool(self.peer_cma)
-
-    def __dealloc__(self):
-        self._close_fds()
-        if self.arena != NULL:
-            munmap(self.arena, self.arena_size)
-        if self.peer_arena != NULL:
-            munmap(self.peer_arena, self.peer_arena_size)
-        if self.my_base != NULL:
-            munmap(self.my_base, self.my_size)
-        if self.peer_base != NULL:
-            munmap(self.peer_base, self.peer_size)
-        free(self.xpriv)
-
-    cdef void _close_fds(self) noexcept:
-        if self.sock >= 0:
-            close(self.sock)
-        if self.my_evfd >= 0:
-            close(self.my_evfd)
-        if self.peer_evfd >= 0:
-            close(self.peer_evfd)
-        if self.pidfd >= 0:
-            close(self.pidfd)
-        self.sock = self.my_evfd = self.peer_evfd = self.pidfd = -1
-
-    def close(self):
-        """Hang up: the peer sees EOF, and a thread of ours blocked in wait() wakes.
-        The descriptors are closed only when the transport dies, so no waiting thread
-        can end up polling a reused descriptor number; the mappings live until the
-        last Message that points into them is gone."""
-        cdef uint64_t one = 1
-        if self.state == 1:
-            self.state = RM_ERR_CLOSED
-        if self.inherited():
-            return      # a fork child: shutdown would hang up the parent's connection
-        if self.sock >= 0:
-            shutdown(self.sock, SHUT_RDWR)
-        if self.my_evfd >= 0:
-            write(self.my_evfd, &one, 8)
+cdef class ShmTransport(ShmEndpoint):
+    """The shm endpoint's data path (its set-up: ShmEndpoint)."""
 
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
         cdef uint32_t i, w
@@ -303,7 +142,7 @@ cdef class ShmTransport(Transport):
         cdef uint64_t *src
         cdef rm_xent xe
         cdef int rc
-        if self.state != 1:
+        if self.state != SHM_CONNECTED:
             return self.state if self.state < 0 else RM_ERR_CLOSED
         for i in range(n):      # validate the whole chain first: all or nothing
             wr = &wrs[i]
@@ -485,7 +324,7 @@ cdef class ShmTransport(Transport):
         cdef int i, rc, did = 0
         cdef bint ok
         if self.peer_job == NULL or self.xpriv == NULL or not self.cma \
-                or not self.peer_cma or self.state != 1 or self.inherited():
+                or not self.peer_cma or self.state != SHM_CONNECTED or self.inherited():
             return 0
         seq = rm_assist_offer(self.peer_job, &j)
         if seq == 0:
@@ -534,7 +373,7 @@ cdef class ShmTransport(Transport):
         out.handle = out.lkey = out.rkey = 0
         if access == RM_ACCESS_LOCAL:
             return 0
-        if self.xpriv == NULL or self.state != 1 or self.inherited():
+        if self.xpriv == NULL or self.state != SHM_CONNECTED or self.inherited():
             return RM_ERR_CLOSED        # (a fork child: the table is the parent's)
         if access == RM_ACCESS_REMOTE_WRITE:
             if not self.peer_cma:
@@ -580,7 +419,7 @@ cdef class ShmTransport(Transport):
 
     cdef int wake_peer(self) noexcept nogil:
         cdef uint64_t one = 1
-        if self.peer_evfd < 0 or self.state != 1:
+        if self.peer_evfd < 0 or self.state != SHM_CONNECTED:
             return RM_ERR_CLOSED
         self.n_wakeups += 1
         if write(self.peer_evfd, &one, 8) != 8 and errno != EAGAIN:
@@ -591,7 +430,7 @@ cdef class ShmTransport(Transport):
         cdef pollfd fds[2]
         cdef uint64_t junk
         cdef int r
-        if self.my_evfd < 0 or self.state != 1:
+        if self.my_evfd < 0 or self.state != SHM_CONNECTED:
             return self.state if self.state < 0 else RM_ERR_CLOSED
         if self.assist() > 0:
             return 1                # time passed: let the caller look again
@@ -618,7 +457,7 @@ cdef class ShmTransport(Transport):
 
     cdef int arm_fd(self) noexcept nogil:
         cdef uint64_t junk
-        if self.my_evfd < 0 or self.state != 1:
+        if self.my_evfd < 0 or self.state != SHM_CONNECTED:
             return self.state if self.state < 0 else RM_ERR_CLOSED
         read(self.my_evfd, &junk, 8)        # non-blocking: empty is fine
         return 0
@@ -627,7 +466,7 @@ cdef class ShmTransport(Transport):
         cdef pollfd fd
         cdef char c
         cdef ssize_t r
-        if self.state != 1:
+        if self.state != SHM_CONNECTED:
             return self.state
         fd.fd = self.sock
         fd.events = POLLIN

@@ -7,7 +7,7 @@
  *
  * The structs are laid out exactly as rdma-core's ABI (stable since libibverbs 1.1;
  * the members we never touch keep their types so sizes and offsets match):
- * tests/test_verbs_abi.py compiles this header and the system's verbs.h, where that
+ * tests/providers/test_verbs_load.py (test_abi_declarations_match_rdma_core) compiles this header and the system's verbs.h, where that
  * exists, and compares every size, offset and constant used here. */
 #ifndef RM_IBVERBS_H
 #define RM_IBVERBS_H

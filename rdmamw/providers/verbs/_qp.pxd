@@ -1,22 +1,27 @@
-# The verbs provider's endpoint: an RC queue pair and its data path (VerbsTransport),
-# on the device resources and registrations of _verbs_dev.pxd, with the first cause of
-# its failure (VerbsFailure). Declared here so that the test-only hooks
-# (rdmamw/testing/_hooks.pyx) can reach its queue pair and, through ``mem``, its
-# exposure table; the package itself never imports them.
+# The verbs provider's endpoint: an RC queue pair (VerbsQP: its set-up here, its data
+# path in the subclass _transport.VerbsTransport), on the device of _device.pxd and the
+# registrations of _memory.pxd and _block.pxd, with the first cause of its failure
+# (VerbsFailure). Declared here so that the data path and the test-only hooks
+# (rdmamw/testing/_hooks.pyx) reach its fields.
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memset
 
 from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_mem, rm_wc, rm_wr
-from rdmamw.providers._ibverbs cimport *
-from rdmamw.providers._verbs_dev cimport (
-    RECV_BUF,
-    GRANT_OFF,
-    RECV_POOL,
-    WC_BATCH,
-    VerbsBlock,
-    VerbsDevice,
-    VerbsMemory,
-    rmv_route,
-)
+from rdmamw.providers.verbs._ibverbs cimport *
+from rdmamw.providers.verbs._device cimport WC_BATCH, VerbsDevice, rmv_route
+from rdmamw.providers.verbs._memory cimport VerbsMemory
+from rdmamw.providers.verbs._block cimport VerbsBlock
+
+cdef enum:                 # VerbsQP.state besides the RM_ERR_* code that ended it
+    QP_CONNECTED = 1       # the handshake's socket attached: the data path runs
+
+cdef extern from *:
+    """
+    #define RMV_INTERNAL (((uint64_t)1) << 63)
+    #define RMV_STUCK_NS 10000000000LL
+    """
+    uint64_t INTERNAL "RMV_INTERNAL"    # wr_id of WRs the engine never sees
+    int64_t STUCK_NS "RMV_STUCK_NS"     # no completion at all for this long: peer gone
 
 cdef enum:                 # what failed the connection first (error_detail)
     FAIL_OTHER = 1
@@ -39,7 +44,7 @@ cdef class VerbsFailure:
     cdef void completion(self, ibv_wc *wc, int kind, bint live) noexcept nogil
 
 
-cdef class VerbsTransport(Transport):
+cdef class VerbsQP(Transport):
     cdef readonly VerbsDevice dev       # context, channel, shared CQs (the process's)
     cdef readonly VerbsMemory mem       # this endpoint's PD and its MRs
     cdef readonly VerbsMemory cache_mem # the registration caches' MRs (mem, or shared)
@@ -72,7 +77,7 @@ cdef class VerbsTransport(Transport):
     cdef ibv_sge *sge
     cdef ibv_wc wcb[WC_BATCH]
     cdef int sock
-    cdef int state
+    cdef int state                      # QP_CONNECTED, or the RM_ERR_* that ended it
     cdef int lock                       # send queue and its accounting
     cdef int rlock                      # recv_seen and the receive counters
     cdef readonly uint64_t n_recv_completions
@@ -85,11 +90,19 @@ cdef class VerbsTransport(Transport):
     cdef void _fail(self, int code, int kind=*, int err=*) noexcept nogil
     cdef void _wc_error(self, ibv_wc *wc, int kind) noexcept nogil
     cdef inline int _dead(self) noexcept nogil
-    cdef void _fill(self, uint32_t j, rm_wr *wr) noexcept nogil
+    # the data path's (VerbsTransport), called by the set-up and the window binds
     cdef int _post_chain(self, uint32_t count, bint final) noexcept nogil
-    cdef int _room(self, uint32_t count) noexcept nogil
     cdef int _poll_send_locked(self) noexcept nogil
-    cdef inline void _stash(self, uint64_t wr_id, int status, int opcode) noexcept nogil
-    cdef int _drain_recv(self) noexcept nogil
-    cdef bint _woken(self) noexcept nogil
-    cdef int _settle(self) noexcept nogil
+    cdef void _offer(self) noexcept nogil
+
+
+cdef inline void bind_wr(ibv_send_wr *w, ibv_mw *mw, ibv_mr *mr, uint64_t addr, uint64_t length,
+                        unsigned int access, uint32_t rkey) noexcept nogil:
+    """w: the signaled BIND_MW of type-2 window ``mw`` over [addr, addr+length) of
+    ``mr`` with ``access``, giving it key ``rkey`` (ibv_inc_rkey of its last)."""
+    memset(w, 0, sizeof(ibv_send_wr))
+    w.wr_id, w.opcode, w.send_flags = INTERNAL, IBV_WR_BIND_MW, IBV_SEND_SIGNALED
+    w.bind_mw.mw, w.bind_mw.rkey = mw, rkey
+    w.bind_mw.bind_info.mr, w.bind_mw.bind_info.addr = mr, addr
+    w.bind_mw.bind_info.length, w.bind_mw.bind_info.mw_access_flags = length, access
+

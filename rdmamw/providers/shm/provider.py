@@ -10,7 +10,7 @@ Every memfd is sealed against shrinking and growing before it is handed over, an
 peer's descriptors are checked (sealed memfds of the announced sizes, an eventfd)
 before anything is mapped: a peer cannot truncate a block under us (SIGBUS).
 The listener serves handshakes concurrently, each with a deadline
-(rdmamw/providers/_listener.py): a refused or failed peer is logged and dropped.
+(rdmamw/listener.py): a refused or failed peer is logged and dropped.
 
 For rendezvous the two sides test, with a probe word, whether each may read the other's
 memory with ``process_vm_readv`` (CMA; ptrace rules decide). A side the peer cannot CMA
@@ -41,10 +41,11 @@ from rdmamw.errors import (
     RdmamwError,
     Timeout,
 )
+from rdmamw.listener import KERNEL_BACKLOG, HandshakeListener
 from rdmamw.providers import Connected
-from rdmamw.providers._listener import KERNEL_BACKLOG, HandshakeListener
-from rdmamw.providers._shm import XTAB_BYTES, ShmTransport, cma_probe
 from rdmamw.providers.base import Advert, RankPair
+from rdmamw.providers.shm._endpoint import XTAB_BYTES, cma_probe
+from rdmamw.providers.shm._transport import ShmTransport
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
 from rdmamw.vocabulary import READ
@@ -69,7 +70,7 @@ def cma_allowed() -> bool:
 def assist_settings() -> tuple[int, int, float]:
     """(smallest READ or WRITE the exposing side is asked to help with, smallest chunk,
     seconds a helper may hold an unfinished chunk) for the assisted copies of
-    rdmamw/include/rm_assist.h: ``RDMAMW_SHM_ASSIST`` bytes (0: off, default 1 MiB),
+    rdmamw/providers/shm/rm_assist.h: ``RDMAMW_SHM_ASSIST`` bytes (0: off, default 1 MiB),
     ``RDMAMW_SHM_ASSIST_CHUNK`` (default 256 KiB), ``RDMAMW_SHM_ASSIST_STALL`` (default
     10 s; a peer stopped mid-chunk then fails the channel rather than hang it)."""
     return (config.get("RDMAMW_SHM_ASSIST"), config.get("RDMAMW_SHM_ASSIST_CHUNK"),

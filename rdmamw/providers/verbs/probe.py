@@ -18,14 +18,17 @@ SYSFS = "/sys/class/infiniband"
 
 @functools.lru_cache(maxsize=1)
 def _module():
-    """The _verbs extension with libibverbs loaded, or the reason it cannot be."""
-    name = "rdmamw.providers._verbs"
+    """The verbs extensions' library module (_lib) with libibverbs loaded, or the
+    reason it cannot be. The transport's extension is imported first: it and those
+    below it hand their tables of calls to _lib.load()."""
+    name = "rdmamw.providers.verbs._transport"
     try:
-        mod = importlib.import_module(name)
+        importlib.import_module(name)
+        mod = importlib.import_module("rdmamw.providers.verbs._lib")
     except ModuleNotFoundError as e:
-        if e.name != name:
+        if not (e.name or "").startswith("rdmamw.providers.verbs._"):
             raise
-        return "rdmamw was built without the verbs extension (rdmamw.providers._verbs)"
+        return f"rdmamw was built without the verbs extension ({e.name})"
     try:
         mod.load()
     except OSError as e:
@@ -43,7 +46,8 @@ def transport_class():
     mod = _module()
     if isinstance(mod, str):
         raise ProviderUnavailable(mod)
-    return mod.VerbsTransport
+    from rdmamw.providers.verbs._transport import VerbsTransport
+    return VerbsTransport
 
 
 def pinned_budget() -> int:
@@ -70,11 +74,11 @@ def check_budget(need: int, what: str) -> None:
     mod = _module()
     if isinstance(mod, str):
         raise ProviderUnavailable(mod)
-    from rdmamw.providers import _verbs_dev
-    _verbs_dev.set_pinned_budget(pinned_budget())
-    used, budget = _verbs_dev.pinned()
+    from rdmamw.providers.verbs import _memory
+    _memory.set_pinned_budget(pinned_budget())
+    used, budget = _memory.pinned()
     if need > budget or used > budget - need:
-        raise _verbs_dev.budget_error(need, what)
+        raise _memory.budget_error(need, what)
 
 
 def gid_type(dev: str, port: int, index: int) -> str:

@@ -31,11 +31,12 @@ from rdmamw.errors import (
     RegistrationError,
     Timeout,
 )
-from rdmamw.providers import Connected, verbs_rank
-from rdmamw.providers import verbs_device as dev
-from rdmamw.providers._listener import KERNEL_BACKLOG, HandshakeListener
+from rdmamw.listener import KERNEL_BACKLOG, HandshakeListener
+from rdmamw.providers import Connected
 from rdmamw.providers.base import Advert, RankPair
-from rdmamw.providers.verbs_address import Where, parse_where
+from rdmamw.providers.verbs import probe as dev
+from rdmamw.providers.verbs import rank as verbs_rank
+from rdmamw.providers.verbs.address import Where, parse_where
 from rdmamw.transport import layout
 from rdmamw.transport import wire as fr
 from rdmamw.vocabulary import READ
@@ -312,7 +313,7 @@ def pin(me: int, mine: dict, peer: int, theirs: dict) -> Pin:
 class VerbsProvider:
     """verbs (RC queue pairs) between ranks on a common RDMA fabric: across hosts it
     beats tcp, inside a host shm beats it. Its descriptor part lists the usable ports
-    and the side-channel listener's address (rdmamw/providers/verbs_rank.py)."""
+    and the side-channel listener's address (rdmamw/providers/verbs/rank.py)."""
 
     scheme = "verbs"
     preference = verbs_rank.PREFERENCE
@@ -329,13 +330,13 @@ class VerbsProvider:
         return dev.status()
 
     def info(self) -> list[str]:
-        from rdmamw.providers import verbs_info
+        from rdmamw.providers.verbs import info as verbs_info
         loaded, lib = dev.library()
         return [f"libibverbs: {'loaded from ' if loaded else 'not loaded: '}{lib}",
                 "RDMA devices (pyverbs):", *(f"  {line}" for line in verbs_info.describe())]
 
     def can_connect(self, me: dict, peer: dict) -> tuple[int, str]:
-        """verbs when the two ranks share a fabric (rdmamw/providers/verbs_rank.py)."""
+        """verbs when the two ranks share a fabric (rdmamw/providers/verbs/rank.py)."""
         return verbs_rank.can_connect(me, peer)
 
     def check_entry(self, entry: object) -> None:

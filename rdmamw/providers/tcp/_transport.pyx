@@ -4,7 +4,7 @@
 post() turns a chain of work requests into frames {type, region, length, offset} +
 payload and hands the whole chain to the kernel with one ``sendmsg`` (scatter-gather
 straight from the sources: no copy in user space), so ``synchronous`` and
-``direct_source`` hold. The peer's progress thread (C, rdmamw/include/rm_tcp.h, no
+``direct_source`` hold. The peer's progress thread (C, rdmamw/providers/tcp/rm_tcp.h, no
 GIL) receives each payload straight into the target offset of its registered region
 after a bounds check; PUBLISH words are stored with release order. READ is a
 request/response pair served from the peer's regions only.
@@ -75,7 +75,7 @@ _WHY = {RT_WHY_NONE: "", RT_WHY_EOF: "peer closed the connection",
         RT_WHY_HOST: "peer's host acknowledged nothing past RDMAMW_TCP_HOST_TIMEOUT"}
 
 cdef class TcpTransport(Transport):
-    """The tcp endpoint; its fields are declared in _tcp.pxd."""
+    """The tcp endpoint; its fields are declared in _transport.pxd."""
 
     def __cinit__(self):
         self.c = <rt_conn *>calloc(1, sizeof(rt_conn))

@@ -1,4 +1,4 @@
-/* The tcp provider's data path in plain C, driven by rdmamw/providers/_tcp.pyx.
+/* The tcp provider's data path in plain C, driven by rdmamw/providers/tcp/_transport.pyx.
  *
  * A connection carries frames {type, region, length, offset} + payload. The
  * receiving side's progress thread (no GIL, no Python) reads each frame header,

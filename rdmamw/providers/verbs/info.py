@@ -4,7 +4,7 @@ python3-pyverbs, linked into the venv by scripts/pyverbs-link.sh)."""
 
 from __future__ import annotations
 
-from rdmamw.providers.verbs_device import gid_type
+from rdmamw.providers.verbs.probe import gid_type
 
 PORT_STATES = {1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 LINK_LAYERS = {0: "unspecified", 1: "InfiniBand", 2: "Ethernet"}

@@ -1,4 +1,4 @@
-# The tcp provider's endpoint and the C side it drives (rdmamw/include/rm_tcp.h),
+# The tcp provider's endpoint and the C side it drives (rdmamw/providers/tcp/rm_tcp.h),
 # declared here so the test-only hooks (rdmamw/testing/_hooks.pyx) can run the
 # frame decoder on its own; the package itself never imports them.
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t

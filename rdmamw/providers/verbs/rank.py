@@ -24,8 +24,8 @@ from typing import Any
 
 from rdmamw import config
 from rdmamw.errors import ConfigError, ProtocolError, ProviderUnavailable
-from rdmamw.providers import verbs_device as dev
-from rdmamw.providers.verbs_address import parse_where
+from rdmamw.providers.verbs import probe as dev
+from rdmamw.providers.verbs.address import parse_where
 
 log = logging.getLogger("rdmamw.verbs")
 PREFERENCE = 200            # above tcp, below shm (inside a host shm is faster)

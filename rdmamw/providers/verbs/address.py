@@ -1,6 +1,6 @@
 """``verbs://HOST:PORT?opt=v`` addresses: the host, the port and the options (each
 overriding the setting of the same name), checked; shared by the provider and the
-rank descriptors (verbs_rank.py)."""
+rank descriptors (rank.py)."""
 
 from __future__ import annotations
 

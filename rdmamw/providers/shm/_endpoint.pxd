@@ -1,9 +1,22 @@
-# The shm provider's endpoint, declared here so that the test-only hooks
-# (rdmamw/testing/_hooks.pyx) can reach its records the way a peer process can;
-# the package itself never imports them.
+# The shm provider's endpoint (ShmEndpoint: its set-up; _transport.pxd: its data path),
+# declared here so that the data path and the test-only hooks (rdmamw/testing/_hooks.pyx)
+# reach its records, the latter the way a peer process can.
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
-from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_wr
+from rdmamw.transport._base cimport RM_NREGIONS, Transport
+
+cdef enum:
+    SHM_CONNECTED = 1       # ShmEndpoint.state, attached; else the RM_ERR_* that ended it
+    ASSIST_ALIGN = 1 << 16  # assisted-READ chunks are multiples of this
+
+cdef extern from "sys/uio.h" nogil:     # CMA: copies from and to the peer's memory
+    struct iovec:
+        void *iov_base
+        size_t iov_len
+    ssize_t process_vm_readv(int pid, const iovec *local, unsigned long liovcnt,
+                             const iovec *remote, unsigned long riovcnt, unsigned long flags)
+    ssize_t process_vm_writev(int pid, const iovec *local, unsigned long liovcnt,
+                              const iovec *remote, unsigned long riovcnt, unsigned long flags)
 
 cdef extern from "rm_expose.h" nogil:
     enum:
@@ -39,7 +52,7 @@ cdef extern from "rm_assist.h" nogil:
     void rm_assist_finish(rm_assist *a, int i, int ok)
 
 
-cdef class ShmTransport(Transport):
+cdef class ShmEndpoint(Transport):
     cdef char *my_base
     cdef size_t my_size
     cdef char *peer_base
@@ -77,7 +90,3 @@ cdef class ShmTransport(Transport):
     cdef public uint64_t bytes_assist_given     # bytes I copied for the peer's jobs
 
     cdef void _close_fds(self) noexcept
-    cdef int _check_exposed(self, rm_wr *wr, rm_xent *xe) noexcept nogil
-    cdef bint _peer_exited(self) noexcept nogil
-    cdef int _exposed(self, rm_wr *wr) noexcept nogil
-    cdef int _assisted(self, rm_wr *wr) noexcept nogil

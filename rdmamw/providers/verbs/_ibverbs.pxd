@@ -1,5 +1,5 @@
 # The part of libibverbs the verbs provider uses, from the project's own declarations
-# (rdmamw/include/rm_ibverbs.h: rdma-core's ABI, no <infiniband/verbs.h> at build time).
+# (rdmamw/providers/verbs/rm_ibverbs.h: rdma-core's ABI, no <infiniband/verbs.h> at build time).
 # libibverbs is dlopen()ed by rm_ibv_load; the ibv_* names call through its table.
 # Field lists here are partial on purpose (Cython only needs the members it touches).
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t

@@ -3,8 +3,8 @@
 ``tcp://HOST:PORT`` (``PORT`` 0 = ephemeral; the listener reports the bound port).
 Each connection first proves the shared token both ways (rdmamw.auth), then the
 two sides exchange msgpack hellos with their ring sizes, allocate their blocks and
-hand the socket to the C progress thread (rdmamw/providers/_tcp.pyx). The listener
-serves handshakes concurrently (rdmamw/providers/_listener.py): a peer that fails any
+hand the socket to the C progress thread (rdmamw/providers/tcp/_transport.pyx). The listener
+serves handshakes concurrently (rdmamw/listener.py): a peer that fails any
 step or its deadline is logged and dropped; the listener keeps accepting.
 
 Liveness judges the peer process and its host apart. A killed process closes its
@@ -26,10 +26,10 @@ import time
 
 from rdmamw import auth, config
 from rdmamw.errors import ConfigError, PeerNotFound, ProtocolError, RdmamwError, Timeout
+from rdmamw.listener import KERNEL_BACKLOG, HandshakeListener
 from rdmamw.providers import Connected
-from rdmamw.providers._listener import KERNEL_BACKLOG, HandshakeListener
-from rdmamw.providers._tcp import TcpTransport, alloc_block, free_block
 from rdmamw.providers.base import Advert, RankPair
+from rdmamw.providers.tcp._transport import TcpTransport, alloc_block, free_block
 from rdmamw.transport import layout
 from rdmamw.transport.wire import PROTOCOL_VERSION, check_hello, field, recv_frame, send_frame
 from rdmamw.vocabulary import WRITE
