@@ -43,7 +43,7 @@ test-fast: $(STAMP)
 	RDMAMW_TEST_PROVIDERS=shm $(VPY) -m pytest -q -p no:cacheprovider --durations=5 \
 		tests/unit tests/channel
 
-# the randomized soak (tests/soak/soak.py, docs/benchmarks.md): 60 s per provider in `make
+# the randomized soak (tests/soak/soak.py, docs/benchmarks/soaks.md): 60 s per provider in `make
 # test` (verbs inside the VM); `make soak SOAK_SECONDS=1800 SOAK_PROVIDER=tcp` for a long run
 SOAK_SECONDS ?= 60
 SOAK_PROVIDER ?= shm

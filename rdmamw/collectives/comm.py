@@ -41,7 +41,7 @@ from rdmamw.steps import Steps
 # 16 x 1 MiB). Large chunks cut the per-chunk Python cost and the wake-ups of big
 # arrays: a 64 MiB allreduce at 2 ranks on shm took 8.3 ms of CPU per call with 4 MiB
 # chunks (copies received in place) against 10.5 ms with 1 MiB ones (bench/ab.py
-# --allreduce 64M, docs/benchmarks.md).
+# --allreduce 64M, docs/benchmarks/collectives.md).
 # RDMAMW_COLL_PIECES: chunks a transfer is cut into below max_chunk. 1 (default): on
 # shm a 1 MiB allreduce at 2 ranks took 0.19-0.22 ms whole vs 0.31 ms in quarters
 # (per-chunk Python cost beats the overlap at that size); above max_chunk transfers

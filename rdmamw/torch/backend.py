@@ -224,7 +224,7 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
                     and not t.requires_grad and opts.reduceOp == _SUM):
                 # torch's blocking dist.all_reduce(t), the call training loops make
                 # most: each check once, no closure, no Work but the finished one
-                # (docs/benchmarks.md, the backend's own cost)
+                # (docs/benchmarks/collectives.md, the backend's own cost)
                 x = t.numpy()
                 if not getattr(opts, "asyncOp", True):    # torch < 2.7 has no asyncOp
                     coll.allreduce(x, "sum", "auto", x, comm=self.comm)

@@ -1,7 +1,7 @@
 """The backend's Work objects in one process (a world of one): a blocking call's
 Work is done, gives the call's tensors through its future, and makes that future
 only when asked (torch waits on the Work and drops it: the future was a third of
-the backend's own cost per call, docs/benchmarks.md)."""
+the backend's own cost per call, docs/benchmarks/collectives.md)."""
 
 from __future__ import annotations
 
