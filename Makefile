@@ -8,7 +8,7 @@ SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') se
 	tests/support/_hooks.pyx tests/support/build_hooks.py
 
 .PHONY: demo test test-fast test-slow test-torch soak vm-deps bench bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
-	bench-verbs fuzz-tcp mutate mutate-c lint build clean
+	bench-verbs fuzz-tcp mutate mutate-c lint build docs plots clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -113,6 +113,18 @@ mutate-c: $(STAMP)
 lint: $(STAMP)
 	$(VPY) -m ruff check .
 
+# the docs site (mkdocs.yml, nav = docs/index.md's reading order; the API reference from
+# the docstrings, the Cython classes read from the built package): strict, so a broken
+# link, anchor or reference fails; into site/. The docs extra of pyproject.toml first.
+docs: $(STAMP)
+	$(VPY) -m pip install --quiet $$($(VPY) -c 'import tomllib; \
+		print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]))')
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict
+
+# the plots of docs/benchmarks/ from docs/benchmarks/figures.json (matplotlib: the examples extra)
+plots: $(STAMP)
+	$(VPY) bench/plots.py
+
 clean:
-	rm -rf build $(VENV) rdmamw/*.c rdmamw/*/*.c rdmamw/*.so rdmamw/*/*.so *.egg-info \
+	rm -rf build site $(VENV) rdmamw/*.c rdmamw/*/*.c rdmamw/*.so rdmamw/*/*.so *.egg-info \
 		tests/support/_hooks.c tests/support/*.so

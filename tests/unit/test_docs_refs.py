@@ -1,7 +1,7 @@
 """The docs stand alone: every file they name is in the repository, and nothing in the
 repository points a reader to a document outside it.
 
-* README.md and docs/*.md: every relative link (``[text](path#anchor)``: the file, and
+* README.md and docs/**/*.md: every relative link (``[text](path#anchor)``: the file, and
   the heading when there is an anchor), every path under docs/, rdmamw/, tests/, bench/,
   scripts/ or examples/ (a directory when it ends in ``/``; ``*`` and an upper-case
   placeholder such as ``_NAME`` stand for any name), every path inside a package of
@@ -182,7 +182,13 @@ def make_targets() -> frozenset[str]:
 
 
 def docs() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def shown(doc: Path) -> str:
+    """A doc's path in a report: docs/collectives.md and docs/benchmarks/collectives.md
+    share a name."""
+    return doc.relative_to(ROOT).as_posix() if doc.is_relative_to(ROOT) else doc.name
 
 
 def slug(heading: str) -> str:
@@ -225,10 +231,10 @@ def broken_links(doc: Path, text: str) -> list[str]:
             dest = (doc.parent / file).resolve() if file else doc
             rel = dest.relative_to(ROOT).as_posix() if dest.is_relative_to(ROOT) else ""
             if file and rel not in repo_files() | repo_dirs():
-                bad.append(f"{doc.name}:{no}: link to {target}: no such file")
+                bad.append(f"{shown(doc)}:{no}: link to {target}: no such file")
             elif anchor and dest.suffix == ".md" and anchor not in anchors(
                     (ROOT / rel).read_text() if file else text):
-                bad.append(f"{doc.name}:{no}: link to {target}: no heading #{anchor} in "
+                bad.append(f"{shown(doc)}:{no}: link to {target}: no heading #{anchor} in "
                            f"{rel}")
     return bad
 
@@ -242,27 +248,27 @@ def broken_paths(doc: Path, text: str) -> list[str]:
         for m in TOP_PATH.finditer(line):
             p = m.group(1)
             if p.rstrip(".,:;") not in WRITTEN and not resolves(p):
-                bad.append(f"{doc.name}:{no}: {p}")
+                bad.append(f"{shown(doc)}:{no}: {p}")
         for m in nested.finditer(line):
             if not resolves("rdmamw/" + m.group(1)):
-                bad.append(f"{doc.name}:{no}: {m.group(1)} (not under rdmamw/)")
+                bad.append(f"{shown(doc)}:{no}: {m.group(1)} (not under rdmamw/)")
         for m in BARE.finditer(line):
             name = m.group(1)
             if name not in basenames() and name not in NOT_OURS:
-                bad.append(f"{doc.name}:{no}: {name} (no file of that name)")
+                bad.append(f"{shown(doc)}:{no}: {name} (no file of that name)")
         for m in DOTTED.finditer(line):
             if not dotted_resolves(m.group(1)):
-                bad.append(f"{doc.name}:{no}: {m.group(1)} (no such module or name)")
+                bad.append(f"{shown(doc)}:{no}: {m.group(1)} (no such module or name)")
         for m in TEST_NAME.finditer(line):
             if m.group(1) not in known_tests():
-                bad.append(f"{doc.name}:{no}: {m.group(1)} (no such test or test module)")
+                bad.append(f"{shown(doc)}:{no}: {m.group(1)} (no such test or test module)")
     fenced = False
     for no, line in numbered(text):
         fenced ^= line.lstrip().startswith("```")
         targets = [m.group(1) for m in MAKE.finditer(line)]
         if fenced and MAKE_LINE.match(line):
             targets.append(MAKE_LINE.match(line).group(1))
-        bad += [f"{doc.name}:{no}: make {t} (no such Makefile target)" for t in targets
+        bad += [f"{shown(doc)}:{no}: make {t} (no such Makefile target)" for t in targets
                 if t not in make_targets()]
     return bad
 
@@ -274,7 +280,7 @@ def code_files() -> list[str]:
                   and Path(f).suffix in CODE_SUFFIXES and f != "tests/unit/test_docs_refs.py")
 
 
-@pytest.mark.parametrize("doc", docs(), ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", docs(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_link_and_path_in_the_docs_is_in_the_repository(doc):
     text = doc.read_text()
     bad = broken_links(doc, text) + broken_paths(doc, text)
