@@ -52,11 +52,12 @@ def rate_vs_batch(f: dict, out: Path) -> None:
     ax.plot(d["batch"], [r / 1e6 for r in d["messages_per_s"]], "o-", label="8 B messages/s")
     ax.set_xscale("log", base=2)
     ax.set_xticks(d["batch"], [str(b) for b in d["batch"]])
+    ax.set_ylim(0, max(d["messages_per_s"]) / 1e6 * 1.12)
     ax.set_xlabel("messages per send_batch")
     ax.set_ylabel("million messages / s")
     for b, r, c in zip(d["batch"], d["messages_per_s"], d["cpu_ns_per_message"], strict=True):
         ax.annotate(f"{c:.0f} ns CPU/msg", (b, r / 1e6), textcoords="offset points",
-                    xytext=(6, -12), fontsize=8)
+                    xytext=(8, 6), fontsize=8)
     ax.legend(loc="upper left")
     finish(fig, ax, "8 B message rate by batch size (shm)", d["source"], out / "rate-vs-batch.png")
 
