@@ -27,7 +27,8 @@ NAIVE = str(ROOT / "tests" / "support" / "naive_allreduce.py")
 #: the modules that read the registry (and once spelled each algorithm; the vocabulary
 #: names the built-in modules, for the layers below the collectives)
 READERS = ["rdmamw/config.py", "rdmamw/collectives/policy.py",
-           "rdmamw/collectives/api.py", "rdmamw/apps/tune_coll.py"]
+           "rdmamw/collectives/api.py", "rdmamw/apps/tune_coll.py",
+           "rdmamw/aio/collectives.py"]
 
 
 @pytest.fixture
