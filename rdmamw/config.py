@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rdmamw import vocabulary
 from rdmamw.errors import ConfigError
-from rdmamw.vocabulary import ALLREDUCE_ALGORITHMS, AUTO, RNDV_STRATEGIES
+from rdmamw.vocabulary import AUTO, RNDV_STRATEGIES
 
 # ---- parsers: the text of a variable (or an option) -> a value -------------------------
 
@@ -95,6 +96,29 @@ def parse_bool(text: str, what: str) -> bool:
                       "true/false)")
 
 
+class LazyChoices(Sequence):
+    """A setting's choices read when checked (from a registry that may grow after
+    import: the allreduce algorithms)."""
+
+    def __init__(self, read: Callable[[], tuple[str, ...]]) -> None:
+        self._read = read
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._read()[i]
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._read())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._read()
+
+    def __repr__(self) -> str:
+        return repr(self._read())
+
+
 # ---- the table ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -108,7 +132,7 @@ class Setting:
     component: str
     minimum: float = 0
     maximum: float = math.inf
-    choices: tuple[str, ...] = ()
+    choices: Sequence[str] = ()
     secret: bool = False        # never printed (rdmamw info, the log)
     set_by: str = ""            # a launcher's variable: the launchers that set it
     check: Callable[[Any, str], Any] | None = None   # a further check of the parsed value
@@ -332,7 +356,8 @@ D("collectives", "RDMAMW_COLL_PIECES", "int", 1, "pipeline pieces per transfer",
 D("collectives", "RDMAMW_COLL_RESULT_BYTES", "bytes", G,
   "idle bytes the pool of out-of-place collective results keeps")
 D("collectives", "RDMAMW_ALLREDUCE_ALGORITHM", "choice", "",
-  "force an allreduce algorithm", choices=(AUTO, *ALLREDUCE_ALGORITHMS, ""))
+  "force an allreduce algorithm",
+  choices=LazyChoices(lambda: (AUTO, *vocabulary.allreduce_algorithms(), "")))
 D("collectives", "RDMAMW_COLL_CONFIG", "path", "",
   "cost-model file of `rdmamw tune` (default ~/.config/rdmamw/collectives.json)")
 D("collectives", "RDMAMW_COLL_TOPOLOGY", "str", "host",

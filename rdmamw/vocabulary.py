@@ -1,7 +1,8 @@
 """The words several layers spell, declared once with their checks: the channel modes,
 the rendezvous strategies (how a message above the eager limit travels) and the
-allreduce algorithms. Every
-layer may import this module (it imports nothing of the package): the settings table
+allreduce algorithms (the built-in ones' names, and those registered since, which
+rdmamw/collectives/algorithms/'s registry adds). Every layer may import this module
+(it imports nothing of the package): the settings table
 takes its choices from here, the wire check of a peer's hello, the channel's options,
 the engine, the tuning file and ``rdmamw tune rndv`` too. (The provider names are the
 provider registry's, ``rdmamw.providers``.)"""
@@ -25,8 +26,35 @@ RNDV_OPTIONS = (AUTO, *RNDV_STRATEGIES)
 #: the strategies that move data by rendezvous (``OFF`` does not)
 RNDV_TRANSFERS = (READ, WRITE)
 
-#: the allreduce algorithms one may force (``AUTO``: the tuned cost model chooses)
-ALLREDUCE_ALGORITHMS = ("ring", "rhd", "hierarchical")
+
+
+#: the built-in allreduce algorithms, each a module of rdmamw/collectives/algorithms/
+#: (whose registry imports it by this name)
+ALLREDUCE_BUILTIN = ("ring", "rhd", "hierarchical")
+#: the ones registered since (``rdmamw.collectives.algorithms.register`` names them
+#: here, so the layers below the collectives, the settings table, know them too)
+_allreduce_registered: list[str] = []
+
+
+def allreduce_algorithms() -> tuple[str, ...]:
+    """The allreduce algorithms one may force (``AUTO``: the tuned cost model chooses):
+    the built-in ones, then those registered (``ALLREDUCE_ALGORITHMS`` reads this too)."""
+    return tuple(dict.fromkeys([*ALLREDUCE_BUILTIN, *_allreduce_registered]))
+
+
+def name_allreduce_algorithm(name: str, known: bool = True) -> None:
+    """Add (``known``) or drop a registered algorithm's name: only the registry calls
+    this."""
+    if known and name not in _allreduce_registered:
+        _allreduce_registered.append(name)
+    elif not known and name in _allreduce_registered:
+        _allreduce_registered.remove(name)
+
+
+def __getattr__(name: str) -> object:
+    if name == "ALLREDUCE_ALGORITHMS":
+        return allreduce_algorithms()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_mode(mode: object, error: type[Exception] = ValueError,

@@ -7,10 +7,12 @@
 ...         async for m in ch:
 ...             ...
 
-The loop watches each channel's ``fileno()`` (docs/api.md, "Event loops").
+``open_channel`` is ``Channel.open`` safe to cancel (a channel that arrives after
+the caller gave up is closed). The loop watches each channel's ``fileno()``
+(docs/api.md, "Event loops").
 ``rdmamw.aio.collectives`` awaits the collectives and ``rdmamw.aio.ps.KVWorker`` the
 parameter-server worker (imported on their own: they pull in numpy)."""
 
-from rdmamw.aio.channel import Channel, Listener, listen
+from rdmamw.aio.channel import Channel, Listener, listen, open_channel
 
-__all__ = ["Channel", "Listener", "listen"]
+__all__ = ["Channel", "Listener", "listen", "open_channel"]

@@ -355,3 +355,26 @@ class Listener:
 async def listen(address: str, **ring: Any) -> Listener:
     """:func:`rdmamw.listen` (same arguments) for an event loop."""
     return Listener(_sync.listen(address, **ring))
+
+
+async def open_channel(address: str | int, timeout: float | None = None,
+                       **options: Any) -> Channel:
+    """:meth:`rdmamw.Channel.open` (same arguments) in the loop's default executor,
+    safe to cancel: a channel whose handshake ends after the caller gave up (its task
+    cancelled, a ``wait_for`` passed) is closed, not leaked, since the executor's
+    thread cannot be stopped half-way. ``timeout``: the open's own (None: its default)."""
+    loop = asyncio.get_running_loop()
+    if timeout is not None:
+        options["timeout"] = timeout
+    fut = loop.run_in_executor(None, partial(_sync.Channel.open, address, **options))
+    try:
+        return Channel(await asyncio.shield(fut))
+    except asyncio.CancelledError:
+        fut.add_done_callback(_close_late)
+        raise
+
+
+def _close_late(fut: asyncio.Future) -> None:
+    """Close the channel an abandoned :func:`open_channel` got in the end."""
+    if not fut.cancelled() and fut.exception() is None:
+        fut.result().close()

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from rdmamw.aio.channel import Channel
-from rdmamw.collectives import api, rooted
+from rdmamw.collectives import algorithms, api, rooted
 from rdmamw.collectives.alltoall import plan_alltoall
 from rdmamw.collectives.comm import INTO, RECV, SEND, Communicator, name_peer
 from rdmamw.errors import Timeout
@@ -105,7 +105,7 @@ async def _step(ch: Channel, kind: int, arg: Any) -> Any:
 async def _groups(comm: Communicator, algorithm: str) -> list[int] | None:
     """api.groups for the algorithms that need it; resolved off the loop the first
     time (a "probe" topology measures the links with blocking calls)."""
-    if algorithm not in ("auto", "hierarchical"):
+    if not algorithms.needs_groups(algorithm):
         return None
     if comm.group_ids is not None:
         return comm.group_ids

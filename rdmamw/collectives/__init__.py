@@ -6,8 +6,9 @@
 >>> h = coll.allreduce(grad, async_op=True)         # doctest: +SKIP
 >>> total = h.wait()                                # doctest: +SKIP
 
-Algorithms: ring, rhd (recursive halving-doubling), hierarchical (topology-aware)
-and auto (cost model, see policy.py and ``rdmamw tune``). docs/collectives.md."""
+Algorithms: ring, rhd (recursive halving-doubling), hierarchical (topology-aware),
+any registered (rdmamw/collectives/algorithms/) and auto (cost model, see policy.py
+and ``rdmamw tune``). docs/collectives.md."""
 
 from rdmamw.collectives.alltoall import alltoall
 from rdmamw.collectives.api import (
@@ -20,9 +21,15 @@ from rdmamw.collectives.api import (
     reduce_scatter,
 )
 from rdmamw.collectives.comm import CollectiveMismatch, Communicator
-from rdmamw.collectives.policy import ALGORITHMS
 from rdmamw.collectives.progress import Handle
 from rdmamw.collectives.rooted import gather, reduce, scatter
+
+
+def __getattr__(name: str) -> object:
+    if name == "ALGORITHMS":      # the registry's names (rdmamw.collectives.algorithms)
+        from rdmamw.collectives import algorithms
+        return algorithms.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["ALGORITHMS", "CollectiveMismatch", "Communicator", "Handle", "allgather",
            "allreduce", "alltoall", "barrier", "broadcast", "default_comm", "gather",

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from rdmamw.collectives import hierarchical, results, rhd, ring, topology, tree
+from rdmamw.collectives import algorithms, results, ring, topology, tree
 from rdmamw.collectives._kernels import bounds
 from rdmamw.collectives.comm import Communicator, Steps
 from rdmamw.collectives.ops import check_dtype, dtype_name, ufunc
@@ -83,17 +83,19 @@ def allreduce(array: np.ndarray, op: str = "sum", algorithm: str = "auto",
     bxor on integers) and return the result on every rank: in ``out`` if given (in
     place when ``out is array``), else in a new array.
 
-    ``algorithm``: "auto" (the tuned cost model, see policy.py), "ring", "rhd" or
-    "hierarchical". Every rank must call it with the same shape, dtype, op and
-    algorithm; otherwise every rank raises :class:`CollectiveMismatch`."""
+    ``algorithm``: "auto" (the tuned cost model, see policy.py) or the name of a
+    registered algorithm (rdmamw.collectives.algorithms: "ring", "rhd",
+    "hierarchical" and any registered since). Every rank must call it with the same
+    shape, dtype, op and algorithm; otherwise every rank raises :class:`CollectiveMismatch`."""
     comm = comm or default_comm()
-    ids = groups(comm) if algorithm in ("auto", "hierarchical") else None
+    ids = groups(comm) if algorithms.needs_groups(algorithm) else None
     return plan_allreduce(comm, array, op, algorithm, out, ids).call(async_op)
 
 
 def plan_allreduce(comm: Communicator, array: np.ndarray, op: str, algorithm: str,
                    out: np.ndarray | None, ids: list[int] | None) -> Plan:
-    """``ids``: :func:`groups` (needed by "auto" and "hierarchical" only)."""
+    """``ids``: :func:`groups` (needed by "auto" and the algorithms that say so:
+    ``algorithms.needs_groups``)."""
     a = _input(array)
     uf = ufunc(op, a.dtype)
     res = _output(a, out, a.shape)
@@ -102,20 +104,11 @@ def plan_allreduce(comm: Communicator, array: np.ndarray, op: str, algorithm: st
     members = list(range(comm.size))
     ids = [0] * comm.size if ids is None else ids
     alg = comm.choices.choose(x.nbytes, ids, comm.model, algorithm)
-    if alg == "ring":
-        peers = ring.peers(comm, members)
-    elif alg == "rhd":
-        peers = rhd.peers(comm, members)
-    else:
-        peers = hierarchical.peers(comm, ids)
+    run = algorithms.get(alg)
+    peers = run.peers(comm, members, ids)
 
     def body() -> Steps:
-        if alg == "ring":
-            yield from ring.allreduce(comm, x, flat, uf, members)
-        elif alg == "rhd":
-            yield from rhd.allreduce(comm, x, flat, uf, members)
-        else:
-            yield from hierarchical.allreduce(comm, x, flat, uf, ids)
+        yield from run.run(comm, x, flat, uf, members, ids)
         return res
     return Plan(comm, ["allreduce", dtype_name(a.dtype), list(a.shape), op, -1, alg], peers, body)
 

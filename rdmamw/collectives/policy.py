@@ -1,5 +1,7 @@
 """Which allreduce algorithm to run: an alpha-beta(-gamma) cost model evaluated on the
-schedule each algorithm really runs over the job's topology.
+schedule each algorithm really runs over the job's topology. The algorithms, their
+cost functions and whether "auto" weighs them come from their registry
+(rdmamw/collectives/algorithms/); this module names none.
 
 A step whose pairs all sit in one group costs ``alpha_intra + bytes * beta_intra``;
 a step with any pair across groups waits for the slow link (``*_inter``); reducing
@@ -20,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from rdmamw import config
+from rdmamw.collectives import algorithms
 from rdmamw.errors import ConfigError
-from rdmamw.vocabulary import ALLREDUCE_ALGORITHMS as ALGORITHMS
+from rdmamw.vocabulary import AUTO
 
 CONFIG_ENV = "RDMAMW_COLL_CONFIG"
 ALGO_ENV = "RDMAMW_ALLREDUCE_ALGORITHM"
@@ -68,9 +71,10 @@ class Model:
         if not isinstance(m, dict):
             raise ConfigError(f"{source or 'cost model'}: not a map of intra, inter, gamma")
         algorithm = d.get("algorithm")
-        if algorithm not in (None, "auto", *ALGORITHMS):
+        known = algorithms.names()
+        if algorithm not in (None, AUTO, *known):
             raise ConfigError(f"{source or 'cost model'}: algorithm {algorithm!r:.40} is not "
-                              f"'auto' or one of {ALGORITHMS}")
+                              f"'auto' or one of {known}")
         return cls(link(m.get("intra"), "intra"), link(m.get("inter"), "inter"),
                    num(m.get("gamma"), "gamma"), algorithm, source)
 
@@ -108,54 +112,14 @@ def step(model: Model, groups: list[int], sends: list[tuple[int, int, float]],
     return t + reduce_bytes * model.gamma
 
 
-def cost_ring(nbytes: float, groups: list[int], model: Model) -> float:
-    n = len(groups)
-    if n == 1:
-        return 0.0
-    seg = nbytes / n
-    sends = [(r, (r + 1) % n, seg) for r in range(n)]
-    return (n - 1) * (step(model, groups, sends, seg) + step(model, groups, sends))
-
-
-def cost_rhd(nbytes: float, groups: list[int], model: Model) -> float:
-    n = len(groups)
-    p = 1 << (n.bit_length() - 1)
-    rem = n - p
-    t = 0.0
-    if rem:
-        t += step(model, groups, [(2 * k, 2 * k + 1, nbytes) for k in range(rem)], nbytes)
-        t += step(model, groups, [(2 * k + 1, 2 * k, nbytes) for k in range(rem)])
-
-    def real(nr: int) -> int:
-        return nr * 2 + 1 if nr < rem else nr + rem
-
-    mask = p >> 1
-    while mask:
-        size = nbytes * mask / p
-        sends = [(real(r), real(r ^ mask), size) for r in range(p)]
-        t += step(model, groups, sends, size) + step(model, groups, sends)
-        mask >>= 1
-    return t
-
-
-def cost_hierarchical(nbytes: float, groups: list[int], model: Model) -> float:
-    g = max(groups.count(x) for x in set(groups))
-    k = len(set(groups))
-    intra = model.intra
-    t = 0.0
-    if g > 1:     # pipelined chains: reduce (with the reduction) and broadcast
-        t += 2 * (g - 1) * intra.alpha + nbytes * (2 * intra.beta + model.gamma)
-    leaders = list(range(k))
-    inner = cost_rhd if k & (k - 1) == 0 else cost_ring
-    return t + inner(nbytes, leaders, model)
-
-
-COSTS = {"ring": cost_ring, "rhd": cost_rhd, "hierarchical": cost_hierarchical}
+def cost(name: str, nbytes: float, groups: list[int], model: Model) -> float:
+    """Predicted seconds of the algorithm ``name``."""
+    return algorithms.get(name).cost(nbytes, groups, model)
 
 
 def candidates(groups: list[int]) -> list[str]:
-    k = len(set(groups))
-    return ["rhd", "ring"] + (["hierarchical"] if 1 < k < len(groups) else [])
+    """The algorithms "auto" weighs for ``groups`` (the registry's ``candidate``)."""
+    return algorithms.candidates(groups)
 
 
 def choose(nbytes: int, groups: list[int], model: Model,
@@ -163,21 +127,20 @@ def choose(nbytes: int, groups: list[int], model: Model,
     """The algorithm to run (the same answer on every rank for the same inputs)."""
     forced = algorithm if algorithm not in (None, "auto") else (
         config.get(ALGO_ENV) or model.algorithm)
-    if forced and forced != "auto":
-        if forced not in ALGORITHMS:
-            raise ValueError(f"algorithm must be 'auto' or one of {ALGORITHMS}, not {forced!r}")
-        return forced
+    if forced and forced != AUTO:
+        return algorithms.get(forced).name      # ValueError naming the known ones
     if len(groups) == 1:
-        return "ring"
-    return min(candidates(groups), key=lambda a: COSTS[a](nbytes, groups, model))
+        return algorithms.SINGLE
+    return min(candidates(groups), key=lambda a: cost(a, nbytes, groups, model))
 
 
 class Choices:
     """:func:`choose` remembered per message size for one grouping and one model: the
     cost model walks every rank's transfers of every step (O(ranks) per call): about
     5 µs of a small allreduce's Python cost at 2 ranks, milliseconds at thousands.
-    The model's numbers and RDMAMW_ALLREDUCE_ALGORITHM are part of the key, so a model
-    edited in place or a changed variable is seen at the next call."""
+    The model's numbers, RDMAMW_ALLREDUCE_ALGORITHM and the algorithms' registry's
+    changes are part of the key, so a model edited in place, a changed variable or an
+    algorithm registered since is seen at the next call."""
 
     LIMIT = 1024            # sizes remembered before starting over (bounded memory)
 
@@ -189,7 +152,8 @@ class Choices:
                algorithm: str | None = None) -> str:
         if algorithm not in (None, "auto"):
             return choose(nbytes, groups, model, algorithm)
-        key = (nbytes, config.raw(ALGO_ENV), model.algorithm, model.intra.alpha,
+        key = (nbytes, config.raw(ALGO_ENV), algorithms.changes(), model.algorithm,
+               model.intra.alpha,
                model.intra.beta, model.inter.alpha, model.inter.beta, model.gamma)
         if groups is not self._groups:
             self._groups, self._seen = groups, {}
@@ -204,4 +168,4 @@ class Choices:
 
 def explain(nbytes: int, groups: list[int], model: Model) -> dict[str, Any]:
     """Predicted seconds of each candidate (what ``choose`` compared)."""
-    return {a: COSTS[a](nbytes, groups, model) for a in candidates(groups)}
+    return {a: cost(a, nbytes, groups, model) for a in candidates(groups)}

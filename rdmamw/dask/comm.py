@@ -1,14 +1,17 @@
 """The ``rdmamw://`` comm of Dask distributed over :mod:`rdmamw.aio` (docs/dask.md).
 
-An address is ``rdmamw://HOST:PORT``. A listener there listens on ``tcp://HOST:PORT``
-(rdmamw's tcp provider: every connection proves the shared token), on an shm name
-made from the same address (``shm://`` is an abstract socket of this network
-namespace, whose peers the kernel vouches for: same user) and, where verbs is usable,
-on a verbs side channel of an ephemeral port, which it *offers* at the start of every
-tcp comm (rdmamw/dask/offer.py). A connector whose target is an address of its own
-host opens the shm name first; otherwise it goes straight to the verbs route it
-learned for that address, else opens tcp, reads the offer and moves to verbs when
-it shares a fabric with the listener; tcp whenever verbs fails.
+An address is ``rdmamw://HOST:PORT``. The comm asks the provider registry
+(rdmamw.providers) and names no provider: a listener there listens on
+``BASE://HOST:PORT`` (the base provider, ``distributed.comm.rdmamw.base``, default
+tcp: every connection proves the shared token), on a name made from the same address
+for every host-local provider (``network`` false: shm, whose abstract socket's peers
+the kernel vouches for, or a plug-in's) and, where one can be offered (the optional
+``offer_*`` methods: verbs), on a side channel of an ephemeral port, which it *offers*
+at the start of every base comm (rdmamw/dask/offer.py). A connector whose target is an
+address of its own host opens the host-local names first, highest preference first;
+otherwise it goes straight to the side-channel route it learned for that address,
+else opens the base provider, reads the offer and moves to the offered provider when
+it can reach it; the base provider whenever that fails.
 
 One Dask message is one ``send_batch``: a header (the frames' sizes) and every
 non-empty frame, each a message of its own (bytes, memoryviews, numpy and Arrow
@@ -25,7 +28,6 @@ import ipaddress
 import logging
 import struct
 import weakref
-from functools import partial
 from typing import Any
 
 import dask
@@ -45,7 +47,8 @@ from distributed.utils import ensure_ip, ensure_memoryview, get_ip
 from rdmamw import auth, config
 from rdmamw import channel as _sync
 from rdmamw import errors as _errors
-from rdmamw.aio import Channel, Listener
+from rdmamw import providers as _registry
+from rdmamw.aio import Channel, Listener, open_channel
 from rdmamw.dask import offer as _offer
 from rdmamw.memory import pool as _pool
 
@@ -76,17 +79,36 @@ def _settings() -> dict[str, Any]:
     return {"slots": int(slots), "slot_size": dask.utils.parse_bytes(size)}
 
 
-def _use_shm() -> bool:
+def _base() -> str:
+    """``distributed.comm.rdmamw.base`` (default tcp): the network provider the Dask
+    address names, which reaches every host; the others are found from it."""
+    return str(dask.config.get("distributed.comm.rdmamw.base", default="tcp"))
+
+
+def _use_local() -> bool:
     """``distributed.comm.rdmamw.shm`` (default True): whether a peer of this host is
-    reached over shm; False sends everything over the tcp provider."""
+    reached over the host-local providers (shm, a plug-in's); False sends everything
+    over the network ones."""
     return bool(dask.config.get("distributed.comm.rdmamw.shm", default=True))
 
 
-def _use_verbs() -> bool:
-    """``distributed.comm.rdmamw.verbs`` (default True): whether a listener offers
-    the verbs provider and a connector takes such offers; False keeps every comm
-    that is not shm on tcp."""
+def _use_offers() -> bool:
+    """``distributed.comm.rdmamw.verbs`` (default True): whether a listener offers a
+    side channel (verbs) and a connector takes such offers; False keeps every comm
+    that is not host-local on the base provider."""
     return bool(dask.config.get("distributed.comm.rdmamw.verbs", default=True))
+
+
+def _local_providers() -> list[Any]:
+    """The registered host-local providers (addresses are names), highest preference
+    first: a connector to its own host tries them in this order."""
+    got = [p for p in _registry.providers() if not p.network]
+    return sorted(got, key=lambda p: -p.preference)
+
+
+def _is_local_provider(scheme: str) -> bool:
+    """Whether a channel of ``scheme`` joins two processes of one host."""
+    return not _registry.provider(scheme).network
 
 
 def _offer_timeout() -> float:
@@ -96,10 +118,10 @@ def _offer_timeout() -> float:
     return float(dask.utils.parse_timedelta(t, default="seconds"))
 
 
-def _verbs_timeout() -> float:
-    """One verbs attempt's bound (connect and handshake: a device to open, a queue pair
-    to set up on both sides): longer than tcp's, at most 5 s; when it passes the comm
-    stays on tcp."""
+def _side_timeout() -> float:
+    """One side-channel attempt's bound (connect and handshake: on verbs a device to
+    open, a queue pair to set up on both sides): longer than the base provider's, at
+    most 5 s; when it passes the comm stays on the base provider."""
     return min(5.0, max(_connect_timeout(), _offer_timeout() / 10))
 
 
@@ -118,8 +140,9 @@ def _shard_size() -> int:
 
 
 def shm_name(host: str, port: int) -> str:
-    """The shm name a listener at ``host:port`` also accepts on (``*`` for a listener
-    on every address: no other listener can hold that port then)."""
+    """The name a listener at ``host:port`` also accepts on with every host-local
+    provider (``*`` for a listener on every address: no other listener can hold that
+    port then)."""
     return f"rdmamw-dask-{host}:{port}"
 
 
@@ -199,7 +222,7 @@ class RdmamwComm(Comm):
     @property
     def same_host(self) -> bool:
         ch = self._ch
-        return ch is not None and ch.sync.provider == "shm"
+        return ch is not None and _is_local_provider(ch.sync.provider)
 
     @property
     def extra_info(self) -> dict:
@@ -316,16 +339,9 @@ class RdmamwComm(Comm):
 
 # ---- connecting --------------------------------------------------------------------
 async def _open(address: str, timeout: float) -> Channel:
-    """``Channel.open`` in the loop's executor; a channel that arrives after the
-    caller gave up (cancelled) is closed, not leaked."""
-    loop = asyncio.get_running_loop()
-    fut = loop.run_in_executor(None, partial(_sync.Channel.open, address, timeout=timeout,
-                                             **_settings()))
-    try:
-        return Channel(await asyncio.shield(fut))
-    except asyncio.CancelledError:
-        fut.add_done_callback(_close_late)
-        raise
+    """A comm's channel: :func:`rdmamw.aio.open_channel` (cancellation-safe) with the
+    comm's ring."""
+    return await open_channel(address, timeout, **_settings())
 
 
 def _close_quietly(ch: Channel) -> None:
@@ -336,17 +352,13 @@ def _close_quietly(ch: Channel) -> None:
         ch.sync.close()
 
 
-def _close_late(fut: asyncio.Future) -> None:
-    if not fut.cancelled() and fut.exception() is None:
-        fut.result().close()
-
-
-#: Dask address -> the verbs route learned from its listener's offer (process-wide)
+#: Dask address -> the side-channel route learned from its listener's offer
+#: (process-wide)
 _routes = _offer.Routes()
 
 
 async def _read_offer(ch: Channel, what: str) -> _offer.Offer:
-    """The listener's offer, the first message of a tcp or verbs comm; a comm whose
+    """The listener's offer, the first message of a base or side-channel comm; a comm whose
     offer is malformed is no rdmamw:// comm of this version: FatalCommClosedError
     (retrying cannot help). Closes ``ch`` on any failure (cancellation too)."""
     try:
@@ -369,32 +381,33 @@ async def _read_offer(ch: Channel, what: str) -> _offer.Offer:
         raise
 
 
-async def _verbs(address: str, ident: bytes, target: str) -> Channel | None:
-    """A verbs channel at ``address`` whose listener shows offer id ``ident``, or None
-    (logged at debug: the caller carries on over tcp)."""
+async def _side(address: str, ident: bytes, target: str) -> Channel | None:
+    """A side channel at ``address`` whose listener shows offer id ``ident``, or None
+    (logged at debug: the caller carries on over the base provider)."""
     try:
-        ch = await _open(address, _verbs_timeout())
-    except Exception as e:      # whatever verbs raised (cancellation goes through)
-        log.debug("verbs to %s (%s) failed, tcp instead: %s", target, address, e)
+        ch = await _open(address, _side_timeout())
+    except Exception as e:      # whatever the provider raised (cancellation goes through)
+        log.debug("side channel to %s (%s) failed, %s instead: %s", target, address,
+                  _base(), e)
         return None
     try:
         got = await _read_offer(ch, address)
     except CommClosedError as e:
-        log.debug("verbs to %s (%s): %s; tcp instead", target, address, e)
+        log.debug("side channel to %s (%s): %s; %s instead", target, address, e, _base())
         return None
     if got.id != ident:
-        log.debug("verbs to %s (%s) reached another listener; tcp instead", target,
-                  address)
+        log.debug("side channel to %s (%s) reached another listener; %s instead", target,
+                  address, _base())
         _close_quietly(ch)
         return None
     return ch
 
 
-async def _tcp_or_verbs(ip: str, target: str) -> Channel:
-    """tcp, then the listener's offer; the verbs channel it names when this process can
-    reach it (the tcp one is closed then), else the tcp one."""
+async def _base_or_side(ip: str, target: str) -> Channel:
+    """The base provider, then the listener's offer; the side channel it names when
+    this process can reach it (the base one is closed then), else the base one."""
     try:
-        ch = await _open(f"tcp://{target}", _connect_timeout())
+        ch = await _open(f"{_base()}://{target}", _connect_timeout())
     except _errors.PeerNotFound as e:
         raise OSError(errno.ECONNREFUSED, str(e)) from e      # Dask retries
     except (_errors.RdmamwError, OSError) as e:
@@ -402,24 +415,25 @@ async def _tcp_or_verbs(ip: str, target: str) -> Channel:
                               f"{type(e).__name__}: {e}") from e
     got = await _read_offer(ch, PREFIX + target)
     _offer.COUNTS["offers"] += 1
-    if got.rdma is None or not _use_verbs() or _routes.blocked(target):
+    if got.scheme is None or not _use_offers() or _routes.blocked(target):
         return ch
     try:
         loop = asyncio.get_running_loop()
         try:
             address, why = await loop.run_in_executor(None, _offer.route, ip, got)
-        except Exception as e:          # a bad setting (RDMAMW_VERBS_FABRIC): not verbs
+        except Exception as e:          # a bad setting (RDMAMW_VERBS_FABRIC): not that
             address, why = None, f"{type(e).__name__}: {e}"
         v = None
         if address is None:
-            log.debug("%s offers verbs; staying on tcp: %s", PREFIX + target, why)
+            log.debug("%s offers %s; staying on %s: %s", PREFIX + target, got.scheme,
+                      _base(), why)
         else:
-            v = await _verbs(address, got.id, target)
+            v = await _side(address, got.id, target)
     except BaseException:
         _close_quietly(ch)
         raise
     if v is None:
-        _routes.failed(target)      # tcp for a while: no attempt per comm
+        _routes.failed(target)      # the base for a while: no attempt per comm
         return ch
     _routes.remember(target, address, got.id)
     _close_quietly(ch)
@@ -433,29 +447,36 @@ class RdmamwConnector(Connector):
         ip = ensure_ip(host)
         where = unparse_host_port(ip, port)
         ch = None
-        if _use_shm() and is_local(ip):
-            for name in (shm_name(ip, port), shm_name("*", port)):
-                try:
-                    ch = await _open(f"shm://{name}", 0.0)
-                    break
-                except _errors.PeerNotFound:
-                    continue
-                except (_errors.RdmamwError, OSError) as e:
-                    log.debug("shm to %s failed (%s); trying tcp", address, e)
-                    break
-        if ch is None and _use_verbs():
+        if _use_local() and is_local(ip):
+            ch = await _open_local(ip, port, address)
+        if ch is None and _use_offers():
             known = _routes.direct(where)
             if known is not None:
-                ch = await _verbs(*known, where)
+                ch = await _side(*known, where)
                 if ch is None:          # the listener moved or verbs broke: ask again
                     _routes.forget(where)
                 else:
                     _offer.COUNTS["direct"] += 1
         if ch is None:
-            ch = await _tcp_or_verbs(ip, where)
-        local = PREFIX + unparse_host_port(ip if ch.sync.provider == "shm"
+            ch = await _base_or_side(ip, where)
+        local = PREFIX + unparse_host_port(ip if _is_local_provider(ch.sync.provider)
                                            else get_ip(ip), 0)
         return RdmamwComm(ch, local, PREFIX + where, deserialize)
+
+
+async def _open_local(ip: str, port: int, address: str) -> Channel | None:
+    """A channel to the listener at ``ip:port`` of this host over the first host-local
+    provider whose name answers (highest preference first), or None."""
+    for p in _local_providers():
+        for name in (shm_name(ip, port), shm_name("*", port)):
+            try:
+                return await _open(f"{p.scheme}://{name}", 0.0)
+            except _errors.PeerNotFound:
+                continue
+            except (_errors.RdmamwError, OSError) as e:
+                log.debug("%s to %s failed (%s); trying the next", p.scheme, address, e)
+                break
+    return None
 
 
 # ---- listening ---------------------------------------------------------------------
@@ -474,7 +495,7 @@ class RdmamwListener(BaseListener):
         self._accepting: set[asyncio.Task] = set()   # the accept loops (stop ends them)
         self._handlers: set[asyncio.Task] = set()    # comms handed out: theirs to close
         self._bound: tuple[str, int] | None = None
-        #: the first message of every tcp and verbs comm (offer.py)
+        #: the first message of every base and side-channel comm (offer.py)
         self._offer = _offer.Offer(_offer.new_id())
         self._offer_bytes = _offer.encode(self._offer)
 
@@ -486,32 +507,35 @@ class RdmamwListener(BaseListener):
                 f"RDMAMW_TOKEN to the same secret in every process of the cluster "
                 f"(docs/dask.md), or listen on 127.0.0.1")
         ring = _settings()
-        tcp = Listener(_sync.listen(f"tcp://{unparse_host_port(self.ip, self.port)}", **ring))
-        self._listeners.append(tcp)
-        self._bound = parse_host_port(tcp.address.partition("://")[2])
+        base = Listener(_sync.listen(f"{_base()}://{unparse_host_port(self.ip, self.port)}",
+                                     **ring))
+        self._listeners.append(base)
+        self._bound = parse_host_port(base.address.partition("://")[2])
         host = "*" if _is_wildcard(self.ip) else ensure_ip(self.ip)
-        try:
-            self._listeners.append(Listener(
-                _sync.listen(f"shm://{shm_name(host, self._bound[1])}", **ring)))
-        except (_errors.RdmamwError, OSError) as e:   # tcp alone still serves
-            log.warning("%s: no shm listener (%s); local peers use tcp",
-                        self.listen_address, e)
-        if _use_verbs():
-            await self._listen_verbs(ring)
+        for p in _local_providers():
+            try:
+                self._listeners.append(Listener(
+                    _sync.listen(f"{p.scheme}://{shm_name(host, self._bound[1])}", **ring)))
+            except (_errors.RdmamwError, OSError) as e:   # the base alone still serves
+                log.warning("%s: no %s listener (%s); local peers use %s",
+                            self.listen_address, p.scheme, e, _base())
+        if _use_offers():
+            await self._listen_side(ring)
         for lst in self._listeners:
             _keep(self._accepting, self._accept_loop(lst))
 
-    async def _listen_verbs(self, ring: dict) -> None:
-        """The verbs side channel on the tcp listener's host, and the offer naming it;
-        tcp alone when verbs is not usable here (logged, never an error)."""
+    async def _listen_side(self, ring: dict) -> None:
+        """The side channel (the first provider that can be offered here) on the base
+        listener's host, and the offer naming it; the base alone when none is usable
+        here (logged, never an error)."""
         host = "0.0.0.0" if self.ip == "" else self.ip
         loop = asyncio.get_running_loop()
         try:
             lst, offer = await loop.run_in_executor(None, _offer.listen, host, ring,
-                                                    self._offer.id)
-        except Exception as e:          # a bad setting (RDMAMW_VERBS_FABRIC): tcp only
-            log.info("%s: no verbs (%s: %s); other hosts use tcp", self.listen_address,
-                     type(e).__name__, e)
+                                                    self._offer.id, _base())
+        except Exception as e:          # a bad setting (RDMAMW_VERBS_FABRIC): the base only
+            log.info("%s: no side channel (%s: %s); other hosts use %s",
+                     self.listen_address, type(e).__name__, e, _base())
             return
         if lst is None:
             return
@@ -536,7 +560,7 @@ class RdmamwListener(BaseListener):
             _keep(self._handlers, self._handle(ch))
 
     async def _handle(self, ch: Channel) -> None:
-        offered = ch.sync.provider != "shm"
+        offered = not _is_local_provider(ch.sync.provider)
         if offered:
             peer = PREFIX + ch.peer.partition("://")[2]
         else:
@@ -554,8 +578,8 @@ class RdmamwListener(BaseListener):
                     raise comm._gone(e) from e
             await self.on_connection(comm)
         except CommClosedError:
-            # a connector that took the verbs offer hangs up its tcp comm here
-            moved = ch.sync.provider == "tcp" and self._offer.rdma is not None
+            # a connector that took the offer hangs up its base comm here
+            moved = ch.sync.provider == _base() and self._offer.scheme is not None
             log.log(logging.DEBUG if moved else logging.INFO,
                     "connection from %s closed before its handshake", peer)
             return

@@ -1,26 +1,30 @@
-"""The listener's offer: how an ``rdmamw://HOST:PORT`` comm moves to the verbs provider
-without a second address (docs/dask.md, "Across hosts: the offer").
+"""The listener's offer: how an ``rdmamw://HOST:PORT`` comm moves to a faster network
+provider without a second address (docs/dask.md, "Across hosts: the offer").
 
-A Dask address names one port; the verbs provider needs its own side channel. So the
-listener also listens on ``verbs://HOST:0`` (pinned to its first usable RDMA port)
-when verbs is usable in its process, and every comm it accepts on tcp or verbs starts
-with one message of rdmamw's own, the *offer*::
+A Dask address names one port, of the comm's base provider; another network provider
+needs its own side channel. So the listener also listens beside it on the first
+provider, by preference, that can be offered here (the optional ``offer_*`` methods of
+:class:`rdmamw.providers.base.Provider`; the built-in one is verbs, pinned to its first
+usable RDMA port), and every comm it accepts on the base provider or the side channel
+starts with one message of rdmamw's own, the *offer*::
 
-    b"RDO1" + msgpack {"id": bin 16}                              (no verbs here)
-    b"RDO1" + msgpack {"id": bin 16, "port": int, "ports": [port]}   (verbs)
+    b"RDO1" + msgpack {"id": bin 16}                            (nothing offered)
+    b"RDO1" + msgpack {"id": bin 16, **the provider's fields}    (e.g. verbs: "port",
+                                                                  "ports")
 
-``id`` is random per listener; ``port`` is the verbs side channel's TCP port, on the
-host the connector already dialed (the offer names no host, so a listener cannot send
-a connector anywhere but another port of itself); ``ports`` holds the one RDMA port
-it uses, in the form of a bootstrap descriptor's (rdmamw/providers/verbs/rank.py: device, port,
-GID index, GID, link layer, fabric). The connector judges it as the bootstrap judges
-two ranks (``verbs_rank.pair``: a common fabric), opens the verbs channel with its own
-port on that fabric, checks that the offer read there carries the same ``id`` (the
-same listener, not whoever holds that port now), and remembers the route
-(:class:`Routes`), so later comms to the same Dask address go straight to verbs.
+``id`` is random per listener. Which provider an offer names is told by its fields
+(each offerable provider's ``offer_keys``); the provider checks them
+(``offer_parse``) and judges, in the connector, whether this process can reach the side
+channel and at which address (``offer_route``: the bootstrap's ``can_connect`` rule,
+on the host the connector already dialed, so a listener cannot send a connector
+anywhere but another port of itself). The connector checks that the offer read on the
+side channel carries the same ``id`` (the same listener, not whoever holds that port
+now), and remembers the route (:class:`Routes`), so later comms to the same Dask
+address go straight to the side channel.
 
-This module is the codec, the listener's and the connector's halves of the judgement,
-and the route cache; the comm (rdmamw/dask/comm.py) runs them."""
+This module is the codec, the listener's and the connector's halves (asking the
+provider registry, naming no provider), and the route cache; the comm
+(rdmamw/dask/comm.py) runs them."""
 
 from __future__ import annotations
 
@@ -30,56 +34,63 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
 
 import msgpack
 
 from rdmamw import channel as _sync
 from rdmamw import errors as _errors
-from rdmamw.providers.verbs import rank as verbs_rank
+from rdmamw import providers as _registry
+from rdmamw.providers import base as _base
 from rdmamw.transport import wire
 
 log = logging.getLogger("rdmamw.dask")
 
 MAGIC = b"RDO1"
-#: the longest offer taken (magic included): one port's descriptor is ~120 bytes
+#: the longest offer taken (magic included): one RDMA port's descriptor is ~120 bytes
 MAX_OFFER = 1024
 ID_BYTES = 16
-#: what the verbs scheme is called in addresses (the provider registry's name)
-SCHEME = "verbs"
-#: how many Dask addresses the route cache holds, and how long a failed verbs attempt
-#: keeps a target on tcp (seconds) before its offers are tried again
+#: how many Dask addresses the route cache holds, and how long a failed side-channel
+#: attempt keeps a target on the base provider (seconds) before its offers are tried
+#: again
 ROUTES = 1024
 BACKOFF_S = 60.0
-#: test counters (the suite reads them): offers read on tcp comms, comms opened
+#: test counters (the suite reads them): offers read on base comms, comms opened
 #: straight on a remembered route
 COUNTS = {"offers": 0, "direct": 0}
 
 
 @dataclass(frozen=True)
 class Offer:
-    """What a listener offers: its id, and its verbs side channel's port and RDMA port
-    (``port`` 0 / ``rdma`` None: no verbs there)."""
+    """What a listener offers: its id, and the provider of its side channel with that
+    provider's part of the offer (``scheme`` None: nothing offered)."""
 
     id: bytes
-    port: int = 0
-    rdma: verbs_rank.Port | None = None
+    scheme: str | None = None
+    part: Any = None
 
 
 def new_id() -> bytes:
     return os.urandom(ID_BYTES)
 
 
+def offerable(base: str | None = None) -> list[Any]:
+    """The registered providers that can be offered beside a comm of ``base`` (network
+    ones with the optional offer methods), highest preference first."""
+    got = [p for p in _registry.providers()
+           if p.network and p.scheme != base and _base.offers(p)]
+    return sorted(got, key=lambda p: -p.preference)
+
+
 def encode(offer: Offer) -> bytes:
     body: dict[str, Any] = {"id": offer.id}
-    if offer.rdma is not None:
-        body.update(port=offer.port, ports=[offer.rdma.as_dict()])
+    if offer.scheme is not None:
+        body.update(_registry.provider(offer.scheme).offer_fields(offer.part))
     return MAGIC + msgpack.packb(body)
 
 
 def decode(data: bytes) -> Offer:
     """The offer in ``data``, or ProtocolError: it comes from the peer, so every field
-    is checked (the RDMA port as the bootstrap checks a descriptor's)."""
+    is checked (by the provider whose fields they are)."""
     if len(data) > MAX_OFFER:
         raise _errors.ProtocolError(f"an rdmamw:// offer of {len(data)} bytes "
                                     f"(limit {MAX_OFFER})")
@@ -90,73 +101,53 @@ def decode(data: bytes) -> Offer:
         body = wire.decode(data[len(MAGIC):])
     except _errors.ProtocolError as e:
         raise _errors.ProtocolError(f"malformed rdmamw:// offer: {e}") from None
-    if set(body) not in ({"id"}, {"id", "port", "ports"}):
+    rest = set(body) - {"id"}
+    by_keys = {frozenset(p.offer_keys): p for p in offerable()}
+    if "id" not in body or (rest and frozenset(rest) not in by_keys):
+        shapes = " or ".join(str(["id", *sorted(k)]) for k in by_keys)
         raise _errors.ProtocolError(f"offer keys {sorted(map(repr, body))} are not "
-                                    f"['id'] or ['id', 'port', 'ports']")
+                                    f"['id']{' or ' + shapes if shapes else ''}")
     ident = body["id"]
     if not isinstance(ident, bytes) or len(ident) != ID_BYTES:
         raise _errors.ProtocolError(f"offer id is not {ID_BYTES} bytes")
-    if "port" not in body:
+    if not rest:
         return Offer(ident)
-    port, ports = body["port"], body["ports"]
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-        raise _errors.ProtocolError(f"offer port {port!r} is not 1 .. 65535")
-    if not isinstance(ports, list) or len(ports) != 1:
-        raise _errors.ProtocolError("offer 'ports' is not a list of one RDMA port")
-    try:
-        got = verbs_rank.parse({"rank": "(the offer)",
-                                "verbs": {"addr": f"{SCHEME}://0.0.0.0:{port}",
-                                          "ports": ports}})
-    except _errors.ProtocolError as e:
-        raise _errors.ProtocolError(f"offer's RDMA port: {e}") from None
-    assert not isinstance(got, str)     # an entry with "ports" is never a reason
-    return Offer(ident, port, got[1][0])
+    p = by_keys[frozenset(rest)]
+    return Offer(ident, p.scheme, p.offer_parse({k: body[k] for k in rest}))
 
 
 # ---- the listener's half -------------------------------------------------------------
-def listen(host: str, ring: dict, ident: bytes) -> tuple[_sync.Listener | None, Offer]:
-    """The verbs listener on ``host`` (port 0) pinned to this host's first usable RDMA
-    port, and the offer naming it; (None, an offer without verbs) when verbs is not
-    usable here (logged: tcp alone still serves). Blocking: call it in an executor."""
-    ports, why = verbs_rank.local_ports()
-    if not ports:
-        log.debug("no verbs for rdmamw:// here: %s", why)
-        return None, Offer(ident)
-    p = ports[0]
-    where = f"[{host}]" if ":" in host else host
-    try:
-        lst = _sync.listen(f"{SCHEME}://{where}:0?{_options(p)}", **ring)
-    except (_errors.RdmamwError, OSError, ValueError) as e:
-        log.info("no verbs listener for rdmamw:// on %s (%s): tcp only", host, e)
-        return None, Offer(ident)
-    return lst, Offer(ident, int(lst.address.rpartition(":")[2]), p)
-
-
-def _options(p: verbs_rank.Port) -> str:
-    return urlencode({"device": p.dev, "port": p.port, "gid_index": p.gid_index})
+def listen(host: str, ring: dict, ident: bytes, base: str | None = None
+           ) -> tuple[_sync.Listener | None, Offer]:
+    """The side listener on ``host`` (port 0) of the first provider that can be offered
+    here, and the offer naming it; (None, an offer of nothing) when none can (logged:
+    the base provider alone still serves). Blocking: call it in an executor."""
+    for p in offerable(base):
+        where, token = p.offer_address(host)
+        if where is None:
+            log.debug("no %s for rdmamw:// here: %s", p.scheme, token)
+            continue
+        try:
+            lst = _sync.listen(where, **ring)
+        except (_errors.RdmamwError, OSError, ValueError) as e:
+            log.info("no %s listener for rdmamw:// on %s (%s)", p.scheme, host, e)
+            continue
+        return lst, Offer(ident, p.scheme, p.offer_part(lst.address, token))
+    return None, Offer(ident)
 
 
 # ---- the connector's half ------------------------------------------------------------
 def route(host: str, offer: Offer) -> tuple[str | None, str]:
-    """(the verbs address to open for ``offer`` from a listener dialed at ``host``,
-    "") or (None, why not): the offer names no verbs, or this process has no RDMA
-    port on the offered port's fabric (the bootstrap's rule, ``verbs_rank.pair``).
-    The address is the dialed host, the offered port and *our* port's options: the
-    offer chooses nothing else. Blocking (probes the devices): in an executor."""
-    if offer.rdma is None:
-        return None, "the listener offers no verbs"
-    mine, why = verbs_rank.local_ports()
-    if not mine:
-        return None, why
-    where = f"[{host}]" if ":" in host else host
-    theirs = {"rank": 0, "verbs": {"addr": f"{SCHEME}://{where}:{offer.port}",
-                                   "ports": [offer.rdma.as_dict()]}}
-    me = {"rank": 1, "verbs": {"addr": f"{SCHEME}://0.0.0.0:0",    # we listen nowhere
-                               "ports": [p.as_dict() for p in mine]}}
-    got = verbs_rank.pair(theirs, me)
-    if isinstance(got, str):
-        return None, got
-    return f"{SCHEME}://{where}:{offer.port}?{_options(got[1])}", ""
+    """(the address to open for ``offer`` from a listener dialed at ``host``, "") or
+    (None, why not): the offer names nothing, or this process cannot reach it (the
+    offered provider's judgement). Blocking (may probe devices): in an executor."""
+    if offer.scheme is None:
+        return None, "the listener offers no side channel"
+    try:
+        p = _registry.provider(offer.scheme)
+    except ValueError as e:
+        return None, str(e)
+    return p.offer_route(host, offer.part)
 
 
 class Routes:

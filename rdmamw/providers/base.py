@@ -136,12 +136,62 @@ class Provider(Protocol):
         ...
 
 
+class Offers(Protocol):
+    """Optional: a side channel offered beside a connection that began on another
+    provider (the ``rdmamw://`` Dask comm starts every comm on its base provider and
+    its listener *offers* this one: rdmamw/dask/offer.py, docs/dask.md). A provider
+    without these methods is simply never offered. The offer is a map of
+    ``offer_keys`` (plain msgpack values) that a peer's process checks with
+    ``offer_parse``; the listener's and the connector's halves of the judgement are
+    ``offer_address``/``offer_part`` and ``offer_route``."""
+
+    offer_keys: frozenset[str]
+
+    def offer_address(self, host: str) -> tuple[str | None, Any]:
+        """(the address to listen on beside a listener at ``host``, a token for
+        ``offer_part``) or (None, why this provider cannot be offered here)."""
+        ...
+
+    def offer_part(self, bound: str, token: Any) -> Any:
+        """The offer of the side listener that bound ``bound`` (its address)."""
+        ...
+
+    def offer_fields(self, part: Any) -> dict:
+        """``part`` as the offer's fields (exactly ``offer_keys``)."""
+        ...
+
+    def offer_parse(self, fields: dict) -> Any:
+        """The part of the fields (exactly ``offer_keys``) a peer sent, checked:
+        ProtocolError saying what is wrong."""
+        ...
+
+    def offer_route(self, host: str, part: Any) -> tuple[str | None, str]:
+        """(the address this process opens for ``part``, offered by a listener dialed
+        at ``host``, "") or (None, why it cannot: the ``can_connect`` judgement).
+        Blocking: called in an executor."""
+        ...
+
+
 #: the attributes and methods every provider object has (tests/providers/test_provider_shape.py)
 REQUIRED = ("scheme", "preference", "network", "authenticates", "rendezvous_default",
             "status", "info",
             "can_connect", "check_entry", "advertise", "listen", "connect", "connect_rank")
 
 
+#: the optional methods of a provider that can be offered (:class:`Offers`): all or none
+OFFERS = ("offer_keys", "offer_address", "offer_part", "offer_fields", "offer_parse",
+          "offer_route")
+
+
+def offers(obj: Any) -> bool:
+    """Whether ``obj`` has the optional :class:`Offers` methods (all of them)."""
+    return all(hasattr(obj, n) for n in OFFERS)
+
+
 def missing(obj: Any) -> list[str]:
     """The names of :class:`Provider` that ``obj`` lacks (empty: it is one)."""
-    return [n for n in REQUIRED if not hasattr(obj, n)]
+    gone = [n for n in REQUIRED if not hasattr(obj, n)]
+    some = [n for n in OFFERS if hasattr(obj, n)]
+    if some and len(some) < len(OFFERS):       # the optional ones come all together
+        gone += [n for n in OFFERS if not hasattr(obj, n)]
+    return gone

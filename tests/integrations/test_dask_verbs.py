@@ -33,6 +33,8 @@ from rdmamw.aio import Channel  # noqa: E402
 from rdmamw.aio import listen as aio_listen  # noqa: E402
 from rdmamw.dask import comm as dcomm  # noqa: E402
 from rdmamw.dask import offer  # noqa: E402
+from rdmamw.providers.verbs import rank as verbs_rank  # noqa: E402
+from rdmamw.providers.verbs.offer import SideOffer  # noqa: E402
 from rdmamw.providers.verbs.rank import Port  # noqa: E402
 from tests.support.dask_echo import echo  # noqa: E402
 from tests.support.helpers import NO_DEVICE, VERBS_OK  # noqa: E402
@@ -55,9 +57,14 @@ def run(coro, timeout=60):
     return asyncio.run(bounded())
 
 
+def verbs_offer(ident: bytes, port: int, rdma: Port = PORT) -> offer.Offer:
+    """An offer of verbs: the side channel's port and its RDMA port."""
+    return offer.Offer(ident, "verbs", SideOffer(port, rdma))
+
+
 def no_rdma(monkeypatch):
     """This process has no usable RDMA port (whatever the machine has)."""
-    monkeypatch.setattr(offer.verbs_rank, "local_ports", lambda: ([], "none (the test)"))
+    monkeypatch.setattr(verbs_rank, "local_ports", lambda: ([], "none (the test)"))
 
 
 def no_shm(**more):
@@ -67,7 +74,7 @@ def no_shm(**more):
 # ---- the codec -----------------------------------------------------------------------
 def test_an_offer_round_trips_with_and_without_verbs():
     ident = offer.new_id()
-    for o in (offer.Offer(ident), offer.Offer(ident, 40123, PORT)):
+    for o in (offer.Offer(ident), verbs_offer(ident, 40123)):
         data = offer.encode(o)
         assert data.startswith(offer.MAGIC) and len(data) <= offer.MAX_OFFER
         assert offer.decode(data) == o
@@ -110,8 +117,9 @@ def _check(data: bytes) -> None:
     except errors.ProtocolError:
         return
     assert len(got.id) == offer.ID_BYTES
-    assert (got.port == 0 and got.rdma is None) or (0 < got.port < 65536
-                                                    and isinstance(got.rdma, Port))
+    assert (got.scheme is None and got.part is None) or (
+        got.scheme == "verbs" and 0 < got.part.port < 65536
+        and isinstance(got.part.rdma, Port))
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -190,13 +198,13 @@ def test_the_listener_pins_its_first_rdma_port_and_offers_the_bound_port(monkeyp
         asked.append((address, ring))
         return Bound()
     other = Port("mlx5_0", 2, 3, GID, "ethernet", "roce:10.77.0.0/24")
-    monkeypatch.setattr(offer.verbs_rank, "local_ports", lambda: ([PORT, other], ""))
+    monkeypatch.setattr(verbs_rank, "local_ports", lambda: ([PORT, other], ""))
     monkeypatch.setattr(offer._sync, "listen", fake_listen)
     ident = offer.new_id()
     lst, got = offer.listen("0.0.0.0", {"slots": 8, "slot_size": 4096}, ident)
     assert asked == [("verbs://0.0.0.0:0?device=rxe0&port=1&gid_index=1",
                       {"slots": 8, "slot_size": 4096})]
-    assert lst is not None and got == offer.Offer(ident, 41234, PORT)
+    assert lst is not None and got == verbs_offer(ident, 41234)
     offer.listen("::", {}, ident)
     assert asked[-1][0].startswith("verbs://[::]:0?")
 
@@ -204,12 +212,12 @@ def test_the_listener_pins_its_first_rdma_port_and_offers_the_bound_port(monkeyp
 def test_the_connector_routes_to_the_dialed_host_with_its_own_port_on_the_fabric(
         monkeypatch):
     from rdmamw.providers.verbs.address import parse_where
-    o = offer.Offer(offer.new_id(), 41234, PORT)
+    o = verbs_offer(offer.new_id(), 41234)
     elsewhere = Port("mlx5_0", 1, 0, bytes(10) + b"\xff\xff" + bytes([192, 168, 1, 5]),
                      "ethernet", "roce:192.168.1.0/24")
     mine = Port("mlx5_1", 2, 3, bytes(10) + b"\xff\xff" + bytes([10, 77, 0, 9]),
                 "ethernet", "roce:10.77.0.0/24")
-    monkeypatch.setattr(offer.verbs_rank, "local_ports", lambda: ([elsewhere, mine], ""))
+    monkeypatch.setattr(verbs_rank, "local_ports", lambda: ([elsewhere, mine], ""))
     address, why = offer.route("10.0.0.7", o)
     assert why == "" and address == \
         "verbs://10.0.0.7:41234?device=mlx5_1&port=2&gid_index=3"
@@ -217,10 +225,10 @@ def test_the_connector_routes_to_the_dialed_host_with_its_own_port_on_the_fabric
     assert (w.host, w.port, w.opts["device"], w.opts["port"], w.opts["gid_index"]) == \
         ("10.0.0.7", 41234, "mlx5_1", 2, 3)
     assert offer.route("fe80::1", o)[0].startswith("verbs://[fe80::1]:41234?")
-    monkeypatch.setattr(offer.verbs_rank, "local_ports", lambda: ([elsewhere], ""))
+    monkeypatch.setattr(verbs_rank, "local_ports", lambda: ([elsewhere], ""))
     assert offer.route("10.0.0.7", o) == (None, offer.route("10.0.0.7", o)[1])
     assert "no common fabric" in offer.route("10.0.0.7", o)[1]
-    monkeypatch.setattr(offer.verbs_rank, "local_ports", lambda: ([], "no device"))
+    monkeypatch.setattr(verbs_rank, "local_ports", lambda: ([], "no device"))
     assert offer.route("10.0.0.7", o) == (None, "no device")
     assert offer.route("10.0.0.7", offer.Offer(o.id))[0] is None
 
@@ -239,7 +247,7 @@ def test_a_listener_without_verbs_offers_none_and_comms_run_on_tcp(verbs, monkey
             got = offer.decode(bytes(first))
             first.release()
             raw.close()
-            assert got.rdma is None and got == lst._offer
+            assert got.scheme is None and got == lst._offer
             before = offer.COUNTS["offers"]
             for i in range(3):
                 comm = await connect(lst.contact_address)
@@ -337,7 +345,7 @@ def test_an_offer_naming_an_unreachable_verbs_port_leaves_the_comm_on_tcp(
     and the target stays on tcp (no verbs attempt per comm) for the backoff."""
     opened = []
     if here == "same-fabric":
-        monkeypatch.setattr(offer.verbs_rank, "local_ports", lambda: ([PORT], ""))
+        monkeypatch.setattr(verbs_rank, "local_ports", lambda: ([PORT], ""))
     else:
         no_rdma(monkeypatch)
     real = dcomm._open
@@ -349,7 +357,7 @@ def test_an_offer_naming_an_unreachable_verbs_port_leaves_the_comm_on_tcp(
 
     async def main():
         lst, task = await hand_listener(offer.encode(
-            offer.Offer(offer.new_id(), _unreachable_port(), PORT)))
+            verbs_offer(offer.new_id(), _unreachable_port())))
         target = _target(lst).partition("://")[2]
         try:
             for i in range(2):
@@ -385,13 +393,13 @@ def fake_verbs(monkeypatch):
     (move, check the listener's id, remember, go direct, fall back) runs as on verbs."""
     sides = []
 
-    def listen_side(host, ring, ident):
+    def listen_side(host, ring, ident, base=None):
         lst = rdmamw.listen("tcp://127.0.0.1:0", **ring)
         sides.append(lst)
-        return lst, offer.Offer(ident, int(lst.address.rpartition(":")[2]), PORT)
+        return lst, verbs_offer(ident, int(lst.address.rpartition(":")[2]))
 
     def route(host, o):
-        return f"tcp://{host}:{o.port}", ""
+        return f"tcp://{host}:{o.part.port}", ""
 
     monkeypatch.setattr(offer, "listen", listen_side)
     monkeypatch.setattr(offer, "route", route)
@@ -486,7 +494,7 @@ def test_a_comm_runs_on_verbs_frames_whole_and_the_second_connect_goes_direct():
 
     async def main():
         async with listen("rdmamw://127.0.0.1:0", echo) as lst:
-            assert lst._offer.rdma is not None, "the listener offers no verbs"
+            assert lst._offer.scheme is not None, "the listener offers no verbs"
             offers, direct = offer.COUNTS["offers"], offer.COUNTS["direct"]
             for round_ in range(2):
                 comm = await connect(lst.contact_address, timeout=60)

@@ -40,6 +40,19 @@ def test_every_builtin_provider_has_the_shape(scheme):
     assert all(isinstance(line, str) for line in p.info())
 
 
+def test_the_optional_offer_methods_come_all_or_none():
+    """base.Offers (the side channel the rdmamw:// Dask comm offers): a provider has all
+    of its methods or none; verbs has them, shm and tcp none."""
+    have = {s: base.offers(registry.provider(s)) for s in registry.BUILTIN}
+    assert have == {"shm": False, "tcp": False, "verbs": True}
+    import uds_provider_for_tests as uds
+    half = type(uds.PROVIDER)()
+    half.offer_keys = frozenset({"x"})
+    assert base.missing(half) == [n for n in base.OFFERS if n != "offer_keys"]
+    with pytest.raises(TypeError, match="has no offer_address, offer_part"):
+        registry.register(half)
+
+
 def test_builtin_preferences_order_shm_verbs_tcp():
     pref = {s: registry.provider(s).preference for s in registry.BUILTIN}
     assert pref["shm"] > pref["verbs"] > pref["tcp"] > 0

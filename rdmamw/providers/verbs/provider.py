@@ -34,6 +34,7 @@ from rdmamw.errors import (
 from rdmamw.listener import KERNEL_BACKLOG, HandshakeListener
 from rdmamw.providers import Connected
 from rdmamw.providers.base import Advert, RankPair
+from rdmamw.providers.verbs import offer as side
 from rdmamw.providers.verbs import probe as dev
 from rdmamw.providers.verbs import rank as verbs_rank
 from rdmamw.providers.verbs.address import Where, parse_where
@@ -350,6 +351,14 @@ class VerbsProvider:
 
         return verbs_rank.advertise(advert.ip, advert.slots, advert.slot_size, pin_rank,
                                     listen)
+
+    # the optional side-channel offer (base.py; rdmamw/providers/verbs/offer.py)
+    offer_keys = side.KEYS
+    offer_address = staticmethod(side.address)
+    offer_part = staticmethod(side.part)
+    offer_fields = staticmethod(side.fields)
+    offer_parse = staticmethod(side.parse)
+    offer_route = staticmethod(side.route)
 
     def connect_rank(self, pair: RankPair, *, mode: str, timeout: float, slots: int,
                      slot_size: int) -> Connected:
