@@ -2,9 +2,7 @@
 rdmamw/bitmap/model.py is their pure-Python model. Checked against the compiled module
 by stubtest (`make lint`)."""
 
-from typing import Any, final
-
-from typing_extensions import Self
+from typing import Any, Self, final
 
 @final
 class _Words:

@@ -1,9 +1,7 @@
 """Stub of rdmamw/providers/verbs/_block.pyx: a verbs endpoint's registered block and
 its rings that grow. Checked by stubtest (`make lint`)."""
 
-from typing import Any, final
-
-from typing_extensions import Self
+from typing import Any, Self, final
 
 from rdmamw.providers.verbs._memory import VerbsMemory
 

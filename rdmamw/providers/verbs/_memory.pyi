@@ -1,9 +1,7 @@
 """Stub of rdmamw/providers/verbs/_memory.pyx: protection domains, memory
 registrations and the pinned-memory budget. Checked by stubtest (`make lint`)."""
 
-from typing import Any, final
-
-from typing_extensions import Self
+from typing import Any, Self, final
 
 from rdmamw.errors import RegistrationError
 from rdmamw.providers.verbs._device import VerbsDevice
