@@ -116,7 +116,7 @@ mutate-c: $(STAMP)
 CYTHON_SOURCES = $(shell find rdmamw tests/support -name '*.pyx' -o -name '*.pxd')
 lint: $(STAMP)
 	$(VPY) -m ruff check .
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/cython-lint $(CYTHON_SOURCES)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/cython-lint $(CYTHON_SOURCES)
 	$(VPY) -m mypy
 	$(VPY) scripts/stubtest.py
 
