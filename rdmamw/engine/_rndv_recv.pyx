@@ -41,7 +41,14 @@ from rdmamw.transport._base cimport (
 )
 import collections
 
-from rdmamw.errors import BufferTooSmall, ChannelClosed, MessageTooLarge, PeerLost, ProtocolError, Timeout
+from rdmamw.errors import (
+    BufferTooSmall,
+    ChannelClosed,
+    MessageTooLarge,
+    PeerLost,
+    ProtocolError,
+    Timeout,
+)
 
 cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
