@@ -376,7 +376,7 @@ async def open_channel(address: str | int, timeout: float | None = None,
         raise
 
 
-def _close_late(fut: asyncio.Future) -> None:
+def _close_late(fut: asyncio.Future[Any]) -> None:
     """Close the channel an abandoned :func:`open_channel` got in the end."""
     if not fut.cancelled() and fut.exception() is None:
         fut.result().close()

@@ -84,7 +84,8 @@ def offerable(base: str | None = None) -> list[Any]:
 def encode(offer: Offer) -> bytes:
     body: dict[str, Any] = {"id": offer.id}
     if offer.scheme is not None:
-        body.update(_registry.provider(offer.scheme).offer_fields(offer.part))
+        p: Any = _registry.provider(offer.scheme)      # one that offers (_base.offers)
+        body.update(p.offer_fields(offer.part))
     return MAGIC + msgpack.packb(body)
 
 
@@ -144,7 +145,7 @@ def route(host: str, offer: Offer) -> tuple[str | None, str]:
     if offer.scheme is None:
         return None, "the listener offers no side channel"
     try:
-        p = _registry.provider(offer.scheme)
+        p: Any = _registry.provider(offer.scheme)
     except ValueError as e:
         return None, str(e)
     return p.offer_route(host, offer.part)

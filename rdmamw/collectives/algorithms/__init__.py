@@ -98,7 +98,8 @@ def get(name: str) -> Algorithm:
     if got is not None:
         return got
     if name in BUILTIN:
-        return importlib.import_module(f"{__name__}.{name}").ALGORITHM
+        algo: Algorithm = importlib.import_module(f"{__name__}.{name}").ALGORITHM
+        return algo
     raise ValueError(f"algorithm must be 'auto' or one of {names()}, not {name!r}")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlencode
 
 from rdmamw import errors as _errors
@@ -58,11 +59,11 @@ def part(bound: str, token: object) -> SideOffer:
     return SideOffer(int(bound.rpartition(":")[2]), token)
 
 
-def fields(offer: SideOffer) -> dict:
+def fields(offer: SideOffer) -> dict[str, Any]:
     return {"port": offer.port, "ports": [offer.rdma.as_dict()]}
 
 
-def parse(body: dict) -> SideOffer:
+def parse(body: dict[str, Any]) -> SideOffer:
     """The offer's verbs fields checked (they come from the peer), else ProtocolError."""
     port, ports = body["port"], body["ports"]
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
