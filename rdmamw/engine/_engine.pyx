@@ -22,12 +22,18 @@ from cpython.pythread cimport (
     PyThread_acquire_lock,
     PyThread_allocate_lock,
     PyThread_free_lock,
+    PyThread_get_thread_ident,
     PyThread_release_lock,
     PyThread_type_lock,
 )
 from cpython.tuple cimport PyTuple_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
+
+cdef extern from "pythread.h":
+    ctypedef long long PY_TIMEOUT_T
+    int PyThread_acquire_lock_timed(PyThread_type_lock lock, PY_TIMEOUT_T us,
+                                    int intr_flag) nogil
 
 from rdmamw.engine._batch cimport SendBatch
 from rdmamw.engine._eager_recv cimport EagerReceiver
@@ -65,6 +71,7 @@ from rdmamw.vocabulary import RNDV_STRATEGIES, check_mode, check_rendezvous
 cdef uint64_t NOGIL_BYTES = 16384       # batches from this size on copy without the GIL
 cdef int64_t GIL_SPIN_NS = 3000         # a receive polls this long before releasing the GIL
 cdef int64_t CLOSE_RNDV_NS = 5000000000 # close() waits this long for pending READs
+cdef long long CLOSE_LOCK_US = 2000000  # ... and this long for a running call to end
 
 
 cdef class Engine(Endpoint):
@@ -83,6 +90,8 @@ cdef class Engine(Endpoint):
     cdef object _regcache, _regcache_dst
     cdef PyThread_type_lock send_lock
     cdef PyThread_type_lock recv_lock
+    cdef long send_owner                # the thread in a send / receive call (0: none):
+    cdef long recv_owner                # a close() from it cannot wait for it to end
 
     def __cinit__(self, *args, **kwargs):
         self.send_lock = PyThread_allocate_lock()
@@ -197,7 +206,10 @@ cdef class Engine(Endpoint):
             link.raise_peer(link.peer_status(), "send")
         b = self.batch
         self._lock(self.send_lock)
+        self.send_owner = PyThread_get_thread_ident()
         try:
+            if link.closed:             # by another thread while this one waited
+                link.refuse()
             b.grow(<uint32_t>n + 1)
             self.tx.grow(<uint32_t>n + 1)
             b.acquire(fast, n)
@@ -248,6 +260,9 @@ cdef class Engine(Endpoint):
             link.cnt.slots_sent += nplan
             link.cnt.batches += 1
         finally:
+            if link.ended:      # a close() that could not wait for this call: the
+                self.rs.give_back()     # sources it left are this call's to release
+            self.send_owner = 0
             PyThread_release_lock(self.send_lock)
         return new_handle(self, link.batch_posted, n, self.rs.next)
 
@@ -438,9 +453,10 @@ cdef class Engine(Endpoint):
         if link.broken is not None:
             raise ProtocolError(link.broken)
         if self.rx is None:
-            raise ChannelClosed("channel is closed")
+            raise ChannelClosed("this side closed the channel")
         deadline = deadline_of(timeout)
         self._lock(self.recv_lock)
+        self.recv_owner = PyThread_get_thread_ident()
         self.rr.set_deadline(deadline)
         try:
             while True:
@@ -458,7 +474,7 @@ cdef class Engine(Endpoint):
                             self.rx.flush()
                         return n
                 if link.closed:
-                    raise ChannelClosed("channel is closed")
+                    raise ChannelClosed("this side closed the channel")
                 if timeout is not None and deadline <= now_ns():
                     st = link.peer_status()
                     if st < 0:
@@ -485,38 +501,80 @@ cdef class Engine(Endpoint):
         finally:
             with nogil:
                 self.w.lower()      # a flag kept raised between slices
+            if link.ended:          # a close() that could not wait for this call
+                self._drop_receives()
+            self.recv_owner = 0
             PyThread_release_lock(self.recv_lock)
 
     # ---- lifetime and introspection ------------------------------------------------
 
     def close(self) -> None:
         """Close this endpoint; the peer sees :class:`ChannelClosed` once it has
-        received what was sent. Messages already received stay readable."""
+        received what was sent. Messages already received stay readable.
+
+        Safe from any thread at any moment (docs/protocol.md, "Closing"): calls of
+        other threads waiting on this channel end with ChannelClosed (a message being
+        read is not delivered), then the peer gets a bounded time to finish reading our
+        rendezvous sources, then the transport goes; every buffer is released once, by
+        the holder of the lock of the call that holds it."""
         cdef Link link = self.link
         cdef int64_t until
+        cdef bint have
         if link.closed:
             return
         if link.inherited():
             link.shut()             # a fork child: the connection is the parent's
             return
-        if self.rs.released < self.rs.next:
-            # the receiver may still be READing our sources: give it a bounded time
-            until = now_ns() + CLOSE_RNDV_NS
-            while not self.rs.poll(self.rs.next) and now_ns() < until:
-                with nogil:
-                    if self.w.wait(WAIT_DONE, self.rs.next, slice_end(until), False) < 0:
-                        break
-            self.rs.give_back()     # the sources go back regardless
-        link.shut()
+        link.shut()                 # no call starts now; a waiting one ends at its next
+        with nogil:                 # look, which this wake-up brings now
+            link.wake_self()
+        have = self._claim(self.send_lock, self.send_owner)
+        try:
+            if have and self.rs.released < self.rs.next:
+                # the receiver may still be READing our sources: give it a bounded time
+                until = now_ns() + CLOSE_RNDV_NS
+                while not self.rs.poll(self.rs.next) and now_ns() < until:
+                    with nogil:
+                        if self.w.wait(WAIT_DONE, self.rs.next, slice_end(until), False) < 0:
+                            break
+            for cache in (self._regcache, self._regcache_dst):
+                if self.cache_ok and cache is not None:
+                    cache.close()   # idle MRs go now, those still leased when released
+            with nogil:
+                self._say_closed()
+            link.end()              # wakes whoever still sleeps in the transport
+            if have:
+                self.rs.give_back()     # the sources go back regardless
+        finally:
+            if have:
+                PyThread_release_lock(self.send_lock)
+        if self._claim(self.recv_lock, self.recv_owner):
+            try:
+                self._drop_receives()
+            finally:
+                PyThread_release_lock(self.recv_lock)
+
+    cdef bint _claim(self, PyThread_type_lock lock, long owner) except -1:
+        """close(): take the lock of a call in progress once that call has ended (its
+        waits end on the close). False when the call is this thread's own (a signal
+        handler's close) or does not end within CLOSE_LOCK_US: it then releases what
+        it holds itself, as it leaves (it sees ``link.ended``)."""
+        cdef int r
+        if owner != 0 and owner == PyThread_get_thread_ident():
+            return False
+        if PyThread_acquire_lock(lock, NOWAIT_LOCK):
+            return True
+        with nogil:
+            r = PyThread_acquire_lock_timed(lock, CLOSE_LOCK_US, 0)
+        return r == 1
+
+    cdef int _drop_receives(self) except -1:
+        """What the receiving side holds goes (the transport is closed: nothing writes
+        into a READ destination any more): posted destinations, a READ left in flight."""
         while self.rr.posted:
             self.rr.drop_posted()
-        for cache in (self._regcache, self._regcache_dst):
-            if self.cache_ok and cache is not None:
-                cache.close()       # idle MRs go now, those still leased when released
-        with nogil:
-            self._say_closed()
-        link.end()
-        self.rr.end_read()          # a READ left in flight: nothing writes into it now
+        self.rr.end_read()
+        return 0
 
     def stats(self) -> dict:
         """Counters of this endpoint; everything that hit the transport is counted."""

@@ -52,6 +52,8 @@ cdef class RndvReceiver:
     cdef int _check_room(self, Dest dst, Dest posted, rm_desc *d) except -1
     cdef void _consumed(self, rm_desc *d) noexcept
     cdef int _refuse(self, rm_desc *d, Dest posted) except -1
+    cdef int _skip(self, rm_desc *d, Dest posted) except -1
+    cdef int _cut(self, int64_t deadline) except -1
     cdef int _check_desc(self, rm_desc *d) except -1
     cdef int _read_into(self, Dest dst, rm_desc *d, bint user) except -1
     cdef Dest _resume_read(self, rm_desc *d, Dest into, Dest posted)

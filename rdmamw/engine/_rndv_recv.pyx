@@ -41,13 +41,29 @@ from rdmamw.transport._base cimport (
 )
 import collections
 
-from rdmamw.errors import BufferTooSmall, ChannelClosed, MessageTooLarge, PeerLost, ProtocolError, Timeout
+from rdmamw.errors import (
+    BufferTooSmall,
+    ChannelClosed,
+    MessageLost,
+    MessageTooLarge,
+    PeerLost,
+    ProtocolError,
+    Timeout,
+)
 
 cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
 cdef extern from "sched.h" nogil:
     int sched_yield()
+
+cdef extern from "unistd.h" nogil:
+    int usleep(unsigned int usec)
+
+cdef enum:
+    READ_CUT = 2                        # _read_wait: this side is closing
+cdef int64_t CLOSE_END_NS = 8000000000  # a READ cut by a close waits this long at most
+                                        # for the transport to go (close()'s own bounds)
 
 cdef int READ_NAP_MS = 1                # a READ wait, past its spin, sleeps this long at most
 cdef int64_t READ_SPIN_NS = 1000000     # ... and spins spin_us plus 1 ns a byte, up to this
@@ -115,16 +131,20 @@ cdef class RndvReceiver:
         if into is not None and posted is not None:
             raise ValueError(f"rendezvous message {d.index} goes to the buffer posted "
                              f"for it with post_recv; receive it with recv/recv_batch")
-        if self.rd_want:
-            dst = self._resume_read(&d, into, posted)
-        else:
-            dst = into if into is not None else posted
-            if dst is None:
-                dst = new_dest(self.allocate(d.length))
-            self._check_room(dst, posted, &d)
-            if d.kind == DESC_READ:
-                self._read_into(dst, &d, into is not None)
-                self.link.cnt.rndv_reads += 1
+        try:
+            if self.rd_want:
+                dst = self._resume_read(&d, into, posted)
+            else:
+                dst = into if into is not None else posted
+                if dst is None:
+                    dst = new_dest(self.allocate(d.length))
+                self._check_room(dst, posted, &d)
+                if d.kind == DESC_READ:
+                    self._read_into(dst, &d, into is not None)
+                    self.link.cnt.rndv_reads += 1
+        except MessageLost:
+            self._skip(&d, posted)
+            raise
         if posted is not None:
             self.drop_posted()
         self.link.cnt.rndv_recv += 1
@@ -153,19 +173,26 @@ cdef class RndvReceiver:
         """A message above max_msg: consume its record without allocating or reading
         anything, tell the sender it is done with it, raise MessageTooLarge once. The
         channel goes on with the next message."""
-        cdef uint32_t slot = self.rx.cur_slot
-        if posted is not None:
-            self.drop_posted()
-        self._consumed(d)
+        self._skip(d, posted)
         self.link.cnt.rndv_refused += 1
-        self.rx.advance(DESC_BYTES, 0)
-        self.rx.release_one(slot)
-        if not self.link.closed and not self.link.peer_gone:
-            self.rx.flush()
         raise MessageTooLarge(f"the peer sent rendezvous message {d.index} of {d.length} "
                               f"bytes; this channel takes at most {self.max_msg} bytes "
                               f"(max_message_size / RDMAMW_MAX_MESSAGE_SIZE): it was "
                               f"refused unread; the next message follows")
+
+    cdef int _skip(self, rm_desc *d, Dest posted) except -1:
+        """Take message ``d`` out of the stream unread (refused or lost): its record
+        is consumed, its done bit flips, the next message follows."""
+        cdef uint32_t slot = self.rx.cur_slot
+        if posted is not None:
+            self.drop_posted()
+        self._consumed(d)
+        self.rx.advance(DESC_BYTES, 0)
+        self.rx.release_one(slot)
+        if not self.link.closed and not self.link.peer_gone \
+                and self.link.peer_status() == 0:
+            self.rx.flush()
+        return 0
 
     cdef int _check_desc(self, rm_desc *d) except -1:
         if d.kind != DESC_READ and d.kind != DESC_WRITTEN:
@@ -259,10 +286,30 @@ cdef class RndvReceiver:
                 raise Timeout(f"rendezvous message {d.index} ({d.length} bytes) is still "
                               f"being read; receive again to finish it (nothing is lost)")
             PyErr_CheckSignals()
+        if rc == READ_CUT:
+            return self._cut(deadline)
         self.end_read()
         if rc != 0:
             self._raise_read(rc, &d)
         return 0
+
+    cdef int _cut(self, int64_t deadline) except -1:
+        """This side's close() cut the READ in flight short: the message is lost and
+        its destination is never presented as data. The READ ends when the transport
+        goes (close() does that within its bounds): wait for it, or the deadline, so the
+        destination is no longer written when this returns (else close() ends it)."""
+        cdef rm_desc d = self.rd_desc
+        cdef int64_t until = now_ns() + CLOSE_END_NS
+        if deadline and deadline < until:
+            until = deadline
+        with nogil:
+            while not self.link.ended and now_ns() < until:
+                usleep(1000)
+        if self.link.ended:
+            self.end_read()
+        raise ChannelClosed(f"this side closed the channel while rendezvous message "
+                            f"{d.index} ({d.length} bytes) was being read; it was not "
+                            f"received")
 
     cdef int _read_wait(self, int64_t until) noexcept nogil:
         """Spin, then sleep, until the READ in flight completed (0, or a RM_ERR_* if it
@@ -288,11 +335,22 @@ cdef class RndvReceiver:
                 return RM_ERR_BOUNDS if status in (9, 10) else RM_ERR_PEER_LOST
             if self.link.peer_gone:
                 return RM_ERR_PEER_LOST
+            if self.link.closed:
+                return READ_CUT
             t = now_ns()
             if t >= next_check:         # a QP in error flushes the READ; a transport
                 # that saw the peer die some other way says so here
-                if self.link.peer_status() == RM_ERR_PEER_LOST:
+                status = self.link.peer_status()
+                if status == RM_ERR_PEER_LOST:
                     return RM_ERR_PEER_LOST
+                if status == RM_ERR_CLOSED and self.link.peer_hung_up():
+                    # closed cleanly and hung up: an answer it sent came before its
+                    # hang-up, so one more look is the last word
+                    self.link.reap()
+                    self.link.read_result(&done, &status)
+                    if done == self.rd_want:
+                        return 0 if status == 0 else RM_ERR_CLOSED
+                    return RM_ERR_CLOSED
                 next_check = t + PEER_CHECK_NS
             if t >= until:
                 return 1
@@ -319,7 +377,12 @@ cdef class RndvReceiver:
 
     cdef int _raise_read(self, int rc, rm_desc *d) except -1:
         cdef Link link = self.link
-        cdef int st
+        cdef int st = link.peer_status()
+        if st == RM_ERR_CLOSED:
+            # the peer closed (cleanly) and gave its source back before we read it
+            raise MessageLost(f"the peer closed the channel before rendezvous message "
+                              f"{d.index} ({d.length} bytes) was read; that message is "
+                              f"lost, the messages after it follow")
         if rc == RM_ERR_BOUNDS:
             with nogil:
                 st = link.peer_dying()
@@ -329,9 +392,9 @@ cdef class RndvReceiver:
             link.fail(f"rendezvous descriptor {d.index} ({d.length} bytes at {d.addr:#x}, "
                       f"key {d.key:#x}) is outside what the sender exposed; nothing read")
         st = link.peer_status()
-        if st == RM_ERR_CLOSED:
-            raise ChannelClosed(f"the peer closed before rendezvous message {d.index} "
-                                f"was read; it is lost")
+        if link.closed:
+            raise ChannelClosed(f"this side closed the channel while rendezvous message "
+                                f"{d.index} was being read; it was not received")
         if st < 0 or rc == RM_ERR_PEER_LOST:
             link.mark_lost()
             raise PeerLost(link.lost(f"peer lost while reading rendezvous message {d.index}"))

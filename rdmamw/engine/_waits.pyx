@@ -90,8 +90,8 @@ cdef class Waiter:
                 r = 1 if what == WAIT_ARRIVAL and self.ready(what, target) else st
                 break
             t = now_ns()
-            if t >= until:
-                r = 0
+            if t >= until or self.link.closed:  # (closed by another thread: the
+                r = 0                           # caller sees it and ends the call)
                 break
             self._serve(what)
             ms = <int>((until - t) // 1000000) + 1

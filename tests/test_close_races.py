@@ -1,0 +1,157 @@
+"""A close from any thread at any moment (docs/protocol.md, "Closing"): every buffer is
+released once, a message cut short by a close is never delivered, a wait ends on the
+close, and what arrived before a close is still delivered."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import rdmamw
+from rdmamw.errors import ChannelClosed, MessageLost
+from tests.helpers import LISTEN_ADDRESS, make_pair
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOST_PROVIDERS = ["shm", "tcp"]
+
+
+def _in_thread(fn, *args):
+    """Run fn(*args) on a thread; the returned dict gets "ok" (its result) or "err"."""
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            out["ok"] = fn(*args)
+        except BaseException as e:      # noqa: BLE001 - handed to the test
+            out["err"] = e
+        out["t"] = time.monotonic()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    out["thread"] = t
+    return out
+
+
+@pytest.mark.parametrize("provider", HOST_PROVIDERS)
+def test_a_close_during_a_rendezvous_send_releases_each_source_once(provider):
+    """A sender out of slots waits with rendezvous sources prepared; another thread
+    closes. Each source's buffer is released once: the array's refcount comes back to
+    what the test holds (a double release drops it below and frees a live array)."""
+    a, b, lst = make_pair(provider=provider, rendezvous="read")
+    msg = np.ones(1 << 20, np.uint8)
+    base = sys.getrefcount(msg)
+
+    def send_until_closed() -> None:
+        for _ in range(200):
+            a.send(msg, timeout=20)
+
+    got = _in_thread(send_until_closed)
+    deadline = time.monotonic() + 10
+    while a.stats()["free_send_slots"] and time.monotonic() < deadline:
+        time.sleep(0.01)       # until the ring is full and the sender waits
+    time.sleep(0.2)
+    assert sys.getrefcount(msg) > base      # the channel holds sources
+    t0 = time.monotonic()
+    a.close()
+    got["thread"].join(10)
+    assert isinstance(got.get("err"), ChannelClosed), got
+    assert "this side closed" in str(got["err"])
+    assert got["t"] - t0 < 3.0
+    assert sys.getrefcount(msg) == base
+    b.close()
+    lst.close()
+
+
+@pytest.mark.parametrize("provider", HOST_PROVIDERS)
+def test_a_close_ends_a_receive_waiting_for_a_message(provider):
+    a, b, lst = make_pair(provider=provider)
+    got = _in_thread(b.recv)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    b.close()
+    got["thread"].join(5)
+    assert isinstance(got.get("err"), ChannelClosed), got
+    assert "this side closed" in str(got["err"])
+    assert got["t"] - t0 < 1.0
+    a.close()
+    lst.close()
+
+
+def _stopped_sender(provider: str, size: int):
+    """(our channel, the peer process, listener): the peer sent one message of
+    ``size`` bytes and is stopped, so nothing of it answers a READ."""
+    lst = rdmamw.listen(LISTEN_ADDRESS[provider](), rendezvous="read")
+    peer = subprocess.Popen([sys.executable, "-m", "tests.close_race_peer", lst.address,
+                             str(size)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+    ch = lst.accept(timeout=20)
+    assert peer.stdout.readline().strip() == "sent"
+    os.kill(peer.pid, signal.SIGSTOP)
+    _wait_stopped(peer.pid)
+    return ch, peer, lst
+
+
+def _wait_stopped(pid: int) -> None:
+    """Until every thread of ``pid`` is stopped (a signal takes effect later)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = set()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.add(f.read().rpartition(")")[2].split()[0])
+        if states == {"T"}:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} did not stop")
+
+
+@pytest.mark.parametrize("into", [False, True], ids=["recv", "recv_into"])
+def test_a_close_during_a_rendezvous_read_never_delivers_the_message(into):
+    """tcp: the peer's process is stopped, so our READ of its 1 MiB message waits; a
+    close from another thread ends the receive with ChannelClosed naming this side,
+    and the destination is never returned as the message (it was 1 MiB of zeros)."""
+    ch, peer, lst = _stopped_sender("tcp", 1 << 20)
+    try:
+        buf = bytearray(1 << 20)
+        got = _in_thread((lambda: ch.recv_into(buf)) if into else ch.recv)
+        time.sleep(0.5)
+        assert "thread" in got and "ok" not in got and "err" not in got, got
+        t0 = time.monotonic()
+        ch.close()
+        got["thread"].join(10)
+        assert "ok" not in got, f"a message came out of a cut READ: {got['ok']!r:.60}"
+        assert isinstance(got.get("err"), ChannelClosed), got
+        assert "this side closed" in str(got["err"])
+        assert got["t"] - t0 < 3.0
+    finally:
+        peer.kill()
+        peer.wait()
+        lst.close()
+
+
+@pytest.mark.parametrize("provider", HOST_PROVIDERS)
+def test_what_arrived_after_a_lost_message_is_still_delivered(provider):
+    """The sender sends A, B (1 MiB, rendezvous), C, D and closes while the receiver is
+    busy past close()'s wait for B's READ: B is lost (MessageLost, once), then C and D
+    come, then ChannelClosed — not PeerLost, and not B's error forever."""
+    a, b, lst = make_pair(provider=provider, rendezvous="read")
+    big = bytes([9]) * (1 << 20)
+    a.send_batch([b"A", big, b"C", b"D"], timeout=10)
+    closer = _in_thread(a.close)
+    closer["thread"].join(20)           # close() gives B's READ 5 s, then gives it back
+    assert "err" not in closer, closer
+    assert b.recv(timeout=5).tobytes() == b"A"
+    with pytest.raises(MessageLost, match="peer closed the channel before rendezvous"):
+        b.recv(timeout=5)
+    assert [m.tobytes() for m in b.recv_batch(timeout=5)] == [b"C", b"D"]
+    with pytest.raises(ChannelClosed, match="the peer closed"):
+        b.recv(timeout=5)
+    b.close()
+    lst.close()
