@@ -155,3 +155,37 @@ def test_what_arrived_after_a_lost_message_is_still_delivered(provider):
         b.recv(timeout=5)
     b.close()
     lst.close()
+
+
+@pytest.mark.parametrize("provider", HOST_PROVIDERS)
+def test_an_aio_close_with_a_large_message_unread_does_not_block_the_loop(provider):
+    """rdmamw.aio: close() while the peer has not read our 1 MiB message returns at
+    once (it blocked the loop 5 s); the loop keeps running, and the peer still gets
+    the whole message afterwards (the close's wait for its READ runs on a thread)."""
+    import rdmamw.aio as aio
+    a, b, lst = make_pair(provider=provider, rendezvous="read")
+    big = bytes(range(256)) * 4096
+
+    async def main() -> float:
+        ch = aio.Channel(a)
+        a.send(big)             # posted; done only once the peer has read it
+        t0 = time.monotonic()
+        ch.close()
+        took = time.monotonic() - t0
+        ticks = 0
+        t1 = time.monotonic()
+        while time.monotonic() - t1 < 0.3:
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks >= 10
+        return took
+
+    import asyncio
+    took = asyncio.run(main())
+    assert took < 0.5, f"aio close blocked the loop {took:.2f} s"
+    assert a.closed
+    assert b.recv(timeout=10).tobytes() == big
+    with pytest.raises(ChannelClosed, match="the peer closed"):
+        b.recv(timeout=10)
+    b.close()
+    lst.close()

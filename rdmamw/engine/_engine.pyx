@@ -74,6 +74,21 @@ cdef int64_t CLOSE_RNDV_NS = 5000000000 # close() waits this long for pending RE
 cdef long long CLOSE_LOCK_US = 2000000  # ... and this long for a running call to end
 
 
+cdef bint claim(PyThread_type_lock lock, long owner) except -1:
+    """close(): take the lock of a call in progress once that call has ended (its
+    waits end on the close). False when the call is this thread's own (a signal
+    handler's close) or does not end within CLOSE_LOCK_US: it then releases what it
+    holds itself, as it leaves (it sees ``link.ended``)."""
+    cdef int r
+    if owner != 0 and owner == PyThread_get_thread_ident():
+        return False
+    if PyThread_acquire_lock(lock, NOWAIT_LOCK):
+        return True
+    with nogil:
+        r = PyThread_acquire_lock_timed(lock, CLOSE_LOCK_US, 0)
+    return r == 1
+
+
 cdef class Engine(Endpoint):
     """One channel endpoint. Created by a provider's connect/accept, never directly."""
     cdef Link link
@@ -502,7 +517,7 @@ cdef class Engine(Endpoint):
             with nogil:
                 self.w.lower()      # a flag kept raised between slices
             if link.ended:          # a close() that could not wait for this call
-                self._drop_receives()
+                self.rr.drop_all()
             self.recv_owner = 0
             PyThread_release_lock(self.recv_lock)
 
@@ -510,13 +525,9 @@ cdef class Engine(Endpoint):
 
     def close(self) -> None:
         """Close this endpoint; the peer sees :class:`ChannelClosed` once it has
-        received what was sent. Messages already received stay readable.
-
-        Safe from any thread at any moment (docs/protocol.md, "Closing"): calls of
-        other threads waiting on this channel end with ChannelClosed (a message being
-        read is not delivered), then the peer gets a bounded time to finish reading our
-        rendezvous sources, then the transport goes; every buffer is released once, by
-        the holder of the lock of the call that holds it."""
+        received what was sent. Messages already received stay readable. Safe from any
+        thread at any moment: the calls waiting on this channel end first, each buffer
+        is released once, by its owner (docs/protocol.md, "Closing")."""
         cdef Link link = self.link
         cdef int64_t until
         cdef bint have
@@ -528,7 +539,7 @@ cdef class Engine(Endpoint):
         link.shut()                 # no call starts now; a waiting one ends at its next
         with nogil:                 # look, which this wake-up brings now
             link.wake_self()
-        have = self._claim(self.send_lock, self.send_owner)
+        have = claim(self.send_lock, self.send_owner)
         try:
             if have and self.rs.released < self.rs.next:
                 # the receiver may still be READing our sources: give it a bounded time
@@ -548,33 +559,11 @@ cdef class Engine(Endpoint):
         finally:
             if have:
                 PyThread_release_lock(self.send_lock)
-        if self._claim(self.recv_lock, self.recv_owner):
+        if claim(self.recv_lock, self.recv_owner):
             try:
-                self._drop_receives()
+                self.rr.drop_all()
             finally:
                 PyThread_release_lock(self.recv_lock)
-
-    cdef bint _claim(self, PyThread_type_lock lock, long owner) except -1:
-        """close(): take the lock of a call in progress once that call has ended (its
-        waits end on the close). False when the call is this thread's own (a signal
-        handler's close) or does not end within CLOSE_LOCK_US: it then releases what
-        it holds itself, as it leaves (it sees ``link.ended``)."""
-        cdef int r
-        if owner != 0 and owner == PyThread_get_thread_ident():
-            return False
-        if PyThread_acquire_lock(lock, NOWAIT_LOCK):
-            return True
-        with nogil:
-            r = PyThread_acquire_lock_timed(lock, CLOSE_LOCK_US, 0)
-        return r == 1
-
-    cdef int _drop_receives(self) except -1:
-        """What the receiving side holds goes (the transport is closed: nothing writes
-        into a READ destination any more): posted destinations, a READ left in flight."""
-        while self.rr.posted:
-            self.rr.drop_posted()
-        self.rr.end_read()
-        return 0
 
     def stats(self) -> dict:
         """Counters of this endpoint; everything that hit the transport is counted."""

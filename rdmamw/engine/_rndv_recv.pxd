@@ -48,6 +48,7 @@ cdef class RndvReceiver:
     cdef Dest receive(self, char *base, Dest into)
     cdef int post(self, Dest d) except -1
     cdef void drop_posted(self) noexcept
+    cdef int drop_all(self) except -1
     cdef int end_read(self) except -1
     cdef int _check_room(self, Dest dst, Dest posted, rm_desc *d) except -1
     cdef void _consumed(self, rm_desc *d) noexcept

@@ -400,6 +400,14 @@ cdef class RndvReceiver:
             raise PeerLost(link.lost(f"peer lost while reading rendezvous message {d.index}"))
         raise ProtocolError(f"the rendezvous READ of message {d.index} failed ({rc})")
 
+    cdef int drop_all(self) except -1:
+        """close(): what the receiving side holds goes (the transport is closed:
+        nothing writes into a READ destination any more): posted destinations, a READ
+        left in flight."""
+        while self.posted:
+            self.drop_posted()
+        return self.end_read()
+
     cdef void drop_posted(self) noexcept:
         cdef Posted p = self.posted.popleft()
         if p.advertised:
