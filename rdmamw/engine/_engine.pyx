@@ -546,7 +546,8 @@ cdef class Engine(Endpoint):
                 until = now_ns() + CLOSE_RNDV_NS
                 while not self.rs.poll(self.rs.next) and now_ns() < until:
                     with nogil:
-                        if self.w.wait(WAIT_DONE, self.rs.next, slice_end(until), False) < 0:
+                        if self.w.wait(WAIT_DONE, self.rs.next, slice_end(until), False,
+                                       False, True) < 0:
                             break
             for cache in (self._regcache, self._regcache_dst):
                 if self.cache_ok and cache is not None:

@@ -378,6 +378,9 @@ cdef class RndvReceiver:
     cdef int _raise_read(self, int rc, rm_desc *d) except -1:
         cdef Link link = self.link
         cdef int st = link.peer_status()
+        if link.closed:
+            raise ChannelClosed(f"this side closed the channel while rendezvous message "
+                                f"{d.index} was being read; it was not received")
         if st == RM_ERR_CLOSED:
             # the peer closed (cleanly) and gave its source back before we read it
             raise MessageLost(f"the peer closed the channel before rendezvous message "
@@ -392,9 +395,6 @@ cdef class RndvReceiver:
             link.fail(f"rendezvous descriptor {d.index} ({d.length} bytes at {d.addr:#x}, "
                       f"key {d.key:#x}) is outside what the sender exposed; nothing read")
         st = link.peer_status()
-        if link.closed:
-            raise ChannelClosed(f"this side closed the channel while rendezvous message "
-                                f"{d.index} was being read; it was not received")
         if st < 0 or rc == RM_ERR_PEER_LOST:
             link.mark_lost()
             raise PeerLost(link.lost(f"peer lost while reading rendezvous message {d.index}"))

@@ -59,13 +59,14 @@ cdef class Waiter:
                 return 0
 
     cdef int wait(self, int what, uint64_t target, int64_t until, bint spin,
-                  bint keep=False) noexcept nogil:
+                  bint keep=False, bint closer=False) noexcept nogil:
         """Until ``what`` (``target``: the rendezvous index of WAIT_DONE) is ready: 1;
         ``until`` passes: 0; the peer goes: <0. ``spin``: the first wait of a call,
         which spins spin_us before it sleeps. ``keep`` (a receive's slice): when
         ``until`` passes, the sleep flag stays raised for the next slice, so an idle
         receiver does not write it down and up at the peer every slice; the caller
-        lowers it with lower() when the call ends."""
+        lowers it with lower() when the call ends. A wait ends when another thread
+        closes the channel, but close()'s own (``closer``)."""
         cdef int64_t t = now_ns()
         cdef int st, r, ms
         cdef bint asked = False
@@ -90,8 +91,8 @@ cdef class Waiter:
                 r = 1 if what == WAIT_ARRIVAL and self.ready(what, target) else st
                 break
             t = now_ns()
-            if t >= until or self.link.closed:  # (closed by another thread: the
-                r = 0                           # caller sees it and ends the call)
+            if t >= until or (self.link.closed and not closer):
+                r = 0           # (closed by another thread: the caller ends the call)
                 break
             self._serve(what)
             ms = <int>((until - t) // 1000000) + 1
@@ -103,7 +104,7 @@ cdef class Waiter:
                 asked = True
                 ms = min(ms, GRANT_ASK_MS)
             st = self.link.sleep(ms, seen)
-            if self.link.closed:        # closed by another thread (its close woke us)
+            if self.link.closed and not closer:     # (its close woke us)
                 r = 0
                 break
             if st < 0 and st != RM_ERR_CLOSED:
