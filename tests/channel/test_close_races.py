@@ -16,9 +16,9 @@ import pytest
 
 import rdmamw
 from rdmamw.errors import ChannelClosed, MessageLost
-from tests.helpers import LISTEN_ADDRESS, make_pair
+from tests.support.helpers import LISTEN_ADDRESS, make_pair, provider_param
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOST_PROVIDERS = ["shm", "tcp"]
 
 
@@ -88,7 +88,7 @@ def _stopped_sender(provider: str, size: int):
     """(our channel, the peer process, listener): the peer sent one message of
     ``size`` bytes and is stopped, so nothing of it answers a READ."""
     lst = rdmamw.listen(LISTEN_ADDRESS[provider](), rendezvous="read")
-    peer = subprocess.Popen([sys.executable, "-m", "tests.close_race_peer", lst.address,
+    peer = subprocess.Popen([sys.executable, "-m", "tests.support.close_race_peer", lst.address,
                              str(size)], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": ROOT})
     ch = lst.accept(timeout=20)
@@ -189,3 +189,26 @@ def test_an_aio_close_with_a_large_message_unread_does_not_block_the_loop(provid
         b.recv(timeout=10)
     b.close()
     lst.close()
+
+
+def _stress(provider: str, rounds: int, timeout: float) -> str:
+    """tests/soak/close_race.py in a child pinned to one CPU (a crash is its exit
+    status); its summary line."""
+    r = subprocess.run([sys.executable, "-m", "tests.soak.close_race", "--provider", provider,
+                        "--rounds", str(rounds), "--cpu", "0"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": ROOT})
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("provider,rounds", [("shm", 150), ("tcp", 150),
+                                             provider_param("verbs", "20")])
+def test_the_close_race_stress_finds_nothing(provider, rounds):
+    print(_stress(provider, int(rounds), 600))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("provider,rounds", [("shm", 10000), ("tcp", 10000),
+                                             provider_param("verbs", "1000")])
+def test_the_long_close_race_stress_finds_nothing(provider, rounds):
+    print(_stress(provider, int(rounds), 3600))

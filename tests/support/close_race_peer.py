@@ -1,4 +1,4 @@
-"""``python -m tests.close_race_peer ADDRESS SIZE``: a peer of test_close_races.py that
+"""``python -m tests.support.close_race_peer ADDRESS SIZE``: a peer of test_close_races.py that
 opens a channel to ADDRESS, sends one message of SIZE bytes (rendezvous when large),
 prints "sent" and then sleeps until it is killed: the test stops it (SIGSTOP) so that
 nothing of this process answers a READ of that message."""

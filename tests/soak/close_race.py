@@ -1,4 +1,4 @@
-"""``python -m tests.close_race --provider shm --rounds N [--seconds S] [--seed K]``: the
+"""``python -m tests.soak.close_race --provider shm --rounds N [--seconds S] [--seed K]``: the
 close-race stress (docs/protocol.md, "Closing"; docs/testing.md).
 
 Each round opens a channel pair in this process, pinned to one CPU, and runs a
@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from rdmamw.errors import ChannelClosed, MessageLost, PeerLost, Timeout
-from tests.helpers import make_pair
+from tests.support.helpers import make_pair
 
 HDR = struct.Struct("<IIQ")         # round, seq, length
 SIZES = (16, 700, 3000, 64 << 10, 1 << 20)
