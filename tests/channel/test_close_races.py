@@ -20,6 +20,7 @@ from tests.support.helpers import LISTEN_ADDRESS, make_pair, provider_param
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOST_PROVIDERS = ["shm", "tcp"]
+ALL_PROVIDERS = ["shm", "tcp", provider_param("verbs")]
 
 
 def _in_thread(fn, *args):
@@ -39,7 +40,7 @@ def _in_thread(fn, *args):
     return out
 
 
-@pytest.mark.parametrize("provider", HOST_PROVIDERS)
+@pytest.mark.parametrize("provider", ALL_PROVIDERS)
 def test_a_close_during_a_rendezvous_send_releases_each_source_once(provider):
     """A sender out of slots waits with rendezvous sources prepared; another thread
     closes. Each source's buffer is released once: the array's refcount comes back to
@@ -69,7 +70,7 @@ def test_a_close_during_a_rendezvous_send_releases_each_source_once(provider):
     lst.close()
 
 
-@pytest.mark.parametrize("provider", HOST_PROVIDERS)
+@pytest.mark.parametrize("provider", ALL_PROVIDERS)
 def test_a_close_ends_a_receive_waiting_for_a_message(provider):
     a, b, lst = make_pair(provider=provider)
     got = _in_thread(b.recv)
@@ -136,7 +137,7 @@ def test_a_close_during_a_rendezvous_read_never_delivers_the_message(into):
         lst.close()
 
 
-@pytest.mark.parametrize("provider", HOST_PROVIDERS)
+@pytest.mark.parametrize("provider", ALL_PROVIDERS)
 def test_what_arrived_after_a_lost_message_is_still_delivered(provider):
     """The sender sends A, B (1 MiB, rendezvous), C, D and closes while the receiver is
     busy past close()'s wait for B's READ: B is lost (MessageLost, once), then C and D
@@ -192,11 +193,13 @@ def test_an_aio_close_with_a_large_message_unread_does_not_block_the_loop(provid
 
 
 def _stress(provider: str, rounds: int, timeout: float) -> str:
-    """tests/soak/close_race.py in a child pinned to one CPU (a crash is its exit
-    status); its summary line."""
+    """tests/soak/close_race.py in a child pinned to one CPU, under CPython's debug
+    allocator (a buffer released twice frees a live object, whose memory it fills:
+    the child crashes, exit status -11); its summary line."""
     r = subprocess.run([sys.executable, "-m", "tests.soak.close_race", "--provider", provider,
                         "--rounds", str(rounds), "--cpu", "0"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": ROOT})
+                       text=True, timeout=timeout,
+                       env={**os.environ, "PYTHONPATH": ROOT, "PYTHONMALLOC": "debug"})
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r.stdout.strip().splitlines()[-1]
 
@@ -208,6 +211,7 @@ def test_the_close_race_stress_finds_nothing(provider, rounds):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("provider,rounds", [("shm", 10000), ("tcp", 10000),
                                              provider_param("verbs", "1000")])
 def test_the_long_close_race_stress_finds_nothing(provider, rounds):
