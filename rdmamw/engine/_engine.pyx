@@ -89,6 +89,27 @@ cdef bint claim(PyThread_type_lock lock, long owner) except -1:
     return r == 1
 
 
+cdef int take_lock(Link link, PyThread_type_lock lock, int64_t deadline, str what) except -1:
+    """Take a call's lock, which another thread's call holds until it ends: in
+    slices (signals), until this side closes or the deadline (Timeout)."""
+    cdef int r
+    cdef long long us
+    if PyThread_acquire_lock(lock, NOWAIT_LOCK):
+        return 0
+    while True:
+        us = (slice_end(deadline) - now_ns()) // 1000
+        with nogil:
+            r = PyThread_acquire_lock_timed(lock, us if us > 0 else 0, 0)
+        if r == 1:
+            return 0
+        if link.closed:
+            link.refuse()
+        if deadline and now_ns() >= deadline:
+            raise Timeout(f"another thread's {what} on this channel went on for the "
+                          f"whole timeout; this one did nothing")
+        PyErr_CheckSignals()
+
+
 cdef class Engine(Endpoint):
     """One channel endpoint. Created by a provider's connect/accept, never directly."""
     cdef Link link
@@ -157,9 +178,9 @@ cdef class Engine(Endpoint):
         self.rs = RndvSender(link, self.batch, self.rndv_on and rendezvous == "write")
         self.tx = EagerSender(link, self.batch, self.rs, peer_nslots, peer_slot_size,
                               link.region_view(RM_REGION_RECLAIM))
-        self.rr = RndvReceiver(link, self.rx, self.rndv_on and rendezvous == "write",
-                               min(max_message_size, RM_MAX_WR_BYTES))
         self.w = Waiter(link, self.tx, self.rs, self.rx)
+        self.rr = RndvReceiver(link, self.rx, self.rndv_on and rendezvous == "write",
+                               min(max_message_size, RM_MAX_WR_BYTES), self.w)
         self.regcache, self.regcache_dst = self._regcache, self._regcache_dst
         link.announce_max_msg(self.rr.max_msg)     # into the peer's CTRL_MAX_MSG
         link.open()
@@ -180,12 +201,6 @@ cdef class Engine(Endpoint):
             self.rx.flush_locked()
         self.link.announce_closed()
         self.link.unlock()
-
-    cdef int _lock(self, PyThread_type_lock lock) except -1:
-        if not PyThread_acquire_lock(lock, NOWAIT_LOCK):
-            with nogil:
-                PyThread_acquire_lock(lock, WAIT_LOCK)
-        return 0
 
     # ---- sending ------------------------------------------------------------------
 
@@ -220,7 +235,7 @@ cdef class Engine(Endpoint):
         if link.peer_closing():
             link.raise_peer(link.peer_status(), "send")
         b = self.batch
-        self._lock(self.send_lock)
+        take_lock(link, self.send_lock, deadline, "send")
         self.send_owner = PyThread_get_thread_ident()
         try:
             if link.closed:             # by another thread while this one waited
@@ -421,7 +436,7 @@ cdef class Engine(Endpoint):
         views it); with ``rendezvous="write"`` the sender WRITEs straight into it."""
         cdef Dest d = new_dest(buffer)
         self.link.check_usable()
-        self._lock(self.recv_lock)
+        take_lock(self.link, self.recv_lock, 0, "receive")
         try:
             if not self.rndv_on:
                 raise ValueError("rendezvous is off on this channel; nothing to post for")
@@ -470,7 +485,7 @@ cdef class Engine(Endpoint):
         if self.rx is None:
             raise ChannelClosed("this side closed the channel")
         deadline = deadline_of(timeout)
-        self._lock(self.recv_lock)
+        take_lock(link, self.recv_lock, deadline, "receive")
         self.recv_owner = PyThread_get_thread_ident()
         self.rr.set_deadline(deadline)
         try:

@@ -20,9 +20,10 @@ from rdmamw.engine._frames cimport (
     RM_MAX_WR_BYTES,
     RM_RNDV_WRID,
     RNDV_N,
+    WAIT_READ,
 )
 from rdmamw.engine._leases cimport end_lease, take_lease
-from rdmamw.engine._link cimport PEER_CHECK_NS, fill_wr, slice_end
+from rdmamw.engine._link cimport fill_wr, slice_end
 from rdmamw.engine._messages cimport new_dest
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
@@ -54,19 +55,12 @@ from rdmamw.errors import (
 cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
-cdef extern from "sched.h" nogil:
-    int sched_yield()
-
 cdef extern from "unistd.h" nogil:
     int usleep(unsigned int usec)
 
-cdef enum:
-    READ_CUT = 2                        # _read_wait: this side is closing
 cdef int64_t CLOSE_END_NS = 8000000000  # a READ cut by a close waits this long at most
                                         # for the transport to go (close()'s own bounds)
 
-cdef int READ_NAP_MS = 1                # a READ wait, past its spin, sleeps this long at most
-cdef int64_t READ_SPIN_NS = 1000000     # ... and spins spin_us plus 1 ns a byte, up to this
 
 
 def fresh_buffer(Py_ssize_t n):
@@ -85,9 +79,10 @@ cdef class Posted:
 cdef class RndvReceiver:
     """The rendezvous messages of one direction as they are taken."""
 
-    def __cinit__(self, Link link, EagerReceiver rx, bint write, uint64_t max_msg):
+    def __cinit__(self, Link link, EagerReceiver rx, bint write, uint64_t max_msg,
+                  Waiter w):
         cdef void *mem = NULL
-        self.link, self.rx, self.write, self.max_msg = link, rx, write, max_msg
+        self.link, self.rx, self.write, self.max_msg, self.w = link, rx, write, max_msg, w
         self.posted = collections.deque()
         self.allocate = fresh_buffer
         if posix_memalign(&mem, 64, RNDV_N * 32) != 0:
@@ -273,21 +268,32 @@ cdef class RndvReceiver:
 
     cdef int _wait_read(self) except -1:
         """Wait for the READ in flight until the receive's deadline (Timeout: it stays
-        in flight), in slices that let signals through; then end it."""
-        cdef int rc
+        in flight), in the endpoint's one wait loop, a slice at a time (signals); then
+        end it. A close of this side cuts it short (_cut)."""
+        cdef int r, rc, status
+        cdef uint64_t done
         cdef int64_t deadline = self.rx_until
         cdef rm_desc d = self.rd_desc
+        cdef bint first = True
         while True:
             with nogil:
-                rc = self._read_wait(slice_end(deadline))
-            if rc != 1:
+                r = self.w.wait(WAIT_READ, self.rd_want, slice_end(deadline), first)
+            first = False
+            if r == 1:
+                self.link.read_result(&done, &status)
+                # IBV_WC_REM_INV_REQ_ERR / REM_ACCESS_ERR: outside the peer's MR
+                rc = 0 if status == 0 else (RM_ERR_BOUNDS if status in (9, 10)
+                                            else RM_ERR_PEER_LOST)
                 break
+            if r < 0:
+                rc = r
+                break
+            if self.link.closed:
+                return self._cut(deadline)
             if deadline and now_ns() >= deadline:
                 raise Timeout(f"rendezvous message {d.index} ({d.length} bytes) is still "
                               f"being read; receive again to finish it (nothing is lost)")
             PyErr_CheckSignals()
-        if rc == READ_CUT:
-            return self._cut(deadline)
         self.end_read()
         if rc != 0:
             self._raise_read(rc, &d)
@@ -310,55 +316,6 @@ cdef class RndvReceiver:
         raise ChannelClosed(f"this side closed the channel while rendezvous message "
                             f"{d.index} ({d.length} bytes) was being read; it was not "
                             f"received")
-
-    cdef int _read_wait(self, int64_t until) noexcept nogil:
-        """Spin, then sleep, until the READ in flight completed (0, or a RM_ERR_* if it
-        failed), ``until`` passes (1) or the peer is lost (RM_ERR_PEER_LOST). It
-        spins about as long as the data takes at 1 GB/s (at most READ_SPIN_NS more than
-        spin_us), yielding the core: the answer needs CPU here too (tcp's progress
-        thread)."""
-        cdef int64_t t = now_ns()
-        cdef int64_t spin_end = t + self.link.spin_ns + <int64_t>min(self.rd_desc.length,
-                                                                <uint64_t>READ_SPIN_NS)
-        cdef int64_t next_check = t + PEER_CHECK_NS
-        cdef uint64_t done
-        cdef int status
-        cdef uint64_t seen
-        while True:
-            seen = self.link.sleep_gen()
-            self.link.reap()
-            self.link.read_result(&done, &status)
-            if done == self.rd_want:
-                if status == 0:
-                    return 0
-                # IBV_WC_REM_INV_REQ_ERR / REM_ACCESS_ERR: outside the peer's MR
-                return RM_ERR_BOUNDS if status in (9, 10) else RM_ERR_PEER_LOST
-            if self.link.peer_gone:
-                return RM_ERR_PEER_LOST
-            if self.link.closed:
-                return READ_CUT
-            t = now_ns()
-            if t >= next_check:         # a QP in error flushes the READ; a transport
-                # that saw the peer die some other way says so here
-                status = self.link.peer_status()
-                if status == RM_ERR_PEER_LOST:
-                    return RM_ERR_PEER_LOST
-                if status == RM_ERR_CLOSED and self.link.peer_hung_up():
-                    # closed cleanly and hung up: an answer it sent came before its
-                    # hang-up, so one more look is the last word
-                    self.link.reap()
-                    self.link.read_result(&done, &status)
-                    if done == self.rd_want:
-                        return 0 if status == 0 else RM_ERR_CLOSED
-                    return RM_ERR_CLOSED
-                next_check = t + PEER_CHECK_NS
-            if t >= until:
-                return 1
-            if t < spin_end:
-                sched_yield()
-                continue
-            self.link.sleep(                 # tcp wakes us when the answer is in
-                min(READ_NAP_MS, <int>((until - t) // 1000000) + 1), seen)
 
     cdef int end_read(self) except -1:
         """The READ in flight is over (or the transport closed): give back its exposure

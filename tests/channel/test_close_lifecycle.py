@@ -139,7 +139,7 @@ class Lifecycle(RuleBasedStateMachine):
         (self.a if side == "sender" else self.b).close()
         self._join(t0)
 
-    @precondition(lambda self: self.bg is not None)
+    @precondition(lambda self: self.bg is not None and self.sender is None)
     @rule()
     def send_to_the_receive(self):
         self.send([8])

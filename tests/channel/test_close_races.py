@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import rdmamw
-from rdmamw.errors import ChannelClosed, MessageLost
+from rdmamw.errors import ChannelClosed, MessageLost, Timeout
 from tests.support.helpers import LISTEN_ADDRESS, make_pair, provider_param
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -216,3 +216,25 @@ def test_the_close_race_stress_finds_nothing(provider, rounds):
                                              provider_param("verbs", "1000")])
 def test_the_long_close_race_stress_finds_nothing(provider, rounds):
     print(_stress(provider, int(rounds), 3600))
+
+
+@pytest.mark.parametrize("provider", HOST_PROVIDERS)
+def test_a_call_waiting_for_another_thread_s_call_keeps_its_deadline(provider):
+    """A send with a timeout, while another thread's send holds the channel (out of
+    slots, no timeout), returns Timeout by its deadline (it waited on the lock for
+    ever); a close ends the other one."""
+    a, b, lst = make_pair(provider=provider, slots=4, slot_size=4096)
+    blocker = _in_thread(lambda: [a.send(b"x" * 3000) for _ in range(64)])
+    deadline = time.monotonic() + 10
+    while a.stats()["free_send_slots"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    with pytest.raises(Timeout, match="another thread's send"):
+        a.send(b"y", timeout=0.5)
+    assert time.monotonic() - t0 < 1.0
+    a.close()
+    blocker["thread"].join(5)
+    assert isinstance(blocker.get("err"), ChannelClosed), blocker
+    b.close()
+    lst.close()
