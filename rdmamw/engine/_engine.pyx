@@ -90,12 +90,11 @@ cdef bint claim(PyThread_type_lock lock, long owner) except -1:
 
 
 cdef int take_lock(Link link, PyThread_type_lock lock, int64_t deadline, str what) except -1:
-    """Take a call's lock, which another thread's call holds until it ends: in
-    slices (signals), until this side closes or the deadline (Timeout)."""
+    """Take a call's lock, which another thread's call holds until it ends (the
+    caller tried once without waiting): in slices (signals), until this side closes or
+    the deadline (Timeout)."""
     cdef int r
     cdef long long us
-    if PyThread_acquire_lock(lock, NOWAIT_LOCK):
-        return 0
     while True:
         us = (slice_end(deadline) - now_ns()) // 1000
         with nogil:
@@ -126,8 +125,8 @@ cdef class Engine(Endpoint):
     cdef object _regcache, _regcache_dst
     cdef PyThread_type_lock send_lock
     cdef PyThread_type_lock recv_lock
-    cdef long send_owner                # the thread in a send / receive call (0: none):
-    cdef long recv_owner                # a close() from it cannot wait for it to end
+    cdef long send_owner                # the thread of a send / receive call that waits
+    cdef long recv_owner                # (0: none): a close() from it cannot wait for it
 
     def __cinit__(self, *args, **kwargs):
         self.send_lock = PyThread_allocate_lock()
@@ -235,8 +234,8 @@ cdef class Engine(Endpoint):
         if link.peer_closing():
             link.raise_peer(link.peer_status(), "send")
         b = self.batch
-        take_lock(link, self.send_lock, deadline, "send")
-        self.send_owner = PyThread_get_thread_ident()
+        if not PyThread_acquire_lock(self.send_lock, NOWAIT_LOCK):
+            take_lock(link, self.send_lock, deadline, "send")
         try:
             if link.closed:             # by another thread while this one waited
                 link.refuse()
@@ -259,7 +258,8 @@ cdef class Engine(Endpoint):
                     if rc != 0:
                         link.raise_post(rc)
                     # ring full (or no rendezvous entry): wait for reclaim (done) bits,
-                    # a slice at a time (signals)
+                    # a slice at a time (signals, where a close from this thread may come)
+                    self.send_owner = PyThread_get_thread_ident()
                     with nogil:
                         st = self.w.wait(self.tx.blocked_on, 0, link.wait_until(deadline),
                                          first_wait)
@@ -436,7 +436,8 @@ cdef class Engine(Endpoint):
         views it); with ``rendezvous="write"`` the sender WRITEs straight into it."""
         cdef Dest d = new_dest(buffer)
         self.link.check_usable()
-        take_lock(self.link, self.recv_lock, 0, "receive")
+        if not PyThread_acquire_lock(self.recv_lock, NOWAIT_LOCK):
+            take_lock(self.link, self.recv_lock, 0, "receive")
         try:
             if not self.rndv_on:
                 raise ValueError("rendezvous is off on this channel; nothing to post for")
@@ -485,8 +486,8 @@ cdef class Engine(Endpoint):
         if self.rx is None:
             raise ChannelClosed("this side closed the channel")
         deadline = deadline_of(timeout)
-        take_lock(link, self.recv_lock, deadline, "receive")
-        self.recv_owner = PyThread_get_thread_ident()
+        if not PyThread_acquire_lock(self.recv_lock, NOWAIT_LOCK):
+            take_lock(link, self.recv_lock, deadline, "receive")
         self.rr.set_deadline(deadline)
         try:
             while True:
@@ -520,6 +521,7 @@ cdef class Engine(Endpoint):
                 if first_wait and self.w.spin(WAIT_ARRIVAL, 0, now_ns() + GIL_SPIN_NS, 16):
                     first_wait = False
                     continue
+                self.recv_owner = PyThread_get_thread_ident()     # (signals, as sending)
                 with nogil:
                     st = self.w.wait(WAIT_ARRIVAL, 0, link.wait_until(deadline), first_wait,
                                      True)
