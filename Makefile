@@ -110,8 +110,15 @@ MUTATE_JOBS ?= 2
 mutate-c: $(STAMP)
 	$(VPY) scripts/c_mutants.py
 
+# ruff; cython-lint on the .pyx/.pxd files (it runs pycodestyle from the venv's bin);
+# mypy on rdmamw/ (pyproject.toml's [tool.mypy]: strict for the public API); stubtest
+# on the extensions' .pyi stubs against the modules just built (docs/testing.md)
+CYTHON_SOURCES = $(shell find rdmamw tests/support -name '*.pyx' -o -name '*.pxd')
 lint: $(STAMP)
 	$(VPY) -m ruff check .
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/cython-lint $(CYTHON_SOURCES)
+	$(VPY) -m mypy
+	$(VPY) scripts/stubtest.py
 
 # the docs site (mkdocs.yml, nav = docs/index.md's reading order; the API reference from
 # the docstrings, the Cython classes read from the built package): strict, so a broken
@@ -126,5 +133,5 @@ plots: $(STAMP)
 	$(VPY) bench/plots.py
 
 clean:
-	rm -rf build site $(VENV) rdmamw/*.c rdmamw/*/*.c rdmamw/*.so rdmamw/*/*.so *.egg-info \
+	rm -rf build site $(VENV) .mypy_cache rdmamw/*.c rdmamw/*/*.c rdmamw/*.so rdmamw/*/*.so *.egg-info \
 		tests/support/_hooks.c tests/support/*.so

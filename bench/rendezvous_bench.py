@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     runs, seconds = (3, 0.15) if a.quick else (5, 0.4)
     per_run = (64 if a.quick else 256) * MiB
     meta = {**machine(), "busy_before_pct": busy, "provider": a.provider, "sizes": sizes,
-            "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+            "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
     load = os.getloadavg()
     print(f"rendezvous bench: {a.provider}, {len(cores)} cores, load average "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"

@@ -17,14 +17,16 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from rdmamw import channel as _sync
 from rdmamw import config
 from rdmamw.engine import Message, SendHandle
 from rdmamw.errors import BufferTooSmall, ChannelClosed, Timeout, WrongLoop
+
+_T = TypeVar("_T")
 
 #: channels waiting on each loop's descriptors now (a one-item list a bound channel
 #: holds): a receive spins (RDMAMW_AIO_SPIN_US) only when it is the loop's only waiter,
@@ -115,7 +117,7 @@ class Channel:
                 self.sync.disarm()
 
     # ---- receiving -----------------------------------------------------------------------
-    async def _receive(self, take: Any, *args: Any) -> Any:
+    async def _receive(self, take: Callable[..., _T], *args: Any) -> _T:
         """``take(*args, timeout=0)`` (a receive of the blocking channel) once there
         is something to take: check, arm, check, then await the descriptor. A receive
         spins RDMAMW_AIO_SPIN_US first when it is its loop's only waiter."""
@@ -223,7 +225,7 @@ class Channel:
         h, rest = self._send_now(msgs)
         return h if h is not None else await self._post(rest)
 
-    def _send_now(self, msgs: Iterable[Any]) -> tuple[SendHandle | None, tuple]:
+    def _send_now(self, msgs: Iterable[Any]) -> tuple[SendHandle | None, tuple[Any, ...]]:
         """Send what fits now: (its handle, ()) or (None, the messages that did not fit)."""
         if _running() is not self._loop:
             self._bind()
@@ -235,7 +237,7 @@ class Channel:
         except Timeout as e:
             return None, batch[e.sent:]
 
-    async def _post(self, batch: tuple) -> SendHandle:
+    async def _post(self, batch: tuple[Any, ...]) -> SendHandle:
         """Send what did not fit (``batch``) as slots free up; the last handle (a
         channel's sends complete in order, so it covers the earlier ones)."""
         ch = self.sync
@@ -302,7 +304,7 @@ class Channel:
     def fileno(self) -> int:
         return self.sync.fileno()
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         return self.sync.stats()
 
     async def __aenter__(self) -> Channel:

@@ -97,18 +97,19 @@ class KVWorker:
                     run.exc = e
             return run.result
 
-    async def _send(self, per: dict[int, list]) -> None:
+    async def _send(self, per: dict[int, list[Any]]) -> None:
         handles = [(s, await self.chans[s].post_batch(msgs)) for s, msgs in per.items()
                    if msgs]
         for s, h in handles:
             await self.chans[s].wait_handle(h)
 
-    async def _replies(self, rids: dict[int, int], dest: dict | None) -> dict[int, dict]:
+    async def _replies(self, rids: dict[int, int],
+                       dest: dict[Any, Any] | None) -> dict[int, dict[Any, Any]]:
         """:meth:`rdmamw.ps.KVWorker.receive_pull`, every server awaited at once."""
-        hdr: dict[int, dict | None] = dict.fromkeys(rids)
+        hdr: dict[int, dict[Any, Any] | None] = dict.fromkeys(rids)
         done: set[int] = set()
 
-        async def reply(s: int) -> dict:
+        async def reply(s: int) -> dict[Any, Any]:
             while True:
                 msgs = await self.chans[s].recv_batch()
                 end = self.sync.take_batch(s, msgs, hdr, dest, rids[s])

@@ -126,7 +126,7 @@ def calibrate(comm: Communicator, sizes: list[int] = CHECK_SIZES,
         checks.append(row)
     return {
         "version": 1,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "source": "rdmamw tune",
         "world_size": comm.size,
         "groups": groups,

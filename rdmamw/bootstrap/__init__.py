@@ -43,7 +43,7 @@ class World:
     world_size: int
     launcher: str
     job: str
-    peers: dict[int, dict]
+    peers: dict[int, dict[str, Any]]
     #: our listeners by provider (those that advertised one): the lower rank of a pair
     #: accepts on them
     _listeners: dict[str, Any] = field(default_factory=dict)
@@ -65,7 +65,7 @@ class World:
             return me["forced"], "forced by RDMAMW_PROVIDER"
         return choice.choose(me, self.peers[rank])
 
-    def descriptors(self, rank: int | None) -> tuple[dict, dict]:
+    def descriptors(self, rank: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
         """(my descriptor, ``rank``'s): what a provider's listener judges an opener by;
         ProtocolError for a rank that is not a peer."""
         if rank is None or rank not in self.peers or rank == self.rank:
@@ -131,7 +131,7 @@ def init(timeout: float | None = None, *, slots: int | None = None,
         return _world
 
 
-class _Listeners(dict):
+class _Listeners(dict[str, Any]):
     """This rank's listeners while it joins; a listener that must judge who connects
     asks the World (made after the table comes) for the two descriptors."""
 
@@ -155,7 +155,7 @@ class _Listeners(dict):
         assert self._job is not None
         return auth.job_key(self._job)
 
-    def peers(self, rank: int | None) -> tuple[dict, dict]:
+    def peers(self, rank: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
         if self.world is None:
             raise ProtocolError("a connection by rank before the job's table is known")
         return self.world.descriptors(rank)
@@ -165,7 +165,7 @@ class _Listeners(dict):
             lst.close()
 
 
-def _descriptor(ip: str, ring: tuple[int, int], made: _Listeners) -> dict:
+def _descriptor(ip: str, ring: tuple[int, int], made: _Listeners) -> dict[str, Any]:
     """This rank's descriptor (docs/protocol.md): who and where it is, and each
     provider's part under its scheme; their listeners go into ``made``."""
     ip = ifname.selected_address() or ip
@@ -203,7 +203,7 @@ def _join(info: LaunchInfo, timeout: float, ring: tuple[int, int]) -> World:
                 sock.close()
             rank = 0
         else:
-            def make_desc(ip: str) -> dict:
+            def make_desc(ip: str) -> dict[str, Any]:
                 made.close()
                 made.clear()
                 return _descriptor(ip, ring, made)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def split_address(address: str) -> tuple[str, str]:
+def split_address(address: object) -> tuple[str, str]:
     """``"shm://job1"`` -> ``("shm", "job1")``; a clear ValueError otherwise."""
     if not isinstance(address, str):
         raise TypeError(f"address must be a str like 'shm://NAME', not {type(address).__name__}")

@@ -39,7 +39,8 @@ def message_limit(value: int | str | None = None) -> int:
     RDMAMW_MAX_MESSAGE_SIZE, else 1 GiB; sizes above the wire's 4 GiB - 1 mean the
     wire's limit. ConfigError for anything that is not a positive byte size."""
     if value is None:
-        return min(config.get("RDMAMW_MAX_MESSAGE_SIZE"), WIRE_MAX_MESSAGE)
+        limit: int = config.get("RDMAMW_MAX_MESSAGE_SIZE")
+        return min(limit, WIRE_MAX_MESSAGE)
     n = config.parse_bytes(value, "max_message_size")
     if n < 1:
         raise ConfigError(f"max_message_size: {value!r} must be at least 1 byte")
@@ -70,7 +71,7 @@ class Channel(Engine):
     regcache: RegCache | None
     regcache_dst: RegCache | None
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """The engine's counters plus the memory ones (rdmamw/memory/counters.py):
         ``registrations``, ``regcache_hits`` / ``_misses`` / ..., ``bytes_pinned`` of
         this channel's registration cache, ``pool_*`` of the process-wide pool that
@@ -215,7 +216,8 @@ def _registration_caches(tp: Any) -> tuple[RegCache, RegCache]:
                          shared=True),
                 RegCache(partial(owner.mr_register, remote_read=False),
                          owner.mr_deregister, shared=True))
-        return owner.regcaches
+        caches: tuple[RegCache, RegCache] = owner.regcaches
+        return caches
 
 
 class Listener:

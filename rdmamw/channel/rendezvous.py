@@ -23,7 +23,7 @@ log = logging.getLogger("rdmamw.channel")
 _logged: set[tuple[str, str]] = set()
 
 
-def tuned(provider: str) -> dict:
+def tuned(provider: str) -> dict[str, Any]:
     """The measured strategy and threshold for ``provider``, or the built-in default."""
     got = dict(thresholds.lookup(provider, default=registry.provider(provider)
                                  .rendezvous_default) or {})

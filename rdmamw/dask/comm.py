@@ -364,7 +364,7 @@ async def _read_offer(ch: Channel, what: str) -> _offer.Offer:
     try:
         try:
             m = await asyncio.wait_for(ch.recv(), _offer_timeout())
-        except (*_GONE, asyncio.TimeoutError) as e:
+        except (TimeoutError, *_GONE) as e:
             raise CommClosedError(f"{what}: no offer from the listener "
                                   f"({type(e).__name__}: {e})") from e
         try:

@@ -14,7 +14,6 @@ from rdmamw.engine._frames cimport (
     CTRL_MAX_MSG,
     DESC_BYTES,
     REC_HDR,
-    RM_MAX_WR_BYTES,
     RNDV_N,
     SLOT_PACKED,
     SLOT_SINGLE,

@@ -19,7 +19,6 @@ from rdmamw.engine._frames cimport (
     SLOT_PACKED,
     SLOT_SINGLE,
     WORD_DONE,
-    pad8,
     rm_slot_hdr,
 )
 from rdmamw.transport._base cimport (
@@ -95,7 +94,8 @@ cdef class EagerReceiver:
             seq = (<volatile uint64_t *>&h.seq)[0]
             check = (<volatile uint32_t *>&h.check)[0]
             d = <uint32_t>(seq - self.recv_seq) if seq - self.recv_seq < self.nslots else RM_NO_SLOT
-            if d == RM_NO_SLOT or check != <uint32_t>~(<uint32_t>seq) or self.order[d] != RM_NO_SLOT:
+            if (d == RM_NO_SLOT or check != <uint32_t>~(<uint32_t>seq)
+                    or self.order[d] != RM_NO_SLOT):
                 for i in range(j):
                     self.order[self.pend_d[i]] = RM_NO_SLOT
                 self.link.fail(

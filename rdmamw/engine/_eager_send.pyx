@@ -279,7 +279,8 @@ cdef class EagerSender:
             return nw
         if not self.link.synchronous():
             entry = (self.link.batch_posted + 1) % SNAP_DEPTH
-            oldest = self.link.batch_posted + 1 - SNAP_DEPTH if self.link.batch_posted + 1 > SNAP_DEPTH else 0
+            oldest = (self.link.batch_posted + 1 - SNAP_DEPTH
+                      if self.link.batch_posted + 1 > SNAP_DEPTH else 0)
             while self.link.batch_done < oldest and not self.link.peer_gone:
                 self.link.reap()               # that entry's WRITE has not completed yet
                 rm_cpu_relax()

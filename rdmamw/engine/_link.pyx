@@ -28,7 +28,12 @@ from rdmamw.transport._base cimport (
     RM_REGION_CTRL,
     RM_REGION_RING,
 )
-from rdmamw.transport.atomics cimport rm_fence_seq_cst, rm_load_acquire64, rm_spin_lock, rm_spin_unlock
+from rdmamw.transport.atomics cimport (
+    rm_fence_seq_cst,
+    rm_load_acquire64,
+    rm_spin_lock,
+    rm_spin_unlock,
+)
 
 import logging
 import os

@@ -53,7 +53,7 @@ cdef class Waiter:
         A waiting receiver writes its releases back when the peer asks for them."""
         cdef int64_t t, next_check = now_ns() + PEER_CHECK_NS
         cdef int st
-        cdef uint32_t i
+        cdef uint32_t _i
         while True:
             if self.ready(what, target):
                 return 1
@@ -61,7 +61,7 @@ cdef class Waiter:
             if what == WAIT_READ:
                 sched_yield()   # the answer needs CPU here too (tcp's progress thread)
             elif self.link.assist() == 0:
-                for i in range(relax):
+                for _i in range(relax):
                     rm_cpu_relax()
             t = now_ns()
             if t >= next_check:

@@ -107,7 +107,7 @@ def save(provider: str, strategy: str, threshold: int,
     cfg.setdefault("providers", {})[provider] = {
         "strategy": strategy,
         "threshold": threshold,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "source": "rdmamw tune rndv",
         **({"measured": measured} if measured else {}),
     }

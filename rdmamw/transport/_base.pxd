@@ -40,10 +40,10 @@ cdef enum:
     RM_NREGIONS = 4
 
 cdef enum:
-    RM_SOFT_CQ = 256
+    RM_SOFT_CQ = 256            # completions kept by transports that finish work in post()
 
 cdef enum:
-    RM_ALL_SLOTS = 0xFFFFFFFF   # local_granted / peer_granted: the whole ring        # completions kept by transports that finish work in post()
+    RM_ALL_SLOTS = 0xFFFFFFFF   # local_granted / peer_granted: the whole ring
 
 # Return codes of Transport methods.
 cdef enum:
@@ -137,7 +137,8 @@ cdef class Transport:
     # failed request: a refused READ is then its death, not a lie (verbs: the QP fails
     # on either, so only the side channel tells). Default: peer_state() < 0
     cdef bint peer_exited(self) noexcept nogil
-    cdef int assist(self) noexcept nogil  # idle: help the peer with its work (shm: copies); default 0
+    # idle: help the peer with its work (shm: copies); default 0
+    cdef int assist(self) noexcept nogil
     # close_wakes: the provider promises that close() wakes a thread of this endpoint
     # asleep in wait() (shm, tcp, verbs: their eventfd or socket). Then the engine's
     # waits off the main thread sleep until their deadline instead of waking every

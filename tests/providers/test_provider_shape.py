@@ -12,12 +12,12 @@ import subprocess
 import sys
 
 import pytest
-from rdmamw.transport._base import NO_EVENT_POLL_S, Transport
 
 import rdmamw.providers as registry
 from rdmamw.bootstrap import choice
 from rdmamw.errors import ConfigError
 from rdmamw.providers import base
+from rdmamw.transport._base import NO_EVENT_POLL_S, Transport
 from tests.integrations.test_bootstrap import run_job
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -5,12 +5,12 @@ TypeError naming what it takes, never a crash; no device needed."""
 from __future__ import annotations
 
 import pytest
+
+from rdmamw.channel.channel import Channel
 from rdmamw.providers.shm._transport import ShmTransport
 from rdmamw.providers.tcp._transport import TcpTransport
 from rdmamw.providers.verbs._transport import VerbsTransport
 from rdmamw.transport._base import Transport
-
-from rdmamw.channel.channel import Channel
 from tests.support import hooks
 from tests.support.helpers import make_pair
 

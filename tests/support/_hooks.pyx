@@ -134,14 +134,14 @@ def hammer_job(ShmTransport tp not None, uint32_t seq, uint32_t n_ok, uint32_t n
     and a hostile (seq, n_bad, next_bad), without the GIL (run it in a thread)."""
     cdef uint64_t k, good = (<uint64_t>seq << 32) | (n_ok & 0xFF) << 8
     cdef uint64_t bad = (<uint64_t>seq << 32) | (n_bad & 0xFF) << 8 | (next_bad & 0xFF)
-    cdef int s
+    cdef int _s
     with nogil:
         for k in range(iters):
             rm_store_release64(&tp.job.claim, good)
-            for s in range(<int>(k % 64)):
+            for _s in range(<int>(k % 64)):
                 rm_cpu_relax()
             rm_store_release64(&tp.job.claim, bad)
-            for s in range(<int>(k % 16)):
+            for _s in range(<int>(k % 16)):
                 rm_cpu_relax()
 
 
@@ -261,11 +261,11 @@ def expose_churn(VerbsTransport tp not None, size_t addr, size_t length, int rou
     count the exposures whose table slot held another MR meanwhile (two threads at
     once must never share one; the engine's send and receive threads do this)."""
     cdef rm_mem m
-    cdef int r, clashes = 0
+    cdef int _r, clashes = 0
     cdef ibv_mr *mr
     _require_connected(tp)
     with nogil:
-        for r in range(rounds):
+        for _r in range(rounds):
             if tp.expose(addr, length, RM_ACCESS_LOCAL, &m) != 0:
                 clashes += 1
                 continue
@@ -362,7 +362,8 @@ def verbs_remote(VerbsTransport tp not None, uint32_t rkey, uint64_t addr,
             rc = tp.post(&wr, 1)
             end = now_ns() + <int64_t>(timeout * 1e9)
             rm_spin_lock(&tp.lock)
-            while rc == 0 and tp.state == QP_CONNECTED and tp.sq_done < tp.sq_posted and now_ns() < end:
+            while (rc == 0 and tp.state == QP_CONNECTED and tp.sq_done < tp.sq_posted
+                   and now_ns() < end):
                 if tp._poll_send_locked() == 0:
                     rm_cpu_relax()
             rm_spin_unlock(&tp.lock)

@@ -14,14 +14,8 @@ peer's XREAD_REQ / XWRITE frames for it are checked against that table here, by 
 progress thread (XWRITE) and a responder thread (XREAD_REQ) that answers READs, so a
 large answer never keeps this side from receiving."""
 
-import os
-import socket
-import threading
-
-from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memset
-from posix.stdlib cimport posix_memalign
 
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
@@ -192,7 +186,7 @@ cdef class TcpTransport(Transport):
         cdef rm_wr *wr
         cdef rt_frame *f
         cdef int st = rt_state(self.c), rc
-        cdef uint64_t target, posted
+        cdef uint64_t posted
         cdef bint deferred = True       # one exposed SIGNALED READ: poll() says when done
         if st != RT_UP:
             return st

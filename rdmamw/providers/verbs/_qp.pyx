@@ -9,7 +9,7 @@ on it. The device and its CQs are _device's, the MRs _memory's and _block's."""
 import cython
 
 from libc.errno cimport errno
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy, memset, strerror
 from posix.stdlib cimport posix_memalign

@@ -269,7 +269,7 @@ cdef class VerbsTransport(VerbsQP):
             r.inbox_len -= 1
             k += 1
         rm_spin_unlock(&r.ilock)
-        if r.overflow and self.state == QP_CONNECTED:      # a completion was lost: accounting is off
+        if r.overflow and self.state == QP_CONNECTED:   # a completion was lost: accounting off
             self._fail(RM_ERR_PEER_LOST, FAIL_POLL, 0)
         self.n_completions += k
         for i in range(k):
@@ -493,7 +493,8 @@ cdef class VerbsTransport(VerbsQP):
                     self.swr[0].send_flags = 0
                     self.swr[0].next = &self.swr[1]
                     self.n_binds += 1
-                _grant_wrs(&self.swr[n - 2], self.sge, &self.block.words[k], self.block.words_mr.lkey,
+                _grant_wrs(&self.swr[n - 2], self.sge, &self.block.words[k],
+                           self.block.words_mr.lkey,
                            self.peer_addr[RM_REGION_CTRL] + GRANT_OFF + 8 * k, self.peer_rkey,
                            self.max_inline >= 8)
                 posted = self._post_chain(n, True) == 0

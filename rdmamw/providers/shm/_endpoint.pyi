@@ -1,0 +1,46 @@
+"""Stub of rdmamw/providers/shm/_endpoint.pyx: the shared-memory endpoint's set-up,
+its cross-process (CMA) probe and counters; rdmamw/providers/shm/provider.py drives
+it. Checked by stubtest (`make lint`)."""
+
+from typing import Any
+
+from rdmamw.transport._base import Transport
+
+#: bytes of one side's exposure table in the shared block
+XTAB_BYTES: int
+
+def cma_probe(pid: int, addr: int) -> int: ...
+
+class ShmEndpoint(Transport):
+    n_assist_jobs: int
+    n_assist_chunks_got: int
+    bytes_assist_given: int
+    def _attach(
+        self,
+        sock: int,
+        my_memfd: int,
+        my_size: int,
+        peer_memfd: int,
+        peer_size: int,
+        my_evfd: int,
+        peer_evfd: int,
+        my_regions: tuple[Any, ...],
+        peer_regions: tuple[Any, ...],
+    ) -> None: ...
+    def _attach_rendezvous(
+        self, my_xtab_off: int, peer_xtab_off: int, peer_pid: int, pidfd: int
+    ) -> None: ...
+    def _attach_staging(
+        self, my_arena_fd: int, my_arena_size: int, peer_arena_fd: int, peer_arena_size: int
+    ) -> None: ...
+    def _set_probe(self, word: int) -> None: ...
+    def _probe_address(self) -> int: ...
+    def _peer_probe_word(self) -> int: ...
+    def _set_cma(self, mine: bool, peers: bool) -> None: ...
+    def _set_assist(self, min_bytes: int, chunk: int, stall_s: float = 10.0) -> None: ...
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
+    def counters(self) -> dict[str, Any]: ...
+    @property
+    def cma_modes(self) -> tuple[bool, bool]:
+        """(I read the peer by CMA, the peer reads me by CMA)."""
