@@ -13,6 +13,7 @@ from rdmamw.channel import Channel, Listener, Message, SendHandle, listen
 from rdmamw.errors import (
     BufferTooSmall,
     ChannelClosed,
+    MessageLost,
     MessageTooLarge,
     PeerLost,
     PeerNotFound,
@@ -33,6 +34,7 @@ __all__ = [
     "ChannelClosed",
     "Listener",
     "Message",
+    "MessageLost",
     "MessageTooLarge",
     "PeerLost",
     "PeerNotFound",

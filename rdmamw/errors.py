@@ -30,6 +30,12 @@ class ChannelClosed(RdmamwError):
     """The channel was closed, by this side or cleanly by the peer."""
 
 
+class MessageLost(RdmamwError):
+    """One message could not be received: its sender closed (or was closed) before the
+    message's data was read. Raised once, for that message; the channel goes on with
+    the messages that follow it, then says ChannelClosed."""
+
+
 class InheritedChannel(ChannelClosed):
     """A channel or listener used in a child process after ``fork``: it belongs to the
     parent, which still uses it. The child must open its own channels."""
@@ -109,6 +115,7 @@ __all__ = [
     "ChannelClosed",
     "ConfigError",
     "InheritedChannel",
+    "MessageLost",
     "MessageTooLarge",
     "PeerLost",
     "PeerNotFound",

@@ -13,6 +13,8 @@ notification."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -264,7 +266,9 @@ class Channel:
 
     # ---- lifetime ----------------------------------------------------------------------
     def close(self) -> None:
-        """Close the channel; receives awaiting it raise ChannelClosed."""
+        """Close the channel; receives awaiting it raise ChannelClosed. Never blocks
+        the loop: while the peer has not yet read a large message of ours, the close's
+        bounded wait for that READ (docs/protocol.md, "Closing") runs on a thread."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
@@ -274,7 +278,14 @@ class Channel:
             if running is not None and running is not loop:
                 raise WrongLoop(f"channel to {self.peer} belongs to another event loop")
             self._unwatch()
-        self.sync.close()
+        if self.sync.rndv_pending and not self.sync.closed:
+            threading.Thread(target=self.sync.close, name="rdmamw-aio-close",
+                             daemon=True).start()
+            until = time.monotonic() + 1.0      # its first step (no call goes on) is at
+            while not self.sync.closed and time.monotonic() < until:    # once
+                time.sleep(0.0002)
+        else:
+            self.sync.close()
         for m in self._kept:
             m.release()
         self._kept.clear()

@@ -22,12 +22,18 @@ from cpython.pythread cimport (
     PyThread_acquire_lock,
     PyThread_allocate_lock,
     PyThread_free_lock,
+    PyThread_get_thread_ident,
     PyThread_release_lock,
     PyThread_type_lock,
 )
 from cpython.tuple cimport PyTuple_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
+
+cdef extern from "pythread.h":
+    ctypedef long long PY_TIMEOUT_T
+    int PyThread_acquire_lock_timed(PyThread_type_lock lock, PY_TIMEOUT_T us,
+                                    int intr_flag) nogil
 
 from rdmamw.engine._batch cimport SendBatch
 from rdmamw.engine._eager_recv cimport EagerReceiver
@@ -65,6 +71,42 @@ from rdmamw.vocabulary import RNDV_STRATEGIES, check_mode, check_rendezvous
 cdef uint64_t NOGIL_BYTES = 16384       # batches from this size on copy without the GIL
 cdef int64_t GIL_SPIN_NS = 3000         # a receive polls this long before releasing the GIL
 cdef int64_t CLOSE_RNDV_NS = 5000000000 # close() waits this long for pending READs
+cdef long long CLOSE_LOCK_US = 2000000  # ... and this long for a running call to end
+
+
+cdef bint claim(PyThread_type_lock lock, long owner) except -1:
+    """close(): take the lock of a call in progress once that call has ended (its
+    waits end on the close). False when the call is this thread's own (a signal
+    handler's close) or does not end within CLOSE_LOCK_US: it then releases what it
+    holds itself, as it leaves (it sees ``link.ended``)."""
+    cdef int r
+    if owner != 0 and owner == PyThread_get_thread_ident():
+        return False
+    if PyThread_acquire_lock(lock, NOWAIT_LOCK):
+        return True
+    with nogil:
+        r = PyThread_acquire_lock_timed(lock, CLOSE_LOCK_US, 0)
+    return r == 1
+
+
+cdef int take_lock(Link link, PyThread_type_lock lock, int64_t deadline, str what) except -1:
+    """Take a call's lock, which another thread's call holds until it ends (the
+    caller tried once without waiting): in slices (signals), until this side closes or
+    the deadline (Timeout)."""
+    cdef int r
+    cdef long long us
+    while True:
+        us = (slice_end(deadline) - now_ns()) // 1000
+        with nogil:
+            r = PyThread_acquire_lock_timed(lock, us if us > 0 else 0, 0)
+        if r == 1:
+            return 0
+        if link.closed:
+            link.refuse()
+        if deadline and now_ns() >= deadline:
+            raise Timeout(f"another thread's {what} on this channel went on for the "
+                          f"whole timeout; this one did nothing")
+        PyErr_CheckSignals()
 
 
 cdef class Engine(Endpoint):
@@ -83,6 +125,8 @@ cdef class Engine(Endpoint):
     cdef object _regcache, _regcache_dst
     cdef PyThread_type_lock send_lock
     cdef PyThread_type_lock recv_lock
+    cdef long send_owner                # the thread of a send / receive call that waits
+    cdef long recv_owner                # (0: none): a close() from it cannot wait for it
 
     def __cinit__(self, *args, **kwargs):
         self.send_lock = PyThread_allocate_lock()
@@ -133,9 +177,9 @@ cdef class Engine(Endpoint):
         self.rs = RndvSender(link, self.batch, self.rndv_on and rendezvous == "write")
         self.tx = EagerSender(link, self.batch, self.rs, peer_nslots, peer_slot_size,
                               link.region_view(RM_REGION_RECLAIM))
-        self.rr = RndvReceiver(link, self.rx, self.rndv_on and rendezvous == "write",
-                               min(max_message_size, RM_MAX_WR_BYTES))
         self.w = Waiter(link, self.tx, self.rs, self.rx)
+        self.rr = RndvReceiver(link, self.rx, self.rndv_on and rendezvous == "write",
+                               min(max_message_size, RM_MAX_WR_BYTES), self.w)
         self.regcache, self.regcache_dst = self._regcache, self._regcache_dst
         link.announce_max_msg(self.rr.max_msg)     # into the peer's CTRL_MAX_MSG
         link.open()
@@ -156,12 +200,6 @@ cdef class Engine(Endpoint):
             self.rx.flush_locked()
         self.link.announce_closed()
         self.link.unlock()
-
-    cdef int _lock(self, PyThread_type_lock lock) except -1:
-        if not PyThread_acquire_lock(lock, NOWAIT_LOCK):
-            with nogil:
-                PyThread_acquire_lock(lock, WAIT_LOCK)
-        return 0
 
     # ---- sending ------------------------------------------------------------------
 
@@ -196,8 +234,11 @@ cdef class Engine(Endpoint):
         if link.peer_closing():
             link.raise_peer(link.peer_status(), "send")
         b = self.batch
-        self._lock(self.send_lock)
+        if not PyThread_acquire_lock(self.send_lock, NOWAIT_LOCK):
+            take_lock(link, self.send_lock, deadline, "send")
         try:
+            if link.closed:             # by another thread while this one waited
+                link.refuse()
             b.grow(<uint32_t>n + 1)
             self.tx.grow(<uint32_t>n + 1)
             b.acquire(fast, n)
@@ -217,7 +258,8 @@ cdef class Engine(Endpoint):
                     if rc != 0:
                         link.raise_post(rc)
                     # ring full (or no rendezvous entry): wait for reclaim (done) bits,
-                    # a slice at a time (signals)
+                    # a slice at a time (signals, where a close from this thread may come)
+                    self.send_owner = PyThread_get_thread_ident()
                     with nogil:
                         st = self.w.wait(self.tx.blocked_on, 0, link.wait_until(deadline),
                                          first_wait)
@@ -248,6 +290,9 @@ cdef class Engine(Endpoint):
             link.cnt.slots_sent += nplan
             link.cnt.batches += 1
         finally:
+            if link.ended:      # a close() that could not wait for this call: the
+                self.rs.give_back()     # sources it left are this call's to release
+            self.send_owner = 0
             PyThread_release_lock(self.send_lock)
         return new_handle(self, link.batch_posted, n, self.rs.next)
 
@@ -391,7 +436,8 @@ cdef class Engine(Endpoint):
         views it); with ``rendezvous="write"`` the sender WRITEs straight into it."""
         cdef Dest d = new_dest(buffer)
         self.link.check_usable()
-        self._lock(self.recv_lock)
+        if not PyThread_acquire_lock(self.recv_lock, NOWAIT_LOCK):
+            take_lock(self.link, self.recv_lock, 0, "receive")
         try:
             if not self.rndv_on:
                 raise ValueError("rendezvous is off on this channel; nothing to post for")
@@ -438,9 +484,10 @@ cdef class Engine(Endpoint):
         if link.broken is not None:
             raise ProtocolError(link.broken)
         if self.rx is None:
-            raise ChannelClosed("channel is closed")
+            raise ChannelClosed("this side closed the channel")
         deadline = deadline_of(timeout)
-        self._lock(self.recv_lock)
+        if not PyThread_acquire_lock(self.recv_lock, NOWAIT_LOCK):
+            take_lock(link, self.recv_lock, deadline, "receive")
         self.rr.set_deadline(deadline)
         try:
             while True:
@@ -458,7 +505,7 @@ cdef class Engine(Endpoint):
                             self.rx.flush()
                         return n
                 if link.closed:
-                    raise ChannelClosed("channel is closed")
+                    raise ChannelClosed("this side closed the channel")
                 if timeout is not None and deadline <= now_ns():
                     st = link.peer_status()
                     if st < 0:
@@ -474,6 +521,7 @@ cdef class Engine(Endpoint):
                 if first_wait and self.w.spin(WAIT_ARRIVAL, 0, now_ns() + GIL_SPIN_NS, 16):
                     first_wait = False
                     continue
+                self.recv_owner = PyThread_get_thread_ident()     # (signals, as sending)
                 with nogil:
                     st = self.w.wait(WAIT_ARRIVAL, 0, link.wait_until(deadline), first_wait,
                                      True)
@@ -485,38 +533,55 @@ cdef class Engine(Endpoint):
         finally:
             with nogil:
                 self.w.lower()      # a flag kept raised between slices
+            if link.ended:          # a close() that could not wait for this call
+                self.rr.drop_all()
+            self.recv_owner = 0
             PyThread_release_lock(self.recv_lock)
 
     # ---- lifetime and introspection ------------------------------------------------
 
     def close(self) -> None:
         """Close this endpoint; the peer sees :class:`ChannelClosed` once it has
-        received what was sent. Messages already received stay readable."""
+        received what was sent. Messages already received stay readable. Safe from any
+        thread at any moment: the calls waiting on this channel end first, each buffer
+        is released once, by its owner (docs/protocol.md, "Closing")."""
         cdef Link link = self.link
         cdef int64_t until
+        cdef bint have
         if link.closed:
             return
         if link.inherited():
             link.shut()             # a fork child: the connection is the parent's
             return
-        if self.rs.released < self.rs.next:
-            # the receiver may still be READing our sources: give it a bounded time
-            until = now_ns() + CLOSE_RNDV_NS
-            while not self.rs.poll(self.rs.next) and now_ns() < until:
-                with nogil:
-                    if self.w.wait(WAIT_DONE, self.rs.next, slice_end(until), False) < 0:
-                        break
-            self.rs.give_back()     # the sources go back regardless
-        link.shut()
-        while self.rr.posted:
-            self.rr.drop_posted()
-        for cache in (self._regcache, self._regcache_dst):
-            if self.cache_ok and cache is not None:
-                cache.close()       # idle MRs go now, those still leased when released
-        with nogil:
-            self._say_closed()
-        link.end()
-        self.rr.end_read()          # a READ left in flight: nothing writes into it now
+        link.shut()                 # no call starts now; a waiting one ends at its next
+        with nogil:                 # look, which this wake-up brings now
+            link.wake_self()
+        have = claim(self.send_lock, self.send_owner)
+        try:
+            if have and self.rs.released < self.rs.next:
+                # the receiver may still be READing our sources: give it a bounded time
+                until = now_ns() + CLOSE_RNDV_NS
+                while not self.rs.poll(self.rs.next) and now_ns() < until:
+                    with nogil:
+                        if self.w.wait(WAIT_DONE, self.rs.next, slice_end(until), False,
+                                       False, True) < 0:
+                            break
+            for cache in (self._regcache, self._regcache_dst):
+                if self.cache_ok and cache is not None:
+                    cache.close()   # idle MRs go now, those still leased when released
+            with nogil:
+                self._say_closed()
+            link.end()              # wakes whoever still sleeps in the transport
+            if have:
+                self.rs.give_back()     # the sources go back regardless
+        finally:
+            if have:
+                PyThread_release_lock(self.send_lock)
+        if claim(self.recv_lock, self.recv_owner):
+            try:
+                self.rr.drop_all()
+            finally:
+                PyThread_release_lock(self.recv_lock)
 
     def stats(self) -> dict:
         """Counters of this endpoint; everything that hit the transport is counted."""

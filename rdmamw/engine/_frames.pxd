@@ -56,6 +56,7 @@ cdef enum:
     WAIT_ENTRY = 1
     WAIT_DONE = 2
     WAIT_ARRIVAL = 3
+    WAIT_READ = 4           # a receiver's rendezvous READ (target: its wr index)
 
 cdef extern from *:
     """

@@ -22,7 +22,7 @@ cdef object take_lease(object cache, object buf, bint closed):
                               f"({e}); nothing was sent") from e
     except RegistrationError as e:
         if closed:
-            raise ChannelClosed("channel is closed") from e
+            raise ChannelClosed("this side closed the channel") from e
         raise
     return lease
 

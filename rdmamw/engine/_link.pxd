@@ -37,7 +37,9 @@ cdef class Link:
     cdef uint64_t batch_done
     cdef uint64_t read_done         # async transports: last rendezvous READ completed
     cdef int read_status            # ... and its status
-    cdef readonly bint closed
+    cdef readonly bint closed         # close() began: no call starts, none goes on
+    cdef readonly bint ended          # close() closed the transport: nothing is written
+                                      # into our memory any more (READ destinations)
     cdef readonly bint peer_gone
     cdef bint lost_logged           # PeerLost is logged once, with its cause
     cdef object broken              # why a peer broke the protocol (None: it did not)
@@ -91,6 +93,14 @@ cdef class Link:
 
     cdef inline int wake_peer(self) noexcept nogil:
         return self.tp.wake_peer()
+
+    cdef inline int wake_self(self) noexcept nogil:
+        """Wake a thread of ours asleep in the transport (close() ends its wait)."""
+        return self.tp.wake_self()
+
+    cdef inline bint peer_hung_up(self) noexcept nogil:
+        """The peer's end of the connection is gone: nothing more arrives from it."""
+        return self.tp.peer_exited()
 
     cdef inline int assist(self) noexcept nogil:
         return self.tp.assist()

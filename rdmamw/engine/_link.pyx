@@ -164,8 +164,9 @@ cdef class Link:
         return deadline if deadline and deadline < t else t
 
     cdef int end(self) except -1:
-        """close()'s last step: the transport goes."""
+        """close()'s last step: the transport goes (and wakes whoever sleeps in it)."""
         self.tp.close()
+        self.ended = True
         return 0
 
     cdef void announce_closed(self) noexcept nogil:
@@ -185,7 +186,7 @@ cdef class Link:
         if self.broken is not None:
             raise ProtocolError(self.broken)
         if self.closed:
-            raise ChannelClosed("channel is closed")
+            raise ChannelClosed("this side closed the channel")
         return 0
 
     cdef int put_word(self, uint32_t region, uint32_t word, uint64_t *src) noexcept nogil:
@@ -383,7 +384,7 @@ cdef class Link:
 
     cdef int raise_peer(self, int st, str where) except -1:
         if st == RM_ERR_CLOSED:
-            raise ChannelClosed(f"peer closed the channel ({where})")
+            raise ChannelClosed(f"the peer closed the channel ({where})")
         raise PeerLost(self.lost(f"peer lost ({where})"))
 
     cdef str lost(self, str what):

@@ -4,6 +4,7 @@ from rdmamw.engine._eager_recv cimport EagerReceiver
 from rdmamw.engine._frames cimport rm_desc
 from rdmamw.engine._link cimport Link
 from rdmamw.engine._messages cimport Dest
+from rdmamw.engine._waits cimport Waiter
 from rdmamw.transport._base cimport rm_mem
 
 
@@ -17,6 +18,7 @@ cdef class Posted:
 cdef class RndvReceiver:
     cdef Link link
     cdef EagerReceiver rx
+    cdef Waiter w                   # the endpoint's one wait loop (a READ's wait too)
     cdef bint write                 # advertise posted destinations (sender WRITEs)
     cdef readonly uint64_t next     # the next rendezvous index expected
     cdef object posted              # deque of Posted (post_recv's Dests), in index order
@@ -48,13 +50,15 @@ cdef class RndvReceiver:
     cdef Dest receive(self, char *base, Dest into)
     cdef int post(self, Dest d) except -1
     cdef void drop_posted(self) noexcept
+    cdef int drop_all(self) except -1
     cdef int end_read(self) except -1
     cdef int _check_room(self, Dest dst, Dest posted, rm_desc *d) except -1
     cdef void _consumed(self, rm_desc *d) noexcept
     cdef int _refuse(self, rm_desc *d, Dest posted) except -1
+    cdef int _skip(self, rm_desc *d, Dest posted) except -1
+    cdef int _cut(self, int64_t deadline) except -1
     cdef int _check_desc(self, rm_desc *d) except -1
     cdef int _read_into(self, Dest dst, rm_desc *d, bint user) except -1
     cdef Dest _resume_read(self, rm_desc *d, Dest into, Dest posted)
     cdef int _wait_read(self) except -1
-    cdef int _read_wait(self, int64_t until) noexcept nogil
     cdef int _raise_read(self, int rc, rm_desc *d) except -1

@@ -20,9 +20,10 @@ from rdmamw.engine._frames cimport (
     RM_MAX_WR_BYTES,
     RM_RNDV_WRID,
     RNDV_N,
+    WAIT_READ,
 )
 from rdmamw.engine._leases cimport end_lease, take_lease
-from rdmamw.engine._link cimport PEER_CHECK_NS, fill_wr, slice_end
+from rdmamw.engine._link cimport fill_wr, slice_end
 from rdmamw.engine._messages cimport new_dest
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
@@ -44,6 +45,7 @@ import collections
 from rdmamw.errors import (
     BufferTooSmall,
     ChannelClosed,
+    MessageLost,
     MessageTooLarge,
     PeerLost,
     ProtocolError,
@@ -53,11 +55,12 @@ from rdmamw.errors import (
 cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
-cdef extern from "sched.h" nogil:
-    int sched_yield()
+cdef extern from "unistd.h" nogil:
+    int usleep(unsigned int usec)
 
-cdef int READ_NAP_MS = 1                # a READ wait, past its spin, sleeps this long at most
-cdef int64_t READ_SPIN_NS = 1000000     # ... and spins spin_us plus 1 ns a byte, up to this
+cdef int64_t CLOSE_END_NS = 8000000000  # a READ cut by a close waits this long at most
+                                        # for the transport to go (close()'s own bounds)
+
 
 
 def fresh_buffer(Py_ssize_t n):
@@ -76,9 +79,10 @@ cdef class Posted:
 cdef class RndvReceiver:
     """The rendezvous messages of one direction as they are taken."""
 
-    def __cinit__(self, Link link, EagerReceiver rx, bint write, uint64_t max_msg):
+    def __cinit__(self, Link link, EagerReceiver rx, bint write, uint64_t max_msg,
+                  Waiter w):
         cdef void *mem = NULL
-        self.link, self.rx, self.write, self.max_msg = link, rx, write, max_msg
+        self.link, self.rx, self.write, self.max_msg, self.w = link, rx, write, max_msg, w
         self.posted = collections.deque()
         self.allocate = fresh_buffer
         if posix_memalign(&mem, 64, RNDV_N * 32) != 0:
@@ -122,16 +126,20 @@ cdef class RndvReceiver:
         if into is not None and posted is not None:
             raise ValueError(f"rendezvous message {d.index} goes to the buffer posted "
                              f"for it with post_recv; receive it with recv/recv_batch")
-        if self.rd_want:
-            dst = self._resume_read(&d, into, posted)
-        else:
-            dst = into if into is not None else posted
-            if dst is None:
-                dst = new_dest(self.allocate(d.length))
-            self._check_room(dst, posted, &d)
-            if d.kind == DESC_READ:
-                self._read_into(dst, &d, into is not None)
-                self.link.cnt.rndv_reads += 1
+        try:
+            if self.rd_want:
+                dst = self._resume_read(&d, into, posted)
+            else:
+                dst = into if into is not None else posted
+                if dst is None:
+                    dst = new_dest(self.allocate(d.length))
+                self._check_room(dst, posted, &d)
+                if d.kind == DESC_READ:
+                    self._read_into(dst, &d, into is not None)
+                    self.link.cnt.rndv_reads += 1
+        except MessageLost:
+            self._skip(&d, posted)
+            raise
         if posted is not None:
             self.drop_posted()
         self.link.cnt.rndv_recv += 1
@@ -160,19 +168,26 @@ cdef class RndvReceiver:
         """A message above max_msg: consume its record without allocating or reading
         anything, tell the sender it is done with it, raise MessageTooLarge once. The
         channel goes on with the next message."""
-        cdef uint32_t slot = self.rx.cur_slot
-        if posted is not None:
-            self.drop_posted()
-        self._consumed(d)
+        self._skip(d, posted)
         self.link.cnt.rndv_refused += 1
-        self.rx.advance(DESC_BYTES, 0)
-        self.rx.release_one(slot)
-        if not self.link.closed and not self.link.peer_gone:
-            self.rx.flush()
         raise MessageTooLarge(f"the peer sent rendezvous message {d.index} of {d.length} "
                               f"bytes; this channel takes at most {self.max_msg} bytes "
                               f"(max_message_size / RDMAMW_MAX_MESSAGE_SIZE): it was "
                               f"refused unread; the next message follows")
+
+    cdef int _skip(self, rm_desc *d, Dest posted) except -1:
+        """Take message ``d`` out of the stream unread (refused or lost): its record
+        is consumed, its done bit flips, the next message follows."""
+        cdef uint32_t slot = self.rx.cur_slot
+        if posted is not None:
+            self.drop_posted()
+        self._consumed(d)
+        self.rx.advance(DESC_BYTES, 0)
+        self.rx.release_one(slot)
+        if not self.link.closed and not self.link.peer_gone \
+                and self.link.peer_status() == 0:
+            self.rx.flush()
+        return 0
 
     cdef int _check_desc(self, rm_desc *d) except -1:
         if d.kind != DESC_READ and d.kind != DESC_WRITTEN:
@@ -253,15 +268,28 @@ cdef class RndvReceiver:
 
     cdef int _wait_read(self) except -1:
         """Wait for the READ in flight until the receive's deadline (Timeout: it stays
-        in flight), in slices that let signals through; then end it."""
-        cdef int rc
+        in flight), in the endpoint's one wait loop, a slice at a time (signals); then
+        end it. A close of this side cuts it short (_cut)."""
+        cdef int r, rc, status
+        cdef uint64_t done
         cdef int64_t deadline = self.rx_until
         cdef rm_desc d = self.rd_desc
+        cdef bint first = True
         while True:
             with nogil:
-                rc = self._read_wait(slice_end(deadline))
-            if rc != 1:
+                r = self.w.wait(WAIT_READ, self.rd_want, slice_end(deadline), first)
+            first = False
+            if r == 1:
+                self.link.read_result(&done, &status)
+                # IBV_WC_REM_INV_REQ_ERR / REM_ACCESS_ERR: outside the peer's MR
+                rc = 0 if status == 0 else (RM_ERR_BOUNDS if status in (9, 10)
+                                            else RM_ERR_PEER_LOST)
                 break
+            if r < 0:
+                rc = r
+                break
+            if self.link.closed:
+                return self._cut(deadline)
             if deadline and now_ns() >= deadline:
                 raise Timeout(f"rendezvous message {d.index} ({d.length} bytes) is still "
                               f"being read; receive again to finish it (nothing is lost)")
@@ -271,43 +299,23 @@ cdef class RndvReceiver:
             self._raise_read(rc, &d)
         return 0
 
-    cdef int _read_wait(self, int64_t until) noexcept nogil:
-        """Spin, then sleep, until the READ in flight completed (0, or a RM_ERR_* if it
-        failed), ``until`` passes (1) or the peer is lost (RM_ERR_PEER_LOST). It
-        spins about as long as the data takes at 1 GB/s (at most READ_SPIN_NS more than
-        spin_us), yielding the core: the answer needs CPU here too (tcp's progress
-        thread)."""
-        cdef int64_t t = now_ns()
-        cdef int64_t spin_end = t + self.link.spin_ns + <int64_t>min(self.rd_desc.length,
-                                                                <uint64_t>READ_SPIN_NS)
-        cdef int64_t next_check = t + PEER_CHECK_NS
-        cdef uint64_t done
-        cdef int status
-        cdef uint64_t seen
-        while True:
-            seen = self.link.sleep_gen()
-            self.link.reap()
-            self.link.read_result(&done, &status)
-            if done == self.rd_want:
-                if status == 0:
-                    return 0
-                # IBV_WC_REM_INV_REQ_ERR / REM_ACCESS_ERR: outside the peer's MR
-                return RM_ERR_BOUNDS if status in (9, 10) else RM_ERR_PEER_LOST
-            if self.link.peer_gone:
-                return RM_ERR_PEER_LOST
-            t = now_ns()
-            if t >= next_check:         # a QP in error flushes the READ; a transport
-                # that saw the peer die some other way says so here
-                if self.link.peer_status() == RM_ERR_PEER_LOST:
-                    return RM_ERR_PEER_LOST
-                next_check = t + PEER_CHECK_NS
-            if t >= until:
-                return 1
-            if t < spin_end:
-                sched_yield()
-                continue
-            self.link.sleep(                 # tcp wakes us when the answer is in
-                min(READ_NAP_MS, <int>((until - t) // 1000000) + 1), seen)
+    cdef int _cut(self, int64_t deadline) except -1:
+        """This side's close() cut the READ in flight short: the message is lost and
+        its destination is never presented as data. The READ ends when the transport
+        goes (close() does that within its bounds): wait for it, or the deadline, so the
+        destination is no longer written when this returns (else close() ends it)."""
+        cdef rm_desc d = self.rd_desc
+        cdef int64_t until = now_ns() + CLOSE_END_NS
+        if deadline and deadline < until:
+            until = deadline
+        with nogil:
+            while not self.link.ended and now_ns() < until:
+                usleep(1000)
+        if self.link.ended:
+            self.end_read()
+        raise ChannelClosed(f"this side closed the channel while rendezvous message "
+                            f"{d.index} ({d.length} bytes) was being read; it was not "
+                            f"received")
 
     cdef int end_read(self) except -1:
         """The READ in flight is over (or the transport closed): give back its exposure
@@ -326,7 +334,15 @@ cdef class RndvReceiver:
 
     cdef int _raise_read(self, int rc, rm_desc *d) except -1:
         cdef Link link = self.link
-        cdef int st
+        cdef int st = link.peer_status()
+        if link.closed:
+            raise ChannelClosed(f"this side closed the channel while rendezvous message "
+                                f"{d.index} was being read; it was not received")
+        if st == RM_ERR_CLOSED:
+            # the peer closed (cleanly) and gave its source back before we read it
+            raise MessageLost(f"the peer closed the channel before rendezvous message "
+                              f"{d.index} ({d.length} bytes) was read; that message is "
+                              f"lost, the messages after it follow")
         if rc == RM_ERR_BOUNDS:
             with nogil:
                 st = link.peer_dying()
@@ -336,13 +352,18 @@ cdef class RndvReceiver:
             link.fail(f"rendezvous descriptor {d.index} ({d.length} bytes at {d.addr:#x}, "
                       f"key {d.key:#x}) is outside what the sender exposed; nothing read")
         st = link.peer_status()
-        if st == RM_ERR_CLOSED:
-            raise ChannelClosed(f"the peer closed before rendezvous message {d.index} "
-                                f"was read; it is lost")
         if st < 0 or rc == RM_ERR_PEER_LOST:
             link.mark_lost()
             raise PeerLost(link.lost(f"peer lost while reading rendezvous message {d.index}"))
         raise ProtocolError(f"the rendezvous READ of message {d.index} failed ({rc})")
+
+    cdef int drop_all(self) except -1:
+        """close(): what the receiving side holds goes (the transport is closed:
+        nothing writes into a READ destination any more): posted destinations, a READ
+        left in flight."""
+        while self.posted:
+            self.drop_posted()
+        return self.end_read()
 
     cdef void drop_posted(self) noexcept:
         cdef Posted p = self.posted.popleft()

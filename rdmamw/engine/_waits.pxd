@@ -16,7 +16,7 @@ cdef class Waiter:
     cdef bint ready(self, int what, uint64_t target) noexcept nogil
     cdef int spin(self, int what, uint64_t target, int64_t until, uint32_t relax) noexcept nogil
     cdef int wait(self, int what, uint64_t target, int64_t until, bint spin,
-                  bint keep=*) noexcept nogil
+                  bint keep=*, bint closer=*) noexcept nogil
     cdef void lower(self) noexcept nogil
     cdef bint arm(self, int what, uint64_t target, int64_t spin_ns) noexcept nogil
     cdef void disarm(self) noexcept nogil

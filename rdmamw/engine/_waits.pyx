@@ -12,13 +12,19 @@ wakes us after each publish; our releases not yet written back go first)."""
 
 cimport cython
 
-from rdmamw.engine._frames cimport CTRL_CREDIT_WAIT, WAIT_ARRIVAL, WAIT_SLOTS
+from rdmamw.engine._frames cimport CTRL_CREDIT_WAIT, WAIT_ARRIVAL, WAIT_READ, WAIT_SLOTS
 from rdmamw.engine._link cimport PEER_CHECK_NS
 from rdmamw.transport._base cimport RM_ERR_CLOSED, now_ns
 from rdmamw.transport.atomics cimport rm_cpu_relax, rm_fence_seq_cst, rm_load_acquire64
 
 
 cdef int GRANT_ASK_MS = 20     # a sender short of granted slots asks again this often
+cdef int READ_NAP_MS = 1       # a READ's wait sleeps this long at most (a READ's
+                               # completion wakes nobody on verbs: it is looked for)
+cdef int64_t READ_SPIN_NS = 1000000    # ... and spins this long more than spin_us
+
+cdef extern from "sched.h" nogil:
+    int sched_yield()
 
 
 @cython.final
@@ -29,8 +35,14 @@ cdef class Waiter:
         self.link, self.tx, self.rs, self.rx = link, tx, rs, rx
 
     cdef bint ready(self, int what, uint64_t target) noexcept nogil:
+        cdef uint64_t done
+        cdef int status
         if what == WAIT_ARRIVAL:
             return self.rx.has_arrivals()
+        if what == WAIT_READ:       # the READ whose wr index is target completed
+            self.link.reap()
+            self.link.read_result(&done, &status)
+            return done == target
         if what == WAIT_SLOTS:
             return self.tx.sbm.count_free() != 0 or self.tx.take_grant()
         return self.rs.ready(what, target)
@@ -46,7 +58,9 @@ cdef class Waiter:
             if self.ready(what, target):
                 return 1
             self._serve(what)
-            if self.link.assist() == 0:
+            if what == WAIT_READ:
+                sched_yield()   # the answer needs CPU here too (tcp's progress thread)
+            elif self.link.assist() == 0:
                 for _i in range(relax):
                     rm_cpu_relax()
             t = now_ns()
@@ -59,20 +73,24 @@ cdef class Waiter:
                 return 0
 
     cdef int wait(self, int what, uint64_t target, int64_t until, bint spin,
-                  bint keep=False) noexcept nogil:
+                  bint keep=False, bint closer=False) noexcept nogil:
         """Until ``what`` (``target``: the rendezvous index of WAIT_DONE) is ready: 1;
         ``until`` passes: 0; the peer goes: <0. ``spin``: the first wait of a call,
         which spins spin_us before it sleeps. ``keep`` (a receive's slice): when
         ``until`` passes, the sleep flag stays raised for the next slice, so an idle
         receiver does not write it down and up at the peer every slice; the caller
-        lowers it with lower() when the call ends."""
+        lowers it with lower() when the call ends. A wait ends when another thread
+        closes the channel, but close()'s own (``closer``)."""
         cdef int64_t t = now_ns()
         cdef int st, r, ms
         cdef bint asked = False
         cdef uint64_t seen
-        if spin and what != WAIT_ARRIVAL:
+        cdef int64_t spin_ns = self.link.spin_ns
+        if spin and what < WAIT_ARRIVAL:
             self.link.cnt.credit_waits += 1
-        r = self.spin(what, target, min(until, t + self.link.spin_ns) if spin else t,
+        if what == WAIT_READ:       # the answer of a READ comes soon: spin longer
+            spin_ns += READ_SPIN_NS
+        r = self.spin(what, target, min(until, t + spin_ns) if spin else t,
                       32 if what == WAIT_ARRIVAL else 64)
         if r != 0:
             if self.arrival_up and what == WAIT_ARRIVAL:
@@ -90,11 +108,13 @@ cdef class Waiter:
                 r = 1 if what == WAIT_ARRIVAL and self.ready(what, target) else st
                 break
             t = now_ns()
-            if t >= until:
-                r = 0
+            if t >= until or (self.link.closed and not closer):
+                r = 0           # (closed by another thread: the caller ends the call)
                 break
             self._serve(what)
             ms = <int>((until - t) // 1000000) + 1
+            if what == WAIT_READ:
+                ms = min(ms, READ_NAP_MS)
             if what == WAIT_SLOTS and self.tx.sbm.usable < self.tx.peer_nslots:
                 # a ring that grows: _flag's wake-up asked the peer for more slots;
                 # ask again each GRANT_ASK_MS in case that request found no room
@@ -103,7 +123,7 @@ cdef class Waiter:
                 asked = True
                 ms = min(ms, GRANT_ASK_MS)
             st = self.link.sleep(ms, seen)
-            if self.link.closed:        # closed by another thread (its close woke us)
+            if self.link.closed and not closer:     # (its close woke us)
                 r = 0
                 break
             if st < 0 and st != RM_ERR_CLOSED:
@@ -151,7 +171,10 @@ cdef class Waiter:
             self.rx.flush()
 
     cdef void _flag(self, int what, bint up) noexcept nogil:
-        """Raise (before a sleep) or lower (after) what makes the peer wake us."""
+        """Raise (before a sleep) or lower (after) what makes the peer wake us (a
+        READ's answer needs no flag: tcp wakes us when it lands, verbs is looked at)."""
+        if what == WAIT_READ:
+            return
         if what != WAIT_ARRIVAL:
             self.link.credit_flag(up)
             if up:

@@ -144,6 +144,11 @@ cdef class Transport:
     # waits off the main thread sleep until their deadline instead of waking every
     # 50 ms slice to look (idle threads cost nothing). Default False: they keep slices
     cdef readonly bint close_wakes
+    # wake_self(): wake a thread of this endpoint asleep in wait() without closing
+    # anything (a local close() first ends the calls in progress, then the transport).
+    # Required of a provider with close_wakes; default RM_ERR_UNSUPPORTED (its sleepers
+    # wake every 50 ms slice anyway)
+    cdef int wake_self(self) noexcept nogil
     # rendezvous: make [addr, addr+length) readable/writable by the peer (or only usable
     # locally); the provider bounds-checks the peer's EXPOSED work requests against it.
     # The engine's send thread and receive thread call expose/unexpose at the same time:

@@ -118,6 +118,9 @@ cdef class Transport:
         """1 while the peer is reachable, RM_ERR_CLOSED or RM_ERR_PEER_LOST after."""
         return RM_ERR_CLOSED
 
+    cdef int wake_self(self) noexcept nogil:
+        return RM_ERR_UNSUPPORTED
+
     cdef int assist(self) noexcept nogil:
         """Called while the engine is idle (spinning or about to sleep): a provider
         whose peer's work requests are executed by CPUs may lend this one (shm: the

@@ -417,6 +417,12 @@ cdef class ShmTransport(ShmEndpoint):
                 rm_cpu_relax()      # one chunk of assist() (my other thread) in progress
         return 0
 
+    cdef int wake_self(self) noexcept nogil:
+        cdef uint64_t one = 1
+        if self.my_evfd >= 0:
+            write(self.my_evfd, &one, 8)
+        return 0
+
     cdef int wake_peer(self) noexcept nogil:
         cdef uint64_t one = 1
         if self.peer_evfd < 0 or self.state != SHM_CONNECTED:

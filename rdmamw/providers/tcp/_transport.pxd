@@ -76,6 +76,7 @@ cdef extern from "rm_tcp.h" nogil:
     void rt_unexpose(rt_conn *c, uint32_t key)
     void rt_close_graceful(rt_conn *c, int64_t linger_ns)
     int rt_wait(rt_conn *c, int timeout_ms)
+    void rt_signal(rt_conn *c)
     int rt_arm(rt_conn *c)
     void rt_disarm(rt_conn *c)
     uint64_t rt_atomic_load64 "__atomic_load_n"(uint64_t *p, int order)

@@ -315,6 +315,11 @@ cdef class TcpTransport(Transport):
             rt_unexpose(self.c, handle)
         return 0
 
+    cdef int wake_self(self) noexcept nogil:
+        if self.c != NULL:
+            rt_signal(self.c)
+        return 0
+
     cdef int wake_peer(self) noexcept nogil:
         self.n_wakeups += 1
         return rt_send_empty(self.c, RT_WAKE)

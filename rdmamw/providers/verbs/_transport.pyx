@@ -103,6 +103,7 @@ cdef extern from *:
     int shutdown(int fd, int how) nogil
     int MSG_DONTWAIT, SHUT_RDWR
     ssize_t read(int fd, void *buf, size_t n) nogil
+    ssize_t write(int fd, const void *buf, size_t n) nogil
 
 
 cdef int64_t SOCK_CHECK_NS = 1000000
@@ -360,6 +361,12 @@ cdef class VerbsTransport(VerbsQP):
             return False
         self.peer_granted = self.block.peer_granted or RM_ALL_SLOTS
         return True
+
+    cdef int wake_self(self) noexcept nogil:
+        cdef uint64_t one = 1
+        if self.route != NULL and self.route.evfd >= 0:
+            write(self.route.evfd, &one, 8)
+        return 0
 
     cdef int wake_peer(self) noexcept nogil:
         cdef ibv_send_wr *w
