@@ -55,7 +55,13 @@ from rdmamw.engine._messages cimport (
 from rdmamw.engine._rndv_recv cimport RndvReceiver
 from rdmamw.engine._rndv_send cimport RndvSender
 from rdmamw.engine._waits cimport Waiter
-from rdmamw.transport._base cimport RM_REGION_ARRIVAL, RM_REGION_RECLAIM, Transport, now_ns
+from rdmamw.transport._base cimport (
+    RM_ERR_LATE,
+    RM_REGION_ARRIVAL,
+    RM_REGION_RECLAIM,
+    Transport,
+    now_ns,
+)
 from rdmamw.transport.atomics cimport rm_cpu_relax, rm_load_acquire64
 
 from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, ProtocolError, Timeout
@@ -65,6 +71,7 @@ from rdmamw.vocabulary import RNDV_STRATEGIES, check_mode, check_rendezvous
 cdef uint64_t NOGIL_BYTES = 16384       # batches from this size on copy without the GIL
 cdef int64_t GIL_SPIN_NS = 3000         # a receive polls this long before releasing the GIL
 cdef int64_t CLOSE_RNDV_NS = 5000000000 # close() waits this long for pending READs
+cdef int64_t CLOSE_POST_NS = 500000000  # close()'s last words wait this long for the peer
 
 
 cdef class Engine(Endpoint):
@@ -204,6 +211,7 @@ cdef class Engine(Endpoint):
             self.rs.begin()
             if self.rx.done_unflushed:      # done bits of what we received ride along
                 self.rx.flush()
+            link.tp.deadline_posts(deadline)    # a post waits for the peer until then
             try:
                 # tiny batches cost less than a GIL release; big copies run without it
                 if b.bytes >= NOGIL_BYTES:
@@ -214,6 +222,11 @@ cdef class Engine(Endpoint):
                     nplan = b.plan(<uint32_t>n)
                     k = self.tx.post_planned(0, nplan, &rc)
                 while k < nplan or rc:
+                    if rc == RM_ERR_LATE:       # queued in the transport, not yet sent
+                        raise Timeout(
+                            f"the peer read nothing until the deadline; {b.plan_start[k]} "
+                            f"of {n} messages wait in the transport (they go if it reads "
+                            f"again)", sent=b.plan_start[k])
                     if rc != 0:
                         link.raise_post(rc)
                     # ring full (or no rendezvous entry): wait for reclaim (done) bits,
@@ -240,6 +253,7 @@ cdef class Engine(Endpoint):
                         first_wait = True
                     k = got
             finally:
+                link.tp.deadline_posts(0)
                 if nplan:
                     self.rs.end(b.plan_start[k])
                 b.release_bufs(n)
@@ -513,8 +527,10 @@ cdef class Engine(Endpoint):
         for cache in (self._regcache, self._regcache_dst):
             if self.cache_ok and cache is not None:
                 cache.close()       # idle MRs go now, those still leased when released
+        link.tp.deadline_posts(now_ns() + CLOSE_POST_NS)     # a peer that reads nothing
         with nogil:
             self._say_closed()
+        link.tp.deadline_posts(0)
         link.end()
         self.rr.end_read()          # a READ left in flight: nothing writes into it now
 

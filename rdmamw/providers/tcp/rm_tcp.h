@@ -18,7 +18,18 @@
  * 16-bit key in `region`, the address in `offset`) and are checked against the local
  * exposure table. An XREAD_REQ is answered by the responder thread (READ_RESP, or
  * READ_ERR when the range was not exposed), so a long answer never stops this side
- * from receiving: two sides reading from each other cannot deadlock on full sockets. */
+ * from receiving: two sides reading from each other cannot deadlock on full sockets.
+ *
+ * A peer that stops reading (stopped, or hostile: it asks for a large READ and never
+ * drains its socket) must not stop this process: the stream's order is decided under
+ * bl_mu (never held across a wait), and a chain whose turn comes while the socket is
+ * full or another thread is half-way through a frame (send_mu) goes to the send
+ * backlog, a copy sent in order before anything new (the responder thread flushes
+ * it), when its poster cannot wait: it holds the GIL (the engine posts small batches
+ * without releasing it), or its deadline (TcpTransport.post_deadline) passed. A post
+ * therefore waits only without the GIL and only until its deadline; close() waits a
+ * bounded time for the stream. The backlog is bounded (RT_BACKLOG_MAX): a peer that
+ * reads nothing while it grows past that is lost (RT_WHY_STALLED). */
 #ifndef RM_TCP_H
 #define RM_TCP_H
 #include <errno.h>
@@ -50,11 +61,16 @@ enum {
     RT_NTYPES = 11
 };
 enum { RT_NREG = 4, RT_RD_MAX = 256, RT_IOV_MAX = 1024 };
+#define RT_BACKLOG_MAX ((size_t)64 << 20)       /* bytes queued for a peer that reads nothing */
+#define RT_CLOSE_LOCK_NS 500000000LL            /* close() waits this long for the stream */
+/* rt_turn: how a chain goes; rt_send_*: why a send stopped short */
+enum { RT_DIRECT = 0, RT_QUEUE = 1, RT_QUEUE_LATE = 2, RT_BLOCKED = 4, RT_PASSED = 5 };
+enum { RT_LATE = -7 };      /* RM_ERR_LATE of transport/_base.pxd */
 /* state: 1 = up, else RM_ERR_PEER_LOST (-2) / RM_ERR_CLOSED (-3) of transport/_base.pxd */
 enum { RT_UP = 1, RT_LOST = -2, RT_CLOSED = -3 };
 /* why the connection went down (diagnostics) */
 enum { RT_WHY_NONE = 0, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL,
-       RT_WHY_HOST };
+       RT_WHY_HOST, RT_WHY_STALLED };
 
 typedef struct {
     uint16_t type;
@@ -88,6 +104,12 @@ typedef struct {
     uint64_t rq_head, rq_tail;
     uint64_t frames_rx, bytes_rx, wakes_rx, heartbeats_tx;
     rt_frame bad;           /* the frame that broke the connection, if any */
+    /* the send backlog (see the top): bl[bl_head, +bl_len); bl_mu decides the order */
+    pthread_mutex_t bl_mu;
+    char *bl;
+    size_t bl_head, bl_len, bl_cap;
+    uint64_t bl_bytes;      /* counter: bytes that went through the backlog */
+    int torn;               /* a send stopped half-way through a frame (send_mu held) */
 } rt_conn;
 
 static inline int64_t rt_now(void) {
@@ -125,14 +147,34 @@ static void rt_lose(rt_conn *c, int why, int err) {
     rt_signal(c);
 }
 
-/* Send all of iov[0..cnt) (caller holds send_mu). Partial writes advance the
- * vector in place; a full socket buffer blocks in poll() until it drains or the
- * connection goes down. Returns 0 or RT_LOST / RT_CLOSED. */
-static int rt_send_locked(rt_conn *c, struct iovec *iov, int cnt) {
-    struct msghdr msg;
+/* Wait (holding nothing but the caller's send_mu) for room in the socket: 0 (look
+ * again), RT_PASSED (the deadline, 0: none), or the state once it is not RT_UP (with
+ * until_lost, only RT_LOST ends it: close()'s last flush). */
+static int rt_wait_room(rt_conn *c, int64_t deadline, int until_lost) {
     struct pollfd pfd;
+    int64_t ms = 50, left;
+    int st = rt_state(c);
+    if (st != RT_UP && (!until_lost || st == RT_LOST)) return st;
+    if (deadline) {
+        left = deadline - rt_now();
+        if (left <= 0) return RT_PASSED;
+        if (left / 1000000 + 1 < ms) ms = left / 1000000 + 1;
+    }
+    pfd.fd = c->sock;
+    pfd.events = POLLOUT;
+    pfd.revents = 0;
+    poll(&pfd, 1, (int)ms);
+    return 0;
+}
+
+/* Send what the socket takes now of *piov[0..*pcnt) (caller holds send_mu), advancing
+ * the vector in place: 0 (all sent), RT_BLOCKED (the rest is left), or RT_LOST /
+ * RT_CLOSED. */
+static int rt_send_some(rt_conn *c, struct iovec **piov, int *pcnt) {
+    struct msghdr msg;
+    struct iovec *iov = *piov;
+    int cnt = *pcnt, st;
     ssize_t r;
-    int st;
     while (cnt > 0 && iov[0].iov_len == 0) { iov++; cnt--; }
     while (cnt > 0) {
         memset(&msg, 0, sizeof msg);
@@ -141,15 +183,9 @@ static int rt_send_locked(rt_conn *c, struct iovec *iov, int cnt) {
         r = sendmsg(c->sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r < 0) {
             if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                st = rt_state(c);
-                if (st != RT_UP) return st;
-                pfd.fd = c->sock;
-                pfd.events = POLLOUT;
-                pfd.revents = 0;
-                poll(&pfd, 1, 50);
-                continue;
-            }
+            *piov = iov;
+            *pcnt = cnt;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return RT_BLOCKED;
             st = rt_state(c);
             if (st == RT_CLOSED) return st;
             rt_lose(c, RT_WHY_IO, errno);
@@ -169,7 +205,197 @@ static int rt_send_locked(rt_conn *c, struct iovec *iov, int cnt) {
         }
         while (cnt > 0 && iov[0].iov_len == 0) { iov++; cnt--; }
     }
+    *piov = iov;
+    *pcnt = 0;
     return 0;
+}
+
+/* Send all of the chain, waiting for room until the deadline (0: none): 0, RT_PASSED
+ * (the rest is left in *piov), or RT_LOST / RT_CLOSED (a chain cut after its first
+ * byte tears the stream: c->torn). */
+static int rt_send_until(rt_conn *c, struct iovec **piov, int *pcnt, int64_t deadline) {
+    int rc, began = 0, n0 = *pcnt;
+    size_t first = n0 > 0 ? (*piov)[0].iov_len : 0;
+    for (;;) {
+        rc = rt_send_some(c, piov, pcnt);
+        if (*pcnt != n0 || (n0 > 0 && (*piov)[0].iov_len != first)) began = 1;
+        if (rc != RT_BLOCKED) break;
+        rc = rt_wait_room(c, deadline, 0);
+        if (rc) break;
+    }
+    if (rc < 0 && began && *pcnt > 0) c->torn = 1;
+    return rc;
+}
+
+/* Send all of iov[0..cnt) (caller holds send_mu), waiting for room until it drains
+ * or the connection goes down. Returns 0 or RT_LOST / RT_CLOSED. */
+static int rt_send_locked(rt_conn *c, struct iovec *iov, int cnt) {
+    return rt_send_until(c, &iov, &cnt, 0);
+}
+
+/* Copy the unsent rest of iov[0..cnt) into the backlog (bl_mu held): at its end, or
+ * at its start (prepend) for the rest of a chain already begun on the stream, which
+ * goes before anything queued while it was being sent. 0, or -1 when the backlog
+ * would pass RT_BACKLOG_MAX (or no memory). */
+static int rt_bl_add(rt_conn *c, const struct iovec *iov, int cnt, int prepend) {
+    size_t n = 0, cap;
+    char *p, *dst;
+    int i;
+    for (i = 0; i < cnt; i++) n += iov[i].iov_len;
+    if (n == 0) return 0;
+    if (c->bl_len + n > RT_BACKLOG_MAX) return -1;
+    if (prepend && c->bl_head >= n) {
+        c->bl_head -= n;
+        dst = c->bl + c->bl_head;
+    } else if (!prepend && c->bl_head + c->bl_len + n <= c->bl_cap) {
+        dst = c->bl + c->bl_head + c->bl_len;
+    } else {
+        if (c->bl_len + n > c->bl_cap) {
+            cap = 2 * c->bl_cap > c->bl_len + n ? 2 * c->bl_cap : c->bl_len + n;
+            if (cap < 65536) cap = 65536;
+            p = (char *)malloc(cap);
+            if (p == NULL) return -1;
+            if (c->bl_len) memcpy(p + (prepend ? n : 0), c->bl + c->bl_head, c->bl_len);
+            free(c->bl);
+            c->bl = p;
+            c->bl_cap = cap;
+        } else if (c->bl_len) {
+            memmove(c->bl + (prepend ? n : 0), c->bl + c->bl_head, c->bl_len);
+        }
+        c->bl_head = 0;
+        dst = c->bl + (prepend ? 0 : c->bl_len);
+    }
+    for (i = 0; i < cnt; i++) {
+        memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+        dst += iov[i].iov_len;
+    }
+    c->bl_bytes += n;
+    __atomic_store_n(&c->bl_len, c->bl_len + n, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* Send the backlog (caller holds send_mu) until it is empty (0; with keep, bl_mu is
+ * then held), the deadline passes (RT_PASSED), or the connection goes (its state).
+ * bl_mu is held only around non-blocking sends, so posters can queue meanwhile. */
+static int rt_bl_flush(rt_conn *c, int64_t deadline, int keep, int until_lost) {
+    ssize_t r;
+    int rc, err;
+    for (;;) {
+        err = 0;
+        pthread_mutex_lock(&c->bl_mu);
+        while (c->bl_len) {
+            r = send(c->sock, c->bl + c->bl_head, c->bl_len, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (r > 0) {
+                c->bl_head += (size_t)r;
+                __atomic_store_n(&c->bl_len, c->bl_len - (size_t)r, __ATOMIC_RELEASE);
+                __atomic_store_n(&c->last_tx, rt_now(), __ATOMIC_RELAXED);
+                continue;
+            }
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) err = errno;
+            break;
+        }
+        if (c->bl_len == 0) {
+            c->bl_head = 0;
+            if (!keep) pthread_mutex_unlock(&c->bl_mu);
+            return 0;
+        }
+        pthread_mutex_unlock(&c->bl_mu);
+        if (err) {
+            rc = rt_state(c);
+            if (rc == RT_CLOSED) return rc;
+            rt_lose(c, RT_WHY_IO, err);
+            return RT_LOST;
+        }
+        rc = rt_wait_room(c, deadline, until_lost);
+        if (rc) return rc;
+    }
+}
+
+/* Lock m by the deadline (CLOCK_MONOTONIC ns; 0: none) while the connection is up
+ * (with any_state, whatever its state): 0, RT_PASSED, or the state. */
+static int rt_lock_until(rt_conn *c, pthread_mutex_t *m, int64_t deadline, int any_state) {
+    struct timespec until;
+    int64_t slice;
+    int st;
+    for (;;) {
+        if (pthread_mutex_trylock(m) == 0) return 0;
+        st = rt_state(c);
+        if (st != RT_UP && !any_state) return st;
+        slice = 50000000;
+        if (deadline) {
+            if (deadline - rt_now() <= 0) return RT_PASSED;
+            if (deadline - rt_now() < slice) slice = deadline - rt_now();
+        }
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += (long)slice;
+        while (until.tv_nsec >= 1000000000) { until.tv_sec++; until.tv_nsec -= 1000000000; }
+        if (pthread_mutex_timedlock(m, &until) == 0) return 0;
+    }
+}
+
+static void rt_wake_responder(rt_conn *c);
+
+/* A chain's turn on the stream. Returns with bl_mu held (the caller does what must
+ * follow the stream's order under it, then calls rt_commit) and:
+ *  RT_DIRECT: send_mu held too, the backlog empty: the chain goes straight out;
+ *  RT_QUEUE: the stream is busy and the poster cannot wait (may_wait 0: it holds
+ *    the GIL): the chain goes to the backlog;
+ *  RT_QUEUE_LATE: the deadline passed while waiting: to the backlog too, RT_LATE;
+ * or the state (<0) with no lock held. *held: send_mu is held. */
+static int rt_turn(rt_conn *c, int64_t deadline, int may_wait, int *held) {
+    int rc;
+    *held = 0;
+    pthread_mutex_lock(&c->bl_mu);
+    if (__atomic_load_n(&c->bl_len, __ATOMIC_ACQUIRE) == 0 &&
+        pthread_mutex_trylock(&c->send_mu) == 0) {
+        *held = 1;
+        return RT_DIRECT;
+    }
+    if (!may_wait) return RT_QUEUE;
+    pthread_mutex_unlock(&c->bl_mu);
+    rc = rt_lock_until(c, &c->send_mu, deadline, 0);
+    if (rc == RT_PASSED) {
+        pthread_mutex_lock(&c->bl_mu);
+        return RT_QUEUE_LATE;
+    }
+    if (rc) return rc;
+    *held = 1;
+    rc = rt_bl_flush(c, deadline, 1, 0);        /* what was queued goes first */
+    if (rc == 0) return RT_DIRECT;
+    if (rc == RT_PASSED) {
+        pthread_mutex_lock(&c->bl_mu);
+        return RT_QUEUE_LATE;
+    }
+    pthread_mutex_unlock(&c->send_mu);
+    *held = 0;
+    return rc;
+}
+
+/* Put the chain iov[0..cnt) on the stream after rt_turn (mode, held). Straight out
+ * waits for room (until the deadline) only if may_wait; what is left then goes
+ * first in the backlog. 0, RT_LATE (accepted, past the deadline) or the state. */
+static int rt_commit(rt_conn *c, struct iovec *iov, int cnt, int mode, int held,
+                     int64_t deadline, int may_wait) {
+    int rc = RT_QUEUE, bad;
+    if (mode == RT_DIRECT) {
+        pthread_mutex_unlock(&c->bl_mu);
+        rc = may_wait ? rt_send_until(c, &iov, &cnt, deadline) : rt_send_some(c, &iov, &cnt);
+        if (rc != RT_BLOCKED && rc != RT_PASSED) {
+            pthread_mutex_unlock(&c->send_mu);
+            return rc;
+        }
+        pthread_mutex_lock(&c->bl_mu);          /* the rest goes first in the backlog */
+    }
+    bad = rt_bl_add(c, iov, cnt, mode == RT_DIRECT);
+    pthread_mutex_unlock(&c->bl_mu);
+    if (held) pthread_mutex_unlock(&c->send_mu);
+    if (bad) {
+        rt_lose(c, RT_WHY_STALLED, 0);
+        return RT_LOST;
+    }
+    rt_wake_responder(c);
+    return mode == RT_QUEUE_LATE || rc == RT_PASSED ? RT_LATE : 0;
 }
 
 static int rt_send_frame_locked(rt_conn *c, uint16_t type, uint16_t region, uint64_t off,
@@ -187,14 +413,19 @@ static int rt_send_frame_locked(rt_conn *c, uint16_t type, uint16_t region, uint
     return rt_send_locked(c, iov, 2);
 }
 
-/* An empty frame (WAKE, HEARTBEAT) from any thread. */
-static int rt_send_empty(rt_conn *c, uint16_t type) {
-    int rc;
+/* An empty frame (WAKE) from any thread, in the stream's order (rt_turn). */
+static int rt_send_empty(rt_conn *c, uint16_t type, int64_t deadline, int may_wait) {
+    rt_frame f;
+    struct iovec iov;
+    int mode, held;
     if (rt_state(c) != RT_UP) return rt_state(c);
-    pthread_mutex_lock(&c->send_mu);
-    rc = rt_send_frame_locked(c, type, 0, 0, NULL, 0);
-    pthread_mutex_unlock(&c->send_mu);
-    return rc;
+    memset(&f, 0, sizeof f);
+    f.type = type;
+    iov.iov_base = &f;
+    iov.iov_len = sizeof f;
+    mode = rt_turn(c, deadline, may_wait, &held);
+    if (mode < 0) return mode;
+    return rt_commit(c, &iov, 1, mode, held, deadline, may_wait);
 }
 
 /* The peer has sent nothing for host_ns: has its host gone too? The peer's kernel
@@ -236,9 +467,25 @@ static int rt_rx_wait(rt_conn *c) {
     if (c->hb_ns > 0 && !__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE)) {
         quiet = t - __atomic_load_n(&c->last_tx, __ATOMIC_RELAXED);
         if (quiet >= c->hb_ns && pthread_mutex_trylock(&c->send_mu) == 0) {
-            rt_send_frame_locked(c, RT_HEARTBEAT, 0, 0, NULL, 0);
+            /* never waits: a heartbeat that does not fit goes first in the backlog */
+            if (pthread_mutex_trylock(&c->bl_mu) == 0) {
+                if (c->bl_len == 0) {
+                    rt_frame hb;
+                    struct iovec iov, *p = &iov;
+                    int n = 1;
+                    memset(&hb, 0, sizeof hb);
+                    hb.type = RT_HEARTBEAT;
+                    iov.iov_base = &hb;
+                    iov.iov_len = sizeof hb;
+                    if (rt_send_some(c, &p, &n) == RT_BLOCKED && n > 0) {
+                        if (rt_bl_add(c, p, n, 1)) rt_lose(c, RT_WHY_STALLED, 0);
+                        else rt_wake_responder(c);
+                    }
+                    c->heartbeats_tx++;
+                }
+                pthread_mutex_unlock(&c->bl_mu);
+            }
             pthread_mutex_unlock(&c->send_mu);
-            c->heartbeats_tx++;
         }
         wait_ms = c->hb_ns / 2000000 + 1;
     }
@@ -346,8 +593,10 @@ static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
     case RT_READ_REQ:
         if (!rt_in_region(c, f->region, f->offset, f->length)) return -RT_WHY_FRAME;
         pthread_mutex_lock(&c->send_mu);
-        rc = rt_send_frame_locked(c, RT_READ_RESP, 0, 0, c->addr[f->region] + f->offset,
-                                  f->length);
+        rc = rt_bl_flush(c, 0, 0, 0);       /* what was queued goes first */
+        if (!rc)
+            rc = rt_send_frame_locked(c, RT_READ_RESP, 0, 0, c->addr[f->region] + f->offset,
+                                      f->length);
         pthread_mutex_unlock(&c->send_mu);
         return rc ? -RT_WHY_IO : 0;
     case RT_XREAD_REQ:          /* queued for the responder thread */
@@ -440,7 +689,7 @@ static void *rt_responder(void *arg) {
     while (!rc) {
         pthread_mutex_lock(&c->rq_mu);
         while (c->rq_head == c->rq_tail && !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) &&
-               rt_state(c) == RT_UP) {
+               rt_state(c) == RT_UP && !__atomic_load_n(&c->bl_len, __ATOMIC_ACQUIRE)) {
             clock_gettime(CLOCK_REALTIME, &until);      /* look at the state now and then */
             until.tv_nsec += 100000000;
             if (until.tv_nsec >= 1000000000) { until.tv_sec++; until.tv_nsec -= 1000000000; }
@@ -448,7 +697,12 @@ static void *rt_responder(void *arg) {
         }
         if (c->rq_head == c->rq_tail) {
             pthread_mutex_unlock(&c->rq_mu);
-            break;
+            if (rt_state(c) != RT_UP || !__atomic_load_n(&c->bl_len, __ATOMIC_ACQUIRE))
+                break;
+            pthread_mutex_lock(&c->send_mu);        /* queued chains: send them */
+            rc = rt_bl_flush(c, 0, 0, 0);
+            pthread_mutex_unlock(&c->send_mu);
+            continue;
         }
         f = c->rq[c->rq_head % RT_RD_MAX];
         c->rq_head++;
@@ -456,9 +710,11 @@ static void *rt_responder(void *arg) {
         pthread_mutex_lock(&c->xp_mu);
         ok = rm_xtab_find(c->xtab, f.region, f.offset, f.length, RM_XACC_READ, &xe) == 0;
         pthread_mutex_lock(&c->send_mu);
-        rc = ok ? rt_send_frame_locked(c, RT_READ_RESP, 0, 0, (const void *)(uintptr_t)f.offset,
-                                       f.length)
-                : rt_send_frame_locked(c, RT_READ_ERR, 0, 0, NULL, 0);
+        rc = rt_bl_flush(c, 0, 0, 0);           /* what was queued goes first */
+        if (!rc)
+            rc = ok ? rt_send_frame_locked(c, RT_READ_RESP, 0, 0,
+                                           (const void *)(uintptr_t)f.offset, f.length)
+                    : rt_send_frame_locked(c, RT_READ_ERR, 0, 0, NULL, 0);
         pthread_mutex_unlock(&c->send_mu);
         pthread_mutex_unlock(&c->xp_mu);
     }
@@ -491,16 +747,25 @@ static void rt_unexpose(rt_conn *c, uint32_t key) {
  * the socket is closed with an empty receive queue and no RST can destroy what the
  * peer has not read yet. After linger_ns the connection is cut anyway. */
 static void rt_close_graceful(rt_conn *c, int64_t linger_ns) {
-    int up = RT_UP;
+    int up = RT_UP, cut = 1;
     int64_t end = rt_now() + linger_ns;
     struct timespec ms = {0, 1000000};
     __atomic_store_n(&c->closing, 1, __ATOMIC_SEQ_CST);
     __atomic_compare_exchange_n(&c->state, &up, RT_CLOSED, 0, __ATOMIC_SEQ_CST,
                                 __ATOMIC_SEQ_CST);
-    pthread_mutex_lock(&c->send_mu);        /* no post() is half-way through a chain */
-    shutdown(c->sock, SHUT_WR);
-    pthread_mutex_unlock(&c->send_mu);
-    while (!__atomic_load_n(&c->exited, __ATOMIC_ACQUIRE) && rt_now() < end)
+    rt_wake_responder(c);
+    /* no post() or READ answer is half-way through a chain: each gives up on a full
+     * socket once the state is not RT_UP, so this wait is short; it is bounded anyway.
+     * Then what was queued goes, within the linger time; a stream cut half-way
+     * through a frame (c->torn), or a backlog the peer does not take, is cut at once */
+    if (rt_lock_until(c, &c->send_mu, rt_now() + RT_CLOSE_LOCK_NS, 1) == 0) {
+        if (!c->torn && rt_bl_flush(c, end, 0, 1) == 0) {
+            shutdown(c->sock, SHUT_WR);
+            cut = 0;
+        }
+        pthread_mutex_unlock(&c->send_mu);
+    }
+    while (!cut && !__atomic_load_n(&c->exited, __ATOMIC_ACQUIRE) && rt_now() < end)
         nanosleep(&ms, NULL);
     __atomic_store_n(&c->stop, 1, __ATOMIC_SEQ_CST);
     rt_wake_responder(c);
