@@ -4,6 +4,7 @@ up close(), or outlast a send's deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
@@ -50,10 +51,11 @@ class Ticker:
         return self.longest
 
 
-def test_a_token_holder_that_reads_nothing_freezes_neither_sends_nor_close(monkeypatch):
-    """It proves the token, asks for one large READ of what we exposed, then never
-    reads: our responder is stuck on the full socket. Another thread keeps running,
-    a send with a deadline returns by it, close() in bounded time."""
+@contextlib.contextmanager
+def stuck_responder(monkeypatch, size: int):
+    """(our channel, its transport, the exposure key): a
+    token holder that asked for one READ of ``size`` exposed bytes and reads nothing,
+    so our responder is stuck on the full socket."""
     monkeypatch.setenv("RDMAMW_TCP_PEER_TIMEOUT", "10")    # bounds a failing run
     tps = []
     setup = Channel._setup
@@ -63,18 +65,28 @@ def test_a_token_holder_that_reads_nothing_freezes_neither_sends_nor_close(monke
         return setup(self, tp, *a, **k)
 
     monkeypatch.setattr(Channel, "_setup", capture)
-    src = bytearray(64 * MiB)
+    src = bytearray(size)
     with rdmamw.listen("tcp://127.0.0.1:0") as lst:
         got: dict = {}
         t = threading.Thread(target=lambda: got.update(ch=lst.accept(timeout=10)))
         t.start()
         s = raw_peer(lst.address)
         t.join()
-        ch = got["ch"]
         addr = ctypes.addressof(ctypes.c_char.from_buffer(src))
         key = hooks.expose_range(tps[-1], addr, len(src))
         s.sendall(frame(XREAD_REQ, region=key, offset=addr, length=len(src)))
         time.sleep(0.5)                     # the responder has filled the socket by now
+        try:
+            yield got["ch"], tps[-1], key
+        finally:
+            s.close()
+
+
+def test_a_token_holder_that_reads_nothing_freezes_neither_sends_nor_close(monkeypatch):
+    """It proves the token, asks for one large READ of what we exposed, then never
+    reads: our responder is stuck on the full socket. Another thread keeps running,
+    a send with a deadline returns by it, close() in bounded time."""
+    with stuck_responder(monkeypatch, 64 * MiB) as (ch, _tp, _key):
         ticker = Ticker()
         t0 = time.monotonic()
         try:
@@ -86,10 +98,25 @@ def test_a_token_holder_that_reads_nothing_freezes_neither_sends_nor_close(monke
         ch.close()
         closed = time.monotonic() - t0
         longest = ticker.end()
-        s.close()
     assert took < 1.5, f"send(timeout=1) took {took:.1f} s"
     assert closed < 2.0, f"close() took {closed:.1f} s"
     assert longest < 0.5, f"another thread stood still for {longest:.1f} s"
+
+
+def test_a_range_is_unexposed_at_once_while_its_reader_reads_nothing(monkeypatch):
+    """The responder answering a READ holds the range (so it is not freed under it);
+    when the range is wanted back (the engine's unexpose at a send's end or a close)
+    while the peer reads nothing, the rest of the answer is copied out (or the
+    connection dropped) instead of keeping the caller waiting."""
+    with stuck_responder(monkeypatch, 32 * MiB) as (ch, tp, key):
+        t0 = time.monotonic()
+        hooks.unexpose_range(tp, key)
+        took = time.monotonic() - t0
+        t0 = time.monotonic()
+        ch.close()
+        closed = time.monotonic() - t0
+    assert took < 1.0, f"unexpose took {took:.1f} s"
+    assert closed < 2.0, f"close() took {closed:.1f} s"
 
 
 STOPPED_PEER = """

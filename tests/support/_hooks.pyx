@@ -85,8 +85,9 @@ def expose_range(Transport tp not None, size_t addr, size_t length, bint writabl
     return m.rkey
 
 
-def unexpose_range(ShmTransport tp not None, uint32_t key):
-    tp.unexpose(key)
+def unexpose_range(Transport tp not None, uint32_t key):
+    with nogil:
+        tp.unexpose(key)
 
 
 def offer_job(ShmTransport tp not None, size_t remote, size_t local, size_t length, size_t chunk,

@@ -86,6 +86,12 @@ static int rt_rx_wait(rt_conn *c) {
         }
         wait_ms = c->hb_ns / 2000000 + 1;
     }
+    /* the backlog's sender is the responder thread; should it not run, this one tries */
+    if (__atomic_load_n(&c->bl_len, __ATOMIC_ACQUIRE) &&
+        pthread_mutex_trylock(&c->send_mu) == 0) {
+        rt_bl_flush(c, 1, 0, 0);            /* one try that never waits (deadline past) */
+        pthread_mutex_unlock(&c->send_mu);
+    }
     if (c->timeout_ns > 0 && c->timeout_ns / 1000000 < wait_ms)
         wait_ms = c->timeout_ns / 1000000 + 1;
     if (c->host_ns > 0 && c->host_ns / 4000000 < wait_ms)
@@ -273,6 +279,7 @@ static void *rt_responder(void *arg) {
     rt_conn *c = (rt_conn *)arg;
     rt_frame f;
     rm_xent xe;
+    struct iovec iov[2];
     int ok, rc = 0;
     struct timespec until;
     while (!rc) {
@@ -300,10 +307,17 @@ static void *rt_responder(void *arg) {
         ok = rm_xtab_find(c->xtab, f.region, f.offset, f.length, RM_XACC_READ, &xe) == 0;
         pthread_mutex_lock(&c->send_mu);
         rc = rt_bl_flush(c, 0, 0, 0);           /* what was queued goes first */
-        if (!rc)
-            rc = ok ? rt_send_frame_locked(c, RT_READ_RESP, 0, 0,
-                                           (const void *)(uintptr_t)f.offset, f.length)
-                    : rt_send_frame_locked(c, RT_READ_ERR, 0, 0, NULL, 0);
+        if (!rc) {
+            iov[1].iov_base = (void *)(uintptr_t)f.offset;      /* the range's address */
+            iov[1].iov_len = ok ? f.length : 0;
+            f.type = ok ? RT_READ_RESP : RT_READ_ERR;
+            f.region = 0;
+            f.offset = 0;
+            f.length = (uint32_t)iov[1].iov_len;
+            iov[0].iov_base = &f;
+            iov[0].iov_len = sizeof f;
+            rc = rt_answer(c, iov, 2);
+        }
         pthread_mutex_unlock(&c->send_mu);
         pthread_mutex_unlock(&c->xp_mu);
     }
@@ -314,7 +328,7 @@ static void *rt_responder(void *arg) {
  * or into the range to end (xp_mu, then xw_mu: the order the threads never invert). */
 static uint32_t rt_expose(rt_conn *c, uint64_t addr, uint64_t len, uint32_t access) {
     uint32_t key;
-    pthread_mutex_lock(&c->xp_mu);
+    rt_xp_lock(c);
     pthread_mutex_lock(&c->xw_mu);
     key = rm_xtab_add(c->xtab, addr, len, access, RM_XNONE);
     pthread_mutex_unlock(&c->xw_mu);
@@ -324,7 +338,7 @@ static uint32_t rt_expose(rt_conn *c, uint64_t addr, uint64_t len, uint32_t acce
 
 static void rt_unexpose(rt_conn *c, uint32_t key) {
     rm_xent xe;
-    pthread_mutex_lock(&c->xp_mu);
+    rt_xp_lock(c);
     pthread_mutex_lock(&c->xw_mu);
     rm_xtab_del(c->xtab, key, &xe);
     pthread_mutex_unlock(&c->xw_mu);
@@ -336,8 +350,9 @@ static void rt_unexpose(rt_conn *c, uint32_t key) {
  * the socket is closed with an empty receive queue and no RST can destroy what the
  * peer has not read yet. After linger_ns the connection is cut anyway. */
 static void rt_close_graceful(rt_conn *c, int64_t linger_ns) {
-    int up = RT_UP, cut = 1;
-    int64_t end = rt_now() + linger_ns;
+    int up = RT_UP, cut = 1, rc;
+    int64_t end = rt_now() + linger_ns, slice;
+    size_t left;
     struct timespec ms = {0, 1000000};
     __atomic_store_n(&c->closing, 1, __ATOMIC_SEQ_CST);
     __atomic_compare_exchange_n(&c->state, &up, RT_CLOSED, 0, __ATOMIC_SEQ_CST,
@@ -348,7 +363,14 @@ static void rt_close_graceful(rt_conn *c, int64_t linger_ns) {
      * Then what was queued goes, within the linger time; a stream cut half-way
      * through a frame (c->torn), or a backlog the peer does not take, is cut at once */
     if (rt_lock_until(c, &c->send_mu, rt_now() + RT_CLOSE_LOCK_NS, 1) == 0) {
-        if (!c->torn && rt_bl_flush(c, end, 0, 1) == 0) {
+        rc = c->torn ? RT_LOST : RT_PASSED;
+        while (rc == RT_PASSED) {       /* in slices: a peer that takes nothing is cut */
+            left = __atomic_load_n(&c->bl_len, __ATOMIC_ACQUIRE);
+            slice = rt_now() + RT_CLOSE_LOCK_NS / 2;
+            rc = rt_bl_flush(c, slice < end ? slice : end, 0, 1);
+            if (rc == RT_PASSED && (c->bl_len >= left || rt_now() >= end)) break;
+        }
+        if (rc == 0) {
             shutdown(c->sock, SHUT_WR);
             cut = 0;
         }

@@ -80,6 +80,8 @@ typedef struct {
     size_t bl_head, bl_len, bl_cap;
     uint64_t bl_bytes;      /* counter: bytes that went through the backlog */
     int torn;               /* a send stopped half-way through a frame (send_mu held) */
+    int xp_wanted;          /* threads waiting for xp_mu (expose, unexpose): the
+                               responder then stops waiting for a peer that reads nothing */
 } rt_conn;
 
 static inline int64_t rt_now(void) {

@@ -100,6 +100,42 @@ static int rt_send_locked(rt_conn *c, struct iovec *iov, int cnt) {
     return rt_send_until(c, &iov, &cnt, 0);
 }
 
+static int rt_bl_add(rt_conn *c, const struct iovec *iov, int cnt, int prepend);
+
+/* The responder's answer to a READ (send_mu and xp_mu held): sent as the peer reads;
+ * but when another thread wants xp_mu (a range is being exposed or unexposed: the
+ * engine, maybe holding the GIL) while the socket is full, the rest of the answer is
+ * copied into the backlog (first) and the range let go; past RT_BACKLOG_MAX the peer
+ * is lost. 0 or the state. */
+static int rt_answer(rt_conn *c, struct iovec *iov, int cnt) {
+    int rc, bad, n0 = cnt;
+    size_t first = cnt > 0 ? iov[0].iov_len : 0;
+    for (;;) {
+        rc = rt_send_some(c, &iov, &cnt);
+        if (rc != RT_BLOCKED) break;
+        if (__atomic_load_n(&c->xp_wanted, __ATOMIC_ACQUIRE)) {
+            pthread_mutex_lock(&c->bl_mu);
+            bad = rt_bl_add(c, iov, cnt, 1);
+            pthread_mutex_unlock(&c->bl_mu);
+            if (!bad) return 0;
+            rt_lose(c, RT_WHY_STALLED, 0);
+            rc = RT_LOST;
+            break;
+        }
+        rc = rt_wait_room(c, 0, 0);
+        if (rc) break;
+    }
+    if (rc < 0 && cnt > 0 && (cnt != n0 || iov[0].iov_len != first)) c->torn = 1;
+    return rc;
+}
+
+/* Take xp_mu for expose / unexpose, telling a responder stuck on it to let go. */
+static void rt_xp_lock(rt_conn *c) {
+    __atomic_add_fetch(&c->xp_wanted, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&c->xp_mu);
+    __atomic_sub_fetch(&c->xp_wanted, 1, __ATOMIC_SEQ_CST);
+}
+
 /* Copy the unsent rest of iov[0..cnt) into the backlog (bl_mu held): at its end, or
  * at its start (prepend) for the rest of a chain already begun on the stream, which
  * goes before anything queued while it was being sent. 0, or -1 when the backlog
