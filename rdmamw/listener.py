@@ -319,8 +319,12 @@ class HandshakeListener(Generic[T]):
         if self._strangers:
             first = min(st.deadline for st in self._strangers.values())
             wait = first if wait is None else min(wait, first)
-        return (len(self._proven) < self._limit, None if wait is None else wait - now,
-                list(self._strangers))
+        # a token listener takes newcomers as strangers (no slot) while fewer proven ones
+        # wait than there are slots (they make the silent give theirs up); another one
+        # hands each a slot at once
+        room = len(self._proven) < self._limit if self.proves_token else \
+            self._held < self._limit
+        return room, None if wait is None else wait - now, list(self._strangers)
 
     def _evict_idle(self, now: float) -> float | None:
         """Proven peers wait for a slot: cut the handshakes whose peer has said nothing

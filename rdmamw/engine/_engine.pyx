@@ -211,7 +211,7 @@ cdef class Engine(Endpoint):
             self.rs.begin()
             if self.rx.done_unflushed:      # done bits of what we received ride along
                 self.rx.flush()
-            link.tp.deadline_posts(deadline)    # a post waits for the peer until then
+            link.deadline_posts(deadline)    # a post waits for the peer until then
             try:
                 # tiny batches cost less than a GIL release; big copies run without it
                 if b.bytes >= NOGIL_BYTES:
@@ -253,7 +253,7 @@ cdef class Engine(Endpoint):
                         first_wait = True
                     k = got
             finally:
-                link.tp.deadline_posts(0)
+                link.deadline_posts(0)
                 if nplan:
                     self.rs.end(b.plan_start[k])
                 b.release_bufs(n)
@@ -527,10 +527,10 @@ cdef class Engine(Endpoint):
         for cache in (self._regcache, self._regcache_dst):
             if self.cache_ok and cache is not None:
                 cache.close()       # idle MRs go now, those still leased when released
-        link.tp.deadline_posts(now_ns() + CLOSE_POST_NS)     # a peer that reads nothing
+        link.deadline_posts(now_ns() + CLOSE_POST_NS)     # a peer that reads nothing
         with nogil:
             self._say_closed()
-        link.tp.deadline_posts(0)
+        link.deadline_posts(0)
         link.end()
         self.rr.end_read()          # a READ left in flight: nothing writes into it now
 

@@ -92,6 +92,9 @@ cdef class Link:
     cdef inline int wake_peer(self) noexcept nogil:
         return self.tp.wake_peer()
 
+    cdef inline void deadline_posts(self, int64_t deadline) noexcept nogil:
+        self.tp.deadline_posts(deadline)    # this thread's posts return by then (0: none)
+
     cdef inline int assist(self) noexcept nogil:
         return self.tp.assist()
 
