@@ -60,7 +60,7 @@ cdef enum:
     RM_ERR_AGAIN = -6       # no room right now (exposure table, staging area): retry later
     RM_ERR_LATE = -7        # post(): the chain is accepted (queued in the transport, it
                             # goes when the peer reads again) but the post's deadline
-                            # (deadline_posts) passed first: the caller's Timeout
+                            # (deadline_posts) passed: the send posts no more (Timeout)
 
 ctypedef struct rm_wr:
     uint64_t wr_id
