@@ -15,14 +15,18 @@ goes. A listener reads these settings (docs/config.md) when it is made. Stranger
 no thread and no slot, so however many there are, a token holder is served at once. Only
 a connection whose proof arrived gets a thread: it runs the handshake (which checks the
 proof first) with a deadline (``RDMAMW_HANDSHAKE_TIMEOUT`` s from accept, default 10;
-the loop shuts down a socket whose handshake outlives it). Finished handshakes wait in a
+the loop shuts down a socket whose handshake outlives it). A token holder that proves the
+token and then says nothing cannot keep the slots from others: while proven newcomers
+wait for a slot, a handshake whose peer has sent nothing since its proof for
+``IDLE_AFTER_PROOF`` s after our answer is cut, oldest first, and its slot goes to
+them. Finished handshakes wait in a
 queue for ``accept()``; failed ones are logged with the peer and the reason (the first
 ``DROPS_LOGGED`` of every ``DROPS_WINDOW`` s one by one, the others counted in one
 line), and dropped. While ``RDMAMW_LISTEN_BACKLOG`` connections (default 16) are in a
-handshake or finished but not yet accepted, new ones wait in the kernel's listen queue
-(``KERNEL_BACKLOG`` long) and proven ones in the loop's, in order, their deadline
-starting with their handshake: a storm of hundreds of ranks opening channels at once
-costs at most that many threads, never one per peer.
+handshake or finished but not yet accepted, proven ones wait in the loop's queue, in
+order, their deadline starting with their handshake, and once as many wait there, new
+ones wait in the kernel's listen queue (``KERNEL_BACKLOG`` long): a storm of hundreds
+of ranks opening channels at once costs at most that many threads, never one per peer.
 ``close()`` stops the loop, cuts the handshakes under way and closes what was never
 accepted."""
 
@@ -59,6 +63,26 @@ KERNEL_BACKLOG = socket.SOMAXCONN
 DROPS_LOGGED = 20
 DROPS_WINDOW = 10.0
 
+#: seconds a handshake's peer may stay silent after its token proof (counted from our
+#: last bytes to it: a peer waiting for us is not idle) before a proven newcomer waiting
+#: for a slot takes its slot; an honest opener sends its hello one round trip after our
+#: answer
+IDLE_AFTER_PROOF = 0.5
+
+
+def _tcp_counts(sock: socket.socket) -> tuple[int, int, int] | None:
+    """(bytes received on a TCP socket, bytes it sent that the peer acknowledged, ms
+    since it last sent data), or None where the kernel does not say (not TCP; before
+    Linux 4.1)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 192)
+    except OSError:
+        return None
+    if len(info) < 136:
+        return None
+    return (int.from_bytes(info[128:136], "little"), int.from_bytes(info[120:128], "little"),
+            int.from_bytes(info[44:48], "little"))
+
 
 def handshake_timeout() -> float:
     """Seconds one connection may take to finish its handshake (RDMAMW_HANDSHAKE_TIMEOUT)."""
@@ -88,10 +112,22 @@ class _Pending:
     """One handshake under way; ``watch`` is a duplicate of its socket that the loop
     shuts down at the deadline (or on close), which wakes every read on it."""
 
-    __slots__ = ("deadline", "expired", "watch")
+    __slots__ = ("deadline", "evicted", "expired", "received", "started", "watch")
 
-    def __init__(self, watch: socket.socket, deadline: float) -> None:
-        self.watch, self.deadline, self.expired = watch, deadline, False
+    def __init__(self, watch: socket.socket, deadline: float, started: float) -> None:
+        self.watch, self.deadline, self.expired, self.evicted = watch, deadline, False, False
+        self.started = started
+        self.received = _tcp_counts(watch)    # the proof, and our challenge, so far
+
+    def idle(self, now: float) -> bool:
+        """Its peer has sent nothing since the handshake began, though it has had our
+        answer (acknowledged) for IDLE_AFTER_PROOF s (a TCP peer only)."""
+        if self.received is None or self.expired or self.evicted or \
+                now - self.started < IDLE_AFTER_PROOF:
+            return False
+        counts = _tcp_counts(self.watch)
+        return counts is not None and counts[0] == self.received[0] and \
+            counts[1] > self.received[1] and counts[2] >= IDLE_AFTER_PROOF * 1000
 
     def cut(self, expired: bool) -> None:
         self.expired = self.expired or expired
@@ -265,6 +301,9 @@ class HandshakeListener(Generic[T]):
         while self._proven and self._held < self._limit and not self._closed:
             st = self._proven.popleft()
             self._spawn(st.conn, st.addr, time.monotonic(), (st.nonce, st.buf))
+        idle_check = None
+        if self._proven:                  # no slot free: the silent ones give theirs up
+            idle_check = self._evict_idle(now)
         for fd, st in list(self._strangers.items()):
             if st.deadline <= now:
                 self._drop(fd, f"did not prove the token within {self._proof_timeout:g} s")
@@ -275,11 +314,35 @@ class HandshakeListener(Generic[T]):
                 if p.deadline <= now and not p.expired:
                     p.cut(expired=True)
             wait = min((p.deadline for p in self._pending if not p.expired), default=None)
+        if idle_check is not None:
+            wait = idle_check if wait is None else min(wait, idle_check)
         if self._strangers:
             first = min(st.deadline for st in self._strangers.values())
             wait = first if wait is None else min(wait, first)
-        return (self._held < self._limit and not self._proven,
-                None if wait is None else wait - now, list(self._strangers))
+        # a token listener takes newcomers as strangers (no slot) while fewer proven ones
+        # wait than there are slots (they make the silent give theirs up); another one
+        # hands each a slot at once
+        room = len(self._proven) < self._limit if self.proves_token else \
+            self._held < self._limit
+        return room, None if wait is None else wait - now, list(self._strangers)
+
+    def _evict_idle(self, now: float) -> float | None:
+        """Proven peers wait for a slot: cut the handshakes whose peer has said nothing
+        since its proof (oldest first, one per waiting peer); when to look again."""
+        with self._lock:
+            live = [p for p in self._pending if not p.expired and not p.evicted]
+            want = len(self._proven) - (len(self._pending) - len(live))
+            for p in sorted(live, key=lambda p: p.started):
+                if want <= 0:
+                    break
+                if p.idle(now):
+                    p.evicted = True
+                    p.cut(expired=False)
+                    want -= 1
+            live = [p for p in live if not p.evicted and p.received is not None]
+        if not live:
+            return None
+        return max(now + 0.05, min(p.started for p in live) + IDLE_AFTER_PROOF)
 
     def _drop(self, fd: int, reason: str) -> None:
         """Hang up on a stranger (the loop's thread)."""
@@ -383,7 +446,7 @@ class HandshakeListener(Generic[T]):
         """Run one connection's handshake in a thread of its own."""
         conn.settimeout(self._timeout)
         try:
-            p = _Pending(conn.dup(), accepted + self._timeout)
+            p = _Pending(conn.dup(), accepted + self._timeout, time.monotonic())
         except OSError as e:
             conn.close()
             self._log.warning("rdmamw: %s dropped a connection: %s", self.address, e)
@@ -437,6 +500,9 @@ class HandshakeListener(Generic[T]):
             closed = self._closed
             if p.expired:
                 reason = f"did not finish the handshake within {self._timeout:g} s"
+            elif p.evicted and reason is not None:
+                reason = (f"said nothing for {IDLE_AFTER_PROOF:g} s after its token proof "
+                          f"while proven peers waited for a set-up slot: it gave up its slot")
             keep = reason is None and not closed
             if keep:
                 self._done.append(item)

@@ -23,6 +23,7 @@ from rdmamw.engine._frames cimport (
     rm_slot_hdr,
 )
 from rdmamw.transport._base cimport (
+    RM_ERR_LATE,
     RM_REGION_ARRIVAL,
     RM_REGION_RING,
     RM_WR_INLINE,
@@ -115,6 +116,8 @@ cdef class EagerSender:
                 break
             rc[0] = self.post_slots(k, got)
             if rc[0] != 0:
+                if rc[0] == RM_ERR_LATE:    # accepted (queued), past the deadline
+                    k += got
                 break
             k += got
         return k
@@ -179,13 +182,13 @@ cdef class EagerSender:
         self.link.lock()
         rc = self.link.post(self.wrs, nw)
         self.link.unlock()
-        if rc != 0:
+        if rc != 0 and rc != RM_ERR_LATE:
             return rc
         self.link.reap()
         rm_fence_seq_cst()
         if rm_load_acquire64(&self.link.ctrl[CTRL_RX_SLEEP]):
             self.link.wake_peer()
-        return 0
+        return rc
 
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil:
         """Fill staging for planned slot k going to peer slot ``slot``; append its WRs."""

@@ -61,7 +61,13 @@ from rdmamw.engine._messages cimport (
 from rdmamw.engine._rndv_recv cimport RndvReceiver
 from rdmamw.engine._rndv_send cimport RndvSender
 from rdmamw.engine._waits cimport Waiter
-from rdmamw.transport._base cimport RM_REGION_ARRIVAL, RM_REGION_RECLAIM, Transport, now_ns
+from rdmamw.transport._base cimport (
+    RM_ERR_LATE,
+    RM_REGION_ARRIVAL,
+    RM_REGION_RECLAIM,
+    Transport,
+    now_ns,
+)
 from rdmamw.transport.atomics cimport rm_cpu_relax, rm_load_acquire64
 
 from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, ProtocolError, Timeout
@@ -72,6 +78,7 @@ cdef uint64_t NOGIL_BYTES = 16384       # batches from this size on copy without
 cdef int64_t GIL_SPIN_NS = 3000         # a receive polls this long before releasing the GIL
 cdef int64_t CLOSE_RNDV_NS = 5000000000 # close() waits this long for pending READs
 cdef long long CLOSE_LOCK_US = 2000000  # ... and this long for a running call to end
+cdef int64_t CLOSE_POST_NS = 500000000  # close()'s last words wait this long for the peer
 
 
 cdef bint claim(PyThread_type_lock lock, long owner) except -1:
@@ -87,6 +94,28 @@ cdef bint claim(PyThread_type_lock lock, long owner) except -1:
     with nogil:
         r = PyThread_acquire_lock_timed(lock, CLOSE_LOCK_US, 0)
     return r == 1
+
+
+cdef int let_reads_finish(RndvSender rs, Waiter w) except -1:
+    """close(): the receiver may still be READing our rendezvous sources: give it a
+    bounded time (CLOSE_RNDV_NS) to flip their done bits (close()'s own wait)."""
+    cdef int64_t until = now_ns() + CLOSE_RNDV_NS
+    while not rs.poll(rs.next) and now_ns() < until:
+        with nogil:
+            if w.wait(WAIT_DONE, rs.next, slice_end(until), False, False, True) < 0:
+                break
+    return 0
+
+
+cdef int drop_receives(RndvReceiver rr, PyThread_type_lock lock, long owner) except -1:
+    """close(), after the transport went: under the receive lock, what the receiving
+    side holds goes (else the receive call that holds the lock lets it go itself)."""
+    if claim(lock, owner):
+        try:
+            rr.drop_all()
+        finally:
+            PyThread_release_lock(lock)
+    return 0
 
 
 cdef int take_lock(Link link, PyThread_type_lock lock, int64_t deadline, str what) except -1:
@@ -245,6 +274,7 @@ cdef class Engine(Endpoint):
             self.rs.begin()
             if self.rx.done_unflushed:      # done bits of what we received ride along
                 self.rx.flush()
+            link.deadline_posts(deadline)    # a post waits for the peer until then
             try:
                 # tiny batches cost less than a GIL release; big copies run without it
                 if b.bytes >= NOGIL_BYTES:
@@ -255,6 +285,14 @@ cdef class Engine(Endpoint):
                     nplan = b.plan(<uint32_t>n)
                     k = self.tx.post_planned(0, nplan, &rc)
                 while k < nplan or rc:
+                    if rc == RM_ERR_LATE:       # accepted (queued in the transport) by
+                        rc = 0                      # the deadline: what is left is not
+                        if k < nplan:
+                            raise Timeout(
+                                f"the peer read nothing until the deadline; "
+                                f"{b.plan_start[k]} of {n} messages were accepted (they go "
+                                f"if it reads again)", sent=b.plan_start[k])
+                        break
                     if rc != 0:
                         link.raise_post(rc)
                     # ring full (or no rendezvous entry): wait for reclaim (done) bits,
@@ -282,6 +320,7 @@ cdef class Engine(Endpoint):
                         first_wait = True
                     k = got
             finally:
+                link.deadline_posts(0)
                 if nplan:
                     self.rs.end(b.plan_start[k])
                 b.release_bufs(n)
@@ -546,7 +585,6 @@ cdef class Engine(Endpoint):
         thread at any moment: the calls waiting on this channel end first, each buffer
         is released once, by its owner (docs/protocol.md, "Closing")."""
         cdef Link link = self.link
-        cdef int64_t until
         cdef bint have
         if link.closed:
             return
@@ -558,17 +596,12 @@ cdef class Engine(Endpoint):
             link.wake_self()
         have = claim(self.send_lock, self.send_owner)
         try:
-            if have and self.rs.released < self.rs.next:
-                # the receiver may still be READing our sources: give it a bounded time
-                until = now_ns() + CLOSE_RNDV_NS
-                while not self.rs.poll(self.rs.next) and now_ns() < until:
-                    with nogil:
-                        if self.w.wait(WAIT_DONE, self.rs.next, slice_end(until), False,
-                                       False, True) < 0:
-                            break
+            if have:
+                let_reads_finish(self.rs, self.w)
             for cache in (self._regcache, self._regcache_dst):
                 if self.cache_ok and cache is not None:
                     cache.close()   # idle MRs go now, those still leased when released
+            link.deadline_posts(now_ns() + CLOSE_POST_NS)     # a peer that reads nothing
             with nogil:
                 self._say_closed()
             link.end()              # wakes whoever still sleeps in the transport
@@ -577,11 +610,7 @@ cdef class Engine(Endpoint):
         finally:
             if have:
                 PyThread_release_lock(self.send_lock)
-        if claim(self.recv_lock, self.recv_owner):
-            try:
-                self.rr.drop_all()
-            finally:
-                PyThread_release_lock(self.recv_lock)
+        drop_receives(self.rr, self.recv_lock, self.recv_owner)
 
     def stats(self) -> dict:
         """Counters of this endpoint; everything that hit the transport is counted."""

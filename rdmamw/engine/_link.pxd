@@ -102,6 +102,9 @@ cdef class Link:
         """The peer's end of the connection is gone: nothing more arrives from it."""
         return self.tp.peer_exited()
 
+    cdef inline void deadline_posts(self, int64_t deadline) noexcept nogil:
+        self.tp.deadline_posts(deadline)    # this thread's posts return by then (0: none)
+
     cdef inline int assist(self) noexcept nogil:
         return self.tp.assist()
 

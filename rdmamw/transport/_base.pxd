@@ -5,6 +5,10 @@ from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t, uint64_t
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 
+cdef extern from "<pthread.h>" nogil:
+    unsigned long pthread_self()
+
+
 cdef inline int64_t now_ns() noexcept nogil:
     """Monotonic nanoseconds: the engine's and the providers' one clock."""
     cdef timespec ts
@@ -54,6 +58,9 @@ cdef enum:
     RM_ERR_OS = -4
     RM_ERR_UNSUPPORTED = -5 # the provider cannot do this (e.g. expose without CMA)
     RM_ERR_AGAIN = -6       # no room right now (exposure table, staging area): retry later
+    RM_ERR_LATE = -7        # post(): the chain is accepted (queued in the transport, it
+                            # goes when the peer reads again) but the post's deadline
+                            # (deadline_posts) passed: the send posts no more (Timeout)
 
 ctypedef struct rm_wr:
     uint64_t wr_id
@@ -173,6 +180,15 @@ cdef class Transport:
     cdef int set_rings(self, uint32_t nslots, uint64_t stride, uint32_t peer_nslots,
                        uint64_t peer_stride) except -1
     cdef bint take_grant(self) noexcept nogil    # True: peer_granted grew
+    # a post's deadline (now_ns(); 0: none) for the posts of the thread that set it: a
+    # provider whose post() can wait for its peer (tcp: a full socket) returns
+    # RM_ERR_LATE by then instead of waiting on. Others ignore it
+    cdef int64_t post_deadline
+    cdef unsigned long post_owner
+
+    cdef inline void deadline_posts(self, int64_t deadline) noexcept nogil:
+        self.post_owner = pthread_self()
+        self.post_deadline = deadline
     # optional Python methods: register_local() (default: no registration, lkey 0),
     # error_detail() (default None), counters() (the n_* fields above)
 

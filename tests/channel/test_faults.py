@@ -110,3 +110,47 @@ def test_blocked_receiver_notices_killed_peer_quickly():
         assert time.monotonic() - t0 < 2.0
         p.wait()
         ch.close()
+
+
+FORKING_PEER = """
+import os, sys, time, rdmamw
+c = rdmamw.Channel.open(sys.argv[1], timeout=60)
+pid = os.fork()
+if pid == 0:            # a long-lived child: its copy of the side socket stays open
+    time.sleep(60)
+    os._exit(0)
+print("ready", pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_killed_peer_with_a_forked_child_is_lost_by_its_process():
+    """Issue 43, finding 6: the peer forks a child that lives on with a copy of the
+    side socket (no EOF for us), then is SIGKILLed: the peer *process* is gone, and
+    recv() says PeerLost within the bound (the transport watches the peer's pidfd)."""
+    address = f"shm://{unique_name('forkkill')}"
+    with rdmamw.listen(address) as lst:
+        p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(FORKING_PEER), address],
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        child = 0
+        try:
+            ch = lst.accept(timeout=60)
+            word, pid = p.stdout.readline().split()
+            assert word == "ready"
+            child = int(pid)
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            p.kill()
+            p.wait()
+            with pytest.raises(rdmamw.PeerLost):
+                ch.recv(timeout=10)
+            assert time.monotonic() - t0 < 2.0
+            ch.close()
+        finally:
+            if child:
+                try:
+                    os.kill(child, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.kill()
+            p.wait()

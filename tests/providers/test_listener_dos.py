@@ -520,3 +520,36 @@ def test_a_storm_of_openers_is_served_whole_with_a_bounded_number_of_threads(
     assert outs == [[f"{k}.{i} back" for i in range(each)] for k in range(procs)]
     # (+2: a thread that gave its slot back may not have ended yet when the next starts)
     assert 1 <= most[0] <= listen_backlog() + 2, f"{most[0]} handshake threads, {total} openers"
+
+
+# ---- issue 43 finding 8: token holders that prove the token and go silent -------------
+
+def test_silent_token_holders_cannot_take_every_set_up_slot(monkeypatch):
+    """48 connections prove the token and then say nothing (no hello): three times the
+    16 set-up slots. They used to hold every slot for the whole handshake deadline
+    (10 s), so an honest Channel.open timed out at 8 s; a silent handshake now gives
+    its slot to a proven newcomer, and the honest peer gets through within seconds."""
+    monkeypatch.setenv("RDMAMW_UNPROVEN_PER_SOURCE", "1024")   # all from 127.0.0.1
+    with rdmamw.listen("tcp://127.0.0.1:0") as lst:
+        with pytest.raises(rdmamw.Timeout):
+            lst.accept(timeout=0.05)          # the loop runs
+        socks = [raw_client(lst.address) for _ in range(3 * listen_backlog())]
+
+        def prove(s: socket.socket) -> None:
+            s.settimeout(30)
+            try:
+                auth.open_side(s)             # then silent: no hello
+            except OSError:
+                pass
+
+        provers = [threading.Thread(target=prove, args=(s,), daemon=True) for s in socks]
+        for t in provers:
+            t.start()
+        time.sleep(0.3)                       # the first ones hold their slots by now
+        try:
+            took, a, b = open_and_accept(lst, timeout=8)
+            assert took < PROMPT, f"a real peer waited {took:.1f} s behind silent token holders"
+            check_works(a, b)
+        finally:
+            for s in socks:
+                s.close()

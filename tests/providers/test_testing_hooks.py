@@ -17,8 +17,8 @@ from tests.support.helpers import make_pair
 #: hook -> (the transport class it drives, the rest of its arguments)
 TAKES = {
     "region_address": (Transport, (0,)),
-    "expose_range": (ShmTransport, (0, 0)),
-    "unexpose_range": (ShmTransport, (0,)),
+    "expose_range": (Transport, (0, 0)),        # shm and tcp
+    "unexpose_range": (Transport, (0,)),
     "offer_job": (ShmTransport, (0, 0, 0, 0, 0, 0)),
     "job_state": (ShmTransport, ()),
     "job_claimed": (ShmTransport, ()),

@@ -75,8 +75,8 @@ def region_address(Transport tp not None, int region):
 
 # ---- shm ---------------------------------------------------------------------------
 
-def expose_range(ShmTransport tp not None, size_t addr, size_t length, bint writable=False):
-    """Expose [addr, addr+length) to the peer; the key."""
+def expose_range(Transport tp not None, size_t addr, size_t length, bint writable=False):
+    """Expose [addr, addr+length) to the peer (shm, tcp); the key."""
     cdef rm_mem m
     cdef int rc = tp.expose(addr, length,
                             RM_ACCESS_REMOTE_WRITE if writable else RM_ACCESS_REMOTE_READ, &m)
@@ -85,8 +85,9 @@ def expose_range(ShmTransport tp not None, size_t addr, size_t length, bint writ
     return m.rkey
 
 
-def unexpose_range(ShmTransport tp not None, uint32_t key):
-    tp.unexpose(key)
+def unexpose_range(Transport tp not None, uint32_t key):
+    with nogil:
+        tp.unexpose(key)
 
 
 def offer_job(ShmTransport tp not None, size_t remote, size_t local, size_t length, size_t chunk,
@@ -202,6 +203,7 @@ def apply_stream(bytes data, size_t region_bytes=4096, bint answer_reads=True) -
     try:
         a.setblocking(False)
         pthread_mutex_init(&c.send_mu, NULL)
+        pthread_mutex_init(&c.bl_mu, NULL)
         for i in range(RT_NREG):
             c.addr[i] = mem + guard + i * region_bytes
             c.len[i] = region_bytes
@@ -236,7 +238,9 @@ def apply_stream(bytes data, size_t region_bytes=4096, bint answer_reads=True) -
         b.close()
         os.close(evfd)
         pthread_mutex_destroy(&c.send_mu)
+        pthread_mutex_destroy(&c.bl_mu)
         free(c.pubbuf)
+        free(c.bl)
         free(c)
         free(mem)
 

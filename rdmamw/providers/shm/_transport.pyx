@@ -433,9 +433,9 @@ cdef class ShmTransport(ShmEndpoint):
         return 0
 
     cdef int wait(self, int timeout_ms) noexcept nogil:
-        cdef pollfd fds[2]
+        cdef pollfd fds[3]
         cdef uint64_t junk
-        cdef int r
+        cdef int r, nfds = 2
         if self.my_evfd < 0 or self.state != SHM_CONNECTED:
             return self.state if self.state < 0 else RM_ERR_CLOSED
         if self.assist() > 0:
@@ -446,7 +446,12 @@ cdef class ShmTransport(ShmEndpoint):
         fds[1].fd = self.sock
         fds[1].events = POLLIN
         fds[1].revents = 0
-        r = poll(fds, 2, timeout_ms)
+        if self.pidfd >= 0:     # the peer process exiting: readable (a child of it that
+            fds[2].fd = self.pidfd  # kept the socket keeps the socket's EOF away)
+            fds[2].events = POLLIN
+            fds[2].revents = 0
+            nfds = 3
+        r = poll(fds, nfds, timeout_ms)
         if r < 0:
             return 0 if errno == EINTR else RM_ERR_OS
         if r == 0:
@@ -454,12 +459,15 @@ cdef class ShmTransport(ShmEndpoint):
         if fds[0].revents & POLLIN:
             read(self.my_evfd, &junk, 8)
             self.assist()
-        if fds[1].revents:
+        if fds[1].revents or (nfds == 3 and fds[2].revents):
             return self.peer_state()
         return 1
 
     def _event_fds(self):
-        return (self.my_evfd, self.sock)    # the peer's wake-ups; its hang-up or death
+        # the peer's wake-ups; its hang-up; its process's exit (the pidfd)
+        if self.pidfd >= 0:
+            return (self.my_evfd, self.sock, self.pidfd)
+        return (self.my_evfd, self.sock)
 
     cdef int arm_fd(self) noexcept nogil:
         cdef uint64_t junk
@@ -473,6 +481,12 @@ cdef class ShmTransport(ShmEndpoint):
         cdef char c
         cdef ssize_t r
         if self.state != SHM_CONNECTED:
+            return self.state
+        if self._peer_exited():
+            # the peer process is gone, whoever still holds a copy of the socket (a
+            # child it forked): liveness is the process's, not only the socket's
+            self.state = RM_ERR_PEER_LOST
+            shutdown(self.sock, SHUT_RDWR)
             return self.state
         fd.fd = self.sock
         fd.events = POLLIN

@@ -39,7 +39,8 @@ cdef extern from "rm_tcp.h" nogil:
         RT_NREG, RT_RD_MAX
         RT_UP, RT_LOST, RT_CLOSED
         RT_WHY_NONE, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL,
-        RT_WHY_HOST
+        RT_WHY_HOST, RT_WHY_STALLED
+        RT_DIRECT, RT_QUEUE, RT_QUEUE_LATE, RT_LATE
     ctypedef struct rt_frame:
         uint16_t type
         uint16_t region
@@ -65,11 +66,19 @@ cdef extern from "rm_tcp.h" nogil:
         pthread_cond_t rq_cv
         uint64_t frames_rx, bytes_rx, wakes_rx, heartbeats_tx
         rt_frame bad
+        pthread_mutex_t bl_mu
+        char *bl
+        size_t bl_len
+        uint64_t bl_bytes
+        int torn
     int64_t rt_now()
     int rt_state(rt_conn *c)
     void rt_lose(rt_conn *c, int why, int err)
     int rt_send_locked(rt_conn *c, iovec *iov, int cnt)
-    int rt_send_empty(rt_conn *c, uint16_t type)
+    int rt_send_empty(rt_conn *c, uint16_t type, int64_t deadline, int may_wait)
+    int rt_turn(rt_conn *c, int64_t deadline, int may_wait, int *held)
+    int rt_commit(rt_conn *c, iovec *iov, int cnt, int mode, int held, int64_t deadline,
+                  int may_wait)
     void *rt_progress(void *arg)
     void *rt_responder(void *arg)
     uint32_t rt_expose(rt_conn *c, uint64_t addr, uint64_t len, uint32_t access)

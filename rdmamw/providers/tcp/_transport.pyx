@@ -24,6 +24,7 @@ from rdmamw.transport._base cimport (
     RM_ERR_AGAIN,
     RM_ERR_BOUNDS,
     RM_ERR_CLOSED,
+    RM_ERR_LATE,
     RM_ERR_OS,
     RM_ERR_PEER_LOST,
     RM_NREGIONS,
@@ -41,6 +42,7 @@ from rdmamw.transport._base cimport (
     rm_mem,
     rm_wc,
     rm_wr,
+    pthread_self,
 )
 
 cdef extern from "sys/mman.h" nogil:
@@ -55,8 +57,12 @@ cdef extern from "sched.h" nogil:
 cdef extern from "unistd.h" nogil:
     int close(int fd)
 
+cdef extern from "Python.h" nogil:
+    int PyGILState_Check()      # this thread holds the GIL: a post then never waits
+
 
 assert RT_LOST == RM_ERR_PEER_LOST and RT_CLOSED == RM_ERR_CLOSED and RT_NREG == RM_NREGIONS
+assert RT_LATE == RM_ERR_LATE
 
 FRAME_BYTES = sizeof(rt_frame)
 FRAME_TYPES = {"WRITE": RT_WRITE, "PUBLISH": RT_PUBLISH, "WAKE": RT_WAKE,
@@ -66,7 +72,8 @@ FRAME_TYPES = {"WRITE": RT_WRITE, "PUBLISH": RT_PUBLISH, "WAKE": RT_WAKE,
 _WHY = {RT_WHY_NONE: "", RT_WHY_EOF: "peer closed the connection",
         RT_WHY_IO: "socket error", RT_WHY_TIMEOUT: "peer silent past RDMAMW_TCP_PEER_TIMEOUT",
         RT_WHY_FRAME: "malformed frame", RT_WHY_LOCAL: "closed locally",
-        RT_WHY_HOST: "peer's host acknowledged nothing past RDMAMW_TCP_HOST_TIMEOUT"}
+        RT_WHY_HOST: "peer's host acknowledged nothing past RDMAMW_TCP_HOST_TIMEOUT",
+        RT_WHY_STALLED: "peer read nothing while 64 MiB waited to be sent to it"}
 
 cdef class TcpTransport(Transport):
     """The tcp endpoint; its fields are declared in _transport.pxd."""
@@ -83,6 +90,7 @@ cdef class TcpTransport(Transport):
                 or pthread_mutex_init(&self.c.xp_mu, NULL) != 0 \
                 or pthread_mutex_init(&self.c.xw_mu, NULL) != 0 \
                 or pthread_mutex_init(&self.c.rq_mu, NULL) != 0 \
+                or pthread_mutex_init(&self.c.bl_mu, NULL) != 0 \
                 or pthread_cond_init(&self.c.rq_cv, NULL) != 0:
             raise OSError("pthread_mutex_init failed")
         self.mutex_ready = True
@@ -185,9 +193,13 @@ cdef class TcpTransport(Transport):
         cdef uint32_t i, k = 0, nreads = 0
         cdef rm_wr *wr
         cdef rt_frame *f
-        cdef int st = rt_state(self.c), rc
-        cdef uint64_t posted
+        cdef int st = rt_state(self.c), rc, mode, held
+        cdef uint64_t target, posted
         cdef bint deferred = True       # one exposed SIGNALED READ: poll() says when done
+        # never wait holding the GIL (the engine posts small batches with it: every
+        # thread would stop), nor past the deadline of the thread that set one
+        cdef int may_wait = not PyGILState_Check()
+        cdef int64_t deadline = self.post_deadline if self.post_owner == pthread_self() else 0
         if st != RT_UP:
             return st
         for i in range(n):      # validate the whole chain first: all or nothing
@@ -215,11 +227,15 @@ cdef class TcpTransport(Transport):
         deferred = deferred and nreads == 1 and self.aread_seq == 0
         if nreads > RT_RD_MAX or self._reserve(n) != 0:
             return RM_ERR_BOUNDS if nreads > RT_RD_MAX else RM_ERR_OS
-        pthread_mutex_lock(&self.c.send_mu)
+        mode = rt_turn(self.c, deadline, may_wait, &held)     # bl_mu held from here
+        if mode < 0:
+            return mode
         posted = self.c.rd_posted
         if nreads and posted + nreads - rt_atomic_load64(&self.c.rd_done, __ATOMIC_ACQUIRE) \
                 > RT_RD_MAX:
-            pthread_mutex_unlock(&self.c.send_mu)
+            pthread_mutex_unlock(&self.c.bl_mu)
+            if held:
+                pthread_mutex_unlock(&self.c.send_mu)
             return RM_ERR_BOUNDS
         for i in range(n):
             wr = &wrs[i]
@@ -256,9 +272,8 @@ cdef class TcpTransport(Transport):
                 if wrs[i].opcode == RM_WR_READ:
                     self.aread_id = wrs[i].wr_id
             rt_atomic_store64(&self.aread_seq, posted, __ATOMIC_RELEASE)
-        rc = rt_send_locked(self.c, self.iov, k)
-        pthread_mutex_unlock(&self.c.send_mu)
-        if rc != 0:
+        rc = rt_commit(self.c, self.iov, k, mode, held, deadline, may_wait)
+        if rc != 0 and rc != RT_LATE:
             return rc
         self.n_doorbells += 1
         self.n_wrs += n
@@ -276,7 +291,7 @@ cdef class TcpTransport(Transport):
                 self.n_signaled += 1
                 if not (deferred and wrs[i].opcode == RM_WR_READ):
                     self.complete_now(wrs[i].wr_id, wrs[i].opcode)
-        return 0
+        return rc       # RT_LATE: accepted (queued), but past the deadline
 
     cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil:
         """The soft completions, then the deferred READ once the peer answered it
@@ -322,7 +337,8 @@ cdef class TcpTransport(Transport):
 
     cdef int wake_peer(self) noexcept nogil:
         self.n_wakeups += 1
-        return rt_send_empty(self.c, RT_WAKE)
+        cdef int64_t deadline = self.post_deadline if self.post_owner == pthread_self() else 0
+        return rt_send_empty(self.c, RT_WAKE, deadline, not PyGILState_Check())
 
     cdef int wait(self, int timeout_ms) noexcept nogil:
         return rt_wait(self.c, timeout_ms)
@@ -378,9 +394,11 @@ cdef class TcpTransport(Transport):
                 pthread_mutex_destroy(&self.c.xp_mu)
                 pthread_mutex_destroy(&self.c.xw_mu)
                 pthread_mutex_destroy(&self.c.rq_mu)
+                pthread_mutex_destroy(&self.c.bl_mu)
                 pthread_cond_destroy(&self.c.rq_cv)
             free(self.c.xtab)
             free(self.c.pubbuf)
+            free(self.c.bl)
             free(self.c)
             self.c = NULL
         if self.block != NULL:

@@ -18,184 +18,12 @@
  * 16-bit key in `region`, the address in `offset`) and are checked against the local
  * exposure table. An XREAD_REQ is answered by the responder thread (READ_RESP, or
  * READ_ERR when the range was not exposed), so a long answer never stops this side
- * from receiving: two sides reading from each other cannot deadlock on full sockets. */
+ * from receiving: two sides reading from each other cannot deadlock on full sockets.
+ * What this side sends, in order and without ever stopping a thread on a peer that
+ * does not read, is rm_tcp_send.h's (the send backlog); rt_conn is in rm_tcp_conn.h. */
 #ifndef RM_TCP_H
 #define RM_TCP_H
-#include <errno.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <pthread.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "rm_expose.h"
-
-enum {
-    RT_WRITE = 1,      /* payload -> region[offset]                           */
-    RT_PUBLISH = 2,    /* 8-byte words -> region[offset], release stores      */
-    RT_WAKE = 3,       /* signal the local waiter (no payload)                */
-    RT_READ_REQ = 4,   /* send back region[offset, +length] as a READ_RESP    */
-    RT_READ_RESP = 5,  /* payload for the oldest outstanding READ_REQ         */
-    RT_HEARTBEAT = 6,  /* liveness only (no payload)                          */
-    RT_WRITE_IMM = 7,  /* WRITE, then signal the local waiter                 */
-    RT_XREAD_REQ = 8,  /* send back an exposed range (key, address, length)   */
-    RT_XWRITE = 9,     /* payload -> an exposed range (key, address)          */
-    RT_READ_ERR = 10,  /* the oldest outstanding READ failed: nothing exposed */
-    RT_NTYPES = 11
-};
-enum { RT_NREG = 4, RT_RD_MAX = 256, RT_IOV_MAX = 1024 };
-/* state: 1 = up, else RM_ERR_PEER_LOST (-2) / RM_ERR_CLOSED (-3) of transport/_base.pxd */
-enum { RT_UP = 1, RT_LOST = -2, RT_CLOSED = -3 };
-/* why the connection went down (diagnostics) */
-enum { RT_WHY_NONE = 0, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL,
-       RT_WHY_HOST };
-
-typedef struct {
-    uint16_t type;
-    uint16_t region;
-    uint32_t length;
-    uint64_t offset;
-} rt_frame;                 /* 16 bytes, little-endian on the wire (x86/arm64 hosts) */
-
-typedef struct {
-    int sock, evfd;
-    int state, stop, waiting, why, err_no;
-    int closing, exited;    /* local close in progress; progress thread returned */
-    uint64_t pub_gen, seen_gen;
-    char *addr[RT_NREG];
-    uint64_t len[RT_NREG];
-    char *pubbuf;
-    uint32_t pubcap;
-    pthread_mutex_t send_mu;
-    int64_t last_rx, last_tx, hb_ns, timeout_ns, host_ns;
-    uint64_t rd_addr[RT_RD_MAX];
-    uint32_t rd_len[RT_RD_MAX];
-    uint8_t rd_err[RT_RD_MAX];
-    uint64_t rd_posted, rd_done;
-    /* rendezvous: what this side exposed, and the XREAD_REQs the responder answers */
-    rm_xtab *xtab;
-    pthread_mutex_t xp_mu;      /* held by the responder while it sends from a range */
-    pthread_mutex_t xw_mu;      /* held by the progress thread while it writes a range */
-    pthread_mutex_t rq_mu;      /* the request queue; never held across I/O */
-    pthread_cond_t rq_cv;
-    rt_frame rq[RT_RD_MAX];
-    uint64_t rq_head, rq_tail;
-    uint64_t frames_rx, bytes_rx, wakes_rx, heartbeats_tx;
-    rt_frame bad;           /* the frame that broke the connection, if any */
-} rt_conn;
-
-static inline int64_t rt_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static inline int rt_state(rt_conn *c) { return __atomic_load_n(&c->state, __ATOMIC_ACQUIRE); }
-
-static inline void rt_signal(rt_conn *c) {
-    uint64_t one = 1;
-    ssize_t r = write(c->evfd, &one, 8);
-    (void)r;                /* EAGAIN: the counter is already non-zero, fine */
-}
-
-/* READ k is answered: count it, and wake an engine waiting for it (as a PUBLISH does:
- * rt_wait re-checks pub_gen after announcing that it waits, so no wake-up is lost). */
-static inline void rt_read_done(rt_conn *c, uint64_t k) {
-    __atomic_store_n(&c->rd_done, k + 1, __ATOMIC_RELEASE);
-    __atomic_add_fetch(&c->pub_gen, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&c->waiting, __ATOMIC_SEQ_CST)) rt_signal(c);
-}
-
-/* Mark the connection down (first reason wins), wake the local waiter, and make
- * the peer see EOF. */
-static void rt_lose(rt_conn *c, int why, int err) {
-    int up = RT_UP;
-    if (__atomic_compare_exchange_n(&c->state, &up, RT_LOST, 0, __ATOMIC_SEQ_CST,
-                                    __ATOMIC_SEQ_CST)) {
-        c->why = why;
-        c->err_no = err;
-    }
-    shutdown(c->sock, SHUT_RDWR);
-    rt_signal(c);
-}
-
-/* Send all of iov[0..cnt) (caller holds send_mu). Partial writes advance the
- * vector in place; a full socket buffer blocks in poll() until it drains or the
- * connection goes down. Returns 0 or RT_LOST / RT_CLOSED. */
-static int rt_send_locked(rt_conn *c, struct iovec *iov, int cnt) {
-    struct msghdr msg;
-    struct pollfd pfd;
-    ssize_t r;
-    int st;
-    while (cnt > 0 && iov[0].iov_len == 0) { iov++; cnt--; }
-    while (cnt > 0) {
-        memset(&msg, 0, sizeof msg);
-        msg.msg_iov = iov;
-        msg.msg_iovlen = cnt < RT_IOV_MAX ? cnt : RT_IOV_MAX;
-        r = sendmsg(c->sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                st = rt_state(c);
-                if (st != RT_UP) return st;
-                pfd.fd = c->sock;
-                pfd.events = POLLOUT;
-                pfd.revents = 0;
-                poll(&pfd, 1, 50);
-                continue;
-            }
-            st = rt_state(c);
-            if (st == RT_CLOSED) return st;
-            rt_lose(c, RT_WHY_IO, errno);
-            return RT_LOST;
-        }
-        __atomic_store_n(&c->last_tx, rt_now(), __ATOMIC_RELAXED);
-        while (r > 0) {
-            if ((size_t)r >= iov[0].iov_len) {
-                r -= (ssize_t)iov[0].iov_len;
-                iov++;
-                cnt--;
-            } else {
-                iov[0].iov_base = (char *)iov[0].iov_base + r;
-                iov[0].iov_len -= (size_t)r;
-                r = 0;
-            }
-        }
-        while (cnt > 0 && iov[0].iov_len == 0) { iov++; cnt--; }
-    }
-    return 0;
-}
-
-static int rt_send_frame_locked(rt_conn *c, uint16_t type, uint16_t region, uint64_t off,
-                                const void *payload, uint32_t length) {
-    rt_frame f;
-    struct iovec iov[2];
-    f.type = type;
-    f.region = region;
-    f.length = length;
-    f.offset = off;
-    iov[0].iov_base = &f;
-    iov[0].iov_len = sizeof f;
-    iov[1].iov_base = (void *)payload;
-    iov[1].iov_len = payload ? length : 0;
-    return rt_send_locked(c, iov, 2);
-}
-
-/* An empty frame (WAKE, HEARTBEAT) from any thread. */
-static int rt_send_empty(rt_conn *c, uint16_t type) {
-    int rc;
-    if (rt_state(c) != RT_UP) return rt_state(c);
-    pthread_mutex_lock(&c->send_mu);
-    rc = rt_send_frame_locked(c, type, 0, 0, NULL, 0);
-    pthread_mutex_unlock(&c->send_mu);
-    return rc;
-}
+#include "rm_tcp_send.h"
 
 /* The peer has sent nothing for host_ns: has its host gone too? The peer's kernel
  * acknowledges our bytes (the heartbeats) even while its process is stopped or
@@ -236,11 +64,33 @@ static int rt_rx_wait(rt_conn *c) {
     if (c->hb_ns > 0 && !__atomic_load_n(&c->closing, __ATOMIC_ACQUIRE)) {
         quiet = t - __atomic_load_n(&c->last_tx, __ATOMIC_RELAXED);
         if (quiet >= c->hb_ns && pthread_mutex_trylock(&c->send_mu) == 0) {
-            rt_send_frame_locked(c, RT_HEARTBEAT, 0, 0, NULL, 0);
+            /* never waits: a heartbeat that does not fit goes first in the backlog */
+            if (pthread_mutex_trylock(&c->bl_mu) == 0) {
+                if (c->bl_len == 0) {
+                    rt_frame hb;
+                    struct iovec iov, *p = &iov;
+                    int n = 1;
+                    memset(&hb, 0, sizeof hb);
+                    hb.type = RT_HEARTBEAT;
+                    iov.iov_base = &hb;
+                    iov.iov_len = sizeof hb;
+                    if (rt_send_some(c, &p, &n) == RT_BLOCKED && n > 0) {
+                        if (rt_bl_add(c, p, n, 1)) rt_lose(c, RT_WHY_STALLED, 0);
+                        else rt_wake_responder(c);
+                    }
+                    c->heartbeats_tx++;
+                }
+                pthread_mutex_unlock(&c->bl_mu);
+            }
             pthread_mutex_unlock(&c->send_mu);
-            c->heartbeats_tx++;
         }
         wait_ms = c->hb_ns / 2000000 + 1;
+    }
+    /* the backlog's sender is the responder thread; should it not run, this one tries */
+    if (__atomic_load_n(&c->bl_len, __ATOMIC_ACQUIRE) &&
+        pthread_mutex_trylock(&c->send_mu) == 0) {
+        rt_bl_flush(c, 1, 0, 0);            /* one try that never waits (deadline past) */
+        pthread_mutex_unlock(&c->send_mu);
     }
     if (c->timeout_ns > 0 && c->timeout_ns / 1000000 < wait_ms)
         wait_ms = c->timeout_ns / 1000000 + 1;
@@ -346,8 +196,10 @@ static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
     case RT_READ_REQ:
         if (!rt_in_region(c, f->region, f->offset, f->length)) return -RT_WHY_FRAME;
         pthread_mutex_lock(&c->send_mu);
-        rc = rt_send_frame_locked(c, RT_READ_RESP, 0, 0, c->addr[f->region] + f->offset,
-                                  f->length);
+        rc = rt_bl_flush(c, 0, 0, 0);       /* what was queued goes first */
+        if (!rc)
+            rc = rt_send_frame_locked(c, RT_READ_RESP, 0, 0, c->addr[f->region] + f->offset,
+                                      f->length);
         pthread_mutex_unlock(&c->send_mu);
         return rc ? -RT_WHY_IO : 0;
     case RT_XREAD_REQ:          /* queued for the responder thread */
@@ -394,14 +246,6 @@ static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
     }
 }
 
-/* Wake the responder thread to look at the state now (it also looks every 100 ms):
- * a close joins it, and would otherwise wait out that sleep. */
-static void rt_wake_responder(rt_conn *c) {
-    pthread_mutex_lock(&c->rq_mu);
-    pthread_cond_broadcast(&c->rq_cv);
-    pthread_mutex_unlock(&c->rq_mu);
-}
-
 /* The progress thread: apply frames until the connection goes down or stop. */
 static void *rt_progress(void *arg) {
     rt_conn *c = (rt_conn *)arg;
@@ -435,12 +279,13 @@ static void *rt_responder(void *arg) {
     rt_conn *c = (rt_conn *)arg;
     rt_frame f;
     rm_xent xe;
+    struct iovec iov[2];
     int ok, rc = 0;
     struct timespec until;
     while (!rc) {
         pthread_mutex_lock(&c->rq_mu);
         while (c->rq_head == c->rq_tail && !__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) &&
-               rt_state(c) == RT_UP) {
+               rt_state(c) == RT_UP && !__atomic_load_n(&c->bl_len, __ATOMIC_ACQUIRE)) {
             clock_gettime(CLOCK_REALTIME, &until);      /* look at the state now and then */
             until.tv_nsec += 100000000;
             if (until.tv_nsec >= 1000000000) { until.tv_sec++; until.tv_nsec -= 1000000000; }
@@ -448,7 +293,12 @@ static void *rt_responder(void *arg) {
         }
         if (c->rq_head == c->rq_tail) {
             pthread_mutex_unlock(&c->rq_mu);
-            break;
+            if (rt_state(c) != RT_UP || !__atomic_load_n(&c->bl_len, __ATOMIC_ACQUIRE))
+                break;
+            pthread_mutex_lock(&c->send_mu);        /* queued chains: send them */
+            rc = rt_bl_flush(c, 0, 0, 0);
+            pthread_mutex_unlock(&c->send_mu);
+            continue;
         }
         f = c->rq[c->rq_head % RT_RD_MAX];
         c->rq_head++;
@@ -456,9 +306,18 @@ static void *rt_responder(void *arg) {
         pthread_mutex_lock(&c->xp_mu);
         ok = rm_xtab_find(c->xtab, f.region, f.offset, f.length, RM_XACC_READ, &xe) == 0;
         pthread_mutex_lock(&c->send_mu);
-        rc = ok ? rt_send_frame_locked(c, RT_READ_RESP, 0, 0, (const void *)(uintptr_t)f.offset,
-                                       f.length)
-                : rt_send_frame_locked(c, RT_READ_ERR, 0, 0, NULL, 0);
+        rc = rt_bl_flush(c, 0, 0, 0);           /* what was queued goes first */
+        if (!rc) {
+            iov[1].iov_base = (void *)(uintptr_t)f.offset;      /* the range's address */
+            iov[1].iov_len = ok ? f.length : 0;
+            f.type = ok ? RT_READ_RESP : RT_READ_ERR;
+            f.region = 0;
+            f.offset = 0;
+            f.length = (uint32_t)iov[1].iov_len;
+            iov[0].iov_base = &f;
+            iov[0].iov_len = sizeof f;
+            rc = rt_answer(c, iov, 2);
+        }
         pthread_mutex_unlock(&c->send_mu);
         pthread_mutex_unlock(&c->xp_mu);
     }
@@ -469,7 +328,7 @@ static void *rt_responder(void *arg) {
  * or into the range to end (xp_mu, then xw_mu: the order the threads never invert). */
 static uint32_t rt_expose(rt_conn *c, uint64_t addr, uint64_t len, uint32_t access) {
     uint32_t key;
-    pthread_mutex_lock(&c->xp_mu);
+    rt_xp_lock(c);
     pthread_mutex_lock(&c->xw_mu);
     key = rm_xtab_add(c->xtab, addr, len, access, RM_XNONE);
     pthread_mutex_unlock(&c->xw_mu);
@@ -479,7 +338,7 @@ static uint32_t rt_expose(rt_conn *c, uint64_t addr, uint64_t len, uint32_t acce
 
 static void rt_unexpose(rt_conn *c, uint32_t key) {
     rm_xent xe;
-    pthread_mutex_lock(&c->xp_mu);
+    rt_xp_lock(c);
     pthread_mutex_lock(&c->xw_mu);
     rm_xtab_del(c->xtab, key, &xe);
     pthread_mutex_unlock(&c->xw_mu);
@@ -491,16 +350,33 @@ static void rt_unexpose(rt_conn *c, uint32_t key) {
  * the socket is closed with an empty receive queue and no RST can destroy what the
  * peer has not read yet. After linger_ns the connection is cut anyway. */
 static void rt_close_graceful(rt_conn *c, int64_t linger_ns) {
-    int up = RT_UP;
-    int64_t end = rt_now() + linger_ns;
+    int up = RT_UP, cut = 1, rc;
+    int64_t end = rt_now() + linger_ns, slice;
+    size_t left;
     struct timespec ms = {0, 1000000};
     __atomic_store_n(&c->closing, 1, __ATOMIC_SEQ_CST);
     __atomic_compare_exchange_n(&c->state, &up, RT_CLOSED, 0, __ATOMIC_SEQ_CST,
                                 __ATOMIC_SEQ_CST);
-    pthread_mutex_lock(&c->send_mu);        /* no post() is half-way through a chain */
-    shutdown(c->sock, SHUT_WR);
-    pthread_mutex_unlock(&c->send_mu);
-    while (!__atomic_load_n(&c->exited, __ATOMIC_ACQUIRE) && rt_now() < end)
+    rt_wake_responder(c);
+    /* no post() or READ answer is half-way through a chain: each gives up on a full
+     * socket once the state is not RT_UP, so this wait is short; it is bounded anyway.
+     * Then what was queued goes, within the linger time; a stream cut half-way
+     * through a frame (c->torn), or a backlog the peer does not take, is cut at once */
+    if (rt_lock_until(c, &c->send_mu, rt_now() + RT_CLOSE_LOCK_NS, 1) == 0) {
+        rc = c->torn ? RT_LOST : RT_PASSED;
+        while (rc == RT_PASSED) {       /* in slices: a peer that takes nothing is cut */
+            left = __atomic_load_n(&c->bl_len, __ATOMIC_ACQUIRE);
+            slice = rt_now() + RT_CLOSE_LOCK_NS / 2;
+            rc = rt_bl_flush(c, slice < end ? slice : end, 0, 1);
+            if (rc == RT_PASSED && (c->bl_len >= left || rt_now() >= end)) break;
+        }
+        if (rc == 0) {
+            shutdown(c->sock, SHUT_WR);
+            cut = 0;
+        }
+        pthread_mutex_unlock(&c->send_mu);
+    }
+    while (!cut && !__atomic_load_n(&c->exited, __ATOMIC_ACQUIRE) && rt_now() < end)
         nanosleep(&ms, NULL);
     __atomic_store_n(&c->stop, 1, __ATOMIC_SEQ_CST);
     rt_wake_responder(c);

@@ -1,0 +1,121 @@
+/* The tcp provider's connection: its frame header, its state (rt_conn) and the few
+ * helpers every thread uses; the send path is rm_tcp_send.h, the threads rm_tcp.h. */
+#ifndef RM_TCP_CONN_H
+#define RM_TCP_CONN_H
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rm_expose.h"
+
+enum {
+    RT_WRITE = 1,      /* payload -> region[offset]                           */
+    RT_PUBLISH = 2,    /* 8-byte words -> region[offset], release stores      */
+    RT_WAKE = 3,       /* signal the local waiter (no payload)                */
+    RT_READ_REQ = 4,   /* send back region[offset, +length] as a READ_RESP    */
+    RT_READ_RESP = 5,  /* payload for the oldest outstanding READ_REQ         */
+    RT_HEARTBEAT = 6,  /* liveness only (no payload)                          */
+    RT_WRITE_IMM = 7,  /* WRITE, then signal the local waiter                 */
+    RT_XREAD_REQ = 8,  /* send back an exposed range (key, address, length)   */
+    RT_XWRITE = 9,     /* payload -> an exposed range (key, address)          */
+    RT_READ_ERR = 10,  /* the oldest outstanding READ failed: nothing exposed */
+    RT_NTYPES = 11
+};
+enum { RT_NREG = 4, RT_RD_MAX = 256, RT_IOV_MAX = 1024 };
+#define RT_BACKLOG_MAX ((size_t)64 << 20)       /* bytes queued for a peer that reads nothing */
+#define RT_CLOSE_LOCK_NS 500000000LL            /* close() waits this long for the stream */
+/* rt_turn: how a chain goes; rt_send_*: why a send stopped short */
+enum { RT_DIRECT = 0, RT_QUEUE = 1, RT_QUEUE_LATE = 2, RT_BLOCKED = 4, RT_PASSED = 5 };
+enum { RT_LATE = -7 };      /* RM_ERR_LATE of transport/_base.pxd */
+/* state: 1 = up, else RM_ERR_PEER_LOST (-2) / RM_ERR_CLOSED (-3) of transport/_base.pxd */
+enum { RT_UP = 1, RT_LOST = -2, RT_CLOSED = -3 };
+/* why the connection went down (diagnostics) */
+enum { RT_WHY_NONE = 0, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL,
+       RT_WHY_HOST, RT_WHY_STALLED };
+
+typedef struct {
+    uint16_t type;
+    uint16_t region;
+    uint32_t length;
+    uint64_t offset;
+} rt_frame;                 /* 16 bytes, little-endian on the wire (x86/arm64 hosts) */
+
+typedef struct {
+    int sock, evfd;
+    int state, stop, waiting, why, err_no;
+    int closing, exited;    /* local close in progress; progress thread returned */
+    uint64_t pub_gen, seen_gen;
+    char *addr[RT_NREG];
+    uint64_t len[RT_NREG];
+    char *pubbuf;
+    uint32_t pubcap;
+    pthread_mutex_t send_mu;
+    int64_t last_rx, last_tx, hb_ns, timeout_ns, host_ns;
+    uint64_t rd_addr[RT_RD_MAX];
+    uint32_t rd_len[RT_RD_MAX];
+    uint8_t rd_err[RT_RD_MAX];
+    uint64_t rd_posted, rd_done;
+    /* rendezvous: what this side exposed, and the XREAD_REQs the responder answers */
+    rm_xtab *xtab;
+    pthread_mutex_t xp_mu;      /* held by the responder while it sends from a range */
+    pthread_mutex_t xw_mu;      /* held by the progress thread while it writes a range */
+    pthread_mutex_t rq_mu;      /* the request queue; never held across I/O */
+    pthread_cond_t rq_cv;
+    rt_frame rq[RT_RD_MAX];
+    uint64_t rq_head, rq_tail;
+    uint64_t frames_rx, bytes_rx, wakes_rx, heartbeats_tx;
+    rt_frame bad;           /* the frame that broke the connection, if any */
+    /* the send backlog (see the top): bl[bl_head, +bl_len); bl_mu decides the order */
+    pthread_mutex_t bl_mu;
+    char *bl;
+    size_t bl_head, bl_len, bl_cap;
+    uint64_t bl_bytes;      /* counter: bytes that went through the backlog */
+    int torn;               /* a send stopped half-way through a frame (send_mu held) */
+    int xp_wanted;          /* threads waiting for xp_mu (expose, unexpose): the
+                               responder then stops waiting for a peer that reads nothing */
+} rt_conn;
+
+static inline int64_t rt_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static inline int rt_state(rt_conn *c) { return __atomic_load_n(&c->state, __ATOMIC_ACQUIRE); }
+
+static inline void rt_signal(rt_conn *c) {
+    uint64_t one = 1;
+    ssize_t r = write(c->evfd, &one, 8);
+    (void)r;                /* EAGAIN: the counter is already non-zero, fine */
+}
+
+/* READ k is answered: count it, and wake an engine waiting for it (as a PUBLISH does:
+ * rt_wait re-checks pub_gen after announcing that it waits, so no wake-up is lost). */
+static inline void rt_read_done(rt_conn *c, uint64_t k) {
+    __atomic_store_n(&c->rd_done, k + 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&c->pub_gen, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&c->waiting, __ATOMIC_SEQ_CST)) rt_signal(c);
+}
+
+/* Mark the connection down (first reason wins), wake the local waiter, and make
+ * the peer see EOF. */
+static void rt_lose(rt_conn *c, int why, int err) {
+    int up = RT_UP;
+    if (__atomic_compare_exchange_n(&c->state, &up, RT_LOST, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST)) {
+        c->why = why;
+        c->err_no = err;
+    }
+    shutdown(c->sock, SHUT_RDWR);
+    rt_signal(c);
+}
+#endif
