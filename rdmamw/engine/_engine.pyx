@@ -18,7 +18,6 @@ asked for."""
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport (
     NOWAIT_LOCK,
-    WAIT_LOCK,
     PyThread_acquire_lock,
     PyThread_allocate_lock,
     PyThread_free_lock,

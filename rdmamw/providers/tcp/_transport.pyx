@@ -194,7 +194,7 @@ cdef class TcpTransport(Transport):
         cdef rm_wr *wr
         cdef rt_frame *f
         cdef int st = rt_state(self.c), rc, mode, held
-        cdef uint64_t target, posted
+        cdef uint64_t posted
         cdef bint deferred = True       # one exposed SIGNALED READ: poll() says when done
         # never wait holding the GIL (the engine posts small batches with it: every
         # thread would stop), nor past the deadline of the thread that set one
