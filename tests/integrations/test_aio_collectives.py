@@ -39,7 +39,7 @@ def test_cancelled_collective_closes_the_communicator_and_the_peer_raises(blocki
     """Rank 0's ``asyncio.timeout`` cancels its allreduce while rank 1 has not come: the
     communicator is broken (closed), and rank 1's call, awaited or blocking, raises
     PeerLost at once instead of waiting for a rank that left."""
-    res = job(2, "cancel", {"length": 1000, "late": 1.0, "blocking_peer": blocking_peer},
+    res = job(2, "cancel", {"length": 1000, "late": 2.0, "blocking_peer": blocking_peer},
               worker=WORKER)
     r0, r1 = res
     assert r0["error"] == "cancelled" and r0["broken"], r0
