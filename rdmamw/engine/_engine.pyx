@@ -273,7 +273,8 @@ cdef class Engine(Endpoint):
             self.rs.begin()
             if self.rx.done_unflushed:      # done bits of what we received ride along
                 self.rx.flush()
-            link.deadline_posts(deadline)    # a post waits for the peer until then
+            if deadline:
+                link.deadline_posts(deadline)    # a post waits for the peer until then
             try:
                 # tiny batches cost less than a GIL release; big copies run without it
                 if b.bytes >= NOGIL_BYTES:
@@ -319,7 +320,8 @@ cdef class Engine(Endpoint):
                         first_wait = True
                     k = got
             finally:
-                link.deadline_posts(0)
+                if deadline:
+                    link.deadline_posts(0)
                 if nplan:
                     self.rs.end(b.plan_start[k])
                 b.release_bufs(n)
