@@ -494,3 +494,37 @@ def _accept_until_closed(lst, out: list) -> None:
         out.append(lst.accept(timeout=120))
     except rdmamw.RdmamwError as e:
         out.append(type(e).__name__)
+
+
+def test_idle_cached_registrations_give_way_to_a_new_channel(monkeypatch):
+    """Large sends leave their sources (bytes: held by the cache) and destinations
+    registered, idle, in the process's shared caches. With the budget full of them, a
+    new channel still opens: the caches let their idle entries go first."""
+    gc.collect()
+    a, b, lst, _, _ = _pair()
+    try:
+        bodies = [bytes([i]) * (1 << 20) for i in range(6)]
+        for body in bodies:         # (taken before the send is waited for: a READ)
+            h = a.send(body)
+            assert bytes(recv_all(b, 1)[0]) == body
+            h.wait(timeout=60)
+        caches = [c.stats() for c in (a.regcache, a.regcache_dst)]
+        idle = sum(s["bytes_pinned"] for s in caches)
+        assert idle >= 6 << 20, caches
+        used, _ = _memory.pinned()
+        # room for a little, not for another channel, unless the idle entries go
+        monkeypatch.setenv("RDMAMW_VERBS_PINNED_BYTES", str(used + 4096))
+        c, d, lst2, _, _ = _pair()
+        try:
+            after = [x.stats() for x in (a.regcache, a.regcache_dst)]
+            assert sum(s["evictions"] for s in after) > sum(s["evictions"] for s in caches)
+            assert sum(s["bytes_pinned"] for s in after) < idle
+            c.send(b"fits").wait(timeout=30)
+            assert recv_all(d, 1) == [b"fits"]
+            h = a.send(bodies[0])           # the old channel registers again
+            assert bytes(recv_all(b, 1)[0]) == bodies[0]
+            h.wait(timeout=60)
+        finally:
+            c.close(), d.close(), lst2.close()
+    finally:
+        a.close(), b.close(), lst.close()

@@ -388,3 +388,92 @@ def test_release_and_free_inside_the_cache_own_call_do_not_deadlock():
         pass
     s = c.stats()
     assert first not in p.live and s["invalidations"] == 1 and s["bytes_pinned"] == 2000
+
+
+# ---- pinned memory short: the caches let idle registrations go (transport.pressure) --
+
+def _filled(n: int, max_bytes: int = 1 << 20) -> tuple[RegCache, FakeProvider, list]:
+    c, p = cache(max_bytes)
+    bufs = [np.zeros(4096, np.uint8) for _ in range(n)]
+    for b in bufs:
+        c.acquire(b).release()
+    return c, p, bufs
+
+
+def test_trim_idle_frees_least_recently_used_first_and_never_what_is_leased():
+    c1, p1, b1 = _filled(4)
+    c2, p2, b2 = _filled(2)
+    held = c1.acquire(b1[0])                  # in use: stays, and is now the most recent
+    assert regcache.trim_idle(6000, caches=[c1, c2]) == 8192
+    assert [a for a, _, _ in c1.entries()] == [span(b)[0] for b in (b1[3], b1[0])]
+    assert p1.bytes() == 2 * 4096 and p2.bytes() == 2 * 4096
+    assert c1.stats()["evictions"] == 2
+    # everything idle, in both caches; the leased entry stays registered
+    assert regcache.trim_idle(1 << 30, caches=[c1, c2]) == 3 * 4096
+    assert c1.entries() == [(span(b1[0])[0], 4096, True)] and p1.bytes() == 4096
+    assert c2.entries() == [] and p2.bytes() == 0
+    held.release()
+    assert regcache.trim_idle(1 << 30, caches=[c1, c2]) == 4096 and p1.bytes() == 0
+
+
+def test_trim_idle_passes_over_a_cache_another_thread_holds_without_waiting():
+    c, p, bufs = _filled(2)
+    taken, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with c._guard:
+            taken.set()
+            done.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert taken.wait(10)
+        assert regcache.trim_idle(8192, caches=[c]) == 0       # returns at once
+        assert p.bytes() == 8192
+    finally:
+        done.set()
+        t.join(10)
+    assert regcache.trim_idle(8192, caches=[c]) == 8192 and p.bytes() == 0
+
+
+def test_a_registration_short_of_budget_trims_its_own_cache_in_place():
+    """The provider's register runs under the cache's lock; short of budget it asks
+    the caches to let go (as verbs' charge() does): its own cache is trimmed in place,
+    not waited for (a deadlock before), and the new registration fits."""
+    c, p, bufs = _filled(3)
+    budget = 3 * 4096
+    plain = p.register
+
+    def register(addr: int, length: int) -> int:
+        if p.bytes() + length > budget and not regcache.trim_idle(length, caches=[c]):
+            raise RegistrationError("budget full")
+        return plain(addr, length)
+
+    c._register = register
+    new = np.zeros(4096, np.uint8)
+    lease = c.acquire(new)
+    assert p.bytes() == budget and c.stats()["evictions"] == 1
+    assert [a for a, _, _ in c.entries()] == [span(b)[0] for b in (bufs[1], bufs[2], new)]
+    # every entry in use: nothing to let go, the budget's error comes through
+    leases = [c.acquire(b) for b in bufs[1:]]
+    with pytest.raises(RegistrationError, match="budget full"):
+        c.acquire(np.zeros(4096, np.uint8))
+    for lz in (lease, *leases):
+        lz.release()
+
+
+def test_the_channel_layer_makes_the_caches_relieve_pinned_pressure():
+    from rdmamw.channel import channel  # noqa: F401  (what wires them)
+    from rdmamw.transport import pressure
+    assert regcache.trim_idle in pressure._relievers
+    asked: list = []
+    pressure._relievers.remove(regcache.trim_idle)     # only the test's relievers
+    try:
+        for name in "abc":
+            pressure.add_reliever(lambda n, name=name: asked.append((name, n)) or 100)
+        assert pressure.relieve(150) == 200 and asked == [("a", 150), ("b", 50)]
+        assert pressure.relieve(0) == 0 and len(asked) == 2
+    finally:
+        pressure._relievers.clear()
+        pressure.add_reliever(regcache.trim_idle)

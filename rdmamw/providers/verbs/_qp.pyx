@@ -289,7 +289,15 @@ cdef class VerbsQP(Transport):
         """The Transport's, plus: receive completions, the MRs and bytes this endpoint
         has registered (its block and receive buffer included), and what the process's
         device holds for all its endpoints (``device_qps``, ``device_cqs``)."""
+        cdef uint64_t doorbells, wakeups
         d = Transport.counters(self)
+        # read together under the post lock (without the GIL: a post may hold it a
+        # while): a doorbell is counted with what it was for (a wake-up, a grant)
+        with nogil:
+            rm_spin_lock(&self.lock)
+            doorbells, wakeups = self.n_doorbells, self.n_wakeups
+            rm_spin_unlock(&self.lock)
+        d["doorbells"], d["wakeups_sent"] = doorbells, wakeups
         d["recv_completions"] = self.n_recv_completions
         n, nbytes = self.mem.usage() if self.mem is not None else (0, 0)
         bn, bbytes = self.block.usage() if self.block is not None else (0, 0)

@@ -383,9 +383,9 @@ cdef class VerbsTransport(VerbsQP):
         w.opcode = IBV_WR_SEND          # zero bytes: only the receive completion matters
         w.send_flags = IBV_SEND_SOLICITED   # an event even where nobody sleeps (grants)
         rc = self._post_chain(1, True)
-        rm_spin_unlock(&self.lock)
-        if rc == 0:
+        if rc == 0:     # under the lock: counters() reads it with n_doorbells
             self.n_wakeups += 1
+        rm_spin_unlock(&self.lock)
         return rc
 
     cdef int wait(self, int timeout_ms) noexcept nogil:
