@@ -72,8 +72,11 @@ cdef int charge(uint64_t n, str what) except -1:
     raise the budget's RegistrationError naming ``what``."""
     if pin_charge(n) == 0:
         return 0
-    if pressure.relieve(n) and pin_charge(n) == 0:
-        return 0
+    # another thread may take what was freed before we charge it: again, while the
+    # caches still let something go (finite: each round deregisters idle entries)
+    while pressure.relieve(n):
+        if pin_charge(n) == 0:
+            return 0
     raise budget_error(n, what)
 
 
