@@ -1,6 +1,7 @@
 """One settings table (rdmamw/config.py): every RDMAMW_* variable the package reads is
-declared there, read when used (not at import), parsed with units, and a bad value is a
-ConfigError naming the variable and the value; docs/config.md is the same table."""
+declared in it, by its component's settings module (the core's in config.py itself), read
+when used (not at import), parsed with units, and a bad value is a ConfigError naming the
+variable and the value; docs/config.md is the same table."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ BAD = {"int": "lots", "float": "fast", "bytes": "12Q", "seconds": "soon", "bool"
 
 
 #: the launchers' variables (declared in a section of their own)
-LAUNCHERS = {n for n, s in config.SETTINGS.items() if s.component == "launcher"}
+LAUNCHERS = {n for n, s in config.declared().items() if s.component == "launcher"}
 
 
 def _names_in_sources() -> set[str]:
@@ -43,8 +44,8 @@ def _names_in_sources() -> set[str]:
 
 def test_every_variable_the_package_names_is_declared_once():
     named = _names_in_sources() - set(config.NOT_LIBRARY)
-    assert named - set(config.SETTINGS) == set()
-    assert set(config.SETTINGS) - named == set(), "declared but never read"
+    assert named - set(config.declared()) == set()
+    assert set(config.declared()) - named == set(), "declared but never read"
 
 
 def test_the_docs_table_is_the_declared_table():
@@ -52,10 +53,10 @@ def test_the_docs_table_is_the_declared_table():
     assert config.markdown_table() in text
 
 
-@pytest.mark.parametrize("name", sorted(n for n, s in config.SETTINGS.items()
+@pytest.mark.parametrize("name", sorted(n for n, s in config.declared().items()
                                         if s.kind in BAD))
 def test_a_bad_value_is_config_error_naming_variable_and_value(monkeypatch, name):
-    value = BAD[config.SETTINGS[name].kind]
+    value = BAD[config.setting(name).kind]
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError) as e:
         config.get(name)
@@ -90,7 +91,7 @@ def test_values_out_of_range_are_refused(monkeypatch, name, text):
 
 
 def test_unset_or_empty_is_the_default(monkeypatch):
-    for name, setting in config.SETTINGS.items():
+    for name, setting in config.declared().items():
         monkeypatch.delenv(name, raising=False)
         assert config.get(name) == setting.default and config.source(name) == "default"
         monkeypatch.setenv(name, "  ")
@@ -101,7 +102,7 @@ def test_settings_are_read_when_used_not_at_import(monkeypatch):
     """Every variable set to garbage: importing every module of the package works; the
     call that uses a setting fails with ConfigError naming it."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    for name, setting in config.SETTINGS.items():
+    for name, setting in config.declared().items():
         if setting.kind in BAD and not name.startswith("RDMAMW_LOG_"):
             env[name] = BAD[setting.kind]
     code = ("import pkgutil, importlib, rdmamw\n"
@@ -144,7 +145,7 @@ def test_a_bad_setting_fails_the_call_that_uses_it(monkeypatch):
 
 
 def test_info_config_prints_every_setting_with_its_source(monkeypatch, capsys):
-    for name in config.SETTINGS:
+    for name in config.declared():
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RDMAMW_SLOT_SIZE", "64K")
     monkeypatch.setenv("RDMAMW_TOKEN", "hunter2")
@@ -152,7 +153,7 @@ def test_info_config_prints_every_setting_with_its_source(monkeypatch, capsys):
     assert cli.main(["info", "--config"]) == 0
     out = capsys.readouterr().out
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
-    assert set(rows) == set(config.SETTINGS)
+    assert set(rows) == set(config.declared())
     assert "65536" in rows["RDMAMW_SLOT_SIZE"] and "(environment)" in rows["RDMAMW_SLOT_SIZE"]
     assert "(default)" in rows["RDMAMW_SLOTS"] and " 128 " in rows["RDMAMW_SLOTS"]
     assert "hunter2" not in out and "***" in rows["RDMAMW_TOKEN"]
