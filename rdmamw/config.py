@@ -1,9 +1,18 @@
-"""Every ``RDMAMW_*`` setting, declared once: name, type, default and a one-line doc;
-and, in a section of their own, the variables launchers set (torchrun's, MPI's,
-Slurm's, ps-lite's), which the bootstrap reads through the same table.
+"""The one table of every ``RDMAMW_*`` setting, each declared once: name, type, default
+and a one-line doc; and, in a section of their own, the variables launchers set
+(torchrun's, MPI's, Slurm's, ps-lite's), which the bootstrap reads through the same
+table.
 
-As UCX declares each component's settings in one table (``ucs_config_field_t``) and
-NCCL reads each variable through one parser, the package reads its environment only
+As UCX has each component declare its own settings table (``ucs_config_field_t``), a
+component declares its settings with :func:`declare` in a ``settings`` module of its own
+(``rdmamw/providers/tcp/settings.py``, ``rdmamw/memory/settings.py`` ...) that its package
+imports, so a setting is declared before its owner reads it; the core's settings
+(channel, bootstrap, log) and the launchers' variables are declared here.
+:data:`COMPONENTS` names every component with the module that declares it, and
+:func:`declared` imports them all, by name as the provider registry does, for the full
+listing.
+
+As NCCL reads each variable through one parser, the package reads its environment only
 through :func:`get`, at the moment a value is used (never at import, so a bad value
 fails the call that needs it, with a :class:`~rdmamw.errors.ConfigError` naming the
 variable and the value). Sizes take units (``64K``, ``1G``), durations too
@@ -13,15 +22,15 @@ where each came from; docs/config.md is the table, kept in step by a test.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rdmamw import vocabulary
 from rdmamw.errors import ConfigError
-from rdmamw.vocabulary import AUTO, RNDV_STRATEGIES
 
 # ---- parsers: the text of a variable (or an option) -> a value -------------------------
 
@@ -136,6 +145,7 @@ class Setting:
     secret: bool = False        # never printed (rdmamw info, the log)
     set_by: str = ""            # a launcher's variable: the launchers that set it
     check: Callable[[Any, str], Any] | None = None   # a further check of the parsed value
+    owner: str = ""             # the module that declared it (a component's settings module)
 
     def parse(self, text: str) -> Any:
         what = self.name
@@ -164,36 +174,64 @@ class Setting:
         return self.check(value, what) if self.check else value
 
 
+#: name -> setting, in the order declared: the core's, and those of the components
+#: imported so far (:func:`declared` imports them all)
 SETTINGS: dict[str, Setting] = {}
 
 
-def _declare(component: str, name: str, kind: str, default: Any, doc: str, **kw: Any) -> None:
+#: the components, in the order ``rdmamw info --config`` and docs/config.md list them,
+#: each with the module that declares its settings (None: this one); a plug-in's own
+#: components, declared when it is imported, come after them
+COMPONENTS: tuple[tuple[str, str | None], ...] = (
+    ("channel", None),
+    ("memory", "rdmamw.memory.settings"),
+    ("shm", "rdmamw.providers.shm.settings"),
+    ("tcp", "rdmamw.providers.tcp.settings"),
+    ("verbs", "rdmamw.providers.verbs.settings"),
+    ("bootstrap", None),
+    ("collectives", "rdmamw.collectives.settings"),
+    ("ps", "rdmamw.ps.settings"),
+    ("log", None),
+    ("launcher", None),
+)
+_all_imported = False
+
+
+def declare(component: str, name: str, kind: str, default: Any, doc: str, **kw: Any) -> None:
+    """Add the setting ``name`` of ``component`` to the table (once: AssertionError the
+    second time); a number needs a maximum the code can honour (seconds, bytes and
+    floats get their kind's). Called at the import of the component's settings module,
+    which is recorded as the setting's ``owner``."""
     if name in SETTINGS:
         raise AssertionError(f"{name} declared twice")
     if "maximum" not in kw and kind in ("seconds", "bytes", "float"):
         kw["maximum"] = {"seconds": MAX_SECONDS, "bytes": MAX_BYTES, "float": MAX_SPIN_US}[kind]
     if kind in ("int", "float", "bytes", "seconds") and not kw.get("maximum", math.inf) < math.inf:
         raise AssertionError(f"{name}: a number needs a maximum the code can honour")
+    kw.setdefault("owner", sys._getframe(1).f_globals.get("__name__", ""))
     SETTINGS[name] = Setting(name, kind, default, doc, component, **kw)
 
 
-def _uid_list(value: str, what: str) -> frozenset[int] | None:
-    if value.lower() in ("any", "*"):
-        return None
-    try:
-        uids = frozenset(int(u) for u in value.split(",") if u.strip())
-    except ValueError:
-        uids = frozenset([-1])
-    if any(u < 0 for u in uids):
-        raise ConfigError(f"{what}: {value!r} is not a comma list of uids or 'any'")
-    return uids
+def declared() -> dict[str, Setting]:
+    """Every setting: the modules of :data:`COMPONENTS` imported (once), the table in
+    their order, each component's settings in the order declared."""
+    global _all_imported
+    if not _all_imported:
+        for _, module in COMPONENTS:
+            if module is not None:
+                importlib.import_module(module)
+        _all_imported = True
+    order = {component: i for i, (component, _) in enumerate(COMPONENTS)}
+    for s in SETTINGS.values():
+        order.setdefault(s.component, len(order))
+    return dict(sorted(SETTINGS.items(), key=lambda item: order[item[1].component]))
 
 
-def _topology(value: str, what: str) -> str:
-    if value in ("host", "hostname", "probe") or "," in value:
-        return value
-    raise ConfigError(f"{what}={value!r} is not host, hostname, probe or comma-separated "
-                      "labels (one per rank)")
+def setting(name: str) -> Setting:
+    """The declared setting ``name`` (every component's declared first if need be), else
+    KeyError."""
+    found = SETTINGS.get(name)
+    return found if found is not None else declared()[name]
 
 
 K, M, G = 1 << 10, 1 << 20, 1 << 30
@@ -206,10 +244,9 @@ MAX_BYTES = 1 << 50             # 1 PiB
 MAX_SPIN_US = 1e6               # one second of spinning before a sleep
 MAX_RANKS = 1 << 20             # ranks of a job: what rank 0's bootstrap serves in time
 MAX_RING_SLOTS = 1 << 20        # rdmamw/transport/layout.py MAX_SLOTS
-MAX_PEER_HEARTBEAT = 60.0       # the largest heartbeat a tcp peer accepts (tcp/provider.py)
 MAX_UNPROVEN = 1 << 16          # unproven connections a listener holds (each an fd; a
                                 # newcomer at the cap scans them: rdmamw/listener.py)
-D = _declare
+D = declare
 # channel
 D("channel", "RDMAMW_SLOTS", "int", 128, "slots in the ring a channel receives on", minimum=1,
   maximum=MAX_RING_SLOTS)
@@ -245,80 +282,6 @@ D("channel", "RDMAMW_LISTEN_BACKLOG", "int", 16,
   "connections a listener holds in a handshake or unaccepted", minimum=1, maximum=4096)
 D("channel", "RDMAMW_TOKEN", "str", "",
   "the job's shared secret (default: ~/.config/rdmamw/token, made on first use)", secret=True)
-# memory
-D("memory", "RDMAMW_REGCACHE_BYTES", "bytes", G,
-  "registered bytes each registration cache keeps (verbs with windows: the process's "
-  "caches, else each channel's)")
-D("memory", "RDMAMW_POOL_BYTES", "bytes", 256 * M, "bytes a buffer pool keeps")
-D("memory", "RDMAMW_POOL_SHARDS", "int", None,
-  "per-thread shards of a buffer pool (default min(8, CPUs))", minimum=1, maximum=1024)
-D("memory", "RDMAMW_RNDV_STRATEGY", "choice", "",
-  "rendezvous strategy for large messages, over the tuning file",
-  choices=(*RNDV_STRATEGIES, ""))
-D("memory", "RDMAMW_RNDV_THRESHOLD", "bytes", None,
-  "size from which messages go by rendezvous, over the tuning file")
-D("memory", "RDMAMW_TUNE_FILE", "path", "",
-  "rendezvous tuning file (default ~/.config/rdmamw/rendezvous.json)")
-# shm
-D("shm", "RDMAMW_SHM_STAGING", "bytes", G,
-  "size of the staging area for rendezvous when CMA is not permitted (the largest "
-  "rendezvous message then; a peer takes at most 1 TiB)", minimum=1, maximum=1 << 40)
-D("shm", "RDMAMW_SHM_CMA", "bool", True,
-  "use process_vm_readv/writev (CMA) for rendezvous between processes")
-D("shm", "RDMAMW_SHM_ASSIST", "bytes", M,
-  "messages from this size on are copied with the peer's help")
-D("shm", "RDMAMW_SHM_ASSIST_CHUNK", "bytes", 256 * K, "piece of an assisted copy",
-  minimum=1)
-D("shm", "RDMAMW_SHM_ASSIST_STALL", "seconds", 10.0,
-  "seconds an assisted copy may make no progress before it fails", minimum=1e-3)
-D("shm", "RDMAMW_SHM_ALLOW_UIDS", "str", "",
-  "other users' uids that may connect (comma list, or 'any'); our own always may",
-  check=_uid_list)
-# tcp
-D("tcp", "RDMAMW_TCP_HEARTBEAT", "seconds", 0.25,
-  "interval of heartbeats on an idle tcp connection (0: none; at most the 60 s a peer "
-  "accepts)", maximum=MAX_PEER_HEARTBEAT)
-D("tcp", "RDMAMW_TCP_PEER_TIMEOUT", "seconds", 30.0,
-  "silence of a tcp peer process (stopped, starved) after which it is lost", minimum=1e-3)
-D("tcp", "RDMAMW_TCP_HOST_TIMEOUT", "seconds", 1.5,
-  "silence of a tcp peer whose host also acknowledges nothing (link down, power off) "
-  "after which it is lost (0: only the peer timeout)")
-# verbs
-D("verbs", "RDMAMW_VERBS_LIBRARY", "str", "libibverbs.so.1",
-  "the libibverbs to dlopen: a name or a path")
-D("verbs", "RDMAMW_VERBS_FABRIC", "str", "",
-  "declare this rank's fabric (net:NAME) instead of deriving it from its GID")
-D("verbs", "RDMAMW_VERBS_DEVICE", "str", "", "RDMA device name (default: the first usable)")
-D("verbs", "RDMAMW_VERBS_PORT", "int", 0, "device port (0: the first active)", maximum=255)
-D("verbs", "RDMAMW_VERBS_GID_INDEX", "int", -1, "GID index (-1: chosen by link layer)",
-  minimum=-1, maximum=(1 << 16) - 1)
-D("verbs", "RDMAMW_VERBS_SQ_DEPTH", "int", 256, "send queue depth of a channel's QP", minimum=1,
-  maximum=1 << 16)
-D("verbs", "RDMAMW_VERBS_RQ_DEPTH", "int", 0, "receive queue depth (0: from the ring)",
-  maximum=1 << 16)
-D("verbs", "RDMAMW_VERBS_INLINE", "int", 256, "bytes sent inline in a work request",
-  maximum=4096)
-D("verbs", "RDMAMW_VERBS_EVENT", "int", 1,
-  "1: a sleeper is woken by completion events (the peer's WRITE_WITH_IMM); 0: it also "
-  "re-checks every RDMAMW_VERBS_POLL_MS", maximum=1)
-D("verbs", "RDMAMW_VERBS_PINNED_BYTES", "bytes", 0,
-  "registered (pinned) bytes the process's verbs channels may hold; 0: half the memory, "
-  "at most `ulimit -l`", maximum=1 << 50)
-D("verbs", "RDMAMW_VERBS_RING_START", "bytes", 64 << 10,
-  "bytes of a channel's receive ring registered at connect (at least one slot); the "
-  "device thread registers twice as much each time the peer runs short, up to the whole "
-  "ring. 0: the whole ring at once", maximum=1 << 40)
-D("verbs", "RDMAMW_VERBS_WINDOWS", "int", 1,
-  "1: the keys a peer gets are type-2 memory windows bound to its channel's queue pair, "
-  "where the device has them; 0: keys of MRs with remote access", maximum=1)
-D("verbs", "RDMAMW_VERBS_POLL_MS", "int", 1, "re-check interval of a sleeper without events",
-  maximum=60000)
-D("verbs", "RDMAMW_VERBS_READ_CHUNK", "bytes", None,
-  "longest RDMA READ one work request asks for; a longer one goes as several (0: no "
-  "limit; default: 512 KiB on soft-RoCE devices, whose READ retry can stall, else no "
-  "limit)", maximum=1 << 31)
-D("verbs", "RDMAMW_VERBS_TIMEOUT", "int", 14, "QP local ACK timeout exponent (4.096 us x 2^n)",
-  maximum=31)
 # bootstrap (the launcher variables are read with torchrun's, MPI's and Slurm's)
 OWN = "a launcher of one's own"
 D("bootstrap", "RDMAMW_RANK", "int", None, "this process's rank (set by a launcher)",
@@ -338,43 +301,6 @@ D("bootstrap", "RDMAMW_PROVIDER", "str", "",
   check=lambda v, what: v.lower())
 D("bootstrap", "RDMAMW_PROVIDER_PLUGINS", "str", "",
   "more providers: module or module:attr (default attr PROVIDER), comma-separated")
-# collectives
-D("collectives", "RDMAMW_COLL_SLOTS", "int", 16, "slots of a collective channel's ring",
-  minimum=1, maximum=MAX_RING_SLOTS)
-D("collectives", "RDMAMW_COLL_SLOT_SIZE", "bytes", M, "slot bytes of a collective channel",
-  minimum=64, maximum=G)
-D("collectives", "RDMAMW_COLL_MIN_CHUNK", "bytes", 16 * K, "smallest pipeline chunk",
-  minimum=1, maximum=G)
-D("collectives", "RDMAMW_COLL_CHUNK", "bytes", 4 * M,
-  "largest pipeline chunk on channels with rendezvous (others: their eager limit)",
-  minimum=64, maximum=G)
-D("collectives", "RDMAMW_COLL_SPIN_US", "float", None,
-  "microseconds a collective's wait spins before it sleeps (default RDMAMW_SPIN_US; 0 "
-  "when this host runs more ranks than it has CPUs)", minimum=0.0)
-D("collectives", "RDMAMW_COLL_PIECES", "int", 1, "pipeline pieces per transfer", minimum=1,
-  maximum=1 << 16)
-D("collectives", "RDMAMW_COLL_RESULT_BYTES", "bytes", G,
-  "idle bytes the pool of out-of-place collective results keeps")
-D("collectives", "RDMAMW_ALLREDUCE_ALGORITHM", "choice", "",
-  "force an allreduce algorithm",
-  choices=LazyChoices(lambda: (AUTO, *vocabulary.allreduce_algorithms(), "")))
-D("collectives", "RDMAMW_COLL_CONFIG", "path", "",
-  "cost-model file of `rdmamw tune` (default ~/.config/rdmamw/collectives.json)")
-D("collectives", "RDMAMW_COLL_TOPOLOGY", "str", "host",
-  "how ranks group for hierarchical algorithms: host, hostname, probe, or labels "
-  "(comma-separated, one per rank)", check=_topology)
-# parameter server
-D("ps", "RDMAMW_PS_SLOTS", "int", 16, "slots of a parameter-server channel's ring", minimum=1,
-  maximum=MAX_RING_SLOTS)
-D("ps", "RDMAMW_PS_SLOT_SIZE", "bytes", M, "slot bytes of a parameter-server channel",
-  minimum=64, maximum=G)
-D("ps", "RDMAMW_PS_INIT_TIMEOUT", "seconds", 60.0,
-  "how long a read of a key waits for the rest of initial values a worker began to send; "
-  "then the read is refused (PSError) instead of waiting for ever")
-D("ps", "RDMAMW_PS_REPLY_TIMEOUT", "seconds", 10.0,
-  "seconds a server's reply may wait for its worker to take it (the ring full: the worker "
-  "sends and never reads); then that worker is dropped and the others served",
-  minimum=0.1, maximum=3600.0)
 # log
 D("log", "RDMAMW_LOG_LEVEL", "str", "",
   "level of the 'rdmamw' logger: debug, info, warning (default), error, critical")
@@ -385,7 +311,7 @@ D("log", "RDMAMW_LOG_FILE", "path", "",
 # launchers: what torchrun, mpirun, srun, ps-lite (and rdmamw.bootstrap.launch) set for
 # the processes they start; rdmamw.init() reads them (rdmamw/bootstrap/env.py)
 def L(name: str, kind: str, set_by: str, doc: str, **kw: Any) -> None:
-    _declare("launcher", name, kind, kw.pop("default", None), doc, set_by=set_by, **kw)
+    declare("launcher", name, kind, kw.pop("default", None), doc, set_by=set_by, **kw)
 
 
 TORCHRUN, OMPI, MPICH, SLURM, PSLITE = "torchrun", "Open MPI", "MPICH", "Slurm", "ps-lite"
@@ -438,23 +364,23 @@ LAUNCHER_PREFIXES = ("OMPI_", "PMI_", "SLURM_", "DMLC_")
 def get(name: str, env: Mapping[str, str] | None = None) -> Any:
     """The value of ``name`` now: the environment's (or ``env``'s, a launcher's
     variables given as a mapping), parsed, or the default."""
-    setting = SETTINGS[name]
+    s = setting(name)
     text = (os.environ if env is None else env).get(name)
     if text is None or text.strip() == "":
-        return setting.default
-    return setting.parse(text)
+        return s.default
+    return s.parse(text)
 
 
 def raw(name: str) -> str | None:
     """The environment's text of the declared setting ``name``, unparsed (None when
     unset): a cheap key for a cache that must see the variable change."""
-    if name not in SETTINGS:
-        raise KeyError(name)
+    setting(name)
     return os.environ.get(name)
 
 
 def source(name: str, env: Mapping[str, str] | None = None) -> str:
-    """"environment" or "default"."""
+    """"environment" or "default" (KeyError for an undeclared ``name``)."""
+    setting(name)
     text = (os.environ if env is None else env).get(name)
     return "default" if text is None or text.strip() == "" else "environment"
 
@@ -462,7 +388,7 @@ def source(name: str, env: Mapping[str, str] | None = None) -> str:
 def launcher_variables() -> tuple[str, ...]:
     """The declared variables a launcher sets (the ``set_by`` ones: those of the
     launcher section, and ``RDMAMW_RANK`` ... for a launcher of one's own)."""
-    return tuple(s.name for s in SETTINGS.values() if s.set_by)
+    return tuple(s.name for s in declared().values() if s.set_by)
 
 
 def without_launchers(env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -480,15 +406,16 @@ NOT_LIBRARY = ("RDMAMW_NATIVE", "RDMAMW_VM", "RDMAMW_TORCH",
 
 def unknown() -> list[str]:
     """``RDMAMW_*`` variables in the environment that no setting declares (typos)."""
+    table = declared()
     return sorted(k for k in os.environ
-                  if k.startswith("RDMAMW_") and k not in SETTINGS and k not in NOT_LIBRARY)
+                  if k.startswith("RDMAMW_") and k not in table and k not in NOT_LIBRARY)
 
 
 def effective() -> list[dict[str, Any]]:
     """Every setting's current value and where it came from; a bad value is shown as
     the error it raises (``rdmamw info --config``)."""
     rows = []
-    for s in SETTINGS.values():
+    for s in declared().values():
         try:
             value = get(s.name)
             shown = "***" if s.secret and value else value
@@ -503,8 +430,9 @@ def effective() -> list[dict[str, Any]]:
 def markdown_table() -> str:
     """The tables of docs/config.md: the library's settings, then the launchers'
     variables."""
+    table = declared()
     lines = ["| variable | type | default | range | what it sets |", "|---|---|---|---|---|"]
-    for s in SETTINGS.values():
+    for s in table.values():
         if s.component == "launcher":
             continue
         default = "-" if s.default in (None, "") else s.default
@@ -514,7 +442,7 @@ def markdown_table() -> str:
     lines += ["", "Set by launchers (read by `rdmamw.init()`, docs/api.md \"Jobs\"):", "",
               "| variable | type | range | set by | what it says |", "|---|---|---|---|---|"]
     lines += [f"| `{s.name}` | {s.kind} | {_range(s)} | {s.set_by} | {s.doc} |"
-              for s in SETTINGS.values() if s.component == "launcher"]
+              for s in table.values() if s.component == "launcher"]
     return "\n".join(lines) + "\n"
 
 

@@ -104,11 +104,14 @@ def configure() -> None:
     _handler.addFilter(_Host())
     _handler.setFormatter(logging.Formatter(FORMAT))
     logger.addHandler(_handler)
+    if not logger.isEnabledFor(logging.INFO):
+        return      # the listing below imports every component (config.declared)
     settings = {r["name"]: r["value"] for r in config.effective()
                 if r["source"] == "environment"}
     logger.info("rdmamw settings: %s", settings or "defaults")
-    if config.unknown():
-        logger.info("unknown RDMAMW_* variables (typos?): %s", ", ".join(config.unknown()))
+    unknown = config.unknown()
+    if unknown:
+        logger.info("unknown RDMAMW_* variables (typos?): %s", ", ".join(unknown))
 
 
 def _reopen_in_child() -> None:

@@ -8,8 +8,10 @@
 
 Algorithms: ring, rhd (recursive halving-doubling), hierarchical (topology-aware),
 any registered (rdmamw/collectives/algorithms/) and auto (cost model, see policy.py
-and ``rdmamw tune``). docs/collectives.md."""
+and ``rdmamw tune``). docs/collectives.md. Their settings (settings.py) are declared
+first, before any module of the package reads them."""
 
+from rdmamw.collectives import settings  # noqa: F401
 from rdmamw.collectives.alltoall import alltoall
 from rdmamw.collectives.api import (
     allgather,

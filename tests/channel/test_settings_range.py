@@ -27,7 +27,7 @@ from rdmamw.errors import ConfigError, RdmamwError
 from tests.support.helpers import unique_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NUMERIC = [s for s in config.SETTINGS.values() if s.kind in ("int", "float", "bytes", "seconds")]
+NUMERIC = [s for s in config.declared().values() if s.kind in ("int", "float", "bytes", "seconds")]
 BIG = 2 << 20           # a message above every eager slot: rendezvous, assisted on shm
 
 
@@ -293,7 +293,7 @@ def test_every_numeric_setting_has_a_finite_range_and_a_path_here():
 @pytest.mark.parametrize("end", ["min", "max"])
 @pytest.mark.parametrize("name", [s.name for s in NUMERIC if s.name not in ELSEWHERE])
 def test_a_setting_at_its_bound_is_honoured_or_refused_typed(name, end, monkeypatch):
-    s = config.SETTINGS[name]
+    s = config.setting(name)
     value = s.minimum if end == "min" else s.maximum
     monkeypatch.setenv(name, _text(s, value))
     assert config.get(name) == value
@@ -332,7 +332,7 @@ def test_the_listener_survives_the_largest_handshake_timeout(monkeypatch):
     """Finding 10: RDMAMW_HANDSHAKE_TIMEOUT=1e18 killed the listener's accept thread;
     at the table's maximum a stranger that connects and says nothing does not stop a
     real client from being accepted."""
-    s = config.SETTINGS["RDMAMW_HANDSHAKE_TIMEOUT"]
+    s = config.setting("RDMAMW_HANDSHAKE_TIMEOUT")
     monkeypatch.setenv("RDMAMW_HANDSHAKE_TIMEOUT", _text(s, s.maximum))
     with rdmamw.listen("tcp://127.0.0.1:0") as lst:
         host, port = lst.address.removeprefix("tcp://").rsplit(":", 1)
@@ -371,7 +371,7 @@ def test_init_timeout_at_its_bounds_and_the_largest_world():
     """RDMAMW_INIT_TIMEOUT at 0 and at its maximum, and rank 0 of a job of the largest
     RDMAMW_WORLD_SIZE (1e8 made init hang past its timeout): a typed Timeout within
     the deadline, or a one-rank job that starts."""
-    s = config.SETTINGS["RDMAMW_INIT_TIMEOUT"]
+    s = config.setting("RDMAMW_INIT_TIMEOUT")
     base = {"RDMAMW_RANK": "0", "RDMAMW_MASTER_ADDR": "127.0.0.1"}
     r = _init({**base, "RDMAMW_WORLD_SIZE": "2", "RDMAMW_MASTER_PORT": _free_port(),
                "RDMAMW_INIT_TIMEOUT": _text(s, s.minimum)})
@@ -379,7 +379,7 @@ def test_init_timeout_at_its_bounds_and_the_largest_world():
     r = _init({**base, "RDMAMW_WORLD_SIZE": "1", "RDMAMW_MASTER_PORT": _free_port(),
                "RDMAMW_INIT_TIMEOUT": _text(s, s.maximum)})
     assert r.stdout.split()[0] == "ok", r.stdout + r.stderr
-    big = config.SETTINGS["RDMAMW_WORLD_SIZE"].maximum
+    big = config.setting("RDMAMW_WORLD_SIZE").maximum
     r = _init({**base, "RDMAMW_WORLD_SIZE": str(int(big)), "RDMAMW_MASTER_PORT": _free_port(),
                "RDMAMW_INIT_TIMEOUT": "1"})
     what, secs = r.stdout.split()[:2]

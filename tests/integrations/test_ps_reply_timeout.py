@@ -69,5 +69,5 @@ def test_the_reply_timeout_is_a_declared_setting(monkeypatch):
     assert KVServer({}, consistency="asp").reply_timeout == 10.0
     monkeypatch.setenv("RDMAMW_PS_REPLY_TIMEOUT", "250ms")
     assert KVServer({}, consistency="asp").reply_timeout == 0.25
-    s = config.SETTINGS["RDMAMW_PS_REPLY_TIMEOUT"]
+    s = config.setting("RDMAMW_PS_REPLY_TIMEOUT")
     assert 0 < s.minimum and s.maximum <= 1e6

@@ -16,7 +16,7 @@ from rdmamw import config
 from rdmamw.bootstrap import ranklist, store
 from tests.support.helpers import init_some_ranks
 
-BIG = int(config.SETTINGS["RDMAMW_WORLD_SIZE"].maximum)
+BIG = int(config.setting("RDMAMW_WORLD_SIZE").maximum)
 
 
 @pytest.mark.parametrize("ranks, text", [

@@ -131,7 +131,8 @@ def stray_reads(root: pathlib.Path = ROOT) -> dict[str, list[tuple[int, str]]]:
 
 
 def _report(stray: dict[str, list[tuple[int, str]]]) -> str:
-    return "read around the settings table (declare it in rdmamw/config.py, read it with " \
+    return "read around the settings table (declare it in its component's settings module, " \
+           "as listed by rdmamw/config.py COMPONENTS; read it with " \
         "config.get):\n" + "\n".join(f"  {path}:{line}: {name}" for path, reads in
                                       stray.items() for line, name in reads)
 
@@ -144,11 +145,11 @@ def test_no_setting_is_read_around_the_table():
 
 
 def test_the_launchers_variables_are_declared_in_a_section_of_their_own():
-    launchers = {n for n, s in config.SETTINGS.items() if s.component == "launcher"}
+    launchers = {n for n, s in config.declared().items() if s.component == "launcher"}
     assert {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
             "PMI_RANK", "SLURM_PROCID", "DMLC_ROLE", "DMLC_NUM_SERVER"} <= launchers
-    assert all(config.SETTINGS[n].set_by for n in launchers)
-    assert not set(EXEMPT) & set(config.SETTINGS)        # exempt means: not a setting
+    assert all(config.setting(n).set_by for n in launchers)
+    assert not set(EXEMPT) & set(config.declared())        # exempt means: not a setting
 
 
 @pytest.mark.parametrize("source, expect", [

@@ -66,9 +66,9 @@ def test_a_planted_second_declaration_is_found(tmp_path):
 
 
 def test_the_settings_table_takes_its_choices_from_the_vocabulary():
-    assert set(config.SETTINGS["RDMAMW_RNDV_STRATEGY"].choices) == \
+    assert set(config.setting("RDMAMW_RNDV_STRATEGY").choices) == \
         {*vocabulary.RNDV_STRATEGIES, ""}
-    assert set(config.SETTINGS["RDMAMW_ALLREDUCE_ALGORITHM"].choices) == \
+    assert set(config.setting("RDMAMW_ALLREDUCE_ALGORITHM").choices) == \
         {vocabulary.AUTO, *vocabulary.ALLREDUCE_ALGORITHMS, ""}
 
 
@@ -99,7 +99,7 @@ def test_job_start_up_is_the_bootstrap_not_a_rendezvous():
     said = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "rdmamw/bootstrap").glob("*.py"))
             if "rendezvous" in p.read_text().lower()]
     assert set(said) <= PENDING, said
-    assert [s.name for s in config.SETTINGS.values()
+    assert [s.name for s in config.declared().values()
             if s.component in ("bootstrap", "launcher") and "rendezvous" in s.doc] == []
 
 

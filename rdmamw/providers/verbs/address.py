@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl
 
 from rdmamw import config
 
-#: address option -> the setting it overrides (defaults and docs: rdmamw/config.py)
+#: address option -> the setting it overrides (defaults and docs: settings.py)
 OPTIONS = {
     "device": "RDMAMW_VERBS_DEVICE",
     "port": "RDMAMW_VERBS_PORT",
@@ -51,7 +51,7 @@ def parse_where(where: str) -> Where:
     for key in OPTIONS:
         if key == "read_chunk":     # bytes: "512K" as in the setting, checked the same
             value = opts[key]
-            value = config.SETTINGS[OPTIONS[key]].parse(value) if isinstance(value, str) \
+            value = config.setting(OPTIONS[key]).parse(value) if isinstance(value, str) \
                 else value
             opts[key] = -1 if value is None else value  # -1: the device's default
         elif key != "device":
