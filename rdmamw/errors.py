@@ -12,7 +12,12 @@ class RdmamwError(Exception):
 
 
 class PeerLost(RdmamwError, ConnectionError):
-    """The peer process died or its connection broke without a clean close."""
+    """The peer process died or its connection broke without a clean close.
+
+    Raised by a collective, ``rank`` is the member that was lost (as the members that
+    saw it first reported it), whichever member this one was talking to."""
+
+    rank: int | None = None
 
 
 class PeerNotFound(RdmamwError, ConnectionError):
@@ -45,7 +50,10 @@ class Timeout(RdmamwError, TimeoutError):
     """A blocking call reached its timeout.
 
     For ``send_batch``, ``sent`` tells how many of the batch's messages were sent
-    before the timeout (they will be delivered; the rest were not sent)."""
+    before the timeout (they will be delivered; the rest were not sent). Raised by a
+    collective, ``rank`` is the member that made no progress."""
+
+    rank: int | None = None     # a collective's: the member that made no progress
 
     def __init__(self, message: str, sent: int = 0) -> None:
         super().__init__(message)

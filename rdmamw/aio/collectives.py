@@ -24,8 +24,8 @@ import numpy as np
 from rdmamw.aio.channel import Channel
 from rdmamw.collectives import algorithms, api, rooted
 from rdmamw.collectives.alltoall import plan_alltoall
-from rdmamw.collectives.comm import INTO, RECV, SEND, Communicator, name_peer
-from rdmamw.errors import Timeout
+from rdmamw.collectives.comm import INTO, RECV, SEND, Communicator
+from rdmamw.errors import RdmamwError, Timeout
 from rdmamw.steps import Driving, Steps
 
 __all__ = ["allgather", "allreduce", "alltoall", "barrier", "broadcast", "gather",
@@ -53,7 +53,7 @@ class _Awaiting:
 _state: weakref.WeakKeyDictionary[Communicator, _Awaiting] = weakref.WeakKeyDictionary()
 
 
-async def run(plan: api.Plan) -> Any:
+async def run(plan: api.Plan, timeout: float | None = None) -> Any:
     """Await one planned collective (``api.plan_*``): what the blocking call returns."""
     comm = plan.comm
     st = _state.get(comm)
@@ -61,6 +61,7 @@ async def run(plan: api.Plan) -> Any:
         st = _state[comm] = _Awaiting()
     async with st.lock:
         with comm.exclusive(), comm.guard(plan.header):
+            comm.begin(timeout)
             missing = comm.missing(plan.peers)
             if missing:         # set-up only: the blocking handshakes off the loop
                 await asyncio.get_running_loop().run_in_executor(None, comm.ensure,
@@ -70,25 +71,27 @@ async def run(plan: api.Plan) -> Any:
                 return await _drive(comm, st, comm.steps(plan.header, plan.body))
             finally:
                 comm.blocking = True
+                comm.deadline = 0.0
 
 
 async def _drive(comm: Communicator, st: _Awaiting, steps: Steps) -> Any:
-    """:meth:`Communicator.drive`, each step awaited (``comm.timeout`` per step)."""
-    t = comm.timeout
+    """:meth:`Communicator.drive`, each step awaited by the collective's deadline; a
+    failure named as the blocking calls name it (:meth:`Communicator.failure`, off the
+    loop: it may wait for a revoke notice)."""
     run = Driving(steps)
     for kind, peer, arg in run:
         try:
             ch = st.channel(comm, peer)
-            if t is None:
-                run.value = await _step(ch, kind, arg)
-            else:
-                try:
-                    async with asyncio.timeout(t):
-                        run.value = await _step(ch, kind, arg)
-                except TimeoutError:
-                    raise Timeout(f"rank {peer}: no progress in {t:g} s") from None
+            try:
+                async with asyncio.timeout(comm.left()):
+                    run.value = await _step(ch, kind, arg)
+            except TimeoutError:
+                raise Timeout(f"rank {peer}: no progress by the deadline") from None
+        except RdmamwError as e:
+            run.exc = await asyncio.get_running_loop().run_in_executor(
+                None, comm.failure, e, peer)
         except BaseException as e:  # noqa: BLE001 - handed to the schedule
-            run.exc = name_peer(e, peer)
+            run.exc = e
     return run.result
 
 
@@ -114,58 +117,61 @@ async def _groups(comm: Communicator, algorithm: str) -> list[int] | None:
 
 async def allreduce(array: np.ndarray, op: str = "sum", algorithm: str = "auto",
                     out: np.ndarray | None = None, *,
-                    comm: Communicator | None = None) -> np.ndarray:
+                    comm: Communicator | None = None, timeout: float | None = None) -> np.ndarray:
     """:func:`rdmamw.collectives.allreduce`, awaited."""
     comm = comm or api.default_comm()
     ids = await _groups(comm, algorithm)
-    return await run(api.plan_allreduce(comm, array, op, algorithm, out, ids))
+    return await run(api.plan_allreduce(comm, array, op, algorithm, out, ids), timeout)
 
 
 async def broadcast(array: np.ndarray, root: int = 0, *,
-                    comm: Communicator | None = None) -> np.ndarray:
+                    comm: Communicator | None = None, timeout: float | None = None) -> np.ndarray:
     """:func:`rdmamw.collectives.broadcast`, awaited."""
-    return await run(api.plan_broadcast(comm or api.default_comm(), array, root))
+    return await run(api.plan_broadcast(comm or api.default_comm(), array, root), timeout)
 
 
 async def reduce_scatter(array: np.ndarray, op: str = "sum", out: np.ndarray | None = None,
-                         *, comm: Communicator | None = None) -> np.ndarray:
+                         *, comm: Communicator | None = None,
+                         timeout: float | None = None) -> np.ndarray:
     """:func:`rdmamw.collectives.reduce_scatter`, awaited."""
-    return await run(api.plan_reduce_scatter(comm or api.default_comm(), array, op, out))
+    return await run(api.plan_reduce_scatter(comm or api.default_comm(), array, op, out), timeout)
 
 
 async def allgather(array: np.ndarray, out: np.ndarray | None = None, *,
-                    comm: Communicator | None = None) -> np.ndarray:
+                    comm: Communicator | None = None, timeout: float | None = None) -> np.ndarray:
     """:func:`rdmamw.collectives.allgather`, awaited."""
-    return await run(api.plan_allgather(comm or api.default_comm(), array, out))
+    return await run(api.plan_allgather(comm or api.default_comm(), array, out), timeout)
 
 
-async def barrier(*, comm: Communicator | None = None) -> None:
+async def barrier(*, comm: Communicator | None = None, timeout: float | None = None) -> None:
     """:func:`rdmamw.collectives.barrier`, awaited."""
-    return await run(api.plan_barrier(comm or api.default_comm()))
+    return await run(api.plan_barrier(comm or api.default_comm()), timeout)
 
 
 async def gather(array: np.ndarray, root: int = 0, out: np.ndarray | None = None, *,
-                 comm: Communicator | None = None) -> np.ndarray | None:
+                 comm: Communicator | None = None,
+                 timeout: float | None = None) -> np.ndarray | None:
     """:func:`rdmamw.collectives.gather`, awaited."""
-    return await run(rooted.plan_gather(comm or api.default_comm(), array, root, out))
+    return await run(rooted.plan_gather(comm or api.default_comm(), array, root, out), timeout)
 
 
 async def scatter(array: np.ndarray | None, root: int = 0, out: np.ndarray | None = None, *,
-                  comm: Communicator | None = None) -> np.ndarray:
+                  comm: Communicator | None = None, timeout: float | None = None) -> np.ndarray:
     """:func:`rdmamw.collectives.scatter`, awaited."""
-    return await run(rooted.plan_scatter(comm or api.default_comm(), array, root, out))
+    return await run(rooted.plan_scatter(comm or api.default_comm(), array, root, out), timeout)
 
 
 async def reduce(array: np.ndarray, op: str = "sum", root: int = 0,
                  out: np.ndarray | None = None, *,
-                 comm: Communicator | None = None) -> np.ndarray | None:
+                 comm: Communicator | None = None,
+                 timeout: float | None = None) -> np.ndarray | None:
     """:func:`rdmamw.collectives.reduce`, awaited."""
-    return await run(rooted.plan_reduce(comm or api.default_comm(), array, op, root, out))
+    return await run(rooted.plan_reduce(comm or api.default_comm(), array, op, root, out), timeout)
 
 
 async def alltoall(array: np.ndarray, send_counts: Sequence[int] | None = None,
                    recv_counts: Sequence[int] | None = None, out: np.ndarray | None = None,
-                   *, comm: Communicator | None = None) -> np.ndarray:
+                   *, comm: Communicator | None = None, timeout: float | None = None) -> np.ndarray:
     """:func:`rdmamw.collectives.alltoall`, awaited."""
     return await run(plan_alltoall(comm or api.default_comm(), array, send_counts,
-                                   recv_counts, out))
+                                   recv_counts, out), timeout)

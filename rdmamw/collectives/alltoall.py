@@ -48,7 +48,8 @@ def _counts(name: str, counts: Sequence[int], n: int) -> list[int]:
 
 def alltoall(array: np.ndarray, send_counts: Sequence[int] | None = None,
              recv_counts: Sequence[int] | None = None, out: np.ndarray | None = None, *,
-             comm: Communicator | None = None, async_op: bool = False) -> Any:
+             comm: Communicator | None = None, async_op: bool = False,
+             timeout: float | None = None) -> Any:
     """Even (no counts): ``array`` of shape ``(size * m, *rest)``; rows ``[j*m, (j+1)*m)``
     go to rank j, and the result (same shape) holds rank j's block for us at rows
     ``[j*m, (j+1)*m)``.
@@ -57,7 +58,7 @@ def alltoall(array: np.ndarray, send_counts: Sequence[int] | None = None,
     result holds ``recv_counts[j]`` rows from rank j, in rank order. ``recv_counts``
     may be omitted (learnt from the senders); if given and wrong, every rank raises."""
     return plan_alltoall(comm or default_comm(), array, send_counts, recv_counts,
-                         out).call(async_op)
+                         out).call(async_op, timeout)
 
 
 def plan_alltoall(comm: Communicator, array: np.ndarray, send_counts: Sequence[int] | None,

@@ -2,7 +2,9 @@
 (alltoall, gather, scatter and reduce are in rooted.py).
 
 Each takes an optional ``comm``; without it they use one default
-:class:`Communicator` over the ranks of :func:`rdmamw.init` (called if needed).
+:class:`Communicator` over the ranks of :func:`rdmamw.init` (called if needed). Each
+takes ``timeout=`` (seconds; default the communicator's, RDMAMW_COLL_TIMEOUT): past it
+every member raises Timeout naming the rank that made no progress (comm.py).
 ``async_op=True`` returns a progress.Handle instead of the result (progress.py).
 Each is a ``plan_*`` (arguments checked, the schedule to run) and its run, so
 rdmamw.aio.collectives awaits the same plans.
@@ -72,13 +74,13 @@ class Plan(NamedTuple):
     peers: list[int]
     body: Callable[[], Any]
 
-    def call(self, async_op: bool) -> Any:
-        return self.comm.call(self.header, self.peers, self.body, async_op)
+    def call(self, async_op: bool, timeout: float | None = None) -> Any:
+        return self.comm.call(self.header, self.peers, self.body, async_op, timeout)
 
 
 def allreduce(array: np.ndarray, op: str = "sum", algorithm: str = "auto",
               out: np.ndarray | None = None, *, comm: Communicator | None = None,
-              async_op: bool = False) -> Any:
+              async_op: bool = False, timeout: float | None = None) -> Any:
     """Reduce ``array`` over all ranks with ``op`` (sum, prod, max, min; band, bor,
     bxor on integers) and return the result on every rank: in ``out`` if given (in
     place when ``out is array``), else in a new array.
@@ -89,7 +91,7 @@ def allreduce(array: np.ndarray, op: str = "sum", algorithm: str = "auto",
     shape, dtype, op and algorithm; otherwise every rank raises :class:`CollectiveMismatch`."""
     comm = comm or default_comm()
     ids = groups(comm) if algorithms.needs_groups(algorithm) else None
-    return plan_allreduce(comm, array, op, algorithm, out, ids).call(async_op)
+    return plan_allreduce(comm, array, op, algorithm, out, ids).call(async_op, timeout)
 
 
 def plan_allreduce(comm: Communicator, array: np.ndarray, op: str, algorithm: str,
@@ -114,9 +116,9 @@ def plan_allreduce(comm: Communicator, array: np.ndarray, op: str, algorithm: st
 
 
 def broadcast(array: np.ndarray, root: int = 0, *, comm: Communicator | None = None,
-              async_op: bool = False) -> Any:
+              async_op: bool = False, timeout: float | None = None) -> Any:
     """Overwrite ``array`` on every rank with ``root``'s (in place; returns it)."""
-    return plan_broadcast(comm or default_comm(), array, root).call(async_op)
+    return plan_broadcast(comm or default_comm(), array, root).call(async_op, timeout)
 
 
 def plan_broadcast(comm: Communicator, array: np.ndarray, root: int) -> Plan:
@@ -136,13 +138,14 @@ def plan_broadcast(comm: Communicator, array: np.ndarray, root: int) -> Plan:
 
 
 def reduce_scatter(array: np.ndarray, op: str = "sum", out: np.ndarray | None = None, *,
-                   comm: Communicator | None = None, async_op: bool = False) -> Any:
+                   comm: Communicator | None = None, async_op: bool = False,
+                   timeout: float | None = None) -> Any:
     """Reduce ``array`` over all ranks and return this rank's part of the result.
 
     The flattened array is split into ``size`` contiguous parts, part ``i`` starting
     at element ``i * N // size``; with ``shape[0]`` divisible by ``size`` that is
     ``numpy.split(result, size)[rank]`` and keeps the trailing dimensions."""
-    return plan_reduce_scatter(comm or default_comm(), array, op, out).call(async_op)
+    return plan_reduce_scatter(comm or default_comm(), array, op, out).call(async_op, timeout)
 
 
 def plan_reduce_scatter(comm: Communicator, array: np.ndarray, op: str,
@@ -173,9 +176,10 @@ def plan_reduce_scatter(comm: Communicator, array: np.ndarray, op: str,
 
 
 def allgather(array: np.ndarray, out: np.ndarray | None = None, *,
-              comm: Communicator | None = None, async_op: bool = False) -> Any:
+              comm: Communicator | None = None, async_op: bool = False,
+              timeout: float | None = None) -> Any:
     """Every rank's ``array`` stacked: shape ``(size, *array.shape)``, row r from rank r."""
-    return plan_allgather(comm or default_comm(), array, out).call(async_op)
+    return plan_allgather(comm or default_comm(), array, out).call(async_op, timeout)
 
 
 def plan_allgather(comm: Communicator, array: np.ndarray, out: np.ndarray | None) -> Plan:
@@ -195,9 +199,10 @@ def plan_allgather(comm: Communicator, array: np.ndarray, out: np.ndarray | None
                 ring.peers(comm, members), body)
 
 
-def barrier(*, comm: Communicator | None = None, async_op: bool = False) -> Any:
+def barrier(*, comm: Communicator | None = None, async_op: bool = False,
+timeout: float | None = None) -> Any:
     """Return once every rank has entered the barrier."""
-    return plan_barrier(comm or default_comm()).call(async_op)
+    return plan_barrier(comm or default_comm()).call(async_op, timeout)
 
 
 def plan_barrier(comm: Communicator) -> Plan:

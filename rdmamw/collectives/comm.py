@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -32,8 +33,16 @@ import numpy as np
 
 from rdmamw import config
 from rdmamw.channel import Channel, Message
+from rdmamw.collectives import revoke
 from rdmamw.collectives._kernels import Copier
-from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, ProtocolError, RdmamwError
+from rdmamw.errors import (
+    BufferTooSmall,
+    ChannelClosed,
+    PeerLost,
+    ProtocolError,
+    RdmamwError,
+    Timeout,
+)
 from rdmamw.steps import Steps
 
 # Chunks (docs/collectives.md, "Chunking and pipelining"): up to RDMAMW_COLL_CHUNK
@@ -48,6 +57,9 @@ from rdmamw.steps import Steps
 # are pipelined anyway.
 MAGIC = "rdmamw-coll-1"
 BYE = b"rdmamw-coll-bye"
+log = logging.getLogger("rdmamw.collectives")
+#: a wait longer than this warns halfway that the rank it waits for makes no progress
+WARN_AFTER = 2.0
 
 OnChunk = Callable[[int, int, np.ndarray], Any]
 
@@ -70,9 +82,14 @@ class Communicator:
     Channels are opened on first use, one per peer pair, in ascending rank order
     (deadlock-free: see :meth:`ensure`). Collectives on one communicator run one at a
     time and must be called in the same order on every rank; use several
-    communicators for independent streams of collectives. After a peer is lost the
-    communicator is broken: it closes its channels (so waiting peers notice at once)
-    and every later call raises."""
+    communicators for independent streams of collectives.
+
+    Each collective has a deadline: ``timeout`` (default RDMAMW_COLL_TIMEOUT), or the
+    call's own ``timeout=``. When a member sees a peer lost, or waits past the
+    deadline, the communicator is revoked (rdmamw.collectives.revoke): every member
+    raises :class:`~rdmamw.errors.PeerLost` or :class:`~rdmamw.errors.Timeout` naming
+    the failed rank (``.rank``), whether or not it talked to it; it is then broken and
+    every later call raises."""
 
     def __init__(self, world: Any = None, *, topology: Any = None,
                  timeout: float | None = None, window: int | None = None,
@@ -83,7 +100,14 @@ class Communicator:
         self.world = world
         self.rank: int = world.rank
         self.size: int = world.world_size
-        self.timeout = timeout
+        self.timeout: float = config.get("RDMAMW_COLL_TIMEOUT") if timeout is None else timeout
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
+        #: time.monotonic() deadline of the collective running now (0: none runs)
+        self.deadline = 0.0
+        self._said_waiting = -1         # the collective we said WAITING in
+        #: peer -> the collective it said WAITING in (it is alive, and waits in turn)
+        self._waiting: dict[int, int] = {}
         slots = config.get("RDMAMW_COLL_SLOTS") if slots is None else slots
         self.slots = slots
         self.slot_size = config.get("RDMAMW_COLL_SLOT_SIZE") if slot_size is None else slot_size
@@ -134,7 +158,7 @@ class Communicator:
         for p in sorted(set(peers) - {self.rank} - set(self._chans)):
             # chunks up to the eager limit are copied through the ring (no read back,
             # no wait for it at the end: less latency); larger ones go by rendezvous
-            ch = Channel.open(p, timeout=self.timeout or 30.0, slots=self.slots,
+            ch = Channel.open(p, timeout=self.left(), slots=self.slots,
                               slot_size=self.slot_size, world=self.world,
                               rndv_threshold=self.slot_size, spin_us=self.spin_us)
             self._chans[p] = ch
@@ -185,21 +209,76 @@ class Communicator:
             return e.value
         raise RuntimeError("a schedule yielded a step in blocking mode")
 
+    def left(self) -> float:
+        """Seconds to the running collective's deadline (``timeout`` outside one)."""
+        if not self.deadline:
+            return self.timeout
+        return max(1e-3, self.deadline - time.monotonic())
+
+    def begin(self, timeout: float | None) -> None:
+        """Start one collective's deadline (``timeout`` or the communicator's)."""
+        t = self.timeout if timeout is None else timeout
+        if not t > 0:
+            raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
+        self.deadline = time.monotonic() + t
+
     def now(self, kind: int, peer: int, arg: Any) -> Any:
-        """Perform one step with a blocking call (up to ``timeout``); PeerLost and
-        ChannelClosed name the peer's rank."""
-        t = self.timeout
+        """Perform one step with a blocking call, by the collective's deadline (a wait
+        past WARN_AFTER warns halfway); a failure names the rank that failed
+        (:meth:`failure`)."""
         try:
             ch = self._chans[peer]
-            if kind == SEND:
-                return ch.send_batch(arg, timeout=t)
-            if kind == RECV:
-                return ch.recv_batch(1, timeout=t)
-            if kind == INTO:
-                return ch.recv_into(arg, timeout=t)
-            return arg.wait(t)
-        except (PeerLost, ChannelClosed) as e:
-            raise name_peer(e, peer) from e
+            if kind == SEND:        # (not in two parts: a send cut by a timeout went in part)
+                return ch.send_batch(arg, timeout=self.left())
+            t = self.left()
+            if t > WARN_AFTER:
+                try:
+                    return self._wait(ch, kind, arg, t / 2)
+                except Timeout:
+                    log.warning("collective #%d: rank %d has made no progress for %.1f s "
+                                "(rank %d waits for it)", self.seq, peer, t / 2, self.rank)
+            return self._wait(ch, kind, arg, self.left())
+        except RdmamwError as e:
+            raise self.failure(e, peer) from e
+
+    @staticmethod
+    def _wait(ch: Channel, kind: int, arg: Any, t: float) -> Any:
+        if kind == RECV:
+            got = ch.recv_batch(1, timeout=t)
+            if not got:
+                raise Timeout(f"nothing arrived in {t:g} s")
+            return got
+        if kind == INTO:
+            return ch.recv_into(arg, timeout=t)
+        return arg.wait(t)
+
+    def failure(self, e: BaseException, peer: int) -> BaseException:
+        """What a step's failure on the channel to ``peer`` means for the collective:
+        a notice found behind the peer's close names the rank that failed; else the
+        peer itself was lost (PeerLost), left (ChannelClosed) or made no progress by
+        the deadline (Timeout), with ``.rank`` set."""
+        if isinstance(e, Timeout) and getattr(e, "rank", None) is None:
+            ch = self._chans.get(peer)
+            # say whom we wait for, then give it the grace to say whom it waits for
+            self.say_waiting(peer)
+            info = revoke.wait_for(ch, self.size, min(revoke.GRACE, self.timeout / 10),
+                                   self._waiting.get(peer) == self.seq) \
+                if ch is not None else None
+            if info is not None:
+                return revoke.error(info, self.rank, self.timeout)
+            late = Timeout(f"collective #{self.seq}: rank {peer} made no progress within "
+                           f"the {self.timeout:g} s deadline (rank {self.rank} waited for it)")
+            late.rank = peer
+            return late
+        if isinstance(e, (PeerLost, ChannelClosed)) and getattr(e, "rank", None) is None:
+            ch = self._chans.get(peer)
+            info = revoke.find(self._queues.get(peer, ()), ch, self.size) if ch else None
+            if info is not None:
+                return revoke.error(info, self.rank, self.timeout)
+            named = PeerLost(f"rank {peer}: {e}")
+            named.rank = peer
+            return named
+        return e
 
     def _settle(self) -> Steps:
         """Wait until every peer has taken what this collective sent it.
@@ -221,11 +300,47 @@ class Communicator:
 
         One message per call: a rendezvous chunk is read when it is taken, so the next
         one can still go straight into its destination (:meth:`_take`)."""
+        while True:
+            m = yield from self.recv_raw(peer)
+            if len(m) != revoke.NOTICE_LEN or not self._notice(m, peer):
+                return m
+
+    def recv_raw(self, peer: int) -> Steps:
+        """The next message from ``peer``, a notice or not."""
         q = self._queues[peer]
         if not q:
             q.extend(self.now(RECV, peer, None) if self.blocking
                      else (yield (RECV, peer, None)))
         return q.popleft()
+
+    def _notice(self, buf: Any, peer: int) -> bool:
+        """Whether ``buf`` (from ``peer``) is a WAITING notice: a member past its
+        deadline says whom it waits for; taken, and passed on once per collective (we
+        wait for ``peer``: who waits for us gives us time to name the culprit). Raise
+        what a final one says; False for data. A notice that is a Message is
+        released."""
+        try:
+            info = revoke.parse(buf, self.size)
+        except ProtocolError:
+            if isinstance(buf, Message):
+                buf.release()
+            raise
+        if info is None:
+            return False
+        if isinstance(buf, Message):
+            buf.release()
+        if info[0] == revoke.WAITING:
+            self._waiting[peer] = self.seq
+            self.say_waiting(peer)
+            return True
+        raise revoke.error(info, self.rank, self.timeout)
+
+    def say_waiting(self, peer: int) -> None:
+        """Tell every other channel that we wait for ``peer`` (once per collective)."""
+        if self._said_waiting != self.seq:
+            self._said_waiting = self.seq
+            revoke.send_all([c for p, c in self._chans.items() if p != peer],
+                            revoke.notice(revoke.WAITING, peer, self.rank, self.seq))
 
     # ---- transfer primitives ---------------------------------------------------------
 
@@ -279,10 +394,23 @@ class Communicator:
         dest = on_chunk.into(start, stop) if isinstance(on_chunk, Copier) else None
         if dest is not None and not self._queues[frm]:
             # the next message from ``frm`` straight into ``dest``
-            try:
-                got = self.now(INTO, frm, dest) if self.blocking else (yield (INTO, frm, dest))
-            except BufferTooSmall as e:
-                raise self._wrong_length(frm, e.needed, want) from e
+            while True:
+                try:
+                    got = self.now(INTO, frm, dest) if self.blocking \
+                        else (yield (INTO, frm, dest))
+                except BufferTooSmall as e:
+                    if e.needed != revoke.NOTICE_LEN:
+                        raise self._wrong_length(frm, e.needed, want) from e
+                    # a notice? (it stays receivable): a WAITING one is taken, a final
+                    # one raises
+                    m = yield from self.recv_raw(frm)
+                    if self._notice(m, frm):
+                        continue
+                    m.release()
+                    raise self._wrong_length(frm, e.needed, want) from e
+                if got != revoke.NOTICE_LEN or not self._notice(
+                        memoryview(dest).cast("B")[:got], frm):
+                    break
             if got != want:
                 raise self._wrong_length(frm, got, want)
             return
@@ -304,7 +432,8 @@ class Communicator:
 
     # ---- one collective --------------------------------------------------------------
 
-    def run(self, header: list, peers: Iterable[int], body: Callable[[], Any]) -> Any:
+    def run(self, header: list, peers: Iterable[int], body: Callable[[], Any],
+            timeout: float | None = None) -> Any:
         """Run one collective: open channels, agree on ``header``, then ``body``: a
         function returning the result, or a schedule (a generator of steps, see
         :data:`SEND`) returning it; only schedules can also be awaited
@@ -313,10 +442,14 @@ class Communicator:
         A lost peer (or any failure past the header) breaks the communicator and
         closes its channels, so ranks waiting on us see it too instead of hanging."""
         with self._lock, self.guard(header):
-            missing = self.missing(peers)
-            if missing:
-                self.ensure(missing)
-            return self.drive(self.steps(header, body))
+            self.begin(timeout)
+            try:
+                missing = self.missing(peers)
+                if missing:
+                    self.ensure(missing)
+                return self.drive(self.steps(header, body))
+            finally:
+                self.deadline = 0.0
 
     def needs(self, peers: Iterable[int]) -> set[int]:
         """The peers a collective with ``peers`` needs channels to (the header round's too)."""
@@ -354,7 +487,7 @@ class Communicator:
         return _Guard(self, header[0])
 
     def call(self, header: list, peers: Iterable[int], body: Callable[[], Any],
-             async_op: bool = False) -> Any:
+             async_op: bool = False, timeout: float | None = None) -> Any:
         """:meth:`run` now (returns ``body()``'s value), or with ``async_op`` on this
         communicator's progress thread (returns a progress.Handle). Calls keep their
         order either way: a blocking call queues behind pending asynchronous ones."""
@@ -362,13 +495,21 @@ class Communicator:
             if self._progress is None:
                 from rdmamw.collectives.progress import Progress
                 self._progress = Progress(f"rdmamw-coll-{self.rank}")
-            h = self._progress.submit(lambda: self.run(header, peers, body))
+            h = self._progress.submit(lambda: self.run(header, peers, body, timeout))
             return h if async_op else h.wait()
-        return self.run(header, peers, body)
+        return self.run(header, peers, body, timeout)
 
     def _break(self, e: BaseException) -> None:
+        """Broken by ``e``: revoke (a notice naming the failed rank to every channel,
+        when ``e`` names one), then close the channels."""
         self.broken = e
         self._sent.clear()
+        rank = getattr(e, "rank", None)
+        if rank is not None:
+            kind = revoke.NO_PROGRESS if isinstance(e, Timeout) else revoke.LOST
+            revoke.send_all([ch for p, ch in self._chans.items() if p != rank],
+                            revoke.notice(kind, rank, getattr(e, "reporter", self.rank),
+                                          self.seq))
         self.close()
 
     def dissemination_peers(self) -> list[int]:
@@ -496,6 +637,8 @@ class _Guard:
             comm._sent.clear()
             return False
         comm._break(e)
+        if getattr(e, "rank", None) is not None:
+            return False            # named already (Communicator.failure, a notice)
         what = f"collective #{comm.seq} ({self.kind})"
         if isinstance(e, ChannelClosed):
             raise PeerLost(f"{what}: {e}; it left mid-collective (it lost a rank or "

@@ -28,10 +28,11 @@ def _flat_peers(comm: Communicator, root: int) -> list[int]:
 
 
 def gather(array: np.ndarray, root: int = 0, out: np.ndarray | None = None, *,
-           comm: Communicator | None = None, async_op: bool = False) -> Any:
+           comm: Communicator | None = None, async_op: bool = False,
+           timeout: float | None = None) -> Any:
     """Every rank's ``array`` stacked on ``root``: shape ``(size, *array.shape)``, row r
     from rank r (in ``out`` if given). Other ranks get None."""
-    return plan_gather(comm or default_comm(), array, root, out).call(async_op)
+    return plan_gather(comm or default_comm(), array, root, out).call(async_op, timeout)
 
 
 def plan_gather(comm: Communicator, array: np.ndarray, root: int,
@@ -59,11 +60,12 @@ def plan_gather(comm: Communicator, array: np.ndarray, root: int,
 
 
 def scatter(array: np.ndarray | None, root: int = 0, out: np.ndarray | None = None, *,
-            comm: Communicator | None = None, async_op: bool = False) -> Any:
+            comm: Communicator | None = None, async_op: bool = False,
+            timeout: float | None = None) -> Any:
     """Row r of root's ``array`` (shape ``(size, *part)``) to rank r; returns this
     rank's row (in ``out`` if given). Ranks other than root pass ``array=None`` and an
     ``out`` of the part's shape and dtype (they have no array to take it from)."""
-    return plan_scatter(comm or default_comm(), array, root, out).call(async_op)
+    return plan_scatter(comm or default_comm(), array, root, out).call(async_op, timeout)
 
 
 def plan_scatter(comm: Communicator, array: np.ndarray | None, root: int,
@@ -105,10 +107,10 @@ def plan_scatter(comm: Communicator, array: np.ndarray | None, root: int,
 
 def reduce(array: np.ndarray, op: str = "sum", root: int = 0,
            out: np.ndarray | None = None, *, comm: Communicator | None = None,
-           async_op: bool = False) -> Any:
+           async_op: bool = False, timeout: float | None = None) -> Any:
     """Reduce ``array`` over all ranks with ``op`` into ``root`` (in ``out`` if given,
     ``out is array`` reduces in place); other ranks get None."""
-    return plan_reduce(comm or default_comm(), array, op, root, out).call(async_op)
+    return plan_reduce(comm or default_comm(), array, op, root, out).call(async_op, timeout)
 
 
 def plan_reduce(comm: Communicator, array: np.ndarray, op: str, root: int,

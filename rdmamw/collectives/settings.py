@@ -40,3 +40,6 @@ declare("collectives", "RDMAMW_COLL_CONFIG", "path", "",
 declare("collectives", "RDMAMW_COLL_TOPOLOGY", "str", "host",
         "how ranks group for hierarchical algorithms: host, hostname, probe, or labels "
         "(comma-separated, one per rank)", check=_topology)
+declare("collectives", "RDMAMW_COLL_TIMEOUT", "seconds", 600.0,
+        "seconds a collective may take before every member raises Timeout naming the rank "
+        "it waited for (a communicator's default; timeout= of a call wins)", minimum=1e-3)

@@ -141,6 +141,18 @@ def _comm() -> None:
     c.close()
 
 
+def _coll_timeout() -> None:
+    from rdmamw.bootstrap import World
+    from rdmamw.collectives import allreduce
+    from rdmamw.collectives.comm import Communicator
+
+    c = Communicator(World(0, 1, "test", "solo", {0: {"host": "h", "hostname": "h"}}))
+    assert c.timeout == config.get("RDMAMW_COLL_TIMEOUT")
+    x = np.arange(10, dtype=np.float32)
+    np.testing.assert_array_equal(allreduce(x, comm=c), x)      # a deadline that far holds
+    c.close()
+
+
 def _results() -> None:
     from rdmamw.collectives import results
 
@@ -247,6 +259,7 @@ PATHS: dict[str, Callable[[], None]] = {
     **{n: _comm for n in ("RDMAMW_COLL_SLOTS", "RDMAMW_COLL_SLOT_SIZE", "RDMAMW_COLL_MIN_CHUNK",
                           "RDMAMW_COLL_CHUNK", "RDMAMW_COLL_SPIN_US", "RDMAMW_COLL_PIECES")},
     "RDMAMW_COLL_RESULT_BYTES": _results,
+    "RDMAMW_COLL_TIMEOUT": _coll_timeout,
     "RDMAMW_PS_SLOTS": _ps_ring, "RDMAMW_PS_SLOT_SIZE": _ps_ring,
     "RDMAMW_PS_INIT_TIMEOUT": _ps_init_timeout,
     "RDMAMW_PS_REPLY_TIMEOUT": _ps_reply_timeout,

@@ -144,8 +144,9 @@ def test_rank_dying_mid_collective_gives_peer_lost(alg, n, victim, at):
     res = job(n, "die", {"victim": victim, "alg": alg, "length": 2_000_000, "at": at},
               expect_dead=(victim,))
     assert len(res) == n - 1
-    for r in res:
+    for r in res:       # every survivor names the victim, not the neighbour it waited on
         assert r["error"] == "PeerLost", r
+        assert r["named"] == victim and f"rank {victim}" in r["msg"], r
         assert r["seconds"] < 2.0, r
 
 

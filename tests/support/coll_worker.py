@@ -361,7 +361,7 @@ def die(cfg: dict) -> dict:
         coll.allreduce(x, algorithm=cfg["alg"])
         return {"rank": me, "error": None}
     except rdmamw.PeerLost as e:
-        return {"rank": me, "error": "PeerLost", "msg": str(e),
+        return {"rank": me, "error": "PeerLost", "msg": str(e), "named": e.rank,
                 "seconds": time.monotonic() - t0}
 
 

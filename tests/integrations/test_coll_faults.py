@@ -1,0 +1,75 @@
+"""A rank of a 4-rank job killed or stopped while every rank loops a ring allreduce:
+every survivor raises, naming that rank (``.rank``), whether or not it talked to it,
+within a bound: PeerLost within 2 s of a SIGKILL, Timeout at the collective's deadline
+(plus the revoke's grace) for a SIGSTOP (rdmamw/collectives/revoke.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rdmamw.bootstrap.launch import spawn
+from tests.integrations.test_bootstrap import ROOT
+from tests.support.helpers import reap
+
+WORKER = os.path.join(ROOT, "tests", "support", "coll_fault_worker.py")
+VICTIM, N = 2, 4
+
+
+def strike(provider: str, sig: int, timeout: float,
+           logs: str = os.devnull) -> tuple[float, list[dict]]:
+    """Kill or stop rank VICTIM in the loop; (when, each survivor's JSON line). The
+    ranks' stderr goes to ``logs``."""
+    env = {"RDMAMW_PROVIDER": provider} if provider != "shm" else {}
+    with open(logs, "w") as err:
+        procs = spawn(N, [sys.executable, WORKER, str(timeout)], env=env, cwd=ROOT,
+                      stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        for p in procs:
+            assert json.loads(p.stdout.readline())["ready"]
+        time.sleep(0.5)                         # all in the loop
+        t0 = time.time()
+        os.kill(procs[VICTIM].pid, sig)
+        out = []
+        for r, p in enumerate(procs):
+            if r != VICTIM:
+                line = p.stdout.readline()      # a survivor that hangs: the test's timeout
+                out.append(json.loads(line))
+        return t0, out
+    finally:
+        reap(procs)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+def test_a_killed_rank_is_named_by_every_survivor_within_2s(provider):
+    t0, out = strike(provider, signal.SIGKILL, 60.0)
+    assert sorted(r["rank"] for r in out) == [0, 1, 3]
+    for r in out:
+        assert (r["error"], r["named"]) == ("PeerLost", VICTIM), r
+        assert f"rank {VICTIM}" in r["msg"], r
+        assert r["t"] - t0 < 2.0, r
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+def test_a_stopped_rank_is_named_by_every_survivor_at_the_deadline(provider, tmp_path):
+    timeout = 3.0
+    logs = tmp_path / "ranks.log"
+    t0, out = strike(provider, signal.SIGSTOP, timeout, str(logs))
+    assert sorted(r["rank"] for r in out) == [0, 1, 3]
+    for r in out:
+        assert (r["error"], r["named"]) == ("Timeout", VICTIM), r
+        assert f"rank {VICTIM} made no progress" in r["msg"], r
+        # the deadline, then the grace for whoever waited on whom, and the notices
+        assert timeout - 0.1 < r["t"] - t0 < timeout + 4.0, r
+    # halfway, the rank that waits for it directly warns (a keep-alive in the log)
+    assert re.search(rf"rank {VICTIM} has made no progress for 1\.\d s \(rank 3 waits",
+                     logs.read_text()), logs.read_text()

@@ -1,0 +1,83 @@
+"""The revoke notice (rdmamw/collectives/revoke.py): a round trip, and whatever a
+hostile peer writes is data, a checked notice, or ProtocolError, never anything else."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rdmamw.collectives import revoke
+from rdmamw.errors import PeerLost, ProtocolError, Timeout
+
+
+@pytest.mark.parametrize("kind", [revoke.LOST, revoke.NO_PROGRESS, revoke.WAITING])
+def test_a_notice_round_trips(kind):
+    buf = revoke.notice(kind, 3, 1, 77)
+    assert len(buf) == revoke.NOTICE_LEN
+    assert revoke.parse(buf, 4) == (kind, 3, 1, 77)
+    assert revoke.parse(memoryview(bytearray(buf)), 4) == (kind, 3, 1, 77)
+
+
+def test_the_errors_name_the_rank_and_who_saw_it():
+    lost = revoke.error((revoke.LOST, 2, 3, 9), me=0, timeout=5.0)
+    assert isinstance(lost, PeerLost) and lost.rank == 2
+    assert str(lost) == "collective #9: rank 2 was lost (rank 3 saw it)"
+    late = revoke.error((revoke.NO_PROGRESS, 2, 0, 9), me=0, timeout=5.0)
+    assert isinstance(late, Timeout) and late.rank == 2
+    assert str(late) == ("collective #9: rank 2 made no progress within the 5 s deadline "
+                         "(this rank saw it)")
+
+
+@pytest.mark.parametrize("fields", [(3, 1, 1), (0, 4, 1), (0, 1, 4), (0, -1, 1),
+                                    (1, 0, -5), (255, 0, 0)])
+def test_a_notice_whose_fields_are_not_the_jobs_is_a_protocol_error(fields):
+    kind, culprit, reporter = fields
+    buf = revoke._FIELDS.pack(revoke.MAGIC, kind, culprit, reporter, 0).ljust(64, b"\0")
+    with pytest.raises(ProtocolError, match="malformed revoke notice"):
+        revoke.parse(buf, 4)
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_are_data_or_a_checked_notice(data):
+    try:
+        info = revoke.parse(data, 8)
+    except ProtocolError:
+        assert data.startswith(revoke.MAGIC) and len(data) == revoke.NOTICE_LEN
+        return
+    if info is not None:
+        kind, culprit, reporter, _ = info
+        assert kind in (revoke.LOST, revoke.NO_PROGRESS, revoke.WAITING)
+        assert 0 <= culprit < 8 and 0 <= reporter < 8
+
+
+@given(st.binary(min_size=48, max_size=48))
+def test_any_tail_behind_the_magic_is_checked(tail):
+    data = revoke.MAGIC + tail
+    try:
+        info = revoke.parse(data, 8)
+    except ProtocolError:
+        return
+    assert info is not None and 0 <= info[1] < 8 and 0 <= info[2] < 8
+
+
+class _Ch:
+    """A channel whose sends fill up: what send_all does with a full ring."""
+
+    def __init__(self, room: int) -> None:
+        self.room, self.got = room, []
+
+    def send_batch(self, msgs, timeout=None):
+        if self.room == 0:
+            raise Timeout("ring full", sent=0)
+        self.room -= 1
+        self.got += msgs
+
+
+def test_send_all_never_waits_for_a_full_ring_longer_than_its_bound():
+    import time
+    ok, full = _Ch(1), _Ch(0)
+    t0 = time.monotonic()
+    revoke.send_all([full, ok], b"n")
+    assert ok.got == [b"n"] and full.got == []
+    assert time.monotonic() - t0 < revoke.SEND_WAIT + 0.2
