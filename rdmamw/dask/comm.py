@@ -62,6 +62,28 @@ _MAGIC = b"RDK2"
 #: the channel errors that mean the comm is over: the peer closed or died, this side
 #: closed, the transport failed
 _GONE = (_errors.ChannelClosed, _errors.PeerLost, _errors.ProtocolError, ConnectionError)
+#: the smallest piece a frame is cut into (the largest message a peer may announce and
+#: still be a Dask peer, as large as a comm's default slot): a frame goes as one view per
+#: piece, so a peer taking 1-byte messages would make a 1 MiB frame a million views
+#: (~320 MiB); from this size up the views cost under 0.5 % of the frame
+MIN_PIECE = 64 << 10
+
+
+def _too_small(ch: Channel) -> str | None:
+    """Why ``ch`` cannot carry a comm (the largest message its peer takes is below
+    MIN_PIECE: a legal channel option, absurd for the comm's framing), or None."""
+    piece = ch.sync.peer_max_message_size or ch.sync.max_message_size
+    if piece < MIN_PIECE:
+        return (f"the peer's max_message_size ({piece} bytes) is below the {MIN_PIECE} "
+                f"an rdmamw:// comm needs (RDMAMW_MAX_MESSAGE_SIZE)")
+    return None
+
+
+def _memory() -> int:
+    """The most a message's frames may add up to: this host's memory (a header that
+    announces more is lying; its frames are never allocated)."""
+    import psutil
+    return int(psutil.virtual_memory().total)
 
 
 class TokenRequired(_errors.ConfigError):
@@ -241,7 +263,10 @@ class RdmamwComm(Comm):
         async with self._read_lock:
             try:
                 frames = await self._read_frames(ch)
-            except _GONE as e:
+            except Exception as e:
+                # the peer closed or died, or wrote what no rdmamw:// comm writes (a
+                # header that lies about its frames, a piece of another size, sizes no
+                # memory holds): Dask's one error for a comm that is over
                 raise self._gone(e) from e
             except BaseException:
                 # cancelled (or worse) between the header and its frames: the stream
@@ -264,11 +289,17 @@ class RdmamwComm(Comm):
                 if len(view) < _HEADER.size:
                     raise _errors.ProtocolError("not an rdmamw:// comm header")
                 magic, count, piece = _HEADER.unpack_from(view)
-                if magic != _MAGIC or len(view) != _HEADER.size + 8 * count or not piece:
+                if magic != _MAGIC or len(view) != _HEADER.size + 8 * count:
                     raise _errors.ProtocolError("not an rdmamw:// comm header")
+                if piece < MIN_PIECE:
+                    raise _errors.ProtocolError(f"a comm header with pieces of {piece} "
+                                                f"bytes (at least {MIN_PIECE})")
                 sizes = struct.unpack_from(f"<{count}Q", view, _HEADER.size)
         finally:
             m.release()
+        if sum(sizes) > _memory():
+            raise _errors.ProtocolError(f"a comm header announcing {sum(sizes)} bytes of "
+                                        f"frames, more than this host's memory")
         frames = []
         for n in sizes:
             buf = _frame_buffer(n)
@@ -299,6 +330,9 @@ class RdmamwComm(Comm):
                 raise CommClosedError(f"in {self!r}: closed")
             # a frame above the largest message the peer takes goes in pieces (views)
             piece = ch.sync.peer_max_message_size or ch.sync.max_message_size
+            if piece < MIN_PIECE:       # refused at connect; a bare channel's comm here
+                self.abort()
+                raise CommClosedError(f"in {self!r}: {_too_small(ch)}")
             header = _HEADER.pack(_MAGIC, len(sizes), piece) + \
                 struct.pack(f"<{len(sizes)}Q", *sizes)
             batch = [header]
@@ -459,6 +493,10 @@ class RdmamwConnector(Connector):
                     _offer.COUNTS["direct"] += 1
         if ch is None:
             ch = await _base_or_side(ip, where)
+        why = _too_small(ch)
+        if why is not None:             # retrying cannot help
+            _close_quietly(ch)
+            raise FatalCommClosedError(f"connecting to {PREFIX}{where}: {why}")
         local = PREFIX + unparse_host_port(ip if _is_local_provider(ch.sync.provider)
                                            else get_ip(ip), 0)
         return RdmamwComm(ch, local, PREFIX + where, deserialize)
@@ -568,6 +606,11 @@ class RdmamwListener(BaseListener):
         comm = RdmamwComm(ch, self.contact_address, peer, self.deserialize)
         comm.allow_offload = self.allow_offload
         if not self._listeners:         # stopped meanwhile
+            comm.abort()
+            return
+        why = _too_small(ch)
+        if why is not None:
+            log.info("%s refused a peer from %s: %s", self.listen_address, peer, why)
             comm.abort()
             return
         try:

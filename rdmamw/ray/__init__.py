@@ -12,9 +12,20 @@ group is made; it is idempotent. Ray Train's ``TorchConfig(backend="rdmamw")`` u
 
 from __future__ import annotations
 
-from rdmamw.ray.group import RayKV, RdmamwGroup
+from typing import Any
+
+from rdmamw.ray.store import RayKV, group_root
 
 BACKEND = "rdmamw"
+
+
+def __getattr__(name: str) -> Any:
+    """``RdmamwGroup``, imported (with Ray) when first asked for: the store
+    (rdmamw.ray.store) needs no Ray to import."""
+    if name == "RdmamwGroup":
+        from rdmamw.ray.group import RdmamwGroup
+        return RdmamwGroup
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register() -> str:
@@ -26,9 +37,11 @@ def register() -> str:
         register_collective_backend,
     )
 
+    from rdmamw.ray.group import RdmamwGroup
+
     if not _global_registry.is_registered(BACKEND):
         register_collective_backend(BACKEND, RdmamwGroup)
     return BACKEND
 
 
-__all__ = ["BACKEND", "RayKV", "RdmamwGroup", "register"]
+__all__ = ["BACKEND", "RayKV", "RdmamwGroup", "group_root", "register"]

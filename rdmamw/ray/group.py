@@ -15,46 +15,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import ray
-import ray.experimental.internal_kv as internal_kv
 from ray.util.collective.collective_group.base_collective_group import BaseGroup
 from ray.util.collective.types import ReduceOp
 
 from rdmamw import config
+from rdmamw.ray.store import NAMESPACE, RayKV, group_root, meet
 
-#: the namespace of our keys in Ray's key-value store
-NAMESPACE = "rdmamw"
-
-
-class RayKV:
-    """Ray's key-value store as the store ``rdmamw.bootstrap.kvstore.join`` needs
-    (``set``, ``get``, ``check``), every key under ``prefix``. ``host``: this node's
-    address, what the group's tcp listeners advertise (``local_ip`` reads it)."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.host = ray.util.get_node_ip_address()
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}"
-
-    def set(self, key: str, value: bytes) -> None:
-        internal_kv._internal_kv_put(self._key(key), value, namespace=NAMESPACE)
-
-    def get(self, key: str) -> bytes:
-        v = internal_kv._internal_kv_get(self._key(key), namespace=NAMESPACE)
-        if v is None:
-            raise KeyError(key)
-        return v
-
-    def check(self, keys: list[str]) -> bool:
-        return all(internal_kv._internal_kv_exists(self._key(k), namespace=NAMESPACE)
-                   for k in keys)
-
-    def clear(self) -> None:
-        internal_kv._internal_kv_del(self.prefix + "/", del_by_prefix=True,
-                                     namespace=NAMESPACE)
-
+__all__ = ["NAMESPACE", "RayKV", "RdmamwGroup", "group_root"]
 
 def _torch() -> Any:
     import torch
@@ -116,17 +83,19 @@ class RdmamwGroup(BaseGroup):
         from rdmamw.torch.backend import ProcessGroupRdmamw
 
         secs = config.get("RDMAMW_INIT_TIMEOUT")
-        kv = RayKV(f"group/{group_name}")
-        self._pg = ProcessGroupRdmamw(kv, rank, world_size, datetime.timedelta(seconds=secs))
-        # every rank has read every key once the barrier passes: rank 0 removes them,
-        # so a group made again under this name meets afresh
+        # this attempt's own keys (rdmamw/ray/store.py): never a dead attempt's
+        self._kv = meet(group_name, rank, world_size, secs)
+        self._pg = ProcessGroupRdmamw(self._kv, rank, world_size,
+                                      datetime.timedelta(seconds=secs))
+        # every rank has read every key once the barrier passes: rank 0 removes the
+        # name's (the attempt's and the meeting's), so the store does not keep them
         try:
             self.barrier()
         except BaseException:
             self._pg.shutdown()         # its channels and listeners, not left open
             raise
         if rank == 0:
-            kv.clear()
+            RayKV(group_root(group_name), self._kv.host).clear()
 
     @classmethod
     def backend(cls) -> str:
@@ -142,6 +111,8 @@ class RdmamwGroup(BaseGroup):
 
     def destroy_group(self) -> None:
         self._pg.shutdown()
+        if self.rank == 0:              # what was written since (monitored barriers)
+            self._kv.clear()
 
     # ---- collectives -----------------------------------------------------------------
 

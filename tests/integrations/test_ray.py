@@ -190,19 +190,46 @@ def test_a_mismatch_fails_on_every_rank_and_the_group_goes_on(members):
     test_allreduce(members, "numpy", "sum")
 
 
-def test_a_group_made_again_under_its_name_meets_afresh(members):
-    """destroy, then init under the same name, rank 1 first: it must not find the
-    first incarnation's endpoints in Ray's store (rank 0 removed them)."""
+def rank_1_first(members, group: str) -> None:
+    """Make ``group``, rank 1 a second before rank 0; an allreduce on it is right;
+    destroy it."""
     import time
 
     want = np.sum(np.stack([inputs(r)[0] for r in range(SIZE)]), axis=0)
+    late = members[1].join.remote(group, 1)
+    time.sleep(1.0)
+    ray.get([members[0].join.remote(group, 0), late])
+    for got in run(members, "allreduce", "numpy", "sum", group=group):
+        np.testing.assert_array_equal(got[0], want)
+    ray.get([m.leave.remote(group) for m in members])
+
+
+def test_a_group_made_again_under_its_name_meets_afresh(members):
+    """destroy, then init under the same name, rank 1 first: it must not find the
+    first incarnation's endpoints in Ray's store (rank 0 removed them)."""
     for _ in range(2):
-        late = members[1].join.remote("again", 1)
-        time.sleep(1.0)
-        ray.get([members[0].join.remote("again", 0), late])
-        for got in run(members, "allreduce", "numpy", "sum", group="again"):
-            np.testing.assert_array_equal(got[0], want)
-        ray.get([m.leave.remote("again") for m in members])
+        rank_1_first(members, "again")
+
+
+def test_a_group_made_again_after_a_dead_attempt_meets_afresh(members):
+    """What an attempt that died while joining leaves under the name (a hello, an
+    answer, its attempt's endpoints and here-keys), planted in Ray's store by the
+    driver; the group made under that name, rank 1 first, meets afresh, and group
+    "stale/x"'s key survives group "stale" clearing its own."""
+    from rdmamw.ray.store import RayKV, group_root
+
+    dead = RayKV(group_root("stale"), "127.0.0.1")
+    dead.set("hello/1", b"0123456789abcdef")
+    dead.set("answer/0123456789abcdef", b"deadbeefdeadbeef")
+    old = dead.under("deadbeefdeadbeef")
+    for key in ("here/1", "rdmamw/coll/job", "rdmamw/coll/desc/0", "rdmamw/coll/desc/1"):
+        old.set(key, b"\x80")
+    other = RayKV(group_root("stale/x"), "127.0.0.1")
+    other.set("hello/1", b"kept")
+    rank_1_first(members, "stale")
+    assert other.get("hello/1") == b"kept"
+    assert not old.check(["here/1"])
+    other.clear()
 
 
 def test_refuses_what_it_cannot_move():
@@ -274,7 +301,7 @@ def test_a_failed_first_barrier_closes_the_group():
 
     pg = mock.Mock()
     pg.barrier.return_value.wait.side_effect = Timeout("barrier: Timed out")
-    with mock.patch("rdmamw.ray.group.RayKV"), \
+    with mock.patch("rdmamw.ray.group.meet"), \
             mock.patch("rdmamw.torch.backend.ProcessGroupRdmamw", return_value=pg), \
             pytest.raises(Timeout):
         rdmamw.ray.RdmamwGroup(2, 1, "dead")
