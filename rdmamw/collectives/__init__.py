@@ -21,6 +21,7 @@ from rdmamw.collectives.api import (
     default_comm,
     groups,
     reduce_scatter,
+    shrink,
 )
 from rdmamw.collectives.comm import CollectiveMismatch, Communicator
 from rdmamw.collectives.progress import Handle
@@ -35,4 +36,4 @@ def __getattr__(name: str) -> object:
 
 __all__ = ["ALGORITHMS", "CollectiveMismatch", "Communicator", "Handle", "allgather",
            "allreduce", "alltoall", "barrier", "broadcast", "default_comm", "gather",
-           "groups", "reduce", "reduce_scatter", "scatter"]
+           "groups", "reduce", "reduce_scatter", "scatter", "shrink"]

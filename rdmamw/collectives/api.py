@@ -36,6 +36,23 @@ def default_comm() -> Communicator:
         return _default
 
 
+def shrink(comm: Communicator | None = None, timeout: float | None = None) -> Communicator:
+    """The survivors of ``comm`` (default: the default communicator, which the result
+    then replaces) as a communicator of their own, after a rank failed; every survivor
+    calls it (Communicator.shrink, docs/collectives.md "Errors")."""
+    global _default
+    if comm is not None:
+        return comm.shrink(timeout)
+    with _default_lock:
+        old = _default
+    if old is None:
+        raise RuntimeError("no default communicator to shrink: no collective ran yet")
+    new = old.shrink(timeout)
+    with _default_lock:
+        _default = new
+    return new
+
+
 def groups(comm: Communicator | None = None) -> list[int]:
     """Group id per rank of ``comm`` (ranks of a group share fast links: topology.py),
     resolved on first use, the same list on every rank."""

@@ -89,17 +89,28 @@ class Communicator:
     deadline, the communicator is revoked (rdmamw.collectives.revoke): every member
     raises :class:`~rdmamw.errors.PeerLost` or :class:`~rdmamw.errors.Timeout` naming
     the failed rank (``.rank``), whether or not it talked to it; it is then broken and
-    every later call raises."""
+    every later call raises. :func:`rdmamw.collectives.shrink` then gives the
+    survivors a communicator of their own.
+
+    ``members``: the world ranks of the group, in the order of their ranks here (the
+    survivors of a shrink); default every rank of ``world``."""
 
     def __init__(self, world: Any = None, *, topology: Any = None,
                  timeout: float | None = None, window: int | None = None,
-                 slots: int | None = None, slot_size: int | None = None) -> None:
+                 slots: int | None = None, slot_size: int | None = None,
+                 members: Iterable[int] | None = None) -> None:
         if world is None:
             import rdmamw
             world = rdmamw.init()
         self.world = world
-        self.rank: int = world.rank
-        self.size: int = world.world_size
+        #: rank here -> rank in the world
+        self.members: list[int] = list(range(world.world_size)) if members is None \
+            else list(members)
+        if world.rank not in self.members or len(set(self.members)) != len(self.members):
+            raise ValueError(f"members {self.members} must name each rank once, this one "
+                             f"({world.rank}) among them")
+        self.rank: int = self.members.index(world.rank)
+        self.size: int = len(self.members)
         self.timeout: float = config.get("RDMAMW_COLL_TIMEOUT") if timeout is None else timeout
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
@@ -142,6 +153,8 @@ class Communicator:
         self._header_open = False
         self.seq = 0
         self.broken: BaseException | None = None
+        #: world ranks this member saw fail (what shrink() starts from)
+        self.failed: set[int] = set()
         self._progress: Any = None          # progress.Progress, on the first async call
         #: schedules perform their steps at once (:meth:`drive`); rdmamw.aio.collectives
         #: clears it while it awaits them
@@ -158,7 +171,7 @@ class Communicator:
         for p in sorted(set(peers) - {self.rank} - set(self._chans)):
             # chunks up to the eager limit are copied through the ring (no read back,
             # no wait for it at the end: less latency); larger ones go by rendezvous
-            ch = Channel.open(p, timeout=self.left(), slots=self.slots,
+            ch = Channel.open(self.members[p], timeout=self.left(), slots=self.slots,
                               slot_size=self.slot_size, world=self.world,
                               rndv_threshold=self.slot_size, spin_us=self.spin_us)
             self._chans[p] = ch
@@ -499,6 +512,12 @@ class Communicator:
             return h if async_op else h.wait()
         return self.run(header, peers, body, timeout)
 
+    def shrink(self, timeout: float | None = None) -> Communicator:
+        """The survivors' communicator, agreed by all of them (every survivor calls
+        it; rdmamw.collectives.survivors)."""
+        from rdmamw.collectives.survivors import shrink
+        return shrink(self, timeout)
+
     def _break(self, e: BaseException) -> None:
         """Broken by ``e``: revoke (a notice naming the failed rank to every channel,
         when ``e`` names one), then close the channels."""
@@ -506,6 +525,7 @@ class Communicator:
         self._sent.clear()
         rank = getattr(e, "rank", None)
         if rank is not None:
+            self.failed.add(self.members[rank])
             kind = revoke.NO_PROGRESS if isinstance(e, Timeout) else revoke.LOST
             revoke.send_all([ch for p, ch in self._chans.items() if p != rank],
                             revoke.notice(kind, rank, getattr(e, "reporter", self.rank),
@@ -667,6 +687,8 @@ def spin_for(world: Any) -> float | None:
         return spin
     host = world.peers.get(world.rank, {}).get("host")
     here = sum(1 for d in world.peers.values() if host is not None and d.get("host") == host)
+    # (a shrunk group's survivors spin as the world's ranks did: a dead rank's CPU
+    # comes back, which only makes the choice conservative)
     return 0.0 if here > (os.cpu_count() or 1) else None
 
 

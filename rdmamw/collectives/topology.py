@@ -49,7 +49,8 @@ def resolve(comm: Any, spec: Any, allgather: Callable[..., np.ndarray]) -> list[
             raise ConfigError(f"topology has {len(spec)} labels for {n} ranks")
         return labels_to_groups(list(spec))
     if spec in ("host", "hostname"):
-        return labels_to_groups([comm.world.peers[r].get(spec) for r in range(n)])
+        return labels_to_groups([comm.world.peers[comm.members[r]].get(spec)
+                                 for r in range(n)])
     if spec == "probe":
         return groups_from_bandwidth(probe(comm, allgather))
     raise ConfigError(f"unknown topology {spec!r}: use 'host', 'hostname', 'probe' or labels")

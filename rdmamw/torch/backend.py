@@ -119,20 +119,16 @@ class _Comm(Communicator):
     the group's, for as long as it runs; its timeouts are torch's error type
     (work.Timeout)."""
 
-    def run(self, header: list, peers: Any, body: Callable[[], Any]) -> Any:
-        secs = getattr(body, "timeout", None)
+    def run(self, header: list, peers: Any, body: Callable[[], Any],
+            timeout: float | None = None) -> Any:
+        secs = getattr(body, "timeout", None) or timeout
         try:
-            if secs is None:
-                return super().run(header, peers, body)
-            with self._lock:            # (collectives run one at a time anyway)
-                keep, self.timeout = self.timeout, secs
-                try:
-                    return super().run(header, peers, body)
-                finally:
-                    self.timeout = keep
+            return super().run(header, peers, body, secs)
         except errors.Timeout as e:     # torch's callers look for "timed out"
-            raise Timeout(f"{header[0]}: Timed out after {secs or self.timeout:g} s "
-                          f"(collective #{self.seq}): {e}") from e
+            late = Timeout(f"{header[0]}: Timed out after {secs or self.timeout:g} s "
+                           f"(collective #{self.seq}): {e}")
+            late.rank = e.rank          # the member that made no progress
+            raise late from e
 
 
 class _Timed:

@@ -23,13 +23,13 @@ WORKER = os.path.join(ROOT, "tests", "support", "coll_fault_worker.py")
 VICTIM, N = 2, 4
 
 
-def strike(provider: str, sig: int, timeout: float,
-           logs: str = os.devnull) -> tuple[float, list[dict]]:
+def strike(provider: str, sig: int, timeout: float, logs: str = os.devnull,
+           *args: str) -> tuple[float, list[dict]]:
     """Kill or stop rank VICTIM in the loop; (when, each survivor's JSON line). The
     ranks' stderr goes to ``logs``."""
     env = {"RDMAMW_PROVIDER": provider} if provider != "shm" else {}
     with open(logs, "w") as err:
-        procs = spawn(N, [sys.executable, WORKER, str(timeout)], env=env, cwd=ROOT,
+        procs = spawn(N, [sys.executable, WORKER, str(timeout), *args], env=env, cwd=ROOT,
                       stdout=subprocess.PIPE, stderr=err, text=True)
     try:
         for p in procs:
@@ -73,3 +73,18 @@ def test_a_stopped_rank_is_named_by_every_survivor_at_the_deadline(provider, tmp
     # halfway, the rank that waits for it directly warns (a keep-alive in the log)
     assert re.search(rf"rank {VICTIM} has made no progress for 1\.\d s \(rank 3 waits",
                      logs.read_text()), logs.read_text()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+def test_the_survivors_shrink_and_go_on_within_3s_of_a_kill(provider):
+    """After the kill: every survivor gets the same membership (ranks 0, 1, 3 of the
+    world, renumbered 0, 1, 2), and the next allreduce on it is right: the sum of
+    their world rank + 1 (1 + 2 + 4 = 7)."""
+    t0, out = strike(provider, signal.SIGKILL, 60.0, os.devnull, "shrink")
+    assert sorted(r["rank"] for r in out) == [0, 1, 3]
+    for r in out:
+        assert r["named"] == VICTIM and r["members"] == [0, 1, 3], r
+        assert r["new_rank"] == [0, 1, 3].index(r["rank"]), r
+        assert (r["sum"], r["same"]) == (7.0, True), r
+        assert r["t_after"] - t0 < 3.0, r

@@ -1,7 +1,8 @@
 """A rank of a job that loops a ring allreduce of 1 MiB until it fails, then prints
 (one JSON line) when and how: the error's type, the rank it names (``.rank``) and its
 message. Before the loop it prints ``{"ready": ...}`` so the test knows when to strike.
-argv: the collective's timeout (seconds)."""
+argv: the collective's timeout (seconds), and ``shrink``: then the survivors shrink
+the communicator and run one more allreduce on it (its result and the time printed)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,15 @@ def main() -> None:
             coll.allreduce(a, algorithm="ring", timeout=timeout)
             n += 1
     except rdmamw.RdmamwError as e:
-        print(json.dumps({"rank": w.rank, "t": time.time(), "calls": n,
-                          "error": type(e).__name__, "named": getattr(e, "rank", None),
-                          "msg": str(e)}), flush=True)
+        out = {"rank": w.rank, "t": time.time(), "calls": n, "error": type(e).__name__,
+               "named": getattr(e, "rank", None), "msg": str(e)}
+    if "shrink" in sys.argv[2:]:
+        comm = coll.shrink()
+        x = np.full(1000, float(w.rank + 1), np.float64)
+        got = coll.allreduce(x, comm=comm, timeout=timeout)
+        out.update(members=comm.members, new_rank=comm.rank, sum=float(got[0]),
+                   same=bool((got == got[0]).all()), t_after=time.time())
+    print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

@@ -81,3 +81,27 @@ def test_send_all_never_waits_for_a_full_ring_longer_than_its_bound():
     revoke.send_all([full, ok], b"n")
     assert ok.got == [b"n"] and full.got == []
     assert time.monotonic() - t0 < revoke.SEND_WAIT + 0.2
+
+
+# ---- the shrink's agreement messages (rdmamw/collectives/survivors.py) ------------------
+
+def test_a_shrink_message_round_trips_and_a_hostile_one_is_a_protocol_error():
+    import msgpack
+
+    from rdmamw.collectives import survivors as shrink
+    members = {0, 1, 3}
+    assert shrink._parse(msgpack.packb([shrink.MAGIC, 2, [3, 1]]), members) == (2, [1, 3])
+    for bad in ([shrink.MAGIC, 2, [2]], [shrink.MAGIC, "2", []], ["other", 1, []],
+                [shrink.MAGIC, 1, [True]], [shrink.MAGIC, 1, 5], [shrink.MAGIC, 1]):
+        with pytest.raises(ProtocolError, match="shrink: a malformed message"):
+            shrink._parse(msgpack.packb(bad), members)
+
+
+@given(st.binary(max_size=100))
+def test_any_bytes_as_a_shrink_message_parse_or_are_a_protocol_error(data):
+    from rdmamw.collectives import survivors as shrink
+    try:
+        rnd, failed = shrink._parse(data, {0, 1, 2})
+    except ProtocolError:
+        return
+    assert type(rnd) is int and set(failed) <= {0, 1, 2}
