@@ -33,7 +33,7 @@ import numpy as np
 
 from rdmamw import config
 from rdmamw.channel import Channel, Message
-from rdmamw.collectives import revoke
+from rdmamw.collectives import revoke, survivors
 from rdmamw.collectives._kernels import Copier
 from rdmamw.errors import (
     BufferTooSmall,
@@ -515,8 +515,13 @@ class Communicator:
     def shrink(self, timeout: float | None = None) -> Communicator:
         """The survivors' communicator, agreed by all of them (every survivor calls
         it; rdmamw.collectives.survivors)."""
-        from rdmamw.collectives.survivors import shrink
-        return shrink(self, timeout)
+        end = time.monotonic() + (self.timeout if timeout is None else timeout)
+        if not self.broken:
+            self._break(RdmamwError("shrunk"))      # its channels go: shrink starts afresh
+        alive = survivors.agree(self.world, self.members, self.failed, end)
+        return Communicator(self.world, topology=self.topology_spec, timeout=self.timeout,
+                            window=self.window, slots=self.slots, slot_size=self.slot_size,
+                            members=alive)
 
     def _break(self, e: BaseException) -> None:
         """Broken by ``e``: revoke (a notice naming the failed rank to every channel,

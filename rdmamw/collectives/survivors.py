@@ -1,7 +1,8 @@
 """Going on without a lost rank: the survivors agree on who they are and get a
 communicator of their own (as ULFM's ``MPIX_Comm_shrink``, NCCL's ``ncclCommShrink``).
 
-Every survivor calls :func:`shrink` on the broken communicator. Each starts from the
+Every survivor calls :meth:`Communicator.shrink` on the broken communicator, which
+runs :func:`agree`. Each starts from the
 ranks it saw fail and opens a small channel to every other member it believes alive
 (ascending world rank, as :meth:`Communicator.ensure` does: no deadlock). Then rounds:
 each sends its set of failed ranks to all of them and takes theirs; a member it cannot
@@ -20,11 +21,11 @@ member that cannot reach agreement by then raises Timeout.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgpack
 
 from rdmamw.channel import Channel
-from rdmamw.collectives.comm import Communicator
 from rdmamw.errors import ProtocolError, RdmamwError, Timeout
 
 MAGIC = "rdmamw-shrink-1"
@@ -32,27 +33,15 @@ MAGIC = "rdmamw-shrink-1"
 SLOTS, SLOT_SIZE = 4, 4096
 
 
-def shrink(comm: Communicator, timeout: float | None = None) -> Communicator:
-    """The survivors' communicator (see the module doc): the same options, ranks
-    renumbered in world-rank order (``.members`` maps them to the world's)."""
-    end = time.monotonic() + (comm.timeout if timeout is None else timeout)
-    if not comm.broken:
-        comm._break(RdmamwError("shrunk"))      # its channels go: shrink starts afresh
-    me = comm.world.rank
-    failed = set(comm.failed)
-    alive = _agree(comm, me, failed, end)
-    return Communicator(comm.world, topology=comm.topology_spec, timeout=comm.timeout,
-                        window=comm.window, slots=comm.slots, slot_size=comm.slot_size,
-                        members=alive)
-
-
-def _agree(comm: Communicator, me: int, failed: set[int], end: float) -> list[int]:
-    members = set(comm.members)
+def agree(world: Any, members: list[int], failed: set[int], end: float) -> list[int]:
+    """The survivors among ``members`` (world ranks), agreed with every one of them by
+    ``end`` (time.monotonic()), starting from the ranks this one saw fail."""
+    me, members_set, failed = world.rank, set(members), set(failed)
     chans: dict[int, Channel] = {}
     try:
-        for r in sorted(members - failed - {me}):
+        for r in sorted(members_set - failed - {me}):
             try:
-                chans[r] = Channel.open(r, timeout=_left(end), world=comm.world,
+                chans[r] = Channel.open(r, timeout=_left(end), world=world,
                                         slots=SLOTS, slot_size=SLOT_SIZE, rendezvous="off")
             except RdmamwError:
                 failed.add(r)
@@ -69,13 +58,13 @@ def _agree(comm: Communicator, me: int, failed: set[int], end: float) -> list[in
             for r in peers:
                 if r in failed:
                     continue
-                got = _take(chans[r], rnd, members, end, r)
+                got = _take(chans[r], rnd, members_set, end, r)
                 if got is None:
                     failed.add(r)
                 else:
                     theirs.append(got)
             if sorted(failed) == mine and all(t == mine for t in theirs):
-                return sorted(members - failed)
+                return sorted(members_set - failed)
             for t in theirs:
                 failed.update(t)
             failed.discard(me)
