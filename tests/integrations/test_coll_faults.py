@@ -17,10 +17,13 @@ import pytest
 
 from rdmamw.bootstrap.launch import spawn
 from tests.integrations.test_bootstrap import ROOT
-from tests.support.helpers import reap
+from tests.support.helpers import NO_DEVICE, VERBS_OK, reap
 
 WORKER = os.path.join(ROOT, "tests", "support", "coll_fault_worker.py")
 VICTIM, N = 2, 4
+#: shm and tcp here; verbs in the soft-RoCE VM (the device half of make test)
+PROVIDERS = ["shm", "tcp", pytest.param("verbs", marks=[
+    pytest.mark.device, pytest.mark.skipif(not VERBS_OK, reason=NO_DEVICE)])]
 
 
 def strike(provider: str, sig: int, timeout: float, logs: str = os.devnull,
@@ -48,7 +51,7 @@ def strike(provider: str, sig: int, timeout: float, logs: str = os.devnull,
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("provider", ["shm", "tcp"])
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_killed_rank_is_named_by_every_survivor_within_2s(provider):
     t0, out = strike(provider, signal.SIGKILL, 60.0)
     assert sorted(r["rank"] for r in out) == [0, 1, 3]
@@ -59,7 +62,7 @@ def test_a_killed_rank_is_named_by_every_survivor_within_2s(provider):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("provider", ["shm", "tcp"])
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_stopped_rank_is_named_by_every_survivor_at_the_deadline(provider, tmp_path):
     timeout = 3.0
     logs = tmp_path / "ranks.log"
@@ -76,7 +79,7 @@ def test_a_stopped_rank_is_named_by_every_survivor_at_the_deadline(provider, tmp
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("provider", ["shm", "tcp"])
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_the_survivors_shrink_and_go_on_within_3s_of_a_kill(provider):
     """After the kill: every survivor gets the same membership (ranks 0, 1, 3 of the
     world, renumbered 0, 1, 2), and the next allreduce on it is right: the sum of
