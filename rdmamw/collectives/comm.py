@@ -523,9 +523,9 @@ class Communicator:
         if not self.broken:
             self._break(RdmamwError("shrunk"))      # its channels go: shrink starts afresh
         alive = survivors.agree(self.world, self.members, self.failed, end)
-        return Communicator(self.world, topology=self.topology_spec, timeout=self.timeout,
-                            window=self.window, slots=self.slots, slot_size=self.slot_size,
-                            members=alive)
+        return type(self)(self.world, topology=self.topology_spec, timeout=self.timeout,
+                          window=self.window, slots=self.slots, slot_size=self.slot_size,
+                          members=alive)
 
     def _break(self, e: BaseException) -> None:
         """Broken by ``e``: revoke (a notice naming the failed rank to every channel,

@@ -186,6 +186,19 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         self._batch: list[tuple] | None = None
         self._held: list[Work] = []
 
+    @classmethod
+    def survivors(cls, old: ProcessGroupRdmamw, comm: Communicator) -> ProcessGroupRdmamw:
+        """The group of ``old``'s survivors over ``comm`` (its shrunk communicator):
+        the same store and timeout, its own p2p channels (rdmamw.torch.elastic)."""
+        pg = cls.__new__(cls)
+        dist.ProcessGroup.__init__(pg, comm.rank, comm.size)
+        pg._rank, pg._size, pg._name = comm.rank, comm.size, ""
+        pg._store, pg._monitored, pg.timeout = old._store, 0, old.timeout
+        pg.comm = comm
+        pg.p2p = PointToPoint(old.p2p.world, old.timeout, comm.members)
+        pg._batch, pg._held = None, []
+        return pg
+
     # ---- identity --------------------------------------------------------------------
 
     def getBackendName(self) -> str:  # noqa: N802 - torch's name

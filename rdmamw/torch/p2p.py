@@ -37,8 +37,10 @@ class P2PMismatch(RdmamwError, ValueError):
 
 
 class PointToPoint:
-    def __init__(self, world: World, timeout: float) -> None:
+    def __init__(self, world: World, timeout: float, members: list[int] | None = None) -> None:
         self.world, self.timeout = world, timeout
+        #: the group's rank -> the world's (a shrunk group's survivors); None: the same
+        self.members = members
         self._chans: dict[int, Channel] = {}
         self._locks: dict[int, threading.Lock] = {}
         self._threads: dict[tuple[int, str], Progress] = {}
@@ -54,7 +56,8 @@ class PointToPoint:
         with lock:                 # one open per peer; opens to different peers overlap
             ch = self._chans.get(peer)
             if ch is None:
-                ch = Channel.open(peer, world=self.world, timeout=self.timeout)
+                ch = Channel.open(peer if self.members is None else self.members[peer],
+                                  world=self.world, timeout=self.timeout)
                 self._chans[peer] = ch
             return ch
 

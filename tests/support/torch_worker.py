@@ -242,6 +242,32 @@ def ddp(cfg: dict) -> dict:
     return {"rank": me}
 
 
+def lose(cfg: dict) -> dict:
+    """4 ranks loop dist.all_reduce; rank cfg["victim"] dies at call cfg["at"]; the
+    others catch the error, shrink the group (rdmamw.torch.shrink) and all_reduce on
+    the survivors' group (its result: the sum of their world rank + 1)."""
+    import rdmamw.torch as rt
+    dist.init_process_group("rdmamw", timeout=datetime.timedelta(seconds=cfg["timeout"]))
+    me = dist.get_rank()
+    t = torch.ones(1 << 16)
+    error, named, calls = None, None, 0
+    try:
+        while True:
+            if me == cfg["victim"] and calls == cfg["at"]:
+                os._exit(3)                 # dies without a word
+            dist.all_reduce(t)
+            calls += 1
+    except Exception as e:  # noqa: BLE001 - what the survivors see
+        error, named = f"{type(e).__name__}: {e}", getattr(e, "rank", None)
+    t0 = time.monotonic()
+    pg = rt.shrink()
+    x = torch.full((1000,), float(me + 1))
+    pg.allreduce([x]).wait()
+    return {"rank": me, "error": error, "named": named, "new_rank": pg.rank(),
+            "new_size": pg.size(), "sum": float(x[0]), "same": bool((x == x[0]).all()),
+            "shrink_s": time.monotonic() - t0}
+
+
 def hello(cfg: dict) -> dict:
     """init (cfg's init_method), one all_reduce, destroy."""
     me, n = init(cfg)
