@@ -4,9 +4,8 @@ After a rank dies or stops, every survivor's operation on the group raises, nami
 that rank (``e.rank``: rdmamw.collectives.revoke). Each survivor then calls
 :func:`shrink` and goes on with the group it returns: ranks renumbered in the old
 order, the same timeout, collectives and p2p on it as on any rdmamw group (call its
-methods, or pass it where torch takes a group object). The old group stays broken.
-Not yet for DistributedDataParallel: a rank lost during DDP's backward crashes the
-survivors inside torch's reducer (docs/torch.md, "A rank lost")."""
+methods, or pass it where torch takes a group object: ``DistributedDataParallel(model,
+process_group=pg)``). The old group stays broken. docs/torch.md, "Errors"."""
 
 from __future__ import annotations
 

@@ -45,6 +45,7 @@ class Work(dist.Work):
     def __init__(self) -> None:
         super().__init__()
         self._tf: TorchFuture = TorchFuture()
+        self._chained: TorchFuture | None = None
         self._error = False
         self._source = -1
 
@@ -74,7 +75,13 @@ class Work(dist.Work):
         return True
 
     def get_future(self) -> TorchFuture:
-        return self._tf
+        # a future chained on ours: a failure reaches C++ callers (DDP's reducer) as a
+        # C++ error (torch turns a callback's exception into one), where our own
+        # future holds the exception as its *value* (Future.set_exception), which the
+        # reducer took for tensors and crashed on (SIGSEGV, parseCppCommHookResult)
+        if self._chained is None:
+            self._chained = self._tf.then(_value)
+        return self._chained
 
     def is_completed(self) -> bool:
         return self._tf.done()
@@ -97,6 +104,10 @@ class Work(dist.Work):
             self._tf.set_exception(error)
         else:
             self._tf.set_result(value)
+
+
+def _value(f: TorchFuture) -> Any:
+    return f.value()         # raises the operation's error (in the chained future)
 
 
 def work_after(h: Any, finish: Callable[[Any], Any], source: bool = False) -> Work:

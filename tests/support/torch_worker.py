@@ -268,6 +268,45 @@ def lose(cfg: dict) -> dict:
             "shrink_s": time.monotonic() - t0}
 
 
+def ddp_lose(cfg: dict) -> dict:
+    """DDP training on 4 ranks; rank cfg["victim"] dies at step cfg["at"]; the others
+    catch the error, shrink the group (rdmamw.torch.shrink), wrap the model again on
+    the survivors' group and finish the training; each prints its parameters' digest
+    and whether the error named the victim."""
+    import rdmamw.torch as rt
+    dist.init_process_group("rdmamw", timeout=datetime.timedelta(seconds=cfg["timeout"]))
+    me = dist.get_rank()
+    torch.manual_seed(0)
+    model = Net()
+    net = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1000 + me)
+    error, named, pg, step, took = None, None, None, 0, 0.0
+    while step < cfg["steps"]:
+        x = torch.randn(32, 1, 8, 8, generator=g)
+        y = torch.randint(0, 10, (32,), generator=g)
+        if me == cfg["victim"] and step == cfg["at"]:
+            os._exit(3)                     # dies without a word
+        try:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+            step += 1
+        except Exception as e:  # noqa: BLE001 - what DDP raises for the lost rank
+            if pg is not None:
+                raise
+            t0, error = time.monotonic(), f"{type(e).__name__}: {e}"
+            named = f"rank {cfg['victim']}" in str(e)
+            pg = rt.shrink()
+            net = torch.nn.parallel.DistributedDataParallel(model, process_group=pg,
+                                                            bucket_cap_mb=1)
+            took = time.monotonic() - t0
+    params = torch.cat([p.detach().flatten() for p in model.parameters()])
+    return {"rank": me, "error": error, "named": named, "steps": step,
+            "new_rank": pg.rank() if pg else None, "new_size": pg.size() if pg else None,
+            "digest": [float(params.sum()), float(params.abs().sum())], "shrink_s": took}
+
+
 def hello(cfg: dict) -> dict:
     """init (cfg's init_method), one all_reduce, destroy."""
     me, n = init(cfg)
