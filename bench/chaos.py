@@ -97,6 +97,7 @@ class Result:
     times: list[float] = field(default_factory=list)       # time to error, per survivor
     shrink_times: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)         # what the survivors raised
+    late: list[str] = field(default_factory=list)           # lines past their bound
 
     def bad(self, kind: str, what: str) -> None:
         self.problems.setdefault(kind, []).append(what)
@@ -115,9 +116,11 @@ class Lines:
             self.q.put((r, line))
         self.q.put((r, None))
 
-    def take(self, want: set[int], until: float, res: Result,
-             what: str) -> dict[int, dict]:
-        """The next JSON line of each rank in ``want`` by ``until`` (time.time())."""
+    def take(self, want: set[int], until: float, res: Result, what: str,
+             keys: tuple[str, ...]) -> dict[int, dict]:
+        """The next JSON line with one of ``keys`` of each rank in ``want`` by ``until``
+        (time.time()); a rank's line of another kind (an error line after its bound) is
+        noted, not taken."""
         got: dict[int, dict] = {}
         while want - set(got):
             try:
@@ -131,10 +134,15 @@ class Lines:
                 got[r] = {}
                 continue
             try:
-                got[r] = json.loads(line)
+                v = json.loads(line)
             except ValueError:
                 res.bad("crash", f"rank {r} printed {line!r}")
                 got[r] = {}
+                continue
+            if any(k in v for k in keys):
+                got[r] = v
+            else:
+                res.late.append(f"rank {r}, waiting for its {what} line, printed {line.strip()}")
         for r in sorted(want - set(got)):
             res.bad("hang", f"rank {r}: no {what} line by its bound")
         return {r: v for r, v in got.items() if v}
@@ -155,7 +163,7 @@ def run_trial(plan: Plan, timeout: float, logdir: Path) -> tuple[Result, Path]:
     try:
         lines = Lines(procs)
         everyone = set(range(plan.ranks))
-        ready = lines.take(everyone, time.time() + STARTUP, res, "ready")
+        ready = lines.take(everyone, time.time() + STARTUP, res, "ready", ("ready",))
         if len(ready) < plan.ranks or not all(v.get("ready") for v in ready.values()):
             # not the fault's doing: the job never started
             res.problems = {"setup": [f"ready: {sorted(ready)} of {plan.ranks}; "
@@ -169,12 +177,12 @@ def run_trial(plan: Plan, timeout: float, logdir: Path) -> tuple[Result, Path]:
         bound = KILL_BOUND if plan.fault == "kill" else timeout + STOP_SLACK
         if plan.layer == "stream":
             bound += stream_timeout
-        errs = lines.take(survivors, t0 + bound, res, "error")
+        errs = lines.take(survivors, t0 + bound, res, "error", ("error",))
         for r, v in sorted(errs.items()):
             judge(res, plan, r, v, t0)
         last = max([v["t"] for v in errs.values()], default=t0)
         after = lines.take(survivors, max(time.time(), last) + timeout + SHRINK_SLACK,
-                           res, "shrink")
+                           res, "shrink", ("t_after",))
         members = sorted(survivors)
         for r, v in sorted(after.items()):
             if "shrink_error" in v:
@@ -244,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", default=None, help="where failed trials' stderr is kept")
     a = ap.parse_args(argv)
     seed = a.seed if a.seed is not None else str(random.randrange(1 << 16))
+    if a.replay:
+        seed = a.replay.rpartition("-")[0]
     seeds = [a.replay] if a.replay else [f"{seed}-{i}" for i in range(a.trials)]
     providers = a.providers.split(",")
     logdir = Path(a.logs or tempfile.mkdtemp(prefix="rdmamw-chaos-"))
@@ -257,19 +267,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[chaos] --seconds {a.seconds:g} reached: {len(results)} trials run")
             break
         plan = Plan.draw(s, providers)
+        began = time.time()
         res, log = run_trial(plan, a.timeout, logdir)
+        took = f"[{time.time() - began:.0f} s]"
         results.append(res)
         t = (f"{','.join(sorted(set(res.errors))) or '-'} "
              f"{min(res.times, default=0):.2f}-{max(res.times, default=0):.2f} s")
         if res.problems:
-            print(f"trial {s:>8}: {plan}: FAIL {t}; ranks' stderr: {log}", flush=True)
+            print(f"trial {s:>8}: {plan}: FAIL {t} {took}; ranks' stderr: {log}",
+                  flush=True)
             for kind, whats in res.problems.items():
                 for w in whats:
                     print(f"    {kind}: {w}", flush=True)
+            for w in res.late:
+                print(f"    late: {w}", flush=True)
         else:
             log.unlink(missing_ok=True)
             print(f"trial {s:>8}: {plan}: ok {t}, shrink "
-                  f"{max(res.shrink_times, default=0):.2f} s", flush=True)
+                  f"{max(res.shrink_times, default=0):.2f} s {took}", flush=True)
     counts = {k: sum(len(r.problems.get(k, ())) for r in results) for k in KINDS}
     failed = sum(1 for r in results if r.problems)
     print(f"[chaos] seed {seed}: {len(results)} trials, {failed} failed, "
