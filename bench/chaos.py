@@ -75,13 +75,14 @@ class Plan:
     worker_seed: int
 
     @classmethod
-    def draw(cls, seed: str, providers: list[str]) -> Plan:
+    def draw(cls, seed: str, providers: list[str], layers: tuple[str, ...] = LAYERS,
+             faults: tuple[str, ...] = FAULTS) -> Plan:
         rng = random.Random(seed)
         ranks = rng.randint(3, 5)
         provider = rng.choice(providers)
         if os.environ.get("RDMAMW_PROVIDER") == "tcp":
             provider = "tcp"
-        return cls(seed, ranks, provider, rng.choice(LAYERS), rng.choice(FAULTS),
+        return cls(seed, ranks, provider, rng.choice(layers), rng.choice(faults),
                    rng.randrange(ranks), round(rng.uniform(0.2, 2.0), 2),
                    rng.getrandbits(31))
 
@@ -248,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="start no trial after this many seconds (0: no cap)")
     ap.add_argument("--timeout", type=float, default=3.0,
                     help="every collective's deadline (what names a stopped rank)")
-    ap.add_argument("--replay", default=None, help="run the one trial SEED-INDEX")
+    ap.add_argument("--layers", default=",".join(LAYERS), help="drawn from these")
+    ap.add_argument("--faults", default=",".join(FAULTS), help="drawn from these")
+    ap.add_argument("--replay", default=None, help="run the one trial SEED-INDEX "
+                    "(with the same --layers and --faults)")
     ap.add_argument("--logs", default=None, help="where failed trials' stderr is kept")
     a = ap.parse_args(argv)
     seed = a.seed if a.seed is not None else str(random.randrange(1 << 16))
@@ -256,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         seed = a.replay.rpartition("-")[0]
     seeds = [a.replay] if a.replay else [f"{seed}-{i}" for i in range(a.trials)]
     providers = a.providers.split(",")
+    layers, faults = tuple(a.layers.split(",")), tuple(a.faults.split(","))
+    if not set(layers) <= set(LAYERS) or not set(faults) <= set(FAULTS):
+        ap.error(f"--layers from {LAYERS}, --faults from {FAULTS}")
     logdir = Path(a.logs or tempfile.mkdtemp(prefix="rdmamw-chaos-"))
     logdir.mkdir(parents=True, exist_ok=True)
     print(f"[chaos] seed {seed}: {len(seeds)} trials on {','.join(providers)}, collective "
@@ -266,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.seconds and time.time() - start > a.seconds:
             print(f"[chaos] --seconds {a.seconds:g} reached: {len(results)} trials run")
             break
-        plan = Plan.draw(s, providers)
+        plan = Plan.draw(s, providers, layers, faults)
         began = time.time()
         res, log = run_trial(plan, a.timeout, logdir)
         took = f"[{time.time() - began:.0f} s]"
@@ -290,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[chaos] seed {seed}: {len(results)} trials, {failed} failed, "
           f"{time.time() - start:.0f} s")
     print("[chaos] " + ", ".join(f"{k} {n}" for k, n in counts.items()))
-    for fault in FAULTS:
+    for fault in faults:
         xs = [t for r in results if r.plan.fault == fault for t in r.times]
         print(f"[chaos] time to error after {fault:4}: {quantiles(xs)}")
     xs = [t for r in results for t in r.shrink_times]
