@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml \
 	tests/support/_hooks.pyx tests/support/build_hooks.py
 
-.PHONY: demo test test-fast test-slow test-torch soak vm-deps bench bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
+.PHONY: demo test test-fast test-slow test-torch soak chaos vm-deps bench bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
 	bench-verbs fuzz-tcp mutate mutate-c lint build docs plots clean
 
 $(VPY):
@@ -49,6 +49,12 @@ SOAK_SECONDS ?= 60
 SOAK_PROVIDER ?= shm
 soak: $(STAMP)
 	$(VPY) tests/soak/soak.py --provider $(SOAK_PROVIDER) --seconds $(SOAK_SECONDS) $(SOAK_ARGS)
+
+# the chaos test of rank failures (bench/chaos.py, docs/testing.md): 8 trials in `make test`;
+# `make chaos CHAOS_TRIALS=1000 CHAOS_ARGS="--seed 7"` for a long run (about 2 hours)
+CHAOS_TRIALS ?= 100
+chaos: $(STAMP)
+	$(VPY) bench/chaos.py --trials $(CHAOS_TRIALS) $(CHAOS_ARGS)
 
 vm-deps:
 	@if [ "$${RDMAMW_VM:-1}" != 0 ]; then bash scripts/rxe-vm.sh --deps; fi
