@@ -64,17 +64,17 @@ def test_a_killed_rank_is_named_by_every_survivor_within_2s(provider):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_stopped_rank_is_named_by_every_survivor_at_the_deadline(provider, tmp_path):
-    timeout = 3.0
-    logs = tmp_path / "ranks.log"
+    timeout = 8.0       # its tenth is the grace a waiter gives the rank it waits on:
+    logs = tmp_path / "ranks.log"       # 0.8 s holds on a loaded CI machine too
     t0, out = strike(provider, signal.SIGSTOP, timeout, str(logs))
     assert sorted(r["rank"] for r in out) == [0, 1, 3]
     for r in out:
         assert (r["error"], r["named"]) == ("Timeout", VICTIM), r
         assert f"rank {VICTIM} made no progress" in r["msg"], r
         # the deadline, then the grace for whoever waited on whom, and the notices
-        assert timeout - 0.1 < r["t"] - t0 < timeout + 4.0, r
+        assert timeout - 0.1 < r["t"] - t0 < timeout + 5.0, r
     # halfway, the rank that waits for it directly warns (a keep-alive in the log)
-    assert re.search(rf"rank {VICTIM} has made no progress for 1\.\d s \(rank 3 waits",
+    assert re.search(rf"rank {VICTIM} has made no progress for [34]\.\d s \(rank 3 waits",
                      logs.read_text()), logs.read_text()
 
 
