@@ -145,6 +145,7 @@ class Communicator:
         #: the last send of the running collective per peer (see :meth:`_settle`)
         self._sent: dict[int, Any] = {}
         self._lock = threading.RLock()
+        self._close_lock = threading.Lock()
         self.max_chunk = min(self.slot_size, self.chunk)
         #: the largest chunk our channels take (what the header round offers): kept as
         #: channels open rather than recomputed over all of them by every collective
@@ -529,17 +530,22 @@ class Communicator:
 
     def _break(self, e: BaseException) -> None:
         """Broken by ``e``: revoke (a notice naming the failed rank to every channel,
-        when ``e`` names one), then close the channels."""
+        when ``e`` names one), then close the channels: on a thread of its own after a
+        revoke, so that the error is raised at once (a tcp channel to a stopped rank
+        waits up to 2 s for it to take our close)."""
         self.broken = e
         self._sent.clear()
         rank = getattr(e, "rank", None)
-        if rank is not None:
-            self.failed.add(self.members[rank])
-            kind = revoke.NO_PROGRESS if isinstance(e, Timeout) else revoke.LOST
-            revoke.send_all([ch for p, ch in self._chans.items() if p != rank],
-                            revoke.notice(kind, rank, getattr(e, "reporter", self.rank),
-                                          self.seq))
-        self.close()
+        if rank is None:
+            self.close()
+            return
+        self.failed.add(self.members[rank])
+        kind = revoke.NO_PROGRESS if isinstance(e, Timeout) else revoke.LOST
+        revoke.send_all([ch for p, ch in self._chans.items() if p != rank],
+                        revoke.notice(kind, rank, getattr(e, "reporter", self.rank),
+                                      self.seq))
+        threading.Thread(target=self.close, name=f"rdmamw-coll-close-{self.rank}",
+                         daemon=True).start()
 
     def dissemination_peers(self) -> list[int]:
         n, k, out = self.size, 1, []
@@ -606,6 +612,10 @@ class Communicator:
         Unless broken, it first trades a goodbye with each peer (waiting up to
         ``linger`` s in all): a tcp socket closed while the peer still has our data in
         flight can be reset and lose it, so we leave only once each peer has finished."""
+        with self._close_lock:          # (a revoke's close may run on its own thread)
+            self._close(linger)
+
+    def _close(self, linger: float) -> None:
         if self._progress is not None:
             self._progress.stop(linger)
             self._progress = None
