@@ -19,6 +19,7 @@ import time
 import pytest
 
 import rdmamw
+from rdmamw.memory import regcache
 from rdmamw.providers.verbs import _device, _memory
 from tests.channel.test_channel_basic import recv_all
 from tests.providers.test_listener_dos import _catch
@@ -416,6 +417,7 @@ def test_a_full_budget_refuses_the_next_channel_and_closing_one_frees_its_share(
     RegistrationError naming RDMAMW_VERBS_PINNED_BYTES; the open ones keep working;
     closing one gives its share back."""
     gc.collect()                # what earlier tests left goes (and gives back its share)
+    regcache.trim_idle(1 << 62)  # and their idle cached registrations (they would give way)
     base, _ = _memory.pinned()
     lst = rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=4096)
     p = _opener(lst.address, 4)
@@ -460,6 +462,7 @@ def test_a_full_budget_refuses_the_next_channel_and_closing_one_frees_its_share(
 def test_a_hello_asking_for_more_than_the_budget_is_refused_before_registering(
         monkeypatch):
     gc.collect()
+    regcache.trim_idle(1 << 62)  # idle cached registrations would give way to it
     # rings registered whole at connect (a ring that grows starts within any budget)
     monkeypatch.setenv("RDMAMW_VERBS_RING_START", "0")
     lst = rdmamw.listen("verbs://127.0.0.1:0", slots=16, slot_size=4096)

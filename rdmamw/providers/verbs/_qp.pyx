@@ -30,7 +30,14 @@ from rdmamw.transport._base cimport (
 from rdmamw.transport.atomics cimport rm_cpu_relax, rm_spin_lock, rm_spin_unlock
 from rdmamw.providers.verbs._ibverbs cimport *
 from rdmamw.providers.verbs._lib cimport also_load, require
-from rdmamw.providers.verbs._device cimport RECV_BUF, VerbsDevice, route_fill, route_free, route_new
+from rdmamw.providers.verbs._device cimport (
+    RECV_BUF,
+    VerbsDevice,
+    rmv_load64,
+    route_fill,
+    route_free,
+    route_new,
+)
 from rdmamw.providers.verbs._memory cimport XMR_N, pin_charge
 from rdmamw.providers.verbs._block cimport VerbsBlock
 
@@ -289,14 +296,23 @@ cdef class VerbsQP(Transport):
         """The Transport's, plus: receive completions, the MRs and bytes this endpoint
         has registered (its block and receive buffer included), and what the process's
         device holds for all its endpoints (``device_qps``, ``device_cqs``)."""
-        cdef uint64_t doorbells, wakeups
+        cdef uint64_t doorbells, wakeups, d2, w2
+        cdef int _i, tries = 0
         d = Transport.counters(self)
-        # read together under the post lock (without the GIL: a post may hold it a
-        # while): a doorbell is counted with what it was for (a wake-up, a grant)
+        # a doorbell is counted, then what it was for (a wake-up, a grant of the device
+        # thread): read both twice, microseconds apart, until the two reads agree, so a
+        # snapshot never holds the one without the other. (Not under the post lock:
+        # the device thread's grant only tries that lock, and would be lost.)
         with nogil:
-            rm_spin_lock(&self.lock)
-            doorbells, wakeups = self.n_doorbells, self.n_wakeups
-            rm_spin_unlock(&self.lock)
+            d2, w2 = rmv_load64(&self.n_doorbells), rmv_load64(&self.n_wakeups)
+            while True:
+                doorbells, wakeups = d2, w2
+                for _i in range(512):
+                    rm_cpu_relax()
+                d2, w2 = rmv_load64(&self.n_doorbells), rmv_load64(&self.n_wakeups)
+                tries += 1
+                if (d2 == doorbells and w2 == wakeups) or tries == 100:
+                    break
         d["doorbells"], d["wakeups_sent"] = doorbells, wakeups
         d["recv_completions"] = self.n_recv_completions
         n, nbytes = self.mem.usage() if self.mem is not None else (0, 0)
