@@ -16,9 +16,9 @@ from rdmamw.engine._messages import set_host_view
 from rdmamw.errors import ConfigError, ProviderUnavailable, Timeout, setup_errors
 from rdmamw.memory.buffer import host_view
 from rdmamw.memory.counters import channel_stats
-from rdmamw.memory.regcache import RegCache, trim_idle
+from rdmamw.memory.regcache import RegCache
 from rdmamw.providers import Connected, provider
-from rdmamw.transport import layout, pressure
+from rdmamw.transport import layout
 from rdmamw.vocabulary import AUTO, BATCHED, OFF, RNDV_TRANSFERS, check_mode
 
 WIRE_MAX_MESSAGE = (1 << 32) - 1    # a rendezvous descriptor's length field
@@ -191,8 +191,6 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
 
 
 _CACHES_LOCK = threading.Lock()
-#: a provider short of pinned budget lets the caches' idle registrations go first
-pressure.add_reliever(trim_idle)
 
 
 @_fork.at_child

@@ -36,7 +36,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from rdmamw import _fork, config
@@ -297,18 +297,6 @@ class RegCache:
                 if self._cached_bytes + length <= self.max_bytes:
                     return
 
-    def _trim(self, need: int) -> int:
-        """Evict idle entries, least recently used first, until ``need`` bytes are
-        deregistered (or none is idle); the bytes deregistered."""
-        before = self.bytes_pinned
-        for e in list(self._table.values()):
-            if before - self.bytes_pinned >= need:
-                break
-            if e.inuse == 0:
-                self.evictions += 1
-                self._drop(e)
-        return before - self.bytes_pinned
-
     def _drop(self, e: _Entry) -> None:
         """Take ``e`` out of the table; deregister it unless a lease still uses it."""
         if e.cached and self._table.get(e.key) is e:
@@ -393,30 +381,6 @@ class _Guard:
 
 #: every live cache, so a fork child can give each a fresh lock
 _caches: weakref.WeakSet[RegCache] = weakref.WeakSet()
-
-
-def trim_idle(need: int, caches: Iterable[RegCache] | None = None) -> int:
-    """Deregister idle cached registrations of every cache of the process, least
-    recently used first, until ``need`` bytes are freed; the bytes freed. A provider
-    short of pinned budget calls it before refusing: idle cache entries must never
-    stop a new channel or a live transfer. Entries in use stay. A cache whose lock
-    another thread holds is passed over (this call never waits for one); the cache
-    this thread is inside (a registration of its own ran short) is trimmed in place.
-    ``caches``: only these (tests), not every cache of the process."""
-    freed, me = 0, threading.get_ident()
-    for cache in list(_caches if caches is None else caches):
-        if freed >= need:
-            break
-        if cache._owner == me:
-            freed += cache._trim(need - freed)
-        elif cache._lock.acquire(blocking=False):
-            cache._owner = me
-            try:
-                freed += cache._trim(need - freed)
-            finally:
-                cache._owner = None
-                cache._lock.release()
-    return freed
 
 
 @_fork.at_child

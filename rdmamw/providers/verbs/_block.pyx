@@ -15,7 +15,8 @@ from posix.stdlib cimport posix_memalign
 
 from rdmamw.transport.atomics cimport rm_load_acquire64, rm_spin_trylock, rm_spin_unlock
 from rdmamw.providers.verbs._ibverbs cimport *
-from rdmamw.providers.verbs._memory cimport VerbsMemory, charge, pin_charge, pin_refund
+from rdmamw.providers.verbs._memory cimport VerbsMemory, pin_charge, pin_refund
+from rdmamw.providers.verbs._memory import budget_error
 
 
 @cython.final
@@ -43,7 +44,8 @@ cdef class VerbsBlock:
             self.slots, self.stride, self.off = ring_len // stride, stride, off
             self.granted = granted
             head = off + <uint64_t>granted * stride
-        charge(head, "a channel's receive ring")
+        if pin_charge(head):
+            raise budget_error(head, "a channel's receive ring")
         self.charged = head
         # the peer writes the block, nothing else: no remote read, no atomics
         self.head_mr = mem.dev.reg_mr(mem.pd, p, head,

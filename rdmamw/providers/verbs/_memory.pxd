@@ -16,7 +16,6 @@ cdef enum:
 # made and refunded when it goes; 0 charged, -1 over the budget
 cdef int pin_charge(uint64_t n) noexcept nogil
 cdef void pin_refund(uint64_t n) noexcept nogil
-cdef int charge(uint64_t n, str what) except -1
 
 
 cdef class VerbsMemory:

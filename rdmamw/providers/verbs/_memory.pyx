@@ -26,7 +26,6 @@ from rdmamw.transport._base cimport (
     rm_mem,
 )
 from rdmamw.errors import RegistrationError
-from rdmamw.transport import pressure
 
 from rdmamw.transport.atomics cimport rm_spin_lock, rm_spin_unlock
 from rdmamw.providers.verbs._ibverbs cimport *
@@ -64,20 +63,6 @@ cdef int pin_charge(uint64_t n) noexcept nogil:
 
 cdef void pin_refund(uint64_t n) noexcept nogil:
     rmv_add64(&_pinned, -n)
-
-
-cdef int charge(uint64_t n, str what) except -1:
-    """Charge ``n`` registered bytes to the process's budget; short of room, first
-    let the layers above drop idle registrations (transport.pressure), then
-    raise the budget's RegistrationError naming ``what``."""
-    if pin_charge(n) == 0:
-        return 0
-    # another thread may take what was freed before we charge it: again, while the
-    # caches still let something go (finite: each round deregisters idle entries)
-    while pressure.relieve(n):
-        if pin_charge(n) == 0:
-            return 0
-    raise budget_error(n, what)
 
 
 def set_pinned_budget(uint64_t n) -> None:
@@ -170,7 +155,8 @@ cdef class VerbsMemory:
         cdef ibv_mr *mr
         cdef void *p
         cdef int err
-        charge(length, "a channel's staging ring or control words")
+        if pin_charge(length):
+            raise budget_error(length, "a channel's staging ring or control words")
         mr = self.dev.reg_mr(self.pd, <void *>addr, length, IBV_ACCESS_LOCAL_WRITE)
         if mr == NULL:
             err = errno
@@ -194,7 +180,8 @@ cdef class VerbsMemory:
         cdef void *p
         cdef int flags = self.remote_flags(IBV_ACCESS_REMOTE_READ) if remote_read \
             else IBV_ACCESS_LOCAL_WRITE
-        charge(length, "registering a buffer for a large message")
+        if pin_charge(length):
+            raise budget_error(length, "registering a buffer for a large message")
         cdef int err = 0
         with nogil:
             mr = self.dev.reg_mr(self.pd, <void *>addr, length, flags)

@@ -77,13 +77,6 @@ def check_budget(need: int, what: str) -> None:
     from rdmamw.providers.verbs import _memory
     _memory.set_pinned_budget(pinned_budget())
     used, budget = _memory.pinned()
-    # idle registrations of the caches hold pins nobody uses: they go first (again
-    # while they free something: another thread may take what was freed)
-    from rdmamw.transport import pressure
-    while need <= budget and used > budget - need:
-        if not pressure.relieve(used + need - budget):
-            break
-        used, budget = _memory.pinned()
     if need > budget or used > budget - need:
         raise _memory.budget_error(need, what)
 
