@@ -16,7 +16,7 @@ from rdmamw.engine._messages import set_host_view
 from rdmamw.errors import ConfigError, ProviderUnavailable, Timeout, setup_errors
 from rdmamw.memory.buffer import host_view
 from rdmamw.memory.counters import channel_stats
-from rdmamw.memory.regcache import RegCache
+from rdmamw.memory.regcache import RegCache, default_max_bytes
 from rdmamw.providers import Connected, provider
 from rdmamw.transport import layout
 from rdmamw.vocabulary import AUTO, BATCHED, OFF, RNDV_TRANSFERS, check_mode
@@ -176,7 +176,7 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
         if strategy != OFF and tp.registers_memory:
             # a large buffer is registered on its first send (or receive), not per
             # message
-            ch.regcache, ch.regcache_dst = _registration_caches(tp)
+            ch.regcache, ch.regcache_dst = _registration_caches(tp, _cache_bytes(scheme))
     except BaseException:
         conn.transport.close()
         raise
@@ -199,24 +199,40 @@ def _new_caches_lock() -> None:
     _CACHES_LOCK = threading.Lock()   # a thread of the parent may have held it at fork
 
 
-def _registration_caches(tp: Any) -> tuple[RegCache, RegCache]:
+#: the share of the provider's pinned budget one registration cache may keep idle
+CACHE_SHARE = 4
+
+
+def _cache_bytes(scheme: str) -> int:
+    """A cache's bound: RDMAMW_REGCACHE_BYTES, and no more than a quarter of the
+    provider's pinned budget, so that the two caches of a domain, full of idle
+    registrations, still leave half of it to rings and to transfers in use."""
+    limit = default_max_bytes()
+    budget = getattr(provider(scheme), "pinned_budget", None)
+    return limit if budget is None else min(limit, budget() // CACHE_SHARE)
+
+
+def _registration_caches(tp: Any, max_bytes: int) -> tuple[RegCache, RegCache]:
     """A channel's registration caches (large sources, READ destinations): those of
     the process's shared protection domain where the provider has one (verbs with
     memory windows: a buffer is registered once for all peers; the caches live as long
-    as the process), else the channel's own (its own domain; closed with it). Each is
-    bounded by RDMAMW_REGCACHE_BYTES."""
+    as the process), else the channel's own (its own domain; closed with it). Each
+    keeps at most ``max_bytes`` idle (_cache_bytes)."""
     owner = tp.shared_registrations() if hasattr(tp, "shared_registrations") else None
     if owner is None:
-        return (RegCache(partial(tp.mr_register, remote_read=True), tp.mr_deregister),
-                RegCache(tp.mr_register, tp.mr_deregister))
+        return (RegCache(partial(tp.mr_register, remote_read=True), tp.mr_deregister,
+                         max_bytes),
+                RegCache(tp.mr_register, tp.mr_deregister, max_bytes))
     with _CACHES_LOCK:
         if owner.regcaches is None:
             owner.regcaches = (
                 RegCache(partial(owner.mr_register, remote_read=True), owner.mr_deregister,
-                         shared=True),
+                         max_bytes, shared=True),
                 RegCache(partial(owner.mr_register, remote_read=False),
-                         owner.mr_deregister, shared=True))
+                         owner.mr_deregister, max_bytes, shared=True))
         caches: tuple[RegCache, RegCache] = owner.regcaches
+        for c in caches:            # the budget may have changed since they were made
+            c.max_bytes = max_bytes
         return caches
 
 

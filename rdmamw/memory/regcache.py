@@ -27,9 +27,12 @@ and the leased buffer is kept exported, so it can be neither freed nor resized.
 
 Bounded by bytes: idle entries are evicted least-recently-used first to keep the
 registered bytes under ``max_bytes`` (``RDMAMW_REGCACHE_BYTES``, default 1 GiB); only
-entries in use may take it over. An owner larger than ``max_bytes`` is not cached: only
-the part a use needs is registered, for that use (not the whole owner each time).
-``max_bytes=0`` disables caching (register per use)."""
+entries in use may take it over (the channel layer also keeps each cache within a
+quarter of the provider's pinned budget). An owner larger than ``max_bytes`` is not
+cached: only the part a use needs is registered, for that use (not the whole owner each
+time). ``max_bytes=0`` disables caching (register per use). A registration the
+provider refuses for its budget (RegistrationError) is tried once more after the
+cache's own idle entries went."""
 
 from __future__ import annotations
 
@@ -268,7 +271,14 @@ class RegCache:
         cached = cache and length <= self.max_bytes
         if cached:
             self._evict_for(length)
-        handle = self._register(addr, length)
+        try:
+            handle = self._register(addr, length)
+        except RegistrationError:
+            # the provider's budget is full: our own idle entries go first, then once
+            # more (entries in use stay; another cache's are its own to let go)
+            if not self._evict_idle(length):
+                raise
+            handle = self._register(addr, length)
         self.registrations += 1
         self.bytes_pinned += length
         e = _Entry(addr, length, handle, cached)
@@ -296,6 +306,18 @@ class RegCache:
                 self._drop(e)
                 if self._cached_bytes + length <= self.max_bytes:
                     return
+
+    def _evict_idle(self, need: int) -> int:
+        """Evict idle entries, least recently used first, until ``need`` bytes are
+        deregistered or none is idle; the bytes deregistered."""
+        before = self.bytes_pinned
+        for e in list(self._table.values()):
+            if before - self.bytes_pinned >= need:
+                break
+            if e.inuse == 0:
+                self.evictions += 1
+                self._drop(e)
+        return before - self.bytes_pinned
 
     def _drop(self, e: _Entry) -> None:
         """Take ``e`` out of the table; deregister it unless a lease still uses it."""

@@ -494,3 +494,37 @@ def _accept_until_closed(lst, out: list) -> None:
         out.append(lst.accept(timeout=120))
     except rdmamw.RdmamwError as e:
         out.append(type(e).__name__)
+
+
+def test_idle_cached_registrations_keep_within_a_quarter_of_the_budget(monkeypatch):
+    """Large sends leave their sources (bytes: held by the cache) registered and idle in
+    the process's shared caches. A cache keeps at most a quarter of the pinned budget
+    of them (the older go first), so a new channel still finds room."""
+    gc.collect()
+    a, b, lst, _, _ = _pair()
+    try:
+        for c in (a.regcache, a.regcache_dst):
+            c.clear()                   # what earlier tests left in the shared caches
+        used, _ = _memory.pinned()
+        budget = used + (48 << 20)
+        monkeypatch.setenv("RDMAMW_VERBS_PINNED_BYTES", str(budget))
+        c, d, lst2, _, _ = _pair()      # the caches learn the budget
+        c.close(), d.close(), lst2.close()
+        quarter = budget // 4
+        assert a.regcache.max_bytes == quarter
+        sends = quarter // (1 << 20) + 4
+        for i in range(sends):         # (taken before the send is waited for: a READ)
+            body = bytes([i % 251]) * (1 << 20)
+            h = a.send(body)
+            assert bytes(recv_all(b, 1)[0]) == body
+            h.wait(timeout=60)
+        s = a.regcache.stats()
+        assert s["evictions"] >= 4 and s["bytes_pinned"] <= quarter, s
+        c, d, lst2, _, _ = _pair()      # room for another channel
+        try:
+            c.send(b"fits").wait(timeout=30)
+            assert recv_all(d, 1) == [b"fits"]
+        finally:
+            c.close(), d.close(), lst2.close()
+    finally:
+        a.close(), b.close(), lst.close()

@@ -388,3 +388,56 @@ def test_release_and_free_inside_the_cache_own_call_do_not_deadlock():
         pass
     s = c.stats()
     assert first not in p.live and s["invalidations"] == 1 and s["bytes_pinned"] == 2000
+
+
+# ---- a provider's pinned budget full: the cache's own idle entries go first ---------
+
+def _budgeted(budget: int) -> tuple[RegCache, FakeProvider]:
+    """A cache whose provider refuses past ``budget`` registered bytes (as verbs'
+    RDMAMW_VERBS_PINNED_BYTES does), with a cache bound that does not stop it first."""
+    p = FakeProvider()
+
+    def register(addr: int, length: int) -> int:
+        if p.bytes() + length > budget:
+            raise RegistrationError("past the pinned budget")
+        return p.register(addr, length)
+
+    return RegCache(register, p.deregister, max_bytes=1 << 30), p
+
+
+def test_a_refused_registration_lets_idle_entries_go_lru_first_and_is_tried_again():
+    c, p = _budgeted(3 * 4096)
+    bufs = [np.zeros(4096, np.uint8) for _ in range(3)]
+    for b in bufs:
+        c.acquire(b).release()
+    held = c.acquire(bufs[0])               # in use (and now the most recent): stays
+    new = np.zeros(4096, np.uint8)
+    with c.acquire(new) as lease:
+        assert p.live[lease.handle] == span(new)
+    # only the least recently used idle entry (bufs[1]) went: 4096 bytes were enough
+    assert [a for a, _, _ in c.entries()] == [span(b)[0] for b in (bufs[2], bufs[0], new)]
+    assert c.stats()["evictions"] == 1 and p.bytes() == 3 * 4096
+    # every entry in use: nothing to let go, the provider's error comes through, and
+    # nothing cached changed
+    leases = [c.acquire(b) for b in (bufs[2], new)]
+    with pytest.raises(RegistrationError, match="past the pinned budget"):
+        c.acquire(np.zeros(4096, np.uint8))
+    assert [a for a, _, _ in c.entries()] == [span(b)[0] for b in (bufs[0], bufs[2], new)]
+    assert c.stats()["evictions"] == 1 and p.bytes() == 3 * 4096
+    held.release()
+    for lease in leases:
+        lease.release()
+
+
+def test_a_cache_of_a_provider_with_a_pinned_budget_keeps_a_quarter_of_it(monkeypatch):
+    from rdmamw.channel import channel
+    from rdmamw.providers import provider
+
+    monkeypatch.setenv("RDMAMW_REGCACHE_BYTES", "1G")
+    fake = type("P", (), {"pinned_budget": staticmethod(lambda: 400 << 20)})()
+    monkeypatch.setattr(channel, "provider", lambda scheme: fake)
+    assert channel._cache_bytes("verbs") == 100 << 20
+    monkeypatch.setenv("RDMAMW_REGCACHE_BYTES", "64M")      # the setting is smaller
+    assert channel._cache_bytes("verbs") == 64 << 20
+    monkeypatch.setattr(channel, "provider", provider)      # shm: no budget to keep
+    assert channel._cache_bytes("shm") == 64 << 20

@@ -327,6 +327,12 @@ class VerbsProvider:
     def listen(self, where: str, *, slots: int, slot_size: int) -> VerbsListener:
         return listen(where, slots=slots, slot_size=slot_size)
 
+    def pinned_budget(self) -> int:
+        """The process's budget of registered bytes (RDMAMW_VERBS_PINNED_BYTES or half
+        the memory, within ``ulimit -l``): the channel layer keeps its registration
+        caches well inside it."""
+        return dev.pinned_budget()
+
     def status(self) -> tuple[bool, str]:
         return dev.status()
 
