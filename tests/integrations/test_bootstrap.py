@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -291,6 +292,32 @@ def test_local_launcher_exits_with_the_first_failing_ranks_code():
     assert launch.run([sys.executable, "-c", fail], 2) == 3
     assert time.monotonic() - t0 < 25                 # rank 0 was stopped, not awaited
     assert launch.run([sys.executable, "-c", "pass"], 2) == 0
+
+
+def test_max_lost_lets_the_others_run_on_and_a_failure_beyond_it_stops_them(capfd):
+    """--max-lost K: up to K failed ranks are reported and the others run to their end
+    (exit 0 when they succeed); the failure after those stops the job as without it."""
+    from rdmamw.bootstrap import launch
+    # rank 1 dies at once, rank 2 fails after 1 s; rank 0 writes a file when it ends
+    code = "import os, signal, sys, time; r = os.environ['RANK']; " \
+           "r == '1' and os.kill(os.getpid(), signal.SIGKILL); " \
+           "time.sleep(1); r == '2' and sys.exit(5); time.sleep(4); " \
+           "open(sys.argv[1] + r, 'w').close()"
+    with tempfile.TemporaryDirectory() as d:
+        done = os.path.join(d, "done")
+        assert launch.run([sys.executable, "-c", code, done], 3, max_lost=2) == 0
+        assert sorted(os.listdir(d)) == ["done0"]       # rank 0 ran to its end
+        err = capfd.readouterr().err
+        assert "rank 1 failed (killed by SIGKILL); the other 2 go on (1 of --max-lost 2)" \
+            in err and "rank 2 failed (exit status 5); the other 1 go on (2 of" in err
+        t0 = time.monotonic()
+        assert launch.run([sys.executable, "-c", code, done + "x"], 3, max_lost=1) == 5
+        assert time.monotonic() - t0 < 4.0             # rank 0 was stopped, not awaited
+        assert sorted(os.listdir(d)) == ["done0"]
+    with pytest.raises(SystemExit) as e:
+        launch.main(["-n", "2", "--max-lost", "2", "--", "true"])
+    assert e.value.code == 2
+    assert "--max-lost must be 0 .. 1, not 2" in capfd.readouterr().err
 
 
 def test_the_launcher_says_what_it_needs(capsys):

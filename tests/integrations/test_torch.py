@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from rdmamw import config
 from rdmamw.bootstrap.launch import free_port, job_env
 from tests.integrations.test_collectives import ROOT, job
 from tests.support.helpers import reap
@@ -254,3 +255,27 @@ def test_ddp_loses_a_rank_and_finishes_training_on_the_survivors():
         assert (r["new_size"], r["new_rank"]) == (3, [0, 1, 3].index(r["rank"])), r
         assert r["steps"] == 8 and r["shrink_s"] < 3.0, r
     assert res[0]["digest"] == res[1]["digest"] == res[2]["digest"]
+
+
+def test_the_elastic_example_loses_a_rank_and_finishes_on_the_others():
+    """examples/torch_elastic.py as its docstring runs it: the local launcher with
+    --max-lost 1, rank 2 SIGKILLed at step 20 of 60. The launcher reports it and lets the
+    others run on; each survivor names rank 2, shrinks to 3 ranks, finishes all 60
+    steps with the very same parameters, and the fit converged (noise 0.01: mse ~1e-4)."""
+    cmd = [sys.executable, "-m", "rdmamw.bootstrap.launch", "-n", "4", "--max-lost", "1",
+           "--", sys.executable, os.path.join(ROOT, "examples", "torch_elastic.py"),
+           "--lose", "2", "--at", "20", "--steps", "60"]
+    env = {k: v for k, v in os.environ.items() if k != "RDMAMW_TOKEN"}
+    env["PYTHONPATH"] = ROOT
+    p = subprocess.run(cmd, cwd=ROOT, env=config.without_launchers(env),
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "[launch] rank 2 failed (killed by SIGKILL); the other 3 go on" in p.stderr
+    res = sorted((json.loads(x.split(" ", 1)[1]) for x in p.stdout.splitlines()
+                  if x.startswith("result ")), key=lambda r: r["rank"])
+    assert [(r["rank"], r["new_rank"], r["size"], r["steps"]) for r in res] == \
+        [(0, 0, 3, 60), (1, 1, 3, 60), (3, 2, 3, 60)], res
+    for r in res:
+        assert "rank 2" in r["error"] and "shrunk to 3 ranks" in r["error"], r
+        assert r["loss"] < 1e-3, r
+    assert res[0]["params_sum"] == res[1]["params_sum"] == res[2]["params_sum"]
