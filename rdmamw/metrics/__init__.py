@@ -14,6 +14,7 @@ import threading
 from typing import Any
 
 from rdmamw import config
+from rdmamw.errors import ConfigError
 from rdmamw.metrics import settings as settings
 from rdmamw.metrics.readings import disable, enable, snapshot
 
@@ -46,6 +47,10 @@ def serve(port: int | None = None, addr: str | None = None) -> int:
                 if base is None:
                     raise ValueError("no port: pass one or set RDMAMW_METRICS_PORT")
                 port = base + local_rank()
+                if port > 65535:
+                    raise ConfigError(f"RDMAMW_METRICS_PORT={base} + local rank "
+                                      f"{port - base} = {port} is above the last port, "
+                                      f"65535: set a lower one")
             from rdmamw.metrics.exporter import Endpoint
             _endpoint = Endpoint(port, config.get("RDMAMW_METRICS_ADDR") if addr is None
                                  else addr)

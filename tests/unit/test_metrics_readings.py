@@ -17,7 +17,7 @@ import pytest
 
 import rdmamw
 from rdmamw import errors, observe
-from rdmamw.errors import PeerLost, PeerNotFound, Timeout
+from rdmamw.errors import ConfigError, PeerLost, PeerNotFound, Timeout
 from rdmamw.metrics import readings
 from tests.support.helpers import free_ports, make_pair, unique_name
 
@@ -202,3 +202,12 @@ def test_a_bad_port_fails_the_open_naming_the_setting():
     p = run_off({"RDMAMW_METRICS_PORT": "http"})
     assert p.returncode != 0
     assert "ConfigError" in p.stderr and "RDMAMW_METRICS_PORT='http'" in p.stderr
+
+
+def test_a_port_past_the_last_for_this_local_rank_is_a_config_error(monkeypatch):
+    import rdmamw.metrics as metrics
+    monkeypatch.setenv("RDMAMW_METRICS_PORT", "65535")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match="65536"):
+        metrics.serve()
+    assert metrics._endpoint is None
