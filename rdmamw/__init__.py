@@ -7,7 +7,7 @@
 >>> [bytes(m) for m in lst_side.recv_batch()]       # doctest: +SKIP
 """
 
-from rdmamw import errors, log
+from rdmamw import errors, log, observe
 from rdmamw.bootstrap import World, finalize, init, world
 from rdmamw.channel import Channel, Listener, Message, SendHandle, listen
 from rdmamw.errors import (
@@ -27,6 +27,16 @@ from rdmamw.errors import (
 __version__ = "0.1.0"
 
 log.configure()     # RDMAMW_LOG_LEVEL / RDMAMW_LOG_FILE (rdmamw/log.py)
+
+
+def _metrics_from_environment() -> None:
+    """RDMAMW_METRICS_PORT's endpoint, once the process joins a job or opens a channel
+    (rdmamw/observe.py); prometheus_client is imported only when it is set."""
+    from rdmamw.metrics import from_environment
+    from_environment()
+
+
+observe.at_begin(_metrics_from_environment)
 
 __all__ = [
     "BufferTooSmall",

@@ -57,6 +57,8 @@ class AuthError(ProtocolError):
 class TokenRefused(AuthError):
     """The listener said our proof was wrong: it holds another token (or job)."""
 
+    error_kind = "refused"
+
 
 def set_token(token: str | bytes | None) -> None:
     """Use ``token`` for connections made from now on (``None``: back to the default)."""

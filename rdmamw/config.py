@@ -191,6 +191,7 @@ COMPONENTS: tuple[tuple[str, str | None], ...] = (
     ("bootstrap", None),
     ("collectives", "rdmamw.collectives.settings"),
     ("ps", "rdmamw.ps.settings"),
+    ("metrics", "rdmamw.metrics.settings"),
     ("log", None),
     ("launcher", None),
 )
@@ -328,12 +329,15 @@ L("TORCHELASTIC_USE_AGENT_STORE", "str", TORCHRUN,
 L("OMPI_COMM_WORLD_RANK", "int", OMPI, "this process's rank", **RK)
 L("OMPI_COMM_WORLD_SIZE", "int", OMPI, "ranks in the job", **WS)
 L("OMPI_COMM_WORLD_LOCAL_SIZE", "int", OMPI, "ranks on this host", **WS)
+L("OMPI_COMM_WORLD_LOCAL_RANK", "int", OMPI, "this process's rank on its host", **RK)
 L("PMI_RANK", "int", MPICH, "this process's rank", **RK)
 L("PMI_SIZE", "int", MPICH, "ranks in the job", **WS)
 L("MPI_LOCALNRANKS", "int", MPICH, "ranks on this host", **WS)
+L("MPI_LOCALRANKID", "int", MPICH, "this process's rank on its host", **RK)
 L("SLURM_PROCID", "int", SLURM, "this process's rank", **RK)
 L("SLURM_NTASKS", "int", SLURM, "ranks in the job", **WS)
 L("SLURM_NTASKS_PER_NODE", "int", SLURM, "ranks per host", **WS)
+L("SLURM_LOCALID", "int", SLURM, "this process's rank on its host", **RK)
 L("SLURM_JOB_NODELIST", "str", SLURM, "the job's hosts: the first one runs rank 0's store")
 L("SLURM_JOB_ID", "int", SLURM, "the job's id: rank 0's port is 20000 + id mod 20000",
   maximum=(1 << 63) - 1)

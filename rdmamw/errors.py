@@ -3,12 +3,32 @@ bounded time; all derive from :class:`RdmamwError`."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any, ClassVar
+
+#: the kinds of failure counted (rdmamw.metrics: ``rdmamw_errors_total{kind}``)
+KINDS = ("peer_lost", "timeout", "refused", "protocol")
+#: errors of each kind this process made so far
+COUNTS = dict.fromkeys(KINDS, 0)
 
 
 class RdmamwError(Exception):
     """Base of every rdmamw error."""
+
+    #: what :data:`COUNTS` counts it as (one of :data:`KINDS`), None: not counted
+    error_kind: ClassVar[str | None] = None
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        kind = self.error_kind
+        if kind is not None:
+            # one failure, counted once: an error that re-raises one of its kind with
+            # more said (the rank it was, the collective) is made while handling it
+            handled = sys.exc_info()[1]
+            if getattr(handled, "error_kind", None) != kind:
+                COUNTS[kind] += 1
 
 
 class PeerLost(RdmamwError, ConnectionError):
@@ -17,11 +37,15 @@ class PeerLost(RdmamwError, ConnectionError):
     Raised by a collective, ``rank`` is the member that was lost (as the members that
     saw it first reported it), whichever member this one was talking to."""
 
+    error_kind = "peer_lost"
+
     rank: int | None = None
 
 
 class PeerNotFound(RdmamwError, ConnectionError):
     """Nobody listens at the address (within the open timeout)."""
+
+    error_kind = "refused"
 
 
 class PeerRefused(RdmamwError, PermissionError):
@@ -29,6 +53,8 @@ class PeerRefused(RdmamwError, PermissionError):
     ``RDMAMW_SHM_ALLOW_UIDS``), or a verbs listener whose pinned-memory budget
     (``RDMAMW_VERBS_PINNED_BYTES``) has no room for the channel. The message names the
     peer and what to change."""
+
+    error_kind = "refused"
 
 
 class ChannelClosed(RdmamwError):
@@ -53,6 +79,8 @@ class Timeout(RdmamwError, TimeoutError):
     before the timeout (they will be delivered; the rest were not sent). Raised by a
     collective, ``rank`` is the member that made no progress."""
 
+    error_kind = "timeout"
+
     rank: int | None = None     # a collective's: the member that made no progress
 
     def __init__(self, message: str, sent: int = 0) -> None:
@@ -76,6 +104,8 @@ class BufferTooSmall(RdmamwError, ValueError):
 class ProtocolError(RdmamwError):
     """The peer wrote something that breaks the wire protocol (bad header, bad
     sequence number, bad descriptor). The channel is unusable afterwards."""
+
+    error_kind = "protocol"
 
 
 class ProviderUnavailable(RdmamwError):

@@ -15,12 +15,14 @@ on one communicator run one at a time, in call order, on one loop."""
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from rdmamw import observe
 from rdmamw.aio.channel import Channel
 from rdmamw.collectives import algorithms, api, rooted
 from rdmamw.collectives.alltoall import plan_alltoall
@@ -59,6 +61,8 @@ async def run(plan: api.Plan, timeout: float | None = None) -> Any:
     st = _state.get(comm)
     if st is None:
         st = _state[comm] = _Awaiting()
+    watch = observe.collective          # None unless rdmamw.metrics records
+    t0 = time.perf_counter() if watch is not None else 0.0
     async with st.lock:
         with comm.exclusive(), comm.guard(plan.header):
             comm.begin(timeout)
@@ -72,6 +76,8 @@ async def run(plan: api.Plan, timeout: float | None = None) -> Any:
             finally:
                 comm.blocking = True
                 comm.deadline = 0.0
+                if watch is not None:
+                    watch(plan.header[0], time.perf_counter() - t0)
 
 
 async def _drive(comm: Communicator, st: _Awaiting, steps: Steps) -> Any:

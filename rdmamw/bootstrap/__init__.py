@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from rdmamw import _fork, _host, auth, config
+from rdmamw import _fork, _host, auth, config, observe
 from rdmamw.bootstrap import choice, ifname, store
 from rdmamw.bootstrap.env import LaunchInfo, detect
 from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, setup_errors
@@ -127,8 +127,9 @@ def init(timeout: float | None = None, *, slots: int | None = None,
         ring = (slots or config.get("RDMAMW_SLOTS"),
                 slot_size or config.get("RDMAMW_SLOT_SIZE"))
         with setup_errors("rdmamw.init()"):
-            _world = _join(info, t, ring)
-        return _world
+            _world = joined = _join(info, t, ring)
+    observe.begin()         # RDMAMW_METRICS_PORT's endpoint (rdmamw/observe.py)
+    return joined
 
 
 class _Listeners(dict[str, Any]):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from rdmamw import _fork, auth, config
+from rdmamw import _fork, auth, config, observe
 from rdmamw.channel import rendezvous as _rendezvous
 from rdmamw.channel.address import split_address
 from rdmamw.engine import Engine
@@ -136,6 +136,7 @@ class Channel(Engine):
         if self.closed:
             return
         Engine.close(self)
+        observe.retire(self)        # its counters stay in the metrics (rdmamw/observe.py)
         if log.isEnabledFor(logging.INFO):
             st = Engine.stats(self)
             log.info("channel to %s closed (%s): %d messages / %d bytes sent in %d batches "
@@ -162,6 +163,7 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
     with ``{peer}`` standing for the peer's address."""
     ch = cls()
     try:
+        observe.begin()     # the first channel: RDMAMW_METRICS_PORT's endpoint
         scheme = conn.peer.partition("://")[0]
         strategy, threshold = _rendezvous.resolve(rndv[0], rndv[1], scheme)
         if rndv[0] in RNDV_TRANSFERS and not conn.transport.can_expose:
@@ -183,6 +185,7 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
     ch.peer = conn.peer
     ch.peer_rank = conn.peer_rank
     ch.provider = scheme
+    observe.register(ch)
     log.info("channel %s: mode %s, ring %dx%d B here / %dx%d B there, rendezvous %s "
              "(threshold %s)", how.replace("{peer}", conn.peer), conn.mode, conn.slots,
              conn.slot_size, conn.peer_slots, conn.peer_slot_size, ch.rendezvous,

@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from rdmamw import config
+from rdmamw import config, observe
 from rdmamw.channel import Channel, Message
 from rdmamw.collectives import revoke, survivors
 from rdmamw.collectives._kernels import Copier
@@ -459,6 +459,8 @@ class Communicator:
 
         A lost peer (or any failure past the header) breaks the communicator and
         closes its channels, so ranks waiting on us see it too instead of hanging."""
+        watch = observe.collective          # None unless rdmamw.metrics records
+        t0 = time.perf_counter() if watch is not None else 0.0
         with self._lock, self.guard(header):
             self.begin(timeout)
             try:
@@ -468,6 +470,8 @@ class Communicator:
                 return self.drive(self.steps(header, body))
             finally:
                 self.deadline = 0.0
+                if watch is not None:
+                    watch(header[0], time.perf_counter() - t0)
 
     def needs(self, peers: Iterable[int]) -> set[int]:
         """The peers a collective with ``peers`` needs channels to (the header round's too)."""

@@ -237,6 +237,58 @@ def _launcher(name: str, value: int) -> Callable[[], None]:
     return run
 
 
+def _metrics_port() -> None:
+    """The endpoint of RDMAMW_METRICS_PORT (+ local rank 0) serves a scrape (or, on a
+    port this user may not bind, is logged and left out), then stops."""
+    import urllib.request
+
+    import rdmamw.metrics as metrics
+    pytest.importorskip("prometheus_client")
+    metrics.from_environment()
+    try:
+        if metrics._endpoint is not None:
+            url = f"http://127.0.0.1:{metrics._endpoint.port}/metrics"
+            assert b"rdmamw_sent_bytes_total" in urllib.request.urlopen(url, timeout=10).read()
+    finally:
+        metrics.stop()
+
+
+def _metrics_peers() -> None:
+    """A reading with channels to 2 peers: at most RDMAMW_METRICS_MAX_PEERS of their own."""
+    from rdmamw import observe
+    from rdmamw.metrics import readings
+
+    class Fake:
+        provider, peer = "fake", "fake://"
+
+        def __init__(self, rank: int) -> None:
+            self.peer_rank = rank
+
+        def stats(self) -> dict:
+            return {"bytes": 1}
+
+    saved = observe._open, observe._closed, readings._labels
+    observe._open, observe._closed, readings._labels = {}, {}, {}   # no labels given yet
+    chans = [Fake(1), Fake(2)]
+    try:
+        for ch in chans:
+            observe.register(ch)
+        got = sorted(v["rdmamw_sent_bytes_total"] for v in readings.read().channels.values())
+        own = min(2, config.get("RDMAMW_METRICS_MAX_PEERS"))
+        assert got == {0: [2], 1: [1, 1], 2: [1, 1]}[own]
+    finally:
+        for ch in chans:
+            observe.retire(ch)
+        observe._open, observe._closed, readings._labels = saved
+
+
+def _local_rank(name: str) -> Callable[[], None]:
+    def run() -> None:
+        from rdmamw.metrics import local_rank
+        assert local_rank() == config.get(name)
+    return run
+
+
 #: setting -> the path that uses it
 PATHS: dict[str, Callable[[], None]] = {
     **{n: _both for n in ("RDMAMW_SLOTS", "RDMAMW_SLOT_SIZE", "RDMAMW_SPIN_US",
@@ -263,6 +315,10 @@ PATHS: dict[str, Callable[[], None]] = {
     "RDMAMW_PS_SLOTS": _ps_ring, "RDMAMW_PS_SLOT_SIZE": _ps_ring,
     "RDMAMW_PS_INIT_TIMEOUT": _ps_init_timeout,
     "RDMAMW_PS_REPLY_TIMEOUT": _ps_reply_timeout,
+    "RDMAMW_METRICS_PORT": _metrics_port,
+    "RDMAMW_METRICS_MAX_PEERS": _metrics_peers,
+    **{n: _local_rank(n) for n in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                   "SLURM_LOCALID")},
 }
 LAUNCH = ("RDMAMW_RANK", "RDMAMW_WORLD_SIZE", "RDMAMW_MASTER_PORT", "RANK", "WORLD_SIZE",
           "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",

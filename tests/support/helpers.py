@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import random
+import socket
 import threading
 import time
 
@@ -203,3 +205,22 @@ def reap(procs) -> None:
             p.communicate(timeout=30)
         except (ValueError, OSError):     # its pipes were closed already: just wait
             p.wait(timeout=30)
+
+
+def free_ports(n: int) -> int:
+    """A base port with ``n`` free ports from it on."""
+    for _ in range(100):
+        base = random.randrange(20000, 60000 - n)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")

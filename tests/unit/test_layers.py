@@ -40,6 +40,13 @@ BELOW = {
 for _allowed in BELOW.values():
     _allowed.add("rdmamw.vocabulary")
 BELOW["rdmamw.vocabulary"] = set()
+#: where the channels and collectives report what they did, for rdmamw.metrics above them
+#: (rdmamw/observe.py): below everything but rdmamw._fork
+for _allowed in BELOW.values():
+    _allowed.add("rdmamw.observe")
+BELOW["rdmamw.observe"] = {"rdmamw._fork", "rdmamw.errors", "rdmamw.vocabulary"}
+BELOW["rdmamw._fork"].discard("rdmamw.observe")
+BELOW["rdmamw.errors"].discard("rdmamw.observe")
 BELOW["rdmamw.channel"] = set(BELOW) | {"rdmamw.memory"}
 LIBS = set(BELOW["rdmamw.channel"]) | {"rdmamw.channel", "rdmamw"}
 BELOW["rdmamw.collectives"] = LIBS
@@ -49,6 +56,8 @@ BELOW["rdmamw.torch"] = LIBS | {"rdmamw.collectives", "rdmamw.ps"}
 BELOW["rdmamw.aio"] = LIBS | {"rdmamw.collectives", "rdmamw.ps"}   # aio.collectives, aio.ps
 BELOW["rdmamw.dask"] = LIBS | {"rdmamw.aio"}
 BELOW["rdmamw.ray"] = LIBS | {"rdmamw.torch"}      # the torch backend's process group
+#: reads what rdmamw.observe collected; imported by the package's front door (rdmamw)
+BELOW["rdmamw.metrics"] = set(LIBS)
 #: applications may use every library, never each other's insides
 APPS = ("rdmamw.apps", "rdmamw.cli")
 

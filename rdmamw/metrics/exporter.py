@@ -1,0 +1,93 @@
+"""The Prometheus side: a collector that turns a reading (rdmamw/metrics/readings.py)
+into metric families at each scrape, and the HTTP endpoint serving it. The only module
+that imports prometheus_client (the ``metrics`` extra: ``pip install rdmamw[metrics]``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from rdmamw.metrics import readings
+from rdmamw.metrics.readings import (
+    CHANNEL_COUNTERS,
+    MEMORY_COUNTERS,
+    RENDEZVOUS,
+    RNDV_READ,
+    RNDV_WRITE,
+)
+
+log = logging.getLogger("rdmamw.metrics")
+PEER = ["rank", "provider", "peer"]
+
+
+class RdmamwCollector:
+    """rdmamw's metrics, read at each scrape (register it in a registry of your own to
+    serve them with your metrics: ``registry.register(RdmamwCollector())``)."""
+
+    def collect(self) -> Iterator[Any]:
+        r = readings.read()
+        rows = sorted(r.channels.items())
+        for name, unit, doc, _ in CHANNEL_COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=PEER, unit=unit)
+            for (provider, peer), row in rows:
+                c.add_metric([r.rank, provider, peer], row[name + "_total"])
+            yield c
+        c = CounterMetricFamily(RENDEZVOUS, "large messages sent by rendezvous, by strategy",
+                                labels=[*PEER, "strategy"])
+        for (provider, peer), row in rows:
+            c.add_metric([r.rank, provider, peer, "read"], row[RNDV_READ])
+            c.add_metric([r.rank, provider, peer, "write"], row[RNDV_WRITE])
+        yield c
+        g = GaugeMetricFamily("rdmamw_channels_open", "channels open to the peer",
+                              labels=PEER)
+        for (provider, peer), row in rows:
+            g.add_metric([r.rank, provider, peer], row["rdmamw_channels_open"])
+        yield g
+        for name, unit, doc, _ in MEMORY_COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=["rank"], unit=unit)
+            c.add_metric([r.rank], r.memory[name + "_total"])
+            yield c
+        g = GaugeMetricFamily("rdmamw_pinned_bytes", "bytes registered (pinned) now by "
+                              "the registration caches and the pool", labels=["rank"],
+                              unit="bytes")
+        g.add_metric([r.rank], r.memory["rdmamw_pinned_bytes"])
+        yield g
+        e = CounterMetricFamily("rdmamw_errors", "failures met, by kind",
+                                labels=["rank", "kind"])
+        for kind, n in r.errors.items():
+            e.add_metric([r.rank, kind], n)
+        yield e
+        h = HistogramMetricFamily("rdmamw_collective_seconds", "time of each collective "
+                                  "call", labels=["rank", "collective"], unit="seconds")
+        for kind, t in sorted(r.collectives.items()):
+            h.add_metric([r.rank, kind], [(_le(le), n) for le, n in t.cumulative()], t.sum)
+        yield h
+
+
+def _le(bound: float) -> str:
+    """A bucket's bound as Prometheus writes it (``5e-07``, ``0.1``, ``10.0``, ``+Inf``)."""
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
+class Endpoint:
+    """An HTTP endpoint serving :class:`RdmamwCollector` (its own registry: a scrape
+    shows rdmamw's metrics only) on a thread of its own."""
+
+    def __init__(self, port: int, addr: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(RdmamwCollector())
+        self.server: Any
+        self.thread: threading.Thread
+        self.server, self.thread = start_http_server(port, addr, registry=self.registry)
+        self.port: int = self.server.server_address[1]
+        self.addr = addr
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
