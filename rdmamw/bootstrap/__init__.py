@@ -19,13 +19,14 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from rdmamw import _fork, _host, auth, config
 from rdmamw.bootstrap import choice, ifname, store
 from rdmamw.bootstrap.env import LaunchInfo, detect
-from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, setup_errors
+from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, Timeout, setup_errors
 from rdmamw.listener import HandshakeListener, handshake_timeout
 from rdmamw.providers import Connected, provider, providers
 from rdmamw.providers.base import Advert, RankPair
@@ -33,6 +34,8 @@ from rdmamw.providers.base import Advert, RankPair
 log = logging.getLogger("rdmamw.bootstrap")
 #: channels from one peer (per provider) that wait for their Channel.open
 STASH_PER_PEER = 32
+#: the longest an accept holds the listener while it waits (see World.accept)
+ACCEPT_SLICE = 0.05
 
 
 @dataclass
@@ -75,13 +78,24 @@ class World:
 
     def accept(self, scheme: str, rank: int, timeout: float) -> Connected:
         """The next ``scheme`` connection from ``rank``; others that arrive meanwhile
-        wait in a stash for their own ``Channel.open``."""
+        wait in a stash for their own ``Channel.open``. Threads accepting from several
+        ranks at once (a shrink opens its channels that way) take turns of
+        ACCEPT_SLICE: one waiting for a rank that never comes holds up no other."""
         lst = self._listeners.get(scheme)
         if lst is None:
             raise ProviderUnavailable(f"rank {self.rank} has no {scheme} listener")
-        with self._accept_lock:
-            while not self._stash.get((scheme, rank)):
-                conn = lst.accept(timeout)
+        end = time.monotonic() + timeout
+        while True:
+            with self._accept_lock:
+                if self._stash.get((scheme, rank)):
+                    return self._stash[(scheme, rank)].pop(0)
+                left = end - time.monotonic()
+                try:
+                    conn = lst.accept(max(0.0, min(left, ACCEPT_SLICE)))
+                except Timeout:
+                    if left <= ACCEPT_SLICE:
+                        raise
+                    continue
                 if conn.peer_rank is None or conn.peer_rank not in self.peers:
                     log.warning("rdmamw: dropped a %s channel from unknown rank %s",
                                 scheme, conn.peer_rank)
@@ -95,7 +109,6 @@ class World:
                     conn.transport.close()
                     continue
                 stash.append(conn)
-            return self._stash[(scheme, rank)].pop(0)
 
     def close(self) -> None:
         if self._owner != _fork.pid():
