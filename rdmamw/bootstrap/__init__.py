@@ -95,20 +95,28 @@ class World:
                 except Timeout:
                     if left <= ACCEPT_SLICE:
                         raise
-                    continue
-                if conn.peer_rank is None or conn.peer_rank not in self.peers:
-                    log.warning("rdmamw: dropped a %s channel from unknown rank %s",
-                                scheme, conn.peer_rank)
-                    conn.transport.close()
-                    continue
-                stash = self._stash.setdefault((scheme, conn.peer_rank), [])
-                if len(stash) >= STASH_PER_PEER:
-                    log.warning("rdmamw: dropped a %s channel from rank %d: %d of its "
-                                "channels already wait for a Channel.open(%d)", scheme,
-                                conn.peer_rank, len(stash), conn.peer_rank)
-                    conn.transport.close()
-                    continue
-                stash.append(conn)
+                    conn = None
+                if conn is not None:
+                    self._keep(scheme, conn)
+            if conn is None:
+                time.sleep(0.001)       # the others' turn (a lock released is not given)
+
+    def _keep(self, scheme: str, conn: Connected) -> None:
+        """A connection accepted, into the stash of the rank it came from (dropped if
+        that is no peer, or if the stash is full)."""
+        if conn.peer_rank is None or conn.peer_rank not in self.peers:
+            log.warning("rdmamw: dropped a %s channel from unknown rank %s",
+                        scheme, conn.peer_rank)
+            conn.transport.close()
+            return
+        stash = self._stash.setdefault((scheme, conn.peer_rank), [])
+        if len(stash) >= STASH_PER_PEER:
+            log.warning("rdmamw: dropped a %s channel from rank %d: %d of its "
+                        "channels already wait for a Channel.open(%d)", scheme,
+                        conn.peer_rank, len(stash), conn.peer_rank)
+            conn.transport.close()
+            return
+        stash.append(conn)
 
     def close(self) -> None:
         if self._owner != _fork.pid():
