@@ -95,16 +95,17 @@ def test_the_survivors_shrink_and_go_on_within_3s_of_a_kill(provider):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("provider", ["shm", "tcp"])
-def test_a_revoke_reaches_a_rank_blocked_on_a_healthy_neighbour(provider):
+@pytest.mark.parametrize("how", ["blocking", "aio"])
+def test_a_revoke_reaches_a_rank_blocked_on_a_healthy_neighbour(provider, how):
     """3 ranks; rank 2 falls 6 s behind (user code), rank 1 has a 1 s deadline, rank 0
     one of 5 s. In the header round rank 0 waits for rank 2 only, rank 1 for rank 2
     after rank 0: at its deadline rank 1 names rank 2 and revokes. Its notice lands on
     rank 0's channel from rank 1, not on the one rank 0 waits on: rank 0 must see it
     there (the collective's wait watches every channel) and raise, naming rank 2, well
-    before its own deadline, not at 5 s."""
+    before its own deadline, not at 5 s; awaited (rdmamw.aio) as well as blocking."""
     env = {"RDMAMW_PROVIDER": provider} if provider != "shm" else {}
     procs = spawn(3, [sys.executable, os.path.join(ROOT, "tests", "support",
-                                                   "behind_worker.py"), "2", "6", "5,1,5"],
+                                                   "behind_worker.py"), "2", "6", "5,1,5", how],
                   env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                   text=True)
     try:
