@@ -18,7 +18,7 @@ may be suspected by some members only. So:
   DECIDED with that set to every channel, and every member that receives a DECIDED
   passes it on to its own channels before it returns, so one member that got it is
   enough. A member that has sent nothing by :data:`PATIENCE` of the time is counted
-  as failed by the coordinator (it is stopped, or too far behind); a coordinator
+  as failed (it is stopped, or too far behind: the coordinator too); a coordinator
   that fails is replaced by the next smallest;
 * before it returns, a member waits (by the deadline) for its channels to the other
   survivors to open, so that no late open of this agreement can pair with a channel
@@ -148,11 +148,15 @@ class _Agreement:
             if self.sent.get(r) == mine:
                 continue
             msg = msg or msgpack.packb([MAGIC, SET, sorted(mine)])
-            self.sent[r] = mine
             try:
-                ch.send(msg, timeout=max(1e-3, self.end - time.monotonic()))
+                ch.send(msg, timeout=0)
+            except Timeout as e:
+                if not e.sent:
+                    continue            # its ring is full: again next turn
             except RdmamwError:
                 self.failed.add(r)
+                continue
+            self.sent[r] = mine
 
     def _take(self) -> frozenset[int] | None:
         """What arrived: sets (their union is ours), a DECIDED (returned, after it was
@@ -183,19 +187,19 @@ class _Agreement:
         return None
 
     def _decide(self) -> frozenset[int] | None:
-        """As the coordinator: the set, once every member alive sent it; members silent
-        past PATIENCE are counted as failed first."""
+        """As the coordinator: the set, once every member alive sent it. Past PATIENCE
+        (every member) the members alive that sent nothing are counted as failed first
+        (the coordinator too: the others would wait for it)."""
         alive = self.alive()
-        if min(alive) != self.me:
-            return None
-        others = alive - {self.me}
         if time.monotonic() - self.start > PATIENCE * (self.end - self.start):
-            late = {r for r in others if r not in self.heard}
+            late = {r for r in alive - {self.me} if r not in self.heard}
             if late:
                 self.failed |= late
                 return None             # (told first, decided in a later turn)
+        if min(alive) != self.me:
+            return None
         mine = frozenset(self.failed)
-        if all(self.heard.get(r) == mine for r in others):
+        if all(self.heard.get(r) == mine for r in alive - {self.me}):
             self._pass_on(mine, None)
             return mine
         return None
