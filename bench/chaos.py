@@ -109,6 +109,7 @@ class Lines:
     """Every rank's stdout lines, as (rank, line) on one queue (None at EOF)."""
 
     def __init__(self, procs: list[subprocess.Popen]) -> None:
+        self.procs = procs
         self.q: queue.Queue = queue.Queue()
         for r, p in enumerate(procs):
             threading.Thread(target=self._read, args=(r, p), daemon=True).start()
@@ -132,7 +133,11 @@ class Lines:
             if r not in want or r in got:
                 continue
             if line is None:
-                res.bad("crash", f"rank {r} exited before its {what} line")
+                try:        # (negative: the signal that ended it)
+                    how = f"exit status {self.procs[r].wait(timeout=2)}"
+                except subprocess.TimeoutExpired:
+                    how = "stdout closed, still running"
+                res.bad("crash", f"rank {r} exited before its {what} line ({how})")
                 got[r] = {}
                 continue
             try:
@@ -153,7 +158,8 @@ class Lines:
 def run_trial(plan: Plan, timeout: float, logdir: Path) -> tuple[Result, Path]:
     res = Result(plan)
     stream_timeout = timeout / 3
-    env = {"RDMAMW_COLL_TIMEOUT": str(timeout)}
+    # (a rank ended by a fatal signal leaves its threads' tracebacks in its log)
+    env = {"RDMAMW_COLL_TIMEOUT": str(timeout), "PYTHONFAULTHANDLER": "1"}
     if plan.provider != "shm":
         env["RDMAMW_PROVIDER"] = plan.provider
     log = logdir / f"chaos-{plan.seed}.log"
