@@ -88,6 +88,12 @@ class Timeout(RdmamwError, TimeoutError):
         self.sent = sent
 
 
+class Excluded(RdmamwError):
+    """A shrink (``comm.shrink()``) agreed on survivors without this rank: other
+    members counted it as failed (it fell behind, or could not be reached). Raised on
+    that rank at once, instead of a wait for its deadline."""
+
+
 class MessageTooLarge(RdmamwError, ValueError):
     """A message is larger than the peer's eager slot; nothing of the batch was sent."""
 

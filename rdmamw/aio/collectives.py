@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from rdmamw.aio.channel import Channel
 from rdmamw.collectives import algorithms, api, rooted
 from rdmamw.collectives.alltoall import plan_alltoall
 from rdmamw.collectives.comm import INTO, RECV, SEND, Communicator
+from rdmamw.collectives.waits import WATCH
 from rdmamw.errors import RdmamwError, Timeout
 from rdmamw.steps import Driving, Steps
 
@@ -90,7 +91,7 @@ async def _drive(comm: Communicator, st: _Awaiting, steps: Steps) -> Any:
             ch = st.channel(comm, peer)
             try:
                 async with asyncio.timeout(comm.left()):
-                    run.value = await _step(ch, kind, arg)
+                    run.value = await _watched(comm, peer, _step(ch, kind, arg))
             except TimeoutError:
                 raise Timeout(f"rank {peer}: no progress by the deadline") from None
         except RdmamwError as e:
@@ -99,6 +100,39 @@ async def _drive(comm: Communicator, st: _Awaiting, steps: Steps) -> Any:
         except BaseException as e:  # noqa: BLE001 - handed to the schedule
             run.exc = e
     return run.result
+
+
+async def _watched(comm: Communicator, peer: int, step: Awaitable[Any]) -> Any:
+    """``step`` (a wait on ``peer``), while every WATCH s the communicator's other
+    channels are looked at (rdmamw.collectives.waits): a notice found there ends the
+    wait with the error it means (as the blocking wait does)."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    found: list[BaseException] = []
+    timer: asyncio.TimerHandle | None = None
+
+    def look() -> None:
+        nonlocal timer
+        try:
+            comm.waits.watch(peer)
+        except RdmamwError as e:
+            found.append(e)
+            if task is not None:
+                task.cancel()
+            return
+        timer = loop.call_later(WATCH, look)
+
+    timer = loop.call_later(WATCH, look)
+    try:
+        return await step
+    except asyncio.CancelledError:
+        if not found or task is None:
+            raise
+        task.uncancel()
+        raise found[0] from None
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 async def _step(ch: Channel, kind: int, arg: Any) -> Any:

@@ -19,13 +19,14 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from rdmamw import _fork, _host, auth, config, observe
 from rdmamw.bootstrap import choice, ifname, store
 from rdmamw.bootstrap.env import LaunchInfo, detect
-from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, setup_errors
+from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, Timeout, setup_errors
 from rdmamw.listener import HandshakeListener, handshake_timeout
 from rdmamw.providers import Connected, provider, providers
 from rdmamw.providers.base import Advert, RankPair
@@ -33,6 +34,8 @@ from rdmamw.providers.base import Advert, RankPair
 log = logging.getLogger("rdmamw.bootstrap")
 #: channels from one peer (per provider) that wait for their Channel.open
 STASH_PER_PEER = 32
+#: the longest an accept holds the listener while it waits (see World.accept)
+ACCEPT_SLICE = 0.05
 
 
 @dataclass
@@ -75,27 +78,45 @@ class World:
 
     def accept(self, scheme: str, rank: int, timeout: float) -> Connected:
         """The next ``scheme`` connection from ``rank``; others that arrive meanwhile
-        wait in a stash for their own ``Channel.open``."""
+        wait in a stash for their own ``Channel.open``. Threads accepting from several
+        ranks at once (a shrink opens its channels that way) take turns of
+        ACCEPT_SLICE: one waiting for a rank that never comes holds up no other."""
         lst = self._listeners.get(scheme)
         if lst is None:
             raise ProviderUnavailable(f"rank {self.rank} has no {scheme} listener")
-        with self._accept_lock:
-            while not self._stash.get((scheme, rank)):
-                conn = lst.accept(timeout)
-                if conn.peer_rank is None or conn.peer_rank not in self.peers:
-                    log.warning("rdmamw: dropped a %s channel from unknown rank %s",
-                                scheme, conn.peer_rank)
-                    conn.transport.close()
-                    continue
-                stash = self._stash.setdefault((scheme, conn.peer_rank), [])
-                if len(stash) >= STASH_PER_PEER:
-                    log.warning("rdmamw: dropped a %s channel from rank %d: %d of its "
-                                "channels already wait for a Channel.open(%d)", scheme,
-                                conn.peer_rank, len(stash), conn.peer_rank)
-                    conn.transport.close()
-                    continue
-                stash.append(conn)
-            return self._stash[(scheme, rank)].pop(0)
+        end = time.monotonic() + timeout
+        while True:
+            with self._accept_lock:
+                if self._stash.get((scheme, rank)):
+                    return self._stash[(scheme, rank)].pop(0)
+                left = end - time.monotonic()
+                try:
+                    conn = lst.accept(max(0.0, min(left, ACCEPT_SLICE)))
+                except Timeout:
+                    if left <= ACCEPT_SLICE:
+                        raise
+                    conn = None
+                if conn is not None:
+                    self._keep(scheme, conn)
+            if conn is None:
+                time.sleep(0.001)       # the others' turn (a lock released is not given)
+
+    def _keep(self, scheme: str, conn: Connected) -> None:
+        """A connection accepted, into the stash of the rank it came from (dropped if
+        that is no peer, or if the stash is full)."""
+        if conn.peer_rank is None or conn.peer_rank not in self.peers:
+            log.warning("rdmamw: dropped a %s channel from unknown rank %s",
+                        scheme, conn.peer_rank)
+            conn.transport.close()
+            return
+        stash = self._stash.setdefault((scheme, conn.peer_rank), [])
+        if len(stash) >= STASH_PER_PEER:
+            log.warning("rdmamw: dropped a %s channel from rank %d: %d of its "
+                        "channels already wait for a Channel.open(%d)", scheme,
+                        conn.peer_rank, len(stash), conn.peer_rank)
+            conn.transport.close()
+            return
+        stash.append(conn)
 
     def close(self) -> None:
         if self._owner != _fork.pid():

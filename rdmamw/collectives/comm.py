@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import os
 import threading
 import time
@@ -35,6 +34,7 @@ from rdmamw import config, observe
 from rdmamw.channel import Channel, Message
 from rdmamw.collectives import revoke, survivors
 from rdmamw.collectives._kernels import Copier
+from rdmamw.collectives.waits import INTO, RECV, SEND, WAIT, Waits
 from rdmamw.errors import (
     BufferTooSmall,
     ChannelClosed,
@@ -57,17 +57,8 @@ from rdmamw.steps import Steps
 # are pipelined anyway.
 MAGIC = "rdmamw-coll-1"
 BYE = b"rdmamw-coll-bye"
-log = logging.getLogger("rdmamw.collectives")
-#: a wait longer than this warns halfway that the rank it waits for makes no progress
-WARN_AFTER = 2.0
 
 OnChunk = Callable[[int, int, np.ndarray], Any]
-
-#: the channel operations a schedule (rdmamw/steps.py) yields as ``(kind, peer, arg)``;
-#: the driver sends back: SEND (arg: messages) the send's handle (slots taken, maybe not
-#: done), RECV the next messages (a list of one), INTO (arg: a buffer) the bytes received
-#: into it, WAIT (arg: a handle) None once it is done. A failure is thrown into it.
-SEND, RECV, INTO, WAIT = range(4)
 
 
 
@@ -114,11 +105,12 @@ class Communicator:
         self.timeout: float = config.get("RDMAMW_COLL_TIMEOUT") if timeout is None else timeout
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
-        #: time.monotonic() deadline of the collective running now (0: none runs)
-        self.deadline = 0.0
-        self._said_waiting = -1         # the collective we said WAITING in
-        #: peer -> the collective it said WAITING in (it is alive, and waits in turn)
-        self._waiting: dict[int, int] = {}
+        #: the deadline of the collective running now and its waits (rdmamw.collectives
+        #: .waits); begin/left/now/failure are its methods
+        self.waits = Waits(self)
+        self.begin, self.left = self.waits.begin, self.waits.left
+        self.now, self.failure = self.waits.now, self.waits.failure
+        self._notice = self.waits.notice
         slots = config.get("RDMAMW_COLL_SLOTS") if slots is None else slots
         self.slots = slots
         self.slot_size = config.get("RDMAMW_COLL_SLOT_SIZE") if slot_size is None else slot_size
@@ -210,6 +202,15 @@ class Communicator:
         lo, hi = max(1, self.min_chunk // itemsize), max(1, self.max_chunk // itemsize)
         return min(hi, max(lo, -(-n // self.pieces)))
 
+    @property
+    def deadline(self) -> float:
+        """time.monotonic() deadline of the collective running now (0: none runs)."""
+        return self.waits.deadline
+
+    @deadline.setter
+    def deadline(self, value: float) -> None:
+        self.waits.deadline = value
+
     def drive(self, steps: Steps) -> Any:
         """Run a schedule with blocking calls (each waits up to ``timeout``); its result.
 
@@ -222,77 +223,6 @@ class Communicator:
         except StopIteration as e:
             return e.value
         raise RuntimeError("a schedule yielded a step in blocking mode")
-
-    def left(self) -> float:
-        """Seconds to the running collective's deadline (``timeout`` outside one)."""
-        if not self.deadline:
-            return self.timeout
-        return max(1e-3, self.deadline - time.monotonic())
-
-    def begin(self, timeout: float | None) -> None:
-        """Start one collective's deadline (``timeout`` or the communicator's)."""
-        t = self.timeout if timeout is None else timeout
-        if not t > 0:
-            raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
-        self.deadline = time.monotonic() + t
-
-    def now(self, kind: int, peer: int, arg: Any) -> Any:
-        """Perform one step with a blocking call, by the collective's deadline (a wait
-        past WARN_AFTER warns halfway); a failure names the rank that failed
-        (:meth:`failure`)."""
-        try:
-            ch = self._chans[peer]
-            if kind == SEND:        # (not in two parts: a send cut by a timeout went in part)
-                return ch.send_batch(arg, timeout=self.left())
-            t = self.left()
-            if t > WARN_AFTER:
-                try:
-                    return self._wait(ch, kind, arg, t / 2)
-                except Timeout:
-                    log.warning("collective #%d: rank %d has made no progress for %.1f s "
-                                "(rank %d waits for it)", self.seq, peer, t / 2, self.rank)
-            return self._wait(ch, kind, arg, self.left())
-        except RdmamwError as e:
-            raise self.failure(e, peer) from e
-
-    @staticmethod
-    def _wait(ch: Channel, kind: int, arg: Any, t: float) -> Any:
-        if kind == RECV:
-            got = ch.recv_batch(1, timeout=t)
-            if not got:
-                raise Timeout(f"nothing arrived in {t:g} s")
-            return got
-        if kind == INTO:
-            return ch.recv_into(arg, timeout=t)
-        return arg.wait(t)
-
-    def failure(self, e: BaseException, peer: int) -> BaseException:
-        """What a step's failure on the channel to ``peer`` means for the collective:
-        a notice found behind the peer's close names the rank that failed; else the
-        peer itself was lost (PeerLost), left (ChannelClosed) or made no progress by
-        the deadline (Timeout), with ``.rank`` set."""
-        if isinstance(e, Timeout) and getattr(e, "rank", None) is None:
-            ch = self._chans.get(peer)
-            # say whom we wait for, then give it the grace to say whom it waits for
-            self.say_waiting(peer)
-            info = revoke.wait_for(ch, self.size, min(revoke.GRACE, self.timeout / 10),
-                                   self._waiting.get(peer) == self.seq) \
-                if ch is not None else None
-            if info is not None:
-                return revoke.error(info, self.rank, self.timeout)
-            late = Timeout(f"collective #{self.seq}: rank {peer} made no progress within "
-                           f"the {self.timeout:g} s deadline (rank {self.rank} waited for it)")
-            late.rank = peer
-            return late
-        if isinstance(e, (PeerLost, ChannelClosed)) and getattr(e, "rank", None) is None:
-            ch = self._chans.get(peer)
-            info = revoke.find(self._queues.get(peer, ()), ch, self.size) if ch else None
-            if info is not None:
-                return revoke.error(info, self.rank, self.timeout)
-            named = PeerLost(f"rank {peer}: {e}")
-            named.rank = peer
-            return named
-        return e
 
     def _settle(self) -> Steps:
         """Wait until every peer has taken what this collective sent it.
@@ -330,35 +260,6 @@ class Communicator:
             q.extend(self.now(RECV, peer, None) if self.blocking
                      else (yield (RECV, peer, None)))
         return q.popleft()
-
-    def _notice(self, buf: Any, peer: int) -> bool:
-        """Whether ``buf`` (from ``peer``) is a WAITING notice: a member past its
-        deadline says whom it waits for; taken, and passed on once per collective (we
-        wait for ``peer``: who waits for us gives us time to name the culprit). Raise
-        what a final one says; False for data. A notice that is a Message is
-        released."""
-        try:
-            info = revoke.parse(buf, self.size)
-        except ProtocolError:
-            if isinstance(buf, Message):
-                buf.release()
-            raise
-        if info is None:
-            return False
-        if isinstance(buf, Message):
-            buf.release()
-        if info[0] == revoke.WAITING:
-            self._waiting[peer] = self.seq
-            self.say_waiting(peer)
-            return True
-        raise revoke.error(info, self.rank, self.timeout)
-
-    def say_waiting(self, peer: int) -> None:
-        """Tell every other channel that we wait for ``peer`` (once per collective)."""
-        if self._said_waiting != self.seq:
-            self._said_waiting = self.seq
-            revoke.send_all([c for p, c in self._chans.items() if p != peer],
-                            revoke.notice(revoke.WAITING, peer, self.rank, self.seq))
 
     # ---- transfer primitives ---------------------------------------------------------
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from rdmamw.errors import ChannelClosed, PeerLost, ProtocolError, RdmamwError, Timeout
@@ -123,19 +123,24 @@ def _final(info: tuple[int, int, int, int] | None) -> tuple[int, int, int, int] 
     return None if info is None or info[0] == WAITING else info
 
 
-def wait_for(ch: Any, size: int, grace: float,
-             waiting: bool = False) -> tuple[int, int, int, int] | None:
+def wait_for(ch: Any, size: int, grace: float, waiting: bool = False,
+             look: Callable[[], None] | None = None,
+             every: float = 0.1) -> tuple[int, int, int, int] | None:
     """A final notice from ``ch`` (the rank this member waited for when its deadline
     came), given ``grace`` seconds, twice that after each WAITING notice from it (up
     to MAX_GRACES; ``waiting``: it said WAITING already); None: it said nothing (it is
     the one that made no progress). Messages that are not notices are dropped: the
-    collective has failed."""
+    collective has failed. ``look``, called every ``every`` s, looks at the member's
+    other channels (it raises what a notice found there says)."""
     end, graces = time.monotonic() + (2 * grace if waiting else grace), 1
     while (left := end - time.monotonic()) > 0:
+        if look is not None:
+            look()
+            left = min(left, every)
         try:
             got = ch.recv_batch(64, timeout=left)
         except Timeout:
-            return None
+            continue
         except (ChannelClosed, PeerLost, ProtocolError):
             return find((), ch, size)
         for m in got:

@@ -91,3 +91,76 @@ def test_the_survivors_shrink_and_go_on_within_3s_of_a_kill(provider):
         assert r["new_rank"] == [0, 1, 3].index(r["rank"]), r
         assert (r["sum"], r["same"]) == (7.0, True), r
         assert r["t_after"] - t0 < 3.0, r
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+@pytest.mark.parametrize("how", ["blocking", "aio"])
+def test_a_revoke_reaches_a_rank_blocked_on_a_healthy_neighbour(provider, how):
+    """3 ranks; rank 2 falls 6 s behind (user code), rank 1 has a 1 s deadline, rank 0
+    one of 5 s. In the header round rank 0 waits for rank 2 only, rank 1 for rank 2
+    after rank 0: at its deadline rank 1 names rank 2 and revokes. Its notice lands on
+    rank 0's channel from rank 1, not on the one rank 0 waits on: rank 0 must see it
+    there (the collective's wait watches every channel) and raise, naming rank 2, well
+    before its own deadline, not at 5 s; awaited (rdmamw.aio) as well as blocking."""
+    env = {"RDMAMW_PROVIDER": provider} if provider != "shm" else {}
+    procs = spawn(3, [sys.executable, os.path.join(ROOT, "tests", "support",
+                                                   "behind_worker.py"), "2", "6", "5,1,5", how],
+                  env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                  text=True)
+    try:
+        first, second = (json.loads(procs[r].stdout.readline()) for r in (1, 0))
+    finally:
+        reap(procs)
+    assert (first["error"], first["named"]) == ("Timeout", 2), first
+    assert "within the 1 s deadline" in first["msg"], first
+    assert (second["error"], second["named"]) == ("Timeout", 2), second
+    assert "rank 2 made no progress" in second["msg"], second
+    assert second["t"] < first["t"] + 1.0, (first, second)
+
+
+def agree(provider: str, n: int, deadline: float, suspects: dict[int, list[int]],
+          absent: tuple[int, ...] = ()) -> dict[int, dict]:
+    """Each rank but ``absent`` runs the shrink's agreement from its ``suspects``;
+    rank -> its JSON line."""
+    env = {"RDMAMW_PROVIDER": provider} if provider != "shm" else {}
+    procs = spawn(n, [sys.executable, os.path.join(ROOT, "tests", "support",
+                                                   "agree_worker.py"), str(deadline),
+                      json.dumps(suspects), ",".join(map(str, absent))],
+                  env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                  text=True)
+    try:
+        return {r: json.loads(procs[r].stdout.readline()) for r in range(n)
+                if r not in absent}
+    finally:
+        reap(procs)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+def test_a_false_suspicion_does_not_split_the_shrink(provider):
+    """5 ranks; rank 4 stopped (it takes no part; everyone but rank 3 counts it failed),
+    rank 3 wrongly counts live rank 1 as failed instead. Every member must come out with
+    the same survivors [0, 2, 3] (a suspicion is never dropped), rank 1 told at once
+    (Excluded), nobody near the 6 s deadline."""
+    out = agree(provider, 5, 6.0, {0: [4], 1: [4], 2: [4], 3: [1]}, absent=(4,))
+    assert out[1]["error"] == "Excluded", out
+    for r in (0, 2, 3):
+        assert out[r].get("members") == [0, 2, 3], out
+    for r in (0, 1, 2, 3):
+        assert out[r]["t"] < 3.0, out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+@pytest.mark.parametrize("stopped", [2, 0])
+def test_a_member_nobody_suspects_that_never_comes_is_counted_out_before_the_deadline(
+        provider, stopped):
+    """4 ranks, one stopped but suspected by nobody (rank 0: the coordinator the
+    others wait for): the others agree on the rest once their patience (half the
+    deadline) ran out, before the deadline."""
+    out = agree(provider, 4, 4.0, {}, absent=(stopped,))
+    rest = [r for r in range(4) if r != stopped]
+    for r in rest:
+        assert out[r].get("members") == rest, out
+        assert out[r]["t"] < 3.5, out
