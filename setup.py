@@ -40,6 +40,7 @@ EXTENSIONS = {
     **{f"rdmamw.providers.shm.{unit}": (("rdmamw/providers/shm",), ())
        for unit in ("_endpoint", "_transport")},
     "rdmamw.providers.tcp._transport": (("rdmamw/providers/tcp",), ()),
+    "rdmamw.channel._remote": ((), ()),
     "rdmamw.memory._span": ((), ()),
     "rdmamw.ps._sgd": ((), ()),
     **{f"rdmamw.providers.verbs.{unit}": ((VERBS,), ("dl",)) for unit in (

@@ -118,6 +118,33 @@ class ProviderUnavailable(RdmamwError):
     """The requested transport cannot run here (for example no RDMA device)."""
 
 
+class RemoteAccessError(RdmamwError):
+    """A one-sided operation on a peer's exposed region (docs/remote-memory.md) was
+    refused: nothing of it was read or written on the owner's side, and the channel
+    stays usable. The subclasses say why; this class itself is a reference that is not
+    one (bad length, magic, version or check word)."""
+
+
+class ForeignReference(RemoteAccessError):
+    """The reference names a region of another channel (or another job, or an earlier
+    connection): only the peer at the other end of this channel made it valid here."""
+
+
+class RegionRevoked(RemoteAccessError):
+    """The peer does not expose a region under this reference (any more): it revoked
+    it, closed, or never exposed it (a forged reference). Raised during a read, the
+    destination is incomplete."""
+
+
+class AccessDenied(RemoteAccessError, PermissionError):
+    """The region does not allow this access (a write to a read-only region, an atomic
+    on a region not exposed for atomics, an unaligned atomic)."""
+
+
+class OutOfRange(RemoteAccessError, IndexError):
+    """The operation reaches outside the exposed region."""
+
+
 class ConfigError(RdmamwError, ValueError):
     """A setting (argument, environment variable or tuning file) has a value that
     cannot be used; the message names the setting and what is accepted."""

@@ -11,6 +11,7 @@ from typing import Any
 from rdmamw import _fork, auth, config, observe
 from rdmamw.channel import rendezvous as _rendezvous
 from rdmamw.channel.address import split_address
+from rdmamw.channel.remote import RemoteMemory
 from rdmamw.engine import Engine
 from rdmamw.engine._messages import set_host_view
 from rdmamw.errors import ConfigError, ProviderUnavailable, Timeout, setup_errors
@@ -53,12 +54,14 @@ log = logging.getLogger("rdmamw.channel")
 set_host_view(host_view)
 
 
-class Channel(Engine):
+class Channel(RemoteMemory, Engine):
     """A bidirectional, ordered, reliable message channel to one peer.
 
     Open one with :meth:`Channel.open` or :meth:`Listener.accept`. ``send_batch`` /
     ``send`` / ``recv_batch`` / ``recv`` / ``stats`` / ``close`` come from the Cython
-    engine (rdmamw/engine/) and run without per-call Python overhead."""
+    engine (rdmamw/engine/) and run without per-call Python overhead; ``expose`` /
+    ``read`` / ``write`` / ``batch`` (one-sided access to exposed memory) from
+    rdmamw/channel/remote.py."""
 
     peer: str
     peer_rank: int | None       # set when opened by rank (rdmamw.init)
@@ -78,6 +81,7 @@ class Channel(Engine):
         receives large messages without a posted destination, and ``provider``."""
         d = Engine.stats(self)
         d.update(channel_stats((self.regcache, self.regcache_dst)))
+        d.update(self._remote_stats())
         d["provider"] = self.provider
         return d
 
@@ -135,6 +139,7 @@ class Channel(Engine):
         through the channel and on which provider."""
         if self.closed:
             return
+        self._close_regions()       # no byte of an exposed region moves after this
         Engine.close(self)
         observe.retire(self)        # its counters stay in the metrics (rdmamw/observe.py)
         if log.isEnabledFor(logging.INFO):
@@ -183,6 +188,7 @@ def _make(cls: type[Channel], conn: Connected, spin_us: float,
         conn.transport.close()
         raise
     ch.peer = conn.peer
+    ch._transport = tp
     ch.peer_rank = conn.peer_rank
     ch.provider = scheme
     observe.register(ch)

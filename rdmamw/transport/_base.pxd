@@ -28,12 +28,17 @@ cdef enum:
     RM_WR_PUBLISH = 4       # 8-byte words stored with release order (bitmap/control words)
     RM_WR_EXPOSED = 8       # rkey is a key from the peer's expose(), remote_off an address
                             # inside that exposure (rendezvous READ / WRITE)
+    RM_WR_REGION = 16       # with EXPOSED: an access to a user region (rdmamw/channel/
+                            # _remote.pyx); imm = the region's tag, which the exposure
+                            # must carry (a provider without regions refuses it)
 
 # What expose() grants: LOCAL only makes the range usable as a WR source/READ target.
 cdef enum:
     RM_ACCESS_LOCAL = 0
     RM_ACCESS_REMOTE_READ = 1
     RM_ACCESS_REMOTE_WRITE = 2
+    RM_ACCESS_TAG_SHIFT = 8     # expose(): bits above it are a user region's tag (its
+                                # generation, not 0); below, the RM_ACCESS_* bits
 
 # Regions every endpoint exposes to its peer; rkey in a WR names one of them.
 cdef enum:

@@ -3,7 +3,7 @@
 # reach its records, the latter the way a peer process can.
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
-from rdmamw.transport._base cimport RM_NREGIONS, Transport
+from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_mem
 
 cdef enum:
     SHM_CONNECTED = 1       # ShmEndpoint.state, attached; else the RM_ERR_* that ended it
@@ -17,6 +17,14 @@ cdef extern from "sys/uio.h" nogil:     # CMA: copies from and to the peer's mem
                              const iovec *remote, unsigned long riovcnt, unsigned long flags)
     ssize_t process_vm_writev(int pid, const iovec *local, unsigned long liovcnt,
                               const iovec *remote, unsigned long riovcnt, unsigned long flags)
+
+cdef extern from "poll.h" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd *fds, unsigned long nfds, int timeout)
+    short POLLIN, POLLHUP, POLLERR, POLLNVAL
 
 cdef extern from "rm_expose.h" nogil:
     enum:
@@ -50,6 +58,14 @@ cdef extern from "rm_assist.h" nogil:
     int rm_assist_claim(rm_assist *a, uint32_t seq, uint32_t n, uint64_t *taken)
     uint32_t rm_assist_offer(const rm_assist *a, rm_assist *out)
     void rm_assist_finish(rm_assist *a, int i, int ok)
+
+cdef extern from "rm_region.h" nogil:
+    enum:
+        RM_XTAG_SHIFT, RM_RWHY_OK, RM_RWHY_GONE, RM_RWHY_RANGE, RM_RWHY_ACCESS
+    ctypedef struct rm_region_rec:
+        uint64_t id, busy
+    int rm_region_why(const rm_xtab *t, uint32_t key, uint32_t tag, uint64_t addr,
+                      uint64_t len, uint32_t access)
 
 
 cdef class ShmEndpoint(Transport):
@@ -85,8 +101,17 @@ cdef class ShmEndpoint(Transport):
     cdef int64_t assist_stall_ns    # a helper's chunk unfinished this long: PeerLost
     cdef int assist_busy            # one engine thread at a time helps with the peer's job
     cdef uint32_t assist_key        # the exposure it copies from/into now (unexpose waits)
+    # user regions (rm_region.h): my record (identity, my accesses in progress) and the
+    # peer's, each in its block after the assist records
+    cdef rm_region_rec *rrec
+    cdef rm_region_rec *peer_rrec
+    cdef uint64_t busy_seq
     cdef public uint64_t n_assist_jobs          # my READs/WRITEs that asked for help
     cdef public uint64_t n_assist_chunks_got    # chunks of them the peer copied
     cdef public uint64_t bytes_assist_given     # bytes I copied for the peer's jobs
 
     cdef void _close_fds(self) noexcept
+    cdef bint _peer_exited(self) noexcept nogil
+    cdef int _expose_region(self, uint64_t addr, uint64_t length, uint32_t access,
+                            uint32_t tag, rm_mem *out) noexcept nogil
+    cdef int _await_peer_region(self) noexcept nogil

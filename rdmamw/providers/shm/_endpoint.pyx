@@ -8,7 +8,25 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
-from rdmamw.transport._base cimport RM_ERR_CLOSED, RM_NREGIONS, Transport
+from rdmamw.transport._base cimport (
+    RM_ACCESS_REMOTE_READ,
+    RM_ACCESS_REMOTE_WRITE,
+    RM_ERR_AGAIN,
+    RM_ERR_CLOSED,
+    RM_ERR_UNSUPPORTED,
+    RM_NREGIONS,
+    Transport,
+    now_ns,
+    rm_mem,
+)
+from rdmamw.transport.atomics cimport (
+    rm_cpu_relax,
+    rm_fence_seq_cst,
+    rm_load_acquire64,
+    rm_spin_lock,
+    rm_spin_unlock,
+    rm_store_release64,
+)
 
 cdef extern from "sys/mman.h" nogil:
     void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset)
@@ -27,8 +45,12 @@ cdef extern from "unistd.h" nogil:
 cdef extern from "errno.h" nogil:
     int errno
 
-#: the exposure table and, after it, the assist job record (in each block)
-XTAB_BYTES = sizeof(rm_xtab) + sizeof(rm_assist)
+cdef extern from "sched.h" nogil:
+    int sched_yield()
+
+#: the exposure table and, after it, the assist job record and the region record (in
+#: each block; page-rounded by the provider, so the region record took no new page)
+XTAB_BYTES = sizeof(rm_xtab) + sizeof(rm_assist) + sizeof(rm_region_rec)
 
 
 def cma_probe(int pid, size_t addr) -> int:
@@ -104,6 +126,8 @@ cdef class ShmEndpoint(Transport):
         memset(self.xtab, 0, XTAB_BYTES)
         self.job = <rm_assist *>(self.my_base + my_xtab_off + sizeof(rm_xtab))
         self.peer_job = <rm_assist *>(self.peer_base + peer_xtab_off + sizeof(rm_xtab))
+        self.rrec = <rm_region_rec *>(<char *>self.job + sizeof(rm_assist))
+        self.peer_rrec = <rm_region_rec *>(<char *>self.peer_job + sizeof(rm_assist))
         self.peer_pid, self.pidfd = peer_pid, pidfd
 
     def _attach_staging(self, int my_arena_fd, size_t my_arena_size, int peer_arena_fd,
@@ -123,6 +147,18 @@ cdef class ShmEndpoint(Transport):
             if p == MAP_FAILED:
                 raise OSError("mmap of the peer's staging area failed")
             self.peer_arena, self.peer_arena_size = <char *>p, peer_arena_size
+
+    def _set_region_id(self, uint64_t ident):
+        """This endpoint's identity, which region references carry (rm_region.h)."""
+        if self.rrec == NULL:
+            raise ValueError("the exposure tables are not attached yet")
+        rm_store_release64(&self.rrec.id, ident)
+
+    def region_ids(self):
+        """(this endpoint's identity, the peer's): 0 for a peer without regions."""
+        if self.rrec == NULL:
+            return 0, 0
+        return self.rrec.id, rm_load_acquire64(&self.peer_rrec.id)
 
     def _set_probe(self, uint64_t word):
         self.xtab.probe = word
@@ -200,3 +236,74 @@ cdef class ShmEndpoint(Transport):
             shutdown(self.sock, SHUT_RDWR)
         if self.my_evfd >= 0:
             write(self.my_evfd, &one, 8)
+
+    # ---- user regions (rm_region.h; the data path checks them in _transport.pyx) ----
+
+    cdef int _expose_region(self, uint64_t addr, uint64_t length, uint32_t access,
+                            uint32_t tag, rm_mem *out) noexcept nogil:
+        """A user region: live memory the peer reads or writes by CMA (never a staged
+        copy), its entry tagged (rm_region.h)."""
+        cdef uint32_t key, acc = 0
+        if self.xpriv == NULL or self.state != SHM_CONNECTED or self.inherited():
+            return RM_ERR_CLOSED
+        if not self.peer_cma or tag >> (32 - RM_XTAG_SHIFT):
+            return RM_ERR_UNSUPPORTED
+        if access & RM_ACCESS_REMOTE_READ:
+            acc |= RM_XACC_READ
+        if access & RM_ACCESS_REMOTE_WRITE:
+            acc |= RM_XACC_WRITE
+        if acc == 0 or access & ~<uint32_t>(RM_ACCESS_REMOTE_READ | RM_ACCESS_REMOTE_WRITE):
+            return RM_ERR_UNSUPPORTED
+        rm_spin_lock(&self.xlock)
+        key = rm_xtab_add(self.xpriv, addr, length, acc | (tag << RM_XTAG_SHIFT), RM_XNONE)
+        rm_xtab_mirror(self.xtab, self.xpriv, key)
+        rm_spin_unlock(&self.xlock)
+        if key == 0:
+            return RM_ERR_AGAIN
+        out.handle = out.rkey = key
+        return 0
+
+    cdef int _await_peer_region(self) noexcept nogil:
+        """After a region's entry was withdrawn: wait while the peer's region access in
+        progress, if any, goes on (rm_region.h); RM_ERR_AGAIN if it has not ended within
+        the assist stall bound (a stopped peer)."""
+        cdef uint64_t b0
+        cdef int64_t until
+        cdef uint32_t spins = 0
+        if self.peer_rrec == NULL:
+            return 0
+        rm_fence_seq_cst()          # the retraction before the look (rm_region.h)
+        b0 = rm_load_acquire64(&self.peer_rrec.busy)
+        if not b0 & 1:
+            return 0
+        until = now_ns() + self.assist_stall_ns
+        while rm_load_acquire64(&self.peer_rrec.busy) == b0:
+            spins += 1
+            if spins < 4096:
+                rm_cpu_relax()
+                continue
+            sched_yield()
+            if spins % 256 == 0:
+                if self._peer_exited():
+                    return 0        # it copies no more (its process is gone)
+                if now_ns() > until:
+                    return RM_ERR_AGAIN
+        return 0
+
+    cdef bint _peer_exited(self) noexcept nogil:
+        cdef pollfd fd
+        if self.pidfd < 0:
+            return False
+        fd.fd = self.pidfd
+        fd.events = POLLIN
+        fd.revents = 0
+        return poll(&fd, 1, 0) > 0
+
+    def region_refusal(self, uint32_t key, uint32_t tag, uint64_t addr, uint64_t length,
+                       bint write) -> int:
+        """Why the peer's mirror refuses a region request (rm_region.h RM_RWHY_*: 0 it
+        does not, 1 not exposed under that key and tag, 2 outside it, 3 access)."""
+        if self.peer_xtab == NULL:
+            return 1
+        return rm_region_why(self.peer_xtab, key, tag, addr, length,
+                             RM_XACC_WRITE if write else RM_XACC_READ)

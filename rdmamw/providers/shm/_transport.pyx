@@ -23,6 +23,7 @@ from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_READ,
     RM_ACCESS_REMOTE_WRITE,
+    RM_ACCESS_TAG_SHIFT,
     RM_ERR_AGAIN,
     RM_ERR_BOUNDS,
     RM_ERR_CLOSED,
@@ -33,6 +34,7 @@ from rdmamw.transport._base cimport (
     RM_WR_EXPOSED,
     RM_WR_PUBLISH,
     RM_WR_READ,
+    RM_WR_REGION,
     RM_WR_SIGNALED,
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
@@ -42,6 +44,7 @@ from rdmamw.transport._base cimport (
 )
 from rdmamw.transport.atomics cimport (
     rm_cpu_relax,
+    rm_fence_seq_cst,
     rm_load_acquire32,
     rm_load_acquire64,
     rm_popcount64,
@@ -58,9 +61,15 @@ from rdmamw.providers.shm._endpoint cimport (
     RM_XACC_READ,
     RM_XACC_WRITE,
     RM_XNONE,
+    RM_XTAG_SHIFT,
     SHM_CONNECTED,
     ShmEndpoint,
+    POLLERR,
+    POLLIN,
+    POLLNVAL,
     iovec,
+    poll,
+    pollfd,
     process_vm_readv,
     process_vm_writev,
     rm_assist,
@@ -77,14 +86,6 @@ from rdmamw.providers.shm._endpoint cimport (
     rm_xtab_mirror,
     rm_xtab_retract,
 )
-
-cdef extern from "poll.h" nogil:
-    struct pollfd:
-        int fd
-        short events
-        short revents
-    int poll(pollfd *fds, unsigned long nfds, int timeout)
-    short POLLIN, POLLHUP, POLLERR, POLLNVAL
 
 cdef extern from "sys/socket.h" nogil:
     ssize_t recv(int fd, void *buf, size_t n, int flags)
@@ -136,6 +137,26 @@ cdef class ShmTransport(ShmEndpoint):
     """The shm endpoint's data path (its set-up: ShmEndpoint)."""
 
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
+        """A chain with region accesses runs with my ``busy`` word odd (rm_region.h):
+        raised and fenced before any exposure is checked, so the peer's revoke either
+        makes the check fail or waits for the chain to end."""
+        cdef uint32_t i
+        cdef int rc
+        for i in range(n):
+            if wrs[i].flags & RM_WR_REGION:
+                break
+        else:
+            return self._post(wrs, n)
+        if self.rrec == NULL:
+            return RM_ERR_UNSUPPORTED
+        self.busy_seq += 1
+        rm_store_release64(&self.rrec.busy, (self.busy_seq << 1) | 1)
+        rm_fence_seq_cst()
+        rc = self._post(wrs, n)
+        rm_store_release64(&self.rrec.busy, self.busy_seq << 1)
+        return rc
+
+    cdef int _post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
         cdef uint32_t i, w
         cdef rm_wr *wr
         cdef uint64_t *dst
@@ -194,16 +215,12 @@ cdef class ShmTransport(ShmEndpoint):
             return -1
         if self.peer_xtab == NULL or wr.flags & RM_WR_PUBLISH:
             return -1
-        return rm_xtab_find(self.peer_xtab, wr.rkey, wr.remote_off, wr.length, acc, xe)
-
-    cdef bint _peer_exited(self) noexcept nogil:
-        cdef pollfd fd
-        if self.pidfd < 0:
-            return False
-        fd.fd = self.pidfd
-        fd.events = POLLIN
-        fd.revents = 0
-        return poll(&fd, 1, 0) > 0
+        if rm_xtab_find(self.peer_xtab, wr.rkey, wr.remote_off, wr.length, acc, xe) != 0:
+            return -1
+        # a region request needs its region's tag; a rendezvous one an untagged entry
+        if xe.access >> RM_XTAG_SHIFT != (wr.imm if wr.flags & RM_WR_REGION else 0):
+            return -1
+        return 0
 
     cdef int _exposed(self, rm_wr *wr) noexcept nogil:
         """Do one EXPOSED READ/WRITE: CMA, or a copy out of the peer's staging area."""
@@ -369,8 +386,10 @@ cdef class ShmTransport(ShmEndpoint):
         made after its range was reserved, outside the lock; the peer cannot name the
         key before the descriptor that carries it."""
         cdef uint64_t staged = RM_XNONE
-        cdef uint32_t key
+        cdef uint32_t key, tag = access >> RM_ACCESS_TAG_SHIFT
         out.handle = out.lkey = out.rkey = 0
+        if tag:
+            return self._expose_region(addr, length, access & 0xFF, tag, out)
         if access == RM_ACCESS_LOCAL:
             return 0
         if self.xpriv == NULL or self.state != SHM_CONNECTED or self.inherited():
@@ -406,16 +425,22 @@ cdef class ShmTransport(ShmEndpoint):
         return 0
 
     cdef int unexpose(self, uint32_t handle) noexcept nogil:
-        """Withdraw a range; returns once no helper copy of mine touches it any more."""
+        """Withdraw a range; returns once no helper copy of mine touches it any more,
+        and for a region once the peer's region access in progress (if any) ended:
+        RM_ERR_AGAIN if it did not within the assist stall bound (a stopped peer)."""
         cdef rm_xent xe
+        cdef bint region = False
         if self.xpriv != NULL and not self.inherited():
             rm_spin_lock(&self.xlock)
             if rm_xtab_del(self.xpriv, handle, &xe):
                 rm_xtab_retract(self.xtab, handle)
+                region = xe.access >> RM_XTAG_SHIFT != 0
             rm_spin_unlock(&self.xlock)
             while handle != 0 and rm_load_acquire32(&self.assist_key) == handle:
                 rm_cpu_relax()      # one chunk of assist() (my other thread) in progress
-        return 0
+        if not region:
+            return 0
+        return self._await_peer_region()
 
     cdef int wake_self(self) noexcept nogil:
         cdef uint64_t one = 1

@@ -242,6 +242,7 @@ def _handshake(conn: socket.socket, name: str, slots: int, slot_size: int,
             pidfd = -1          # no pidfd here: the socket still tells us of its death
         tp._attach_rendezvous(mine.total, theirs.total, peer_pid, pidfd)
         pidfd = -1
+        tp._set_region_id(secrets.randbits(64) | 1)     # never 0: "no regions"
         with socket.socket(fileno=os.dup(tp.fileno())) as side:
             side.settimeout(conn.gettimeout())
             _probe_cma(side, tp, peer_pid, name)

@@ -1,0 +1,127 @@
+"""Remote memory on shm, same run: a one-sided ``read`` of a peer's exposed buffer
+against a single-thread ``np.copyto`` of the same size (docs/remote-memory.md).
+
+    python bench/rmem_bench.py                      # 64 KiB and 4 MiB
+    python bench/rmem_bench.py --sizes 64K --reps 9
+
+An owner process exposes one buffer per size and then waits in ``recv`` (idle in the
+engine: on shm it may help copy a large read, as for rendezvous); this process reads
+the whole buffer into a reused destination, ``--iters`` times per rep, and times
+``np.copyto`` between two warm arrays of the size the same number of times, the two
+interleaved rep by rep. Medians of the per-rep means; ``ratio`` = copyto time / read
+time (>= 1: the read is at least as fast). Also batched 8 B writes into one region
+(``--batch`` per chain): operations per second. The box is shared: compare ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SIZES = {"64K": 64 << 10, "4M": 4 << 20}
+
+OWNER = r"""
+import sys, numpy as np, rdmamw
+lst = rdmamw.listen(sys.argv[1])
+ch = lst.accept(timeout=60)
+sizes = [int(s) for s in sys.argv[2].split(",")]
+bufs = [np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8) for n in sizes]
+regs = [ch.expose(b, "rw") for b in bufs]
+ch.send_batch([bytes(r.ref) for r in regs])
+ch.recv(timeout=600)            # idle in the engine until the reader is done
+ch.close()
+"""
+
+
+def _mean_s(fn, iters: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="64K,4M")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--iters", type=int, default=0, help="per rep (default: ~64 MiB)")
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    import rdmamw
+
+    names = args.sizes.split(",")
+    sizes = [SIZES[n] if n in SIZES else int(n) for n in names]
+    addr = f"shm://rmem-bench-{os.getpid()}"
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, addr, ",".join(map(str, sizes))],
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    rows = []
+    try:
+        ch = rdmamw.Channel.open(addr, timeout=30)
+        refs = [bytes(m) for m in ch.recv_batch(max_messages=len(sizes), timeout=30)]
+        while len(refs) < len(sizes):
+            refs += [bytes(m) for m in ch.recv_batch(timeout=30)]
+        for name, n, ref in zip(names, sizes, refs, strict=True):
+            iters = args.iters or max(8, (64 << 20) // n)
+            dst = np.zeros(n, np.uint8)
+            a, b = np.ones(n, np.uint8), np.zeros(n, np.uint8)
+            region = rdmamw.channel.remote.RegionRef.from_bytes(ref)
+
+            def read(dst=dst, region=region) -> None:
+                ch.read(region, dst)
+
+            def copy(a=a, b=b) -> None:
+                np.copyto(b, a)
+
+            read()
+            copy()
+            reads, copies = [], []
+            for _ in range(args.reps):
+                reads.append(_mean_s(read, iters))
+                copies.append(_mean_s(copy, iters))
+            r, c = statistics.median(reads), statistics.median(copies)
+            rows.append({"size": name, "read_us": r * 1e6, "copyto_us": c * 1e6,
+                         "read_GBps": n / r / 1e9, "copyto_GBps": n / c / 1e9,
+                         "ratio": c / r})
+        region = rdmamw.channel.remote.RegionRef.from_bytes(refs[0])
+        word = np.ones(8, np.uint8)
+
+        def writes() -> None:
+            ops = ch.batch()
+            for k in range(args.batch):
+                ops.write(word, region, offset=(k * 8) % (region.length - 8))
+            ops.post()
+
+        writes()
+        per = [(_mean_s(writes, 20)) for _ in range(args.reps)]
+        rows.append({"size": f"{args.batch} x 8 B writes", "ops_per_s":
+                     args.batch / statistics.median(per)})
+        ch.send(b"done")
+        ch.close()
+    finally:
+        owner.wait(30)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"load {os.getloadavg()[0]:.2f}; medians of {args.reps} reps")
+    for row in rows:
+        if "ratio" in row:
+            print(f"{row['size']:>6}: read {row['read_us']:9.2f} us ({row['read_GBps']:5.2f} "
+                  f"GB/s)  np.copyto {row['copyto_us']:9.2f} us ({row['copyto_GBps']:5.2f} "
+                  f"GB/s)  ratio copyto/read {row['ratio']:.2f}")
+        else:
+            print(f"{row['size']}: {row['ops_per_s'] / 1e6:.2f} M ops/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""Stub of rdmamw/channel/_remote.pyx: a channel endpoint's exposed regions and its
+one-sided operations on the peer's (rdmamw/channel/remote.py drives it). Checked by
+stubtest (`make lint`)."""
+
+from typing import Any
+
+from rdmamw.transport._base import Transport
+
+class Pinned:
+    """A buffer held while it is exposed: the exposure keeps its memory alive, however
+    the owner drops its own references."""
+
+class RemoteOps:
+    """One channel endpoint's regions and one-sided operations."""
+
+    ops: int
+    chains: int
+    bytes_read: int
+    bytes_written: int
+    def __init__(self, tp: Transport) -> None: ...
+    def expose(self, obj: Any, access: int) -> tuple[int, int, int, int, int]: ...
+    def unexpose(self, key: int) -> int: ...
+    def unexpose_all(self) -> int: ...
+    @property
+    def exposed(self) -> int: ...
+    def post(self, ops: list[tuple[bool, Any, int, int, int, int, int]]) -> int: ...

@@ -1,0 +1,183 @@
+# cython: freethreading_compatible = False
+"""One-sided access to a peer's exposed memory (docs/remote-memory.md): the part of
+the remote-memory API that touches the transport. RemoteOps exposes this side's
+buffers as tagged regions (the transport's expose(), the tag above
+RM_ACCESS_TAG_SHIFT) and posts READ/WRITE work requests on the peer's regions
+(RM_WR_EXPOSED | RM_WR_REGION, imm = the region's tag): a batch is one chain and one
+post (one doorbell). References, bounds, access and errors are the Python layer's
+(rdmamw/channel/remote.py); the provider checks every request against the owner's
+exposure again, so nothing here is trusted by the owner.
+
+It sits beside the channel, not in the engine (whose units reach the transport only
+through the Link): it shares no state with the engine's units, and its chains hold
+only EXPOSED work requests, which a provider that finishes the work inside post()
+(shm) runs from any thread, as the engine's rendezvous READs do."""
+
+from cpython.buffer cimport (
+    PyBUF_ANY_CONTIGUOUS,
+    PyBUF_WRITABLE,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport calloc, free
+
+from rdmamw.transport._base cimport (
+    RM_ACCESS_REMOTE_WRITE,
+    RM_ACCESS_TAG_SHIFT,
+    RM_ERR_AGAIN,
+    RM_WR_EXPOSED,
+    RM_WR_READ,
+    RM_WR_REGION,
+    RM_WR_WRITE,
+    Transport,
+    rm_mem,
+    rm_wr,
+)
+from rdmamw.transport.atomics cimport rm_spin_lock, rm_spin_unlock
+
+cdef uint64_t PIECE = 1 << 30       # one work request moves at most this much
+cdef uint32_t TAG_MAX = 0xFFFFFF    # tags are 24 bits (above RM_ACCESS_TAG_SHIFT)
+
+
+cdef class Pinned:
+    """A buffer held while it is exposed: the exposure keeps its memory alive, however
+    the owner drops its own references."""
+    cdef Py_buffer view
+    cdef bint held
+
+    def __dealloc__(self):
+        if self.held:
+            PyBuffer_Release(&self.view)
+            self.held = False
+
+
+cdef class RemoteOps:
+    """One channel endpoint's regions and one-sided operations."""
+    cdef Transport tp
+    cdef int spin                   # one region chain at a time (the shm busy word)
+    cdef uint32_t tag               # the last region's tag (its generation)
+    cdef dict live                  # key -> Pinned: the regions exposed now
+    cdef list stuck                 # Pinned whose revoke timed out: held until we go
+    cdef readonly uint64_t ops, chains, bytes_read, bytes_written
+
+    def __init__(self, Transport tp):
+        self.tp = tp
+        self.live = {}
+        self.stuck = []
+
+    def expose(self, obj, uint32_t access) -> tuple:
+        """Expose ``obj``'s memory with RM_ACCESS_REMOTE_* ``access``: (0, key, tag,
+        address, length), or (rc, 0, 0, 0, 0) with the transport's error code."""
+        cdef Pinned p = Pinned()
+        cdef rm_mem mem
+        cdef int rc
+        cdef uint32_t tag
+        flags = PyBUF_ANY_CONTIGUOUS | (PyBUF_WRITABLE if access & RM_ACCESS_REMOTE_WRITE
+                                        else 0)
+        PyObject_GetBuffer(obj, &p.view, flags)
+        p.held = True
+        if p.view.len == 0:
+            raise ValueError("an empty buffer cannot be exposed")
+        self.tag = self.tag % TAG_MAX + 1
+        tag = self.tag
+        with nogil:
+            rc = self.tp.expose(<uint64_t>p.view.buf, <uint64_t>p.view.len,
+                                access | (tag << RM_ACCESS_TAG_SHIFT), &mem)
+        if rc != 0:
+            return rc, 0, 0, 0, 0
+        self.live[mem.rkey] = p
+        return 0, mem.rkey, tag, <uint64_t>p.view.buf, p.view.len
+
+    def unexpose(self, uint32_t key) -> int:
+        """Withdraw region ``key``; once the transport says no byte of it moves any more,
+        its buffer is let go. RM_ERR_AGAIN: the peer's access in progress did not end
+        (a stopped peer): the buffer stays held as long as this endpoint."""
+        cdef int rc
+        p = self.live.pop(key, None)
+        if p is None:
+            return 0
+        with nogil:
+            rc = self.tp.unexpose(key)
+        if rc == RM_ERR_AGAIN:
+            self.stuck.append(p)
+        return rc
+
+    def unexpose_all(self) -> int:
+        """Withdraw every region (the channel closes); the last error code, or 0."""
+        cdef int rc = 0, r
+        for key in list(self.live):
+            r = self.unexpose(key)
+            rc = r if r else rc
+        return rc
+
+    @property
+    def exposed(self) -> int:
+        return len(self.live)
+
+    def post(self, list ops) -> int:
+        """Post ``ops`` as one chain: each ``(write, local, offset, length, key, tag,
+        remote_address)``, ``local`` a buffer whose ``[offset, offset + length)`` the
+        caller checked; a READ fills it, a WRITE sends it. The transport's code."""
+        cdef Py_ssize_t i, k = 0, nops = len(ops), nwr = 0
+        cdef Py_buffer *views
+        cdef rm_wr *wrs
+        cdef int rc = 0
+        cdef uint64_t off, n, piece, done, rbytes = 0, wbytes = 0
+        cdef bint write
+        for op in ops:
+            nwr += <Py_ssize_t>((<uint64_t>op[3] + PIECE - 1) // PIECE) or 1
+        views = <Py_buffer *>calloc(nops, sizeof(Py_buffer))
+        wrs = <rm_wr *>calloc(nwr, sizeof(rm_wr))
+        if views == NULL or wrs == NULL:
+            free(views)
+            free(wrs)
+            raise MemoryError()
+        i = 0
+        try:
+            for i in range(nops):
+                op = ops[i]
+                write = op[0]
+                PyObject_GetBuffer(op[1], &views[i],
+                                   PyBUF_ANY_CONTIGUOUS | (0 if write else PyBUF_WRITABLE))
+                off, n = op[2], op[3]
+                if off > <uint64_t>views[i].len or n > <uint64_t>views[i].len - off:
+                    PyBuffer_Release(&views[i])
+                    raise ValueError(f"operation {i}: {n} bytes at {off} of a buffer of "
+                                     f"{views[i].len}")
+                done = 0
+                while True:
+                    piece = min(n - done, PIECE)
+                    wrs[k].wr_id = 0
+                    wrs[k].local_addr = <uint64_t>views[i].buf + off + done
+                    wrs[k].remote_off = <uint64_t>op[6] + done
+                    wrs[k].length = <uint32_t>piece
+                    wrs[k].rkey = op[4]
+                    wrs[k].imm = op[5]
+                    wrs[k].opcode = RM_WR_WRITE if write else RM_WR_READ
+                    wrs[k].flags = RM_WR_EXPOSED | RM_WR_REGION
+                    k += 1
+                    done += piece
+                    if done >= n:
+                        break
+                if write:
+                    wbytes += n
+                else:
+                    rbytes += n
+            i = nops
+            with nogil:
+                rm_spin_lock(&self.spin)
+                rc = self.tp.post(wrs, <uint32_t>k)
+                rm_spin_unlock(&self.spin)
+        finally:
+            while i > 0:
+                i -= 1
+                PyBuffer_Release(&views[i])
+            free(views)
+            free(wrs)
+        if rc == 0:
+            self.ops += nops
+            self.chains += 1
+            self.bytes_read += rbytes
+            self.bytes_written += wbytes
+        return rc

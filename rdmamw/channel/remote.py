@@ -1,0 +1,368 @@
+"""Remote memory on a channel (docs/remote-memory.md): expose a buffer to the peer and
+read or write the peer's exposed buffers, one-sided and batched.
+
+The owner's side: :meth:`RemoteMemory.expose` returns a :class:`Region`, whose
+``ref`` (a :class:`RegionRef`, picklable, ``bytes(ref)`` and back) the peer is given by
+any means; ``region.revoke()`` ends the exposure before it returns. The peer's side:
+``read`` / ``write`` / ``batch`` (one chain, one doorbell), ``fetch_add`` /
+``compare_swap`` where the provider can do them. What the engine's unit does
+(rdmamw/channel/_remote.pyx) is posting; everything a caller can get wrong is checked
+here first, and the provider checks each request against the owner's exposure again."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from typing import Any, cast
+
+from rdmamw.channel._remote import RemoteOps
+from rdmamw.errors import (
+    AccessDenied,
+    ChannelClosed,
+    ForeignReference,
+    OutOfRange,
+    PeerLost,
+    ProviderUnavailable,
+    RegionRevoked,
+    RemoteAccessError,
+    Timeout,
+)
+from rdmamw.memory.buffer import host_view
+
+#: access letters -> bits of a reference (R read, W write, A atomics)
+R, W, A = 1, 2, 4
+ACCESS = {"r": R, "w": W, "rw": R | W, "atomic": R | W | A}
+#: the transport's expose() access bits (rdmamw/transport/_base.pxd RM_ACCESS_*)
+_TP_READ, _TP_WRITE = 1, 2
+#: transport return codes (rdmamw/transport/_base.pxd)
+_ERR_BOUNDS, _ERR_PEER_LOST, _ERR_CLOSED = -1, -2, -3
+_ERR_UNSUPPORTED, _ERR_AGAIN = -5, -6
+
+#: reference wire format: magic, version, access, reserved, channel, key, tag, base,
+#: length, check (the first 8 bytes of BLAKE2b of the 40 bytes before it)
+_REF = struct.Struct("<4sBBHQIIQQ")
+_MAGIC = b"RMRF"
+_VERSION = 1
+REF_BYTES = _REF.size + 8
+
+
+def _check_word(head: bytes) -> bytes:
+    return hashlib.blake2b(head, digest_size=8).digest()
+
+
+@dataclass(frozen=True)
+class RegionRef:
+    """A reference to a region a peer exposed: small, picklable, and ``bytes(ref)`` /
+    :meth:`from_bytes` for any transport (a message, a Dask task, a Ray object).
+
+    ``channel`` is the identity of the owner's endpoint, ``key`` and ``tag`` the
+    exposure (its slot and generation), ``base`` and ``length`` its bytes in the owner,
+    ``access`` R/W/A bits. It grants nothing by itself: the owner's exposure does."""
+
+    channel: int
+    key: int
+    tag: int
+    base: int
+    length: int
+    access: int
+
+    def __bytes__(self) -> bytes:
+        head = _REF.pack(_MAGIC, _VERSION, self.access, 0, self.channel, self.key,
+                         self.tag, self.base, self.length)
+        return head + _check_word(head)
+
+    @classmethod
+    def from_bytes(cls, data: Any) -> RegionRef:
+        """Decode ``bytes(ref)``; RemoteAccessError for anything that is not one."""
+        try:
+            raw = bytes(memoryview(data))
+        except TypeError as e:
+            raise RemoteAccessError(f"a region reference is bytes, not "
+                                    f"{type(data).__name__}") from e
+        if len(raw) != REF_BYTES:
+            raise RemoteAccessError(f"a region reference is {REF_BYTES} bytes, not "
+                                    f"{len(raw)}")
+        head = raw[:_REF.size]
+        magic, version, access, reserved, channel, key, tag, base, length = \
+            _REF.unpack(head)
+        if magic != _MAGIC or version != _VERSION:
+            raise RemoteAccessError("not a region reference (magic or version)")
+        if raw[_REF.size:] != _check_word(head):
+            raise RemoteAccessError("a damaged region reference (check word)")
+        if reserved or access & ~(R | W | A) or not access or not length or not tag \
+                or base + length > 1 << 64:
+            raise RemoteAccessError("a region reference with impossible fields")
+        return cls(channel, key, tag, base, length, access)
+
+
+class Region:
+    """A buffer exposed to the peer of one channel; ``ref`` is what the peer needs.
+    The exposure holds the buffer (its memory stays valid even if the caller drops
+    it) until :meth:`revoke` or the channel closes."""
+
+    def __init__(self, ops: RemoteOps, ref: RegionRef) -> None:
+        self._ops = ops
+        self.ref = ref
+        self.revoked = False
+
+    def revoke(self) -> None:
+        """End the exposure: when this returns, no byte of the region moves any more
+        (an access the peer had in progress has ended) and a later access fails on the
+        peer with RegionRevoked. Timeout when a peer stopped in the middle of an access
+        (its process is frozen): the buffer then stays held as long as the channel."""
+        if self.revoked:
+            return
+        self.revoked = True
+        rc = self._ops.unexpose(self.ref.key)
+        if rc == _ERR_AGAIN:
+            raise Timeout("revoke: the peer stopped in the middle of an access to the "
+                          "region; it is withdrawn, and its buffer stays held by the "
+                          "channel")
+
+    def __enter__(self) -> Region:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.revoke()
+
+    def __repr__(self) -> str:
+        state = "revoked" if self.revoked else "exposed"
+        return f"<Region {self.ref.length} B {_access_name(self.ref.access)} {state}>"
+
+
+class Done:
+    """The handle of a one-sided operation or batch. On providers that move the bytes
+    inside the call (shm) it is done when returned; ``wait()`` / ``done()`` / ``await``
+    are the same on every provider."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self, timeout: float | None = None) -> None:
+        return None
+
+    def __await__(self) -> Any:
+        return iter(())
+
+
+def _access_name(bits: int) -> str:
+    return {R: "r", W: "w", R | W: "rw", R | W | A: "atomic"}.get(bits, f"0x{bits:x}")
+
+
+def _as_ref(ref: Any) -> RegionRef:
+    return ref if isinstance(ref, RegionRef) else RegionRef.from_bytes(ref)
+
+
+def _buffer(obj: Any) -> Any:
+    """``obj`` if it has the buffer protocol, else its host view (torch, DLPack)."""
+    try:
+        memoryview(obj)
+    except TypeError:
+        return host_view(obj)
+    return obj
+
+
+def _nbytes(obj: Any) -> int:
+    return memoryview(obj).nbytes
+
+
+class Batch:
+    """One-sided operations posted together: one chain, one doorbell
+    (``ch.batch()``; then ``read`` / ``write`` any number of times, then ``post()``)."""
+
+    def __init__(self, rm: RemoteMemory) -> None:
+        self._rm = rm
+        self._ops: list[tuple[bool, Any, int, int, int, int, int]] = []
+        self._refs: list[RegionRef] = []
+        self._notify: list[Any] = []
+
+    def read(self, ref: Any, into: Any, offset: int = 0) -> Batch:
+        """READ ``len(into)`` bytes of the region at ``offset`` into ``into``."""
+        into = _buffer(into)
+        self._add(False, ref, into, offset, _nbytes(into))
+        return self
+
+    def write(self, src: Any, ref: Any, offset: int = 0, notify: Any = None) -> Batch:
+        """WRITE ``src`` into the region at ``offset``; ``notify`` goes to the owner as a
+        message once every write of the batch is visible to it."""
+        src = _buffer(src)
+        self._add(True, ref, src, offset, _nbytes(src))
+        if notify is not None:
+            self._notify.append(notify)
+        return self
+
+    def _add(self, write: bool, ref: Any, local: Any, offset: int, n: int) -> None:
+        r = self._rm._checked(_as_ref(ref), W if write else R, offset, n)
+        self._ops.append((write, local, 0, n, r.key, r.tag, r.base + offset))
+        self._refs.append(r)
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def post(self) -> Done:
+        """Post every operation as one chain; a refused one raises its typed error and,
+        since the provider checks the whole chain first, nothing of the batch moved
+        (unless the region was revoked during the chain: RegionRevoked, the reads that
+        ran are complete, the rest are not)."""
+        ops, self._ops = self._ops, []
+        refs, self._refs = self._refs, []
+        notify, self._notify = self._notify, []
+        if ops:
+            self._rm._post(ops, refs)
+        for msg in notify:
+            self._rm._notify(msg)
+        return Done(len(ops))
+
+
+class RemoteMemory:
+    """The remote-memory methods of a Channel (mixed into rdmamw.channel.Channel)."""
+
+    provider: str
+    closed: bool
+    _transport: Any
+    _rmem: RemoteOps | None = None
+
+    # ---- the owner ------------------------------------------------------------------
+
+    def expose(self, buffer: Any, access: str = "rw") -> Region:
+        """Let the peer of this channel, and only it, access ``buffer`` (a writable
+        buffer for "w", "rw" and "atomic"; any contiguous buffer, numpy array, CPU
+        tensor for "r") with ``access``; returns the Region, whose ``ref`` the peer
+        needs. ProviderUnavailable where the provider cannot (docs/remote-memory.md)."""
+        if access not in ACCESS:
+            raise ValueError(f"access must be one of {sorted(ACCESS)}, not {access!r}")
+        bits = ACCESS[access]
+        ops = self._ops()
+        if bits & A:
+            raise ProviderUnavailable(f"atomics on exposed memory: not on the "
+                                      f"{self.provider} provider yet (they need memory both "
+                                      f"processes map, or verbs)")
+        tp_bits = (_TP_READ if bits & R else 0) | (_TP_WRITE if bits & W else 0)
+        rc, key, tag, base, length = ops.expose(_buffer(buffer), tp_bits)
+        if rc == _ERR_UNSUPPORTED:
+            raise ProviderUnavailable(f"the {self.provider} provider cannot expose this "
+                                      f"memory to this peer (shm needs cross-memory attach "
+                                      f"to the peer: RDMAMW_SHM_CMA, ptrace rules)")
+        if rc == _ERR_AGAIN:
+            raise ProviderUnavailable(f"the {self.provider} exposure table is full "
+                                      f"(revoke regions that are no longer needed)")
+        if rc:
+            raise ChannelClosed(f"expose: the channel is closed ({rc})")
+        ident, _ = self._transport.region_ids()
+        return Region(ops, RegionRef(ident, key, tag, base, length, bits))
+
+    # ---- the peer -------------------------------------------------------------------
+
+    def read(self, ref: Any, into: Any, offset: int = 0) -> Done:
+        """READ ``len(into)`` bytes at ``offset`` of the peer's region ``ref`` (a
+        RegionRef or its bytes) into ``into``, one-sided: no thread of the peer acts."""
+        return self.batch().read(ref, into, offset).post()
+
+    def write(self, src: Any, ref: Any, offset: int = 0, notify: Any = None) -> Done:
+        """WRITE ``src`` into the peer's region ``ref`` at ``offset``; with ``notify`` (a
+        message), the peer receives it on this channel once the bytes are visible to
+        it."""
+        return self.batch().write(src, ref, offset, notify).post()
+
+    def batch(self) -> Batch:
+        """A batch of one-sided operations: one chain, one doorbell when posted."""
+        return Batch(self)
+
+    def fetch_add(self, ref: Any, offset: int, value: int) -> Done:
+        """Add ``value`` to the aligned 64-bit word at ``offset`` atomically; needs a
+        region exposed with access "atomic"."""
+        return self._atomic(_as_ref(ref), offset)
+
+    def compare_swap(self, ref: Any, offset: int, expected: int, desired: int) -> Done:
+        """Replace the aligned 64-bit word at ``offset`` by ``desired`` if it holds
+        ``expected``, atomically; needs a region exposed with access "atomic"."""
+        return self._atomic(_as_ref(ref), offset)
+
+    # ---- internals ------------------------------------------------------------------
+
+    def _ops(self) -> RemoteOps:
+        ops = self._rmem
+        if ops is None:
+            if self.closed:
+                raise ChannelClosed("remote memory: the channel is closed")
+            if not hasattr(self._transport, "region_ids"):
+                raise ProviderUnavailable(f"remote memory is not on the {self.provider} "
+                                          f"provider yet (shm only)")
+            ops = self._rmem = RemoteOps(self._transport)
+        return ops
+
+    def _checked(self, ref: RegionRef, need: int, offset: int, n: int) -> RegionRef:
+        """``ref`` if this channel's peer made it and it allows ``need`` on ``n`` bytes
+        at ``offset`` (as far as the reference says: the provider checks the owner's
+        exposure itself)."""
+        self._ops()
+        _, peer = self._transport.region_ids()
+        if ref.channel != peer or not peer:
+            raise ForeignReference("the reference names a region of another channel "
+                                   "(only the peer of this channel can be accessed)")
+        if not ref.access & need:
+            raise AccessDenied(f"the region is exposed {_access_name(ref.access)!r}: no "
+                               f"{'write' if need == W else 'read'}")
+        if offset < 0 or n < 0 or offset > ref.length or n > ref.length - offset:
+            raise OutOfRange(f"{n} bytes at offset {offset} of a region of {ref.length}")
+        return ref
+
+    def _atomic(self, ref: RegionRef, offset: int) -> Done:
+        self._checked(ref, R | W, offset, 8)
+        if not ref.access & A:
+            raise AccessDenied(f"the region is exposed {_access_name(ref.access)!r}: no "
+                               f"atomics (expose it with access='atomic')")
+        if (ref.base + offset) % 8:
+            raise AccessDenied(f"an atomic needs an aligned 64-bit word; offset {offset} "
+                               f"is not")
+        raise ProviderUnavailable(f"atomics: not on the {self.provider} provider yet")
+
+    def _post(self, ops: list[tuple[bool, Any, int, int, int, int, int]],
+              refs: list[RegionRef]) -> None:
+        rc = self._ops().post(ops)
+        if rc == 0:
+            return
+        if rc == _ERR_PEER_LOST:
+            raise PeerLost("the peer went during a one-sided operation (its region "
+                           "was not read or written whole)")
+        if rc == _ERR_CLOSED:
+            raise ChannelClosed("the channel is closed: no one-sided operation")
+        if rc != _ERR_BOUNDS:
+            raise RemoteAccessError(f"the {self.provider} provider failed a one-sided "
+                                    f"operation ({rc})")
+        for (write, _, _, n, key, tag, addr), ref in zip(ops, refs, strict=True):
+            why = self._transport.region_refusal(key, tag, addr, n, write)
+            if why == 1:
+                raise RegionRevoked("the peer does not expose this region (any more): "
+                                    "revoked, closed, or never exposed")
+            if why == 2:
+                raise OutOfRange(f"{n} bytes at {addr - ref.base} are outside the region "
+                                 f"the peer exposed")
+            if why == 3:
+                raise AccessDenied(f"the peer's region does not allow "
+                                   f"{'writes' if write else 'reads'}")
+        raise RegionRevoked("the peer revoked the region during the operation; what "
+                            "was read is incomplete")
+
+    def _notify(self, msg: Any) -> None:
+        cast(Any, self).send(msg)      # the engine's (Channel's other base)
+
+    def _close_regions(self) -> None:
+        """Withdraw every region before the channel closes (no byte moves after)."""
+        if self._rmem is not None:
+            self._rmem.unexpose_all()
+
+    def _remote_stats(self) -> dict[str, int]:
+        ops = self._rmem
+        if ops is None:
+            return {"rmem_ops": 0, "rmem_chains": 0, "rmem_bytes_read": 0,
+                    "rmem_bytes_written": 0, "rmem_exposed": 0}
+        return {"rmem_ops": ops.ops, "rmem_chains": ops.chains,
+                "rmem_bytes_read": ops.bytes_read, "rmem_bytes_written": ops.bytes_written,
+                "rmem_exposed": ops.exposed}
