@@ -6,6 +6,8 @@ from typing import Any
 
 from rdmamw.transport._base import Transport
 
+ONE_CHECKED: int
+
 class Pinned:
     """A buffer held while it is exposed: the exposure keeps its memory alive, however
     the owner drops its own references."""
@@ -24,3 +26,4 @@ class RemoteOps:
     @property
     def exposed(self) -> int: ...
     def post(self, ops: list[tuple[bool, Any, int, int, int, int, int]]) -> int: ...
+    def one(self, write: bool, obj: Any, ref: Any, offset: int) -> int: ...

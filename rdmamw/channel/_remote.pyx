@@ -11,7 +11,12 @@ exposure again, so nothing here is trusted by the owner.
 It sits beside the channel, not in the engine (whose units reach the transport only
 through the Link): it shares no state with the engine's units, and its chains hold
 only EXPOSED work requests, which a provider that finishes the work inside post()
-(shm) runs from any thread, as the engine's rendezvous READs do."""
+(shm) runs from any thread, as the engine's rendezvous READs do; chains of several
+threads may run at the same time (the provider keeps its busy word odd while any does).
+
+``one()`` is the lean path of a single read or write: the reference's fields are read
+and checked here, one work request on the stack, no Python object made; anything it
+does not take (a DLPack tensor, a refusal to explain) goes the checked way."""
 
 from cpython.buffer cimport (
     PyBUF_ANY_CONTIGUOUS,
@@ -21,6 +26,7 @@ from cpython.buffer cimport (
 )
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
+from libc.string cimport memset
 
 from rdmamw.transport._base cimport (
     RM_ACCESS_REMOTE_WRITE,
@@ -34,10 +40,11 @@ from rdmamw.transport._base cimport (
     rm_mem,
     rm_wr,
 )
-from rdmamw.transport.atomics cimport rm_spin_lock, rm_spin_unlock
 
 cdef uint64_t PIECE = 1 << 30       # one work request moves at most this much
 cdef uint32_t TAG_MAX = 0xFFFFFF    # tags are 24 bits (above RM_ACCESS_TAG_SHIFT)
+cdef uint32_t ACC_R = 1, ACC_W = 2  # a reference's access bits (remote.py R, W)
+ONE_CHECKED = 1                     # one(): not tried, go the checked way
 
 
 cdef class Pinned:
@@ -55,7 +62,7 @@ cdef class Pinned:
 cdef class RemoteOps:
     """One channel endpoint's regions and one-sided operations."""
     cdef Transport tp
-    cdef int spin                   # one region chain at a time (the shm busy word)
+    cdef uint64_t peer              # the peer endpoint's identity (0: not known yet)
     cdef uint32_t tag               # the last region's tag (its generation)
     cdef dict live                  # key -> Pinned: the regions exposed now
     cdef list stuck                 # Pinned whose revoke timed out: held until we go
@@ -166,9 +173,7 @@ cdef class RemoteOps:
                     rbytes += n
             i = nops
             with nogil:
-                rm_spin_lock(&self.spin)
                 rc = self.tp.post(wrs, <uint32_t>k)
-                rm_spin_unlock(&self.spin)
         finally:
             while i > 0:
                 i -= 1
@@ -180,4 +185,51 @@ cdef class RemoteOps:
             self.chains += 1
             self.bytes_read += rbytes
             self.bytes_written += wbytes
+        return rc
+
+    def one(self, bint write, obj, ref, Py_ssize_t offset) -> int:
+        """Read the region ``ref`` at ``offset`` into all of ``obj``, or write all of
+        ``obj`` there, as one work request: the transport's code, or ONE_CHECKED when
+        it did not try (a reference of another channel, an access or range it does not
+        allow, a buffer it cannot take): the caller then goes the checked way, which
+        says why. Nothing was posted when ONE_CHECKED is returned."""
+        cdef Py_buffer view
+        cdef rm_wr wr
+        cdef uint64_t base, length, n, off, key, tag
+        cdef int rc
+        if self.peer == 0:
+            self.peer = self.tp.region_ids()[1]
+        try:
+            if ref.channel != self.peer or self.peer == 0 or offset < 0 \
+                    or not <uint32_t>ref.access & (ACC_W if write else ACC_R):
+                return ONE_CHECKED
+            base, length, key, tag, off = ref.base, ref.length, ref.key, ref.tag, offset
+            if key >> 32 or tag >> 32 or base + length < base:
+                return ONE_CHECKED
+            PyObject_GetBuffer(obj, &view,
+                               PyBUF_ANY_CONTIGUOUS | (0 if write else PyBUF_WRITABLE))
+        except Exception:
+            return ONE_CHECKED
+        n = <uint64_t>view.len
+        if n == 0 or n > PIECE or off > length or n > length - off:
+            PyBuffer_Release(&view)
+            return ONE_CHECKED
+        memset(&wr, 0, sizeof(wr))
+        wr.local_addr = <uint64_t>view.buf
+        wr.remote_off = base + off
+        wr.length = <uint32_t>n
+        wr.rkey = <uint32_t>key
+        wr.imm = <uint32_t>tag
+        wr.opcode = RM_WR_WRITE if write else RM_WR_READ
+        wr.flags = RM_WR_EXPOSED | RM_WR_REGION
+        with nogil:
+            rc = self.tp.post(&wr, 1)
+        PyBuffer_Release(&view)
+        if rc == 0:
+            self.ops += 1
+            self.chains += 1
+            if write:
+                self.bytes_written += n
+            else:
+                self.bytes_read += n
         return rc

@@ -14,9 +14,9 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
-from rdmamw.channel._remote import RemoteOps
+from rdmamw.channel._remote import ONE_CHECKED, RemoteOps
 from rdmamw.errors import (
     AccessDenied,
     ChannelClosed,
@@ -151,6 +151,10 @@ class Done:
         return iter(())
 
 
+#: the handle of a single read or write that moved its bytes inside the call
+DONE = Done(1)
+
+
 def _access_name(bits: int) -> str:
     return {R: "r", W: "w", R | W: "rw", R | W | A: "atomic"}.get(bits, f"0x{bits:x}")
 
@@ -262,12 +266,16 @@ class RemoteMemory:
     def read(self, ref: Any, into: Any, offset: int = 0) -> Done:
         """READ ``len(into)`` bytes at ``offset`` of the peer's region ``ref`` (a
         RegionRef or its bytes) into ``into``, one-sided: no thread of the peer acts."""
+        if type(ref) is RegionRef and self._one(False, into, ref, offset):
+            return DONE
         return self.batch().read(ref, into, offset).post()
 
     def write(self, src: Any, ref: Any, offset: int = 0, notify: Any = None) -> Done:
         """WRITE ``src`` into the peer's region ``ref`` at ``offset``; with ``notify`` (a
         message), the peer receives it on this channel once the bytes are visible to
         it."""
+        if notify is None and type(ref) is RegionRef and self._one(True, src, ref, offset):
+            return DONE
         return self.batch().write(src, ref, offset, notify).post()
 
     def batch(self) -> Batch:
@@ -296,6 +304,20 @@ class RemoteMemory:
                                           f"provider yet (shm only)")
             ops = self._rmem = RemoteOps(self._transport)
         return ops
+
+    def _one(self, write: bool, local: Any, ref: RegionRef, offset: int) -> bool:
+        """The lean path of one read or write (RemoteOps.one): True when done, False
+        when the checked way must say why it is not (nothing was posted)."""
+        ops = self._rmem
+        if ops is None:
+            return False
+        rc = ops.one(write, local, ref, offset)
+        if rc == ONE_CHECKED:
+            return False
+        if rc != 0:
+            self._fail(rc, [(write, local, 0, _nbytes(local), ref.key, ref.tag,
+                             ref.base + offset)], [ref])
+        return True
 
     def _checked(self, ref: RegionRef, need: int, offset: int, n: int) -> RegionRef:
         """``ref`` if this channel's peer made it and it allows ``need`` on ``n`` bytes
@@ -326,8 +348,12 @@ class RemoteMemory:
     def _post(self, ops: list[tuple[bool, Any, int, int, int, int, int]],
               refs: list[RegionRef]) -> None:
         rc = self._ops().post(ops)
-        if rc == 0:
-            return
+        if rc != 0:
+            self._fail(rc, ops, refs)
+
+    def _fail(self, rc: int, ops: list[tuple[bool, Any, int, int, int, int, int]],
+              refs: list[RegionRef]) -> NoReturn:
+        """Raise the typed error of the transport's code ``rc`` for the chain ``ops``."""
         if rc == _ERR_PEER_LOST:
             raise PeerLost("the peer went during a one-sided operation (its region "
                            "was not read or written whole)")

@@ -260,37 +260,82 @@ def test_the_exposure_keeps_a_dropped_buffer_alive(rpair):
     assert len(junk) == 4
 
 
+def _write_until_revoked(peer, ref, size, offset, stop, outcome) -> None:
+    """Write ``size`` bytes of 0x55 at ``offset`` again and again until ``stop``; the
+    outcome ("revoked", or the unexpected exception) goes to ``outcome``."""
+    src = np.full(size, 0x55, np.uint8)
+    try:
+        while not stop.is_set():
+            peer.write(src, ref, offset=offset)
+    except RegionRevoked:
+        outcome.append("revoked")
+    except BaseException as e:  # noqa: BLE001 - reported by the test
+        outcome.append(e)
+
+
 @pytest.mark.parametrize("rnd", range(5))      # a race: each round may catch it
-def test_no_byte_moves_after_revoke_returns(rpair, rnd):
+@pytest.mark.parametrize("sizes", [(1,), (4096, 1)], ids=["one", "two-threads"])
+def test_no_byte_moves_after_revoke_returns(rpair, rnd, sizes):
+    """One writer; or two threads of the peer writing at once, a short chain and a long
+    one (the short one ends and starts again while the long one copies): the revoke
+    waits for every chain in progress, not only the one that began first."""
     owner, peer = rpair
     n = 16 * 2**20
     buf = np.zeros(n, np.uint8)
     reg = owner.expose(buf, "rw")
     stop = threading.Event()
     outcome: list = []
-
-    def writer() -> None:
-        src = np.full(n, 0x55, np.uint8)
-        try:
-            while not stop.is_set():
-                peer.write(src, reg.ref)
-        except RegionRevoked:
-            outcome.append("revoked")
-        except BaseException as e:  # noqa: BLE001 - reported below
-            outcome.append(e)
-
-    t = threading.Thread(target=writer)
-    t.start()
-    while not buf[-1]:                          # a write has landed: they run
+    sizes = [n if s == 1 else s for s in sizes]
+    threads = [threading.Thread(target=_write_until_revoked,
+                                args=(peer, reg.ref, size, n - size, stop, outcome))
+               for size in sizes]
+    for t in threads:
+        t.start()
+    while not buf[0]:                           # the long write has landed: they run
         time.sleep(0.001)
     time.sleep(0.01 * rnd)
     reg.revoke()
     buf[:] = 0xAA                               # ours again
     time.sleep(0.1)
     stop.set()
-    t.join(10)
-    assert outcome == ["revoked"]
+    for t in threads:
+        t.join(10)
+    assert outcome == ["revoked"] * len(sizes)
     assert (buf == 0xAA).all()
+
+
+def test_two_threads_read_large_regions_at_once(rpair):
+    """Large reads of two threads at once (each may ask the owner's help: one job
+    record) come back whole."""
+    owner, peer = rpair
+    n = 6 * 2**20
+    bufs = [_pattern(n, 40 + i) for i in range(2)]
+    regs = [owner.expose(b, "r") for b in bufs]
+    bad: list = []
+
+    def idle_owner() -> None:                   # in the engine: it may help copy
+        try:
+            owner.recv(timeout=30)
+        except Exception:  # noqa: BLE001 - the test's end
+            pass
+
+    def reader(i: int) -> None:
+        out = np.zeros(n, np.uint8)
+        for _ in range(15):
+            peer.read(regs[i].ref, out)
+            if not np.array_equal(out, bufs[i]):
+                bad.append(i)
+
+    helper = threading.Thread(target=idle_owner)
+    helper.start()
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    peer.send(b"end")
+    helper.join(10)
+    assert bad == []
 
 
 def test_a_revoke_during_a_read_is_reported(rpair):

@@ -9,6 +9,11 @@ cdef enum:
     SHM_CONNECTED = 1       # ShmEndpoint.state, attached; else the RM_ERR_* that ended it
     ASSIST_ALIGN = 1 << 16  # assisted-READ chunks are multiples of this
 
+cdef enum:                  # ShmEndpoint._wait_step(): go on, the peer is gone, stalled
+    WAIT_ON = 0
+    WAIT_GONE = 1
+    WAIT_STALLED = 2
+
 cdef extern from "sys/uio.h" nogil:     # CMA: copies from and to the peer's memory
     struct iovec:
         void *iov_base
@@ -106,6 +111,9 @@ cdef class ShmEndpoint(Transport):
     cdef rm_region_rec *rrec
     cdef rm_region_rec *peer_rrec
     cdef uint64_t busy_seq
+    cdef uint32_t busy_chains       # my region chains in progress (threads): busy is odd
+    cdef int busy_lock              # guards busy_seq / busy_chains and the busy word
+    cdef int job_lock               # one assisted copy of mine at a time (the job record)
     cdef public uint64_t n_assist_jobs          # my READs/WRITEs that asked for help
     cdef public uint64_t n_assist_chunks_got    # chunks of them the peer copied
     cdef public uint64_t bytes_assist_given     # bytes I copied for the peer's jobs
@@ -115,3 +123,4 @@ cdef class ShmEndpoint(Transport):
     cdef int _expose_region(self, uint64_t addr, uint64_t length, uint32_t access,
                             uint32_t tag, rm_mem *out) noexcept nogil
     cdef int _await_peer_region(self) noexcept nogil
+    cdef int _wait_step(self, uint32_t *spins, int64_t *until, bint hangup) noexcept nogil

@@ -268,7 +268,8 @@ cdef class ShmEndpoint(Transport):
         progress, if any, goes on (rm_region.h); RM_ERR_AGAIN if it has not ended within
         the assist stall bound (a stopped peer)."""
         cdef uint64_t b0
-        cdef int64_t until
+        cdef int r
+        cdef int64_t until = 0
         cdef uint32_t spins = 0
         if self.peer_rrec == NULL:
             return 0
@@ -276,19 +277,33 @@ cdef class ShmEndpoint(Transport):
         b0 = rm_load_acquire64(&self.peer_rrec.busy)
         if not b0 & 1:
             return 0
-        until = now_ns() + self.assist_stall_ns
         while rm_load_acquire64(&self.peer_rrec.busy) == b0:
-            spins += 1
-            if spins < 4096:
-                rm_cpu_relax()
-                continue
-            sched_yield()
-            if spins % 256 == 0:
-                if self._peer_exited():
-                    return 0        # it copies no more (its process is gone)
-                if now_ns() > until:
-                    return RM_ERR_AGAIN
+            r = self._wait_step(&spins, &until, False)
+            if r == WAIT_GONE:
+                return 0            # it copies no more (its process is gone)
+            if r == WAIT_STALLED:
+                return RM_ERR_AGAIN
         return 0
+
+    cdef int _wait_step(self, uint32_t *spins, int64_t *until, bint hangup) noexcept nogil:
+        """One step of waiting for something the peer does (a copy it runs): spin, then
+        yield; every 256th yield, WAIT_GONE if its process exited (or, with ``hangup``,
+        its connection is down), WAIT_STALLED once the assist stall bound passed since
+        the first look (``*until`` 0 before it), else WAIT_ON."""
+        spins[0] += 1
+        if spins[0] < 4096:
+            rm_cpu_relax()
+            return WAIT_ON
+        sched_yield()
+        if spins[0] % 256 != 0:
+            return WAIT_ON
+        if self._peer_exited() or (hangup and self.peer_state() < 0):
+            return WAIT_GONE
+        if until[0] == 0:
+            until[0] = now_ns() + self.assist_stall_ns
+        elif now_ns() > until[0]:
+            return WAIT_STALLED
+        return WAIT_ON
 
     cdef bint _peer_exited(self) noexcept nogil:
         cdef pollfd fd

@@ -16,7 +16,7 @@ area (a second memfd both map) and the reader copies it from there. A large CMA 
 WRITE is assisted (rdmamw/providers/shm/rm_assist.h): the exposing side, while idle, copies
 part of it, so one message moves with two cores."""
 
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 from rdmamw.transport._base cimport (
@@ -38,7 +38,6 @@ from rdmamw.transport._base cimport (
     RM_WR_SIGNALED,
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
-    now_ns,
     rm_mem,
     rm_wr,
 )
@@ -63,6 +62,7 @@ from rdmamw.providers.shm._endpoint cimport (
     RM_XNONE,
     RM_XTAG_SHIFT,
     SHM_CONNECTED,
+    WAIT_ON,
     ShmEndpoint,
     POLLERR,
     POLLIN,
@@ -101,11 +101,9 @@ cdef extern from "errno.h" nogil:
     int errno
     int EAGAIN, EINTR, EPERM, ESRCH
 
-cdef extern from "sched.h" nogil:
-    int sched_yield()
-
 cdef enum:
     CMA_CHUNK = 1 << 30     # process_vm_* move at most this much per call here
+    CMA_IOV = 256           # ranges of one vectored process_vm_* call (IOV_MAX is 1024)
 
 
 cdef int _cma(int pid, bint write, char *local, uint64_t remote, uint64_t n) noexcept nogil:
@@ -139,7 +137,8 @@ cdef class ShmTransport(ShmEndpoint):
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
         """A chain with region accesses runs with my ``busy`` word odd (rm_region.h):
         raised and fenced before any exposure is checked, so the peer's revoke either
-        makes the check fail or waits for the chain to end."""
+        makes the check fail or waits for the chain to end. Threads may post region
+        chains at the same time: the word is odd while any of them runs."""
         cdef uint32_t i
         cdef int rc
         for i in range(n):
@@ -149,11 +148,19 @@ cdef class ShmTransport(ShmEndpoint):
             return self._post(wrs, n)
         if self.rrec == NULL:
             return RM_ERR_UNSUPPORTED
-        self.busy_seq += 1
-        rm_store_release64(&self.rrec.busy, (self.busy_seq << 1) | 1)
+        rm_spin_lock(&self.busy_lock)       # chains of several threads may overlap:
+        if self.busy_chains == 0:           # busy stays odd until the last one ends
+            self.busy_seq += 1
+            rm_store_release64(&self.rrec.busy, (self.busy_seq << 1) | 1)
+        self.busy_chains += 1
+        rm_spin_unlock(&self.busy_lock)
         rm_fence_seq_cst()
         rc = self._post(wrs, n)
-        rm_store_release64(&self.rrec.busy, self.busy_seq << 1)
+        rm_spin_lock(&self.busy_lock)
+        self.busy_chains -= 1
+        if self.busy_chains == 0:
+            rm_store_release64(&self.rrec.busy, self.busy_seq << 1)
+        rm_spin_unlock(&self.busy_lock)
         return rc
 
     cdef int _post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
@@ -179,8 +186,14 @@ cdef class ShmTransport(ShmEndpoint):
                 return RM_ERR_BOUNDS
             if wr.flags & RM_WR_PUBLISH and ((wr.remote_off | wr.length | wr.local_addr) & 7):
                 return RM_ERR_BOUNDS
-        for i in range(n):
+        i = 0
+        while i < n:
             wr = &wrs[i]
+            if self._in_run(wr, wr.opcode):
+                rc = self._region_run(wrs, &i, n)
+                if rc != 0:
+                    return rc
+                continue
             if wr.flags & RM_WR_EXPOSED:
                 rc = self._exposed(wr)
                 if rc != 0:
@@ -198,11 +211,65 @@ cdef class ShmTransport(ShmEndpoint):
             if wr.flags & RM_WR_SIGNALED:
                 self.n_signaled += 1
                 self.complete_now(wr.wr_id, wr.opcode)
+            i += 1
         self.n_doorbells += 1
         self.n_wrs += n
         return 0
 
     # ---- rendezvous ------------------------------------------------------------------
+
+    cdef bint _in_run(self, rm_wr *wr, uint16_t opcode) noexcept nogil:
+        """``wr`` goes in a vectored run of region accesses (_region_run): an unsignaled
+        region READ/WRITE of ``opcode`` too small to ask the peer's help, by CMA."""
+        return (wr.flags & (RM_WR_EXPOSED | RM_WR_REGION | RM_WR_SIGNALED)) \
+            == (RM_WR_EXPOSED | RM_WR_REGION) and wr.opcode == opcode \
+            and (wr.opcode == RM_WR_READ or wr.opcode == RM_WR_WRITE) and self.cma \
+            and not (self.assist_min and wr.length >= self.assist_min and self.peer_cma
+                     and self.job != NULL)
+
+    cdef int _region_run(self, rm_wr *wrs, uint32_t *at, uint32_t n) noexcept nogil:
+        """Run the region accesses from ``wrs[*at]`` on (checked by _post: the whole
+        chain) that go together, up to CMA_IOV of them, as one vectored
+        process_vm_readv/writev; ``*at`` moves past them. The peer's exposures are
+        re-checked after the copy (a revoke during it: RM_ERR_BOUNDS, the bytes are not
+        sure), as _exposed does for one."""
+        cdef iovec l[CMA_IOV]
+        cdef iovec r[CMA_IOV]
+        cdef uint32_t i = at[0], j = at[0], k = 0
+        cdef uint16_t opcode = wrs[i].opcode
+        cdef uint64_t total = 0
+        cdef ssize_t got
+        cdef bint write = opcode == RM_WR_WRITE
+        while j < n and k < CMA_IOV and self._in_run(&wrs[j], opcode) \
+                and total + wrs[j].length <= CMA_CHUNK:
+            l[k].iov_base = <void *>wrs[j].local_addr
+            l[k].iov_len = wrs[j].length
+            r[k].iov_base = <void *>wrs[j].remote_off
+            r[k].iov_len = wrs[j].length
+            total += wrs[j].length
+            k += 1
+            j += 1
+        while True:
+            if write:
+                got = process_vm_writev(self.peer_pid, l, k, r, k, 0)
+            else:
+                got = process_vm_readv(self.peer_pid, l, k, r, k, 0)
+            if got >= 0 or errno != EINTR:
+                break
+        if got != <ssize_t>total:
+            if (got < 0 and errno == ESRCH) or self._peer_exited() or self.peer_state() < 0:
+                return RM_ERR_PEER_LOST
+            return RM_ERR_OS if got < 0 and errno == EPERM else RM_ERR_BOUNDS
+        if self._peer_exited():         # the pid may have been reused: not our data
+            return RM_ERR_PEER_LOST
+        while i < j:
+            if not rm_xtab_alive(self.peer_xtab, wrs[i].rkey):
+                return RM_ERR_BOUNDS    # un-exposed during the copy: the data is not sure
+            i += 1
+        if write:
+            self.bytes_written += total
+        at[0] = j
+        return 0
 
     cdef int _check_exposed(self, rm_wr *wr, rm_xent *xe) noexcept nogil:
         """An EXPOSED READ/WRITE must lie inside what the peer exposed, with the access."""
@@ -258,6 +325,17 @@ cdef class ShmTransport(ShmEndpoint):
         return 0
 
     cdef int _assisted(self, rm_wr *wr) noexcept nogil:
+        """_assisted_one, if no other thread of mine has the job record now (a region
+        read beside a rendezvous READ); else one plain CMA copy."""
+        cdef int rc
+        if not rm_spin_trylock(&self.job_lock):
+            return _cma(self.peer_pid, wr.opcode == RM_WR_WRITE, <char *>wr.local_addr,
+                        wr.remote_off, wr.length)
+        rc = self._assisted_one(wr)
+        rm_spin_unlock(&self.job_lock)
+        return rc
+
+    cdef int _assisted_one(self, rm_wr *wr) noexcept nogil:
         """A CMA READ or WRITE the peer may help with (rm_assist.h): publish the job,
         wake the peer, copy every chunk it has not claimed, wait for the ones it has,
         redo any it could not do. Returns as _cma does; no helper copy is still running
@@ -266,7 +344,7 @@ cdef class ShmTransport(ShmEndpoint):
         # this function's own, claims are checked against them, fin/bad are masked
         cdef uint64_t len = wr.length, chunk, off, mine = 0, theirs, full, fin, bad
         cdef uint32_t n, seq, spins = 0
-        cdef int64_t started = 0
+        cdef int64_t until = 0
         cdef bint write = wr.opcode == RM_WR_WRITE
         cdef int i, rc = 0
         n = <uint32_t>((len + self.assist_chunk - 1) // self.assist_chunk)
@@ -299,18 +377,8 @@ cdef class ShmTransport(ShmEndpoint):
             fin = rm_load_acquire64(&self.job.fin)
             if (fin & theirs) == theirs:
                 break
-            spins += 1
-            if spins < 4096:
-                rm_cpu_relax()
-                continue
-            sched_yield()
-            if spins % 256 == 0:
-                if self._peer_exited() or self.peer_state() < 0:
-                    return RM_ERR_PEER_LOST     # it can copy no more
-                if started == 0:
-                    started = now_ns()
-                elif now_ns() - started > self.assist_stall_ns:
-                    return RM_ERR_PEER_LOST     # stopped mid-chunk: see docs/api.md
+            if self._wait_step(&spins, &until, True) != WAIT_ON:
+                return RM_ERR_PEER_LOST     # gone, or stopped mid-chunk: see docs/api.md
         bad = rm_load_acquire64(&self.job.bad) & theirs
         self.n_assist_chunks_got += rm_popcount64(theirs & ~bad)
         i = 0

@@ -5,8 +5,8 @@
  * `id`: the endpoint's random identity, written once by the block's owner at set-up; a
  *   reader compares a region reference's channel identity with the peer's `id`.
  * `busy`: written only by the block's owner, as the *initiator* of region accesses:
- *   (seq << 1) | 1 while a chain of region READs/WRITEs into the peer runs, seq << 1
- *   after. The exposing side's revoke withdraws the entry from its mirror, fences, and
+ *   (seq << 1) | 1 while any chain of region READs/WRITEs into the peer runs (threads'
+ *   chains may overlap: it turns even when the last ends), seq << 1 after. The exposing side's revoke withdraws the entry from its mirror, fences, and
  *   waits while the peer's `busy` is odd and unchanged: the access in progress ends
  *   (and one that begins later finds the entry gone: both sides store, fence, then
  *   load, so at least one sees the other).
