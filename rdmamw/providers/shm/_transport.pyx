@@ -228,13 +228,10 @@ cdef class ShmTransport(ShmEndpoint):
                      and self.job != NULL)
 
     cdef int _region_run(self, rm_wr *wrs, uint32_t *at, uint32_t n) noexcept nogil:
-        """Run the region accesses from ``wrs[*at]`` on (checked by _post: the whole
-        chain) that go together, up to CMA_IOV of them, as one vectored
-        process_vm_readv/writev; ``*at`` moves past them. The peer's exposures are
-        re-checked after the copy (a revoke during it: RM_ERR_BOUNDS, the bytes are not
-        sure), as _exposed does for one."""
-        cdef iovec l[CMA_IOV]
-        cdef iovec r[CMA_IOV]
+        """The region accesses from ``wrs[*at]`` on that go together (_in_run; _post
+        checked them), up to CMA_IOV, as one vectored process_vm_readv/writev; ``*at``
+        moves past them. Their exposures are re-checked after it, as in _exposed."""
+        cdef iovec l[CMA_IOV], r[CMA_IOV]
         cdef uint32_t i = at[0], j = at[0], k = 0
         cdef uint16_t opcode = wrs[i].opcode
         cdef uint64_t total = 0
