@@ -1,5 +1,6 @@
 """The bootstrap store: rank 0 collects every rank's endpoint descriptor and hands
-the whole table back, once. Connections prove the shared token (rdmamw.auth) before
+the whole table back, once (then the same listener serves re-joins and lookups:
+rdmamw/bootstrap/rejoin.py). Connections prove the shared token (rdmamw.auth) before
 a byte of msgpack is read; joins are served concurrently with a deadline each, and
 garbage or silence is logged and dropped, never fatal. A rank that never shows up makes
 init() fail with a Timeout that names it, on every rank.
