@@ -24,9 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rdmamw import _fork, _host, auth, config, observe
-from rdmamw.bootstrap import choice, ifname, store
+from rdmamw.bootstrap import choice, ifname, rejoin, store
 from rdmamw.bootstrap.env import LaunchInfo, detect
-from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, Timeout, setup_errors
+from rdmamw.errors import (
+    PeerLost,
+    ProtocolError,
+    ProviderUnavailable,
+    RdmamwError,
+    Timeout,
+    setup_errors,
+)
 from rdmamw.listener import HandshakeListener, handshake_timeout
 from rdmamw.providers import Connected, provider, providers
 from rdmamw.providers.base import Advert, RankPair
@@ -53,6 +60,46 @@ class World:
     _stash: dict[tuple[str, int], list[Connected]] = field(default_factory=dict)
     _accept_lock: threading.Lock = field(default_factory=threading.Lock)
     _owner: int = field(default_factory=_fork.pid)     # a fork child is not this rank
+    #: how to reach rank 0's store: (address, port, launcher job id)
+    _store: tuple[str, int, str | None] | None = None
+    #: rank 0: its store, serving re-joins and lookups (rdmamw/bootstrap/rejoin.py)
+    _keeper: rejoin.Keeper | None = None
+
+    def gen(self, rank: int) -> int:
+        """The generation of ``rank``'s process: 0, +1 at each re-join."""
+        return int(self.peers[rank].get("gen", 0))
+
+    def depart(self, ranks: set[int]) -> None:
+        """``ranks`` are out of the job (a shrink dropped them): on rank 0, each may
+        now re-join (rdmamw/bootstrap/rejoin.py)."""
+        if self._keeper is not None:
+            self._keeper.depart(ranks)
+
+    def refresh(self, ranks: set[int], end: float) -> None:
+        """Wait (by ``end``, time.monotonic()) until each of ``ranks`` re-joined rank
+        0's store, then take their new descriptors: channels to them from now on meet
+        their new processes; those of the old ones are dropped."""
+        if self._keeper is not None:
+            get = self._keeper.current
+        elif self._store is not None:
+            host, port, launcher_job = self._store
+
+            def get() -> dict[int, dict[str, Any]]:
+                left = max(0.5, end - time.monotonic())
+                try:
+                    return store.lookup(host, port, self.world_size, left, launcher_job)[0]
+                except (Timeout, PeerLost) as e:
+                    raise PeerLost(f"grow: rank 0's bootstrap store is gone ({e}): a job "
+                                   f"that lost rank 0 cannot take ranks back") from None
+        else:
+            raise RdmamwError("grow: this World has no bootstrap store to ask")
+        known = {r: self.gen(r) for r in ranks}
+        table = rejoin.wait_for(get, set(ranks), known, end)
+        with self._accept_lock:
+            for r in ranks:
+                self.peers[r] = table[r]
+                for key in [k for k in self._stash if k[1] == r]:
+                    self._drop_stash(key)
 
     def provider_for(self, rank: int) -> str:
         """The transport a channel to ``rank`` uses (the same choice on both sides)."""
@@ -80,15 +127,26 @@ class World:
         """The next ``scheme`` connection from ``rank``; others that arrive meanwhile
         wait in a stash for their own ``Channel.open``. Threads accepting from several
         ranks at once (a shrink opens its channels that way) take turns of
-        ACCEPT_SLICE: one waiting for a rank that never comes holds up no other."""
+        ACCEPT_SLICE: one waiting for a rank that never comes holds up no other.
+        It takes only a connection of the rank's process (generation) it began with,
+        and gives up once that process was replaced (a re-join: an open to a lost rank
+        left running never takes its replacement's connection)."""
         lst = self._listeners.get(scheme)
         if lst is None:
             raise ProviderUnavailable(f"rank {self.rank} has no {scheme} listener")
         end = time.monotonic() + timeout
+        gen = self.gen(rank)
         while True:
             with self._accept_lock:
-                if self._stash.get((scheme, rank)):
-                    return self._stash[(scheme, rank)].pop(0)
+                if self.gen(rank) != gen:
+                    raise PeerLost(f"rank {rank} re-joined (generation {self.gen(rank)}) "
+                                   f"while a channel to its generation {gen} was opened")
+                self._drop_stash((scheme, rank))
+                stash = self._stash.get((scheme, rank), [])
+                mine = next((c for c in stash if c.peer_gen == gen), None)
+                if mine is not None:
+                    stash.remove(mine)
+                    return mine
                 left = end - time.monotonic()
                 try:
                     conn = lst.accept(max(0.0, min(left, ACCEPT_SLICE)))
@@ -101,12 +159,32 @@ class World:
             if conn is None:
                 time.sleep(0.001)       # the others' turn (a lock released is not given)
 
+    def _drop_stash(self, key: tuple[str, int]) -> None:
+        """Close the stashed connections of ``key`` from an earlier generation of their
+        rank than the table's (a later one waits for the table to catch up)."""
+        kept = []
+        for c in self._stash.get(key, []):
+            if c.peer_gen < self.gen(key[1]):
+                log.warning("rdmamw: dropped a %s channel from generation %d of rank %d "
+                            "(the job's is %d)", key[0], c.peer_gen, key[1], self.gen(key[1]))
+                c.transport.close()
+            else:
+                kept.append(c)
+        if key in self._stash:
+            self._stash[key] = kept
+
     def _keep(self, scheme: str, conn: Connected) -> None:
         """A connection accepted, into the stash of the rank it came from (dropped if
-        that is no peer, or if the stash is full)."""
+        that is no peer, or an earlier generation of it, or if the stash is full)."""
         if conn.peer_rank is None or conn.peer_rank not in self.peers:
             log.warning("rdmamw: dropped a %s channel from unknown rank %s",
                         scheme, conn.peer_rank)
+            conn.transport.close()
+            return
+        if conn.peer_gen < self.gen(conn.peer_rank):
+            log.warning("rdmamw: dropped a %s channel from generation %d of rank %d: it "
+                        "re-joined since (generation %d)", scheme, conn.peer_gen,
+                        conn.peer_rank, self.gen(conn.peer_rank))
             conn.transport.close()
             return
         stash = self._stash.setdefault((scheme, conn.peer_rank), [])
@@ -121,6 +199,9 @@ class World:
     def close(self) -> None:
         if self._owner != _fork.pid():
             return              # a fork child: the listeners and stash are the parent's
+        if self._keeper is not None:
+            self._keeper.close()
+            self._keeper = None
         for lst in self._listeners.values():
             lst.close()
         self._listeners.clear()
@@ -211,18 +292,22 @@ def _descriptor(ip: str, ring: tuple[int, int], made: _Listeners) -> dict[str, A
 
 def _join(info: LaunchInfo, timeout: float, ring: tuple[int, int]) -> World:
     made = _Listeners()
+    keeper = None
     try:
         if info.rank == 0:
-            sock = store.listen(info.master_addr, info.master_port)
+            joins = store.Joins(store.listen(info.master_addr, info.master_port))
             try:
-                desc = _descriptor(sock.getsockname()[0], ring, made)
+                desc = _descriptor(joins.host, ring, made)
                 desc["rank"] = 0        # ps-lite: info.ranges has servers, then workers
                 job = store.new_job()
                 made.set_job(job)       # before the table goes out: peers may open at once
-                table, job = store.serve(sock, info.world_size, desc, timeout, info.ranges,
-                                         info.job_id, job)
-            finally:
-                sock.close()
+                table, job = store.collect(joins, info.world_size, desc, timeout,
+                                           info.ranges, info.job_id, job)
+            except BaseException:
+                joins.close()
+                raise
+            # the store goes on serving re-joins and lookups (rdmamw/bootstrap/rejoin.py)
+            keeper = rejoin.Keeper(joins, table, job, info.job_id, info.world_size)
             rank = 0
         else:
             def make_desc(ip: str) -> dict[str, Any]:
@@ -238,7 +323,9 @@ def _join(info: LaunchInfo, timeout: float, ring: tuple[int, int]) -> World:
     except BaseException:
         made.close()
         raise
-    made.world = World(rank, info.world_size, info.launcher, job, table, dict(made))
+    made.world = World(rank, info.world_size, info.launcher, job, table, dict(made),
+                       _store=(info.master_addr, info.master_port, info.job_id),
+                       _keeper=keeper)
     return made.world
 
 

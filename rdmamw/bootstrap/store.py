@@ -1,5 +1,6 @@
 """The bootstrap store: rank 0 collects every rank's endpoint descriptor and hands
-the whole table back, once. Connections prove the shared token (rdmamw.auth) before
+the whole table back, once (then the same listener serves re-joins and lookups:
+rdmamw/bootstrap/rejoin.py). Connections prove the shared token (rdmamw.auth) before
 a byte of msgpack is read; joins are served concurrently with a deadline each, and
 garbage or silence is logged and dropped, never fatal. A rank that never shows up makes
 init() fail with a Timeout that names it, on every rank.
@@ -29,8 +30,12 @@ from rdmamw.transport.wire import field, recv_frame, send_frame
 
 log = logging.getLogger("rdmamw.bootstrap")
 JOIN_LIMIT = 16384
+#: a request for the current table (rank 0's store after init: rdmamw/bootstrap/rejoin.py)
+LOOKUP = "lookup"
 #: characters of rank 0's list of missing ranks a joining rank repeats
 MISSING_SHOWN = 400
+#: seconds between a re-joining rank's asks while its earlier process is still a member
+REJOIN_RETRY = 0.2
 
 
 class OtherJob(PeerRefused):
@@ -148,20 +153,26 @@ class _Join:
     desc: dict
     job: str | None = None
     size: int | None = None
+    #: "join", or "lookup": the current table (rdmamw/bootstrap/rejoin.py)
+    kind: str = "join"
 
 
-class _Joins(HandshakeListener[_Join]):
+class Joins(HandshakeListener[_Join]):
     """Rank 0's store socket: joins are read concurrently, a deadline each, so silent
     or hostile sockets delay no rank (rdmamw/listener.py)."""
 
     def __init__(self, sock: socket.socket) -> None:
         host, port = sock.getsockname()[:2]
+        self.host = host
         self.address = f"the bootstrap store on {host}:{port}"
         super().__init__(sock, log)
 
     def _handshake(self, conn: socket.socket, addr) -> _Join:
         auth.accept_side(conn, tell=True)   # a joining rank learns it was the token
         join = recv_frame(conn, JOIN_LIMIT)
+        if join.get("kind") == LOOKUP:
+            return _Join(conn, self._peer(conn, addr), None, None, {},
+                         *parse_identity(join), kind=LOOKUP)
         return _Join(conn, self._peer(conn, addr), *parse_join(join), *parse_identity(join))
 
     def _discard(self, item: _Join) -> None:
@@ -175,19 +186,30 @@ def serve(sock: socket.socket, world_size: int, me: dict, timeout: float,
     (``launcher_job``, ``world_size``), reply the table and the job id (``job``, or a
     fresh one) to every rank, return both. Timeout names the ranks that never came.
     ``sock`` is closed on return."""
+    joins = Joins(sock)
+    try:
+        return collect(joins, world_size, me, timeout, ranges, launcher_job, job)
+    finally:
+        joins.close()
+
+
+def collect(joins: Joins, world_size: int, me: dict, timeout: float,
+            ranges: dict[str, range] | None = None, launcher_job: str | None = None,
+            job: str | None = None) -> tuple[dict[int, dict], str]:
+    """:func:`serve` on ``joins``, which stays open (rank 0 goes on serving re-joins
+    and lookups on it: rdmamw/bootstrap/rejoin.py)."""
     job = job or new_job()
     ranks = _Ranks(world_size, ranges or {})
     ranks.table[0] = me
     conns: list[tuple[socket.socket, int]] = []
     deadline = time.monotonic() + timeout
-    joins = _Joins(sock)
     try:
         while not ranks.complete():
             left = deadline - time.monotonic()
             if left <= 0:
                 count, missing = ranks.missing()
                 for c, _ in conns:
-                    _try_send(c, {"ok": False, "missing": missing, "missing_count": count})
+                    try_send(c, {"ok": False, "missing": missing, "missing_count": count})
                 raise Timeout(f"rdmamw.init(): {count} of {world_size} ranks never joined "
                               f"the bootstrap store within {timeout:g} s: ranks {missing}")
             try:
@@ -198,45 +220,41 @@ def serve(sock: socket.socket, world_size: int, me: dict, timeout: float,
             try:
                 if why is not None:
                     raise ProtocolError(why)
+                if j.kind == LOOKUP:
+                    raise ProtocolError("a lookup before every rank joined")
                 rank = ranks.assign(j.rank, j.role)
             except ProtocolError as e:
-                log.warning("rdmamw: dropped connection from %s to %s: %s", j.peer,
-                            joins.address, e)
-                _try_send(j.conn, {"ok": False, "error": str(e), "other_job": why is not None})
-                j.conn.close()
+                refuse(j, joins.address, str(e), why is not None)
                 continue
             j.desc["rank"] = rank
             ranks.table[rank] = j.desc
             conns.append((j.conn, rank))
         table = [ranks.table[r] for r in range(world_size)]
         for c, r in conns:
-            _try_send(c, {"ok": True, "job": job, "rank": r, "table": table})
+            try_send(c, {"ok": True, "job": job, "rank": r, "table": table})
         return ranks.table, job
     finally:
-        joins.close()
         for c, _ in conns:
             c.close()
 
 
-def _try_send(conn: socket.socket, obj: dict) -> None:
+def refuse(j: _Join, where: str, why: str, other: bool, **more: object) -> None:
+    """Log a refused request, tell its sender why, hang up."""
+    log.warning("rdmamw: dropped connection from %s to %s: %s", j.peer, where, why)
+    try_send(j.conn, {"ok": False, "error": why, "other_job": other, **more})
+    j.conn.close()
+
+
+def try_send(conn: socket.socket, obj: dict) -> None:
     try:
         send_frame(conn, obj)
     except OSError:
         pass
 
 
-def join(host: str, port: int, rank: int | None, role: str | None,
-         make_desc: Callable[[str], dict],
-         world_size: int, timeout: float,
-         source: str | None = None,
-         launcher_job: str | None = None) -> tuple[dict[int, dict], str, int]:
-    """Ranks > 0: send our descriptor, made from the local IP the store is reached
-    from (so our listener binds the interface the others can reach; ``source``, the
-    interface RDMAMW_SOCKET_IFNAME selects, when given), and our job's identity
-    (``launcher_job``, ``world_size``), wait for the table. Returns (table, job id,
-    our rank); :class:`OtherJob` if rank 0 is of another job, ``AuthError`` if it
-    holds another token."""
-    deadline = time.monotonic() + timeout
+def _dial(host: str, port: int, deadline: float, timeout: float,
+          source: str | None) -> socket.socket:
+    """A connection to rank 0's store, retried while nobody listens until ``deadline``."""
     while True:
         conn = socket.socket(_family(host), socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         conn.settimeout(max(0.05, min(2.0, deadline - time.monotonic())))
@@ -244,21 +262,25 @@ def join(host: str, port: int, rank: int | None, role: str | None,
             if source:
                 conn.bind((source, 0))
             conn.connect((host, port))
-            break
+            return conn
         except (ConnectionRefusedError, TimeoutError, OSError) as e:
             conn.close()
             if time.monotonic() >= deadline:
                 raise Timeout(f"rdmamw.init(): rank 0 (bootstrap store {host}:{port}) did not "
                               f"answer within {timeout:g} s ({e}); missing ranks: [0]") from None
             time.sleep(0.05)
+
+
+def _ask(host: str, port: int, deadline: float, timeout: float, source: str | None,
+         request: Callable[[str], dict], limit: int) -> dict:
+    """One request to rank 0's store (``request(our local IP)``) and its reply."""
+    conn = _dial(host, port, deadline, timeout, source)
     try:
         conn.settimeout(max(1.0, deadline - time.monotonic()))
         auth.open_side(conn)
-        desc = make_desc(conn.getsockname()[0])
-        send_frame(conn, {"rank": rank, "role": role, "desc": desc,
-                          "launcher_job": launcher_job, "world_size": world_size})
+        send_frame(conn, request(conn.getsockname()[0]))
         conn.settimeout(max(1.0, deadline - time.monotonic()) + 5.0)
-        reply = recv_frame(conn, _table_limit(world_size))
+        return recv_frame(conn, limit)
     except TimeoutError:
         raise Timeout(f"rdmamw.init(): no table from rank 0 within {timeout:g} s") from None
     except auth.TokenRefused:
@@ -274,6 +296,46 @@ def join(host: str, port: int, rank: int | None, role: str | None,
                        f"{host}:{port}): {e}; is rank 0 still running?") from None
     finally:
         conn.close()
+
+
+def join(host: str, port: int, rank: int | None, role: str | None,
+         make_desc: Callable[[str], dict],
+         world_size: int, timeout: float,
+         source: str | None = None,
+         launcher_job: str | None = None) -> tuple[dict[int, dict], str, int]:
+    """Ranks > 0: send our descriptor, made from the local IP the store is reached
+    from (so our listener binds the interface the others can reach; ``source``, the
+    interface RDMAMW_SOCKET_IFNAME selects, when given), and our job's identity
+    (``launcher_job``, ``world_size``), wait for the table. Returns (table, job id,
+    our rank); :class:`OtherJob` if rank 0 is of another job, ``AuthError`` if it
+    holds another token. A re-join (our rank is in a running job's table) that rank 0
+    answers with ``wait`` (the rank's earlier process is still a member) is asked
+    again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = _ask(host, port, deadline, timeout, source,
+                     lambda ip: {"rank": rank, "role": role, "desc": make_desc(ip),
+                                 "launcher_job": launcher_job, "world_size": world_size},
+                     _table_limit(world_size))
+        if reply.get("wait") is not True or time.monotonic() >= deadline:
+            break
+        time.sleep(REJOIN_RETRY)
+    table, job = _table(reply, host, port, world_size)
+    return table, job, field(reply, "rank", int)
+
+
+def lookup(host: str, port: int, world_size: int, timeout: float,
+           launcher_job: str | None = None) -> tuple[dict[int, dict], str]:
+    """The running job's current table (re-joined ranks' new descriptors, each with
+    its ``gen``eration) and id, from rank 0's store."""
+    reply = _ask(host, port, time.monotonic() + timeout, timeout, None,
+                 lambda ip: {"kind": LOOKUP, "launcher_job": launcher_job,
+                             "world_size": world_size}, _table_limit(world_size))
+    return _table(reply, host, port, world_size)
+
+
+def _table(reply: dict, host: str, port: int, world_size: int) -> tuple[dict[int, dict], str]:
+    """(table, job id) of a store's reply, or the error it says."""
     if reply.get("ok") is not True:
         if reply.get("other_job") is True:
             raise OtherJob(f"rdmamw.init(): rank 0 (bootstrap store {host}:{port}) refused "
@@ -287,4 +349,4 @@ def join(host: str, port: int, rank: int | None, role: str | None,
     raw = field(reply, "table", list)
     if len(raw) != world_size or not all(isinstance(d, dict) for d in raw):
         raise ProtocolError(f"bootstrap table of {len(raw)} entries for {world_size} ranks")
-    return dict(enumerate(raw)), field(reply, "job", str), field(reply, "rank", int)
+    return dict(enumerate(raw)), field(reply, "job", str)

@@ -20,6 +20,8 @@ from rdmamw.collectives.api import (
     broadcast,
     default_comm,
     groups,
+    grow,
+    join,
     reduce_scatter,
     shrink,
 )
@@ -36,4 +38,4 @@ def __getattr__(name: str) -> object:
 
 __all__ = ["ALGORITHMS", "CollectiveMismatch", "Communicator", "Handle", "allgather",
            "allreduce", "alltoall", "barrier", "broadcast", "default_comm", "gather",
-           "groups", "reduce", "reduce_scatter", "scatter", "shrink"]
+           "groups", "grow", "join", "reduce", "reduce_scatter", "scatter", "shrink"]

@@ -53,6 +53,37 @@ def shrink(comm: Communicator | None = None, timeout: float | None = None) -> Co
     return new
 
 
+def grow(comm: Communicator | None = None, ranks: list[int] | None = None,
+         timeout: float | None = None) -> Communicator:
+    """``comm`` (default: the default communicator, which the result then replaces,
+    closed) with re-joined ranks back (default: every world rank not in it); every
+    member calls it while the new processes call :func:`join` (Communicator.grow,
+    docs/collectives.md "Errors")."""
+    global _default
+    if comm is not None:
+        return comm.grow(ranks, timeout)
+    with _default_lock:
+        old = _default
+    if old is None:
+        raise RuntimeError("no default communicator to grow: no collective ran yet")
+    new = old.grow(ranks, timeout)
+    with _default_lock:
+        _default = new
+    old.close()
+    return new
+
+
+def join(timeout: float | None = None) -> Communicator:
+    """On a process that re-joined a running job (``rdmamw.init()`` with a lost rank's
+    launcher environment): the communicator the members' :func:`grow` makes, which
+    becomes the default one."""
+    global _default
+    new = Communicator.join(timeout=timeout)
+    with _default_lock:
+        _default = new
+    return new
+
+
 def groups(comm: Communicator | None = None) -> list[int]:
     """Group id per rank of ``comm`` (ranks of a group share fast links: topology.py),
     resolved on first use, the same list on every rank."""

@@ -32,7 +32,7 @@ import numpy as np
 
 from rdmamw import config, observe
 from rdmamw.channel import Channel, Message
-from rdmamw.collectives import revoke, survivors
+from rdmamw.collectives import grow, revoke, survivors
 from rdmamw.collectives._kernels import Copier
 from rdmamw.collectives.waits import INTO, RECV, SEND, WAIT, Waits
 from rdmamw.errors import (
@@ -429,9 +429,35 @@ class Communicator:
         if not self.broken:
             self._break(RdmamwError("shrunk"))      # its channels go: shrink starts afresh
         alive = survivors.agree(self.world, self.members, self.failed, end)
+        depart = getattr(self.world, "depart", None)
+        if depart is not None:              # rank 0's store lets them re-join
+            depart(set(self.members) - set(alive))
+        return self._like(alive)
+
+    def grow(self, ranks: Iterable[int] | None = None,
+             timeout: float | None = None) -> Communicator:
+        """This communicator with re-joined ranks back (default: every world rank not
+        in it), agreed by all of them; the new processes call :meth:`join`
+        (rdmamw.collectives.grow)."""
+        return self._like(grow.grow(self, ranks, timeout))
+
+    @classmethod
+    def join(cls, world: Any = None, members: Iterable[int] | None = None,
+             timeout: float | None = None, **options: Any) -> Communicator:
+        """On a re-joined process: the communicator the members' :meth:`grow` makes
+        (``members``: its world ranks, default all)."""
+        if world is None:
+            import rdmamw
+            world = rdmamw.init()
+        t = config.get("RDMAMW_COLL_TIMEOUT") if timeout is None else timeout
+        alive = grow.join(world, members, time.monotonic() + t)
+        return cls(world, timeout=timeout, members=alive, **options)
+
+    def _like(self, members: list[int]) -> Communicator:
+        """A communicator of ``members`` with this one's options."""
         return type(self)(self.world, topology=self.topology_spec, timeout=self.timeout,
                           window=self.window, slots=self.slots, slot_size=self.slot_size,
-                          members=alive)
+                          members=members)
 
     def _break(self, e: BaseException) -> None:
         """Broken by ``e``: revoke (a notice naming the failed rank to every channel,

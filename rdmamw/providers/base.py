@@ -25,6 +25,8 @@ class Connected:
     mode: str
     peer: str
     peer_rank: int | None = None    # the opener's rank, when it gave one (bootstrap)
+    #: the opener's generation (a re-joined rank's process: rdmamw/bootstrap/rejoin.py)
+    peer_gen: int = 0
 
 
 @runtime_checkable

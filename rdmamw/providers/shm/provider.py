@@ -370,9 +370,12 @@ class ShmProvider:
 
     def connect_rank(self, pair: RankPair, *, mode: str, timeout: float, slots: int,
                      slot_size: int) -> Connected:
-        """The lower rank listens on a name of the job and the pair, the other connects."""
-        lo, hi = sorted((pair.me, pair.peer))
-        name = f"rdmamw-{pair.job}-{lo}-{hi}"
+        """The lower rank listens on a name of the job and the pair (with the two ranks'
+        generations: a re-joined rank's process never meets its predecessor's
+        channels), the other connects."""
+        (lo, glo), (hi, ghi) = sorted(((pair.me, pair.mine.get("gen", 0)),
+                                       (pair.peer, pair.theirs.get("gen", 0))))
+        name = f"rdmamw-{pair.job}-{lo}-{hi}" + (f"-g{glo}.{ghi}" if glo or ghi else "")
         if pair.lower:
             lst = listen(name, slots=slots, slot_size=slot_size)
             try:

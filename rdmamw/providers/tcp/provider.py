@@ -88,11 +88,15 @@ def parse_hello(peer: dict, accepting: bool) -> dict:
             out["rank"] = field(peer, "rank", int)
             if not 0 <= out["rank"] < 1 << 31:
                 raise ProtocolError(f"peer claims rank {out['rank']}")
+        if "gen" in peer:
+            out["gen"] = field(peer, "gen", int)
+            if not 0 <= out["gen"] < 1 << 31:
+                raise ProtocolError(f"peer claims generation {out['gen']}")
     return out
 
 
 def handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
-              rank: int | None, peer_name: str | None = None) -> Connected:
+              rank: int | None, peer_name: str | None = None, gen: int = 0) -> Connected:
     """Token check, hellos, blocks; ``mode`` is given by the opener, None on accept.
     Any connected stream socket will do (a provider may run the tcp transport over
     its own sockets: tests/uds_provider.py); ``peer_name`` names the peer (default
@@ -108,6 +112,8 @@ def handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
         hello["mode"] = mode
         if rank is not None:
             hello["rank"] = rank
+            if gen:
+                hello["gen"] = gen      # a re-joined rank's process (bootstrap/rejoin.py)
     send_frame(conn, hello)
     peer = parse_hello(recv_frame(conn), accepting=mode is None)
     peer_slots, peer_slot_size, peer_hb = peer["slots"], peer["slot_size"], peer["hb"]
@@ -132,7 +138,7 @@ def handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
         raise
     conn.detach()               # the transport owns the socket, eventfd and block now
     return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, peer_name,
-                     peer.get("rank"))
+                     peer.get("rank"), peer.get("gen", 0))
 
 
 class TcpListener(HandshakeListener[Connected]):
@@ -177,7 +183,7 @@ def listen(where: str, *, slots: int, slot_size: int) -> TcpListener:
 
 
 def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int,
-            rank: int | None = None) -> Connected:
+            rank: int | None = None, gen: int = 0) -> Connected:
     """Connect to ``tcp://where``, retrying until ``timeout`` while nobody listens."""
     host, port = parse(where)
     deadline = time.monotonic() + timeout
@@ -199,7 +205,7 @@ def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int
     try:
         _tune(conn)
         conn.settimeout(max(1.0, deadline - time.monotonic()))
-        return handshake(conn, slots, slot_size, mode, rank)
+        return handshake(conn, slots, slot_size, mode, rank, gen=gen)
     except TimeoutError:
         conn.close()
         raise Timeout(f"handshake with tcp://{where} timed out") from None
@@ -256,7 +262,8 @@ class TcpProvider:
         if pair.lower:
             return pair.accept(timeout)
         return connect(pair.theirs["tcp"].partition("://")[2], mode=mode, timeout=timeout,
-                       slots=slots, slot_size=slot_size, rank=pair.me)
+                       slots=slots, slot_size=slot_size, rank=pair.me,
+                       gen=pair.mine.get("gen", 0))
 
 
 PROVIDER = TcpProvider()
