@@ -571,8 +571,7 @@ cdef class Engine(Endpoint):
                 if st == 0:
                     PyErr_CheckSignals()
         finally:
-            with nogil:
-                self.w.lower()      # a flag kept raised between slices
+            self.w.end_receive()    # a flag kept raised between slices goes down
             if link.ended:          # a close() that could not wait for this call
                 self.rr.drop_all()
             self.recv_owner = 0
