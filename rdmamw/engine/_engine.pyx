@@ -208,7 +208,8 @@ cdef class Engine(Endpoint):
         Either the whole batch is accepted or, on a bad item (``TypeError``) or an
         oversized one (``MessageTooLarge``), nothing is sent. If the ring stays full
         past ``timeout``, :class:`Timeout` says how many messages went (``.sent``)."""
-        if isinstance(msgs, (bytes, bytearray, memoryview, str)):
+        if type(msgs) is not list and type(msgs) is not tuple and isinstance(
+                msgs, (bytes, bytearray, memoryview, str)):     # (the usual two first)
             raise TypeError("send_batch takes an iterable of messages; use send() for one")
         return self._send(msgs if type(msgs) is tuple else tuple(msgs), timeout)
 
