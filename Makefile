@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml \
 	tests/support/_hooks.pyx tests/support/build_hooks.py
 
-.PHONY: demo test test-fast test-slow test-torch soak chaos vm-deps bench bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
+.PHONY: demo test test-fast test-slow test-torch soak chaos vm-deps bench instructions bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
 	bench-verbs fuzz-tcp mutate mutate-c lint build docs plots clean
 
 $(VPY):
@@ -75,6 +75,12 @@ test-torch: $(STAMP)
 	$(VPY) -m pip install --quiet "expecttest>=0.2"
 	$(VPY) tests/support/torch_suite.py --compare --world-size 2
 	$(VPY) tests/support/torch_suite.py --compare --world-size 3
+
+# instructions per 8 B message at batch 1 (valgrind's callgrind, bench/instructions.py,
+# ~30 s): fails when they exceed bench/instructions_baseline.json by more than 1 %;
+# `bench/instructions.py --record` updates the baseline, deliberately. Also in test-slow.
+instructions: $(STAMP)
+	$(VPY) bench/instructions.py --check
 
 # allreduce 1 MiB / 64 MiB at 2 and 4 ranks against mpi4py, gloo and the numpy.add floor
 bench-allreduce: $(STAMP)

@@ -17,6 +17,7 @@ cdef class SendBatch:
     cdef PyObject **lease_of        # ... its registration Lease (owned; verbs)
     cdef uint32_t *lease_keys       # ... that Lease's lkey and rkey
     cdef uint64_t bytes             # payload bytes of the batch
+    cdef uint32_t nrndv             # ... of its messages, those that go by rendezvous
     # the plan: slot k holds messages plan_start[k] .. plan_start[k + 1]
     cdef uint32_t *plan_start
     cdef uint32_t *plan_used

@@ -95,6 +95,7 @@ cdef class SendBatch:
         cdef bint rndv
         cdef uint64_t peer_max = rm_load_acquire64(&self.link.ctrl[CTRL_MAX_MSG])
         self.bytes = 0
+        self.nrndv = 0
         for i in range(n):
             item = <object>items[i]
             self.kind[i] = 0
@@ -139,6 +140,7 @@ cdef class SendBatch:
                     f"{limit} bytes (its slot_size) and rendezvous is "
                     f"{self.rendezvous}; nothing was sent")
             self.kind[i] = rndv
+            self.nrndv += rndv
             if rndv and self.regcache is not None:
                 try:
                     lease = take_lease(self.regcache, item, self.link.closed)

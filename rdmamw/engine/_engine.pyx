@@ -16,25 +16,13 @@ the send side; on the receive side a Message (from a free list) is the view the 
 asked for."""
 
 from cpython.exc cimport PyErr_CheckSignals
-from cpython.pythread cimport (
-    NOWAIT_LOCK,
-    PyThread_acquire_lock,
-    PyThread_allocate_lock,
-    PyThread_free_lock,
-    PyThread_get_thread_ident,
-    PyThread_release_lock,
-    PyThread_type_lock,
-)
+from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.tuple cimport PyTuple_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
-cdef extern from "pythread.h":
-    ctypedef long long PY_TIMEOUT_T
-    int PyThread_acquire_lock_timed(PyThread_type_lock lock, PY_TIMEOUT_T us,
-                                    int intr_flag) nogil
-
 from rdmamw.engine._batch cimport SendBatch
+from rdmamw.engine._calllock cimport give, take_until, try_take
 from rdmamw.engine._eager_recv cimport EagerReceiver
 from rdmamw.engine._eager_send cimport EagerSender
 from rdmamw.engine._frames cimport (
@@ -76,23 +64,18 @@ from rdmamw.vocabulary import RNDV_STRATEGIES, check_mode, check_rendezvous
 cdef uint64_t NOGIL_BYTES = 16384       # batches from this size on copy without the GIL
 cdef int64_t GIL_SPIN_NS = 3000         # a receive polls this long before releasing the GIL
 cdef int64_t CLOSE_RNDV_NS = 5000000000 # close() waits this long for pending READs
-cdef long long CLOSE_LOCK_US = 2000000  # ... and this long for a running call to end
+cdef int64_t CLOSE_LOCK_NS = 2000000000  # ... and this long for a running call to end
 cdef int64_t CLOSE_POST_NS = 500000000  # close()'s last words wait this long for the peer
 
 
-cdef bint claim(PyThread_type_lock lock, long owner) except -1:
+cdef bint claim(int *lock, long owner) except -1:
     """close(): take the lock of a call in progress once that call has ended (its
     waits end on the close). False when the call is this thread's own (a signal
-    handler's close) or does not end within CLOSE_LOCK_US: it then releases what it
+    handler's close) or does not end within CLOSE_LOCK_NS: it then releases what it
     holds itself, as it leaves (it sees ``link.ended``)."""
-    cdef int r
     if owner != 0 and owner == PyThread_get_thread_ident():
         return False
-    if PyThread_acquire_lock(lock, NOWAIT_LOCK):
-        return True
-    with nogil:
-        r = PyThread_acquire_lock_timed(lock, CLOSE_LOCK_US, 0)
-    return r == 1
+    return take_until(lock, now_ns() + CLOSE_LOCK_NS)
 
 
 cdef int let_reads_finish(RndvSender rs, Waiter w) except -1:
@@ -106,28 +89,23 @@ cdef int let_reads_finish(RndvSender rs, Waiter w) except -1:
     return 0
 
 
-cdef int drop_receives(RndvReceiver rr, PyThread_type_lock lock, long owner) except -1:
+cdef int drop_receives(RndvReceiver rr, int *lock, long owner) except -1:
     """close(), after the transport went: under the receive lock, what the receiving
     side holds goes (else the receive call that holds the lock lets it go itself)."""
     if claim(lock, owner):
         try:
             rr.drop_all()
         finally:
-            PyThread_release_lock(lock)
+            give(lock)
     return 0
 
 
-cdef int take_lock(Link link, PyThread_type_lock lock, int64_t deadline, str what) except -1:
+cdef int take_lock(Link link, int *lock, int64_t deadline, str what) except -1:
     """Take a call's lock, which another thread's call holds until it ends (the
     caller tried once without waiting): in slices (signals), until this side closes or
     the deadline (Timeout)."""
-    cdef int r
-    cdef long long us
     while True:
-        us = (slice_end(deadline) - now_ns()) // 1000
-        with nogil:
-            r = PyThread_acquire_lock_timed(lock, us if us > 0 else 0, 0)
-        if r == 1:
+        if take_until(lock, slice_end(deadline)):
             return 0
         if link.closed:
             link.refuse()
@@ -151,16 +129,12 @@ cdef class Engine(Endpoint):
     cdef bint rndv_on
     cdef bint cache_ok                  # the transport's keys come from the caches
     cdef object _regcache, _regcache_dst
-    cdef PyThread_type_lock send_lock
-    cdef PyThread_type_lock recv_lock
+    cdef int send_lock                  # the calls' locks (_calllock.pxd)
+    cdef int recv_lock
     cdef long send_owner                # the thread of a send / receive call that waits
     cdef long recv_owner                # (0: none): a close() from it cannot wait for it
 
     def __cinit__(self, *args, **kwargs):
-        self.send_lock = PyThread_allocate_lock()
-        self.recv_lock = PyThread_allocate_lock()
-        if self.send_lock == NULL or self.recv_lock == NULL:
-            raise MemoryError()
         self.link = Link()
 
     def _setup(self, Transport tp, uint32_t nslots, uint32_t slot_size, uint32_t peer_nslots,
@@ -216,10 +190,6 @@ cdef class Engine(Endpoint):
         cdef Link link = self.link
         if link is not None and not link.closed and link.attached() and not link.inherited():
             self._say_closed()      # dropped without close(): still a clean close
-        if self.send_lock != NULL:
-            PyThread_free_lock(self.send_lock)
-        if self.recv_lock != NULL:
-            PyThread_free_lock(self.recv_lock)
 
     cdef void _say_closed(self) noexcept nogil:
         """Tell the peer this side closed, after the releases not yet written back."""
@@ -238,7 +208,8 @@ cdef class Engine(Endpoint):
         Either the whole batch is accepted or, on a bad item (``TypeError``) or an
         oversized one (``MessageTooLarge``), nothing is sent. If the ring stays full
         past ``timeout``, :class:`Timeout` says how many messages went (``.sent``)."""
-        if isinstance(msgs, (bytes, bytearray, memoryview, str)):
+        if type(msgs) is not list and type(msgs) is not tuple and isinstance(
+                msgs, (bytes, bytearray, memoryview, str)):     # (the usual two first)
             raise TypeError("send_batch takes an iterable of messages; use send() for one")
         return self._send(msgs if type(msgs) is tuple else tuple(msgs), timeout)
 
@@ -262,8 +233,8 @@ cdef class Engine(Endpoint):
         if link.peer_closing():
             link.raise_peer(link.peer_status(), "send")
         b = self.batch
-        if not PyThread_acquire_lock(self.send_lock, NOWAIT_LOCK):
-            take_lock(link, self.send_lock, deadline, "send")
+        if not try_take(&self.send_lock):
+            take_lock(link, &self.send_lock, deadline, "send")
         try:
             if link.closed:             # by another thread while this one waited
                 link.refuse()
@@ -333,7 +304,7 @@ cdef class Engine(Endpoint):
             if link.ended:      # a close() that could not wait for this call: the
                 self.rs.give_back()     # sources it left are this call's to release
             self.send_owner = 0
-            PyThread_release_lock(self.send_lock)
+            give(&self.send_lock)
         return new_handle(self, link.batch_posted, n, self.rs.next)
 
     # ---- an event loop's waits (docs/api.md, "Event loops") -------------------------
@@ -476,14 +447,14 @@ cdef class Engine(Endpoint):
         views it); with ``rendezvous="write"`` the sender WRITEs straight into it."""
         cdef Dest d = new_dest(buffer)
         self.link.check_usable()
-        if not PyThread_acquire_lock(self.recv_lock, NOWAIT_LOCK):
-            take_lock(self.link, self.recv_lock, 0, "receive")
+        if not try_take(&self.recv_lock):
+            take_lock(self.link, &self.recv_lock, 0, "receive")
         try:
             if not self.rndv_on:
                 raise ValueError("rendezvous is off on this channel; nothing to post for")
             self.rr.post(d)
         finally:
-            PyThread_release_lock(self.recv_lock)
+            give(&self.recv_lock)
 
     def recv_into(self, buffer, timeout=None) -> int:
         """Receive the next message into ``buffer`` (writable, C-contiguous) and return
@@ -526,8 +497,8 @@ cdef class Engine(Endpoint):
         if self.rx is None:
             raise ChannelClosed("this side closed the channel")
         deadline = deadline_of(timeout)
-        if not PyThread_acquire_lock(self.recv_lock, NOWAIT_LOCK):
-            take_lock(link, self.recv_lock, deadline, "receive")
+        if not try_take(&self.recv_lock):
+            take_lock(link, &self.recv_lock, deadline, "receive")
         self.rr.set_deadline(deadline)
         try:
             while True:
@@ -571,12 +542,11 @@ cdef class Engine(Endpoint):
                 if st == 0:
                     PyErr_CheckSignals()
         finally:
-            with nogil:
-                self.w.lower()      # a flag kept raised between slices
+            self.w.end_receive()    # a flag kept raised between slices goes down
             if link.ended:          # a close() that could not wait for this call
                 self.rr.drop_all()
             self.recv_owner = 0
-            PyThread_release_lock(self.recv_lock)
+            give(&self.recv_lock)
 
     # ---- lifetime and introspection ------------------------------------------------
 
@@ -595,7 +565,7 @@ cdef class Engine(Endpoint):
         link.shut()                 # no call starts now; a waiting one ends at its next
         with nogil:                 # look, which this wake-up brings now
             link.wake_self()
-        have = claim(self.send_lock, self.send_owner)
+        have = claim(&self.send_lock, self.send_owner)
         try:
             if have:
                 let_reads_finish(self.rs, self.w)
@@ -610,8 +580,8 @@ cdef class Engine(Endpoint):
                 self.rs.give_back()     # the sources go back regardless
         finally:
             if have:
-                PyThread_release_lock(self.send_lock)
-        drop_receives(self.rr, self.recv_lock, self.recv_owner)
+                give(&self.send_lock)
+        drop_receives(self.rr, &self.recv_lock, self.recv_owner)
 
     def stats(self) -> dict:
         """Counters of this endpoint; everything that hit the transport is counted."""

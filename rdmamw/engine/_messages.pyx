@@ -149,7 +149,8 @@ cdef Py_ssize_t take_eager(Endpoint eng, list out, Py_ssize_t got, Py_ssize_t ma
                            uint32_t *opened, char **rndv) except -1:
     """Append a Message for each eager message at the head of eng's ring until ``out``
     holds ``maxn`` (``got`` so far), the call's share of slots (``opened`` of
-    ``max_open``) is used, nothing more has arrived or a rendezvous descriptor is next
+    ``max_open``) is used, the slots found ready are used up (once it has messages),
+    nothing more has arrived or a rendezvous descriptor is next
     (``rndv`` points at it, peeked, not consumed; else NULL). Return the new count.
     Here, beside Message, each allocation is a direct call the C compiler inlines."""
     cdef EagerReceiver rx = eng.rx
@@ -163,6 +164,9 @@ cdef Py_ssize_t take_eager(Endpoint eng, list out, Py_ssize_t got, Py_ssize_t ma
             # previous list while waiting for the next one never starves the sender
             if opened[0] >= rx.max_open:
                 break
+            if got and rx.ready_len == 0:
+                break   # no second look at the arrival bitmap in one call: the first
+                        # saw what had arrived (a look costs a pass over its words)
             opened[0] += 1
         if not rx.peek(&base, &L, &fl):
             break

@@ -58,6 +58,9 @@ cdef class RndvSender:
         entries (and the provider) allow; return how many of those slots are ready."""
         cdef uint32_t end = self.batch.plan_start[k + want], s = 0
         cdef int r
+        if self.batch.nrndv == 0:       # all eager (most batches): nothing to expose
+            self.prep_i = end
+            return want
         while self.prep_i < end:
             if self.batch.kind[self.prep_i]:
                 if self.next - self.released >= RNDV_N:

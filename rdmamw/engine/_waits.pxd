@@ -22,3 +22,10 @@ cdef class Waiter:
     cdef void disarm(self) noexcept nogil
     cdef void _serve(self, int what) noexcept nogil
     cdef void _flag(self, int what, bint up) noexcept nogil
+
+    cdef inline void end_receive(self) noexcept:
+        """A receive call ends: lower the sleep flag it kept raised, if it did (a plain
+        load first, inline: a receive that never slept pays no GIL release for it)."""
+        if self.arrival_up:
+            with nogil:
+                self.lower()

@@ -342,6 +342,36 @@ def test_close_from_another_thread_wakes_a_blocked_receive(pair):
     assert time.monotonic() - t0 < 2.0
 
 
+def test_one_receive_call_at_a_time_and_the_lock_passes_on(pair):
+    """A second thread's receive waits for the first thread's call to end (its Timeout
+    says so, having taken nothing); when two wait behind each other, each takes one
+    message once the call before it ended (the call locks, rdmamw/engine/_calllock.pxd)."""
+    a, b = pair
+    got: list = []
+
+    def recv_one():
+        got.append(bytes(b.recv(timeout=20)))
+
+    t1 = threading.Thread(target=recv_one)
+    t1.start()
+    for _ in range(100):        # until t1's call holds the lock (a loaded machine)
+        with pytest.raises(rdmamw.Timeout) as e:
+            b.recv(timeout=0.05)
+        if "another thread's receive" in str(e.value):
+            break
+    else:
+        pytest.fail(f"a receive never waited for the other thread's: {e.value}")
+    t2 = threading.Thread(target=recv_one)
+    t2.start()                  # it sleeps on t1's lock
+    a.send(b"one")
+    t1.join(20)
+    a.send(b"two")
+    t2.join(20)
+    assert sorted(got) == [b"one", b"two"]
+    a.send(b"three")            # the lock is free again
+    assert bytes(b.recv(timeout=10)) == b"three"
+
+
 def test_an_idle_receive_raises_its_sleep_flag_once(pair):
     """A receive sleeps in slices (50 ms: signals get through) and keeps its sleep flag
     raised at the peer across them: one write up and one down for the whole wait, not
