@@ -58,7 +58,8 @@ def stop() -> str | None:
     if tr is None:
         return None
     path: str = tr.write(rank())
-    log.info("timeline written to %s (%d spans, %d dropped)", path, len(tr.spans),
+    log.info("timeline written to %s (%d spans, %d dropped)", path,
+             len(tr.spans) + len(tr.steps),
              tr.dropped)
     return path
 

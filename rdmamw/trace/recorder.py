@@ -53,47 +53,56 @@ class Tracer:
         self.offset_ns = clock_offset_ns()
         self.started = self.clock()
         #: (name, category, start ns, end ns, thread, args)
-        self.spans: list[tuple[str, str, int, int, int, dict[str, Any]]] = []
+        self.spans: list[tuple[str, str, int, int, int, Any]] = []
+        #: the collectives' steps, kept raw (their args are made when the file is
+        #: written): (step, peer, bytes, messages, seq, start ns, end ns, thread)
+        self.steps: list[tuple[int, int, int, int, int, int, int, int]] = []
         self.dropped = 0
         self.threads: dict[int, str] = {}
+
+    def _room(self) -> int:
+        """The calling thread's id, or 0 once ``limit`` spans are kept (one dropped)."""
+        if len(self.spans) + len(self.steps) >= self.limit:
+            self.dropped += 1
+            return 0
+        tid = threading.get_native_id()
+        if tid not in self.threads:
+            self.threads[tid] = threading.current_thread().name
+        return tid
 
     def span(self, name: str, cat: str, t0: int, args: dict[str, Any]) -> None:
         """A span from ``t0`` (``self.clock()``) to now."""
         t1 = self.clock()
-        if len(self.spans) >= self.limit:
-            self.dropped += 1
-            return
-        tid = threading.get_native_id()
-        if tid not in self.threads:
-            self.threads[tid] = threading.current_thread().name
-        self.spans.append((name, cat, t0, t1, tid, args))
+        tid = self._room()
+        if tid:
+            self.spans.append((name, cat, t0, t1, tid, args))
 
     def collective(self, header: list[Any], seq: int, peers: list[int], t0: int) -> None:
         """One collective (rdmamw.collectives.comm.Communicator.run): ``header`` is
         ``[kind, dtype, shape, op, root, algorithm]``; ``peers`` world ranks."""
-        kind, dtype, shape, op, root, alg = header
-        args: dict[str, Any] = {"seq": seq, "dtype": dtype, "shape": list(shape),
-                                "algorithm": alg, "peers": peers}
-        if all(type(d) is int for d in shape):
-            args["bytes"] = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        if op:
-            args["op"] = op
-        if root >= 0:
-            args["root"] = root
-        self.span(kind, "collective", t0, args)
+        t1 = self.clock()
+        tid = self._room()
+        if tid:
+            self.spans.append((header[0], "collective", t0, t1, tid, (header, seq, peers)))
 
     def step(self, kind: int, peer: int, arg: Any, out: Any, seq: int, t0: int) -> None:
         """One step of a collective's schedule, to or from world rank ``peer``: what it
         sent (a list of buffers), received (a list of messages, or a byte count)."""
-        args: dict[str, Any] = {"peer": peer, "seq": seq}
+        t1 = self.clock()
+        tid = self._room()
+        if not tid:
+            return
+        n = count = 0
         if kind == 0:
-            args["bytes"] = sum(nbytes(b) for b in arg)
-            args["messages"] = len(arg)
+            for b in arg:
+                n += b.nbytes if type(b) is np.ndarray else nbytes(b)
+            count = len(arg)
         elif kind == 1:
-            args["bytes"] = sum(len(m) for m in out)
+            for m in out:
+                n += len(m)
         elif kind == 2:
-            args["bytes"] = int(out)
-        self.span(STEP_NAMES[kind], "step", t0, args)
+            n = out
+        self.steps.append((kind, peer, n, count, seq, t0, t1, tid))
 
     # ---- the file --------------------------------------------------------------------
 
@@ -109,8 +118,19 @@ class Tracer:
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
                            "args": {"name": name}})
         for name, cat, t0, t1, tid, args in list(self.spans):
+            if cat == "collective":
+                args = _collective_args(*args)
             events.append({"name": name, "cat": cat, "ph": "X", "ts": t0 / 1000,
                            "dur": (t1 - t0) / 1000, "pid": pid, "tid": tid, "args": args})
+        for kind, peer, n, count, seq, t0, t1, tid in list(self.steps):
+            args = {"peer": peer, "seq": seq}
+            if kind != 3:
+                args["bytes"] = int(n)
+            if kind == 0:
+                args["messages"] = count
+            events.append({"name": STEP_NAMES[kind], "cat": "step", "ph": "X",
+                           "ts": t0 / 1000, "dur": (t1 - t0) / 1000, "pid": pid,
+                           "tid": tid, "args": args})
         return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"rdmamw": {
             "version": VERSION, "rank": rank, "pid": os.getpid(), "clock": "monotonic",
             "wall_minus_clock_ns": self.offset_ns, "dropped": self.dropped}}}
@@ -123,6 +143,19 @@ class Tracer:
             json.dump(self.document(rank), f, separators=(",", ":"))
         os.replace(tmp, path)
         return path
+
+
+def _collective_args(header: list[Any], seq: int, peers: list[int]) -> dict[str, Any]:
+    kind, dtype, shape, op, root, alg = header
+    args: dict[str, Any] = {"seq": seq, "dtype": dtype, "shape": list(shape),
+                            "algorithm": alg, "peers": peers}
+    if all(type(d) is int for d in shape):
+        args["bytes"] = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if op:
+        args["op"] = op
+    if root >= 0:
+        args["root"] = root
+    return args
 
 
 def expand(path: str, rank: int | None) -> str:

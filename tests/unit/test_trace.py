@@ -70,11 +70,14 @@ def test_record_writes_its_block_and_one_timeline_records_at_a_time(tmp_path):
 
 def test_spans_past_the_limit_are_counted_not_kept(tmp_path):
     tr = Tracer(str(tmp_path / "x.json"), 2)
-    for name in "abc":
-        tr.span(name, "test", tr.clock(), {})
+    tr.span("a", "test", tr.clock(), {})
+    tr.step(0, 3, [b"12345", np.zeros(4, np.float32)], None, 7, tr.clock())
+    tr.span("c", "test", tr.clock(), {})
+    tr.step(1, 3, None, [b"123"], 7, tr.clock())
     doc = tr.document(5)
-    assert [e["name"] for e in doc["traceEvents"] if e["ph"] == "X"] == ["a", "b"]
-    assert doc["otherData"]["rdmamw"]["dropped"] == 1
+    assert [(e["name"], e["args"]) for e in doc["traceEvents"] if e["ph"] == "X"] == [
+        ("a", {}), ("send", {"peer": 3, "seq": 7, "bytes": 21, "messages": 2})]
+    assert doc["otherData"]["rdmamw"]["dropped"] == 2
 
 
 def test_paths_name_the_rank_and_the_pid():
