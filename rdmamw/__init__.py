@@ -36,7 +36,15 @@ def _metrics_from_environment() -> None:
     from_environment()
 
 
+def _trace_from_environment() -> None:
+    """RDMAMW_TRACE's timeline, from the same moment (rdmamw/trace: its recorder is
+    imported only when it is set)."""
+    from rdmamw.trace import from_environment
+    from_environment()
+
+
 observe.at_begin(_metrics_from_environment)
+observe.at_begin(_trace_from_environment)
 
 __all__ = [
     "BufferTooSmall",

@@ -1,6 +1,7 @@
 """The ``rdmamw`` command: ``demo`` (the main job: a parameter-server training
 cluster), ``demo-stream`` (batched vs ack streaming), ``perf`` (perftest-style latency,
-bandwidth and message rate between two hosts), ``info``, ``tune`` (the collectives'
+bandwidth and message rate between two hosts), ``info``, ``trace merge`` (the ranks'
+timelines on one clock), ``top`` (a live view of a job), ``tune`` (the collectives'
 cost model) and ``tune rndv`` (the eager/rendezvous threshold)."""
 
 from __future__ import annotations
@@ -204,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     if given[:1] == ["perf"]:            # its own argument parser (rdmamw perf -h)
         from rdmamw.apps.perf import main as perf
         return perf(given[1:])
+    if given[:1] == ["trace"]:           # rdmamw trace merge a.json b.json -o all.json
+        from rdmamw.trace.merge import main as trace
+        return trace(given[1:])
+    if given[:1] == ["top"]:             # its own argument parser (rdmamw top -h)
+        from rdmamw.apps.top import main as top
+        return top(given[1:])
     if given[:1] == ["demo"]:            # its own argument parser (rdmamw demo -h)
         from rdmamw.apps.demo.demo import main as demo
         return demo(given[1:])
@@ -221,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", action="store_true",
                    help="every RDMAMW_* setting: effective value and where it came from")
     p.set_defaults(func=info)
+    sub.add_parser("trace", help="merge the ranks' timelines (RDMAMW_TRACE) into one "
+                                 "file for Perfetto (rdmamw trace merge -h)")
+    sub.add_parser("top", help="a live view of a running job from its metrics endpoints "
+                               "(rdmamw top -h)")
     sub.add_parser("tune", help="calibrate the collectives' cost model (rdmamw tune -h); "
                    "'rdmamw tune rndv': the eager/rendezvous threshold")
     args = parser.parse_args(argv)

@@ -192,6 +192,7 @@ COMPONENTS: tuple[tuple[str, str | None], ...] = (
     ("collectives", "rdmamw.collectives.settings"),
     ("ps", "rdmamw.ps.settings"),
     ("metrics", "rdmamw.metrics.settings"),
+    ("trace", "rdmamw.trace.settings"),
     ("log", None),
     ("launcher", None),
 )

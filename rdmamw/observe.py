@@ -1,7 +1,8 @@
 """What this process's channels and collectives did, kept where rdmamw.metrics reads it:
 the open channels (by weak reference: a channel is never kept alive for its counters),
 the last counters of those that closed, a hook the collectives call with each one's
-time, and the hooks that run when the process first takes part in a job.
+time, the timeline being recorded (rdmamw.trace), and the hooks that run when the
+process first takes part in a job.
 
 It sits at the bottom of the package, as rdmamw.errors does, so the channel and
 collectives layers report into it without knowing the metrics package above them.
@@ -25,6 +26,9 @@ Key = tuple[str, str]
 #: called with (the collective's kind, its seconds) after each blocking or awaited
 #: collective, while rdmamw.metrics records them (None: nothing is measured)
 collective: Callable[[str, float], None] | None = None
+#: the timeline being recorded (rdmamw.trace.recorder.Tracer), or None: the collectives,
+#: their steps and the parameter server's rounds test it once each
+tracer: Any = None
 
 _lock = threading.Lock()
 

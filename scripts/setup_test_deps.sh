@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # System packages the tcp/bootstrap tests and bench/tcp_bench.py use: MPICH (a job
 # started by mpirun), iproute2 (network namespaces as hosts), iperf3 (the loopback
-# limit of the benchmark), and prometheus (the server that scrapes a job's metrics in
-# tests/integrations/test_metrics_job.py). Idempotent; without root it only says what is missing and
+# limit of the benchmark), prometheus (the server that scrapes a job's metrics in
+# tests/integrations/test_metrics_job.py) and tmux (the terminal `rdmamw top` is tested in,
+# tests/integrations/test_top.py). Idempotent; without root it only says what is missing and
 # the tests that need it skip with a reason.
 set -euo pipefail
-want=(mpich iproute2 iperf3 prometheus)
+want=(mpich iproute2 iperf3 prometheus tmux)
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

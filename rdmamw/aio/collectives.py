@@ -64,8 +64,10 @@ async def run(plan: api.Plan, timeout: float | None = None) -> Any:
         st = _state[comm] = _Awaiting()
     watch = observe.collective          # None unless rdmamw.metrics records
     t0 = time.perf_counter() if watch is not None else 0.0
+    tr = observe.tracer                 # None unless rdmamw.trace records
     async with st.lock:
         with comm.exclusive(), comm.guard(plan.header):
+            t1 = tr.clock() if tr is not None else 0
             comm.begin(timeout)
             missing = comm.missing(plan.peers)
             if missing:         # set-up only: the blocking handshakes off the loop
@@ -79,6 +81,9 @@ async def run(plan: api.Plan, timeout: float | None = None) -> Any:
                 comm.deadline = 0.0
                 if watch is not None:
                     watch(plan.header[0], time.perf_counter() - t0)
+                if tr is not None:
+                    tr.collective(plan.header, comm.seq,
+                                  [comm.members[p] for p in plan.peers], t1)
 
 
 async def _drive(comm: Communicator, st: _Awaiting, steps: Steps) -> Any:

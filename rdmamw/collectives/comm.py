@@ -362,17 +362,24 @@ class Communicator:
         closes its channels, so ranks waiting on us see it too instead of hanging."""
         watch = observe.collective          # None unless rdmamw.metrics records
         t0 = time.perf_counter() if watch is not None else 0.0
+        tr = observe.tracer                 # None unless rdmamw.trace records
         with self._lock, self.guard(header):
+            t1 = tr.clock() if tr is not None else 0
             self.begin(timeout)
             try:
                 missing = self.missing(peers)
                 if missing:
                     self.ensure(missing)
+                    if tr is not None:
+                        tr.span("connect", "channel", t1,
+                                {"peers": [self.members[p] for p in missing]})
                 return self.drive(self.steps(header, body))
             finally:
                 self.deadline = 0.0
                 if watch is not None:
                     watch(header[0], time.perf_counter() - t0)
+                if tr is not None:
+                    tr.collective(header, self.seq, [self.members[p] for p in peers], t1)
 
     def needs(self, peers: Iterable[int]) -> set[int]:
         """The peers a collective with ``peers`` needs channels to (the header round's too)."""

@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Any
 
+from rdmamw import observe
 from rdmamw.channel import Channel, Message
 from rdmamw.collectives import revoke
 from rdmamw.errors import ChannelClosed, PeerLost, ProtocolError, RdmamwError, Timeout
@@ -71,7 +72,17 @@ class Waits:
     def now(self, kind: int, peer: int, arg: Any) -> Any:
         """Perform one step with a blocking call, by the collective's deadline, watching
         the other channels while it waits (:data:`WATCH`; a wait past WARN_AFTER warns
-        halfway); a failure names the rank that failed (:meth:`failure`)."""
+        halfway); a failure names the rank that failed (:meth:`failure`). While a
+        timeline is recorded (rdmamw.trace), each step is a span of it."""
+        tr = observe.tracer
+        if tr is None:
+            return self._now(kind, peer, arg)
+        t0 = tr.clock()
+        out = self._now(kind, peer, arg)
+        tr.step(kind, self.comm.members[peer], arg, out, self.comm.seq, t0)
+        return out
+
+    def _now(self, kind: int, peer: int, arg: Any) -> Any:
         try:
             ch = self.comm._chans[peer]
             if kind == SEND:        # (not in two parts: a send cut by a timeout went in part)

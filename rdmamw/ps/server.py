@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from rdmamw import config
+from rdmamw import config, observe
 from rdmamw.channel import Channel
 from rdmamw.errors import ChannelClosed, PeerLost, Timeout
 from rdmamw.ps import wire
@@ -89,6 +89,7 @@ class KVServer:
             else scheduler.assignment()
         self._round_weight = 0.0                       # samples (or gradients) pending
         self._dirty: dict[Any, float] = {}             # closed round's steps not yet applied
+        self._round_mark = 0                           # the timeline's last round close
 
     # -- the loop -------------------------------------------------------------------
 
@@ -322,6 +323,9 @@ class KVServer:
     def _close_round(self, now: float) -> None:
         self._flush()
         done = self.policy.close(now)
+        tr = observe.tracer                 # None unless rdmamw.trace records
+        if tr is not None:
+            self._trace_round(tr, done)
         if self.scheduler is not None:
             self.plan = self.scheduler.plan(now)
         if not done:
@@ -332,6 +336,17 @@ class KVServer:
                 self._dirty[key] = 1.0 / weight
             else:
                 g.fill(0)
+
+    def _trace_round(self, tr: Any, done: list[int]) -> None:
+        """The round that closed as a span of the timeline, from the last close (or
+        from when the timeline started): the workers whose gradients it merged and
+        the live ones it left out (a straggler's, or ones not due in a bounded model)."""
+        t0 = self._round_mark or tr.started
+        live = sorted(getattr(self.policy, "live", ()))
+        tr.span("round", "ps", t0, {"version": getattr(self.policy, "version", None),
+                                    "merged": sorted(done),
+                                    "left_out": [w for w in live if w not in done]})
+        self._round_mark = tr.clock()
 
     def _flush(self, keys: Sequence[Any] | set | None = None) -> None:
         """Apply the closed round's step to ``keys`` (None: all). The step is deferred

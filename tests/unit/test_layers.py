@@ -58,6 +58,8 @@ BELOW["rdmamw.dask"] = LIBS | {"rdmamw.aio"}
 BELOW["rdmamw.ray"] = LIBS | {"rdmamw.torch"}      # the torch backend's process group
 #: reads what rdmamw.observe collected; imported by the package's front door (rdmamw)
 BELOW["rdmamw.metrics"] = set(LIBS)
+#: the timeline: fed by rdmamw.observe's hooks, as the metrics are
+BELOW["rdmamw.trace"] = set(LIBS)
 #: applications may use every library, never each other's insides
 APPS = ("rdmamw.apps", "rdmamw.cli")
 
