@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -282,6 +283,17 @@ def _metrics_peers() -> None:
         observe._open, observe._closed, readings._labels = saved
 
 
+def _trace_limit() -> None:
+    """A timeline keeps RDMAMW_TRACE_MAX_EVENTS spans and counts the others dropped."""
+    import rdmamw.trace as trace
+    limit = config.get("RDMAMW_TRACE_MAX_EVENTS")
+    with tempfile.TemporaryDirectory() as d, trace.record(os.path.join(d, "t.json")) as tr:
+        n = min(limit, 3) + 2
+        for _ in range(n):
+            tr.span("x", "test", tr.clock(), {})
+        assert (len(tr.spans), tr.dropped) == (min(limit, n), n - min(limit, n))
+
+
 def _local_rank(name: str) -> Callable[[], None]:
     def run() -> None:
         from rdmamw.metrics import local_rank
@@ -317,6 +329,7 @@ PATHS: dict[str, Callable[[], None]] = {
     "RDMAMW_PS_REPLY_TIMEOUT": _ps_reply_timeout,
     "RDMAMW_METRICS_PORT": _metrics_port,
     "RDMAMW_METRICS_MAX_PEERS": _metrics_peers,
+    "RDMAMW_TRACE_MAX_EVENTS": _trace_limit,
     **{n: _local_rank(n) for n in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                    "SLURM_LOCALID")},
 }
