@@ -20,6 +20,7 @@ import datetime
 import json
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -72,11 +73,13 @@ def main() -> None:
             net = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
             error += f" (shrunk to {pg.size()} ranks in {time.monotonic() - t0:.2f} s)"
     params = torch.cat([p.detach().flatten() for p in model.parameters()])
-    print("result " + json.dumps({
+    # one write of the whole line: the ranks share the launcher's stdout, and with
+    # PYTHONUNBUFFERED a print() of text and newline is two writes that interleave
+    sys.stdout.write("result " + json.dumps({
         "rank": me, "new_rank": pg.rank() if pg else me,
         "size": pg.size() if pg else dist.get_world_size(), "error": error,
-        "steps": step, "loss": loss, "params_sum": float(params.double().sum())}),
-        flush=True)
+        "steps": step, "loss": loss, "params_sum": float(params.double().sum())}) + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -66,8 +66,9 @@ class World:
     _keeper: rejoin.Keeper | None = None
 
     def gen(self, rank: int) -> int:
-        """The generation of ``rank``'s process: 0, +1 at each re-join."""
-        return int(self.peers[rank].get("gen", 0))
+        """The generation of ``rank``'s process: 0, +1 at each re-join (0 for a rank
+        the table does not hold: nothing of it can be accepted anyway)."""
+        return int(self.peers.get(rank, {}).get("gen", 0))
 
     def depart(self, ranks: set[int]) -> None:
         """``ranks`` are out of the job (a shrink dropped them): on rank 0, each may
