@@ -441,3 +441,61 @@ def test_pyverbs_peer_writes_into_an_rdmamw_ring():
         assert p.returncode == 0 and out.split("\n")[:3] == ["sent 8", "reclaimed", "closed"]
         ch.close()
 
+
+
+
+STOPPED_SINK = """
+import sys, time, rdmamw
+lst = rdmamw.listen("verbs://127.0.0.1:0?ring_start=65536", slots=64, slot_size=65536)
+print(lst.address, flush=True)
+ch = lst.accept(timeout=20)
+got = []
+while not got or got[-1] != b"last":
+    got += [bytes(m) for m in ch.recv_batch(timeout=60)]
+print(repr(got), flush=True)
+"""
+
+
+@device
+@pytest.mark.device
+@pytest.mark.timeout(120)
+def test_a_stopped_receiver_never_holds_a_send_past_its_deadline():
+    """The peer is stopped (SIGSTOP) asleep, and our sender runs short of the ring
+    slots it granted, so it asks for more every 20 ms with a wake-up SEND. Each takes
+    one of the stopped peer's receive WRs; with none left the QP waits for it (RNR) and
+    the send queue fills with asks. A full send queue made the next post wait 10 s,
+    past the send's deadline, then give the live peer up as lost. Each send must keep
+    its 0.2 s deadline for the whole 12 s, and once the peer goes on, every message
+    that was accepted arrives, in order."""
+    p = _spawn(STOPPED_SINK)
+    try:
+        address = p.stdout.readline().strip()
+        ch = rdmamw.Channel.open(address, timeout=30, slots=64, slot_size=65536)
+        ch.send_batch([b"first"]).wait(timeout=10)
+        time.sleep(0.5)                                 # the peer sleeps in its recv
+        p.send_signal(signal.SIGSTOP)
+        sent, longest, timeouts = [b"first"], 0.0, 0
+        end = time.monotonic() + 12
+        while time.monotonic() < end:
+            msg, t0 = b"m%d" % len(sent), time.monotonic()
+            try:
+                ch.send_batch([msg], timeout=0.2)
+                sent.append(msg)
+            except rdmamw.Timeout as e:
+                timeouts += 1
+                if e.sent:
+                    sent.append(msg)
+            longest = max(longest, time.monotonic() - t0)
+        assert longest < 1.5, longest
+        assert timeouts > 20, (timeouts, len(sent))     # short of slots most of the time
+        st = ch.stats()
+        # the asks it did not add to the queue; the flag writes it queued past a deadline
+        assert st["wakeups_held"] > 0 and st["wrs_queued_late"] > 0, st
+        p.send_signal(signal.SIGCONT)
+        ch.send_batch([b"last"], timeout=20).wait(timeout=20)
+        assert p.stdout.readline().strip() == repr(sent + [b"last"])
+        ch.close()
+    finally:
+        p.send_signal(signal.SIGCONT)
+        p.kill()
+        p.wait()

@@ -11,6 +11,7 @@ from rdmamw.providers.verbs._ibverbs cimport *
 from rdmamw.providers.verbs._device cimport WC_BATCH, VerbsDevice, rmv_route
 from rdmamw.providers.verbs._memory cimport VerbsMemory
 from rdmamw.providers.verbs._block cimport VerbsBlock
+from rdmamw.providers.verbs._backlog cimport rmv_backlog
 
 cdef enum:                 # VerbsQP.state besides the RM_ERR_* code that ended it
     QP_CONNECTED = 1       # the handshake's socket attached: the data path runs
@@ -66,6 +67,8 @@ cdef class VerbsQP(Transport):
     cdef int poll_ms
     cdef readonly uint32_t sq_depth, rq_depth, max_chain, sig_bound
     cdef uint64_t sq_posted, sq_done
+    cdef rmv_backlog bl                 # WRs accepted past a deadline (_backlog.pxd)
+    cdef int64_t room_deadline          # _room gives up then (RM_ERR_LATE); 0: never
     cdef uint32_t unsig
     cdef uint64_t *sig_pos
     cdef uint64_t sig_head, sig_tail
@@ -82,6 +85,8 @@ cdef class VerbsQP(Transport):
     cdef int rlock                      # recv_seen and the receive counters
     cdef readonly uint64_t n_recv_completions
     cdef readonly uint64_t n_binds      # memory-window binds posted (exposures, parts)
+    cdef readonly uint64_t n_wakeups_held   # wake-ups not posted: the send queue was
+                                            # more than half full (wake_peer)
     cdef readonly uint32_t qpn
     cdef uint8_t timeout_exp
     cdef readonly uint32_t read_chunk   # longest READ one WR asks for (0: no limit)

@@ -40,6 +40,7 @@ from rdmamw.providers.verbs._device cimport (
 )
 from rdmamw.providers.verbs._memory cimport XMR_N, pin_charge
 from rdmamw.providers.verbs._block cimport VerbsBlock
+from rdmamw.providers.verbs._backlog cimport bl_free
 
 from rdmamw.providers.verbs._lib import fork_safety
 from rdmamw.providers.verbs._device import device
@@ -321,6 +322,8 @@ cdef class VerbsQP(Transport):
             n, nbytes = n + 1, nbytes + self.recv_mr.length
         d["mrs"], d["bytes_registered"] = n + bn, nbytes + bbytes
         d["mw_binds"] = self.n_binds    # windows bound (docs/protocol.md "Keys a peer gets")
+        # a peer that takes nothing (docs/protocol.md "A peer that takes nothing")
+        d["wakeups_held"], d["wrs_queued_late"] = self.n_wakeups_held, self.bl.accepted
         # a ring that grows (docs/protocol.md): slots granted each way, grants made
         d["ring_slots_granted"] = min(self.local_granted, self.ring_slots)
         d["peer_ring_slots_granted"] = min(self.peer_granted, self.peer_slots)
@@ -370,6 +373,7 @@ cdef class VerbsQP(Transport):
         free(self.stash)
         free(self.swr)
         free(self.sge)
+        bl_free(&self.bl)
 
     # ---- what the data path does (VerbsTransport's); the set-up above calls them ----
 
@@ -423,6 +427,7 @@ cdef int _open_qp(VerbsQP tp, VerbsDevice dev, rmv_route *r, uint32_t max_inline
     tp.qpn = r.qpn = tp.qp.qp_num
     r.qp = tp.qp
     tp.sig_pos = <uint64_t *>calloc(tp.sq_depth, 8)
+    tp.bl.cap = tp.sq_depth
     tp.stash_cap = tp.sq_depth + 16
     tp.stash = <rm_wc *>calloc(tp.stash_cap, sizeof(rm_wc))
     tp.swr = <ibv_send_wr *>calloc(tp.max_chain, sizeof(ibv_send_wr))

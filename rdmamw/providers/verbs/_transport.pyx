@@ -31,6 +31,7 @@ from rdmamw.transport._base cimport (
     RM_ALL_SLOTS,
     RM_ERR_BOUNDS,
     RM_ERR_CLOSED,
+    RM_ERR_LATE,
     RM_ERR_OS,
     RM_ERR_PEER_LOST,
     RM_NREGIONS,
@@ -45,6 +46,7 @@ from rdmamw.transport._base cimport (
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
     now_ns,
+    pthread_self,
     rm_wc,
     rm_wr,
 )
@@ -53,6 +55,7 @@ from rdmamw.providers.verbs._ibverbs cimport *
 from rdmamw.providers.verbs._lib cimport also_load
 from rdmamw.providers.verbs._device cimport WC_BATCH, rmv_load32, rmv_load64, rmv_route
 from rdmamw.providers.verbs._block cimport GRANT_OFF
+from rdmamw.providers.verbs._sendq cimport _drain_sq, _flush, _post_all, _wake
 from rdmamw.providers.verbs._qp cimport (
     FAIL_POLL,
     FAIL_POST,
@@ -107,9 +110,6 @@ cdef extern from *:
 
 
 cdef int64_t SOCK_CHECK_NS = 1000000
-# every this many pieces of a long READ one is signaled (internally), so a READ longer
-# than the send queue holds frees its slots as it goes, not only at the end of each part
-cdef uint32_t PIECES_PER_SIGNAL = 16
 
 
 cdef int _fill_table(const char *lib, char *err, size_t errlen) noexcept:
@@ -140,21 +140,18 @@ cdef class VerbsTransport(VerbsQP):
 
 
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
-        cdef uint32_t i, part, off = 0
-        cdef int rc = 0
+        cdef uint32_t i
+        cdef int rc
         if self.state != QP_CONNECTED:
             return self._dead()
         for i in range(n):      # validate the whole chain first: all or nothing
             if not _wr_in_bounds(self, &wrs[i]):
                 return RM_ERR_BOUNDS
         rm_spin_lock(&self.lock)
-        i = 0
-        while i < n and rc == 0:
-            part = 0
-            while part < self.max_chain and i < n:
-                i += _fill_piece(self, part, &wrs[i], &off)
-                part += 1
-            rc = self._post_chain(part, i == n)
+        # a poster with a deadline (deadline_posts) waits for the send queue until then
+        self.room_deadline = self.post_deadline if self.post_owner == pthread_self() else 0
+        rc = _post_all(self, wrs, n)
+        self.room_deadline = 0
         rm_spin_unlock(&self.lock)
         self._drain_recv()
         return rc
@@ -229,7 +226,9 @@ cdef class VerbsTransport(VerbsQP):
         return 0
 
     cdef int _room(self, uint32_t count) noexcept nogil:
-        """Poll until the send queue has room for count WRs; bounded (caller holds lock)."""
+        """Poll until the send queue has room for count WRs (caller holds lock), by
+        room_deadline (then RM_ERR_LATE); a queue that completes nothing for STUCK_NS
+        is a lost peer."""
         cdef int64_t t, start = 0, next_sock = 0
         while self.sq_depth - (self.sq_posted - self.sq_done) < count:
             if self._poll_send_locked() > 0:
@@ -239,6 +238,8 @@ cdef class VerbsTransport(VerbsQP):
                 # as we are still gets its wake-up SENDs received (no RNR standstill)
                 self._drain_recv()
                 t = now_ns()
+                if self.room_deadline and t >= self.room_deadline:
+                    return RM_ERR_LATE
                 if start == 0:
                     start = t
                     next_sock = t + SOCK_CHECK_NS
@@ -305,6 +306,8 @@ cdef class VerbsTransport(VerbsQP):
         rm_spin_lock(&self.lock)
         if self.stash_len < maxn:
             self._poll_send_locked()
+            if self.bl.len:
+                _flush(self)
         while k < maxn and self.stash_len:
             wcs[k] = self.stash[self.stash_head]
             self.stash_head = (self.stash_head + 1) % self.stash_cap
@@ -369,22 +372,25 @@ cdef class VerbsTransport(VerbsQP):
         return 0
 
     cdef int wake_peer(self) noexcept nogil:
-        cdef ibv_send_wr *w
-        cdef int rc
+        cdef int rc = 0
         if self.state != QP_CONNECTED:
             return self._dead()
         rm_spin_lock(&self.lock)
         if self.peer_imm and self.last_imm:
-            rm_spin_unlock(&self.lock)   # the WRITE_WITH_IMM just posted wakes the peer
-            return 0
-        w = &self.swr[0]
-        memset(w, 0, sizeof(ibv_send_wr))
-        w.wr_id = INTERNAL
-        w.opcode = IBV_WR_SEND          # zero bytes: only the receive completion matters
-        w.send_flags = IBV_SEND_SOLICITED   # an event even where nobody sleeps (grants)
-        rc = self._post_chain(1, True)
-        if rc == 0:     # under the lock: counters() reads it with n_doorbells
-            self.n_wakeups += 1
+            pass            # the WRITE_WITH_IMM just posted wakes the peer
+        elif self.bl.len and (_flush(self) != 0 or self.bl.len):
+            self.bl.wake = True     # after what is queued (_flush)
+        elif self.sq_depth - (self.sq_posted - self.sq_done) > self.max_chain or (
+                self._poll_send_locked() >= 0 and
+                self.sq_depth - (self.sq_posted - self.sq_done) > self.max_chain):
+            rc = _wake(self)
+        else:
+            # more than half the send queue is not taken: the peer is stopped (each
+            # wake-up SEND takes one of its receive WRs; with none left the QP waits
+            # for it, RNR) or the NIC is behind. What is queued reaches it first and
+            # wakes it; more would fill the queue (a sender short of granted slots
+            # asks every 20 ms), and a full queue holds every post up
+            self.n_wakeups_held += 1
         rm_spin_unlock(&self.lock)
         return rc
 
@@ -460,6 +466,8 @@ cdef class VerbsTransport(VerbsQP):
             return self.state
         if rmv_trylock(&self.lock):       # error completions of unsignaled writes too
             self._poll_send_locked()
+            if self.bl.len:                 # (a waiter's turn sends what is queued)
+                _flush(self)
             rm_spin_unlock(&self.lock)
         self._drain_recv()
         if self.state == QP_CONNECTED and _sock_dead(self.sock):
@@ -523,51 +531,6 @@ cdef bint _wr_in_bounds(VerbsTransport tp, rm_wr *wr) noexcept nogil:
         return False
     return not (wr.flags & RM_WR_PUBLISH and ((wr.remote_off | wr.length) & 7))
 
-
-cdef uint32_t _fill_piece(VerbsTransport tp, uint32_t j, rm_wr *wr, uint32_t *off) noexcept nogil:
-    """Fill send WR j from ``wr``, or from its next piece of at most tp.read_chunk bytes
-    at ``*off`` if it is a longer READ (the last piece keeps its signal, every
-    PIECES_PER_SIGNAL-th gets an internal one); 1 when ``wr`` is done, 0 while pieces
-    of it remain."""
-    cdef rm_wr piece
-    if wr.opcode != RM_WR_READ or tp.read_chunk == 0 or wr.length <= tp.read_chunk:
-        tp._fill(j, wr)
-        return 1
-    piece = wr[0]
-    piece.local_addr += off[0]
-    piece.remote_off += off[0]
-    piece.length = min(tp.read_chunk, wr.length - off[0])
-    off[0] += piece.length
-    tp._fill(j, &piece)
-    if off[0] < wr.length:
-        if (off[0] // tp.read_chunk) % PIECES_PER_SIGNAL:
-            tp.swr[j].send_flags &= ~IBV_SEND_SIGNALED
-        else:
-            tp.swr[j].send_flags |= IBV_SEND_SIGNALED
-            tp.swr[j].wr_id |= INTERNAL
-        return 0
-    off[0] = 0
-    return 1
-
-
-cdef void _drain_sq(VerbsTransport tp, int64_t budget_ns) noexcept nogil:
-    """Let the posted WRs finish (close), at most ``budget_ns``."""
-    cdef int64_t end = now_ns() + budget_ns
-    cdef ibv_send_wr *w
-    rm_spin_lock(&tp.lock)
-    if tp.unsig and tp.state == QP_CONNECTED:
-        w = &tp.swr[0]     # a signaled zero-byte WRITE flushes the unsignaled tail
-        memset(w, 0, sizeof(ibv_send_wr))
-        w.wr_id = INTERNAL
-        w.opcode = IBV_WR_RDMA_WRITE
-        w.send_flags = IBV_SEND_SIGNALED
-        w.wr.rdma.remote_addr = tp.peer_addr[RM_REGION_CTRL]
-        w.wr.rdma.rkey = tp.peer_rkey
-        tp._post_chain(1, True)
-    while tp.state == QP_CONNECTED and tp.sq_done < tp.sq_posted and now_ns() < end:
-        if tp._poll_send_locked() == 0:
-            rm_cpu_relax()
-    rm_spin_unlock(&tp.lock)
 
 cdef void _grant_wrs(ibv_send_wr *w, ibv_sge *sge, uint64_t *word, uint32_t lkey,
                      uint64_t remote_addr, uint32_t rkey, bint inline) noexcept nogil:
