@@ -111,6 +111,9 @@ class Lines:
     def __init__(self, procs: list[subprocess.Popen]) -> None:
         self.procs = procs
         self.q: queue.Queue = queue.Queue()
+        #: lines that came before the take() that wants them (a rank that shrank while
+        #: another had not printed its error line yet), in order
+        self.early: list[tuple[int, str | None]] = []
         for r, p in enumerate(procs):
             threading.Thread(target=self._read, args=(r, p), daemon=True).start()
 
@@ -125,12 +128,17 @@ class Lines:
         (time.time()); a rank's line of another kind (an error line after its bound) is
         noted, not taken."""
         got: dict[int, dict] = {}
+        early, self.early = self.early, []
         while want - set(got):
-            try:
-                r, line = self.q.get(timeout=max(0.0, until - time.time()))
-            except queue.Empty:
-                break
+            if early:
+                r, line = early.pop(0)
+            else:
+                try:
+                    r, line = self.q.get(timeout=max(0.0, until - time.time()))
+                except queue.Empty:
+                    break
             if r not in want or r in got:
+                self.early.append((r, line))        # for the next take()
                 continue
             if line is None:
                 try:        # (negative: the signal that ended it)
@@ -150,6 +158,7 @@ class Lines:
                 got[r] = v
             else:
                 res.late.append(f"rank {r}, waiting for its {what} line, printed {line.strip()}")
+        self.early.extend(early)
         for r in sorted(want - set(got)):
             res.bad("hang", f"rank {r}: no {what} line by its bound")
         return {r: v for r, v in got.items() if v}

@@ -79,6 +79,22 @@ def _too_small(ch: Channel) -> str | None:
     return None
 
 
+#: how long a new comm waits for the largest message its peer takes: the peer writes it
+#: as it sets up its side of the channel, which may end after this side's open()
+ANNOUNCE_WAIT = 5.0
+
+
+async def _announced(ch: Channel, wait: float = ANNOUNCE_WAIT) -> None:
+    """Until the peer of the new ``ch`` has announced its largest message (at most
+    ``wait`` s: a peer that has not by then is judged by this side's own limit), so
+    that _too_small() judges what the peer said, not the 0 of "not yet"."""
+    loop = asyncio.get_running_loop()
+    end, nap = loop.time() + wait, 0.001
+    while not ch.sync.peer_max_message_size and loop.time() < end:
+        await asyncio.sleep(nap)
+        nap = min(2 * nap, 0.02)
+
+
 def _memory() -> int:
     """The most a message's frames may add up to: this host's memory (a header that
     announces more is lying; its frames are never allocated)."""
@@ -493,6 +509,7 @@ class RdmamwConnector(Connector):
                     _offer.COUNTS["direct"] += 1
         if ch is None:
             ch = await _base_or_side(ip, where)
+        await _announced(ch)
         why = _too_small(ch)
         if why is not None:             # retrying cannot help
             _close_quietly(ch)
@@ -608,6 +625,7 @@ class RdmamwListener(BaseListener):
         if not self._listeners:         # stopped meanwhile
             comm.abort()
             return
+        await _announced(ch)
         why = _too_small(ch)
         if why is not None:
             log.info("%s refused a peer from %s: %s", self.listen_address, peer, why)

@@ -66,3 +66,27 @@ def test_the_judge_counts_wrong_results_untyped_errors_and_misnamed_ranks():
     res = chaos.Result(plan)
     chaos.judge(res, plan, 1, {**good, "stream_error": "Timeout", "stream_peer": 0}, 10.0)
     assert res.problems == {}
+
+
+def test_a_line_that_comes_before_its_take_is_kept_for_it():
+    """Rank 1 prints its error and shrink lines while rank 2's error line is still to
+    come: the error take must keep rank 1's shrink line for the shrink take (it used to
+    drop it, and rank 1 was reported to have exited before its shrink line)."""
+    chaos = chaos_module()
+
+    class Done:             # an ended rank: exit status 0
+        def wait(self, timeout=None):
+            return 0
+
+    lines = chaos.Lines.__new__(chaos.Lines)
+    lines.procs, lines.early = [Done(), Done(), Done()], []
+    lines.q = chaos.queue.Queue()
+    for r, line in [(1, '{"error": "a"}'), (1, '{"t_after": 1}'), (1, None),
+                    (2, '{"error": "b"}'), (2, '{"t_after": 2}'), (2, None)]:
+        lines.q.put((r, line))
+    res = chaos.Result(chaos.Plan("x-0", 3, "shm", "allreduce", "kill", 0, 0.5, 1))
+    until = chaos.time.time() + 1
+    errs = lines.take({1, 2}, until, res, "error", ("error",))
+    after = lines.take({1, 2}, until, res, "shrink", ("t_after",))
+    assert (errs, after, res.problems) == ({1: {"error": "a"}, 2: {"error": "b"}},
+                                           {1: {"t_after": 1}, 2: {"t_after": 2}}, {})

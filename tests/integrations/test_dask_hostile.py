@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -184,12 +185,32 @@ def test_a_peer_gone_mid_frame_is_comm_closed():
     run(main(), timeout=30)
 
 
+def announce_late(monkeypatch, delay: float = 0.3) -> None:
+    """Every channel says its peer has not announced its largest message yet (0) for
+    ``delay`` s after it is first asked: a peer that sets up its side of the channel
+    after ours returned from open(), as on a loaded machine."""
+    real = _sync.Channel.peer_max_message_size
+    first: dict[int, float] = {}
+
+    def late(self):
+        t = first.setdefault(id(self), time.monotonic())
+        return 0 if time.monotonic() - t < delay else real.__get__(self)
+
+    monkeypatch.setattr(_sync.Channel, "peer_max_message_size", property(late))
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["announced", "announced-late"])
 @pytest.mark.parametrize("small", ["listener", "connector"])
-def test_a_dask_peer_with_a_tiny_largest_message_is_refused_at_connect(monkeypatch, small):
+def test_a_dask_peer_with_a_tiny_largest_message_is_refused_at_connect(monkeypatch, small,
+                                                                       late):
     """Through Dask's own connect/listen, the side whose RDMAMW_MAX_MESSAGE_SIZE is
     absurd for the comm's framing is refused at connect: CommClosedError (Fatal, on the
-    connector facing such a listener: retrying cannot help), the listener serves on."""
+    connector facing such a listener: retrying cannot help), the listener serves on.
+    Also when the peer's announcement of it comes after open() returned: judged by what
+    it says, not by the 0 of "not said yet"."""
     rdmamw.dask.register()
+    if late:
+        announce_late(monkeypatch)
 
     settings = dcomm._settings
 
