@@ -49,7 +49,7 @@ class _Entry:
 
 _open: dict[int, _Entry] = {}           # id(channel) -> its entry
 _dead: list[_Entry] = []                # entries of channels collected without a close
-_closed: dict[Key, dict[str, int]] = {}  # the counters of closed channels, summed
+_closed: dict[Key, dict[str, float]] = {}  # the counters of closed channels, summed
 _at_begin: list[Callable[[], None]] = []
 _begun = False
 
@@ -79,11 +79,11 @@ def retire(ch: Any) -> None:
 def _add(key: Key, counters: dict[str, Any]) -> None:
     into = _closed.setdefault(key, {})
     for k, v in counters.items():
-        if type(v) is int:
+        if type(v) is int or type(v) is float:
             into[k] = into.get(k, 0) + v
 
 
-def read(fn: Callable[[Key, Any], dict[str, Any]]) -> dict[Key, dict[str, int]]:
+def read(fn: Callable[[Key, Any], dict[str, Any]]) -> dict[Key, dict[str, float]]:
     """``fn(key, channel)`` of each open channel (its counters: kept as its last
     reading) under the registry's lock, so no channel is counted both open and closed;
     returns the closed channels' sums (a copy). Channels collected without a close

@@ -34,6 +34,8 @@ CHANNEL_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
      "signaled_completions"),
     ("rdmamw_credit_waits", "", "sends that waited for free slots in the peer's ring",
      "credit_waits"),
+    ("rdmamw_credit_wait_seconds", "seconds", "time sends spent waiting for free slots, "
+     "rendezvous entries or done bits", "credit_wait_seconds"),
     ("rdmamw_sleeps", "", "times this side slept in the transport's wait", "sleeps"),
     ("rdmamw_arrival_sleeps", "", "receives that slept for a message", "arrival_sleeps"),
     ("rdmamw_wakeups_sent", "", "wake-ups sent to a sleeping peer", "wakeups_sent"),
@@ -76,7 +78,7 @@ class Reading:
     ``collectives`` kind -> :class:`Times`, and this process's rank ("" before init)."""
 
     rank: str
-    channels: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    channels: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     memory: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     collectives: dict[str, Times] = field(default_factory=dict)
@@ -195,8 +197,8 @@ def read() -> Reading:
     return r
 
 
-def _zero() -> dict[str, int]:
-    row = {name + "_total": 0 for name, _, _, _ in CHANNEL_COUNTERS}
+def _zero() -> dict[str, float]:
+    row: dict[str, float] = {name + "_total": 0 for name, _, _, _ in CHANNEL_COUNTERS}
     row.update({RNDV_READ: 0, RNDV_WRITE: 0, "rdmamw_channels_open": 0})
     return row
 
