@@ -1,14 +1,14 @@
 """What this process's channels and collectives did, kept where rdmamw.metrics reads it:
 the open channels (by weak reference: a channel is never kept alive for its counters),
-the last counters of those that closed, a hook the collectives call with each one's
-time, the timeline being recorded (rdmamw.trace), and the hooks that run when the
-process first takes part in a job.
+the last counters of those that closed, hooks the collectives and the connects call
+with each one's time, the timeline being recorded (rdmamw.trace), and the hooks that
+run when the process first takes part in a job.
 
 It sits at the bottom of the package, as rdmamw.errors does, so the channel and
 collectives layers report into it without knowing the metrics package above them.
 Nothing here is on a data path: a channel is registered when it opens and retired when
-it closes (one dict operation each), and the collectives' hook is None, one load and
-one comparison per collective, until metrics are enabled."""
+it closes (one dict operation each), and the collectives' and connects' hooks are None,
+one load and one comparison per collective or connect, until metrics are enabled."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ Key = tuple[str, str]
 #: called with (the collective's kind, its seconds) after each blocking or awaited
 #: collective, while rdmamw.metrics records them (None: nothing is measured)
 collective: Callable[[str, float], None] | None = None
+#: called with (the provider, the outcome: "opened", "accepted", "refused" or "failed",
+#: its seconds) after each channel connect, opened or accepted, while rdmamw.metrics
+#: records them (None: nothing is measured)
+connect: Callable[[str, str, float], None] | None = None
 #: the timeline being recorded (rdmamw.trace.recorder.Tracer), or None: the collectives,
 #: their steps and the parameter server's rounds test it once each
 tracer: Any = None

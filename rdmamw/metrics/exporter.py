@@ -67,6 +67,13 @@ class RdmamwCollector:
         for kind, t in sorted(r.collectives.items()):
             h.add_metric([r.rank, kind], [(_le(le), n) for le, n in t.cumulative()], t.sum)
         yield h
+        h = HistogramMetricFamily("rdmamw_connect_seconds", "time of each channel connect "
+                                  "(its count: the connects), by outcome",
+                                  labels=["rank", "provider", "outcome"], unit="seconds")
+        for (provider, outcome), t in sorted(r.connects.items()):
+            h.add_metric([r.rank, provider, outcome],
+                         [(_le(le), n) for le, n in t.cumulative()], t.sum)
+        yield h
 
 
 def _le(bound: float) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from rdmamw import _fork, config, errors, observe
 from rdmamw.errors import RdmamwError
@@ -69,19 +69,22 @@ BUCKETS: tuple[float, ...] = (
     5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
     5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 OTHER = "other"
+K = TypeVar("K")
 
 
 @dataclass
 class Reading:
     """One reading of everything: ``channels`` (provider, peer label) -> metric name ->
     value (``rdmamw_channels_open`` too), ``memory`` and ``errors`` per process,
-    ``collectives`` kind -> :class:`Times`, and this process's rank ("" before init)."""
+    ``collectives`` kind -> :class:`Times`, ``connects`` (provider, outcome) ->
+    :class:`Times`, and this process's rank ("" before init)."""
 
     rank: str
     channels: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     memory: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     collectives: dict[str, Times] = field(default_factory=dict)
+    connects: dict[tuple[str, str], Times] = field(default_factory=dict)
 
 
 class Times:
@@ -102,44 +105,53 @@ class Times:
         return out
 
 
-class _Recorder:
-    """The collectives' hook (rdmamw.observe.collective) while metrics are enabled."""
+class _Recorder(Generic[K]):
+    """Histograms of times by a key (a collective's kind; a connect's provider and
+    outcome), filled by the hooks of rdmamw.observe while metrics are enabled."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.times: dict[str, Times] = {}
+        self.times: dict[K, Times] = {}
 
-    def __call__(self, kind: str, seconds: float) -> None:
+    def __call__(self, key: K, seconds: float) -> None:
         i = bisect.bisect_left(BUCKETS, seconds)
         with self.lock:
-            t = self.times.get(kind)
+            t = self.times.get(key)
             if t is None:
-                t = self.times[kind] = Times()
+                t = self.times[key] = Times()
             t.counts[i] += 1
             t.count += 1
             t.sum += seconds
 
-    def copy(self) -> dict[str, Times]:
+    def copy(self) -> dict[K, Times]:
         with self.lock:
             out = {}
-            for kind, t in self.times.items():
-                c = out[kind] = Times()
+            for key, t in self.times.items():
+                c = out[key] = Times()
                 c.counts, c.count, c.sum = list(t.counts), t.count, t.sum
             return out
 
 
-_recorder = _Recorder()
+_recorder: _Recorder[str] = _Recorder()
+_connects: _Recorder[tuple[str, str]] = _Recorder()
+
+
+def _connected(provider: str, outcome: str, seconds: float) -> None:
+    """rdmamw.observe.connect while metrics are enabled."""
+    _connects((provider, outcome), seconds)
 _labels: dict[str, str] = {}        # peer -> its label (itself, or OTHER): fixed once given
 _labels_lock = threading.Lock()
 
 
 def enable() -> None:
-    """Record the collectives' times (the histograms) from now on."""
+    """Record the collectives' and the connects' times (the histograms) from now on."""
     observe.collective = _recorder
+    observe.connect = _connected
 
 
 def disable() -> None:
     observe.collective = None
+    observe.connect = None
 
 
 def label(peer: str) -> str:
@@ -194,6 +206,7 @@ def read() -> Reading:
     r.memory["rdmamw_pinned_bytes"] = mem["bytes_pinned"]
     r.errors = dict(errors.COUNTS)
     r.collectives = _recorder.copy()
+    r.connects = _connects.copy()
     return r
 
 
@@ -206,7 +219,8 @@ def _zero() -> dict[str, float]:
 def snapshot() -> dict[str, Any]:
     """The metrics now, as plain data: ``{"rank", "channels": [{"provider", "peer",
     <metric>: value, ...}], "memory": {...}, "errors": {kind: n}, "collectives":
-    {kind: {"count", "sum", "buckets": [[le, n], ...]}}}``, with the names a Prometheus
+    {kind: {"count", "sum", "buckets": [[le, n], ...]}}, "connects": [{"provider",
+    "outcome", "count", "sum", "buckets"}]}``, with the names a Prometheus
     scrape shows (docs/metrics.md)."""
     r = read()
     return {
@@ -215,16 +229,20 @@ def snapshot() -> dict[str, Any]:
                      for (p, peer), row in sorted(r.channels.items())],
         "memory": r.memory,
         "errors": r.errors,
-        "collectives": {k: {"count": t.count, "sum": t.sum,
-                            "buckets": [list(b) for b in t.cumulative()]}
-                        for k, t in sorted(r.collectives.items())},
+        "collectives": {k: _histogram(t) for k, t in sorted(r.collectives.items())},
+        "connects": [{"provider": p, "outcome": o, **_histogram(t)}
+                     for (p, o), t in sorted(r.connects.items())],
     }
+
+
+def _histogram(t: Times) -> dict[str, Any]:
+    return {"count": t.count, "sum": t.sum, "buckets": [list(b) for b in t.cumulative()]}
 
 
 @_fork.at_child
 def _forget() -> None:
-    global _recorder, _labels_lock
-    _recorder = _Recorder()
+    global _recorder, _connects, _labels_lock
+    _recorder, _connects = _Recorder(), _Recorder()
     _labels_lock = threading.Lock()
     _labels.clear()
     if observe.collective is not None:
