@@ -54,6 +54,7 @@ class _Entry:
 _open: dict[int, _Entry] = {}           # id(channel) -> its entry
 _dead: list[_Entry] = []                # entries of channels collected without a close
 _closed: dict[Key, dict[str, float]] = {}  # the counters of closed channels, summed
+_servers: weakref.WeakSet[Any] = weakref.WeakSet()     # parameter servers
 _at_begin: list[Callable[[], None]] = []
 _begun = False
 
@@ -107,6 +108,19 @@ def read(fn: Callable[[Key, Any], dict[str, Any]]) -> dict[Key, dict[str, float]
         return {k: dict(v) for k, v in _closed.items()}
 
 
+def serving(server: Any) -> None:
+    """A parameter server (rdmamw.ps.KVServer) was made: its ``stats()`` are read at each
+    scrape while it lives (a weak reference)."""
+    with _lock:
+        _servers.add(server)
+
+
+def servers() -> list[Any]:
+    """The parameter servers of this process that are still alive."""
+    with _lock:
+        return list(_servers)
+
+
 def at_begin(hook: Callable[[], None]) -> None:
     """Run ``hook()`` when the process first joins a job or opens a channel (the
     package's front door starts the metrics endpoint so, when RDMAMW_METRICS_PORT
@@ -134,3 +148,4 @@ def _forget() -> None:
     _open.clear()
     _dead.clear()
     _closed.clear()
+    _servers.clear()

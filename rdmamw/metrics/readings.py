@@ -7,12 +7,14 @@ families.
 Per channel, by provider and peer (the peer's rank, or its address for a channel
 opened by address), the channels to one peer summed, closed ones included; beyond
 ``RDMAMW_METRICS_MAX_PEERS`` peers, the later ones summed under ``peer="other"``. Per
-process: the registration caches and pool, the errors by kind, the collectives' times."""
+process: the registration caches and pool, the errors by kind, the collectives' and
+connects' times, the parameter servers' counters."""
 
 from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -68,6 +70,23 @@ MEMORY_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
 BUCKETS: tuple[float, ...] = (
     5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
     5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: the parameter servers' counters (rdmamw.ps.KVServer.stats(), the servers of the
+#: process summed): (name, help, how to read it from one server's stats)
+PS_COUNTERS: tuple[tuple[str, str, Callable[[dict[str, Any]], float]], ...] = (
+    ("rdmamw_ps_rounds", "rounds closed", lambda s: sum(s.get("round_sizes", {}).values())),
+    ("rdmamw_ps_round_timeouts", "rounds closed by their timeout, without every worker",
+     lambda s: s.get("timeouts", 0)),
+    ("rdmamw_ps_gradients_applied", "gradients taken into the model (or a round)",
+     lambda s: s["applied"]),
+    ("rdmamw_ps_gradients_dropped", "gradients dropped as too stale",
+     lambda s: s["dropped"]),
+    ("rdmamw_ps_staleness", "staleness (model versions behind) of the gradients applied, "
+     "summed", lambda s: s.get("staleness_sum", 0)),
+    ("rdmamw_ps_samples_moved", "samples DSANA moved from worker to worker",
+     lambda s: s.get("dsana", {}).get("moved", 0)),
+    ("rdmamw_ps_plan_changes", "DSANA's changes of the workers' shares",
+     lambda s: s.get("dsana", {}).get("changes", 0)),
+)
 OTHER = "other"
 K = TypeVar("K")
 
@@ -77,7 +96,8 @@ class Reading:
     """One reading of everything: ``channels`` (provider, peer label) -> metric name ->
     value (``rdmamw_channels_open`` too), ``memory`` and ``errors`` per process,
     ``collectives`` kind -> :class:`Times`, ``connects`` (provider, outcome) ->
-    :class:`Times`, and this process's rank ("" before init)."""
+    :class:`Times`, ``ps`` the parameter servers' counters, and this process's rank
+    ("" before init)."""
 
     rank: str
     channels: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
@@ -85,6 +105,7 @@ class Reading:
     errors: dict[str, int] = field(default_factory=dict)
     collectives: dict[str, Times] = field(default_factory=dict)
     connects: dict[tuple[str, str], Times] = field(default_factory=dict)
+    ps: dict[str, float] = field(default_factory=dict)
 
 
 class Times:
@@ -207,7 +228,21 @@ def read() -> Reading:
     r.errors = dict(errors.COUNTS)
     r.collectives = _recorder.copy()
     r.connects = _connects.copy()
+    r.ps = ps()
     return r
+
+
+def ps() -> dict[str, float]:
+    """The parameter servers' counters (``name + "_total"``, summed over the process's
+    servers) and ``rdmamw_ps_staleness_max``; empty without a server."""
+    out: dict[str, float] = {}
+    for srv in observe.servers():
+        s = srv.stats()
+        for name, _, get in PS_COUNTERS:
+            out[name + "_total"] = out.get(name + "_total", 0) + get(s)
+        out["rdmamw_ps_staleness_max"] = max(out.get("rdmamw_ps_staleness_max", 0),
+                                             s["max_staleness"])
+    return out
 
 
 def _zero() -> dict[str, float]:
@@ -220,7 +255,7 @@ def snapshot() -> dict[str, Any]:
     """The metrics now, as plain data: ``{"rank", "channels": [{"provider", "peer",
     <metric>: value, ...}], "memory": {...}, "errors": {kind: n}, "collectives":
     {kind: {"count", "sum", "buckets": [[le, n], ...]}}, "connects": [{"provider",
-    "outcome", "count", "sum", "buckets"}]}``, with the names a Prometheus
+    "outcome", "count", "sum", "buckets"}], "ps": {<metric>: value}}``, with the names a Prometheus
     scrape shows (docs/metrics.md)."""
     r = read()
     return {
@@ -232,6 +267,7 @@ def snapshot() -> dict[str, Any]:
         "collectives": {k: _histogram(t) for k, t in sorted(r.collectives.items())},
         "connects": [{"provider": p, "outcome": o, **_histogram(t)}
                      for (p, o), t in sorted(r.connects.items())],
+        "ps": r.ps,
     }
 
 
