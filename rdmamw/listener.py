@@ -43,7 +43,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from rdmamw import auth, config
+from rdmamw import auth, config, observe
 from rdmamw.errors import ChannelClosed, ConfigError, ProtocolError, ProviderUnavailable, Timeout
 
 T = TypeVar("T")
@@ -112,11 +112,13 @@ class _Pending:
     """One handshake under way; ``watch`` is a duplicate of its socket that the loop
     shuts down at the deadline (or on close), which wakes every read on it."""
 
-    __slots__ = ("deadline", "evicted", "expired", "received", "started", "watch")
+    __slots__ = ("accepted", "deadline", "evicted", "expired", "received", "started",
+                 "watch")
 
-    def __init__(self, watch: socket.socket, deadline: float, started: float) -> None:
-        self.watch, self.deadline, self.expired, self.evicted = watch, deadline, False, False
-        self.started = started
+    def __init__(self, watch: socket.socket, accepted: float, timeout: float,
+                 started: float) -> None:
+        self.watch, self.expired, self.evicted = watch, False, False
+        self.accepted, self.deadline, self.started = accepted, accepted + timeout, started
         self.received = _tcp_counts(watch)    # the proof, and our challenge, so far
 
     def idle(self, now: float) -> bool:
@@ -163,6 +165,9 @@ class HandshakeListener(Generic[T]):
     address: str
     proves_token = True
     key: Callable[[], bytes] | None = None
+    #: the provider whose channels it accepts (their connects are counted in the
+    #: metrics: rdmamw.observe.connect); None: not a channel's listener (the store)
+    provider: str | None = None
 
     def __init__(self, sock: socket.socket, log: logging.Logger) -> None:
         self._timeout, self._limit = handshake_timeout(), listen_backlog()
@@ -349,12 +354,19 @@ class HandshakeListener(Generic[T]):
         st = self._strangers.pop(fd)
         peer = self._peer(st.conn, st.addr)
         st.conn.close()
-        self._dropped(peer, reason)
+        self._dropped(peer, reason, time.monotonic() - st.accepted)
 
-    def _dropped(self, peer: str, reason: str) -> None:
-        """Log a dropped connection: the first ``DROPS_LOGGED`` of each ``DROPS_WINDOW``
-        s one by one, the rest as one line that counts them (when the next drop comes
-        after the window, or at close)."""
+    def _connected(self, outcome: str, seconds: float) -> None:
+        """Count a connect of a channel's listener in the metrics, when they record."""
+        watch = observe.connect
+        if watch is not None and self.provider is not None:
+            watch(self.provider, outcome, seconds)
+
+    def _dropped(self, peer: str, reason: str, seconds: float) -> None:
+        """Log a dropped connection, ``seconds`` after it came: the first
+        ``DROPS_LOGGED`` of each ``DROPS_WINDOW`` s one by one, the rest as one line
+        that counts them (when the next drop comes after the window, or at close)."""
+        self._connected("refused", seconds)
         now = time.monotonic()
         with self._drops_lock:
             if now - self._drops[0] >= DROPS_WINDOW:
@@ -387,7 +399,7 @@ class HandshakeListener(Generic[T]):
             conn.send(hello)              # a fresh socket's buffer takes it whole
         except OSError as e:
             conn.close()
-            self._dropped(self._peer(conn, addr), str(e))
+            self._dropped(self._peer(conn, addr), str(e), 0.0)
             return
         st = _Stranger(conn, addr, nonce, now, now + self._proof_timeout)
         same = [fd for fd, o in self._strangers.items() if o.source == st.source]
@@ -446,7 +458,7 @@ class HandshakeListener(Generic[T]):
         """Run one connection's handshake in a thread of its own."""
         conn.settimeout(self._timeout)
         try:
-            p = _Pending(conn.dup(), accepted + self._timeout, time.monotonic())
+            p = _Pending(conn.dup(), accepted, self._timeout, time.monotonic())
         except OSError as e:
             conn.close()
             self._log.warning("rdmamw: %s dropped a connection: %s", self.address, e)
@@ -504,7 +516,9 @@ class HandshakeListener(Generic[T]):
                 reason = (f"said nothing for {IDLE_AFTER_PROOF:g} s after its token proof "
                           f"while proven peers waited for a set-up slot: it gave up its slot")
             keep = reason is None and not closed
-            if keep:
+            if keep:        # counted before accept() can return it
+                self._connected("failed" if isinstance(item, Exception) else "accepted",
+                                time.monotonic() - p.accepted)
                 self._done.append(item)
                 self._ready.notify()
             else:
@@ -517,7 +531,7 @@ class HandshakeListener(Generic[T]):
             self._log.debug("rdmamw: %s closed during a handshake with %s", self.address,
                             peer)
         elif reason is not None:
-            self._dropped(peer, reason)
+            self._dropped(peer, reason, time.monotonic() - p.accepted)
         self._poke()
 
 

@@ -1,14 +1,14 @@
 """What this process's channels and collectives did, kept where rdmamw.metrics reads it:
 the open channels (by weak reference: a channel is never kept alive for its counters),
-the last counters of those that closed, a hook the collectives call with each one's
-time, the timeline being recorded (rdmamw.trace), and the hooks that run when the
-process first takes part in a job.
+the last counters of those that closed, hooks the collectives and the connects call
+with each one's time, the timeline being recorded (rdmamw.trace), and the hooks that
+run when the process first takes part in a job.
 
 It sits at the bottom of the package, as rdmamw.errors does, so the channel and
 collectives layers report into it without knowing the metrics package above them.
 Nothing here is on a data path: a channel is registered when it opens and retired when
-it closes (one dict operation each), and the collectives' hook is None, one load and
-one comparison per collective, until metrics are enabled."""
+it closes (one dict operation each), and the collectives' and connects' hooks are None,
+one load and one comparison per collective or connect, until metrics are enabled."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ Key = tuple[str, str]
 #: called with (the collective's kind, its seconds) after each blocking or awaited
 #: collective, while rdmamw.metrics records them (None: nothing is measured)
 collective: Callable[[str, float], None] | None = None
+#: called with (the provider, the outcome: "opened", "accepted", "refused" or "failed",
+#: its seconds) after each channel connect, opened or accepted, while rdmamw.metrics
+#: records them (None: nothing is measured)
+connect: Callable[[str, str, float], None] | None = None
 #: the timeline being recorded (rdmamw.trace.recorder.Tracer), or None: the collectives,
 #: their steps and the parameter server's rounds test it once each
 tracer: Any = None
@@ -49,7 +53,8 @@ class _Entry:
 
 _open: dict[int, _Entry] = {}           # id(channel) -> its entry
 _dead: list[_Entry] = []                # entries of channels collected without a close
-_closed: dict[Key, dict[str, int]] = {}  # the counters of closed channels, summed
+_closed: dict[Key, dict[str, float]] = {}  # the counters of closed channels, summed
+_servers: weakref.WeakSet[Any] = weakref.WeakSet()     # parameter servers
 _at_begin: list[Callable[[], None]] = []
 _begun = False
 
@@ -79,11 +84,11 @@ def retire(ch: Any) -> None:
 def _add(key: Key, counters: dict[str, Any]) -> None:
     into = _closed.setdefault(key, {})
     for k, v in counters.items():
-        if type(v) is int:
+        if type(v) is int or type(v) is float:
             into[k] = into.get(k, 0) + v
 
 
-def read(fn: Callable[[Key, Any], dict[str, Any]]) -> dict[Key, dict[str, int]]:
+def read(fn: Callable[[Key, Any], dict[str, Any]]) -> dict[Key, dict[str, float]]:
     """``fn(key, channel)`` of each open channel (its counters: kept as its last
     reading) under the registry's lock, so no channel is counted both open and closed;
     returns the closed channels' sums (a copy). Channels collected without a close
@@ -101,6 +106,19 @@ def read(fn: Callable[[Key, Any], dict[str, Any]]) -> dict[Key, dict[str, int]]:
             if ch is not None:
                 entry.last = fn(entry.key, ch)
         return {k: dict(v) for k, v in _closed.items()}
+
+
+def serving(server: Any) -> None:
+    """A parameter server (rdmamw.ps.KVServer) was made: its ``stats()`` are read at each
+    scrape while it lives (a weak reference)."""
+    with _lock:
+        _servers.add(server)
+
+
+def servers() -> list[Any]:
+    """The parameter servers of this process that are still alive."""
+    with _lock:
+        return list(_servers)
 
 
 def at_begin(hook: Callable[[], None]) -> None:
@@ -130,3 +148,4 @@ def _forget() -> None:
     _open.clear()
     _dead.clear()
     _closed.clear()
+    _servers.clear()

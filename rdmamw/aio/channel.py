@@ -243,7 +243,7 @@ class Channel:
         ch = self.sync
         while True:
             if not ch.arm(True):
-                await self._readiness()
+                await self._credit_wait()
             try:
                 return ch.send_batch(batch, timeout=0)
             except Timeout as e:
@@ -262,7 +262,16 @@ class Channel:
             if ch.arm(True, h):
                 await asyncio.sleep(0)      # a completion without an event (verbs)
             else:
-                await self._readiness()
+                await self._credit_wait()
+
+    async def _credit_wait(self) -> None:
+        """A sender awaits the descriptor (armed for slots or done bits); its time
+        counts in the channel's ``credit_wait_seconds``, as a blocking send's does."""
+        t0 = time.perf_counter()
+        try:
+            await self._readiness()
+        finally:
+            self.sync._credit_waited(time.perf_counter() - t0)
 
     # ---- lifetime ----------------------------------------------------------------------
     def close(self) -> None:

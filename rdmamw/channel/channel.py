@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -49,6 +50,8 @@ def message_limit(value: int | str | None = None) -> int:
 
 
 log = logging.getLogger("rdmamw.channel")
+#: the provider label of a connect by rank that failed before its provider was known
+UNKNOWN = "unknown"
 
 # CPU tensors and DLPack host arrays go to the engine as arrays over their memory
 set_host_view(host_view)
@@ -118,21 +121,36 @@ class Channel(RemoteMemory, Engine):
         _rendezvous.check(rendezvous, rndv_threshold)      # bad options fail first
         slots, slot_size, spin_us = ring_options(slots, slot_size, spin_us)
         t = config.get("RDMAMW_OPEN_TIMEOUT") if timeout is None else float(timeout)
-        if isinstance(peer, int) and not isinstance(peer, bool):
-            from rdmamw.bootstrap import connect_rank
-            with setup_errors(f"opening a channel to rank {peer}"):
-                conn = connect_rank(peer, mode=mode, timeout=t, slots=slots,
-                                    slot_size=slot_size, in_world=world)
-            conn.peer_rank = peer
-            return _make(cls, conn, spin_us, rndv, f"opened to rank {peer} at {{peer}}")
-        else:
-            scheme, where = split_address(peer)
-            if provider(scheme).authenticates:   # no usable token: ConfigError now,
-                auth.token()                        # not in every handshake later
-            with setup_errors(f"opening {peer}"):
-                conn = provider(scheme).connect(where, mode=mode, timeout=t, slots=slots,
-                                                slot_size=slot_size)
-        return _make(cls, conn, spin_us, rndv, "opened to {peer}")
+        by_rank = isinstance(peer, int) and not isinstance(peer, bool)
+        scheme, where = ("", "") if by_rank else split_address(str(peer))
+        observe.begin()     # the first channel: RDMAMW_METRICS_PORT's endpoint
+        watch = observe.connect             # None unless rdmamw.metrics records
+        t0 = time.perf_counter() if watch is not None else 0.0
+        try:
+            if by_rank:
+                from rdmamw.bootstrap import connect_rank
+                with setup_errors(f"opening a channel to rank {peer}"):
+                    conn = connect_rank(int(peer), mode=mode, timeout=t, slots=slots,
+                                        slot_size=slot_size, in_world=world)
+                conn.peer_rank = int(peer)
+                scheme = conn.peer.partition("://")[0]
+                how = f"opened to rank {peer} at {{peer}}"
+            else:
+                if provider(scheme).authenticates:   # no usable token: ConfigError now,
+                    auth.token()                        # not in every handshake later
+                with setup_errors(f"opening {peer}"):
+                    conn = provider(scheme).connect(where, mode=mode, timeout=t,
+                                                    slots=slots, slot_size=slot_size)
+                how = "opened to {peer}"
+            ch = _make(cls, conn, spin_us, rndv, how)
+        except BaseException as e:
+            if watch is not None:
+                watch(scheme or UNKNOWN, "refused" if getattr(e, "error_kind", None) ==
+                      "refused" else "failed", time.perf_counter() - t0)
+            raise
+        if watch is not None:
+            watch(scheme, "opened", time.perf_counter() - t0)
+        return ch
 
     def close(self) -> None:
         """Close this endpoint (see the engine's ``close``); logs (info) what went
@@ -259,6 +277,7 @@ class Listener:
         scheme, where = split_address(address)
         if provider(scheme).authenticates:
             auth.token()
+        observe.begin()     # RDMAMW_METRICS_PORT's endpoint, before the first accept
         with setup_errors(f"listening on {address}"):
             self._impl = provider(scheme).listen(where, slots=slots, slot_size=slot_size)
         self._owner = _fork.pid()

@@ -14,6 +14,7 @@ ctypedef struct rm_counters:
     uint64_t slots_recv
     uint64_t reclaim_wb
     uint64_t credit_waits
+    uint64_t credit_wait_ns     # the Waiter's: time senders spent in those waits
     uint64_t arrival_waits
     uint64_t sleeps             # the Link's: times this side blocked in the transport's wait()
     uint64_t word_writes        # the Link's: control words written to the peer (flags, ...)

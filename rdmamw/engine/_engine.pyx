@@ -583,6 +583,11 @@ cdef class Engine(Endpoint):
                 give(&self.send_lock)
         drop_receives(self.rr, &self.recv_lock, self.recv_owner)
 
+    def _credit_waited(self, double seconds) -> None:
+        """An event loop's sender waited ``seconds`` for slots or done bits (rdmamw.aio):
+        counted in ``credit_wait_seconds`` as a blocking send's wait is."""
+        self.w.waited(<uint64_t>(seconds * 1e9))
+
     def stats(self) -> dict:
         """Counters of this endpoint; everything that hit the transport is counted."""
         d = self.link.stats()

@@ -285,6 +285,7 @@ cdef class Link:
             "reclaim_writebacks": self.cnt.reclaim_wb,
             "control_writes": self.cnt.word_writes,
             "credit_waits": self.cnt.credit_waits,
+            "credit_wait_seconds": self.cnt.credit_wait_ns / 1e9,
             "arrival_sleeps": self.cnt.arrival_waits,
             "rndv_sends": self.cnt.rndv_sends,
             "rndv_writes": self.cnt.rndv_writes,

@@ -17,7 +17,10 @@ cdef class Waiter:
     cdef int spin(self, int what, uint64_t target, int64_t until, uint32_t relax) noexcept nogil
     cdef int wait(self, int what, uint64_t target, int64_t until, bint spin,
                   bint keep=*, bint closer=*) noexcept nogil
+    cdef int _wait(self, int what, uint64_t target, int64_t until, bint spin, bint keep,
+                   bint closer, int64_t t) noexcept nogil
     cdef void lower(self) noexcept nogil
+    cdef void waited(self, uint64_t ns) noexcept nogil
     cdef bint arm(self, int what, uint64_t target, int64_t spin_ns) noexcept nogil
     cdef void disarm(self) noexcept nogil
     cdef void _serve(self, int what) noexcept nogil

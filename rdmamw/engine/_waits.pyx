@@ -80,8 +80,19 @@ cdef class Waiter:
         ``until`` passes, the sleep flag stays raised for the next slice, so an idle
         receiver does not write it down and up at the peer every slice; the caller
         lowers it with lower() when the call ends. A wait ends when another thread
-        closes the channel, but close()'s own (``closer``)."""
+        closes the channel, but close()'s own (``closer``).
+
+        A sender's wait (slots, an entry, done bits; not close()'s) adds its time to
+        ``credit_wait_ns``: one clock read more, only here, where a send already waits."""
         cdef int64_t t = now_ns()
+        cdef int r = self._wait(what, target, until, spin, keep, closer, t)
+        if what < WAIT_ARRIVAL and not closer:
+            self.link.cnt.credit_wait_ns += <uint64_t>(now_ns() - t)
+        return r
+
+    cdef int _wait(self, int what, uint64_t target, int64_t until, bint spin, bint keep,
+                   bint closer, int64_t t) noexcept nogil:
+        """:meth:`wait`, from ``t`` (now)."""
         cdef int st, r, ms
         cdef bint asked = False
         cdef uint64_t seen
@@ -137,6 +148,10 @@ cdef class Waiter:
         self.arrival_up = False
         self._flag(what, False)
         return r
+
+    cdef void waited(self, uint64_t ns) noexcept nogil:
+        """A sender waited ``ns`` outside :meth:`wait` (an event loop's, after arm())."""
+        self.link.cnt.credit_wait_ns += ns
 
     cdef void lower(self) noexcept nogil:
         """Lower a sleep flag kept raised between slices (the receive is over)."""

@@ -16,6 +16,7 @@ from rdmamw.metrics import readings
 from rdmamw.metrics.readings import (
     CHANNEL_COUNTERS,
     MEMORY_COUNTERS,
+    PS_COUNTERS,
     RENDEZVOUS,
     RNDV_READ,
     RNDV_WRITE,
@@ -66,6 +67,22 @@ class RdmamwCollector:
                                   "call", labels=["rank", "collective"], unit="seconds")
         for kind, t in sorted(r.collectives.items()):
             h.add_metric([r.rank, kind], [(_le(le), n) for le, n in t.cumulative()], t.sum)
+        yield h
+        if r.ps:
+            for name, doc, _ in PS_COUNTERS:
+                c = CounterMetricFamily(name, doc, labels=["rank"])
+                c.add_metric([r.rank], r.ps[name + "_total"])
+                yield c
+            g = GaugeMetricFamily("rdmamw_ps_staleness_max", "the largest staleness of a "
+                                  "gradient applied so far", labels=["rank"])
+            g.add_metric([r.rank], r.ps["rdmamw_ps_staleness_max"])
+            yield g
+        h = HistogramMetricFamily("rdmamw_connect_seconds", "time of each channel connect "
+                                  "(its count: the connects), by outcome",
+                                  labels=["rank", "provider", "outcome"], unit="seconds")
+        for (provider, outcome), t in sorted(r.connects.items()):
+            h.add_metric([r.rank, provider, outcome],
+                         [(_le(le), n) for le, n in t.cumulative()], t.sum)
         yield h
 
 

@@ -7,14 +7,16 @@ families.
 Per channel, by provider and peer (the peer's rank, or its address for a channel
 opened by address), the channels to one peer summed, closed ones included; beyond
 ``RDMAMW_METRICS_MAX_PEERS`` peers, the later ones summed under ``peer="other"``. Per
-process: the registration caches and pool, the errors by kind, the collectives' times."""
+process: the registration caches and pool, the errors by kind, the collectives' and
+connects' times, the parameter servers' counters."""
 
 from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from rdmamw import _fork, config, errors, observe
 from rdmamw.errors import RdmamwError
@@ -34,6 +36,8 @@ CHANNEL_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
      "signaled_completions"),
     ("rdmamw_credit_waits", "", "sends that waited for free slots in the peer's ring",
      "credit_waits"),
+    ("rdmamw_credit_wait_seconds", "seconds", "time sends spent waiting for free slots, "
+     "rendezvous entries or done bits", "credit_wait_seconds"),
     ("rdmamw_sleeps", "", "times this side slept in the transport's wait", "sleeps"),
     ("rdmamw_arrival_sleeps", "", "receives that slept for a message", "arrival_sleeps"),
     ("rdmamw_wakeups_sent", "", "wake-ups sent to a sleeping peer", "wakeups_sent"),
@@ -66,20 +70,42 @@ MEMORY_COUNTERS: tuple[tuple[str, str, str, str], ...] = (
 BUCKETS: tuple[float, ...] = (
     5e-7, 1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
     5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: the parameter servers' counters (rdmamw.ps.KVServer.stats(), the servers of the
+#: process summed): (name, help, how to read it from one server's stats)
+PS_COUNTERS: tuple[tuple[str, str, Callable[[dict[str, Any]], float]], ...] = (
+    ("rdmamw_ps_rounds", "rounds closed", lambda s: sum(s.get("round_sizes", {}).values())),
+    ("rdmamw_ps_round_timeouts", "rounds closed by their timeout, without every worker",
+     lambda s: s.get("timeouts", 0)),
+    ("rdmamw_ps_gradients_applied", "gradients taken into the model (or a round)",
+     lambda s: s["applied"]),
+    ("rdmamw_ps_gradients_dropped", "gradients dropped as too stale",
+     lambda s: s["dropped"]),
+    ("rdmamw_ps_staleness", "staleness (model versions behind) of the gradients applied, "
+     "summed", lambda s: s.get("staleness_sum", 0)),
+    ("rdmamw_ps_samples_moved", "samples DSANA moved from worker to worker",
+     lambda s: s.get("dsana", {}).get("moved", 0)),
+    ("rdmamw_ps_plan_changes", "DSANA's changes of the workers' shares",
+     lambda s: s.get("dsana", {}).get("changes", 0)),
+)
 OTHER = "other"
+K = TypeVar("K")
 
 
 @dataclass
 class Reading:
     """One reading of everything: ``channels`` (provider, peer label) -> metric name ->
     value (``rdmamw_channels_open`` too), ``memory`` and ``errors`` per process,
-    ``collectives`` kind -> :class:`Times`, and this process's rank ("" before init)."""
+    ``collectives`` kind -> :class:`Times`, ``connects`` (provider, outcome) ->
+    :class:`Times`, ``ps`` the parameter servers' counters, and this process's rank
+    ("" before init)."""
 
     rank: str
-    channels: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+    channels: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     memory: dict[str, int] = field(default_factory=dict)
     errors: dict[str, int] = field(default_factory=dict)
     collectives: dict[str, Times] = field(default_factory=dict)
+    connects: dict[tuple[str, str], Times] = field(default_factory=dict)
+    ps: dict[str, float] = field(default_factory=dict)
 
 
 class Times:
@@ -100,44 +126,53 @@ class Times:
         return out
 
 
-class _Recorder:
-    """The collectives' hook (rdmamw.observe.collective) while metrics are enabled."""
+class _Recorder(Generic[K]):
+    """Histograms of times by a key (a collective's kind; a connect's provider and
+    outcome), filled by the hooks of rdmamw.observe while metrics are enabled."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.times: dict[str, Times] = {}
+        self.times: dict[K, Times] = {}
 
-    def __call__(self, kind: str, seconds: float) -> None:
+    def __call__(self, key: K, seconds: float) -> None:
         i = bisect.bisect_left(BUCKETS, seconds)
         with self.lock:
-            t = self.times.get(kind)
+            t = self.times.get(key)
             if t is None:
-                t = self.times[kind] = Times()
+                t = self.times[key] = Times()
             t.counts[i] += 1
             t.count += 1
             t.sum += seconds
 
-    def copy(self) -> dict[str, Times]:
+    def copy(self) -> dict[K, Times]:
         with self.lock:
             out = {}
-            for kind, t in self.times.items():
-                c = out[kind] = Times()
+            for key, t in self.times.items():
+                c = out[key] = Times()
                 c.counts, c.count, c.sum = list(t.counts), t.count, t.sum
             return out
 
 
-_recorder = _Recorder()
+_recorder: _Recorder[str] = _Recorder()
+_connects: _Recorder[tuple[str, str]] = _Recorder()
+
+
+def _connected(provider: str, outcome: str, seconds: float) -> None:
+    """rdmamw.observe.connect while metrics are enabled."""
+    _connects((provider, outcome), seconds)
 _labels: dict[str, str] = {}        # peer -> its label (itself, or OTHER): fixed once given
 _labels_lock = threading.Lock()
 
 
 def enable() -> None:
-    """Record the collectives' times (the histograms) from now on."""
+    """Record the collectives' and the connects' times (the histograms) from now on."""
     observe.collective = _recorder
+    observe.connect = _connected
 
 
 def disable() -> None:
     observe.collective = None
+    observe.connect = None
 
 
 def label(peer: str) -> str:
@@ -192,11 +227,26 @@ def read() -> Reading:
     r.memory["rdmamw_pinned_bytes"] = mem["bytes_pinned"]
     r.errors = dict(errors.COUNTS)
     r.collectives = _recorder.copy()
+    r.connects = _connects.copy()
+    r.ps = ps()
     return r
 
 
-def _zero() -> dict[str, int]:
-    row = {name + "_total": 0 for name, _, _, _ in CHANNEL_COUNTERS}
+def ps() -> dict[str, float]:
+    """The parameter servers' counters (``name + "_total"``, summed over the process's
+    servers) and ``rdmamw_ps_staleness_max``; empty without a server."""
+    out: dict[str, float] = {}
+    for srv in observe.servers():
+        s = srv.stats()
+        for name, _, get in PS_COUNTERS:
+            out[name + "_total"] = out.get(name + "_total", 0) + get(s)
+        out["rdmamw_ps_staleness_max"] = max(out.get("rdmamw_ps_staleness_max", 0),
+                                             s["max_staleness"])
+    return out
+
+
+def _zero() -> dict[str, float]:
+    row: dict[str, float] = {name + "_total": 0 for name, _, _, _ in CHANNEL_COUNTERS}
     row.update({RNDV_READ: 0, RNDV_WRITE: 0, "rdmamw_channels_open": 0})
     return row
 
@@ -204,7 +254,8 @@ def _zero() -> dict[str, int]:
 def snapshot() -> dict[str, Any]:
     """The metrics now, as plain data: ``{"rank", "channels": [{"provider", "peer",
     <metric>: value, ...}], "memory": {...}, "errors": {kind: n}, "collectives":
-    {kind: {"count", "sum", "buckets": [[le, n], ...]}}}``, with the names a Prometheus
+    {kind: {"count", "sum", "buckets": [[le, n], ...]}}, "connects": [{"provider",
+    "outcome", "count", "sum", "buckets"}], "ps": {<metric>: value}}``, with the names a Prometheus
     scrape shows (docs/metrics.md)."""
     r = read()
     return {
@@ -213,16 +264,21 @@ def snapshot() -> dict[str, Any]:
                      for (p, peer), row in sorted(r.channels.items())],
         "memory": r.memory,
         "errors": r.errors,
-        "collectives": {k: {"count": t.count, "sum": t.sum,
-                            "buckets": [list(b) for b in t.cumulative()]}
-                        for k, t in sorted(r.collectives.items())},
+        "collectives": {k: _histogram(t) for k, t in sorted(r.collectives.items())},
+        "connects": [{"provider": p, "outcome": o, **_histogram(t)}
+                     for (p, o), t in sorted(r.connects.items())],
+        "ps": r.ps,
     }
+
+
+def _histogram(t: Times) -> dict[str, Any]:
+    return {"count": t.count, "sum": t.sum, "buckets": [list(b) for b in t.cumulative()]}
 
 
 @_fork.at_child
 def _forget() -> None:
-    global _recorder, _labels_lock
-    _recorder = _Recorder()
+    global _recorder, _connects, _labels_lock
+    _recorder, _connects = _Recorder(), _Recorder()
     _labels_lock = threading.Lock()
     _labels.clear()
     if observe.collective is not None:

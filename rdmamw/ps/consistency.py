@@ -97,7 +97,8 @@ class Policy:
     def __post_init__(self) -> None:
         self.live = set(self.workers)
         self.clock = {w: 0 for w in self.workers}
-        self.stats = {"applied": 0, "dropped": 0, "merged": 0, "max_staleness": 0, "max_gap": 0,
+        self.stats = {"applied": 0, "dropped": 0, "merged": 0, "max_staleness": 0,
+                      "staleness_sum": 0, "max_gap": 0,
                       "round_sizes": Counter(), "timeouts": 0,
                       "below_quorum": 0}
 
@@ -120,6 +121,7 @@ class Policy:
 
     def _note_applied(self, staleness: int) -> None:
         self.stats["applied"] += 1
+        self.stats["staleness_sum"] += staleness
         self.stats["max_staleness"] = max(self.stats["max_staleness"], staleness)
 
     @property

@@ -90,6 +90,7 @@ class KVServer:
         self._round_weight = 0.0                       # samples (or gradients) pending
         self._dirty: dict[Any, float] = {}             # closed round's steps not yet applied
         self._round_mark = 0                           # the timeline's last round close
+        observe.serving(self)       # its stats() in the metrics (rdmamw/metrics/readings.py)
 
     # -- the loop -------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ STATS_KEY = {
     "rdmamw_work_requests_total": "work_requests",
     "rdmamw_signaled_completions_total": "signaled_completions",
     "rdmamw_credit_waits_total": "credit_waits",
+    "rdmamw_credit_wait_seconds_total": "credit_wait_seconds",
     "rdmamw_sleeps_total": "sleeps",
     "rdmamw_arrival_sleeps_total": "arrival_sleeps",
     "rdmamw_wakeups_sent_total": "wakeups_sent",

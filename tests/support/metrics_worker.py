@@ -28,11 +28,11 @@ def plan(src: int, dst: int) -> tuple[int, int, int]:
     return 2 + src, 3 + dst, 8 * (1 + src + 2 * dst)
 
 
-def summed(chans: list) -> dict[str, int]:
-    out: dict[str, int] = {}
+def summed(chans: list) -> dict[str, float]:
+    out: dict[str, float] = {}
     for ch in chans:
         for k, v in ch.stats().items():
-            if type(v) is int:
+            if type(v) in (int, float):
                 out[k] = out.get(k, 0) + v
     return out
 

@@ -155,6 +155,19 @@ def test_the_snapshot_is_what_a_scrape_shows():
     assert row["rdmamw_sent_bytes_total"] == 48 and row["rdmamw_channels_open"] == 2
     assert {k: scraped[("rdmamw_errors_total", frozenset({"rank": "", "kind": k}.items()))]
             for k in errors.KINDS} == snap["errors"]
+    # the connects' histograms: this pair's open and accept at least, as scraped
+    connects = {}
+    for (name, ls), v in scraped.items():
+        ls = dict(ls)
+        if name.startswith("rdmamw_connect_seconds_") and not name.endswith("_created"):
+            h = connects.setdefault((ls["provider"], ls["outcome"]), {"buckets": []})
+            if name.endswith("_bucket"):
+                h["buckets"].append([float(ls["le"]), v])
+            else:
+                h[name.rpartition("_")[2]] = v
+    assert connects == {(c.pop("provider"), c.pop("outcome")): c for c in snap["connects"]}
+    assert connects[("shm", "opened")]["count"] >= 1
+    assert connects[("shm", "accepted")]["count"] >= 1
 
 
 OFF = """
@@ -165,6 +178,7 @@ a, b, lst = make_pair()
 a.send_batch([b"z"]).wait()
 out = {"prometheus_client": "prometheus_client" in sys.modules,
        "recording": observe.collective is not None,
+       "connects": observe.connect is not None,
        "threads": sorted(t.name for t in threading.enumerate() if "serve" in t.name)}
 if len(sys.argv) > 1:
     import urllib.request
@@ -184,7 +198,7 @@ def test_off_by_default_nothing_is_imported_or_started():
     p = run_off({})
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout) == {"prometheus_client": False, "recording": False,
-                                    "threads": []}
+                                    "connects": False, "threads": []}
 
 
 def test_the_setting_serves_the_endpoint_from_the_first_channel():
@@ -194,7 +208,8 @@ def test_the_setting_serves_the_endpoint_from_the_first_channel():
                 str(port))
     assert p.returncode == 0, p.stderr
     got = json.loads(p.stdout)
-    assert (got["prometheus_client"], got["recording"], len(got["threads"])) == (True, True, 1)
+    assert (got["prometheus_client"], got["recording"], got["connects"],
+            len(got["threads"])) == (True, True, True, 1)
     assert got["scrape"] == 3       # HELP, TYPE and the one peer's sample
 
 

@@ -258,6 +258,7 @@ class ShmListener(HandshakeListener[Connected]):
     fails the handshake, is logged and dropped."""
 
     proves_token = False            # the kernel vouches for the peer (SO_PEERCRED)
+    provider = "shm"
 
     def __init__(self, name: str, slots: int, slot_size: int) -> None:
         layout.check_ring(slots, slot_size)

@@ -144,6 +144,8 @@ def handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
 class TcpListener(HandshakeListener[Connected]):
     """Accepts tcp connections; bad or unauthenticated peers are logged and dropped."""
 
+    provider = "tcp"
+
     def __init__(self, where: str, slots: int, slot_size: int) -> None:
         layout.check_ring(slots, slot_size)
         host, port = parse(where)

@@ -226,6 +226,8 @@ class VerbsListener(HandshakeListener[Connected]):
     """Accepts verbs connections; the TCP side channel listens on HOST:PORT. A peer
     without the token, or one that fails the handshake, is logged and dropped."""
 
+    provider = "verbs"
+
     def __init__(self, where: str, slots: int, slot_size: int,
                  pin: Callable[[int | None], Pin] | None = None) -> None:
         layout.check_ring(slots, slot_size)
