@@ -97,6 +97,8 @@ async def _drive(comm: Communicator, st: _Awaiting, steps: Steps) -> Any:
             try:
                 async with asyncio.timeout(comm.left()):
                     run.value = await _watched(comm, peer, _step(ch, kind, arg))
+            except Timeout:     # (a TimeoutError too: one a notice named, kept as it is)
+                raise
             except TimeoutError:
                 raise Timeout(f"rank {peer}: no progress by the deadline") from None
         except RdmamwError as e:

@@ -5,8 +5,10 @@ deadline and the WAITING state of rdmamw.collectives.revoke.
 
 Why the watch: a rank blocked on a healthy neighbour (that neighbour waits in turn) is
 told of a failure on *another* of its channels: a revoke notice lands in that
-channel's ring, not in the one it waits on. A wait is therefore cut in slices of
-:data:`WATCH`; between slices every other channel's arrivals are taken (data goes to
+channel's ring, not in the one it waits on. A wait (a receive, a handle's, or a send
+that waits for room in a full ring: its peer stopped, or blocked in turn) is
+therefore cut in slices of :data:`WATCH` (a send goes on with what its slice left,
+``Timeout.sent``); between slices every other channel's arrivals are taken (data goes to
 the communicator's per-peer queue, where the collective takes it in order as it
 would have from the channel), so a final notice is raised within a slice of its
 arrival and a WAITING one is answered at once. Waits that end within a slice (all of
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rdmamw import observe
@@ -85,20 +88,26 @@ class Waits:
     def _now(self, kind: int, peer: int, arg: Any) -> Any:
         try:
             ch = self.comm._chans[peer]
-            if kind == SEND:        # (not in two parts: a send cut by a timeout went in part)
-                return ch.send_batch(arg, timeout=self.left())
             t = self.left()
+            if kind == SEND:
+                try:
+                    return ch.send_batch(arg, timeout=t if t < WATCH else WATCH)
+                except Timeout as e:
+                    if t <= WATCH:
+                        raise
+                    return self._watched(_Sending(ch, arg[e.sent:]), peer, t)
             try:
                 return _wait(ch, kind, arg, t if t < WATCH else WATCH)
             except Timeout:
                 if t <= WATCH:
                     raise
-            return self._watched(ch, kind, arg, peer, t)
+            return self._watched(lambda s: _wait(ch, kind, arg, s), peer, t)
         except RdmamwError as e:
             raise self.failure(e, peer) from e
 
-    def _watched(self, ch: Channel, kind: int, arg: Any, peer: int, t: float) -> Any:
-        """The rest of a wait of ``t`` s on ``peer`` that outlasted its first slice."""
+    def _watched(self, wait: Callable[[float], Any], peer: int, t: float) -> Any:
+        """The rest of a wait of ``t`` s on ``peer`` that outlasted its first slice:
+        ``wait(s)`` (a slice of ``s`` s: Timeout if it did not end) until it ends."""
         warn = t / 2 if t > WARN_AFTER else None
         started = self.deadline - t
         while True:
@@ -111,9 +120,9 @@ class Waits:
                 warn = None
             left = self.deadline - now
             if left <= 0:
-                raise Timeout(f"nothing arrived in {t:g} s")
+                raise Timeout(f"no progress in {t:g} s")
             try:
-                return _wait(ch, kind, arg, min(left, WATCH))
+                return wait(min(left, WATCH))
             except Timeout:
                 if left <= WATCH:
                     raise
@@ -216,6 +225,26 @@ class Waits:
                     ch.send_batch([buf], timeout=0)
                 except RdmamwError:
                     pass
+
+
+class _Sending:
+    """A send's messages not yet accepted, sent a slice at a time (a slice's Timeout
+    says how many went: the rest goes next). Its result is the last part's handle,
+    which covers the earlier parts: a channel's sends complete in order (a handle is
+    done once the transport completed its chain or a later one and the receiver
+    returned the done bits up to its last rendezvous message, both counted in order)."""
+
+    __slots__ = ("ch", "msgs")
+
+    def __init__(self, ch: Channel, msgs: Any) -> None:
+        self.ch, self.msgs = ch, msgs
+
+    def __call__(self, t: float) -> Any:
+        try:
+            return self.ch.send_batch(self.msgs, timeout=t)
+        except Timeout as e:
+            self.msgs = self.msgs[e.sent:]
+            raise
 
 
 def _wait(ch: Channel, kind: int, arg: Any, t: float) -> Any:

@@ -93,6 +93,21 @@ def test_the_survivors_shrink_and_go_on_within_3s_of_a_kill(provider):
         assert r["t_after"] - t0 < 3.0, r
 
 
+def revoker_and_watcher(provider: str, worker: str, *args: str,
+                        env: dict[str, str] | None = None) -> tuple[dict, dict]:
+    """Run ``worker`` (of tests/support) as a 3-rank job; the JSON lines of rank 1 (the
+    one whose deadline comes first: it revokes) and of rank 0 (it must learn of it)."""
+    env = {**(env or {}), **({"RDMAMW_PROVIDER": provider} if provider != "shm" else {})}
+    procs = spawn(3, [sys.executable, os.path.join(ROOT, "tests", "support", worker), *args],
+                  env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                  text=True)
+    try:
+        first, second = (json.loads(procs[r].stdout.readline()) for r in (1, 0))
+    finally:
+        reap(procs)
+    return first, second
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("provider", ["shm", "tcp"])
 @pytest.mark.parametrize("how", ["blocking", "aio"])
@@ -103,19 +118,31 @@ def test_a_revoke_reaches_a_rank_blocked_on_a_healthy_neighbour(provider, how):
     rank 0's channel from rank 1, not on the one rank 0 waits on: rank 0 must see it
     there (the collective's wait watches every channel) and raise, naming rank 2, well
     before its own deadline, not at 5 s; awaited (rdmamw.aio) as well as blocking."""
-    env = {"RDMAMW_PROVIDER": provider} if provider != "shm" else {}
-    procs = spawn(3, [sys.executable, os.path.join(ROOT, "tests", "support",
-                                                   "behind_worker.py"), "2", "6", "5,1,5", how],
-                  env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                  text=True)
-    try:
-        first, second = (json.loads(procs[r].stdout.readline()) for r in (1, 0))
-    finally:
-        reap(procs)
+    first, second = revoker_and_watcher(provider, "behind_worker.py", "2", "6", "5,1,5", how)
     assert (first["error"], first["named"]) == ("Timeout", 2), first
     assert "within the 1 s deadline" in first["msg"], first
     assert (second["error"], second["named"]) == ("Timeout", 2), second
     assert "rank 2 made no progress" in second["msg"], second
+    assert second["t"] < first["t"] + 1.0, (first, second)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+@pytest.mark.parametrize("how", ["blocking", "aio"])
+def test_a_revoke_reaches_a_rank_blocked_sending_to_a_stopped_one(provider, how):
+    """3 ranks gather 4 MiB each to rank 2 over small rings; rank 2 stops as the header
+    round ends, so ranks 0 and 1 block in their sends to it (its rings full). Rank 1's
+    deadline is 1 s, rank 0's 10 s: at 1 s rank 1 names rank 2 and revokes. Rank 0,
+    blocked in a send, must see the notice on its channel from rank 1 (a send is cut in
+    slices and watches the other channels between them, as a receive does) and raise
+    it as it came, naming rank 2, well before its own deadline; awaited as well."""
+    first, second = revoker_and_watcher(provider, "blocked_sender_worker.py", "10,1", how,
+                                        env={"RDMAMW_COLL_CHUNK": "65536"})
+    assert (first["error"], first["named"]) == ("Timeout", 2), first
+    assert "within the 1 s deadline (rank 1 waited for it)" in first["msg"], first
+    assert (second["error"], second["named"]) == ("Timeout", 2), second
+    assert "rank 2 made no progress within the 10 s deadline (rank 1 saw it)" \
+        in second["msg"], second
     assert second["t"] < first["t"] + 1.0, (first, second)
 
 

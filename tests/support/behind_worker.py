@@ -11,11 +11,27 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 import rdmamw
 import rdmamw.collectives as coll
+
+
+def report(rank: int, call: Callable[[], Any]) -> None:
+    """Run ``call`` (one collective) and print rank ``rank``'s JSON line: its error
+    (type, ``.rank``, message; None) and ``t``, seconds from its start to the end."""
+    t0 = time.monotonic()
+    out: dict[str, Any] = {"rank": rank}
+    try:
+        call()
+        out.update(error=None)
+    except rdmamw.RdmamwError as e:
+        out.update(error=type(e).__name__, named=getattr(e, "rank", None), msg=str(e))
+    out["t"] = time.monotonic() - t0
+    print(json.dumps(out), flush=True)
 
 
 def main() -> None:
@@ -26,19 +42,11 @@ def main() -> None:
     coll.allreduce(a, timeout=30)
     if w.rank == slow:
         time.sleep(sleep)
-    t0 = time.monotonic()
-    out = {"rank": w.rank}
-    try:
-        if sys.argv[4:] == ["aio"]:
-            from rdmamw.aio import collectives as acoll
-            asyncio.run(acoll.allreduce(a, timeout=timeouts[w.rank]))
-        else:
-            coll.allreduce(a, timeout=timeouts[w.rank])
-        out.update(error=None)
-    except rdmamw.RdmamwError as e:
-        out.update(error=type(e).__name__, named=getattr(e, "rank", None), msg=str(e))
-    out["t"] = time.monotonic() - t0
-    print(json.dumps(out), flush=True)
+    if sys.argv[4:] == ["aio"]:
+        from rdmamw.aio import collectives as acoll
+        report(w.rank, lambda: asyncio.run(acoll.allreduce(a, timeout=timeouts[w.rank])))
+    else:
+        report(w.rank, lambda: coll.allreduce(a, timeout=timeouts[w.rank]))
 
 
 if __name__ == "__main__":
