@@ -35,6 +35,9 @@ def late_reader(b, n: int, ready: threading.Event) -> threading.Thread:
 def test_a_send_that_waits_counts_its_time_and_one_that_does_not_counts_none(monkeypatch):
     monkeypatch.setattr(observe, "_open", {})
     monkeypatch.setattr(observe, "_closed", {})
+    # the peers labelled so far in this process: past RDMAMW_METRICS_MAX_PEERS of them
+    # (earlier tests' channels), this one would be summed under peer="other"
+    monkeypatch.setattr(readings, "_labels", {})
     a, b, lst = make_pair(slots=2, slot_size=1024)
     try:
         a.send_batch([MSG]).wait()
