@@ -1,7 +1,9 @@
-"""Remote memory on shm, same run: a one-sided ``read`` of a peer's exposed buffer
-against a single-thread ``np.copyto`` of the same size (docs/remote-memory.md).
+"""Remote memory, same run: a one-sided ``read`` of a peer's exposed buffer against a
+single-thread ``np.copyto`` of the same size and against a two-sided pull of it on the
+same channel (docs/remote-memory.md).
 
-    python bench/rmem_bench.py                      # 64 KiB and 4 MiB
+    python bench/rmem_bench.py                      # shm, 64 KiB and 4 MiB
+    python bench/rmem_bench.py --provider tcp
     python bench/rmem_bench.py --sizes 64K --reps 9
 
 An owner process exposes one buffer per size and then waits in ``recv`` (idle in the
@@ -9,8 +11,12 @@ engine: on shm it may help copy a large read, as for rendezvous); this process r
 the whole buffer into a reused destination, ``--iters`` times per rep, and times
 ``np.copyto`` between two warm arrays of the size the same number of times, the two
 interleaved rep by rep. Medians of the per-rep means; ``ratio`` = copyto time / read
-time (>= 1: the read is at least as fast). Also batched 8 B writes into one region
-(``--batch`` per chain): operations per second. The box is shared: compare ratios.
+time (>= 1: the read is at least as fast). The pull: this process sends the owner a
+request, the owner's application thread answers with the buffer as a message, received
+with ``recv_into`` into the same destination (what a read saves on tcp: the owner's
+thread and a message's way); ``pull/read`` = pull time / read time. Also batched 8 B
+writes into one region (``--batch`` per chain): operations per second. The box is
+shared: compare ratios.
 """
 
 from __future__ import annotations
@@ -33,12 +39,17 @@ SIZES = {"64K": 64 << 10, "4M": 4 << 20}
 OWNER = r"""
 import sys, numpy as np, rdmamw
 lst = rdmamw.listen(sys.argv[1])
+print(lst.address, flush=True)  # tcp: the port it was given
 ch = lst.accept(timeout=60)
 sizes = [int(s) for s in sys.argv[2].split(",")]
 bufs = [np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8) for n in sizes]
 regs = [ch.expose(b, "rw") for b in bufs]
 ch.send_batch([bytes(r.ref) for r in regs])
-ch.recv(timeout=600)            # idle in the engine until the reader is done
+while True:                     # idle in the engine (reads), or answering pulls
+    ask = bytes(ch.recv(timeout=600))
+    if ask == b"done":
+        break
+    ch.send(bufs[int(ask)])
 ch.close()
 """
 
@@ -52,6 +63,7 @@ def _mean_s(fn, iters: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--provider", choices=("shm", "tcp"), default="shm")
     ap.add_argument("--sizes", default="64K,4M")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--iters", type=int, default=0, help="per rep (default: ~64 MiB)")
@@ -62,16 +74,19 @@ def main() -> None:
 
     names = args.sizes.split(",")
     sizes = [SIZES[n] if n in SIZES else int(n) for n in names]
-    addr = f"shm://rmem-bench-{os.getpid()}"
+    addr = (f"shm://rmem-bench-{os.getpid()}" if args.provider == "shm"
+            else "tcp://127.0.0.1:0")
     owner = subprocess.Popen([sys.executable, "-c", OWNER, addr, ",".join(map(str, sizes))],
-                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             stdout=subprocess.PIPE, text=True)
     rows = []
     try:
-        ch = rdmamw.Channel.open(addr, timeout=30)
+        assert owner.stdout is not None
+        ch = rdmamw.Channel.open(owner.stdout.readline().strip(), timeout=30)
         refs = [bytes(m) for m in ch.recv_batch(max_messages=len(sizes), timeout=30)]
         while len(refs) < len(sizes):
             refs += [bytes(m) for m in ch.recv_batch(timeout=30)]
-        for name, n, ref in zip(names, sizes, refs, strict=True):
+        for i, (name, n, ref) in enumerate(zip(names, sizes, refs, strict=True)):
             iters = args.iters or max(8, (64 << 20) // n)
             dst = np.zeros(n, np.uint8)
             a, b = np.ones(n, np.uint8), np.zeros(n, np.uint8)
@@ -83,16 +98,22 @@ def main() -> None:
             def copy(a=a, b=b) -> None:
                 np.copyto(b, a)
 
+            def pull(dst=dst, ask=b"%d" % i) -> None:
+                ch.send(ask)
+                ch.recv_into(dst, timeout=30)
+
             read()
             copy()
-            reads, copies = [], []
+            pull()
+            reads, copies, pulls = [], [], []
             for _ in range(args.reps):
                 reads.append(_mean_s(read, iters))
                 copies.append(_mean_s(copy, iters))
-            r, c = statistics.median(reads), statistics.median(copies)
+                pulls.append(_mean_s(pull, iters))
+            r, c, p = (statistics.median(x) for x in (reads, copies, pulls))
             rows.append({"size": name, "read_us": r * 1e6, "copyto_us": c * 1e6,
-                         "read_GBps": n / r / 1e9, "copyto_GBps": n / c / 1e9,
-                         "ratio": c / r})
+                         "pull_us": p * 1e6, "read_GBps": n / r / 1e9,
+                         "copyto_GBps": n / c / 1e9, "ratio": c / r, "pull_ratio": p / r})
         region = rdmamw.channel.remote.RegionRef.from_bytes(refs[0])
         word = np.ones(8, np.uint8)
 
@@ -113,12 +134,13 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=1))
         return
-    print(f"load {os.getloadavg()[0]:.2f}; medians of {args.reps} reps")
+    print(f"{args.provider}; load {os.getloadavg()[0]:.2f}; medians of {args.reps} reps")
     for row in rows:
         if "ratio" in row:
             print(f"{row['size']:>6}: read {row['read_us']:9.2f} us ({row['read_GBps']:5.2f} "
                   f"GB/s)  np.copyto {row['copyto_us']:9.2f} us ({row['copyto_GBps']:5.2f} "
-                  f"GB/s)  ratio copyto/read {row['ratio']:.2f}")
+                  f"GB/s)  ratio copyto/read {row['ratio']:.2f}  two-sided pull "
+                  f"{row['pull_us']:9.2f} us, pull/read {row['pull_ratio']:.2f}")
         else:
             print(f"{row['size']}: {row['ops_per_s'] / 1e6:.2f} M ops/s")
 

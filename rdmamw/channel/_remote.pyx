@@ -4,9 +4,10 @@ the remote-memory API that touches the transport. RemoteOps exposes this side's
 buffers as tagged regions (the transport's expose(), the tag above
 RM_ACCESS_TAG_SHIFT) and posts READ/WRITE work requests on the peer's regions
 (RM_WR_EXPOSED | RM_WR_REGION, imm = the region's tag): a batch is one chain and one
-post (one doorbell). References, bounds, access and errors are the Python layer's
-(rdmamw/channel/remote.py); the provider checks every request against the owner's
-exposure again, so nothing here is trusted by the owner.
+post (one doorbell; a provider that bounds a chain, tcp, gets a longer batch as
+several chains of at most its ``region_chain_max``). References, bounds, access and
+errors are the Python layer's (rdmamw/channel/remote.py); the provider checks every
+request against the owner's exposure again, so nothing here is trusted by the owner.
 
 It sits beside the channel, not in the engine (whose units reach the transport only
 through the Link): it shares no state with the engine's units, and its chains hold
@@ -45,6 +46,9 @@ cdef uint64_t PIECE = 1 << 30       # one work request moves at most this much
 cdef uint32_t TAG_MAX = 0xFFFFFF    # tags are 24 bits (above RM_ACCESS_TAG_SHIFT)
 cdef uint32_t ACC_R = 1, ACC_W = 2  # a reference's access bits (remote.py R, W)
 ONE_CHECKED = 1                     # one(): not tried, go the checked way
+cdef uint32_t _last_tag = 0         # tags are unique in the process, not per channel: a
+                                    # request that names another channel's exposure
+                                    # never finds its tag in this channel's table
 
 
 cdef class Pinned:
@@ -63,7 +67,7 @@ cdef class RemoteOps:
     """One channel endpoint's regions and one-sided operations."""
     cdef Transport tp
     cdef uint64_t peer              # the peer endpoint's identity (0: not known yet)
-    cdef uint32_t tag               # the last region's tag (its generation)
+    cdef Py_ssize_t chain_max       # work requests per chain at most (0: no bound)
     cdef dict live                  # key -> Pinned: the regions exposed now
     cdef list stuck                 # Pinned whose revoke timed out: held until we go
     cdef readonly uint64_t ops, chains, bytes_read, bytes_written
@@ -72,6 +76,7 @@ cdef class RemoteOps:
         self.tp = tp
         self.live = {}
         self.stuck = []
+        self.chain_max = getattr(tp, "region_chain_max", 0)
 
     def expose(self, obj, uint32_t access) -> tuple:
         """Expose ``obj``'s memory with RM_ACCESS_REMOTE_* ``access``: (0, key, tag,
@@ -79,6 +84,7 @@ cdef class RemoteOps:
         cdef Pinned p = Pinned()
         cdef rm_mem mem
         cdef int rc
+        global _last_tag
         cdef uint32_t tag
         flags = PyBUF_ANY_CONTIGUOUS | (PyBUF_WRITABLE if access & RM_ACCESS_REMOTE_WRITE
                                         else 0)
@@ -86,8 +92,8 @@ cdef class RemoteOps:
         p.held = True
         if p.view.len == 0:
             raise ValueError("an empty buffer cannot be exposed")
-        self.tag = self.tag % TAG_MAX + 1
-        tag = self.tag
+        _last_tag = _last_tag % TAG_MAX + 1
+        tag = _last_tag
         with nogil:
             rc = self.tp.expose(<uint64_t>p.view.buf, <uint64_t>p.view.len,
                                 access | (tag << RM_ACCESS_TAG_SHIFT), &mem)
@@ -126,7 +132,7 @@ cdef class RemoteOps:
         """Post ``ops`` as one chain: each ``(write, local, offset, length, key, tag,
         remote_address)``, ``local`` a buffer whose ``[offset, offset + length)`` the
         caller checked; a READ fills it, a WRITE sends it. The transport's code."""
-        cdef Py_ssize_t i, k = 0, nops = len(ops), nwr = 0
+        cdef Py_ssize_t i, k = 0, nops = len(ops), nwr = 0, at, step, nchains = 0
         cdef Py_buffer *views
         cdef rm_wr *wrs
         cdef int rc = 0
@@ -172,8 +178,13 @@ cdef class RemoteOps:
                 else:
                     rbytes += n
             i = nops
+            step = self.chain_max if self.chain_max > 0 else k
+            at = 0
             with nogil:
-                rc = self.tp.post(wrs, <uint32_t>k)
+                while at < k and rc == 0:
+                    rc = self.tp.post(wrs + at, <uint32_t>min(step, k - at))
+                    at += step
+                    nchains += 1
         finally:
             while i > 0:
                 i -= 1
@@ -182,7 +193,7 @@ cdef class RemoteOps:
             free(wrs)
         if rc == 0:
             self.ops += nops
-            self.chains += 1
+            self.chains += nchains
             self.bytes_read += rbytes
             self.bytes_written += wbytes
         return rc

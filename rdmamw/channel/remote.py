@@ -250,9 +250,10 @@ class RemoteMemory:
         tp_bits = (_TP_READ if bits & R else 0) | (_TP_WRITE if bits & W else 0)
         rc, key, tag, base, length = ops.expose(_buffer(buffer), tp_bits)
         if rc == _ERR_UNSUPPORTED:
+            why = (" (shm needs cross-memory attach to the peer: RDMAMW_SHM_CMA, ptrace "
+                   "rules)" if self.provider == "shm" else "")
             raise ProviderUnavailable(f"the {self.provider} provider cannot expose this "
-                                      f"memory to this peer (shm needs cross-memory attach "
-                                      f"to the peer: RDMAMW_SHM_CMA, ptrace rules)")
+                                      f"memory to this peer{why}")
         if rc == _ERR_AGAIN:
             raise ProviderUnavailable(f"the {self.provider} exposure table is full "
                                       f"(revoke regions that are no longer needed)")
@@ -301,7 +302,7 @@ class RemoteMemory:
                 raise ChannelClosed("remote memory: the channel is closed")
             if not hasattr(self._transport, "region_ids"):
                 raise ProviderUnavailable(f"remote memory is not on the {self.provider} "
-                                          f"provider yet (shm only)")
+                                          f"provider yet (shm and tcp only)")
             ops = self._rmem = RemoteOps(self._transport)
         return ops
 

@@ -137,4 +137,31 @@ static inline int rm_xtab_alive(const rm_xtab *t, uint32_t key) {
     uint32_t i = key & 0xFF;
     return key && i < RM_XTAB_N && __atomic_load_n(&t->e[i].key, __ATOMIC_ACQUIRE) == key;
 }
+
+/* User regions (docs/remote-memory.md): a region's entry carries its tag (its
+ * generation, never 0) in the bits of `access` above RM_XTAG_SHIFT; rendezvous
+ * entries have none, so a region request never matches a rendezvous exposure nor the
+ * reverse. */
+enum { RM_XTAG_SHIFT = 8 };
+enum { RM_RWHY_OK = 0, RM_RWHY_GONE = 1, RM_RWHY_RANGE = 2, RM_RWHY_ACCESS = 3 };
+
+/* Why a region request {key, tag, [addr, addr+len), access} fails against the table
+ * `t` (shm: the peer's mirror; tcp: the owner's own table): RM_RWHY_*, the entry read
+ * once like rm_xtab_find. */
+static inline int rm_region_why(const rm_xtab *t, uint32_t key, uint32_t tag, uint64_t addr,
+                                uint64_t len, uint32_t access) {
+    rm_xent e;
+    uint32_t i = key & 0xFF;
+    if (key == 0 || (key >> 16) || i >= RM_XTAB_N || tag == 0) return RM_RWHY_GONE;
+    if (__atomic_load_n(&t->e[i].key, __ATOMIC_ACQUIRE) != key) return RM_RWHY_GONE;
+    e.addr = __atomic_load_n(&t->e[i].addr, __ATOMIC_RELAXED);
+    e.len = __atomic_load_n(&t->e[i].len, __ATOMIC_RELAXED);
+    e.access = __atomic_load_n(&t->e[i].access, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&t->e[i].key, __ATOMIC_RELAXED) != key) return RM_RWHY_GONE;
+    if ((e.access >> RM_XTAG_SHIFT) != tag) return RM_RWHY_GONE;
+    if (addr < e.addr || len > e.len || addr - e.addr > e.len - len) return RM_RWHY_RANGE;
+    if ((e.access & access) != access) return RM_RWHY_ACCESS;
+    return RM_RWHY_OK;
+}
 #endif

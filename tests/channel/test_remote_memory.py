@@ -36,7 +36,7 @@ from tests.support.helpers import LISTEN_ADDRESS, make_pair, providers_under_tes
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 #: the providers with regions so far; the others must say so (test_unsupported_...)
-REGIONS = ("shm",)
+REGIONS = ("shm", "tcp")
 WITH = [p for p in providers_under_test() if p in REGIONS and p in LISTEN_ADDRESS]
 WITHOUT = [p for p in providers_under_test() if p not in REGIONS and p in LISTEN_ADDRESS]
 
@@ -367,6 +367,7 @@ def test_a_revoke_during_a_read_is_reported(rpair):
 OWNER = textwrap.dedent("""
     import sys, time, numpy as np, rdmamw
     lst = rdmamw.listen(sys.argv[1])
+    print(lst.address, flush=True)              # tcp: the port it was given
     ch = lst.accept(timeout=60)
     buf = np.ones(256 * 2**20, np.uint8)
     reg = ch.expose(buf, "rw")
@@ -378,11 +379,11 @@ OWNER = textwrap.dedent("""
 @pytest.mark.parametrize("provider", WITH)
 def test_the_owner_dies_during_a_read(provider):
     addr = LISTEN_ADDRESS[provider]()
-    p = subprocess.Popen([sys.executable, "-c", OWNER, addr], cwd=ROOT,
-                         env={**os.environ, "PYTHONPATH": ROOT})
+    p = subprocess.Popen([sys.executable, "-c", OWNER, addr], cwd=ROOT, text=True,
+                         stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT})
     try:
         import rdmamw
-        ch = rdmamw.Channel.open(addr, timeout=30)
+        ch = rdmamw.Channel.open(p.stdout.readline().strip(), timeout=30)
         ref = bytes(ch.recv(timeout=30))
         out = np.zeros(256 * 2**20, np.uint8)
         ch.read(ref, out)

@@ -12,6 +12,11 @@ from rdmamw.transport.wire import recv_frame, send_frame
 
 FRAME = struct.Struct("<HHIQ")       # type, region, length, offset
 WRITE, PUBLISH, WAKE, READ_REQ, READ_RESP, HEARTBEAT, WRITE_IMM = range(1, 8)
+XREAD_REQ, XWRITE, READ_ERR, RCHAIN, RDONE = range(8, 13)
+#: a region operation's descriptor in an RCHAIN frame (rm_tcp_region.h rt_rdesc):
+#: op (1 READ, 2 WRITE), key, tag, address, length, reserved
+RDESC = struct.Struct("<HHIQII")
+OP_READ, OP_WRITE = 1, 2
 
 
 def raw_peer(address: str, slots: int = 16, slot_size: int = 4096,
@@ -30,6 +35,35 @@ def frame(kind: int, region: int = 0, offset: int = 0, payload: bytes = b"",
           length: int | None = None) -> bytes:
     return FRAME.pack(kind, region, len(payload) if length is None else length,
                       offset) + payload
+
+
+def rchain(ops: list[tuple], payloads: list[bytes] = ()) -> bytes:
+    """An RCHAIN frame: ``ops`` are (op, key, tag, address, length[, reserved]), then the
+    WRITE payloads as given (a test may send fewer bytes than it announces)."""
+    descs = b"".join(RDESC.pack(*op, *(() if len(op) == 6 else (0,))) for op in ops)
+    return FRAME.pack(RCHAIN, len(ops), len(descs), 0) + descs + b"".join(payloads)
+
+
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        got = s.recv(min(n - len(out), 1 << 20))
+        if not got:
+            raise EOFError(f"the connection ended after {len(out)} of {n} bytes")
+        out += got
+    return bytes(out)
+
+
+def next_frame(s: socket.socket) -> tuple[int, int, int, int, bytes]:
+    """The next answer to a READ or a chain (READ_RESP, READ_ERR, RDONE) as (type, region,
+    length, offset, payload), past what the engine sends on its own (its writes, words,
+    wake-ups, heartbeats)."""
+    while True:
+        kind, region, length, offset = FRAME.unpack(recv_exact(s, FRAME.size))
+        body = recv_exact(s, length) if kind in (WRITE, PUBLISH, WRITE_IMM, XWRITE,
+                                                 READ_RESP) else b""
+        if kind in (READ_RESP, READ_ERR, RDONE):
+            return kind, region, length, offset, body
 
 
 REGION = 4096        # region size of rdmamw.providers.tcp._transport.apply_stream's harness

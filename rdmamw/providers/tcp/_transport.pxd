@@ -7,7 +7,7 @@ from rdmamw.transport._base cimport Transport, rm_wr
 
 cdef extern from "rm_expose.h" nogil:
     enum:
-        RM_XACC_READ, RM_XACC_WRITE
+        RM_XACC_READ, RM_XACC_WRITE, RM_XTAG_SHIFT, RM_RWHY_GONE
     ctypedef struct rm_xtab:
         pass
 
@@ -35,8 +35,10 @@ cdef extern from "pthread.h" nogil:
 cdef extern from "rm_tcp.h" nogil:
     enum:
         RT_WRITE, RT_PUBLISH, RT_WAKE, RT_READ_REQ, RT_READ_RESP, RT_HEARTBEAT
-        RT_WRITE_IMM, RT_XREAD_REQ, RT_XWRITE, RT_READ_ERR, RT_NTYPES
-        RT_NREG, RT_RD_MAX
+        RT_WRITE_IMM, RT_XREAD_REQ, RT_XWRITE, RT_READ_ERR, RT_RCHAIN, RT_RDONE, RT_NTYPES
+        RT_NREG, RT_RD_MAX, RT_RCH_MAX
+        RT_RK_READ, RT_RK_RREAD, RT_RK_DONE
+        RT_OP_READ, RT_OP_WRITE
         RT_UP, RT_LOST, RT_CLOSED
         RT_WHY_NONE, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL,
         RT_WHY_HOST, RT_WHY_STALLED
@@ -46,6 +48,17 @@ cdef extern from "rm_tcp.h" nogil:
         uint16_t region
         uint32_t length
         uint64_t offset
+    uint32_t RT_PIECE
+    ctypedef struct rt_rdesc:
+        uint16_t op
+        uint16_t key
+        uint32_t tag
+        uint64_t addr
+        uint32_t length
+        uint32_t reserved
+    ctypedef struct rt_rcell:
+        uint32_t why, index
+        int read_err, queued, done
     ctypedef struct rt_conn:
         int sock, evfd
         int state, stop, waiting, why, err_no
@@ -57,10 +70,14 @@ cdef extern from "rm_tcp.h" nogil:
         uint32_t pubcap
         pthread_mutex_t send_mu
         int64_t last_rx, last_tx, hb_ns, timeout_ns, host_ns
-        uint64_t rd_addr[256]
-        uint32_t rd_len[256]
-        uint8_t rd_err[256]
+        uint64_t rd_addr[1024]
+        uint32_t rd_len[1024]
+        uint8_t rd_err[1024]
+        uint8_t rd_kind[1024]
+        rt_rcell *rd_cell[1024]
         uint64_t rd_posted, rd_done
+        pthread_mutex_t rd_mu
+        pthread_cond_t rd_cv
         void *xtab
         pthread_mutex_t xp_mu, xw_mu, rq_mu
         pthread_cond_t rq_cv
@@ -88,6 +105,13 @@ cdef extern from "rm_tcp.h" nogil:
     void rt_signal(rt_conn *c)
     int rt_arm(rt_conn *c)
     void rt_disarm(rt_conn *c)
+    int rt_rchain_send(rt_conn *c, const rt_rdesc *descs, const uint64_t *local, uint32_t n,
+                       iovec *iov, rt_rcell *cell, int64_t deadline, int may_wait)
+    int rt_rcell_wait(rt_conn *c, rt_rcell *cell)
+    void rt_refusal_set(const rt_conn *c, uint32_t why, uint32_t key, uint32_t tag, int write,
+                        uint64_t addr, uint64_t len)
+    uint32_t rt_refusal_get(const rt_conn *c, uint32_t key, uint32_t tag, int write,
+                            uint64_t addr, uint64_t len)
     uint64_t rt_atomic_load64 "__atomic_load_n"(uint64_t *p, int order)
     void rt_atomic_store64 "__atomic_store_n"(uint64_t *p, uint64_t v, int order)
     int __ATOMIC_ACQUIRE, __ATOMIC_RELEASE, __ATOMIC_SEQ_CST
@@ -114,6 +138,8 @@ cdef class TcpTransport(Transport):
     cdef uint32_t nreg
     cdef uint64_t aread_id          # the asynchronous READ in flight: its wr_id ...
     cdef uint64_t aread_seq         # ... and rd_posted after it (0: none)
+    cdef uint64_t rid, peer_rid     # region identities: this endpoint's, the peer's
 
     cdef bint _registered(self, uint64_t addr, uint64_t length) noexcept nogil
     cdef int _reserve(self, uint32_t n) noexcept nogil
+    cdef int _post_region(self, rm_wr *wrs, uint32_t n) noexcept nogil

@@ -12,15 +12,22 @@ request/response pair served from the peer's regions only.
 Rendezvous: expose() enters a range in this side's exposure table (rm_expose.h); the
 peer's XREAD_REQ / XWRITE frames for it are checked against that table here, by the
 progress thread (XWRITE) and a responder thread (XREAD_REQ) that answers READs, so a
-large answer never keeps this side from receiving."""
+large answer never keeps this side from receiving.
+
+User regions (docs/remote-memory.md): a chain of region READs/WRITEs is one RCHAIN
+frame and one sendmsg, checked by the owner against its own exposure table before
+any byte moves and ended by one RDONE (rm_tcp_region.h); the owner's threads serve it,
+no application thread of the owner takes part."""
 
 from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memset
 
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_READ,
     RM_ACCESS_REMOTE_WRITE,
+    RM_ACCESS_TAG_SHIFT,
     RM_ERR_AGAIN,
     RM_ERR_BOUNDS,
     RM_ERR_CLOSED,
@@ -35,6 +42,7 @@ from rdmamw.transport._base cimport (
     RM_WR_EXPOSED,
     RM_WR_PUBLISH,
     RM_WR_READ,
+    RM_WR_REGION,
     RM_WR_SIGNALED,
     RM_WR_WRITE,
     RM_WR_WRITE_IMM,
@@ -68,7 +76,10 @@ FRAME_BYTES = sizeof(rt_frame)
 FRAME_TYPES = {"WRITE": RT_WRITE, "PUBLISH": RT_PUBLISH, "WAKE": RT_WAKE,
                "READ_REQ": RT_READ_REQ, "READ_RESP": RT_READ_RESP,
                "HEARTBEAT": RT_HEARTBEAT, "WRITE_IMM": RT_WRITE_IMM,
-               "XREAD_REQ": RT_XREAD_REQ, "XWRITE": RT_XWRITE, "READ_ERR": RT_READ_ERR}
+               "XREAD_REQ": RT_XREAD_REQ, "XWRITE": RT_XWRITE, "READ_ERR": RT_READ_ERR,
+               "RCHAIN": RT_RCHAIN, "RDONE": RT_RDONE}
+#: bytes of one operation's descriptor in an RCHAIN frame
+RDESC_BYTES = sizeof(rt_rdesc)
 _WHY = {RT_WHY_NONE: "", RT_WHY_EOF: "peer closed the connection",
         RT_WHY_IO: "socket error", RT_WHY_TIMEOUT: "peer silent past RDMAMW_TCP_PEER_TIMEOUT",
         RT_WHY_FRAME: "malformed frame", RT_WHY_LOCAL: "closed locally",
@@ -91,6 +102,8 @@ cdef class TcpTransport(Transport):
                 or pthread_mutex_init(&self.c.xw_mu, NULL) != 0 \
                 or pthread_mutex_init(&self.c.rq_mu, NULL) != 0 \
                 or pthread_mutex_init(&self.c.bl_mu, NULL) != 0 \
+                or pthread_mutex_init(&self.c.rd_mu, NULL) != 0 \
+                or pthread_cond_init(&self.c.rd_cv, NULL) != 0 \
                 or pthread_cond_init(&self.c.rq_cv, NULL) != 0:
             raise OSError("pthread_mutex_init failed")
         self.mutex_ready = True
@@ -202,6 +215,9 @@ cdef class TcpTransport(Transport):
         cdef int64_t deadline = self.post_deadline if self.post_owner == pthread_self() else 0
         if st != RT_UP:
             return st
+        for i in range(n):
+            if wrs[i].flags & RM_WR_REGION:
+                return self._post_region(wrs, n)
         for i in range(n):      # validate the whole chain first: all or nothing
             wr = &wrs[i]
             if wr.flags & RM_WR_EXPOSED:    # the peer checks its own exposure table
@@ -251,6 +267,7 @@ cdef class TcpTransport(Transport):
                 self.c.rd_addr[posted % RT_RD_MAX] = wr.local_addr
                 self.c.rd_len[posted % RT_RD_MAX] = wr.length
                 self.c.rd_err[posted % RT_RD_MAX] = 0
+                self.c.rd_kind[posted % RT_RD_MAX] = RT_RK_READ
                 posted += 1
                 continue
             if wr.flags & RM_WR_EXPOSED:
@@ -293,6 +310,71 @@ cdef class TcpTransport(Transport):
                     self.complete_now(wrs[i].wr_id, wrs[i].opcode)
         return rc       # RT_LATE: accepted (queued), but past the deadline
 
+    cdef int _post_region(self, rm_wr *wrs, uint32_t n) noexcept nogil:
+        """A chain of region READs/WRITEs (every WR RM_WR_EXPOSED | RM_WR_REGION, imm the
+        region's tag) as one RCHAIN frame on one sendmsg; waits for its RDONE
+        (rm_tcp_region.h). RM_ERR_BOUNDS when the owner refused an operation
+        (region_refusal() then says which and why), or the connection's state."""
+        cdef rt_rcell cell
+        cdef rt_rdesc *descs
+        cdef uint64_t *local
+        cdef iovec *iov
+        cdef rm_wr *wr
+        cdef uint32_t i, why
+        cdef uint64_t wbytes = 0
+        cdef int rc, done_rc
+        cdef int64_t deadline = self.post_deadline if self.post_owner == pthread_self() else 0
+        memset(&cell, 0, sizeof(cell))
+        if n == 0 or n > RT_RCH_MAX or self.peer_rid == 0:
+            return RM_ERR_BOUNDS
+        for i in range(n):
+            wr = &wrs[i]
+            if wr.flags & (RM_WR_EXPOSED | RM_WR_REGION | RM_WR_PUBLISH) \
+                    != (RM_WR_EXPOSED | RM_WR_REGION) or wr.rkey > 0xFFFF or wr.imm == 0 \
+                    or wr.length > RT_PIECE \
+                    or (wr.opcode != RM_WR_READ and wr.opcode != RM_WR_WRITE):
+                return RM_ERR_BOUNDS
+        descs = <rt_rdesc *>calloc(n, sizeof(rt_rdesc))
+        local = <uint64_t *>malloc(n * sizeof(uint64_t))
+        iov = <iovec *>malloc((n + 2) * sizeof(iovec))
+        if descs != NULL and local != NULL and iov != NULL:
+            for i in range(n):
+                wr = &wrs[i]
+                descs[i].op = RT_OP_READ if wr.opcode == RM_WR_READ else RT_OP_WRITE
+                descs[i].key = <uint16_t>wr.rkey
+                descs[i].tag = wr.imm
+                descs[i].addr = wr.remote_off
+                descs[i].length = wr.length
+                local[i] = wr.local_addr
+                wbytes += wr.length if wr.opcode == RM_WR_WRITE else 0
+            rc = rt_rchain_send(self.c, descs, local, n, iov, &cell, deadline,
+                                not PyGILState_Check())
+        else:
+            rc = RM_ERR_OS
+        free(descs)             # sent, or copied into the backlog
+        free(local)
+        free(iov)
+        if not cell.queued:     # nothing went on the stream
+            return rc
+        if rc == 0 or rc == RT_LATE:
+            self.n_doorbells += 1
+            self.n_wrs += n
+        done_rc = rt_rcell_wait(self.c, &cell)   # then the progress thread is done with cell
+        if done_rc != 0 or (rc != 0 and rc != RT_LATE):
+            return done_rc if done_rc != 0 else rc
+        if cell.why or cell.read_err:
+            why = cell.why if cell.why else RM_RWHY_GONE
+            i = cell.index if cell.why and cell.index < n else 0
+            rt_refusal_set(self.c, why, wrs[i].rkey, wrs[i].imm, wrs[i].opcode == RM_WR_WRITE,
+                           wrs[i].remote_off, wrs[i].length)
+            return RM_ERR_BOUNDS
+        self.bytes_written += wbytes
+        for i in range(n):
+            if wrs[i].flags & RM_WR_SIGNALED:
+                self.n_signaled += 1
+                self.complete_now(wrs[i].wr_id, wrs[i].opcode)
+        return 0
+
     cdef int poll(self, rm_wc *wcs, uint32_t maxn) noexcept nogil:
         """The soft completions, then the deferred READ once the peer answered it
         (status 10, a remote access error, if it refused)."""
@@ -310,12 +392,27 @@ cdef class TcpTransport(Transport):
 
     cdef int expose(self, uint64_t addr, uint64_t length, uint32_t access,
                     rm_mem *out) noexcept nogil:
-        cdef uint32_t key
+        """A rendezvous range (READ or WRITE), or a user region: access bits above
+        RM_ACCESS_TAG_SHIFT are its tag (its entry carries it: rm_expose.h)."""
+        cdef uint32_t key, acc = 0, tag = access >> RM_ACCESS_TAG_SHIFT
         out.handle = out.lkey = out.rkey = 0
         if access == RM_ACCESS_LOCAL:
             return 0
-        if not self.can_expose or rt_state(self.c) != RT_UP:
+        if not self.can_expose or rt_state(self.c) != RT_UP or self.inherited():
             return RM_ERR_CLOSED
+        if tag:
+            if access & RM_ACCESS_REMOTE_READ:
+                acc |= RM_XACC_READ
+            if access & RM_ACCESS_REMOTE_WRITE:
+                acc |= RM_XACC_WRITE
+            if acc == 0 or tag >> (32 - RM_XTAG_SHIFT) or access & 0xFF & ~<uint32_t>(
+                    RM_ACCESS_REMOTE_READ | RM_ACCESS_REMOTE_WRITE):
+                return RM_ERR_UNSUPPORTED
+            key = rt_expose(self.c, addr, length, acc | (tag << RM_XTAG_SHIFT))
+            if key == 0:
+                return RM_ERR_AGAIN
+            out.handle = out.rkey = key
+            return 0
         if access != RM_ACCESS_REMOTE_READ and access != RM_ACCESS_REMOTE_WRITE:
             return RM_ERR_UNSUPPORTED
         key = rt_expose(self.c, addr, length,
@@ -395,6 +492,8 @@ cdef class TcpTransport(Transport):
                 pthread_mutex_destroy(&self.c.xw_mu)
                 pthread_mutex_destroy(&self.c.rq_mu)
                 pthread_mutex_destroy(&self.c.bl_mu)
+                pthread_mutex_destroy(&self.c.rd_mu)
+                pthread_cond_destroy(&self.c.rd_cv)
                 pthread_cond_destroy(&self.c.rq_cv)
             free(self.c.xtab)
             free(self.c.pubbuf)
@@ -405,6 +504,29 @@ cdef class TcpTransport(Transport):
             munmap(self.block, self.block_size)
         free(self.hdrs)
         free(self.iov)
+
+    def _set_region_ids(self, uint64_t mine, uint64_t peers):
+        """The identities region references carry: this endpoint's (random, never 0)
+        and the peer's from its hello (0: a peer without regions)."""
+        self.rid, self.peer_rid = mine, peers
+
+    def region_ids(self):
+        """(this endpoint's identity, the peer's): 0 for a peer without regions."""
+        return self.rid, self.peer_rid
+
+    def region_refusal(self, uint32_t key, uint32_t tag, uint64_t addr, uint64_t length,
+                       bint write) -> int:
+        """Why the owner refused this thread's last region chain, for the operation
+        [addr, addr+length) under key and tag (RM_RWHY_*: 0 not that one, 1 not exposed
+        under that key and tag, 2 outside it, 3 access)."""
+        if self.c == NULL:
+            return 0
+        return rt_refusal_get(self.c, key, tag, write, addr, length)
+
+    @property
+    def region_chain_max(self) -> int:
+        """Work requests in one region chain at most (RemoteOps posts more as several)."""
+        return RT_RCH_MAX
 
     def error_detail(self):
         """Why the connection went down, for PeerLost's message (None while it is up)."""

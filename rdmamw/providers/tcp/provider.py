@@ -14,13 +14,18 @@ its kernel still acknowledges our heartbeats: it is lost only after
 TCP_USER_TIMEOUT, which cannot tell a stopped peer whose buffers are full from a dead
 host). A host that acknowledges nothing either (link down, power off) is lost after
 ``RDMAMW_TCP_HOST_TIMEOUT`` (default 1.5). ``RDMAMW_TCP_HEARTBEAT``: s between
-heartbeats while idle (default 0.25)."""
+heartbeats while idle (default 0.25).
+
+Each hello also carries ``rid``, the endpoint's random identity, which the references
+of the regions it exposes carry (docs/remote-memory.md); a peer without it has no
+regions."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import secrets
 import socket
 import time
 
@@ -82,6 +87,10 @@ def parse_hello(peer: dict, accepting: bool) -> dict:
     if not isinstance(hb, (int, float)) or isinstance(hb, bool) or not 0 <= hb <= 60:
         raise ProtocolError("handshake field 'hb' is not a heartbeat interval")
     out["hb"] = float(hb)
+    rid = peer.get("rid", 0)
+    if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < 1 << 64:
+        raise ProtocolError("handshake field 'rid' is not a region identity")
+    out["rid"] = rid
     if accepting:
         out["mode"] = mode
         if "rank" in peer:
@@ -106,8 +115,9 @@ def handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
         auth.accept_side(conn)
     else:
         auth.open_side(conn)
+    rid = secrets.randbits(64) | 1         # never 0: "no regions"
     hello = {"v": PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size,
-             "hb": heartbeat()}
+             "hb": heartbeat(), "rid": rid}
     if mode is not None:
         hello["mode"] = mode
         if rank is not None:
@@ -131,6 +141,7 @@ def handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
         conn.setblocking(False)
         tp._attach(conn.fileno(), evfd, block, mine.total, mine.regions(), theirs.regions(),
                    heartbeat(), max(peer_timeout(), 4 * peer_hb), host_timeout())
+        tp._set_region_ids(rid, peer["rid"])
     except BaseException:
         free_block(block, mine.total)
         if evfd >= 0:

@@ -20,10 +20,11 @@
  * READ_ERR when the range was not exposed), so a long answer never stops this side
  * from receiving: two sides reading from each other cannot deadlock on full sockets.
  * What this side sends, in order and without ever stopping a thread on a peer that
- * does not read, is rm_tcp_send.h's (the send backlog); rt_conn is in rm_tcp_conn.h. */
+ * does not read, is rm_tcp_send.h's (the send backlog); rt_conn is in rm_tcp_conn.h.
+ * User regions (RCHAIN / RDONE) are rm_tcp_region.h's. */
 #ifndef RM_TCP_H
 #define RM_TCP_H
-#include "rm_tcp_send.h"
+#include "rm_tcp_region.h"
 
 /* The peer has sent nothing for host_ns: has its host gone too? The peer's kernel
  * acknowledges our bytes (the heartbeats) even while its process is stopped or
@@ -53,8 +54,8 @@ static int rt_host_gone(rt_conn *c) {
 
 /* Progress thread, nothing to read: send a heartbeat when this side has been quiet
  * for hb_ns, give up after timeout_ns without a byte from the peer (or after host_ns
- * if its host acknowledges nothing either), else poll. */
-static int rt_rx_wait(rt_conn *c) {
+ * if its host acknowledges nothing either), else poll (at most cap_ms, 0: no cap). */
+static int rt_rx_wait(rt_conn *c, int64_t cap_ms) {
     int64_t t, quiet, wait_ms = 1000;
     struct pollfd pfd;
     if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) return -RT_WHY_LOCAL;
@@ -96,6 +97,7 @@ static int rt_rx_wait(rt_conn *c) {
         wait_ms = c->timeout_ns / 1000000 + 1;
     if (c->host_ns > 0 && c->host_ns / 4000000 < wait_ms)
         wait_ms = c->host_ns / 4000000 + 1;
+    if (cap_ms > 0 && cap_ms < wait_ms) wait_ms = cap_ms;
     pfd.fd = c->sock;
     pfd.events = POLLIN;
     pfd.revents = 0;
@@ -146,7 +148,7 @@ static int rt_rx(rt_conn *c, char *buf, uint64_t n, char *nh, uint32_t *nh_got) 
             c->err_no = errno;
             return -RT_WHY_IO;
         }
-        rc = rt_rx_wait(c);
+        rc = rt_rx_wait(c, 0);
         if (rc) return rc;
     }
     return 0;
@@ -164,7 +166,7 @@ static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
     int rc;
     uint64_t w, *dst, *src;
     uint64_t k;
-    rm_xent xe;
+    int why;
     switch (f->type) {
     case RT_WRITE:
     case RT_WRITE_IMM:
@@ -204,38 +206,28 @@ static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
         return rc ? -RT_WHY_IO : 0;
     case RT_XREAD_REQ:          /* queued for the responder thread */
         if (!c->xtab) return -RT_WHY_FRAME;
-        pthread_mutex_lock(&c->rq_mu);
-        if (c->rq_tail - c->rq_head >= RT_RD_MAX) {
-            pthread_mutex_unlock(&c->rq_mu);
-            return -RT_WHY_FRAME;   /* more READs outstanding than a peer may have */
-        }
-        c->rq[c->rq_tail % RT_RD_MAX] = *f;
-        c->rq_tail++;
-        pthread_cond_signal(&c->rq_cv);
-        pthread_mutex_unlock(&c->rq_mu);
-        return 0;
-    case RT_XWRITE:
+        return rt_rq_push(c, f, 0, 0);
+    case RT_XWRITE:             /* a rendezvous range only (untagged) */
         if (!c->xtab) return -RT_WHY_FRAME;
-        pthread_mutex_lock(&c->xw_mu);
-        if (rm_xtab_find(c->xtab, f->region, f->offset, f->length, RM_XACC_WRITE, &xe)) {
-            pthread_mutex_unlock(&c->xw_mu);
-            return -RT_WHY_FRAME;
-        }
-        rc = rt_rx(c, (char *)(uintptr_t)f->offset, f->length, nh, nh_got);
-        pthread_mutex_unlock(&c->xw_mu);
-        return rc;
+        if (rt_xwhy(c, f->region, 0, f->offset, f->length, RM_XACC_WRITE)) return -RT_WHY_FRAME;
+        return rt_rx_exposed(c, f->region, 0, f->offset, f->length, &why);
+    case RT_RCHAIN:
+        return rt_rchain(c, f);
+    case RT_RDONE:
+        return rt_rdone(c, f);
     case RT_READ_ERR:
         k = __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE);
         if (k >= __atomic_load_n(&c->rd_posted, __ATOMIC_ACQUIRE) || f->region || f->offset ||
-            f->length)
+            f->length || c->rd_kind[k % RT_RD_MAX] == RT_RK_DONE)
             return -RT_WHY_FRAME;
         c->rd_err[k % RT_RD_MAX] = 1;
+        if (c->rd_kind[k % RT_RD_MAX] == RT_RK_RREAD) c->rd_cell[k % RT_RD_MAX]->read_err = 1;
         rt_read_done(c, k);
         return 0;
     case RT_READ_RESP:
         k = __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE);
         if (k >= __atomic_load_n(&c->rd_posted, __ATOMIC_ACQUIRE) || f->region || f->offset ||
-            f->length != c->rd_len[k % RT_RD_MAX])
+            f->length != c->rd_len[k % RT_RD_MAX] || c->rd_kind[k % RT_RD_MAX] == RT_RK_DONE)
             return -RT_WHY_FRAME;
         rc = rt_rx(c, (char *)(uintptr_t)c->rd_addr[k % RT_RD_MAX], f->length, nh, nh_got);
         if (rc) return rc;
@@ -268,19 +260,41 @@ static void *rt_progress(void *arg) {
             rt_signal(c);
             rt_wake_responder(c);
             __atomic_store_n(&c->exited, 1, __ATOMIC_RELEASE);
+            rt_rcell_wake(c);       /* posters waiting for a chain's end: it will not come */
             return NULL;
         }
     }
 }
 
-/* The responder thread: answer queued XREAD_REQs from the exposed ranges. It holds
- * xp_mu while sending, so a range cannot be un-exposed (and freed) under it. */
+/* The stream for the responder's next answer of n bytes: 0 with send_mu held and what
+ * was queued sent; RT_QUEUE when the progress thread waits for this answer (rq_wait: a
+ * WRITE follows it in its chain) while a post of ours holds the stream: a small answer
+ * is then copied into the backlog after that post instead (rt_turn, rt_commit), so two
+ * sides posting chains to each other never wait on each other in a ring; or the state.
+ * It holds no range meanwhile: a revoke never waits for our own long post. */
+static int rt_answer_turn(rt_conn *c, size_t n) {
+    int rc;
+    while ((rc = rt_lock_until(c, &c->send_mu, rt_now() + 1000000, 0)) == RT_PASSED)
+        if (n <= RT_ANSWER_COPY && __atomic_load_n(&c->rq_wait, __ATOMIC_ACQUIRE))
+            return RT_QUEUE;
+    if (rc) return rc;
+    rc = rt_bl_flush(c, 0, 0, 0);
+    if (rc) pthread_mutex_unlock(&c->send_mu);
+    return rc;
+}
+
+/* The responder thread: answer queued requests in order. An XREAD_REQ (a rendezvous
+ * range) or a region READ is checked again and answered from the range holding xp_mu
+ * (taken after the stream), so the range cannot be un-exposed (and freed) under it; a
+ * chain's end (RDONE) says why the chain failed, if it did: the first refusal, the
+ * progress thread's or a READ's. */
 static void *rt_responder(void *arg) {
     rt_conn *c = (rt_conn *)arg;
+    rt_req q;
     rt_frame f;
-    rm_xent xe;
     struct iovec iov[2];
-    int ok, rc = 0;
+    uint32_t cwhy = 0, cidx = 0;      /* the chain's first READ refused here, and which */
+    int why, rc = 0, ranged, turn, mode, held;
     struct timespec until;
     while (!rc) {
         pthread_mutex_lock(&c->rq_mu);
@@ -300,36 +314,64 @@ static void *rt_responder(void *arg) {
             pthread_mutex_unlock(&c->send_mu);
             continue;
         }
-        f = c->rq[c->rq_head % RT_RD_MAX];
+        q = c->rq[c->rq_head % RT_RD_MAX];
         c->rq_head++;
         pthread_mutex_unlock(&c->rq_mu);
-        pthread_mutex_lock(&c->xp_mu);
-        ok = rm_xtab_find(c->xtab, f.region, f.offset, f.length, RM_XACC_READ, &xe) == 0;
-        pthread_mutex_lock(&c->send_mu);
-        rc = rt_bl_flush(c, 0, 0, 0);           /* what was queued goes first */
-        if (!rc) {
-            iov[1].iov_base = (void *)(uintptr_t)f.offset;      /* the range's address */
-            iov[1].iov_len = ok ? f.length : 0;
-            f.type = ok ? RT_READ_RESP : RT_READ_ERR;
-            f.region = 0;
-            f.offset = 0;
-            f.length = (uint32_t)iov[1].iov_len;
-            iov[0].iov_base = &f;
-            iov[0].iov_len = sizeof f;
-            rc = rt_answer(c, iov, 2);
+        ranged = q.f.type == RT_XREAD_REQ || q.f.type == RT_RCHAIN;
+        turn = rt_answer_turn(c, sizeof f + (ranged ? q.f.length : 0));
+        if (turn < 0) break;
+        memset(&f, 0, sizeof f);
+        iov[0].iov_base = &f;
+        iov[0].iov_len = sizeof f;
+        iov[1].iov_base = NULL;
+        iov[1].iov_len = 0;
+        if (ranged) {
+            pthread_mutex_lock(&c->xp_mu);
+            why = rt_xwhy(c, q.f.region, q.f.type == RT_RCHAIN ? q.tag : 0, q.f.offset,
+                          q.f.length, RM_XACC_READ);
+            if (why && q.f.type == RT_RCHAIN && !cwhy) {
+                cwhy = (uint32_t)why;
+                cidx = q.index;
+            }
+            f.type = why ? RT_READ_ERR : RT_READ_RESP;
+            if (!why) {
+                iov[1].iov_base = (void *)(uintptr_t)q.f.offset;    /* the range's address */
+                iov[1].iov_len = q.f.length;
+                f.length = q.f.length;
+            }
+        } else if (q.f.type == RT_RDONE) {
+            f.type = RT_RDONE;
+            f.region = q.f.region;
+            f.offset = q.f.offset;
+            if (cwhy && (!f.region || cidx < f.offset)) {
+                f.region = (uint16_t)cwhy;
+                f.offset = cidx;
+            }
+            cwhy = 0;
+        } else {
+            f.type = RT_READ_ERR;       /* a READ of a chain that failed before it */
         }
-        pthread_mutex_unlock(&c->send_mu);
-        pthread_mutex_unlock(&c->xp_mu);
+        if (turn == RT_QUEUE) {
+            mode = rt_turn(c, 0, 0, &held);
+            rc = mode < 0 ? mode : rt_commit(c, iov, 2, mode, held, 0, 0);
+        } else {
+            rc = rt_answer(c, iov, 2);
+            pthread_mutex_unlock(&c->send_mu);
+        }
+        if (ranged) pthread_mutex_unlock(&c->xp_mu);
+        __atomic_add_fetch(&c->rq_done, 1, __ATOMIC_RELEASE);
     }
     return NULL;
 }
 
-/* Expose / un-expose for the engine's thread. Un-exposing waits for a transfer from
- * or into the range to end (xp_mu, then xw_mu: the order the threads never invert). */
+/* Expose / un-expose for the engine's thread (and a region's owner). Un-exposing waits
+ * for a transfer from or into the range to end (xp_mu, then xw_mu: the order the
+ * threads never invert); neither waits long for a peer that reads or sends nothing
+ * (rt_answer, rt_rx_exposed). */
 static uint32_t rt_expose(rt_conn *c, uint64_t addr, uint64_t len, uint32_t access) {
     uint32_t key;
     rt_xp_lock(c);
-    pthread_mutex_lock(&c->xw_mu);
+    rt_xw_lock(c);
     key = rm_xtab_add(c->xtab, addr, len, access, RM_XNONE);
     pthread_mutex_unlock(&c->xw_mu);
     pthread_mutex_unlock(&c->xp_mu);
@@ -339,7 +381,7 @@ static uint32_t rt_expose(rt_conn *c, uint64_t addr, uint64_t len, uint32_t acce
 static void rt_unexpose(rt_conn *c, uint32_t key) {
     rm_xent xe;
     rt_xp_lock(c);
-    pthread_mutex_lock(&c->xw_mu);
+    rt_xw_lock(c);
     rm_xtab_del(c->xtab, key, &xe);
     pthread_mutex_unlock(&c->xw_mu);
     pthread_mutex_unlock(&c->xp_mu);

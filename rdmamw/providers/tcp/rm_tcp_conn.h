@@ -28,9 +28,16 @@ enum {
     RT_XREAD_REQ = 8,  /* send back an exposed range (key, address, length)   */
     RT_XWRITE = 9,     /* payload -> an exposed range (key, address)          */
     RT_READ_ERR = 10,  /* the oldest outstanding READ failed: nothing exposed */
-    RT_NTYPES = 11
+    RT_RCHAIN = 11,    /* a chain of region READs/WRITEs (rm_tcp_region.h)    */
+    RT_RDONE = 12,     /* the end of the oldest outstanding chain: {why, index} */
+    RT_NTYPES = 13
 };
-enum { RT_NREG = 4, RT_RD_MAX = 256, RT_IOV_MAX = 1024 };
+/* RT_RD_MAX: READ answers (and chain ends) a side may have outstanding; RT_RCH_MAX:
+ * operations in one chain (its READs and its end fit in RT_RD_MAX) */
+enum { RT_NREG = 4, RT_RD_MAX = 1024, RT_IOV_MAX = 1024, RT_RCH_MAX = RT_RD_MAX - 1 };
+/* what a slot of the READ ring waits for: a READ's answer (the engine's, or a region
+ * READ of a chain), or a chain's end */
+enum { RT_RK_READ = 0, RT_RK_RREAD = 1, RT_RK_DONE = 2 };
 #define RT_BACKLOG_MAX ((size_t)64 << 20)       /* bytes queued for a peer that reads nothing */
 #define RT_CLOSE_LOCK_NS 500000000LL            /* close() waits this long for the stream */
 /* rt_turn: how a chain goes; rt_send_*: why a send stopped short */
@@ -49,6 +56,23 @@ typedef struct {
     uint64_t offset;
 } rt_frame;                 /* 16 bytes, little-endian on the wire (x86/arm64 hosts) */
 
+/* A queued request for the responder thread: a frame (XREAD_REQ; or, for a chain's
+ * parts, RCHAIN = a region READ, READ_ERR = a READ to refuse, RDONE = its end), and for
+ * a region READ its tag and its index in the chain. */
+typedef struct {
+    rt_frame f;
+    uint32_t tag, index;
+} rt_req;
+
+/* The end of a chain, as its poster waits for it (on the poster's stack): written by
+ * the progress thread until `done`, never after. */
+typedef struct {
+    uint32_t why, index;    /* RM_RWHY_* of the first refused operation, and which */
+    int read_err;           /* a READ of the chain was answered READ_ERR */
+    int queued;             /* its slots were taken: the poster must wait for `done` */
+    int done;
+} rt_rcell;
+
 typedef struct {
     int sock, evfd;
     int state, stop, waiting, why, err_no;
@@ -63,15 +87,24 @@ typedef struct {
     uint64_t rd_addr[RT_RD_MAX];
     uint32_t rd_len[RT_RD_MAX];
     uint8_t rd_err[RT_RD_MAX];
+    uint8_t rd_kind[RT_RD_MAX];         /* RT_RK_* */
+    rt_rcell *rd_cell[RT_RD_MAX];       /* a region READ's or a chain end's poster */
     uint64_t rd_posted, rd_done;
+    pthread_mutex_t rd_mu;              /* posters asleep until their chain ends */
+    pthread_cond_t rd_cv;
+    int rd_sleepers;
     /* rendezvous: what this side exposed, and the XREAD_REQs the responder answers */
     rm_xtab *xtab;
     pthread_mutex_t xp_mu;      /* held by the responder while it sends from a range */
     pthread_mutex_t xw_mu;      /* held by the progress thread while it writes a range */
     pthread_mutex_t rq_mu;      /* the request queue; never held across I/O */
     pthread_cond_t rq_cv;
-    rt_frame rq[RT_RD_MAX];
+    rt_req rq[RT_RD_MAX];
     uint64_t rq_head, rq_tail;
+    uint64_t rq_done;           /* requests the responder has answered */
+    int rq_wait;                /* the progress thread waits for rq_done (a chain's order) */
+    int xw_wanted;              /* threads waiting for xw_mu (unexpose): a region WRITE
+                                   being received lets go between pieces */
     uint64_t frames_rx, bytes_rx, wakes_rx, heartbeats_tx;
     rt_frame bad;           /* the frame that broke the connection, if any */
     /* the send backlog (see the top): bl[bl_head, +bl_len); bl_mu decides the order */

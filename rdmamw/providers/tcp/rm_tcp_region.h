@@ -1,0 +1,377 @@
+/* Remote memory regions on tcp (docs/remote-memory.md), both sides of a chain.
+ *
+ * The initiator (TcpTransport._post_region) puts a chain of region READs/WRITEs on the
+ * stream as one RCHAIN frame {RCHAIN, n, n * 24, 0}, its n descriptors (rt_rdesc),
+ * then the payload of each WRITE in order: one sendmsg. Each READ takes a slot of the
+ * READ ring (rd_*: its answer lands straight in the READ's target), and the chain's end
+ * one more; the poster waits for the end (rt_rcell_wait).
+ *
+ * The owner's progress thread (rt_rchain) receives the descriptors into its own stack,
+ * copies each into a local before it looks at it, and checks them all against its own
+ * exposure table (key, tag, bounds, access: rm_region_why; only the owner writes the
+ * table) before any byte moves: a refused chain moves nothing (its WRITE payloads go
+ * to a sink) and is answered by one RDONE {why, index}. Else the operations run in
+ * order: a WRITE lands straight in the region, re-checked under xw_mu (rt_rx_exposed);
+ * a READ is queued for the responder thread, which re-checks it under xp_mu and answers
+ * READ_RESP from the region (or READ_ERR); the chain's end is queued after them, so the
+ * RDONE follows every answer and every write of the chain. A WRITE after a READ of its
+ * chain waits until the responder answered that READ.
+ *
+ * Revoke (rt_unexpose) takes xp_mu, then xw_mu: an answer being sent from the region
+ * lets go of it when the socket is full (the rest is copied into the backlog first:
+ * rt_answer), a WRITE being received lets go between pieces and whenever the socket is
+ * empty (rt_rx_exposed; the rest of it then goes to the sink if the region is gone). So
+ * when revoke returns no byte of the region moves, whatever the peer sends or reads. */
+#ifndef RM_TCP_REGION_H
+#define RM_TCP_REGION_H
+#include <sched.h>
+#include "rm_tcp_send.h"
+
+enum { RT_OP_READ = 1, RT_OP_WRITE = 2 };
+#define RT_PIECE ((uint32_t)1 << 30)    /* the largest operation of a chain */
+#define RT_XW_PIECE ((uint64_t)1 << 20) /* a WRITE lets a revoke go first this often */
+#define RT_ANSWER_COPY ((size_t)8 << 20) /* the largest answer copied to the backlog for
+                                           a progress thread waiting on it */
+
+typedef struct {
+    uint16_t op;        /* RT_OP_* */
+    uint16_t key;       /* the exposure's key */
+    uint32_t tag;       /* the region's tag (never 0) */
+    uint64_t addr;      /* in the owner's memory */
+    uint32_t length;    /* at most RT_PIECE */
+    uint32_t reserved;  /* 0 */
+} rt_rdesc;             /* 24 bytes on the wire */
+
+static int rt_rx(rt_conn *c, char *buf, uint64_t n, char *nh, uint32_t *nh_got);
+static int rt_rx_wait(rt_conn *c, int64_t cap_ms);
+
+/* Why an access to [addr, addr+n) under key fails (RM_RWHY_*): a region's (tag != 0),
+ * or a rendezvous range's (tag 0: an untagged entry only). */
+static int rt_xwhy(rt_conn *c, uint32_t key, uint32_t tag, uint64_t addr, uint64_t n,
+                   uint32_t acc) {
+    rm_xent xe;
+    if (tag) return rm_region_why(c->xtab, key, tag, addr, n, acc);
+    if (rm_xtab_find(c->xtab, key, addr, n, acc, &xe) || (xe.access >> RM_XTAG_SHIFT))
+        return RM_RWHY_GONE;
+    return RM_RWHY_OK;
+}
+
+/* What is on the socket now, up to n bytes: the count, 0 (nothing), or -RT_WHY_*. */
+static int64_t rt_rx_now(rt_conn *c, char *buf, uint64_t n) {
+    ssize_t r;
+    for (;;) {
+        r = recv(c->sock, buf, n, MSG_DONTWAIT);
+        if (r > 0) {
+            c->bytes_rx += (uint64_t)r;
+            c->last_rx = rt_now();
+            return r;
+        }
+        if (r == 0) return -RT_WHY_EOF;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        c->err_no = errno;
+        return -RT_WHY_IO;
+    }
+}
+
+/* Receive n bytes and drop them (a refused WRITE's payload). */
+static int rt_rx_sink(rt_conn *c, uint64_t n) {
+    char sink[65536];
+    uint64_t k;
+    int rc;
+    while (n) {
+        k = n < sizeof sink ? n : sizeof sink;
+        rc = rt_rx(c, sink, k, NULL, NULL);
+        if (rc) return rc;
+        n -= k;
+    }
+    return 0;
+}
+
+/* Receive a WRITE's n-byte payload straight into [addr, addr+n), exposed under key and
+ * tag (0: a rendezvous range), holding xw_mu. A revoke waiting for xw_mu (xw_wanted)
+ * goes first between pieces and whenever the socket is empty; the range is then
+ * checked again. *why: RM_RWHY_* of the check that failed, the rest of the payload then
+ * dropped. 0 or -RT_WHY_*. */
+static int rt_rx_exposed(rt_conn *c, uint32_t key, uint32_t tag, uint64_t addr, uint64_t n,
+                         int *why) {
+    uint64_t done = 0, want;
+    int64_t got;
+    int rc = 0;
+    pthread_mutex_lock(&c->xw_mu);
+    *why = rt_xwhy(c, key, tag, addr, n, RM_XACC_WRITE);
+    while (done < n && !*why) {
+        if (__atomic_load_n(&c->xw_wanted, __ATOMIC_ACQUIRE)) {
+            pthread_mutex_unlock(&c->xw_mu);
+            while (__atomic_load_n(&c->xw_wanted, __ATOMIC_ACQUIRE)) sched_yield();
+            pthread_mutex_lock(&c->xw_mu);
+            *why = rt_xwhy(c, key, tag, addr + done, n - done, RM_XACC_WRITE);
+            continue;
+        }
+        want = n - done < RT_XW_PIECE ? n - done : RT_XW_PIECE;
+        got = rt_rx_now(c, (char *)(uintptr_t)(addr + done), want);
+        if (got > 0) {
+            done += (uint64_t)got;
+            continue;
+        }
+        if (got < 0) {
+            rc = (int)got;
+            break;
+        }
+        if (!__atomic_load_n(&c->xw_wanted, __ATOMIC_ACQUIRE)) {
+            rc = rt_rx_wait(c, 5);      /* a revoke that comes meanwhile waits <= 5 ms */
+            if (rc) break;
+        }
+    }
+    pthread_mutex_unlock(&c->xw_mu);
+    if (!rc && done < n) rc = rt_rx_sink(c, n - done);
+    return rc;
+}
+
+/* Take xw_mu for expose / unexpose, telling a WRITE being received to let go. */
+static void rt_xw_lock(rt_conn *c) {
+    __atomic_add_fetch(&c->xw_wanted, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&c->xw_mu);
+    __atomic_sub_fetch(&c->xw_wanted, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Queue a request for the responder. 0, or -RT_WHY_FRAME when the peer has more
+ * outstanding than its READ ring allows. */
+static int rt_rq_push(rt_conn *c, const rt_frame *f, uint32_t tag, uint32_t index) {
+    pthread_mutex_lock(&c->rq_mu);
+    if (c->rq_tail - c->rq_head >= RT_RD_MAX) {
+        pthread_mutex_unlock(&c->rq_mu);
+        return -RT_WHY_FRAME;
+    }
+    c->rq[c->rq_tail % RT_RD_MAX].f = *f;
+    c->rq[c->rq_tail % RT_RD_MAX].tag = tag;
+    c->rq[c->rq_tail % RT_RD_MAX].index = index;
+    c->rq_tail++;
+    pthread_cond_signal(&c->rq_cv);
+    pthread_mutex_unlock(&c->rq_mu);
+    return 0;
+}
+
+static int rt_rq_part(rt_conn *c, uint16_t type, uint16_t region, uint32_t length,
+                      uint64_t offset, uint32_t tag, uint32_t index) {
+    rt_frame f;
+    f.type = type;
+    f.region = region;
+    f.length = length;
+    f.offset = offset;
+    return rt_rq_push(c, &f, tag, index);
+}
+
+/* Wait until the responder has answered the first `upto` requests (a WRITE after a READ
+ * of its chain). 0, or -RT_WHY_LOCAL once the connection is going. */
+static int rt_rq_drain(rt_conn *c, uint64_t upto) {
+    struct timespec tick = {0, 20000};
+    int rc = 0;
+    __atomic_store_n(&c->rq_wait, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&c->rq_done, __ATOMIC_ACQUIRE) < upto) {
+        if (__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE) || rt_state(c) != RT_UP) {
+            rc = -RT_WHY_LOCAL;
+            break;
+        }
+        nanosleep(&tick, NULL);
+    }
+    __atomic_store_n(&c->rq_wait, 0, __ATOMIC_SEQ_CST);
+    return rc;
+}
+
+/* The owner's progress thread: an RCHAIN frame f (see the top). 0 or -RT_WHY_*. */
+static int rt_rchain(rt_conn *c, const rt_frame *f) {
+    rt_rdesc descs[RT_RCH_MAX], d;
+    uint32_t n = f->region, i, idx = 0;
+    uint64_t pay = 0, reads_upto = 0;
+    int rc, why = 0, w;
+    if (!c->xtab || n == 0 || n > RT_RCH_MAX || f->length != n * sizeof(rt_rdesc) || f->offset)
+        return -RT_WHY_FRAME;
+    rc = rt_rx(c, (char *)descs, f->length, NULL, NULL);
+    if (rc) return rc;
+    for (i = 0; i < n; i++) {               /* the whole chain first: all or nothing */
+        memcpy(&d, &descs[i], sizeof d);    /* each field read once, into a local */
+        if ((d.op != RT_OP_READ && d.op != RT_OP_WRITE) || d.reserved || d.length > RT_PIECE)
+            return -RT_WHY_FRAME;           /* not a chain rdmamw makes: hang up */
+        if (d.op == RT_OP_WRITE) pay += d.length;
+        if (!why) {
+            w = rm_region_why(c->xtab, d.key, d.tag, d.addr, d.length,
+                              d.op == RT_OP_READ ? RM_XACC_READ : RM_XACC_WRITE);
+            if (w) {
+                why = w;
+                idx = i;
+            }
+        }
+    }
+    if (why) {                              /* refused: nothing moves */
+        rc = rt_rx_sink(c, pay);
+        return rc ? rc : rt_rq_part(c, RT_RDONE, (uint16_t)why, 0, idx, 0, 0);
+    }
+    for (i = 0; i < n; i++) {
+        memcpy(&d, &descs[i], sizeof d);
+        if (d.op == RT_OP_READ) {           /* the responder re-checks it */
+            rc = rt_rq_part(c, why ? RT_READ_ERR : RT_RCHAIN, d.key, d.length, d.addr,
+                            d.tag, i);
+            if (rc) return rc;
+            reads_upto = c->rq_tail;
+            continue;
+        }
+        if (why) {                          /* after a refusal: the rest is not done */
+            rc = rt_rx_sink(c, d.length);
+            if (rc) return rc;
+            continue;
+        }
+        if (reads_upto) {                   /* the chain's order: its READs first */
+            rc = rt_rq_drain(c, reads_upto);
+            if (rc) return rc;
+            reads_upto = 0;
+        }
+        rc = rt_rx_exposed(c, d.key, d.tag, d.addr, d.length, &w);
+        if (rc) return rc;
+        if (w) {
+            why = w;
+            idx = i;
+        }
+    }
+    return rt_rq_part(c, RT_RDONE, (uint16_t)why, 0, idx, 0, 0);
+}
+
+/* ---- the initiator ------------------------------------------------------------- */
+
+/* The progress thread: slot k's answer came (a region READ's or a chain's end: nobody
+ * but its poster waits, on its cell). */
+static void rt_rcell_wake(rt_conn *c) {
+    if (__atomic_load_n(&c->rd_sleepers, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&c->rd_mu);
+        pthread_cond_broadcast(&c->rd_cv);
+        pthread_mutex_unlock(&c->rd_mu);
+    }
+}
+
+/* The progress thread: an RDONE frame f, the end of the oldest outstanding chain. The
+ * READ slots before its end are skipped only when the chain was refused (none was
+ * answered). 0 or -RT_WHY_FRAME (an owner that answers what was not asked). */
+static int rt_rdone(rt_conn *c, const rt_frame *f) {
+    uint64_t k = __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE);
+    uint64_t posted = __atomic_load_n(&c->rd_posted, __ATOMIC_ACQUIRE);
+    uint32_t why = f->region;
+    rt_rcell *cell;
+    if (f->length || why > RM_RWHY_ACCESS) return -RT_WHY_FRAME;
+    while (why && k < posted && c->rd_kind[k % RT_RD_MAX] == RT_RK_RREAD)
+        c->rd_cell[k++ % RT_RD_MAX]->read_err = 1;
+    if (k >= posted || c->rd_kind[k % RT_RD_MAX] != RT_RK_DONE) return -RT_WHY_FRAME;
+    cell = c->rd_cell[k % RT_RD_MAX];
+    cell->why = why;
+    cell->index = f->offset > 0xFFFFFFFFu ? 0xFFFFFFFFu : (uint32_t)f->offset;
+    __atomic_store_n(&c->rd_done, k + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&cell->done, 1, __ATOMIC_SEQ_CST);     /* the cell is the poster's now */
+    rt_rcell_wake(c);
+    return 0;
+}
+
+/* The poster: put the chain descs[0..n) (local[i]: a READ's target or a WRITE's source)
+ * on the stream as one RCHAIN frame and one sendmsg (iov: room for n + 2), the slots of
+ * its READs and of its end taken in the stream's order, once the ring has room for
+ * them; `cell` is where its end will be told. rt_commit's code, or the state. */
+static int rt_rchain_send(rt_conn *c, const rt_rdesc *descs, const uint64_t *local,
+                          uint32_t n, struct iovec *iov, rt_rcell *cell, int64_t deadline,
+                          int may_wait) {
+    rt_frame hdr;
+    uint32_t i, k = 2, nreads = 0, slot;
+    uint64_t posted;
+    int mode, held;
+    memset(&hdr, 0, sizeof hdr);
+    hdr.type = RT_RCHAIN;
+    hdr.region = (uint16_t)n;
+    hdr.length = n * (uint32_t)sizeof(rt_rdesc);
+    iov[0].iov_base = &hdr;
+    iov[0].iov_len = sizeof hdr;
+    iov[1].iov_base = (void *)descs;
+    iov[1].iov_len = n * sizeof(rt_rdesc);
+    for (i = 0; i < n; i++) {
+        if (descs[i].op == RT_OP_READ) {
+            nreads++;
+            continue;
+        }
+        iov[k].iov_base = (void *)(uintptr_t)local[i];
+        iov[k++].iov_len = descs[i].length;
+    }
+    for (;;) {
+        if (rt_state(c) != RT_UP) return rt_state(c);
+        mode = rt_turn(c, deadline, may_wait, &held);       /* bl_mu held from here */
+        if (mode < 0) return mode;
+        posted = c->rd_posted;
+        if (posted + nreads + 1 - __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE) <= RT_RD_MAX)
+            break;
+        pthread_mutex_unlock(&c->bl_mu);        /* other chains' answers free the ring */
+        if (held) pthread_mutex_unlock(&c->send_mu);
+        sched_yield();
+    }
+    for (i = 0; i <= n; i++) {
+        if (i < n && descs[i].op != RT_OP_READ) continue;
+        slot = posted++ % RT_RD_MAX;
+        c->rd_addr[slot] = i < n ? local[i] : 0;
+        c->rd_len[slot] = i < n ? descs[i].length : 0;
+        c->rd_err[slot] = 0;
+        c->rd_kind[slot] = i < n ? RT_RK_RREAD : RT_RK_DONE;
+        c->rd_cell[slot] = cell;
+    }
+    __atomic_store_n(&c->rd_posted, posted, __ATOMIC_RELEASE);
+    cell->queued = 1;
+    return rt_commit(c, iov, (int)k, mode, held, deadline, may_wait);
+}
+
+/* The poster: wait for the end of its chain. 0 once it came; else the state, once the
+ * connection is down and the progress thread (which writes the chain's READ targets
+ * and its cell) has returned. */
+static int rt_rcell_wait(rt_conn *c, rt_rcell *cell) {
+    struct timespec until;
+    int i, st = 0;
+    for (i = 0; i < 200; i++) {             /* an answer within a round trip: no sleep */
+        if (__atomic_load_n(&cell->done, __ATOMIC_ACQUIRE)) return 0;
+        sched_yield();
+    }
+    pthread_mutex_lock(&c->rd_mu);
+    __atomic_add_fetch(&c->rd_sleepers, 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        if (__atomic_load_n(&cell->done, __ATOMIC_SEQ_CST)) {
+            st = 0;
+            break;
+        }
+        st = rt_state(c);
+        if (st != RT_UP && __atomic_load_n(&c->exited, __ATOMIC_ACQUIRE)) break;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 20000000;
+        if (until.tv_nsec >= 1000000000) { until.tv_sec++; until.tv_nsec -= 1000000000; }
+        pthread_cond_timedwait(&c->rd_cv, &c->rd_mu, &until);
+    }
+    __atomic_sub_fetch(&c->rd_sleepers, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&c->rd_mu);
+    return st;
+}
+
+/* Why this thread's last chain on c was refused, for the operation that covers
+ * [addr, addr+len) under key and tag (remote.py asks right after the post): RM_RWHY_*,
+ * 0 if not that one. */
+typedef struct {
+    const rt_conn *c;
+    uint32_t why, key, tag, write;
+    uint64_t addr, len;
+} rt_refusal;
+static __thread rt_refusal rt_last_refusal;
+
+static void rt_refusal_set(const rt_conn *c, uint32_t why, uint32_t key, uint32_t tag,
+                           int write, uint64_t addr, uint64_t len) {
+    rt_refusal r = {c, why, key, tag, (uint32_t)write, addr, len};
+    rt_last_refusal = r;
+}
+
+static uint32_t rt_refusal_get(const rt_conn *c, uint32_t key, uint32_t tag, int write,
+                               uint64_t addr, uint64_t len) {
+    const rt_refusal *r = &rt_last_refusal;
+    if (r->c != c || r->key != key || r->tag != tag || r->write != (uint32_t)write ||
+        r->addr < addr || r->len > len || r->addr - addr > len - r->len)
+        return 0;
+    return r->why;
+}
+#endif
