@@ -3,7 +3,9 @@ loop a ring allreduce until it fails, shrink, check one allreduce on the survivo
 print ``{"shrunk": ...}``; then they grow the communicator back and print the result
 of an allreduce over the whole job. Started with ``replacement`` (rank 2's launcher
 environment, after the kill), a process re-joins instead: ``rdmamw.init()``, then
-``coll.join()`` and the same allreduce. argv: the collectives' timeout, then the mode."""
+``coll.join()`` and the same allreduce. argv: the collectives' timeout, the mode, and
+how long a grow waits for the replacement (default 30 s; the VM's slow Python starts
+need more)."""
 
 from __future__ import annotations
 
@@ -29,9 +31,10 @@ def grown(w: rdmamw.World, comm: coll.Communicator, timeout: float) -> dict:
 
 def main() -> None:
     timeout, mode = float(sys.argv[1]), sys.argv[2]
+    wait = float(sys.argv[3]) if len(sys.argv) > 3 else 30.0
     if mode == "replacement":
-        w = rdmamw.init(timeout=30)
-        comm = coll.join(timeout=30)
+        w = rdmamw.init(timeout=wait)
+        comm = coll.join(timeout=wait)
         print(json.dumps(grown(w, comm, timeout)), flush=True)
         return
     w = rdmamw.init(timeout=60)
@@ -49,7 +52,7 @@ def main() -> None:
     print(json.dumps({"rank": w.rank, "named": named, "shrunk": comm.members,
                       "sum": float(got[0]), "same": bool((got == got[0]).all())}),
           flush=True)
-    comm = coll.grow(timeout=30)
+    comm = coll.grow(timeout=wait)
     print(json.dumps(grown(w, comm, timeout)), flush=True)
 
 

@@ -125,12 +125,14 @@ def _unless_refused(frame: dict, peer_name: str) -> dict:
 
 def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
                mode: str | None, peer_name: str, rank: int | None = None,
-               pin: Pin | Callable[[int | None], Pin] | None = None) -> Connected:
+               pin: Pin | Callable[[int | None], Pin] | None = None,
+               gen: int = 0) -> Connected:
     """Token check, hellos, then descriptors, then a ready barrier. ``mode`` is None on
     accept. Nothing about us (pid, QP, rkey) crosses before the token check. ``rank``:
-    ours, sent in the opener's hello (connections by rank); ``pin``: the port to use and
-    the GID the peer must show, or (accepting) a function of the opener's rank giving
-    them."""
+    ours, sent in the opener's hello (connections by rank), with ``gen``, our process's
+    generation (a re-joined rank's: rdmamw/bootstrap/rejoin.py); ``pin``: the port to
+    use and the GID the peer must show, or (accepting) a function of the opener's rank
+    giving them."""
     layout.check_ring(slots, slot_size)
     if mode is None:
         auth.accept_side(conn)
@@ -143,14 +145,20 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
         hello["mode"] = mode
         if rank is not None:
             hello["rank"] = rank
+            if gen:
+                hello["gen"] = gen
     fr.send_frame(conn, hello)
     peer = fr.recv_frame(conn)
     peer_slots, peer_slot_size, mode = fr.check_hello(peer, fr.PROTOCOL_VERSION, mode)
-    peer_rank = None
+    peer_rank, peer_gen = None, 0
     if "rank" in peer:
         peer_rank = fr.field(peer, "rank", int)
         if not 0 <= peer_rank < 1 << 31:
             raise ProtocolError(f"peer claims rank {peer_rank}")
+    if "gen" in peer:
+        peer_gen = fr.field(peer, "gen", int)
+        if not 0 <= peer_gen < 1 << 31:
+            raise ProtocolError(f"peer claims generation {peer_gen}")
     if callable(pin):
         pin = pin(peer_rank)
     mine = layout.endpoint_layout(slots, slot_size, peer_slots)
@@ -214,7 +222,7 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
     conn.settimeout(None)
     tp._attach_socket(conn.detach())
     return Connected(tp, slots, slot_size, peer_slots, peer_slot_size, mode, peer_name,
-                     peer_rank)
+                     peer_rank, peer_gen)
 
 
 def _tcp_options(conn: socket.socket) -> None:
@@ -270,9 +278,9 @@ def listen(where: str, *, slots: int, slot_size: int,
 
 
 def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int,
-            rank: int | None = None, pin: Pin | None = None) -> Connected:
+            rank: int | None = None, pin: Pin | None = None, gen: int = 0) -> Connected:
     """Connect to ``verbs://where``, retrying until ``timeout`` while nobody listens;
-    ``rank`` and ``pin`` for a connection by rank (bootstrap)."""
+    ``rank``, ``pin`` and ``gen`` for a connection by rank (bootstrap)."""
     w = parse_where(where)
     dev.require()
     deadline = time.monotonic() + timeout
@@ -293,7 +301,7 @@ def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int
     try:
         _tcp_options(conn)
         conn.settimeout(max(1.0, deadline - time.monotonic()))
-        return _handshake(conn, w, slots, slot_size, mode, name, rank, pin)
+        return _handshake(conn, w, slots, slot_size, mode, name, rank, pin, gen)
     except TimeoutError:
         raise Timeout(f"handshake with {name} timed out") from None
     finally:
@@ -377,7 +385,8 @@ class VerbsProvider:
         addr, _ports = verbs_rank.parse(pair.theirs)      # type: ignore[misc]
         return connect(addr.partition("://")[2], mode=mode, timeout=timeout, slots=slots,
                        slot_size=slot_size, rank=pair.me,
-                       pin=pin(pair.me, pair.mine, pair.peer, pair.theirs))
+                       pin=pin(pair.me, pair.mine, pair.peer, pair.theirs),
+                       gen=pair.mine.get("gen", 0))
 
 
 PROVIDER = VerbsProvider()
