@@ -13,7 +13,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import choose_encoder
 
 from rdmamw.metrics import readings
-from rdmamw.metrics.http import Answer, Route, Server
+from rdmamw.metrics.health import health
+from rdmamw.metrics.http import Answer, Route, Server, json_route
 from rdmamw.metrics.readings import (
     CHANNEL_COUNTERS,
     MEMORY_COUNTERS,
@@ -103,12 +104,14 @@ def exposition(registry: Any) -> Route:
 
 class Endpoint:
     """An HTTP endpoint serving :class:`RdmamwCollector` (its own registry: a scrape
-    shows rdmamw's metrics only) on a thread of its own."""
+    shows rdmamw's metrics only) and, at ``/health``, the rank's health answer
+    (rdmamw/metrics/health.py), on a thread of its own."""
 
     def __init__(self, port: int, addr: str) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RdmamwCollector())
-        self.server = Server(addr, port, {}, exposition(self.registry)).start()
+        self.server = Server(addr, port, {"/health": json_route(health)},
+                             exposition(self.registry)).start()
         self.port: int = self.server.port
         self.addr = addr
 

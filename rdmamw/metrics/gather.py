@@ -7,6 +7,7 @@ A process found dead is in neither: its series end with it."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -18,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from rdmamw.metrics.members import Member
+from rdmamw.metrics.members import Member, stopped
 
 #: seconds the host's endpoint waits for each process's answer
 RANK_TIMEOUT = 0.5
@@ -84,3 +85,22 @@ class Merged:
 
     def collect(self) -> Iterator[Any]:
         return iter(self.families.values())
+
+
+def health(known: list[Member], answers: list[bytes | str]) -> dict[str, Any]:
+    """The host's health answer: each process's own (rdmamw/metrics/health.py), or
+    what is known of one that gave none: ``gone`` (found dead), ``silent`` (alive, no
+    answer in time: stopped, or busy)."""
+    ranks = []
+    for m, a in zip(known, answers, strict=True):
+        if m.gone is not None:
+            ranks.append({"rank": m.name, "pid": m.pid, "state": "gone",
+                          "error": f"process {m.pid} exited (found "
+                                   f"{time.time() - m.gone:.0f} s ago)"})
+        elif isinstance(a, str):
+            why = "stopped (SIGSTOP or a debugger)" if stopped(m.pid) else "alive"
+            ranks.append({"rank": m.name, "pid": m.pid, "state": "silent",
+                          "error": f"{why}, {a}"})
+        else:
+            ranks.append(json.loads(a))
+    return {"host": os.uname().nodename, "served_by": os.getpid(), "ranks": ranks}

@@ -15,12 +15,13 @@ import errno
 import logging
 import os
 import threading
+from typing import Any
 
 from prometheus_client.exposition import choose_encoder
 
 from rdmamw.metrics import members
-from rdmamw.metrics.gather import Merged, ask
-from rdmamw.metrics.http import Answer, Route, Server
+from rdmamw.metrics.gather import Merged, ask, health
+from rdmamw.metrics.http import Answer, Route, Server, json_route
 
 log = logging.getLogger("rdmamw.metrics")
 #: seconds between a process's tries to bind the host's port while another holds it
@@ -46,7 +47,7 @@ class Host:
 
     def routes(self) -> dict[str, Route]:
         """The host endpoint's paths but the metrics (every other path)."""
-        return {}
+        return {"/health": json_route(self.health)}
 
     def _contend(self) -> None:
         while not self.stopping.is_set():
@@ -78,6 +79,13 @@ class Host:
         live = [m for m in members.members(self.port) if m.gone is None]
         encode, ctype = choose_encoder(accept)
         return 200, ctype, encode(Merged(live, ask(live, "/metrics")))
+
+    def health(self) -> dict[str, Any]:
+        """Every process's health answer, or what is known of one that gave none."""
+        known = members.members(self.port)
+        live = [m for m in known if m.gone is None]
+        answers = iter(ask(live, "/health", accept="application/json"))
+        return health(known, [next(answers) if m.gone is None else "" for m in known])
 
     def close(self) -> None:
         """Leave: stop serving (another process takes over) and remove our file."""

@@ -6,6 +6,7 @@ while another process holds it (rdmamw/metrics/host.py takes turns so)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -17,6 +18,13 @@ log = logging.getLogger("rdmamw.metrics")
 Answer = tuple[int, str, bytes]
 #: what a route is called with: the request's Accept header
 Route = Callable[[str], Answer]
+
+
+def json_route(make: Callable[[], Any]) -> Route:
+    """A route answering ``make()`` as JSON."""
+    def answer(_accept: str) -> Answer:
+        return 200, "application/json", json.dumps(make()).encode()
+    return answer
 
 
 class Server(ThreadingHTTPServer):
