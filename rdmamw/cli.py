@@ -1,7 +1,8 @@
 """The ``rdmamw`` command: ``demo`` (the main job: a parameter-server training
 cluster), ``demo-stream`` (batched vs ack streaming), ``perf`` (perftest-style latency,
 bandwidth and message rate between two hosts), ``info``, ``trace merge`` (the ranks'
-timelines on one clock), ``top`` (a live view of a job), ``tune`` (the collectives'
+timelines on one clock), ``top`` (a live view of a job), ``status`` (which ranks
+of a job are up, lost or silent, and whom they wait on), ``tune`` (the collectives'
 cost model) and ``tune rndv`` (the eager/rendezvous threshold)."""
 
 from __future__ import annotations
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     if given[:1] == ["top"]:             # its own argument parser (rdmamw top -h)
         from rdmamw.apps.top import main as top
         return top(given[1:])
+    if given[:1] == ["status"]:          # its own argument parser (rdmamw status -h)
+        from rdmamw.apps.status import main as status
+        return status(given[1:])
     if given[:1] == ["demo"]:            # its own argument parser (rdmamw demo -h)
         from rdmamw.apps.demo.demo import main as demo
         return demo(given[1:])
@@ -232,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                                  "file for Perfetto (rdmamw trace merge -h)")
     sub.add_parser("top", help="a live view of a running job from its metrics endpoints "
                                "(rdmamw top -h)")
+    sub.add_parser("status", help="which ranks of a running job are up, lost or silent, "
+                                  "and which peers they wait on (rdmamw status -h)")
     sub.add_parser("tune", help="calibrate the collectives' cost model (rdmamw tune -h); "
                    "'rdmamw tune rndv': the eager/rendezvous threshold")
     args = parser.parse_args(argv)

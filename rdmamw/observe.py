@@ -34,6 +34,11 @@ connect: Callable[[str, str, float], None] | None = None
 #: their steps and the parameter server's rounds test it once each
 tracer: Any = None
 
+#: the collectives' waits on one peer that outlasted their first slice, by thread:
+#: (the peer's world rank, the time.monotonic() the wait began); what
+#: rdmamw.metrics.health says a rank waits on (rdmamw/collectives/waits.py)
+waits: dict[int, tuple[int, float]] = {}
+
 _lock = threading.Lock()
 
 
@@ -108,6 +113,13 @@ def read(fn: Callable[[Key, Any], dict[str, Any]]) -> dict[Key, dict[str, float]
         return {k: dict(v) for k, v in _closed.items()}
 
 
+def channels() -> list[tuple[Key, Any]]:
+    """The open channels with their keys (for a health answer: held while it is made)."""
+    with _lock:
+        found = [(e.key, e.ref()) for e in _open.values()]
+    return [(key, ch) for key, ch in found if ch is not None]
+
+
 def serving(server: Any) -> None:
     """A parameter server (rdmamw.ps.KVServer) was made: its ``stats()`` are read at each
     scrape while it lives (a weak reference)."""
@@ -149,3 +161,4 @@ def _forget() -> None:
     _dead.clear()
     _closed.clear()
     _servers.clear()
+    waits.clear()

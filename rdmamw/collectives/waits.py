@@ -18,6 +18,7 @@ them while nothing fails) cost nothing more.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -110,22 +111,27 @@ class Waits:
         ``wait(s)`` (a slice of ``s`` s: Timeout if it did not end) until it ends."""
         warn = t / 2 if t > WARN_AFTER else None
         started = self.deadline - t
-        while True:
-            self.watch(peer)
-            now = time.monotonic()
-            if warn is not None and now - started >= warn:
-                log.warning("collective #%d: rank %d has made no progress for %.1f s "
-                            "(rank %d waits for it)", self.comm.seq, peer, warn,
-                            self.comm.rank)
-                warn = None
-            left = self.deadline - now
-            if left <= 0:
-                raise Timeout(f"no progress in {t:g} s")
-            try:
-                return wait(min(left, WATCH))
-            except Timeout:
-                if left <= WATCH:
-                    raise
+        me = threading.get_ident()
+        observe.waits[me] = (self.comm.members[peer], started)    # (health answers)
+        try:
+            while True:
+                self.watch(peer)
+                now = time.monotonic()
+                if warn is not None and now - started >= warn:
+                    log.warning("collective #%d: rank %d has made no progress for %.1f s "
+                                "(rank %d waits for it)", self.comm.seq, peer, warn,
+                                self.comm.rank)
+                    warn = None
+                left = self.deadline - now
+                if left <= 0:
+                    raise Timeout(f"no progress in {t:g} s")
+                try:
+                    return wait(min(left, WATCH))
+                except Timeout:
+                    if left <= WATCH:
+                        raise
+        finally:
+            observe.waits.pop(me, None)
 
     def watch(self, peer: int) -> None:
         """Take what arrived on every channel but ``peer``'s: data into its queue, a

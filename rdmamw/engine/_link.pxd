@@ -46,6 +46,8 @@ cdef class Link:
     cdef readonly object peer       # the peer's address, for log lines (set_peer)
     cdef bint credit_flag_set       # CTRL_CREDIT_WAIT raised at the peer
     cdef bint sleep_flag_set        # CTRL_RX_SLEEP raised at the peer
+    cdef int64_t credit_flag_ns     # when each was raised (now_ns: for diagnostics())
+    cdef int64_t sleep_flag_ns
     cdef int64_t spin_ns            # how long a wait spins before it sleeps
     cdef rm_counters cnt
     cdef const int *pid_now         # this process's pid, current across fork (transport)
@@ -174,6 +176,7 @@ cdef class Link:
     cdef dict counters(self)
     cdef dict stats(self)
     cdef dict diagnostics(self)
+    cdef dict waiting(self)
     cdef object error_detail(self)
 
     cdef int put_word(self, uint32_t region, uint32_t word, uint64_t *src) noexcept nogil

@@ -208,6 +208,8 @@ cdef class Link:
         if self.credit_flag_set != up:
             self.put_word(RM_REGION_CTRL, CTRL_CREDIT_WAIT, &self.words[1 if up else 0])
             self.credit_flag_set = up
+            if up:
+                self.credit_flag_ns = now_ns()
         self.unlock()
 
     cdef void sleep_flag(self, bint up) noexcept nogil:
@@ -221,6 +223,8 @@ cdef class Link:
         if self.sleep_flag_set != up:
             self.put_word(RM_REGION_CTRL, CTRL_RX_SLEEP, &self.words[1 if up else 0])
             self.sleep_flag_set = up
+            if up:
+                self.sleep_flag_ns = now_ns()
 
     cdef void read_result(self, uint64_t *done, int *status) noexcept nogil:
         """The last rendezvous READ completed and its status, as one completion's."""
@@ -304,7 +308,20 @@ cdef class Link:
             "ctrl": [self.ctrl[0], self.ctrl[8], self.ctrl[16]],
             "rndv_read_done": self.read_done, "rndv_read_status": self.read_status,
             "peer_gone": self.peer_gone, "transport_error": self.error_detail(),
+            "waiting": self.waiting(),
         }
+
+    cdef dict waiting(self):
+        """What this side sleeps waiting for from the peer now, and for how many
+        seconds: "credit" (a send: free slots, rendezvous entries or done bits),
+        "arrival" (a receive); a wait still spinning is not shown."""
+        cdef int64_t t = now_ns()
+        d = {}
+        if self.credit_flag_set:
+            d["credit"] = (t - self.credit_flag_ns) / 1e9
+        if self.sleep_flag_set:
+            d["arrival"] = (t - self.sleep_flag_ns) / 1e9
+        return d
 
     cdef object error_detail(self):
         return self.tp.error_detail() if self.tp is not None else None

@@ -2,7 +2,9 @@
 by provider and peer rank, read from the channels' own counters at each scrape, the
 errors by kind and the collectives' times. Off by default: ``RDMAMW_METRICS_PORT``
 serves them over HTTP (port + local rank) from ``rdmamw.init()`` or the first channel
-on; :func:`serve` does it from code; :func:`snapshot` returns them as plain data.
+on, ``RDMAMW_METRICS_HOST_PORT`` every rank of the host at one port
+(rdmamw/metrics/host.py); :func:`serve` and :func:`serve_host` do it from code;
+:func:`snapshot` returns them as plain data.
 
 The HTTP endpoint needs prometheus_client (``pip install rdmamw[metrics]``), imported
 only when one is served; :func:`snapshot` does without it."""
@@ -13,7 +15,7 @@ import logging
 import threading
 from typing import Any
 
-from rdmamw import config
+from rdmamw import _fork, config
 from rdmamw.errors import ConfigError
 from rdmamw.metrics import settings as settings
 from rdmamw.metrics.readings import disable, enable, snapshot
@@ -23,6 +25,7 @@ log = logging.getLogger("rdmamw.metrics")
 LOCAL_RANK = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
 
 _endpoint: Any = None
+_host: Any = None           # rdmamw.metrics.host.Host: this process's part in the host's
 _lock = threading.Lock()
 
 
@@ -59,10 +62,39 @@ def serve(port: int | None = None, addr: str | None = None) -> int:
         return int(_endpoint.port)
 
 
-def stop() -> None:
-    """Stop serving (and recording the collectives' times)."""
-    global _endpoint
+def serve_host(port: int | None = None) -> None:
+    """Take part in the host's endpoint at RDMAMW_METRICS_ADDR:``port`` (default
+    RDMAMW_METRICS_HOST_PORT): every process of the host that does serves its metrics
+    there, through whichever of them holds the port. This process's own endpoint (its
+    :func:`serve`, else one on a free loopback port) is what the host's asks. Once
+    per process."""
+    global _host
+    if port is None:
+        port = config.get("RDMAMW_METRICS_HOST_PORT")
+        if port is None:
+            raise ValueError("no port: pass one or set RDMAMW_METRICS_HOST_PORT")
     with _lock:
+        if _host is not None:
+            return
+    own = serve(0, "127.0.0.1") if _endpoint is None else _endpoint.port
+    from rdmamw.metrics.host import Host
+    from rdmamw.metrics.readings import rank
+    addr = _endpoint.addr
+    loopback = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(addr, addr)
+    with _lock:
+        if _host is None:
+            _host = Host(port, config.get("RDMAMW_METRICS_ADDR"),
+                         f"http://{loopback}:{own}", rank())
+
+
+def stop() -> None:
+    """Stop serving (and recording the collectives' times), and leave the host's
+    endpoint."""
+    global _endpoint, _host
+    with _lock:
+        if _host is not None:
+            _host.close()
+            _host = None
         if _endpoint is not None:
             _endpoint.close()
             _endpoint = None
@@ -70,17 +102,30 @@ def stop() -> None:
 
 
 def from_environment() -> None:
-    """:func:`serve` if RDMAMW_METRICS_PORT is set (rdmamw/observe.py runs this when the
-    process joins a job or opens its first channel). A port in use is logged (warning),
-    not raised: the job runs without its metrics."""
-    if config.get("RDMAMW_METRICS_PORT") is None:
-        return
-    try:
-        serve()
-    except OSError as e:
-        log.warning("metrics: cannot serve on port %s + local rank %d: %s",
-                    config.raw("RDMAMW_METRICS_PORT"), local_rank(), e)
+    """:func:`serve` if RDMAMW_METRICS_PORT is set, :func:`serve_host` if
+    RDMAMW_METRICS_HOST_PORT is (rdmamw/observe.py runs this when the process joins a
+    job or opens its first channel). A port in use is logged (warning), not raised:
+    the job runs without its metrics."""
+    if config.get("RDMAMW_METRICS_PORT") is not None:
+        try:
+            serve()
+        except OSError as e:
+            log.warning("metrics: cannot serve on port %s + local rank %d: %s",
+                        config.raw("RDMAMW_METRICS_PORT"), local_rank(), e)
+    if config.get("RDMAMW_METRICS_HOST_PORT") is not None:
+        try:
+            serve_host()
+        except OSError as e:
+            log.warning("metrics: cannot take part in the host's endpoint: %s", e)
 
 
-__all__ = ["disable", "enable", "from_environment", "local_rank", "serve", "snapshot",
-           "stop"]
+@_fork.at_child
+def _forget() -> None:
+    """A fork child has no part in the host's endpoint: the thread and file are its
+    parent's."""
+    global _host, _lock
+    _host, _lock = None, threading.Lock()
+
+
+__all__ = ["disable", "enable", "from_environment", "local_rank", "serve", "serve_host",
+           "snapshot", "stop"]

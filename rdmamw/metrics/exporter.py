@@ -5,14 +5,16 @@ that imports prometheus_client (the ``metrics`` extra: ``pip install rdmamw[metr
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import choose_encoder
 
 from rdmamw.metrics import readings
+from rdmamw.metrics.health import health
+from rdmamw.metrics.http import Answer, Route, Server, json_route
 from rdmamw.metrics.readings import (
     CHANNEL_COUNTERS,
     MEMORY_COUNTERS,
@@ -91,20 +93,27 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(bound)
 
 
+def exposition(registry: Any) -> Route:
+    """The metrics route: ``registry`` collected at each request, in the format its
+    Accept header asks for (OpenMetrics for a Prometheus server, else text 0.0.4)."""
+    def answer(accept: str) -> Answer:
+        encode, ctype = choose_encoder(accept)
+        return 200, ctype, encode(registry)
+    return answer
+
+
 class Endpoint:
     """An HTTP endpoint serving :class:`RdmamwCollector` (its own registry: a scrape
-    shows rdmamw's metrics only) on a thread of its own."""
+    shows rdmamw's metrics only) and, at ``/health``, the rank's health answer
+    (rdmamw/metrics/health.py), on a thread of its own."""
 
     def __init__(self, port: int, addr: str) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RdmamwCollector())
-        self.server: Any
-        self.thread: threading.Thread
-        self.server, self.thread = start_http_server(port, addr, registry=self.registry)
-        self.port: int = self.server.server_address[1]
+        self.server = Server(addr, port, {"/health": json_route(health)},
+                             exposition(self.registry)).start()
+        self.port: int = self.server.port
         self.addr = addr
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+        self.server.close()

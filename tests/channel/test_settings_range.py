@@ -254,6 +254,33 @@ def _metrics_port() -> None:
         metrics.stop()
 
 
+def _metrics_host_port() -> None:
+    """The host's endpoint of RDMAMW_METRICS_HOST_PORT, with this process alone in it,
+    serves its series (or, on a port this user may not bind, is logged and left out),
+    then stops: the port is free again and the process's file gone."""
+    import urllib.request
+
+    import rdmamw.metrics as metrics
+    from rdmamw.metrics import members
+    pytest.importorskip("prometheus_client")
+    port = config.get("RDMAMW_METRICS_HOST_PORT")
+    metrics.from_environment()
+    try:
+        host = metrics._host
+        assert host is not None
+        end = time.monotonic() + 5
+        while not host.serving and host.thread.is_alive() and time.monotonic() < end:
+            time.sleep(0.01)            # (the thread ends if it cannot bind the port)
+        if host.serving:
+            url = f"http://127.0.0.1:{port}/metrics"
+            text = urllib.request.urlopen(url, timeout=10).read()
+            assert f"rdmamw_host_endpoint_pid {os.getpid()}.0".encode() in text
+            assert b"rdmamw_host_rank_up{" in text and b"rdmamw_sent_bytes_total" in text
+    finally:
+        metrics.stop()
+    assert [m.pid for m in members.members(port)] == []
+
+
 def _metrics_peers() -> None:
     """A reading with channels to 2 peers: at most RDMAMW_METRICS_MAX_PEERS of their own."""
     from rdmamw import observe
@@ -328,6 +355,7 @@ PATHS: dict[str, Callable[[], None]] = {
     "RDMAMW_PS_INIT_TIMEOUT": _ps_init_timeout,
     "RDMAMW_PS_REPLY_TIMEOUT": _ps_reply_timeout,
     "RDMAMW_METRICS_PORT": _metrics_port,
+    "RDMAMW_METRICS_HOST_PORT": _metrics_host_port,
     "RDMAMW_METRICS_MAX_PEERS": _metrics_peers,
     "RDMAMW_TRACE_MAX_EVENTS": _trace_limit,
     **{n: _local_rank(n) for n in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",

@@ -48,13 +48,17 @@ STATS_KEY = {
 
 
 class Job:
-    """``n`` ranks of the worker, each serving its metrics; ``reports[r]`` is rank r's
-    first report (its channels' stats per peer)."""
+    """``n`` ranks of the worker, each serving its metrics (``host``: all of them at
+    one port, ``self.host``, as RDMAMW_METRICS_HOST_PORT does); ``reports[r]`` is rank
+    r's first report (its channels' stats per peer)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, host: bool = False) -> None:
         self.n, self.base = n, free_ports(n)
-        env = {"RDMAMW_METRICS_PORT": str(self.base), "RDMAMW_METRICS_ADDR": "127.0.0.1",
-               "RDMAMW_COLL_CONFIG": os.path.join(ROOT, "tests", "no-such-config.json")}
+        self.host = free_ports(1) if host else 0
+        env = {"RDMAMW_METRICS_ADDR": "127.0.0.1",
+               "RDMAMW_COLL_CONFIG": os.path.join(ROOT, "tests", "no-such-config.json"),
+               **({"RDMAMW_METRICS_HOST_PORT": str(self.host)} if host else
+                  {"RDMAMW_METRICS_PORT": str(self.base)})}
         self.procs = spawn(n, [sys.executable, WORKER], cwd=ROOT, env=env,
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)

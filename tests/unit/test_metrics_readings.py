@@ -1,8 +1,8 @@
 """rdmamw.metrics in one process: what a reading sums (channels open and closed, the
 peers beyond the bound under "other", rendezvous by strategy), the errors by kind, the
 snapshot against a scrape of the endpoint, and that nothing is imported or started
-while RDMAMW_METRICS_PORT is unset. The endpoint of a running job:
-tests/integrations/test_metrics_job.py."""
+while RDMAMW_METRICS_PORT and RDMAMW_METRICS_HOST_PORT are unset. The endpoints of a
+running job: tests/integrations/test_metrics_job.py, test_metrics_host.py."""
 
 from __future__ import annotations
 
@@ -179,7 +179,8 @@ a.send_batch([b"z"]).wait()
 out = {"prometheus_client": "prometheus_client" in sys.modules,
        "recording": observe.collective is not None,
        "connects": observe.connect is not None,
-       "threads": sorted(t.name for t in threading.enumerate() if "serve" in t.name)}
+       "threads": sorted(t.name for t in threading.enumerate()
+                         if "serve" in t.name or t.name.startswith("rdmamw-metrics"))}
 if len(sys.argv) > 1:
     import urllib.request
     out["scrape"] = urllib.request.urlopen(
