@@ -227,7 +227,7 @@ cdef class Engine(Endpoint):
         cdef int rc = 0, st
         n = PyTuple_GET_SIZE(fast)
         link.check_usable()
-        if n >= 0xFFFF0000:
+        if n >= <int64_t>0xFFFF0000:  # (cast: the bare literal made it a Python compare)
             raise ValueError("batch too large")
         deadline = deadline_of(timeout)
         if link.peer_closing():
