@@ -48,6 +48,7 @@ cdef class SendBatch:
     cdef int use(self, object regcache) except -1
     cdef int grow(self, uint32_t n) except -1
     cdef int acquire(self, object fast, Py_ssize_t n) except -1
+    cdef int _take(self, Py_ssize_t i, object item, uint64_t peer_max) except -1
     cdef void release_bufs(self, Py_ssize_t n) noexcept
     cdef uint32_t plan(self, uint32_t n) noexcept nogil
     cdef uint32_t reclen(self, uint32_t i) noexcept nogil
