@@ -46,6 +46,10 @@ cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
 cdef uint64_t SNAP_DEPTH = 16           # arrival-word snapshots in flight (async transports)
+# a SINGLE payload up to this size goes into the staged slot behind its header (one
+# WRITE of both) even where the provider reads the user's buffer: a copy this small
+# costs less than the second work request
+cdef uint32_t SMALL_COPY = 256
 
 
 @cython.final
@@ -232,7 +236,8 @@ cdef class EagerSender:
             wr.imm = 0
             return nw + 1
         # SINGLE: the payload goes straight from the user's buffer when the provider
-        # can read it (shm), else through the staging slot; the header is inline.
+        # can read it (shm, tcp) and it is not small, else through the staging slot
+        # (one WRITE); the header is inline.
         L = self.batch.plan_used[k]
         wr = &self.wrs[nw]
         wr.wr_id = 0
@@ -246,7 +251,7 @@ cdef class EagerSender:
             wr.length = HDR_BYTES
             wr.flags = RM_WR_INLINE
             return nw + 1
-        if not self.link.direct_source():
+        if L <= SMALL_COPY or not self.link.direct_source():
             memcpy(st + SLOT_HEADER, self.batch.ptrs[first], L)
             wr.local_addr = <uint64_t>st
             wr.length = SLOT_HEADER + L
