@@ -46,7 +46,12 @@ cdef class SendBatch:
         self.held[i] = 1
 
     cdef int use(self, object regcache) except -1
-    cdef int grow(self, uint32_t n) except -1
+    cdef int _grow(self, uint32_t n) except -1
+    cdef inline int grow(self, uint32_t n) except -1:
+        """Room for batches of n messages (inline: once per send call, mostly room)."""
+        if n <= self.cap:
+            return 0
+        return self._grow(n)
     cdef int acquire(self, object fast, Py_ssize_t n) except -1
     cdef int _take(self, Py_ssize_t i, object item, uint64_t peer_max) except -1
     cdef void release_bufs(self, Py_ssize_t n) noexcept

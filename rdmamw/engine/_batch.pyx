@@ -65,10 +65,8 @@ cdef class SendBatch:
         self.regcache = regcache
         return 0
 
-    cdef int grow(self, uint32_t n) except -1:
-        """Room for batches of n messages (n + 1 plan entries)."""
-        if n <= self.cap:
-            return 0
+    cdef int _grow(self, uint32_t n) except -1:
+        """grow(): room for batches of n messages (n + 1 plan entries), reallocated."""
         cdef uint32_t c = max(n, 2 * self.cap)
         self.bufs = <Py_buffer *>_grown(self.bufs, c * sizeof(Py_buffer))
         self.ptrs = <char **>_grown(self.ptrs, c * sizeof(char *))

@@ -85,13 +85,10 @@ cdef class EagerSender:
     def __dealloc__(self):
         free(self.staging); free(self.alloc_tmp); free(self.wrs); free(self.snap)
 
-    cdef int grow(self, uint32_t n) except -1:
-        """A chain for batches of n messages: each may take a slot write and a data
-        WRITE, plus the arrival words."""
+    cdef int _grow(self, uint32_t n) except -1:
+        """grow(): the chain reallocated."""
         cdef uint32_t c = 2 * n + 4
         cdef void *p
-        if c <= self.wr_cap:
-            return 0
         c = max(c, 2 * self.wr_cap)     # amortised: a growing batch size reallocates rarely
         p = realloc(self.wrs, c * sizeof(rm_wr))
         if p == NULL:
