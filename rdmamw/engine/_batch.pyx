@@ -6,6 +6,7 @@ posted, so a bad or oversized item sends nothing."""
 cimport cython
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
+from cpython.list cimport PyList_CheckExact
 from cpython.ref cimport Py_XDECREF, Py_XINCREF
 from libc.stdlib cimport free, realloc
 from libc.string cimport memset
@@ -56,7 +57,8 @@ cdef class SendBatch:
         cdef uint32_t i
         for i in range(self.cap):
             Py_XDECREF(self.lease_of[i])
-        free(self.bufs); free(self.ptrs); free(self.lens); free(self.held)
+        self.drop_srcs()
+        free(self.srcs); free(self.bufs); free(self.ptrs); free(self.lens); free(self.held)
         free(self.kind); free(self.msg_entry); free(self.lease_of); free(self.lease_keys)
         free(self.plan_start); free(self.plan_used); free(self.plan_flags)
 
@@ -68,6 +70,7 @@ cdef class SendBatch:
     cdef int _grow(self, uint32_t n) except -1:
         """grow(): room for batches of n messages (n + 1 plan entries), reallocated."""
         cdef uint32_t c = max(n, 2 * self.cap)
+        self.srcs = <PyObject **>_grown(self.srcs, c * sizeof(PyObject *))
         self.bufs = <Py_buffer *>_grown(self.bufs, c * sizeof(Py_buffer))
         self.ptrs = <char **>_grown(self.ptrs, c * sizeof(char *))
         self.lens = <size_t *>_grown(self.lens, c * sizeof(size_t))
@@ -84,12 +87,20 @@ cdef class SendBatch:
         return 0
 
     cdef int acquire(self, object fast, Py_ssize_t n) except -1:
-        """Hold the buffers of the n messages of ``fast`` and check each against the
-        limits; on a bad one release all and raise (nothing was sent). A bytes object
-        that goes eager needs no buffer and passes every check: taken here, in a loop
-        without Python temporaries; anything else by _take."""
+        """Hold the buffers of the n messages of ``fast`` (a tuple, or a list: its
+        messages held in ``srcs`` first, as a tuple of them would, until drop_srcs)
+        and check each against the limits; on a bad one release all and raise
+        (nothing was sent). A bytes object that goes eager needs no buffer and passes
+        every check: taken here, in a loop without Python temporaries; anything else
+        by _take (which may run Python code: the list may change, srcs do not)."""
         cdef PyObject **items = PySequence_Fast_ITEMS(fast)
         cdef Py_ssize_t i
+        if PyList_CheckExact(fast):
+            for i in range(n):
+                Py_XINCREF(items[i])
+                self.srcs[i] = items[i]
+            self.nsrcs = n
+            items = self.srcs
         cdef size_t L
         cdef uint64_t peer_max = rm_load_acquire64(&self.link.ctrl[CTRL_MAX_MSG])
         self.bytes = 0
