@@ -57,6 +57,17 @@ cdef class RecvBitmaps:
     cdef uint32_t dirty_lo, dirty_hi  # reclaim words changed since take_dirty: [lo, hi)
 
     cdef uint32_t pending(self, uint32_t *out, uint32_t maxn) noexcept nogil
-    cdef void consume(self, uint32_t slot) noexcept nogil
-    cdef void release(self, uint32_t slot) noexcept nogil
     cdef bint take_dirty(self, uint32_t *lo, uint32_t *hi) noexcept nogil
+
+    # once per message (inline: no call)
+    cdef inline void consume(self, uint32_t slot) noexcept nogil:
+        self.consumed[slot >> 6] ^= (<uint64_t>1) << (slot & 63)
+
+    cdef inline void release(self, uint32_t slot) noexcept nogil:
+        cdef uint32_t w = slot >> 6
+        self.reclaim[w] ^= (<uint64_t>1) << (slot & 63)
+        self.unflushed += 1
+        if w < self.dirty_lo:
+            self.dirty_lo = w
+        if w + 1 > self.dirty_hi:
+            self.dirty_hi = w + 1

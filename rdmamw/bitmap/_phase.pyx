@@ -242,18 +242,6 @@ cdef class RecvBitmaps:
                 break
         return got
 
-    cdef void consume(self, uint32_t slot) noexcept nogil:
-        self.consumed[slot >> 6] ^= (<uint64_t>1) << (slot & 63)
-
-    cdef void release(self, uint32_t slot) noexcept nogil:
-        cdef uint32_t w = slot >> 6
-        self.reclaim[w] ^= (<uint64_t>1) << (slot & 63)
-        self.unflushed += 1
-        if w < self.dirty_lo:
-            self.dirty_lo = w
-        if w + 1 > self.dirty_hi:
-            self.dirty_hi = w + 1
-
     cdef bint take_dirty(self, uint32_t *lo, uint32_t *hi) noexcept nogil:
         """The span [lo, hi) of reclaim words to write back; resets it."""
         if self.dirty_hi == 0:

@@ -1,4 +1,4 @@
-from cpython.ref cimport PyObject
+from cpython.ref cimport Py_DECREF, PyObject
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 
 from rdmamw.engine._link cimport Link
@@ -16,6 +16,8 @@ cdef class SendBatch:
     cdef uint8_t *msg_entry         # ... its rendezvous entry
     cdef PyObject **lease_of        # ... its registration Lease (owned; verbs)
     cdef uint32_t *lease_keys       # ... that Lease's lkey and rkey
+    cdef PyObject **srcs            # a list's messages, held (owned) for the call
+    cdef Py_ssize_t nsrcs           # ... how many (0: the caller's tuple holds them)
     cdef uint64_t bytes             # payload bytes of the batch
     cdef uint32_t nrndv             # ... of its messages, those that go by rendezvous
     # the plan: slot k holds messages plan_start[k] .. plan_start[k + 1]
@@ -46,8 +48,20 @@ cdef class SendBatch:
         self.held[i] = 1
 
     cdef int use(self, object regcache) except -1
-    cdef int grow(self, uint32_t n) except -1
+    cdef int _grow(self, uint32_t n) except -1
+    cdef inline int grow(self, uint32_t n) except -1:
+        """Room for batches of n messages (inline: once per send call, mostly room)."""
+        if n <= self.cap:
+            return 0
+        return self._grow(n)
     cdef int acquire(self, object fast, Py_ssize_t n) except -1
+
+    cdef inline void drop_srcs(self) noexcept:
+        """The send call ends: let go of the list's messages acquire() held."""
+        while self.nsrcs:
+            self.nsrcs -= 1
+            Py_DECREF(<object>self.srcs[self.nsrcs])
+    cdef int _take(self, Py_ssize_t i, object item, uint64_t peer_max) except -1
     cdef void release_bufs(self, Py_ssize_t n) noexcept
     cdef uint32_t plan(self, uint32_t n) noexcept nogil
     cdef uint32_t reclen(self, uint32_t i) noexcept nogil

@@ -6,6 +6,7 @@ posted, so a bad or oversized item sends nothing."""
 cimport cython
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
+from cpython.list cimport PyList_CheckExact
 from cpython.ref cimport Py_XDECREF, Py_XINCREF
 from libc.stdlib cimport free, realloc
 from libc.string cimport memset
@@ -56,7 +57,8 @@ cdef class SendBatch:
         cdef uint32_t i
         for i in range(self.cap):
             Py_XDECREF(self.lease_of[i])
-        free(self.bufs); free(self.ptrs); free(self.lens); free(self.held)
+        self.drop_srcs()
+        free(self.srcs); free(self.bufs); free(self.ptrs); free(self.lens); free(self.held)
         free(self.kind); free(self.msg_entry); free(self.lease_of); free(self.lease_keys)
         free(self.plan_start); free(self.plan_used); free(self.plan_flags)
 
@@ -65,11 +67,10 @@ cdef class SendBatch:
         self.regcache = regcache
         return 0
 
-    cdef int grow(self, uint32_t n) except -1:
-        """Room for batches of n messages (n + 1 plan entries)."""
-        if n <= self.cap:
-            return 0
+    cdef int _grow(self, uint32_t n) except -1:
+        """grow(): room for batches of n messages (n + 1 plan entries), reallocated."""
         cdef uint32_t c = max(n, 2 * self.cap)
+        self.srcs = <PyObject **>_grown(self.srcs, c * sizeof(PyObject *))
         self.bufs = <Py_buffer *>_grown(self.bufs, c * sizeof(Py_buffer))
         self.ptrs = <char **>_grown(self.ptrs, c * sizeof(char *))
         self.lens = <size_t *>_grown(self.lens, c * sizeof(size_t))
@@ -86,71 +87,96 @@ cdef class SendBatch:
         return 0
 
     cdef int acquire(self, object fast, Py_ssize_t n) except -1:
-        """Hold the buffers of the n messages of ``fast`` and check each against the
-        limits; on a bad one release all and raise (nothing was sent)."""
+        """Hold the buffers of the n messages of ``fast`` (a tuple, or a list: its
+        messages held in ``srcs`` first, as a tuple of them would, until drop_srcs)
+        and check each against the limits; on a bad one release all and raise
+        (nothing was sent). A bytes object that goes eager needs no buffer and passes
+        every check: taken here, in a loop without Python temporaries; anything else
+        by _take (which may run Python code: the list may change, srcs do not)."""
         cdef PyObject **items = PySequence_Fast_ITEMS(fast)
         cdef Py_ssize_t i
-        cdef object item
-        cdef size_t limit = self.eager_limit
-        cdef bint rndv
+        if PyList_CheckExact(fast):
+            for i in range(n):
+                Py_XINCREF(items[i])
+                self.srcs[i] = items[i]
+            self.nsrcs = n
+            items = self.srcs
+        cdef size_t L
         cdef uint64_t peer_max = rm_load_acquire64(&self.link.ctrl[CTRL_MAX_MSG])
         self.bytes = 0
         self.nrndv = 0
         for i in range(n):
-            item = <object>items[i]
-            self.kind[i] = 0
-            if PyBytes_CheckExact(item) and not (
-                    self.rndv_on and <uint64_t>PyBytes_GET_SIZE(item) > self.rndv_threshold):
-                self.ptrs[i] = PyBytes_AS_STRING(item)
-                self.lens[i] = <size_t>PyBytes_GET_SIZE(item)
-                self.held[i] = 0
-            else:
+            if PyBytes_CheckExact(<object>items[i]):
+                L = <size_t>PyBytes_GET_SIZE(<object>items[i])
+                if L <= self.eager_limit and not (self.rndv_on and L > self.rndv_threshold):
+                    self.kind[i] = 0
+                    self.held[i] = 0
+                    self.ptrs[i] = PyBytes_AS_STRING(<object>items[i])
+                    self.lens[i] = L
+                    self.bytes += L
+                    continue
+            self._take(i, <object>items[i], peer_max)
+        return 0
+
+    cdef int _take(self, Py_ssize_t i, object item, uint64_t peer_max) except -1:
+        """Message i of acquire(): its buffer held (or a bytes object's pointer), its
+        size checked against the eager limit, rendezvous and the peer's maximum."""
+        cdef size_t limit = self.eager_limit
+        cdef bint rndv
+        cdef object given = item
+        self.kind[i] = 0
+        if PyBytes_CheckExact(item) and not (
+                self.rndv_on and <uint64_t>PyBytes_GET_SIZE(item) > self.rndv_threshold):
+            self.ptrs[i] = PyBytes_AS_STRING(item)
+            self.lens[i] = <size_t>PyBytes_GET_SIZE(item)
+            self.held[i] = 0
+        else:
+            try:
+                PyObject_GetBuffer(item, &self.bufs[i], PyBUF_C_CONTIGUOUS)
+            except (TypeError, BufferError, ValueError) as e:
                 try:
+                    item = host_view(item)      # a CPU tensor, a DLPack host array
                     PyObject_GetBuffer(item, &self.bufs[i], PyBUF_C_CONTIGUOUS)
-                except (TypeError, BufferError, ValueError) as e:
-                    try:
-                        item = host_view(item)      # a CPU tensor, a DLPack host array
-                        PyObject_GetBuffer(item, &self.bufs[i], PyBUF_C_CONTIGUOUS)
-                    except (TypeError, BufferError, ValueError) as e2:
-                        self.release_bufs(i)
-                        raise TypeError(
-                            f"message {i} ({type(<object>items[i]).__name__}) is not a "
-                            f"C-contiguous bytes-like object ({e2}); nothing was "
-                            f"sent") from e
-                self.held[i] = 1
-                self.ptrs[i] = <char *>self.bufs[i].buf
-                self.lens[i] = <size_t>self.bufs[i].len
-            self.bytes += self.lens[i]
-            rndv = self.rndv_on and self.lens[i] > self.rndv_threshold
-            if rndv and self.lens[i] > self.rndv_limit:
+                except (TypeError, BufferError, ValueError) as e2:
+                    self.release_bufs(i)
+                    raise TypeError(
+                        f"message {i} ({type(given).__name__}) is not a "
+                        f"C-contiguous bytes-like object ({e2}); nothing was "
+                        f"sent") from e
+            self.held[i] = 1
+            self.ptrs[i] = <char *>self.bufs[i].buf
+            self.lens[i] = <size_t>self.bufs[i].len
+        self.bytes += self.lens[i]
+        rndv = self.rndv_on and self.lens[i] > self.rndv_threshold
+        if rndv and self.lens[i] > self.rndv_limit:
+            self.release_bufs(i + 1)
+            raise MessageTooLarge(
+                f"message {i} is {self.lens[i]} bytes; rendezvous takes at most "
+                f"{self.rndv_limit} bytes here; nothing was sent")
+        if rndv and peer_max and self.lens[i] > peer_max:
+            self.release_bufs(i + 1)
+            raise MessageTooLarge(
+                f"message {i} is {self.lens[i]} bytes; the peer takes at most "
+                f"{peer_max} (its max_message_size / RDMAMW_MAX_MESSAGE_SIZE); "
+                f"nothing was sent")
+        if self.lens[i] > limit and not rndv:
+            self.release_bufs(i + 1)
+            raise MessageTooLarge(
+                f"message {i} is {self.lens[i]} bytes; the peer's eager limit is "
+                f"{limit} bytes (its slot_size) and rendezvous is "
+                f"{self.rendezvous}; nothing was sent")
+        self.kind[i] = rndv
+        self.nrndv += rndv
+        if rndv and self.regcache is not None:
+            try:
+                lease = take_lease(self.regcache, item, self.link.closed)
+            except BaseException:
                 self.release_bufs(i + 1)
-                raise MessageTooLarge(
-                    f"message {i} is {self.lens[i]} bytes; rendezvous takes at most "
-                    f"{self.rndv_limit} bytes here; nothing was sent")
-            if rndv and peer_max and self.lens[i] > peer_max:
-                self.release_bufs(i + 1)
-                raise MessageTooLarge(
-                    f"message {i} is {self.lens[i]} bytes; the peer takes at most "
-                    f"{peer_max} (its max_message_size / RDMAMW_MAX_MESSAGE_SIZE); "
-                    f"nothing was sent")
-            if self.lens[i] > limit and not rndv:
-                self.release_bufs(i + 1)
-                raise MessageTooLarge(
-                    f"message {i} is {self.lens[i]} bytes; the peer's eager limit is "
-                    f"{limit} bytes (its slot_size) and rendezvous is "
-                    f"{self.rendezvous}; nothing was sent")
-            self.kind[i] = rndv
-            self.nrndv += rndv
-            if rndv and self.regcache is not None:
-                try:
-                    lease = take_lease(self.regcache, item, self.link.closed)
-                except BaseException:
-                    self.release_bufs(i + 1)
-                    raise
-                self.lease_keys[2 * i] = lease.handle[1]
-                self.lease_keys[2 * i + 1] = lease.handle[2]
-                Py_XINCREF(<PyObject *>lease)
-                self.lease_of[i] = <PyObject *>lease
+                raise
+            self.lease_keys[2 * i] = lease.handle[1]
+            self.lease_keys[2 * i + 1] = lease.handle[2]
+            Py_XINCREF(<PyObject *>lease)
+            self.lease_of[i] = <PyObject *>lease
         return 0
 
     cdef void release_bufs(self, Py_ssize_t n) noexcept:

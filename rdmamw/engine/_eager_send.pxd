@@ -35,7 +35,13 @@ cdef class EagerSender:
     cdef uint32_t lkey_snap
     cdef readonly int blocked_on    # what post_planned ran out of (WAIT_SLOTS / WAIT_ENTRY)
 
-    cdef int grow(self, uint32_t n) except -1
+    cdef int _grow(self, uint32_t n) except -1
+    cdef inline int grow(self, uint32_t n) except -1:
+        """A chain for batches of n messages: each may take a slot write and a data
+        WRITE, plus the arrival words (inline: once per send call, mostly room)."""
+        if 2 * n + 4 <= self.wr_cap:
+            return 0
+        return self._grow(n)
     cdef uint32_t post_planned(self, uint32_t k, uint32_t nplan, int *rc) noexcept nogil
     cdef uint32_t alloc(self, uint32_t want) noexcept nogil
     cdef bint take_grant(self) noexcept nogil

@@ -46,6 +46,10 @@ cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
 cdef uint64_t SNAP_DEPTH = 16           # arrival-word snapshots in flight (async transports)
+# a SINGLE payload up to this size goes into the staged slot behind its header (one
+# WRITE of both) even where the provider reads the user's buffer: a copy this small
+# costs less than the second work request
+cdef uint32_t SMALL_COPY = 256
 
 
 @cython.final
@@ -81,13 +85,10 @@ cdef class EagerSender:
     def __dealloc__(self):
         free(self.staging); free(self.alloc_tmp); free(self.wrs); free(self.snap)
 
-    cdef int grow(self, uint32_t n) except -1:
-        """A chain for batches of n messages: each may take a slot write and a data
-        WRITE, plus the arrival words."""
+    cdef int _grow(self, uint32_t n) except -1:
+        """grow(): the chain reallocated."""
         cdef uint32_t c = 2 * n + 4
         cdef void *p
-        if c <= self.wr_cap:
-            return 0
         c = max(c, 2 * self.wr_cap)     # amortised: a growing batch size reallocates rarely
         p = realloc(self.wrs, c * sizeof(rm_wr))
         if p == NULL:
@@ -232,7 +233,8 @@ cdef class EagerSender:
             wr.imm = 0
             return nw + 1
         # SINGLE: the payload goes straight from the user's buffer when the provider
-        # can read it (shm), else through the staging slot; the header is inline.
+        # can read it (shm, tcp) and it is not small, else through the staging slot
+        # (one WRITE); the header is inline.
         L = self.batch.plan_used[k]
         wr = &self.wrs[nw]
         wr.wr_id = 0
@@ -246,7 +248,7 @@ cdef class EagerSender:
             wr.length = HDR_BYTES
             wr.flags = RM_WR_INLINE
             return nw + 1
-        if not self.link.direct_source():
+        if L <= SMALL_COPY or not self.link.direct_source():
             memcpy(st + SLOT_HEADER, self.batch.ptrs[first], L)
             wr.local_addr = <uint64_t>st
             wr.length = SLOT_HEADER + L

@@ -17,7 +17,7 @@ asked for."""
 
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
-from cpython.tuple cimport PyTuple_GET_SIZE
+from cpython.object cimport Py_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
@@ -211,13 +211,15 @@ cdef class Engine(Endpoint):
         if type(msgs) is not list and type(msgs) is not tuple and isinstance(
                 msgs, (bytes, bytearray, memoryview, str)):     # (the usual two first)
             raise TypeError("send_batch takes an iterable of messages; use send() for one")
-        return self._send(msgs if type(msgs) is tuple else tuple(msgs), timeout)
+        return self._send(msgs if type(msgs) is tuple or type(msgs) is list else tuple(msgs),
+                          timeout)
 
     def send(self, msg, timeout=None) -> SendHandle:
         """Send one message (a batch of one)."""
         return self._send((msg,), timeout)
 
-    cdef SendHandle _send(self, tuple fast, object timeout):
+    cdef SendHandle _send(self, object fast, object timeout):
+        """``fast``: a tuple or a list (SendBatch.acquire holds a list's messages)."""
         cdef Link link = self.link
         cdef SendBatch b
         cdef Py_ssize_t n
@@ -225,10 +227,7 @@ cdef class Engine(Endpoint):
         cdef uint32_t nplan = 0, k = 0, got
         cdef bint first_wait = True
         cdef int rc = 0, st
-        n = PyTuple_GET_SIZE(fast)
         link.check_usable()
-        if n >= 0xFFFF0000:
-            raise ValueError("batch too large")
         deadline = deadline_of(timeout)
         if link.peer_closing():
             link.raise_peer(link.peer_status(), "send")
@@ -236,6 +235,9 @@ cdef class Engine(Endpoint):
         if not try_take(&self.send_lock):
             take_lock(link, &self.send_lock, deadline, "send")
         try:
+            n = Py_SIZE(fast)       # (a list's, as acquire() finds it: no Python runs between)
+            if n >= <int64_t>0xFFFF0000:  # (cast: the bare literal made it a Python compare)
+                raise ValueError("batch too large")
             if link.closed:             # by another thread while this one waited
                 link.refuse()
             b.grow(<uint32_t>n + 1)
@@ -304,6 +306,7 @@ cdef class Engine(Endpoint):
             if link.ended:      # a close() that could not wait for this call: the
                 self.rs.give_back()     # sources it left are this call's to release
             self.send_owner = 0
+            b.drop_srcs()
             give(&self.send_lock)
         return new_handle(self, link.batch_posted, n, self.rs.next)
 

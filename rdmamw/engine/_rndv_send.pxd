@@ -26,7 +26,7 @@ cdef class RndvSender:
     cdef PyObject *lease[64]        # the Lease of the entry's source (owned)
 
     cdef void give_back(self) noexcept
-    cdef uint32_t prepare(self, uint32_t k, uint32_t want, int *rc) noexcept nogil
+    cdef uint32_t prepare_rndv(self, uint32_t k, uint32_t want, int *rc) noexcept nogil
     cdef int prepare_one(self, uint32_t i) noexcept nogil
     cdef void unprepare(self, uint32_t first) noexcept
     cdef uint32_t desc_record(self, uint32_t i, char *p, rm_wr *wrs, uint32_t nw) noexcept nogil
@@ -48,3 +48,12 @@ cdef class RndvSender:
         prepared past it were not sent (timeout, error) and are undone."""
         if self.prep_i > posted:
             self.unprepare(posted)
+
+    cdef inline uint32_t prepare(self, uint32_t k, uint32_t want, int *rc) noexcept nogil:
+        """Expose the rendezvous messages of planned slots k..k+want in order while
+        entries (and the provider) allow; return how many of those slots are ready.
+        An all-eager batch (most) has nothing to expose: no call."""
+        if self.batch.nrndv == 0:
+            self.prep_i = self.batch.plan_start[k + want]
+            return want
+        return self.prepare_rndv(k, want, rc)

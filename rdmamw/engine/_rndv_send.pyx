@@ -53,14 +53,10 @@ cdef class RndvSender:
         self.upto = self.next
         self.release()
 
-    cdef uint32_t prepare(self, uint32_t k, uint32_t want, int *rc) noexcept nogil:
-        """Expose the rendezvous messages of planned slots k..k+want in order while
-        entries (and the provider) allow; return how many of those slots are ready."""
+    cdef uint32_t prepare_rndv(self, uint32_t k, uint32_t want, int *rc) noexcept nogil:
+        """prepare() of a batch with rendezvous messages."""
         cdef uint32_t end = self.batch.plan_start[k + want], s = 0
         cdef int r
-        if self.batch.nrndv == 0:       # all eager (most batches): nothing to expose
-            self.prep_i = end
-            return want
         while self.prep_i < end:
             if self.batch.kind[self.prep_i]:
                 if self.next - self.released >= RNDV_N:

@@ -44,6 +44,36 @@ def test_batch_of_mixed_buffers_keeps_order(pair):
     assert got == [bytes(memoryview(x)) for x in msgs]
 
 
+class _EmptiesTheList:
+    """A host array by DLPack whose export empties the list being sent and frees its
+    other messages; new bytes of their size then take their memory."""
+
+    def __init__(self, arr, msgs, litter):
+        self.arr, self.msgs, self.litter = arr, msgs, litter
+
+    def __dlpack_device__(self):
+        self.msgs.clear()
+        self.litter.extend(bytes([0x58 + i % 8]) * 9 for i in range(64))
+        return self.arr.__dlpack_device__()
+
+    def __dlpack__(self, **kw):
+        return self.arr.__dlpack__(**kw)
+
+
+def test_a_list_emptied_while_its_batch_is_taken_is_sent_whole(pair):
+    """send_batch of a list holds its messages for the call: a message whose buffer
+    is asked for runs Python code, which here empties the list (the messages before
+    and after it lose their last reference)."""
+    a, b = pair
+    arr = np.arange(4, dtype=np.uint8)
+    litter: list = []
+    msgs = [bytes(bytearray(b"first-msg")), None, bytes(bytearray(b"third-msg"))]
+    msgs[1] = _EmptiesTheList(arr, msgs, litter)
+    a.send_batch(msgs).wait(timeout=5)
+    assert msgs == [] and len(litter) == 64
+    assert recv_all(b, 3) == [b"first-msg", bytes(arr), b"third-msg"]
+
+
 def test_both_directions_at_once(pair):
     a, b = pair
     a.send_batch([b"ping%d" % i for i in range(10)])

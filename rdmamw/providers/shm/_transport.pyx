@@ -29,7 +29,6 @@ from rdmamw.transport._base cimport (
     RM_ERR_CLOSED,
     RM_ERR_OS,
     RM_ERR_PEER_LOST,
-    RM_NREGIONS,
     RM_ERR_UNSUPPORTED,
     RM_WR_EXPOSED,
     RM_WR_PUBLISH,
@@ -37,7 +36,6 @@ from rdmamw.transport._base cimport (
     RM_WR_REGION,
     RM_WR_SIGNALED,
     RM_WR_WRITE,
-    RM_WR_WRITE_IMM,
     rm_mem,
     rm_wr,
 )
@@ -54,6 +52,7 @@ from rdmamw.transport.atomics cimport (
     rm_store_release64,
 )
 
+from rdmamw.providers.shm._copy cimport CMA_CHUNK, cma, do_plain, plain_ok
 from rdmamw.providers.shm._endpoint cimport (
     ASSIST_ALIGN,
     RM_ASSIST_MAX_CHUNKS,
@@ -102,39 +101,30 @@ cdef extern from "errno.h" nogil:
     int EAGAIN, EINTR, EPERM, ESRCH
 
 cdef enum:
-    CMA_CHUNK = 1 << 30     # process_vm_* move at most this much per call here
     CMA_IOV = 256           # ranges of one vectored process_vm_* call (IOV_MAX is 1024)
-
-
-cdef int _cma(int pid, bint write, char *local, uint64_t remote, uint64_t n) noexcept nogil:
-    """Copy n bytes between our `local` and the peer's `remote` address: 0, or
-    RM_ERR_PEER_LOST (gone), RM_ERR_BOUNDS (no such memory there), RM_ERR_OS."""
-    cdef iovec l, r
-    cdef ssize_t got
-    cdef uint64_t done = 0
-    while done < n:
-        l.iov_base = local + done
-        l.iov_len = min(n - done, <uint64_t>CMA_CHUNK)
-        r.iov_base = <void *>(remote + done)
-        r.iov_len = l.iov_len
-        if write:
-            got = process_vm_writev(pid, &l, 1, &r, 1, 0)
-        else:
-            got = process_vm_readv(pid, &l, 1, &r, 1, 0)
-        if got <= 0:
-            if got < 0 and errno == EINTR:
-                continue
-            if got < 0 and errno == ESRCH:
-                return RM_ERR_PEER_LOST
-            return RM_ERR_BOUNDS if got == 0 or errno != EPERM else RM_ERR_OS
-        done += <uint64_t>got
-    return 0
 
 
 cdef class ShmTransport(ShmEndpoint):
     """The shm endpoint's data path (its set-up: ShmEndpoint)."""
 
     cdef int post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
+        """A chain of plain requests (every eager message's) runs here; the first
+        EXPOSED one sends the whole chain to _post_exposed, before anything ran."""
+        cdef uint32_t i
+        if self.state != SHM_CONNECTED:
+            return self.state if self.state < 0 else RM_ERR_CLOSED
+        for i in range(n):      # validate the whole chain first: all or nothing
+            if wrs[i].flags & RM_WR_EXPOSED:
+                return self._post_exposed(wrs, n)
+            if not plain_ok(self, &wrs[i]):
+                return RM_ERR_BOUNDS
+        for i in range(n):
+            do_plain(self, &wrs[i])
+        self.n_doorbells += 1
+        self.n_wrs += n
+        return 0
+
+    cdef int _post_exposed(self, rm_wr *wrs, uint32_t n) noexcept nogil:
         """A chain with region accesses runs with my ``busy`` word odd (rm_region.h):
         raised and fenced before any exposure is checked, so the peer's revoke either
         makes the check fail or waits for the chain to end. Threads may post region
@@ -164,10 +154,9 @@ cdef class ShmTransport(ShmEndpoint):
         return rc
 
     cdef int _post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
-        cdef uint32_t i, w
+        """A chain with EXPOSED requests (rendezvous READ/WRITE, region accesses)."""
+        cdef uint32_t i
         cdef rm_wr *wr
-        cdef uint64_t *dst
-        cdef uint64_t *src
         cdef rm_xent xe
         cdef int rc
         if self.state != SHM_CONNECTED:
@@ -177,40 +166,25 @@ cdef class ShmTransport(ShmEndpoint):
             if wr.flags & RM_WR_EXPOSED:
                 if self._check_exposed(wr, &xe) != 0:
                     return RM_ERR_BOUNDS
-                continue
-            if wr.rkey >= RM_NREGIONS or wr.remote_off > self.peer[wr.rkey].length \
-                    or wr.length > self.peer[wr.rkey].length - wr.remote_off:
-                return RM_ERR_BOUNDS
-            if wr.opcode != RM_WR_WRITE and wr.opcode != RM_WR_WRITE_IMM \
-                    and wr.opcode != RM_WR_READ:
-                return RM_ERR_BOUNDS
-            if wr.flags & RM_WR_PUBLISH and ((wr.remote_off | wr.length | wr.local_addr) & 7):
+            elif not plain_ok(self, wr):
                 return RM_ERR_BOUNDS
         i = 0
         while i < n:
             wr = &wrs[i]
-            if self._in_run(wr, wr.opcode):
+            if not wr.flags & RM_WR_EXPOSED:
+                do_plain(self, wr)
+            elif self._in_run(wr, wr.opcode):
                 rc = self._region_run(wrs, &i, n)
                 if rc != 0:
                     return rc
                 continue
-            if wr.flags & RM_WR_EXPOSED:
+            else:
                 rc = self._exposed(wr)
                 if rc != 0:
                     return rc
-            elif wr.opcode == RM_WR_READ:
-                memcpy(<void *>wr.local_addr, self.peer_addr[wr.rkey] + wr.remote_off, wr.length)
-            elif wr.flags & RM_WR_PUBLISH:
-                dst = <uint64_t *>(self.peer_addr[wr.rkey] + wr.remote_off)
-                src = <uint64_t *>wr.local_addr
-                for w in range(wr.length >> 3):
-                    rm_store_release64(&dst[w], src[w])
-            else:
-                memcpy(self.peer_addr[wr.rkey] + wr.remote_off, <void *>wr.local_addr, wr.length)
-                self.bytes_written += wr.length
-            if wr.flags & RM_WR_SIGNALED:
-                self.n_signaled += 1
-                self.complete_now(wr.wr_id, wr.opcode)
+                if wr.flags & RM_WR_SIGNALED:
+                    self.n_signaled += 1
+                    self.complete_now(wr.wr_id, wr.opcode)
             i += 1
         self.n_doorbells += 1
         self.n_wrs += n
@@ -307,7 +281,7 @@ cdef class ShmTransport(ShmEndpoint):
                     and self.job != NULL:
                 rc = self._assisted(wr)
             else:
-                rc = _cma(self.peer_pid, wr.opcode == RM_WR_WRITE, <char *>wr.local_addr,
+                rc = cma(self.peer_pid, wr.opcode == RM_WR_WRITE, <char *>wr.local_addr,
                           wr.remote_off, wr.length)
             if rc != 0:
                 if self._peer_exited() or self.peer_state() < 0:
@@ -326,7 +300,7 @@ cdef class ShmTransport(ShmEndpoint):
         read beside a rendezvous READ); else one plain CMA copy."""
         cdef int rc
         if not rm_spin_trylock(&self.job_lock):
-            return _cma(self.peer_pid, wr.opcode == RM_WR_WRITE, <char *>wr.local_addr,
+            return cma(self.peer_pid, wr.opcode == RM_WR_WRITE, <char *>wr.local_addr,
                         wr.remote_off, wr.length)
         rc = self._assisted_one(wr)
         rm_spin_unlock(&self.job_lock)
@@ -351,7 +325,7 @@ cdef class ShmTransport(ShmEndpoint):
         chunk = (chunk + ASSIST_ALIGN - 1) // ASSIST_ALIGN * ASSIST_ALIGN
         n = <uint32_t>((len + chunk - 1) // chunk)
         if n < 2:
-            return _cma(self.peer_pid, write, <char *>wr.local_addr, wr.remote_off, len)
+            return cma(self.peer_pid, write, <char *>wr.local_addr, wr.remote_off, len)
         self.job_seq += 1
         if self.job_seq == 0:
             self.job_seq = 1
@@ -366,7 +340,7 @@ cdef class ShmTransport(ShmEndpoint):
                 break
             if rc == 0:             # after a failure: only claim, so nobody starts more
                 off = <uint64_t>i * chunk
-                rc = _cma(self.peer_pid, write, <char *>wr.local_addr + off,
+                rc = cma(self.peer_pid, write, <char *>wr.local_addr + off,
                           wr.remote_off + off, min(chunk, len - off))
         full = ~(<uint64_t>0) if n == 64 else ((<uint64_t>1) << n) - 1
         theirs = full & ~mine
@@ -382,7 +356,7 @@ cdef class ShmTransport(ShmEndpoint):
         while rc == 0 and bad:      # the peer could not: do them here
             if bad & 1:
                 off = <uint64_t>i * chunk
-                rc = _cma(self.peer_pid, write, <char *>wr.local_addr + off,
+                rc = cma(self.peer_pid, write, <char *>wr.local_addr + off,
                           wr.remote_off + off, min(chunk, len - off))
             bad >>= 1
             i += 1
@@ -434,7 +408,7 @@ cdef class ShmTransport(ShmEndpoint):
                 rc = RM_ERR_BOUNDS  # un-exposed meanwhile, or the pid is not the peer's
             else:
                 # my exposed range is the local side; READ: I write the peer, WRITE: I read it
-                rc = _cma(self.peer_pid, not j.write, <char *>(j.remote + off), j.local + off,
+                rc = cma(self.peer_pid, not j.write, <char *>(j.remote + off), j.local + off,
                           piece)
             rm_assist_finish(self.peer_job, i, rc == 0)
             if rc == 0:
