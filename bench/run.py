@@ -4,8 +4,9 @@ Runs, in one go and with the two processes of every pair pinned to the two cores
 ping-pong one-way latency (8 B, 4 KiB, 64 KiB), 8 B message rate with batches of
 1/16/256, 64 KiB streaming bandwidth, the rdmamw idle-receiver CPU, and single-thread
 numpy.copyto as the memory limit. Systems: rdmamw batched, rdmamw ack, pyzmq ipc://,
-mpi4py on MPICH, memcpy. Prints one table with ratios and the project's target
-checks, and writes the raw results as JSON into bench/results/.
+mpi4py on MPICH, UCX's own C benchmark (ucx_perftest over posix shm), memcpy. Prints
+one table with ratios and the project's target checks, and writes the raw results as
+JSON into bench/results/.
 
     python bench/run.py                    # full run, about 80 s of measuring
     python bench/run.py --quick            # smoke run, about 25 s
@@ -15,7 +16,8 @@ checks, and writes the raw results as JSON into bench/results/.
 Other processes on the two cores distort every number here; the CPU they used during
 each system's run is recorded in the JSON and flagged under the table.
 
-Prerequisites: bash bench/setup.sh .venv/bin/python (MPICH, mpi4py, pyzmq, rich).
+Prerequisites: bash bench/setup.sh .venv/bin/python (MPICH, mpi4py, ucx-utils, pyzmq,
+rich).
 Timings live here, never in unit tests: they depend on the machine and its load.
 """
 
@@ -38,7 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "peers"
 RESULTS = HERE / "results"
-SYSTEMS = ("batched", "ack", "zmq", "mpi4py", "memcpy")
+SYSTEMS = ("batched", "ack", "zmq", "mpi4py", "ucx", "memcpy")
 
 FULL = {
     "lat_sizes": [8, 4096, 65536],
@@ -197,8 +199,9 @@ def run_system(name: str, cfg: dict, tmp: str) -> dict:
         p = spawn([mpiexec, "-n", "2", sys.executable, str(PEERS / "mpi_peer.py"), arg])
         out, err, timed_out = reap(p, cfg["timeout"])
         return parse(out, err, p.returncode, timed_out)
-    if name == "memcpy":
-        p = spawn([sys.executable, str(PEERS / "memcpy.py"), json.dumps(cfg)])
+    if name in ("memcpy", "ucx"):
+        script = "memcpy.py" if name == "memcpy" else "ucx_peer.py"
+        p = spawn([sys.executable, str(PEERS / script), json.dumps(cfg)])
         out, err, timed_out = reap(p, cfg["timeout"])
         return parse(out, err, p.returncode, timed_out)
     raise ValueError(name)
@@ -247,6 +250,9 @@ def metrics(name: str, res: dict) -> dict:
         m[f"sig{k}"] = get(res, "rate", str(k), "signaled_completions_per_msg")
     m["bw"] = get(res, "bw", "gb_per_s")
     m["idle"] = get(res, "idle", "cpu_percent")
+    m["rate_stream"] = get(res, "rate_stream", "msgs_per_s")
+    m["put_rate"] = get(res, "put_rate", "msgs_per_s")
+    m["put_bw"] = get(res, "put_bw", "gb_per_s")
     return m
 
 
@@ -261,7 +267,10 @@ ROWS = [
     ("rate1", "8 B rate, batch 1 [M msg/s] \u2191", 1e-6, "{:.3f}"),
     ("rate16", "8 B rate, batch 16 [M msg/s] \u2191", 1e-6, "{:.3f}"),
     ("rate256", "8 B rate, batch 256 [M msg/s] \u2191", 1e-6, "{:.3f}"),
+    ("rate_stream", "8 B rate, windowed stream [M msg/s] \u2191", 1e-6, "{:.3f}"),
+    ("put_rate", "8 B one-sided put rate [M ops/s] \u2191", 1e-6, "{:.3f}"),
     ("bw", "64 KiB stream [GB/s] \u2191", 1, "{:.2f}"),
+    ("put_bw", "64 KiB one-sided put [GB/s] \u2191", 1, "{:.2f}"),
     ("sig1", "signaled compl./msg, batch 1 \u2193", 1, "{:.4f}"),
     ("sig16", "signaled compl./msg, batch 16 \u2193", 1, "{:.4f}"),
     ("sig256", "signaled compl./msg, batch 256 \u2193", 1, "{:.4f}"),
@@ -272,9 +281,11 @@ COLUMNS = [
     ("ack", "ack"),
     ("zmq", "zmq"),
     ("mpi4py", "mpi4py"),
+    ("ucx", "ucx"),
     ("memcpy", "memcpy"),
 ]
-RATIOS = [("ack", "batched/ack"), ("mpi4py", "batched/mpi4py"), ("zmq", "batched/zmq")]
+RATIOS = [("ack", "batched/ack"), ("mpi4py", "batched/mpi4py"), ("zmq", "batched/zmq"),
+          ("ucx", "batched/ucx")]
 
 
 def ratio(a, b):
@@ -285,6 +296,7 @@ def ratio(a, b):
 def targets(m: dict) -> list[dict]:
     """The project's targets, each shown under the table column its value belongs to."""
     b, a, p = m.get("batched", {}), m.get("ack", {}), m.get("mpi4py", {})
+    u = m.get("ucx", {})
 
     def row(label, column, value, ok) -> dict:
         verdict = "UNTESTED" if value is None else ("PASS" if ok(value) else "FAIL")
@@ -320,6 +332,18 @@ def targets(m: dict) -> list[dict]:
             "batched/ack",
             ratio(b.get("sig256"), a.get("sig256")),
             lambda v: v <= 1 / 64,
+        ),
+        row(
+            "target: 8 B rate b256 >= UCX put rate",
+            "batched/ucx",
+            ratio(b.get("rate256"), u.get("put_rate")),
+            lambda v: v >= 1,
+        ),
+        row(
+            "target: 8 B latency <= UCX am latency",
+            "batched/ucx",
+            ratio(b.get("lat8_med"), u.get("lat8_med")),
+            lambda v: v <= 1,
         ),
         row("target: idle CPU batched < 5 %", "batched", b.get("idle"), lambda v: v < 5),
         row("target: idle CPU ack < 5 %", "ack", a.get("idle"), lambda v: v < 5),
@@ -416,6 +440,9 @@ def table_notes(results: dict, meta: dict) -> list[str]:
         "runs; ratios are batched / peer; each target shows its value in its own column.",
         "zmq batch of k = k back-to-back send() (PUSH/PULL; PAIR for ping-pong); "
         "mpi4py batch = k Isend + Waitall; rdmamw batch = send_batch of k.",
+        "ucx = ucx_perftest (C) over posix shm: latency ucp_am_lat, windowed stream and "
+        "64 KiB stream ucp_am_bw, one-sided rows ucp_put_bw; the batched/ucx target "
+        "compares rdmamw's b256 message rate with UCX's 8 B put rate.",
         "memcpy column: time of one np.copyto (latency rows), copyto calls/s of 8 B "
         "(rate row), best-offset 64 KiB GB/s (bw row).",
     ]

@@ -13,6 +13,14 @@ if ! command -v mpiexec >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; t
     apt-get install -y -qq mpich libmpich-dev >/dev/null
 fi
 
+# UCX's own benchmark (ucx_perftest) is the ucx column of bench/run.py.
+if ! command -v ucx_perftest >/dev/null 2>&1; then
+    echo "bench/setup.sh: installing ucx-utils (ucx_perftest missing)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq ucx-utils >/dev/null
+fi
+
 missing=()
 "$PY" -c "import zmq" 2>/dev/null || missing+=("pyzmq>=25")
 "$PY" -c "import rich" 2>/dev/null || missing+=("rich")
