@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
 from rdmamw.torch.backend import ProcessGroupRdmamw, create, monitored_barrier
-from rdmamw.torch.elastic import shrink
+from rdmamw.torch.elastic import grow, join, shrink
 from rdmamw.torch.optim import DistributedOptimizer, DistributedOptimizerError
 from rdmamw.torch.p2p import P2PMismatch
 from rdmamw.torch.tensors import UnsupportedOp, UnsupportedTensor
@@ -62,4 +62,5 @@ register()
 
 __all__ = ["BACKEND", "DistributedOptimizer", "DistributedOptimizerError", "P2PMismatch",
            "ProcessGroupRdmamw", "Timeout", "UnsupportedOp", "UnsupportedTensor",
-           "batch_isend_irecv", "create", "monitored_barrier", "register", "shrink"]
+           "batch_isend_irecv", "create", "grow", "join", "monitored_barrier", "register",
+           "shrink"]
