@@ -313,3 +313,24 @@ def test_the_elastic_example_takes_a_replacement_back_and_finishes_on_four(provi
     assert new["loss"] < 1e-3 and new["first_loss"] < 0.1, new
     assert res[0]["state"] == res[1]["state"] == res[2]["state"] == res[3]["state"]
     assert sorted(res[0]["state"]) == ["bias", "weight"]
+
+
+@pytest.mark.timeout(300)
+def test_a_replacement_rejoins_and_the_grown_group_runs_collectives_and_p2p():
+    """4 ranks loop all_reduce; rank 2 dies; the three shrink; a new process started
+    with rank 2's environment calls rdmamw.torch.join (its default group) while the
+    three call rdmamw.torch.grow: the four are ranks 0..3 again (world order), the
+    all_reduce is 1 + 2 + 3 + 4 = 10 and a ring of send / recv reaches each rank from
+    the previous one, the newcomer included (its p2p channels meet the new process)."""
+    res = tjob(4, "grow", {"victim": 2, "at": 5, "timeout": 30}, expect_dead=(2,),
+               timeout=200)
+    new = res[0].pop("replacement")
+    assert isinstance(new, dict), new
+    assert new.pop("default") is True, new       # join: the newcomer's default group
+    for r in [*res, new]:
+        assert (r["new_rank"], r["new_size"]) == (r["rank"], 4), r
+        assert (r["sum"], r["same"]) == (10.0, True), r
+        assert r["from_prev"] == [float((r["rank"] - 1) % 4)] * 3, r
+    assert sorted(r["rank"] for r in [*res, new]) == [0, 1, 2, 3]
+    for r in res:
+        assert r["named"] == 2 and "rank 2" in r["error"], r
