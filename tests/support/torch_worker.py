@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -268,7 +269,7 @@ def lose(cfg: dict) -> dict:
             "shrink_s": time.monotonic() - t0, **({"pg": pg} if cfg.get("keep") else {})}
 
 
-def grown(pg: object, me: int) -> dict:
+def grown(pg: Any, me: int) -> dict[str, Any]:
     """On the grown group: an all_reduce (sum of world rank + 1), and a ring of
     send / recv (each rank sends its world rank to the next, in group order)."""
     x = torch.full((1000,), float(me + 1))
@@ -282,7 +283,7 @@ def grown(pg: object, me: int) -> dict:
             "same": bool((x == x[0]).all()), "from_prev": got.tolist()}
 
 
-def grow(cfg: dict) -> dict:
+def grow(cfg: dict[str, Any]) -> dict[str, Any]:
     """``lose`` with a way back: after the shrink, rank 0 of the survivors starts a new
     process for the victim (its environment, scenario ``rejoin``), everyone grows the
     group back (rdmamw.torch.grow / join) and runs :func:`grown`; rank 0's result
@@ -306,7 +307,7 @@ def grow(cfg: dict) -> dict:
     return out
 
 
-def rejoin(cfg: dict) -> dict:
+def rejoin(cfg: dict[str, Any]) -> dict[str, Any]:
     """The victim's new process: rdmamw.torch.join, then :func:`grown`."""
     import rdmamw.torch as rt
     pg = rt.join(cfg["timeout"])
