@@ -300,7 +300,7 @@ def test_the_elastic_example_takes_a_replacement_back_and_finishes_on_four(provi
     All four finish the 60 steps, ranks back in world order, with the very same
     state_dict (every tensor, exactly) and a converged fit."""
     _, res = elastic_example("--lose", "2", "--at", "20", "--steps", "60", "--replace",
-                             "--back", "40", provider=provider)
+                             "--back", "40", "--timeout", "60", provider=provider)
     assert [(r["rank"], r["new_rank"], r["size"], r["steps"]) for r in res] == \
         [(0, 0, 4, 60), (1, 1, 4, 60), (2, 2, 4, 60), (3, 3, 4, 60)], res
     for r in res[:2] + res[3:]:
@@ -322,7 +322,7 @@ def test_a_replacement_rejoins_and_the_grown_group_runs_collectives_and_p2p():
     three call rdmamw.torch.grow: the four are ranks 0..3 again (world order), the
     all_reduce is 1 + 2 + 3 + 4 = 10 and a ring of send / recv reaches each rank from
     the previous one, the newcomer included (its p2p channels meet the new process)."""
-    res = tjob(4, "grow", {"victim": 2, "at": 5, "timeout": 30}, expect_dead=(2,),
+    res = tjob(4, "grow", {"victim": 2, "at": 5, "timeout": 60}, expect_dead=(2,),
                timeout=200)
     new = res[0].pop("replacement")
     assert isinstance(new, dict), new
