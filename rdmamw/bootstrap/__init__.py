@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,9 +81,19 @@ class World:
         """Wait (by ``end``, time.monotonic()) until each of ``ranks`` re-joined rank
         0's store, then take their new descriptors: channels to them from now on meet
         their new processes; those of the old ones are dropped."""
+        known = {r: self.gen(r) for r in ranks}
+        table = rejoin.wait_for(self._lookup(end), set(ranks), known, end)
+        with self._accept_lock:
+            for r in ranks:
+                self.peers[r] = table[r]
+                for key in [k for k in self._stash if k[1] == r]:
+                    self._drop_stash(key)
+
+    def _lookup(self, end: float) -> Callable[[], dict[int, dict[str, Any]]]:
+        """What gives the job's current table (for :meth:`refresh`, by ``end``)."""
         if self._keeper is not None:
-            get = self._keeper.current
-        elif self._store is not None:
+            return self._keeper.current
+        if self._store is not None:
             host, port, launcher_job = self._store
 
             def get() -> dict[int, dict[str, Any]]:
@@ -92,15 +103,8 @@ class World:
                 except (Timeout, PeerLost) as e:
                     raise PeerLost(f"grow: rank 0's bootstrap store is gone ({e}): a job "
                                    f"that lost rank 0 cannot take ranks back") from None
-        else:
-            raise RdmamwError("grow: this World has no bootstrap store to ask")
-        known = {r: self.gen(r) for r in ranks}
-        table = rejoin.wait_for(get, set(ranks), known, end)
-        with self._accept_lock:
-            for r in ranks:
-                self.peers[r] = table[r]
-                for key in [k for k in self._stash if k[1] == r]:
-                    self._drop_stash(key)
+            return get
+        raise RdmamwError("grow: this World has no bootstrap store to ask")
 
     def provider_for(self, rank: int) -> str:
         """The transport a channel to ``rank`` uses (the same choice on both sides)."""

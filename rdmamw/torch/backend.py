@@ -188,14 +188,37 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
 
     @classmethod
     def survivors(cls, old: ProcessGroupRdmamw, comm: Communicator) -> ProcessGroupRdmamw:
-        """The group of ``old``'s survivors over ``comm`` (its shrunk communicator):
-        the same store and timeout, its own p2p channels (rdmamw.torch.elastic)."""
+        """The group of ``old``'s survivors over ``comm`` (its shrunk, or grown,
+        communicator): the same store and timeout, its own p2p channels
+        (rdmamw.torch.elastic)."""
+        return cls._over(old._store, old.timeout, comm, old.p2p.world)
+
+    @classmethod
+    def rejoined(cls, store: Any, rank: int, size: int,
+                 timeout: datetime.timedelta) -> ProcessGroupRdmamw:
+        """On a lost rank's new process: the group the members' grow makes, met
+        through the job's ``store`` (create() with :class:`Rejoin`)."""
+        secs = timeout.total_seconds()
+        ip = local_ip(store)
+        world = kvstore.rejoin(store, rank, size, secs, ip, "rdmamw/coll", launcher="torch")
+        try:
+            pworld = kvstore.rejoin(store, rank, size, secs, ip, "rdmamw/p2p",
+                                    launcher="torch")
+            comm = _Comm.join(world, timeout=secs)
+        except BaseException:
+            world.close()
+            raise
+        return cls._over(store, secs, comm, pworld)
+
+    @classmethod
+    def _over(cls, store: Any, timeout: float, comm: Communicator,
+              pworld: Any) -> ProcessGroupRdmamw:
         pg = cls.__new__(cls)
         dist.ProcessGroup.__init__(pg, comm.rank, comm.size)
         pg._rank, pg._size, pg._name = comm.rank, comm.size, ""
-        pg._store, pg._monitored, pg.timeout = old._store, 0, old.timeout
+        pg._store, pg._monitored, pg.timeout = store, 0, timeout
         pg.comm = comm
-        pg.p2p = PointToPoint(old.p2p.world, old.timeout, comm.members)
+        pg.p2p = PointToPoint(pworld, timeout, comm.members)
         pg._batch, pg._held = None, []
         return pg
 
@@ -702,11 +725,19 @@ def monitored_barrier(group: Any = None, timeout: datetime.timedelta | None = No
     pg.monitored_barrier(timeout, wait_all_ranks)
 
 
+class Rejoin:
+    """``pg_options`` for ``init_process_group("rdmamw")`` on a lost rank's new process:
+    the default group re-joins the running job (rdmamw.torch.join)."""
+
+
 def create(opts: Any, backend_options: Any = None) -> ProcessGroupRdmamw:
     """torch's factory for the "rdmamw" backend (extended API: store, group rank and
     size, timeout, and the global ranks of a new group; empty for the default group)."""
     if not opts.global_ranks_in_group:
         _check_launcher(opts.group_size)
+        if isinstance(backend_options, Rejoin):
+            return ProcessGroupRdmamw.rejoined(opts.store, opts.group_rank,
+                                               opts.group_size, opts.timeout)
     return ProcessGroupRdmamw(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                               list(opts.global_ranks_in_group))
 

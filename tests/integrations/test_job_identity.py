@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -152,6 +153,38 @@ def test_a_channel_by_rank_from_another_job_is_refused(monkeypatch):
         a.transport.close(), b.transport.close()
     finally:
         w0.close(), w1.close()
+
+
+def test_a_store_rejoin_waits_for_the_drop_and_channels_meet_the_new_process(monkeypatch):
+    """A World met through a store (a torch group's) takes a lost rank's new process as
+    rank 0's bootstrap store does: while rank 1 is a member, a second process of it
+    waits and times out ("still a member"); once a shrink dropped it (depart), the new
+    process takes generation 1; the member's refresh takes its descriptor and a channel
+    by rank meets the new process, never the old one; the next replacement is 2."""
+    w0, w1 = two_ranks(monkeypatch)
+    kv, news = w0._kv, []
+    try:
+        with pytest.raises(rdmamw.Timeout, match="rank 1 is still a member"):
+            kvstore.rejoin(kv, 1, 2, 0.3, "127.0.0.1")
+        w0.depart({1})
+        news.append(kvstore.rejoin(kv, 1, 2, 5, "127.0.0.1"))
+        new = news[0]
+        assert (new.gen(1), new.gen(0), new.job) == (1, 0, w0.job)
+        w0.refresh({1}, time.monotonic() + 5)
+        assert w0.peers[1] == new.peers[1] and w0.gen(1) == 1
+        a, b = pair(w0, new)
+        assert not isinstance(a, BaseException) and not isinstance(b, BaseException), (a, b)
+        a.transport.close(), b.transport.close()
+        a, b = pair(w0, w1, opener=w1)                   # the old process: not taken
+        assert isinstance(a, rdmamw.Timeout), a
+        if not isinstance(b, BaseException):
+            b.transport.close()
+        w0.depart({1})
+        news.append(kvstore.rejoin(kv, 1, 2, 5, "127.0.0.1"))
+        assert news[1].gen(1) == 2
+    finally:
+        for w in (w0, w1, *news):
+            w.close()
 
 
 # ---- finding 6: a bad address is a typed error -----------------------------------------

@@ -257,25 +257,80 @@ def test_ddp_loses_a_rank_and_finishes_training_on_the_survivors():
     assert res[0]["digest"] == res[1]["digest"] == res[2]["digest"]
 
 
+def elastic_example(*args: str, provider: str = "shm") -> tuple[str, list[dict]]:
+    """examples/torch_elastic.py with ``args`` as its docstring runs it (the local
+    launcher, 4 ranks, --max-lost 1): the launcher's stderr and each process's result,
+    by rank."""
+    cmd = [sys.executable, "-m", "rdmamw.bootstrap.launch", "-n", "4", "--max-lost", "1",
+           "--", sys.executable, os.path.join(ROOT, "examples", "torch_elastic.py"), *args]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RDMAMW_TOKEN", "RDMAMW_PROVIDER")}
+    env["PYTHONPATH"] = ROOT
+    if provider != "shm":
+        env["RDMAMW_PROVIDER"] = provider
+    p = subprocess.run(cmd, cwd=ROOT, env=config.without_launchers(env),
+                       capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "[launch] rank 2 failed (killed by SIGKILL); the other 3 go on" in p.stderr
+    return p.stderr, sorted((json.loads(x.split(" ", 1)[1]) for x in p.stdout.splitlines()
+                             if x.startswith("result ")), key=lambda r: r["rank"])
+
+
 def test_the_elastic_example_loses_a_rank_and_finishes_on_the_others():
     """examples/torch_elastic.py as its docstring runs it: the local launcher with
     --max-lost 1, rank 2 SIGKILLed at step 20 of 60. The launcher reports it and lets the
     others run on; each survivor names rank 2, shrinks to 3 ranks, finishes all 60
     steps with the very same parameters, and the fit converged (noise 0.01: mse ~1e-4)."""
-    cmd = [sys.executable, "-m", "rdmamw.bootstrap.launch", "-n", "4", "--max-lost", "1",
-           "--", sys.executable, os.path.join(ROOT, "examples", "torch_elastic.py"),
-           "--lose", "2", "--at", "20", "--steps", "60"]
-    env = {k: v for k, v in os.environ.items() if k != "RDMAMW_TOKEN"}
-    env["PYTHONPATH"] = ROOT
-    p = subprocess.run(cmd, cwd=ROOT, env=config.without_launchers(env),
-                       capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert "[launch] rank 2 failed (killed by SIGKILL); the other 3 go on" in p.stderr
-    res = sorted((json.loads(x.split(" ", 1)[1]) for x in p.stdout.splitlines()
-                  if x.startswith("result ")), key=lambda r: r["rank"])
+    _, res = elastic_example("--lose", "2", "--at", "20", "--steps", "60")
     assert [(r["rank"], r["new_rank"], r["size"], r["steps"]) for r in res] == \
         [(0, 0, 3, 60), (1, 1, 3, 60), (3, 2, 3, 60)], res
     for r in res:
         assert "rank 2" in r["error"] and "shrunk to 3 ranks" in r["error"], r
         assert r["loss"] < 1e-3, r
-    assert res[0]["params_sum"] == res[1]["params_sum"] == res[2]["params_sum"]
+    assert res[0]["state"] == res[1]["state"] == res[2]["state"]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+def test_the_elastic_example_takes_a_replacement_back_and_finishes_on_four(provider):
+    """examples/torch_elastic.py --replace: rank 2 SIGKILLed at step 20 of 60, the three
+    shrink and train on; a new process for rank 2 (its launcher environment) re-joins
+    with rdmamw.torch.join while the three call rdmamw.torch.grow at step 40; DDP's
+    wrap on the grown group gives the newcomer rank 0's model (its own is another).
+    All four finish the 60 steps, ranks back in world order, with the very same
+    state_dict (every tensor, exactly) and a converged fit."""
+    _, res = elastic_example("--lose", "2", "--at", "20", "--steps", "60", "--replace",
+                             "--back", "40", "--timeout", "60", provider=provider)
+    assert [(r["rank"], r["new_rank"], r["size"], r["steps"]) for r in res] == \
+        [(0, 0, 4, 60), (1, 1, 4, 60), (2, 2, 4, 60), (3, 3, 4, 60)], res
+    for r in res[:2] + res[3:]:
+        assert "rank 2" in r["error"] and "shrunk to 3 ranks" in r["error"], r
+        assert "grown to 4 ranks" in r["error"], r
+        assert r["loss"] < 1e-3 < r["first_loss"], r
+    new = res[2]
+    assert new["error"] == "joined at step 40", new
+    # its first step was on the job's model (trained 40 steps), not its own fresh one
+    assert new["loss"] < 1e-3 and new["first_loss"] < 0.1, new
+    assert res[0]["state"] == res[1]["state"] == res[2]["state"] == res[3]["state"]
+    assert sorted(res[0]["state"]) == ["bias", "weight"]
+
+
+@pytest.mark.timeout(300)
+def test_a_replacement_rejoins_and_the_grown_group_runs_collectives_and_p2p():
+    """4 ranks loop all_reduce; rank 2 dies; the three shrink; a new process started
+    with rank 2's environment calls rdmamw.torch.join (its default group) while the
+    three call rdmamw.torch.grow: the four are ranks 0..3 again (world order), the
+    all_reduce is 1 + 2 + 3 + 4 = 10 and a ring of send / recv reaches each rank from
+    the previous one, the newcomer included (its p2p channels meet the new process)."""
+    res = tjob(4, "grow", {"victim": 2, "at": 5, "timeout": 60}, expect_dead=(2,),
+               timeout=200)
+    new = res[0].pop("replacement")
+    assert isinstance(new, dict), new
+    assert new.pop("default") is True, new       # join: the newcomer's default group
+    for r in [*res, new]:
+        assert (r["new_rank"], r["new_size"]) == (r["rank"], 4), r
+        assert (r["sum"], r["same"]) == (10.0, True), r
+        assert r["from_prev"] == [float((r["rank"] - 1) % 4)] * 3, r
+    assert sorted(r["rank"] for r in [*res, new]) == [0, 1, 2, 3]
+    for r in res:
+        assert r["named"] == 2 and "rank 2" in r["error"], r

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -265,7 +266,52 @@ def lose(cfg: dict) -> dict:
     pg.allreduce([x]).wait()
     return {"rank": me, "error": error, "named": named, "new_rank": pg.rank(),
             "new_size": pg.size(), "sum": float(x[0]), "same": bool((x == x[0]).all()),
-            "shrink_s": time.monotonic() - t0}
+            "shrink_s": time.monotonic() - t0, **({"pg": pg} if cfg.get("keep") else {})}
+
+
+def grown(pg: Any, me: int) -> dict[str, Any]:
+    """On the grown group: an all_reduce (sum of world rank + 1), and a ring of
+    send / recv (each rank sends its world rank to the next, in group order)."""
+    x = torch.full((1000,), float(me + 1))
+    pg.allreduce([x]).wait()
+    n, r = pg.size(), pg.rank()
+    got = torch.full((3,), -1.0)
+    sent = pg.send([torch.full((3,), float(me))], (r + 1) % n, 5)
+    pg.recv([got], (r - 1) % n, 5).wait()
+    sent.wait()
+    return {"rank": me, "new_rank": r, "new_size": n, "sum": float(x[0]),
+            "same": bool((x == x[0]).all()), "from_prev": got.tolist()}
+
+
+def grow(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``lose`` with a way back: after the shrink, rank 0 of the survivors starts a new
+    process for the victim (its environment, scenario ``rejoin``), everyone grows the
+    group back (rdmamw.torch.grow / join) and runs :func:`grown`; rank 0's result
+    holds the new process's."""
+    import subprocess
+
+    import rdmamw.torch as rt
+    out = lose({**cfg, "keep": True})
+    me, pg = out["rank"], out.pop("pg")
+    child = None
+    if pg.rank() == 0:
+        env = dict(os.environ, RANK=str(cfg["victim"]), LOCAL_RANK=str(cfg["victim"]))
+        child = subprocess.Popen([sys.executable, __file__, "rejoin", json.dumps(cfg)],
+                                 env=env, stdout=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    pg = rt.grow(pg, cfg.get("ranks"))
+    out.update(grown(pg, me), grow_s=time.monotonic() - t0)
+    if child is not None:
+        line = child.communicate(timeout=120)[0]
+        out["replacement"] = json.loads(line.splitlines()[-1]) if line else child.returncode
+    return out
+
+
+def rejoin(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The victim's new process: rdmamw.torch.join, then :func:`grown`."""
+    import rdmamw.torch as rt
+    pg = rt.join(cfg["timeout"])
+    return {**grown(pg, dist.get_rank()), "default": pg is dist.group.WORLD}
 
 
 def ddp_lose(cfg: dict) -> dict:
