@@ -103,6 +103,7 @@ cdef class TcpTransport(Transport):
                 or pthread_mutex_init(&self.c.rq_mu, NULL) != 0 \
                 or pthread_mutex_init(&self.c.bl_mu, NULL) != 0 \
                 or pthread_mutex_init(&self.c.rd_mu, NULL) != 0 \
+                or pthread_mutex_init(&self.c.rf_mu, NULL) != 0 \
                 or pthread_cond_init(&self.c.rd_cv, NULL) != 0 \
                 or pthread_cond_init(&self.c.rq_cv, NULL) != 0:
             raise OSError("pthread_mutex_init failed")
@@ -313,8 +314,9 @@ cdef class TcpTransport(Transport):
     cdef int _post_region(self, rm_wr *wrs, uint32_t n) noexcept nogil:
         """A chain of region READs/WRITEs (every WR RM_WR_EXPOSED | RM_WR_REGION, imm the
         region's tag) as one RCHAIN frame on one sendmsg; waits for its RDONE
-        (rm_tcp_region.h). RM_ERR_BOUNDS when the owner refused an operation
-        (region_refusal() then says which and why), or the connection's state."""
+        (rm_tcp_region.h) until this thread's post deadline. RM_ERR_BOUNDS when the
+        owner refused an operation (region_refusal() then says which and why),
+        RM_ERR_LATE when the deadline passed first, or the connection's state."""
         cdef rt_rcell cell
         cdef rt_rdesc *descs
         cdef uint64_t *local
@@ -359,7 +361,9 @@ cdef class TcpTransport(Transport):
         if rc == 0 or rc == RT_LATE:
             self.n_doorbells += 1
             self.n_wrs += n
-        done_rc = rt_rcell_wait(self.c, &cell)   # then the progress thread is done with cell
+        # then the progress thread is done with cell and the READ targets (RT_LATE: the
+        # deadline passed, the chain is abandoned: a late answer is dropped)
+        done_rc = rt_rcell_wait(self.c, &cell, deadline)
         if done_rc != 0 or (rc != 0 and rc != RT_LATE):
             return done_rc if done_rc != 0 else rc
         if cell.why or cell.read_err:
@@ -493,6 +497,7 @@ cdef class TcpTransport(Transport):
                 pthread_mutex_destroy(&self.c.rq_mu)
                 pthread_mutex_destroy(&self.c.bl_mu)
                 pthread_mutex_destroy(&self.c.rd_mu)
+                pthread_mutex_destroy(&self.c.rf_mu)
                 pthread_cond_destroy(&self.c.rd_cv)
                 pthread_cond_destroy(&self.c.rq_cv)
             free(self.c.xtab)
