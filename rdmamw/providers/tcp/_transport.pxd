@@ -108,6 +108,10 @@ cdef extern from "rm_tcp.h" nogil:
     int rt_rchain_send(rt_conn *c, const rt_rdesc *descs, const uint64_t *local, uint32_t n,
                        iovec *iov, rt_rcell *cell, int64_t deadline, int may_wait)
     int rt_rcell_wait(rt_conn *c, rt_rcell *cell, int64_t deadline)
+    int rt_rscratch_take(rt_conn *c, uint32_t n, rt_rdesc **descs, uint64_t **local,
+                         iovec **iov, int *own)
+    void rt_rscratch_give(rt_conn *c, rt_rdesc *descs, uint64_t *local, iovec *iov, int own)
+    void rt_rscratch_free(rt_conn *c)
     void rt_refusal_set(const rt_conn *c, uint32_t why, uint32_t key, uint32_t tag, int write,
                         uint64_t addr, uint64_t len)
     uint32_t rt_refusal_get(const rt_conn *c, uint32_t key, uint32_t tag, int write,

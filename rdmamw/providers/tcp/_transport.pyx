@@ -324,7 +324,7 @@ cdef class TcpTransport(Transport):
         cdef rm_wr *wr
         cdef uint32_t i, why
         cdef uint64_t wbytes = 0
-        cdef int rc, done_rc
+        cdef int rc, done_rc, own
         cdef int64_t deadline = self.post_deadline if self.post_owner == pthread_self() else 0
         memset(&cell, 0, sizeof(cell))
         if n == 0 or n > RT_RCH_MAX or self.peer_rid == 0:
@@ -336,26 +336,21 @@ cdef class TcpTransport(Transport):
                     or wr.length > RT_PIECE \
                     or (wr.opcode != RM_WR_READ and wr.opcode != RM_WR_WRITE):
                 return RM_ERR_BOUNDS
-        descs = <rt_rdesc *>calloc(n, sizeof(rt_rdesc))
-        local = <uint64_t *>malloc(n * sizeof(uint64_t))
-        iov = <iovec *>malloc((n + 2) * sizeof(iovec))
-        if descs != NULL and local != NULL and iov != NULL:
-            for i in range(n):
-                wr = &wrs[i]
-                descs[i].op = RT_OP_READ if wr.opcode == RM_WR_READ else RT_OP_WRITE
-                descs[i].key = <uint16_t>wr.rkey
-                descs[i].tag = wr.imm
-                descs[i].addr = wr.remote_off
-                descs[i].length = wr.length
-                local[i] = wr.local_addr
-                wbytes += wr.length if wr.opcode == RM_WR_WRITE else 0
-            rc = rt_rchain_send(self.c, descs, local, n, iov, &cell, deadline,
-                                not PyGILState_Check())
-        else:
-            rc = RM_ERR_OS
-        free(descs)             # sent, or copied into the backlog
-        free(local)
-        free(iov)
+        if rt_rscratch_take(self.c, n, &descs, &local, &iov, &own) != 0:
+            return RM_ERR_OS
+        for i in range(n):
+            wr = &wrs[i]
+            descs[i].op = RT_OP_READ if wr.opcode == RM_WR_READ else RT_OP_WRITE
+            descs[i].key = <uint16_t>wr.rkey
+            descs[i].tag = wr.imm
+            descs[i].addr = wr.remote_off
+            descs[i].length = wr.length
+            descs[i].reserved = 0
+            local[i] = wr.local_addr
+            wbytes += wr.length if wr.opcode == RM_WR_WRITE else 0
+        rc = rt_rchain_send(self.c, descs, local, n, iov, &cell, deadline,
+                            not PyGILState_Check())
+        rt_rscratch_give(self.c, descs, local, iov, own)    # sent, or copied into the backlog
         if not cell.queued:     # nothing went on the stream
             return rc
         if rc == 0 or rc == RT_LATE:
@@ -500,6 +495,7 @@ cdef class TcpTransport(Transport):
                 pthread_mutex_destroy(&self.c.rf_mu)
                 pthread_cond_destroy(&self.c.rd_cv)
                 pthread_cond_destroy(&self.c.rq_cv)
+            rt_rscratch_free(self.c)
             free(self.c.xtab)
             free(self.c.pubbuf)
             free(self.c.bl)

@@ -77,6 +77,16 @@ typedef struct {
     uint64_t first;
 } rt_rcell;
 
+/* The arrays a region chain is built in (TcpTransport._post_region): one set per
+ * connection, grown to the longest chain, held by one poster at a time (busy). */
+typedef struct {
+    void *descs;            /* rt_rdesc[cap] (rm_tcp_region.h) */
+    uint64_t *local;        /* [cap] */
+    struct iovec *iov;      /* [cap + 2] */
+    uint32_t cap;
+    int busy;
+} rt_rscratch;
+
 typedef struct {
     int sock, evfd;
     int state, stop, waiting, why, err_no;
@@ -103,6 +113,7 @@ typedef struct {
     pthread_mutex_t rf_mu;
     int rf_wanted;
     rt_rcell rd_dead;
+    rt_rscratch rs;                     /* region chains' arrays */
     /* rendezvous: what this side exposed, and the XREAD_REQs the responder answers */
     rm_xtab *xtab;
     pthread_mutex_t xp_mu;      /* held by the responder while it sends from a range */

@@ -341,6 +341,65 @@ static int rt_rcell_abandon(rt_conn *c, rt_rcell *cell) {
     return RT_LATE;
 }
 
+/* The poster: arrays for an n-operation chain (descriptors, local addresses, n + 2
+ * iovecs): the connection's scratch, grown if it is short, when no other poster holds
+ * it (*own = 0), else fresh ones for this chain alone (*own = 1). 0, or -1 (no
+ * memory: nothing is held). */
+static int rt_rscratch_take(rt_conn *c, uint32_t n, rt_rdesc **descs, uint64_t **local,
+                            struct iovec **iov, int *own) {
+    rt_rscratch *s = &c->rs;
+    void *p;
+    *own = __atomic_exchange_n(&s->busy, 1, __ATOMIC_ACQUIRE);
+    if (*own) {                         /* another poster has it: this chain's own */
+        *descs = malloc(n * sizeof(rt_rdesc));
+        *local = malloc(n * sizeof(uint64_t));
+        *iov = malloc((n + 2) * sizeof(struct iovec));
+        if (*descs && *local && *iov) return 0;
+        free(*descs);
+        free(*local);
+        free(*iov);
+        return -1;
+    }
+    if (n > s->cap) {                   /* grown, never shrunk: no allocation after */
+        uint32_t cap = n > 2 * s->cap ? n : 2 * s->cap;
+        if (cap < 16) cap = 16;
+        if (cap > RT_RCH_MAX) cap = RT_RCH_MAX;
+        if ((p = realloc(s->descs, cap * sizeof(rt_rdesc)))) s->descs = p;
+        if (p && (p = realloc(s->local, cap * sizeof(uint64_t)))) s->local = p;
+        if (p && (p = realloc(s->iov, (cap + 2) * sizeof(struct iovec)))) s->iov = p;
+        if (!p) {
+            __atomic_store_n(&s->busy, 0, __ATOMIC_RELEASE);
+            return -1;
+        }
+        s->cap = cap;
+    }
+    *descs = s->descs;
+    *local = s->local;
+    *iov = s->iov;
+    return 0;
+}
+
+/* The poster is done with the arrays of rt_rscratch_take (the chain was sent, or
+ * copied into the backlog). */
+static void rt_rscratch_give(rt_conn *c, rt_rdesc *descs, uint64_t *local,
+                             struct iovec *iov, int own) {
+    if (!own) {
+        __atomic_store_n(&c->rs.busy, 0, __ATOMIC_RELEASE);
+        return;
+    }
+    free(descs);
+    free(local);
+    free(iov);
+}
+
+/* The connection goes: its scratch with it (no poster holds it any more). */
+static void rt_rscratch_free(rt_conn *c) {
+    free(c->rs.descs);
+    free(c->rs.local);
+    free(c->rs.iov);
+    memset(&c->rs, 0, sizeof c->rs);
+}
+
 /* The poster: put the chain descs[0..n) (local[i]: a READ's target or a WRITE's source)
  * on the stream as one RCHAIN frame and one sendmsg (iov: room for n + 2), the slots of
  * its READs and of its end taken in the stream's order, once the ring has room for
