@@ -69,6 +69,8 @@ cdef inline int post_by(Transport tp, rm_wr *wrs, uint32_t n, int64_t deadline) 
     provider that waits for its peer, tcp, gives the chain up by then)."""
     cdef int rc
     if deadline == 0:
+        if tp.post_owner == pthread_self():
+            tp.post_deadline = 0        # none of an earlier call of this thread's
         return tp.post(wrs, n)
     tp.deadline_posts(deadline)
     rc = tp.post(wrs, n)

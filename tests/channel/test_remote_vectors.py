@@ -4,6 +4,8 @@ every buffer of both sides as it was (compared whole)."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -120,3 +122,31 @@ def test_a_write_range_into_a_read_only_region_is_refused(rpair):
     with pytest.raises(AccessDenied):
         peer.writev([(_pattern(10, 1), regs[0].ref, 0), (_pattern(10, 2), rreg.ref, 0)])
     assert np.array_equal(ro, ro_keep) and np.array_equal(bufs[0], keep)
+
+
+def test_threads_posting_vectors_at_once_each_get_their_own_ranges(rpair):
+    """Four threads, each its own region and many ranges per chain, at the same time
+    on one channel (tcp: one of them builds its chain in the connection's scratch, the
+    others in their own arrays): every range read is the right one."""
+    owner, peer = rpair
+    bufs, regs = _regions(owner, 4, 16 * 1024)
+    errors: list = []
+
+    def worker(k: int) -> None:
+        try:
+            for it in range(60):
+                n = 1 + (it * 7 + k) % 40
+                offs = [(j * 389 + it) % (16 * 1024 - 64) for j in range(n)]
+                outs = [np.zeros(64, np.uint8) for _ in range(n)]
+                peer.readv([(o, regs[k].ref, off) for o, off in zip(outs, offs, strict=True)])
+                for o, off in zip(outs, offs, strict=True):
+                    assert np.array_equal(o, bufs[k][off:off + 64])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
