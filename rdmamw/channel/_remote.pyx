@@ -29,6 +29,7 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
+from rdmamw.engine._link cimport deadline_of
 from rdmamw.transport._base cimport (
     RM_ACCESS_REMOTE_WRITE,
     RM_ACCESS_TAG_SHIFT,
@@ -38,7 +39,6 @@ from rdmamw.transport._base cimport (
     RM_WR_REGION,
     RM_WR_WRITE,
     Transport,
-    now_ns,
     pthread_self,
     rm_mem,
     rm_wr,
@@ -51,17 +51,6 @@ ONE_CHECKED = 1                     # one(): not tried, go the checked way
 cdef uint32_t _last_tag = 0         # tags are unique in the process, not per channel: a
                                     # request that names another channel's exposure
                                     # never finds its tag in this channel's table
-
-
-cdef int64_t deadline_of(object timeout) except? -1:
-    """now + ``timeout`` s in now_ns() time; 0 for None (no deadline: a provider's own
-    bound, its peer timeout, ends a wait for a stopped peer)."""
-    if timeout is None:
-        return 0
-    t = float(timeout)
-    if not t >= 0:
-        raise ValueError("timeout must be >= 0 or None")
-    return now_ns() + <int64_t>(t * 1e9) + 1
 
 
 cdef inline int post_by(Transport tp, rm_wr *wrs, uint32_t n, int64_t deadline) noexcept nogil:
