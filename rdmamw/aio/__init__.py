@@ -10,8 +10,10 @@
 ``open_channel`` is ``Channel.open`` safe to cancel (a channel that arrives after
 the caller gave up is closed). The loop watches each channel's ``fileno()``
 (docs/api.md, "Event loops").
-``rdmamw.aio.collectives`` awaits the collectives and ``rdmamw.aio.ps.KVWorker`` the
-parameter-server worker (imported on their own: they pull in numpy)."""
+A channel's remote memory is awaited as well (``await ch.read(ref, into)``, ...:
+rdmamw/aio/remote.py). ``rdmamw.aio.collectives`` awaits the collectives and
+``rdmamw.aio.ps.KVWorker`` the parameter-server worker (imported on their own: they
+pull in numpy)."""
 
 from rdmamw.aio.channel import Channel, Listener, listen, open_channel
 

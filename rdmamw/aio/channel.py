@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from rdmamw import channel as _sync
 from rdmamw import config
+from rdmamw.aio.remote import AioRemoteMemory
 from rdmamw.engine import Message, SendHandle
 from rdmamw.errors import BufferTooSmall, ChannelClosed, Timeout, WrongLoop
 
@@ -36,9 +37,10 @@ _waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[int]] = \
 _running = asyncio.get_running_loop
 
 
-class Channel:
+class Channel(AioRemoteMemory):
     """An rdmamw channel whose waits are awaited: ``await ch.send_batch(...)``,
-    ``await ch.recv_batch()``, ``async for m in ch``, ``async with ch``.
+    ``await ch.recv_batch()``, ``async for m in ch``, ``async with ch``; remote memory
+    (``expose``, ``await ch.read(...)``, ...: rdmamw/aio/remote.py).
 
     It wraps a blocking :class:`rdmamw.Channel` (``.sync``), bound to the event loop
     that first awaits it; awaiting it from another loop while that one is open raises

@@ -25,10 +25,11 @@ from cpython.buffer cimport (
     PyBuffer_Release,
     PyObject_GetBuffer,
 )
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
+from rdmamw.engine._link cimport deadline_of
 from rdmamw.transport._base cimport (
     RM_ACCESS_REMOTE_WRITE,
     RM_ACCESS_TAG_SHIFT,
@@ -38,6 +39,7 @@ from rdmamw.transport._base cimport (
     RM_WR_REGION,
     RM_WR_WRITE,
     Transport,
+    pthread_self,
     rm_mem,
     rm_wr,
 )
@@ -49,6 +51,21 @@ ONE_CHECKED = 1                     # one(): not tried, go the checked way
 cdef uint32_t _last_tag = 0         # tags are unique in the process, not per channel: a
                                     # request that names another channel's exposure
                                     # never finds its tag in this channel's table
+
+
+cdef inline int post_by(Transport tp, rm_wr *wrs, uint32_t n, int64_t deadline) noexcept nogil:
+    """tp.post() with this thread's post deadline (RM_ERR_LATE once it passed: a
+    provider that waits for its peer, tcp, gives the chain up by then)."""
+    cdef int rc
+    if deadline == 0:
+        if tp.post_owner == pthread_self():
+            tp.post_deadline = 0        # none of an earlier call of this thread's
+        return tp.post(wrs, n)
+    tp.deadline_posts(deadline)
+    rc = tp.post(wrs, n)
+    if tp.post_owner == pthread_self():
+        tp.post_deadline = 0
+    return rc
 
 
 cdef class Pinned:
@@ -128,16 +145,18 @@ cdef class RemoteOps:
     def exposed(self) -> int:
         return len(self.live)
 
-    def post(self, list ops) -> int:
+    def post(self, list ops, timeout=None) -> int:
         """Post ``ops`` as one chain: each ``(write, local, offset, length, key, tag,
         remote_address)``, ``local`` a buffer whose ``[offset, offset + length)`` the
-        caller checked; a READ fills it, a WRITE sends it. The transport's code."""
+        caller checked; a READ fills it, a WRITE sends it. The transport's code
+        (RM_ERR_LATE: ``timeout`` s passed first; no READ target is written after)."""
         cdef Py_ssize_t i, k = 0, nops = len(ops), nwr = 0, at, step, nchains = 0
         cdef Py_buffer *views
         cdef rm_wr *wrs
         cdef int rc = 0
         cdef uint64_t off, n, piece, done, rbytes = 0, wbytes = 0
         cdef bint write
+        cdef int64_t deadline = deadline_of(timeout)
         for op in ops:
             nwr += <Py_ssize_t>((<uint64_t>op[3] + PIECE - 1) // PIECE) or 1
         views = <Py_buffer *>calloc(nops, sizeof(Py_buffer))
@@ -182,7 +201,7 @@ cdef class RemoteOps:
             at = 0
             with nogil:
                 while at < k and rc == 0:
-                    rc = self.tp.post(wrs + at, <uint32_t>min(step, k - at))
+                    rc = post_by(self.tp, wrs + at, <uint32_t>min(step, k - at), deadline)
                     at += step
                     nchains += 1
         finally:
@@ -198,7 +217,7 @@ cdef class RemoteOps:
             self.bytes_written += wbytes
         return rc
 
-    def one(self, bint write, obj, ref, Py_ssize_t offset) -> int:
+    def one(self, bint write, obj, ref, Py_ssize_t offset, timeout=None) -> int:
         """Read the region ``ref`` at ``offset`` into all of ``obj``, or write all of
         ``obj`` there, as one work request: the transport's code, or ONE_CHECKED when
         it did not try (a reference of another channel, an access or range it does not
@@ -208,6 +227,7 @@ cdef class RemoteOps:
         cdef rm_wr wr
         cdef uint64_t base, length, n, off, key, tag
         cdef int rc
+        cdef int64_t deadline = 0 if timeout is None else deadline_of(timeout)
         if self.peer == 0:
             self.peer = self.tp.region_ids()[1]
         try:
@@ -234,7 +254,7 @@ cdef class RemoteOps:
         wr.opcode = RM_WR_WRITE if write else RM_WR_READ
         wr.flags = RM_WR_EXPOSED | RM_WR_REGION
         with nogil:
-            rc = self.tp.post(&wr, 1)
+            rc = post_by(self.tp, &wr, 1, deadline)
         PyBuffer_Release(&view)
         if rc == 0:
             self.ops += 1

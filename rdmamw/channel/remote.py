@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
@@ -37,7 +39,7 @@ ACCESS = {"r": R, "w": W, "rw": R | W, "atomic": R | W | A}
 _TP_READ, _TP_WRITE = 1, 2
 #: transport return codes (rdmamw/transport/_base.pxd)
 _ERR_BOUNDS, _ERR_PEER_LOST, _ERR_CLOSED = -1, -2, -3
-_ERR_UNSUPPORTED, _ERR_AGAIN = -5, -6
+_ERR_UNSUPPORTED, _ERR_AGAIN, _ERR_LATE = -5, -6, -7
 
 #: reference wire format: magic, version, access, reserved, channel, key, tag, base,
 #: length, check (the first 8 bytes of BLAKE2b of the 40 bytes before it)
@@ -192,6 +194,27 @@ class Batch:
         self._add(False, ref, into, offset, _nbytes(into))
         return self
 
+    def readv(self, ranges: Iterable[tuple[Any, Any, int]]) -> Batch:
+        """A READ per ``(into, ref, offset)`` of ``ranges`` (each checked as
+        :meth:`read` checks it; one that is refused adds none of them)."""
+        return self._vector(False, ranges)
+
+    def writev(self, ranges: Iterable[tuple[Any, Any, int]]) -> Batch:
+        """A WRITE per ``(src, ref, offset)`` of ``ranges`` (each checked as
+        :meth:`write` checks it; one that is refused adds none of them)."""
+        return self._vector(True, ranges)
+
+    def _vector(self, write: bool, ranges: Iterable[tuple[Any, Any, int]]) -> Batch:
+        at = len(self._ops)
+        try:
+            for local, ref, offset in ranges:
+                local = _buffer(local)
+                self._add(write, ref, local, offset, _nbytes(local))
+        except BaseException:
+            del self._ops[at:], self._refs[at:]
+            raise
+        return self
+
     def write(self, src: Any, ref: Any, offset: int = 0, notify: Any = None) -> Batch:
         """WRITE ``src`` into the region at ``offset``; ``notify`` goes to the owner as a
         message once every write of the batch is visible to it."""
@@ -209,18 +232,22 @@ class Batch:
     def __len__(self) -> int:
         return len(self._ops)
 
-    def post(self) -> Done:
+    def post(self, timeout: float | None = None) -> Done:
         """Post every operation as one chain; a refused one raises its typed error and,
         since the provider checks the whole chain first, nothing of the batch moved
         (unless the region was revoked during the chain: RegionRevoked, the reads that
-        ran are complete, the rest are not)."""
+        ran are complete, the rest are not). Timeout once ``timeout`` s passed (None:
+        no deadline, the provider's peer bound): the chain is abandoned, its reads'
+        destinations are not written after this returns (docs/remote-memory.md)."""
         ops, self._ops = self._ops, []
         refs, self._refs = self._refs, []
         notify, self._notify = self._notify, []
+        until = None if timeout is None else time.monotonic() + timeout
         if ops:
-            self._rm._post(ops, refs)
+            self._rm._post(ops, refs, timeout)
         for msg in notify:
-            self._rm._notify(msg)
+            self._rm._notify(msg, None if until is None
+                             else max(0.0, until - time.monotonic()))
         return Done(len(ops))
 
 
@@ -264,34 +291,56 @@ class RemoteMemory:
 
     # ---- the peer -------------------------------------------------------------------
 
-    def read(self, ref: Any, into: Any, offset: int = 0) -> Done:
+    def read(self, ref: Any, into: Any, offset: int = 0,
+             timeout: float | None = None) -> Done:
         """READ ``len(into)`` bytes at ``offset`` of the peer's region ``ref`` (a
-        RegionRef or its bytes) into ``into``, one-sided: no thread of the peer acts."""
-        if type(ref) is RegionRef and self._one(False, into, ref, offset):
+        RegionRef or its bytes) into ``into``, one-sided: no thread of the peer acts.
+        Timeout once ``timeout`` s passed (None: no deadline, as a send's; the
+        provider's peer bound ends the wait): ``into`` is not written after."""
+        if type(ref) is RegionRef and self._one(False, into, ref, offset, timeout):
             return DONE
-        return self.batch().read(ref, into, offset).post()
+        return self.batch().read(ref, into, offset).post(timeout)
 
-    def write(self, src: Any, ref: Any, offset: int = 0, notify: Any = None) -> Done:
+    def write(self, src: Any, ref: Any, offset: int = 0, notify: Any = None,
+              timeout: float | None = None) -> Done:
         """WRITE ``src`` into the peer's region ``ref`` at ``offset``; with ``notify`` (a
         message), the peer receives it on this channel once the bytes are visible to
-        it."""
-        if notify is None and type(ref) is RegionRef and self._one(True, src, ref, offset):
+        it. Timeout once ``timeout`` s passed: the write may still land."""
+        if notify is None and type(ref) is RegionRef and \
+                self._one(True, src, ref, offset, timeout):
             return DONE
-        return self.batch().write(src, ref, offset, notify).post()
+        return self.batch().write(src, ref, offset, notify).post(timeout)
+
+    def readv(self, ranges: Iterable[tuple[Any, Any, int]],
+              timeout: float | None = None) -> Done:
+        """READ many ranges as one chain: ``(into, ref, offset)`` each, ``len(into)``
+        bytes of region ``ref`` at ``offset``. Every range is checked before any is
+        posted, and the provider checks the whole chain before any byte moves: a
+        refused range raises its typed error and nothing of the chain moved."""
+        return self.batch().readv(ranges).post(timeout)
+
+    def writev(self, ranges: Iterable[tuple[Any, Any, int]],
+               timeout: float | None = None) -> Done:
+        """WRITE many ranges as one chain: ``(src, ref, offset)`` each (see
+        :meth:`readv`: a refused range, nothing of the chain moved)."""
+        return self.batch().writev(ranges).post(timeout)
 
     def batch(self) -> Batch:
         """A batch of one-sided operations: one chain, one doorbell when posted."""
         return Batch(self)
 
-    def fetch_add(self, ref: Any, offset: int, value: int) -> Done:
+    def fetch_add(self, ref: Any, offset: int, value: int,
+                  timeout: float | None = None) -> Done:
         """Add ``value`` to the aligned 64-bit word at ``offset`` atomically; needs a
-        region exposed with access "atomic"."""
-        return self._atomic(_as_ref(ref), offset)
+        region exposed with access "atomic"; ``timeout`` as :meth:`read`'s."""
+        return self._atomic(_as_ref(ref), offset, timeout)
 
-    def compare_swap(self, ref: Any, offset: int, expected: int, desired: int) -> Done:
+    def compare_swap(self, ref: Any, offset: int, expected: int, desired: int,
+                     timeout: float | None = None) -> Done:
         """Replace the aligned 64-bit word at ``offset`` by ``desired`` if it holds
-        ``expected``, atomically; needs a region exposed with access "atomic"."""
-        return self._atomic(_as_ref(ref), offset)
+        ``expected``, atomically; needs a region exposed with access "atomic";
+        ``timeout`` as :meth:`read`'s."""
+        return self._atomic(_as_ref(ref), offset, timeout)
 
     # ---- internals ------------------------------------------------------------------
 
@@ -306,13 +355,14 @@ class RemoteMemory:
             ops = self._rmem = RemoteOps(self._transport)
         return ops
 
-    def _one(self, write: bool, local: Any, ref: RegionRef, offset: int) -> bool:
+    def _one(self, write: bool, local: Any, ref: RegionRef, offset: int,
+             timeout: float | None) -> bool:
         """The lean path of one read or write (RemoteOps.one): True when done, False
         when the checked way must say why it is not (nothing was posted)."""
         ops = self._rmem
         if ops is None:
             return False
-        rc = ops.one(write, local, ref, offset)
+        rc = ops.one(write, local, ref, offset, timeout)
         if rc == ONE_CHECKED:
             return False
         if rc != 0:
@@ -336,7 +386,9 @@ class RemoteMemory:
             raise OutOfRange(f"{n} bytes at offset {offset} of a region of {ref.length}")
         return ref
 
-    def _atomic(self, ref: RegionRef, offset: int) -> Done:
+    def _atomic(self, ref: RegionRef, offset: int, timeout: float | None) -> Done:
+        if timeout is not None and not timeout >= 0:
+            raise ValueError("timeout must be >= 0 or None")
         self._checked(ref, R | W, offset, 8)
         if not ref.access & A:
             raise AccessDenied(f"the region is exposed {_access_name(ref.access)!r}: no "
@@ -347,8 +399,8 @@ class RemoteMemory:
         raise ProviderUnavailable(f"atomics: not on the {self.provider} provider yet")
 
     def _post(self, ops: list[tuple[bool, Any, int, int, int, int, int]],
-              refs: list[RegionRef]) -> None:
-        rc = self._ops().post(ops)
+              refs: list[RegionRef], timeout: float | None = None) -> None:
+        rc = self._ops().post(ops, timeout)
         if rc != 0:
             self._fail(rc, ops, refs)
 
@@ -360,6 +412,11 @@ class RemoteMemory:
                            "was not read or written whole)")
         if rc == _ERR_CLOSED:
             raise ChannelClosed("the channel is closed: no one-sided operation")
+        if rc == _ERR_LATE:
+            raise Timeout("the peer did not end the one-sided operation within the "
+                          "timeout: it was given up (a write may still land; a read's "
+                          "destination is not written any more, and may hold part of "
+                          "the answer)")
         if rc != _ERR_BOUNDS:
             raise RemoteAccessError(f"the {self.provider} provider failed a one-sided "
                                     f"operation ({rc})")
@@ -377,8 +434,8 @@ class RemoteMemory:
         raise RegionRevoked("the peer revoked the region during the operation; what "
                             "was read is incomplete")
 
-    def _notify(self, msg: Any) -> None:
-        cast(Any, self).send(msg)      # the engine's (Channel's other base)
+    def _notify(self, msg: Any, timeout: float | None = None) -> None:
+        cast(Any, self).send(msg, timeout)     # the engine's (Channel's other base)
 
     def _close_regions(self) -> None:
         """Withdraw every region before the channel closes (no byte moves after)."""

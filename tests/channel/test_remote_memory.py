@@ -31,27 +31,9 @@ from rdmamw.errors import (
     RegionRevoked,
     RemoteAccessError,
 )
-from tests.support.helpers import LISTEN_ADDRESS, make_pair, providers_under_test
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-#: the providers with regions so far; the others must say so (test_unsupported_...)
-REGIONS = ("shm", "tcp")
-WITH = [p for p in providers_under_test() if p in REGIONS and p in LISTEN_ADDRESS]
-WITHOUT = [p for p in providers_under_test() if p not in REGIONS and p in LISTEN_ADDRESS]
-
-
-def _pattern(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
-
-
-@pytest.fixture(params=WITH)
-def rpair(request):
-    a, b, lst = make_pair("batched", provider=request.param)
-    yield a, b
-    a.close()
-    b.close()
-    lst.close()
+from tests.support.helpers import LISTEN_ADDRESS, make_pair
+from tests.support.regions import ROOT, WITH, WITHOUT
+from tests.support.regions import pattern as _pattern
 
 
 def _usable(owner, peer) -> None:

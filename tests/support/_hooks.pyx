@@ -204,6 +204,7 @@ def apply_stream(bytes data, size_t region_bytes=4096, bint answer_reads=True) -
         a.setblocking(False)
         pthread_mutex_init(&c.send_mu, NULL)
         pthread_mutex_init(&c.bl_mu, NULL)
+        pthread_mutex_init(&c.rf_mu, NULL)
         for i in range(RT_NREG):
             c.addr[i] = mem + guard + i * region_bytes
             c.len[i] = region_bytes
@@ -239,6 +240,7 @@ def apply_stream(bytes data, size_t region_bytes=4096, bint answer_reads=True) -
         os.close(evfd)
         pthread_mutex_destroy(&c.send_mu)
         pthread_mutex_destroy(&c.bl_mu)
+        pthread_mutex_destroy(&c.rf_mu)
         free(c.pubbuf)
         free(c.bl)
         free(c)

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 from coll_worker import DTYPES, data  # (run as a script: tests/ is sys.path[0])
+from loop_ticks import LoopTicks
 
 import rdmamw
 import rdmamw.aio.collectives as acoll
@@ -85,21 +86,13 @@ async def overlap(cfg: dict) -> dict:
     me = comm.rank
     await acoll.barrier(comm=comm)          # channels open, everyone here
     x = np.arange(cfg["length"], dtype=np.float64) + me
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
     if me == 1:
         await asyncio.sleep(cfg["late"])
-    t = asyncio.create_task(ticker())
+    ticker = LoopTicks()
     t0 = time.monotonic()
     got = await acoll.allreduce(x, algorithm=cfg["alg"], comm=comm)
     waited = time.monotonic() - t0
-    t.cancel()
+    ticks = ticker.stop()
     np.testing.assert_array_equal(got, coll.allreduce(x, algorithm=cfg["alg"], comm=comm))
     return {"rank": me, "ticks": ticks, "waited": waited}
 

@@ -20,13 +20,14 @@ OP_READ, OP_WRITE = 1, 2
 
 
 def raw_peer(address: str, slots: int = 16, slot_size: int = 4096,
-             key: bytes | None = None) -> socket.socket:
-    """Connect to an rdmamw tcp listener as an opener and finish the handshake."""
+             key: bytes | None = None, rid: int = 0) -> socket.socket:
+    """Connect to an rdmamw tcp listener as an opener and finish the handshake; with
+    ``rid`` (a region identity), the listener's channel may post region chains to it."""
     host, port = tcp.parse(address.partition("://")[2])
     s = socket.create_connection((host, port), timeout=5)
     auth.open_side(s, key)
-    send_frame(s, {"v": 1, "slots": slots, "slot_size": slot_size, "mode": "batched",
-                   "hb": 0.25})
+    hello = {"v": 1, "slots": slots, "slot_size": slot_size, "mode": "batched", "hb": 0.25}
+    send_frame(s, {**hello, "rid": rid} if rid else hello)
     recv_frame(s)
     return s
 

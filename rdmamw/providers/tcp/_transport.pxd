@@ -37,7 +37,7 @@ cdef extern from "rm_tcp.h" nogil:
         RT_WRITE, RT_PUBLISH, RT_WAKE, RT_READ_REQ, RT_READ_RESP, RT_HEARTBEAT
         RT_WRITE_IMM, RT_XREAD_REQ, RT_XWRITE, RT_READ_ERR, RT_RCHAIN, RT_RDONE, RT_NTYPES
         RT_NREG, RT_RD_MAX, RT_RCH_MAX
-        RT_RK_READ, RT_RK_RREAD, RT_RK_DONE
+        RT_RK_READ, RT_RK_RREAD, RT_RK_DONE, RT_RK_DROP
         RT_OP_READ, RT_OP_WRITE
         RT_UP, RT_LOST, RT_CLOSED
         RT_WHY_NONE, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL,
@@ -76,7 +76,7 @@ cdef extern from "rm_tcp.h" nogil:
         uint8_t rd_kind[1024]
         rt_rcell *rd_cell[1024]
         uint64_t rd_posted, rd_done
-        pthread_mutex_t rd_mu
+        pthread_mutex_t rd_mu, rf_mu
         pthread_cond_t rd_cv
         void *xtab
         pthread_mutex_t xp_mu, xw_mu, rq_mu
@@ -107,7 +107,11 @@ cdef extern from "rm_tcp.h" nogil:
     void rt_disarm(rt_conn *c)
     int rt_rchain_send(rt_conn *c, const rt_rdesc *descs, const uint64_t *local, uint32_t n,
                        iovec *iov, rt_rcell *cell, int64_t deadline, int may_wait)
-    int rt_rcell_wait(rt_conn *c, rt_rcell *cell)
+    int rt_rcell_wait(rt_conn *c, rt_rcell *cell, int64_t deadline)
+    int rt_rscratch_take(rt_conn *c, uint32_t n, rt_rdesc **descs, uint64_t **local,
+                         iovec **iov, int *own)
+    void rt_rscratch_give(rt_conn *c, rt_rdesc *descs, uint64_t *local, iovec *iov, int own)
+    void rt_rscratch_free(rt_conn *c)
     void rt_refusal_set(const rt_conn *c, uint32_t why, uint32_t key, uint32_t tag, int write,
                         uint64_t addr, uint64_t len)
     uint32_t rt_refusal_get(const rt_conn *c, uint32_t key, uint32_t tag, int write,

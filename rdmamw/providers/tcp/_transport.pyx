@@ -103,6 +103,7 @@ cdef class TcpTransport(Transport):
                 or pthread_mutex_init(&self.c.rq_mu, NULL) != 0 \
                 or pthread_mutex_init(&self.c.bl_mu, NULL) != 0 \
                 or pthread_mutex_init(&self.c.rd_mu, NULL) != 0 \
+                or pthread_mutex_init(&self.c.rf_mu, NULL) != 0 \
                 or pthread_cond_init(&self.c.rd_cv, NULL) != 0 \
                 or pthread_cond_init(&self.c.rq_cv, NULL) != 0:
             raise OSError("pthread_mutex_init failed")
@@ -313,8 +314,9 @@ cdef class TcpTransport(Transport):
     cdef int _post_region(self, rm_wr *wrs, uint32_t n) noexcept nogil:
         """A chain of region READs/WRITEs (every WR RM_WR_EXPOSED | RM_WR_REGION, imm the
         region's tag) as one RCHAIN frame on one sendmsg; waits for its RDONE
-        (rm_tcp_region.h). RM_ERR_BOUNDS when the owner refused an operation
-        (region_refusal() then says which and why), or the connection's state."""
+        (rm_tcp_region.h) until this thread's post deadline. RM_ERR_BOUNDS when the
+        owner refused an operation (region_refusal() then says which and why),
+        RM_ERR_LATE when the deadline passed first, or the connection's state."""
         cdef rt_rcell cell
         cdef rt_rdesc *descs
         cdef uint64_t *local
@@ -322,7 +324,7 @@ cdef class TcpTransport(Transport):
         cdef rm_wr *wr
         cdef uint32_t i, why
         cdef uint64_t wbytes = 0
-        cdef int rc, done_rc
+        cdef int rc, done_rc, own
         cdef int64_t deadline = self.post_deadline if self.post_owner == pthread_self() else 0
         memset(&cell, 0, sizeof(cell))
         if n == 0 or n > RT_RCH_MAX or self.peer_rid == 0:
@@ -334,32 +336,29 @@ cdef class TcpTransport(Transport):
                     or wr.length > RT_PIECE \
                     or (wr.opcode != RM_WR_READ and wr.opcode != RM_WR_WRITE):
                 return RM_ERR_BOUNDS
-        descs = <rt_rdesc *>calloc(n, sizeof(rt_rdesc))
-        local = <uint64_t *>malloc(n * sizeof(uint64_t))
-        iov = <iovec *>malloc((n + 2) * sizeof(iovec))
-        if descs != NULL and local != NULL and iov != NULL:
-            for i in range(n):
-                wr = &wrs[i]
-                descs[i].op = RT_OP_READ if wr.opcode == RM_WR_READ else RT_OP_WRITE
-                descs[i].key = <uint16_t>wr.rkey
-                descs[i].tag = wr.imm
-                descs[i].addr = wr.remote_off
-                descs[i].length = wr.length
-                local[i] = wr.local_addr
-                wbytes += wr.length if wr.opcode == RM_WR_WRITE else 0
-            rc = rt_rchain_send(self.c, descs, local, n, iov, &cell, deadline,
-                                not PyGILState_Check())
-        else:
-            rc = RM_ERR_OS
-        free(descs)             # sent, or copied into the backlog
-        free(local)
-        free(iov)
+        if rt_rscratch_take(self.c, n, &descs, &local, &iov, &own) != 0:
+            return RM_ERR_OS
+        for i in range(n):
+            wr = &wrs[i]
+            descs[i].op = RT_OP_READ if wr.opcode == RM_WR_READ else RT_OP_WRITE
+            descs[i].key = <uint16_t>wr.rkey
+            descs[i].tag = wr.imm
+            descs[i].addr = wr.remote_off
+            descs[i].length = wr.length
+            descs[i].reserved = 0
+            local[i] = wr.local_addr
+            wbytes += wr.length if wr.opcode == RM_WR_WRITE else 0
+        rc = rt_rchain_send(self.c, descs, local, n, iov, &cell, deadline,
+                            not PyGILState_Check())
+        rt_rscratch_give(self.c, descs, local, iov, own)    # sent, or copied into the backlog
         if not cell.queued:     # nothing went on the stream
             return rc
         if rc == 0 or rc == RT_LATE:
             self.n_doorbells += 1
             self.n_wrs += n
-        done_rc = rt_rcell_wait(self.c, &cell)   # then the progress thread is done with cell
+        # then the progress thread is done with cell and the READ targets (RT_LATE: the
+        # deadline passed, the chain is abandoned: a late answer is dropped)
+        done_rc = rt_rcell_wait(self.c, &cell, deadline)
         if done_rc != 0 or (rc != 0 and rc != RT_LATE):
             return done_rc if done_rc != 0 else rc
         if cell.why or cell.read_err:
@@ -493,8 +492,10 @@ cdef class TcpTransport(Transport):
                 pthread_mutex_destroy(&self.c.rq_mu)
                 pthread_mutex_destroy(&self.c.bl_mu)
                 pthread_mutex_destroy(&self.c.rd_mu)
+                pthread_mutex_destroy(&self.c.rf_mu)
                 pthread_cond_destroy(&self.c.rd_cv)
                 pthread_cond_destroy(&self.c.rq_cv)
+            rt_rscratch_free(self.c)
             free(self.c.xtab)
             free(self.c.pubbuf)
             free(self.c.bl)

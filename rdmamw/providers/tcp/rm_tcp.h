@@ -221,14 +221,22 @@ static int rt_apply(rt_conn *c, const rt_frame *f, char *nh, uint32_t *nh_got) {
             f->length || c->rd_kind[k % RT_RD_MAX] == RT_RK_DONE)
             return -RT_WHY_FRAME;
         c->rd_err[k % RT_RD_MAX] = 1;
-        if (c->rd_kind[k % RT_RD_MAX] == RT_RK_RREAD) c->rd_cell[k % RT_RD_MAX]->read_err = 1;
+        if (c->rd_kind[k % RT_RD_MAX] == RT_RK_READ) {
+            rt_read_done(c, k);
+            return 0;
+        }
+        pthread_mutex_lock(&c->rf_mu);      /* the cell may be abandoned meanwhile */
+        c->rd_cell[k % RT_RD_MAX]->read_err = 1;
         rt_read_done(c, k);
+        pthread_mutex_unlock(&c->rf_mu);
         return 0;
     case RT_READ_RESP:
         k = __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE);
         if (k >= __atomic_load_n(&c->rd_posted, __ATOMIC_ACQUIRE) || f->region || f->offset ||
             f->length != c->rd_len[k % RT_RD_MAX] || c->rd_kind[k % RT_RD_MAX] == RT_RK_DONE)
             return -RT_WHY_FRAME;
+        if (c->rd_kind[k % RT_RD_MAX] != RT_RK_READ)  /* a region READ: its poster may */
+            return rt_rx_rread(c, k, f->length);      /* give up meanwhile */
         rc = rt_rx(c, (char *)(uintptr_t)c->rd_addr[k % RT_RD_MAX], f->length, nh, nh_got);
         if (rc) return rc;
         rt_read_done(c, k);

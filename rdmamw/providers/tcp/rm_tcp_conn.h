@@ -36,8 +36,9 @@ enum {
  * operations in one chain (its READs and its end fit in RT_RD_MAX) */
 enum { RT_NREG = 4, RT_RD_MAX = 1024, RT_IOV_MAX = 1024, RT_RCH_MAX = RT_RD_MAX - 1 };
 /* what a slot of the READ ring waits for: a READ's answer (the engine's, or a region
- * READ of a chain), or a chain's end */
-enum { RT_RK_READ = 0, RT_RK_RREAD = 1, RT_RK_DONE = 2 };
+ * READ of a chain), a chain's end, or the answer of a region READ whose poster gave up
+ * (its deadline passed: the answer is received and dropped, rm_tcp_region.h) */
+enum { RT_RK_READ = 0, RT_RK_RREAD = 1, RT_RK_DONE = 2, RT_RK_DROP = 3 };
 #define RT_BACKLOG_MAX ((size_t)64 << 20)       /* bytes queued for a peer that reads nothing */
 #define RT_CLOSE_LOCK_NS 500000000LL            /* close() waits this long for the stream */
 /* rt_turn: how a chain goes; rt_send_*: why a send stopped short */
@@ -65,13 +66,26 @@ typedef struct {
 } rt_req;
 
 /* The end of a chain, as its poster waits for it (on the poster's stack): written by
- * the progress thread until `done`, never after. */
+ * the progress thread, under rf_mu, until `done` or until the poster abandoned it
+ * (rt_rcell_abandon), never after. */
 typedef struct {
     uint32_t why, index;    /* RM_RWHY_* of the first refused operation, and which */
     int read_err;           /* a READ of the chain was answered READ_ERR */
     int queued;             /* its slots were taken: the poster must wait for `done` */
     int done;
+    uint32_t nslots;        /* its slots in the READ ring: [first, first + nslots) */
+    uint64_t first;
 } rt_rcell;
+
+/* The arrays a region chain is built in (TcpTransport._post_region): one set per
+ * connection, grown to the longest chain, held by one poster at a time (busy). */
+typedef struct {
+    void *descs;            /* rt_rdesc[cap] (rm_tcp_region.h) */
+    uint64_t *local;        /* [cap] */
+    struct iovec *iov;      /* [cap + 2] */
+    uint32_t cap;
+    int busy;
+} rt_rscratch;
 
 typedef struct {
     int sock, evfd;
@@ -93,6 +107,13 @@ typedef struct {
     pthread_mutex_t rd_mu;              /* posters asleep until their chain ends */
     pthread_cond_t rd_cv;
     int rd_sleepers;
+    /* region READ answers and chain ends are delivered holding rf_mu; a poster whose
+     * deadline passed takes it (rf_wanted: a long answer lets go between pieces) and
+     * turns its slots to RT_RK_DROP, its cell to rd_dead (rm_tcp_region.h) */
+    pthread_mutex_t rf_mu;
+    int rf_wanted;
+    rt_rcell rd_dead;
+    rt_rscratch rs;                     /* region chains' arrays */
     /* rendezvous: what this side exposed, and the XREAD_REQs the responder answers */
     rm_xtab *xtab;
     pthread_mutex_t xp_mu;      /* held by the responder while it sends from a range */

@@ -4,7 +4,8 @@
  * stream as one RCHAIN frame {RCHAIN, n, n * 24, 0}, its n descriptors (rt_rdesc),
  * then the payload of each WRITE in order: one sendmsg. Each READ takes a slot of the
  * READ ring (rd_*: its answer lands straight in the READ's target), and the chain's end
- * one more; the poster waits for the end (rt_rcell_wait).
+ * one more; the poster waits for the end (rt_rcell_wait) until its deadline, then
+ * abandons the chain (rt_rcell_abandon): an answer that comes later is dropped.
  *
  * The owner's progress thread (rt_rchain) receives the descriptors into its own stack,
  * copies each into a local before it looks at it, and checks them all against its own
@@ -88,6 +89,37 @@ static int rt_rx_sink(rt_conn *c, uint64_t n) {
     return 0;
 }
 
+/* Receive into dst[*done, n) what comes, holding *mu (the caller took it), until all
+ * came or a thread waits for *mu (*wanted, checked between pieces and whenever the
+ * socket is empty): that one goes first, *mu is taken again and this returns, so the
+ * caller checks again what it receives into. 0 or -RT_WHY_*. */
+static int rt_rx_yielding(rt_conn *c, pthread_mutex_t *mu, int *wanted, char *dst,
+                          uint64_t n, uint64_t *done) {
+    uint64_t want;
+    int64_t got;
+    int rc;
+    while (*done < n) {
+        if (__atomic_load_n(wanted, __ATOMIC_ACQUIRE)) {
+            pthread_mutex_unlock(mu);
+            while (__atomic_load_n(wanted, __ATOMIC_ACQUIRE)) sched_yield();
+            pthread_mutex_lock(mu);
+            return 0;
+        }
+        want = n - *done < RT_XW_PIECE ? n - *done : RT_XW_PIECE;
+        got = rt_rx_now(c, dst + *done, want);
+        if (got > 0) {
+            *done += (uint64_t)got;
+            continue;
+        }
+        if (got < 0) return (int)got;
+        if (!__atomic_load_n(wanted, __ATOMIC_ACQUIRE)) {
+            rc = rt_rx_wait(c, 5);      /* a thread that comes meanwhile waits <= 5 ms */
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
 /* Receive a WRITE's n-byte payload straight into [addr, addr+n), exposed under key and
  * tag (0: a rendezvous range), holding xw_mu. A revoke waiting for xw_mu (xw_wanted)
  * goes first between pieces and whenever the socket is empty; the range is then
@@ -95,37 +127,46 @@ static int rt_rx_sink(rt_conn *c, uint64_t n) {
  * dropped. 0 or -RT_WHY_*. */
 static int rt_rx_exposed(rt_conn *c, uint32_t key, uint32_t tag, uint64_t addr, uint64_t n,
                          int *why) {
-    uint64_t done = 0, want;
-    int64_t got;
+    uint64_t done = 0;
     int rc = 0;
     pthread_mutex_lock(&c->xw_mu);
     *why = rt_xwhy(c, key, tag, addr, n, RM_XACC_WRITE);
-    while (done < n && !*why) {
-        if (__atomic_load_n(&c->xw_wanted, __ATOMIC_ACQUIRE)) {
-            pthread_mutex_unlock(&c->xw_mu);
-            while (__atomic_load_n(&c->xw_wanted, __ATOMIC_ACQUIRE)) sched_yield();
-            pthread_mutex_lock(&c->xw_mu);
-            *why = rt_xwhy(c, key, tag, addr + done, n - done, RM_XACC_WRITE);
-            continue;
-        }
-        want = n - done < RT_XW_PIECE ? n - done : RT_XW_PIECE;
-        got = rt_rx_now(c, (char *)(uintptr_t)(addr + done), want);
-        if (got > 0) {
-            done += (uint64_t)got;
-            continue;
-        }
-        if (got < 0) {
-            rc = (int)got;
-            break;
-        }
-        if (!__atomic_load_n(&c->xw_wanted, __ATOMIC_ACQUIRE)) {
-            rc = rt_rx_wait(c, 5);      /* a revoke that comes meanwhile waits <= 5 ms */
-            if (rc) break;
-        }
+    while (!rc && done < n && !*why) {
+        rc = rt_rx_yielding(c, &c->xw_mu, &c->xw_wanted, (char *)(uintptr_t)addr, n, &done);
+        if (!rc && done < n) *why = rt_xwhy(c, key, tag, addr + done, n - done, RM_XACC_WRITE);
     }
     pthread_mutex_unlock(&c->xw_mu);
     if (!rc && done < n) rc = rt_rx_sink(c, n - done);
     return rc;
+}
+
+/* Receive the n-byte answer of region READ k (a READ_RESP) holding rf_mu: straight
+ * into its target while the slot is RT_RK_RREAD, dropped once its poster abandoned it
+ * (RT_RK_DROP: rt_rcell_abandon, which goes first between pieces and whenever the
+ * socket is empty, as a revoke does for rt_rx_exposed). 0 or -RT_WHY_*. */
+static int rt_rx_rread(rt_conn *c, uint64_t k, uint64_t n) {
+    uint32_t slot = (uint32_t)(k % RT_RD_MAX);
+    uint64_t done = 0;
+    int rc = 0;
+    pthread_mutex_lock(&c->rf_mu);
+    while (!rc && done < n && c->rd_kind[slot] == RT_RK_RREAD)
+        rc = rt_rx_yielding(c, &c->rf_mu, &c->rf_wanted,
+                            (char *)(uintptr_t)c->rd_addr[slot], n, &done);
+    if (!rc && done < n) {              /* abandoned: the rest goes to the sink */
+        pthread_mutex_unlock(&c->rf_mu);
+        rc = rt_rx_sink(c, n - done);
+        pthread_mutex_lock(&c->rf_mu);
+    }
+    if (!rc) rt_read_done(c, k);
+    pthread_mutex_unlock(&c->rf_mu);
+    return rc;
+}
+
+/* Take rf_mu for a poster that gives up, telling an answer being received to let go. */
+static void rt_rf_lock(rt_conn *c) {
+    __atomic_add_fetch(&c->rf_wanted, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&c->rf_mu);
+    __atomic_sub_fetch(&c->rf_wanted, 1, __ATOMIC_SEQ_CST);
 }
 
 /* Take xw_mu for expose / unexpose, telling a WRITE being received to let go. */
@@ -252,21 +293,111 @@ static void rt_rcell_wake(rt_conn *c) {
  * READ slots before its end are skipped only when the chain was refused (none was
  * answered). 0 or -RT_WHY_FRAME (an owner that answers what was not asked). */
 static int rt_rdone(rt_conn *c, const rt_frame *f) {
-    uint64_t k = __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE);
-    uint64_t posted = __atomic_load_n(&c->rd_posted, __ATOMIC_ACQUIRE);
+    uint64_t k, posted = __atomic_load_n(&c->rd_posted, __ATOMIC_ACQUIRE);
     uint32_t why = f->region;
     rt_rcell *cell;
     if (f->length || why > RM_RWHY_ACCESS) return -RT_WHY_FRAME;
-    while (why && k < posted && c->rd_kind[k % RT_RD_MAX] == RT_RK_RREAD)
+    pthread_mutex_lock(&c->rf_mu);          /* the cells may be abandoned meanwhile */
+    k = __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE);
+    while (why && k < posted && (c->rd_kind[k % RT_RD_MAX] == RT_RK_RREAD ||
+                                 c->rd_kind[k % RT_RD_MAX] == RT_RK_DROP))
         c->rd_cell[k++ % RT_RD_MAX]->read_err = 1;
-    if (k >= posted || c->rd_kind[k % RT_RD_MAX] != RT_RK_DONE) return -RT_WHY_FRAME;
+    if (k >= posted || c->rd_kind[k % RT_RD_MAX] != RT_RK_DONE) {
+        pthread_mutex_unlock(&c->rf_mu);
+        return -RT_WHY_FRAME;
+    }
     cell = c->rd_cell[k % RT_RD_MAX];
     cell->why = why;
     cell->index = f->offset > 0xFFFFFFFFu ? 0xFFFFFFFFu : (uint32_t)f->offset;
     __atomic_store_n(&c->rd_done, k + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&cell->done, 1, __ATOMIC_SEQ_CST);     /* the cell is the poster's now */
+    pthread_mutex_unlock(&c->rf_mu);
     rt_rcell_wake(c);
     return 0;
+}
+
+/* The poster whose deadline passed: unless its chain ended meanwhile (0: the cell is
+ * done, use it), its slots not yet answered let go of its targets (RT_RK_DROP: an
+ * answer that comes later is received and dropped) and of its cell (rd_dead), and
+ * RT_LATE. When it returns, nothing of this process writes the chain's READ targets
+ * nor its cell any more (an answer being received let go between two pieces). */
+static int rt_rcell_abandon(rt_conn *c, rt_rcell *cell) {
+    uint64_t s;
+    uint32_t slot;
+    rt_rf_lock(c);
+    if (__atomic_load_n(&cell->done, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_unlock(&c->rf_mu);
+        return 0;
+    }
+    /* slots before rd_done were answered (and may be another chain's by now) */
+    s = __atomic_load_n(&c->rd_done, __ATOMIC_ACQUIRE);
+    if (s < cell->first) s = cell->first;
+    for (; s < cell->first + cell->nslots; s++) {
+        slot = (uint32_t)(s % RT_RD_MAX);
+        if (c->rd_kind[slot] == RT_RK_RREAD) c->rd_kind[slot] = RT_RK_DROP;
+        c->rd_cell[slot] = &c->rd_dead;
+    }
+    pthread_mutex_unlock(&c->rf_mu);
+    return RT_LATE;
+}
+
+/* The poster: arrays for an n-operation chain (descriptors, local addresses, n + 2
+ * iovecs): the connection's scratch, grown if it is short, when no other poster holds
+ * it (*own = 0), else fresh ones for this chain alone (*own = 1). 0, or -1 (no
+ * memory: nothing is held). */
+static int rt_rscratch_take(rt_conn *c, uint32_t n, rt_rdesc **descs, uint64_t **local,
+                            struct iovec **iov, int *own) {
+    rt_rscratch *s = &c->rs;
+    void *p;
+    *own = __atomic_exchange_n(&s->busy, 1, __ATOMIC_ACQUIRE);
+    if (*own) {                         /* another poster has it: this chain's own */
+        *descs = malloc(n * sizeof(rt_rdesc));
+        *local = malloc(n * sizeof(uint64_t));
+        *iov = malloc((n + 2) * sizeof(struct iovec));
+        if (*descs && *local && *iov) return 0;
+        free(*descs);
+        free(*local);
+        free(*iov);
+        return -1;
+    }
+    if (n > s->cap) {                   /* grown, never shrunk: no allocation after */
+        uint32_t cap = n > 2 * s->cap ? n : 2 * s->cap;
+        if (cap < 16) cap = 16;
+        if (cap > RT_RCH_MAX) cap = RT_RCH_MAX;
+        if ((p = realloc(s->descs, cap * sizeof(rt_rdesc)))) s->descs = p;
+        if (p && (p = realloc(s->local, cap * sizeof(uint64_t)))) s->local = p;
+        if (p && (p = realloc(s->iov, (cap + 2) * sizeof(struct iovec)))) s->iov = p;
+        if (!p) {
+            __atomic_store_n(&s->busy, 0, __ATOMIC_RELEASE);
+            return -1;
+        }
+        s->cap = cap;
+    }
+    *descs = s->descs;
+    *local = s->local;
+    *iov = s->iov;
+    return 0;
+}
+
+/* The poster is done with the arrays of rt_rscratch_take (the chain was sent, or
+ * copied into the backlog). */
+static void rt_rscratch_give(rt_conn *c, rt_rdesc *descs, uint64_t *local,
+                             struct iovec *iov, int own) {
+    if (!own) {
+        __atomic_store_n(&c->rs.busy, 0, __ATOMIC_RELEASE);
+        return;
+    }
+    free(descs);
+    free(local);
+    free(iov);
+}
+
+/* The connection goes: its scratch with it (no poster holds it any more). */
+static void rt_rscratch_free(rt_conn *c) {
+    free(c->rs.descs);
+    free(c->rs.local);
+    free(c->rs.iov);
+    memset(&c->rs, 0, sizeof c->rs);
 }
 
 /* The poster: put the chain descs[0..n) (local[i]: a READ's target or a WRITE's source)
@@ -305,8 +436,11 @@ static int rt_rchain_send(rt_conn *c, const rt_rdesc *descs, const uint64_t *loc
             break;
         pthread_mutex_unlock(&c->bl_mu);        /* other chains' answers free the ring */
         if (held) pthread_mutex_unlock(&c->send_mu);
+        if (deadline && rt_now() >= deadline) return RT_LATE;   /* nothing was sent */
         sched_yield();
     }
+    cell->first = posted;
+    cell->nslots = nreads + 1;
     for (i = 0; i <= n; i++) {
         if (i < n && descs[i].op != RT_OP_READ) continue;
         slot = posted++ % RT_RD_MAX;
@@ -321,12 +455,14 @@ static int rt_rchain_send(rt_conn *c, const rt_rdesc *descs, const uint64_t *loc
     return rt_commit(c, iov, (int)k, mode, held, deadline, may_wait);
 }
 
-/* The poster: wait for the end of its chain. 0 once it came; else the state, once the
- * connection is down and the progress thread (which writes the chain's READ targets
- * and its cell) has returned. */
-static int rt_rcell_wait(rt_conn *c, rt_rcell *cell) {
+/* The poster: wait for the end of its chain until `deadline` (rt_now() time; 0: none).
+ * 0 once it came; RT_LATE once the deadline passed (rt_rcell_abandon: nothing writes
+ * the chain's READ targets nor its cell after); else the state, once the connection
+ * is down and the progress thread (which writes them) has returned. */
+static int rt_rcell_wait(rt_conn *c, rt_rcell *cell, int64_t deadline) {
     struct timespec until;
-    int i, st = 0;
+    int64_t nap, now;
+    int i, st = 0, late = 0;
     for (i = 0; i < 200; i++) {             /* an answer within a round trip: no sleep */
         if (__atomic_load_n(&cell->done, __ATOMIC_ACQUIRE)) return 0;
         sched_yield();
@@ -340,14 +476,23 @@ static int rt_rcell_wait(rt_conn *c, rt_rcell *cell) {
         }
         st = rt_state(c);
         if (st != RT_UP && __atomic_load_n(&c->exited, __ATOMIC_ACQUIRE)) break;
+        nap = 20000000;
+        if (deadline) {
+            now = rt_now();
+            if (now >= deadline) {
+                late = 1;
+                break;
+            }
+            if (deadline - now < nap) nap = deadline - now;
+        }
         clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 20000000;
+        until.tv_nsec += nap;
         if (until.tv_nsec >= 1000000000) { until.tv_sec++; until.tv_nsec -= 1000000000; }
         pthread_cond_timedwait(&c->rd_cv, &c->rd_mu, &until);
     }
     __atomic_sub_fetch(&c->rd_sleepers, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&c->rd_mu);
-    return st;
+    return late ? rt_rcell_abandon(c, cell) : st;   /* rf_mu is taken before rd_mu */
 }
 
 /* Why this thread's last chain on c was refused, for the operation that covers

@@ -1,0 +1,39 @@
+"""What the remote-memory tests share (tests/channel/test_remote_*.py, test_aio_remote.py;
+their fixtures are in tests/channel/conftest.py): the providers with regions, the byte
+patterns they compare, and an owner process a test can stop (SIGSTOP) or kill."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import numpy as np
+
+from tests.support.helpers import LISTEN_ADDRESS, providers_under_test
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+#: the providers with regions so far; the others must say so (test_unsupported_...)
+REGIONS = ("shm", "tcp")
+WITH = [p for p in providers_under_test() if p in REGIONS and p in LISTEN_ADDRESS]
+WITHOUT = [p for p in providers_under_test() if p not in REGIONS and p in LISTEN_ADDRESS]
+
+#: the owner process's region: OWNER_BYTES of pattern(OWNER_BYTES, OWNER_SEED)
+OWNER_BYTES = 4 * 2**20
+OWNER_SEED = 7
+#: an owner process (argv: listen address, bytes): exposes a pattern (seed 7)
+#: read-write and sends the reference, then sleeps (only its provider's threads serve)
+OWNER = textwrap.dedent("""
+    import sys, time, numpy as np, rdmamw
+    lst = rdmamw.listen(sys.argv[1])
+    print(lst.address, flush=True)
+    ch = lst.accept(timeout=60)
+    buf = np.random.default_rng(7).integers(0, 256, int(sys.argv[2]), dtype=np.uint8)
+    reg = ch.expose(buf, "rw")
+    ch.send(bytes(reg.ref))
+    time.sleep(120)
+""")
+
+
+def pattern(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
