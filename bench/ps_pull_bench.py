@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -34,13 +35,13 @@ KEY = "w"
 MODES = ("two-sided", "one-sided")
 
 
-def rank_main(cfg: dict) -> None:
+def rank_main(cfg: dict[str, Any]) -> None:
     import rdmamw
     from rdmamw.ps import KVServer, KVWorker
     from rdmamw.ps.job import connect
 
     serving, chans = connect(1)
-    res: dict = {m: {"lat": [], "cpu": 0.0, "pulls": 0, "wall": 0.0, "fallbacks": 0,
+    res: dict[str, Any] = {m: {"lat": [], "cpu": 0.0, "pulls": 0, "wall": 0.0, "fallbacks": 0,
                      "torn": 0} for m in (*MODES, "idle")}
     n = cfg["kib"] << 8                                        # float32 elements
     for r in range(cfg["rounds"]):
@@ -75,7 +76,7 @@ def rank_main(cfg: dict) -> None:
         ch.close()
 
 
-def run(a: argparse.Namespace) -> list[dict]:
+def run(a: argparse.Namespace) -> list[dict[str, Any]]:
     from rdmamw.bootstrap.launch import free_port, job_env
 
     cfg = {"kib": a.kib, "iters": a.iters, "rounds": a.rounds, "idle_s": a.idle}
@@ -111,7 +112,7 @@ def main() -> None:
     srv = next(r for r in rows if r["serving"])
     workers = [r for r in rows if not r["serving"]]
     idle_rate = srv["idle"]["cpu"] / srv["idle"]["wall"]
-    m: dict = {"idle_cpu_share": idle_rate}
+    m: dict[str, Any] = {"idle_cpu_share": idle_rate}
     for mode in MODES:
         lat = [x for r in workers for x in r[mode]["lat"]]
         m[mode] = {"median_us": statistics.median(lat) * 1e6,

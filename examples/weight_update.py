@@ -30,7 +30,8 @@ import rdmamw
 def weights(base: np.ndarray, step: int, out: np.ndarray) -> np.ndarray:
     """The model after ``step`` steps into ``out`` (each element different, every step
     different), in place, as a trainer updates its parameters."""
-    return np.add(base, np.float32(step), out=out)
+    np.add(base, np.float32(step), out=out)
+    return out
 
 
 def start(n: int) -> np.ndarray:
@@ -97,13 +98,14 @@ def main() -> int:
             ok &= p.exitcode == 0
         for ch in chans:
             ch.close()
-    nbytes, dt, dl = n * 4, statistics.median(each), statistics.median(copies)
-    step = statistics.median(spent)
+    nbytes = n * 4
+    dt, dl = statistics.median(each), statistics.median(copies)
+    per_step = statistics.median(spent)
     print(f"weight_update: {a.steps} steps x {a.readers} readers x {a.mib} MiB written with "
           f"notify=: {'every reader checked its weights' if ok else 'A READER SAW WRONG WEIGHTS'}")
     print(f"weight_update: one write {nbytes / dt / 1e9:.2f} GB/s ({dt * 1e3:.2f} ms, median), "
           f"local np.copyto {nbytes / dl / 1e9:.2f} GB/s, ratio {dl / dt:.2f}; a step to every "
-          f"reader {nbytes * a.readers / step / 1e9:.2f} GB/s (readers checking meanwhile)")
+          f"reader {nbytes * a.readers / per_step / 1e9:.2f} GB/s (readers checking meanwhile)")
     return 0 if ok else 1
 
 
