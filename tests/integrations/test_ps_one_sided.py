@@ -227,3 +227,22 @@ def test_pulls_during_a_stream_of_pushes_each_see_one_whole_model():
         for a, b, lst in pairs:
             a.close(), b.close(), lst.close()
     assert len(seen) > 10 and workers[0].pull_counts()["fallbacks"] == 0
+
+
+def test_a_job_pulls_one_sided_by_the_setting():
+    """RDMAMW_PS_PULL=one-sided for every rank of a launched ASP job (2 servers, 2
+    workers, processes): every pull after the start is one-sided (or, after torn reads
+    while the other worker pushes, a counted fallback), and training converges as with
+    the two-sided pull; with BSP the servers refuse."""
+    from tests.integrations.test_ps import run_job
+
+    servers, workers, _ = run_job(4, "--servers", "2", "--iters", "40", "--consistency", "asp",
+                                  RDMAMW_PS_PULL="one-sided")
+    assert [s["pull"] for s in servers] == ["one-sided"] * 2
+    assert all(s["applied"] == 2 * 40 and s["one_sided_refused"] == 0 for s in servers)
+    for w in workers:
+        counts = w["pull_counts"]
+        assert counts["one_sided"] + counts["fallbacks"] == 41 and counts["one_sided"] > 20, w
+        assert w["error_norm"] < 0.1, w        # started at |1 - t| up to ~4
+    _, _, err = run_job(3, "--servers", "1", "--iters", "2", ok=False, RDMAMW_PS_PULL="one-sided")
+    assert "pull='one-sided' (RDMAMW_PS_PULL): consistency 'bsp' decides" in err
