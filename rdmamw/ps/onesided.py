@@ -44,14 +44,17 @@ def pull_mode(pull: str | None) -> str:
     return pull
 
 
-def one_sided_refusal(mode: str, dc: float) -> str | None:
-    """Why a consistency model cannot be pulled one-sided (None: it can). Only ASP
-    without delay compensation: every other model decides when a worker may read
-    (BSP, LSP, ALSP, hybrid wait for a round, SSP for the slowest worker's clock), and
-    delay compensation needs the copy of the model each worker read."""
+def one_sided_refusal(mode: str, dc: float, scheduled: bool = False) -> str | None:
+    """Why a server cannot be pulled one-sided (None: it can). Only ASP without delay
+    compensation or a scheduler: every other model decides when a worker may read
+    (BSP, LSP, ALSP, hybrid wait for a round, SSP for the slowest worker's clock),
+    delay compensation needs the copy of the model each worker read, and DSANA's plan
+    rides on the pull replies."""
     if mode != "asp":
         return (f"consistency {mode!r} decides when a worker may read (the server's "
                 f"decision); only 'asp' lets a worker read the shard whenever it wants")
+    if scheduled:
+        return "a DSANA scheduler's plan reaches the workers in the pull replies"
     if dc > 0:
         return ("delay compensation needs the model each worker read, which the server "
                 "does not see in a one-sided pull")

@@ -98,7 +98,7 @@ class KVServer:
         self.pull = onesided.pull_mode(pull)
         self.shard: onesided.ExposedShard | None = None
         if self.pull == "one-sided":
-            why = onesided.one_sided_refusal(c.mode, c.dc)
+            why = onesided.one_sided_refusal(c.mode, c.dc, scheduler is not None)
             if why is not None:
                 raise ValueError(f"pull='one-sided' (RDMAMW_PS_PULL): {why}; pull two-sided")
             self.shard = onesided.ExposedShard(

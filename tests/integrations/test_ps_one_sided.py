@@ -161,6 +161,14 @@ def test_a_model_that_decides_when_a_worker_reads_refuses_the_one_sided_pull(mod
     assert KVServer({}, consistency="asp", pull="one-sided").shard is not None
 
 
+def test_a_scheduled_server_refuses_the_one_sided_pull():
+    """DSANA's plan reaches the workers in the pull replies: none with READs."""
+    from rdmamw.sched import Dsana
+
+    with pytest.raises(ValueError, match="DSANA"):
+        KVServer({}, consistency="asp", pull="one-sided", scheduler=Dsana([0], 64))
+
+
 def test_an_unknown_pull_is_refused():
     with pytest.raises(ValueError, match="pull must be one of"):
         KVServer({}, consistency="asp", pull="sideways")
