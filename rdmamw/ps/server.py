@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -44,7 +45,7 @@ class KVServer:
 
     def __init__(self, channels: dict[int, Channel] | Sequence[Channel], *,
                  consistency: Consistency | str = "bsp", lr: float = 0.1,
-                 momentum: float = 0.9, idle_sleep: float = 0.0005,
+                 momentum: float = 0.9, idle_sleep: float = 0.02,
                  scheduler: Dsana | None = None, init_timeout: float | None = None,
                  reply_timeout: float | None = None, pull: str | None = None) -> None:
         if not isinstance(channels, dict):
@@ -134,11 +135,26 @@ class KVServer:
         return busy
 
     def idle(self) -> None:
-        """Nothing to do: wait up to ``idle_sleep`` s for the worker heard from last
-        (a blocking receive wakes at once when it sends; a sleep would not)."""
-        live = [w for w in self.chans if w not in self.lost and w not in self.bye]
-        if live:
-            self._receive(self._last if self._last in live else live[0], self.idle_sleep)
+        """Nothing to do: wait until any worker sends (each channel's descriptor armed,
+        as rdmamw.aio does: no spinning, no turn-taking), at most ``idle_sleep`` s
+        (rounds and initial values time out by the clock)."""
+        live = [self.chans[w] for w in self.chans if w not in self.lost and w not in self.bye]
+        armed: list[Channel] = []
+        try:
+            wait = self.idle_sleep
+            for ch in live:
+                if ch.arm(False):       # something to take (or a loss to see) already
+                    return
+                armed.append(ch)
+                if ch.poll_interval:    # a provider that reports some arrivals unasked
+                    wait = min(wait, ch.poll_interval)
+            if armed:
+                select.select([ch.fileno() for ch in armed], [], [], wait)
+        except (PeerLost, ChannelClosed):
+            return                      # the next pass's receive sees it
+        finally:
+            for ch in armed:
+                ch.disarm()
 
     def _receive(self, w: int, timeout: float) -> bool:
         """Take what worker ``w`` sent (waiting up to ``timeout`` s); whether any."""
