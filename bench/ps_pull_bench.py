@@ -11,8 +11,8 @@ Judged: the median pull latency (over every pull of every worker and round), one
 / two-sided (target <= 0.7); and the server process's CPU time (``time.process_time``
 over its ``serve()``, which also spans init, the start barrier and the goodbyes, the
 same in both modes) per pull, one-sided / two-sided (target <= 0.1). The server's
-loop is the library's own (it polls its channels, waiting briefly when idle): what it
-costs while nobody asks it anything is part of what a one-sided pull leaves it.
+loop is the library's own (it waits on its channels when idle): what it costs while
+nobody asks it anything is part of what a one-sided pull leaves it.
 Also printed: the server loop's own cost, measured in a phase where the workers
 sleep (busy = CPU time / wall time of serve()); pulls that fell back to two-sided
 and shard reads thrown away torn (none without pushes). The box is shared: compare the ratios.
