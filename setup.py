@@ -43,6 +43,7 @@ EXTENSIONS = {
     "rdmamw.channel._remote": ((), ()),
     "rdmamw.memory._span": ((), ()),
     "rdmamw.ps._sgd": ((), ()),
+    "rdmamw.ps._seqlock": ((), ()),
     **{f"rdmamw.providers.verbs.{unit}": ((VERBS,), ("dl",)) for unit in (
         "_lib", "_device", "_memory", "_block", "_qp", "_transport")},
 }

@@ -6,7 +6,9 @@ then plain sequential code, and nothing waits on one worker while another sends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import select
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -16,7 +18,7 @@ import numpy as np
 from rdmamw import config, observe
 from rdmamw.channel import Channel
 from rdmamw.errors import ChannelClosed, PeerLost, Timeout
-from rdmamw.ps import wire
+from rdmamw.ps import onesided, wire
 from rdmamw.ps.consistency import APPLY, DROP, Adaptive, Async, Consistency, Policy
 from rdmamw.ps.metrics import PeerMetrics
 from rdmamw.ps.optim import SGD
@@ -35,13 +37,17 @@ class KVServer:
     ``scheduler``: a DSANA scheduler (rdmamw.sched) fed with every worker's compute
     time and samples; it re-plans when a round closes and the plan rides on the pull
     replies. Give it to one server of the job (every server's plan would agree only
-    by luck). Round models weight each gradient by the samples it reports."""
+    by luck). Round models weight each gradient by the samples it reports.
+
+    ``pull``: "one-sided" exposes the shard to every worker, which then READs it
+    (rdmamw/ps/onesided.py; ValueError for a consistency model that decides when a
+    worker may read: every one but ASP without delay compensation); None: RDMAMW_PS_PULL."""
 
     def __init__(self, channels: dict[int, Channel] | Sequence[Channel], *,
                  consistency: Consistency | str = "bsp", lr: float = 0.1,
-                 momentum: float = 0.9, idle_sleep: float = 0.0005,
+                 momentum: float = 0.9, idle_sleep: float = 0.02,
                  scheduler: Dsana | None = None, init_timeout: float | None = None,
-                 reply_timeout: float | None = None) -> None:
+                 reply_timeout: float | None = None, pull: str | None = None) -> None:
         if not isinstance(channels, dict):
             channels = dict(enumerate(channels))
         self.chans: dict[int, Channel] = dict(channels)
@@ -90,6 +96,16 @@ class KVServer:
         self._round_weight = 0.0                       # samples (or gradients) pending
         self._dirty: dict[Any, float] = {}             # closed round's steps not yet applied
         self._round_mark = 0                           # the timeline's last round close
+        self.pull = onesided.pull_mode(pull)
+        self.shard: onesided.ExposedShard | None = None
+        if self.pull == "one-sided":
+            why = onesided.one_sided_refusal(c.mode, c.dc, scheduler is not None)
+            if why is not None:
+                raise ValueError(f"pull='one-sided' (RDMAMW_PS_PULL): {why}; pull two-sided")
+            self.shard = onesided.ExposedShard(
+                self.chans, lambda: (self.policy.version, self.policy.merged))
+        # every change of the model (and its version) inside ``with self.changing:``
+        self.changing: Any = self.shard if self.shard is not None else contextlib.nullcontext()
         observe.serving(self)       # its stats() in the metrics (rdmamw/metrics/readings.py)
 
     # -- the loop -------------------------------------------------------------------
@@ -119,11 +135,31 @@ class KVServer:
         return busy
 
     def idle(self) -> None:
-        """Nothing to do: wait up to ``idle_sleep`` s for the worker heard from last
-        (a blocking receive wakes at once when it sends; a sleep would not)."""
-        live = [w for w in self.chans if w not in self.lost and w not in self.bye]
-        if live:
-            self._receive(self._last if self._last in live else live[0], self.idle_sleep)
+        """Nothing to do: wait until a worker sends, at most ``idle_sleep`` s (rounds and
+        initial values time out by the clock). One worker: a blocking receive (it spins
+        briefly first, so a quick next message costs no wake-up); several: every
+        channel's descriptor armed at once, as rdmamw.aio does (no turn-taking)."""
+        here = [w for w in self.chans if w not in self.lost and w not in self.bye]
+        if len(here) == 1:
+            self._receive(here[0], self.idle_sleep)
+            return
+        live = [self.chans[w] for w in here]
+        armed: list[Channel] = []
+        try:
+            wait = self.idle_sleep
+            for ch in live:
+                if ch.arm(False):       # something to take (or a loss to see) already
+                    return
+                armed.append(ch)
+                if ch.poll_interval:    # a provider that reports some arrivals unasked
+                    wait = min(wait, ch.poll_interval)
+            if armed:
+                select.select([ch.fileno() for ch in armed], [], [], wait)
+        except (PeerLost, ChannelClosed):
+            return                      # the next pass's receive sees it
+        finally:
+            for ch in armed:
+                ch.disarm()
 
     def _receive(self, w: int, timeout: float) -> bool:
         """Take what worker ``w`` sent (waiting up to ``timeout`` s); whether any."""
@@ -167,7 +203,8 @@ class KVServer:
                  dropped_workers=self.dropped,
                  bytes_in=sum(p.bytes_in for p in self.peers.values()),
                  bytes_out=sum(p.bytes_out for p in self.peers.values()),
-                 mode=self.consistency.mode)
+                 mode=self.consistency.mode, pull=self.pull,
+                 one_sided_refused=0 if self.shard is None else self.shard.refused)
         return s
 
     def worker_metrics(self) -> dict[int, dict]:
@@ -204,7 +241,7 @@ class KVServer:
             self.expect[w] = h
         elif op == wire.SYNC:
             self._send(w, [wire.pack(wire.OK, id=h["id"], version=self.policy.version,
-                                     **self._plan_of(w))])
+                                     **self._plan_of(w), **self._refs(w))])
         elif op == wire.CLOCK:
             self._gradient_done(w, h)
         elif op == wire.PULL:
@@ -240,8 +277,9 @@ class KVServer:
         self._init_by.pop(key, None)
         if self.direct:
             bak = self.backup[w].get(key)
-            self.opt.step(cur.reshape(-1)[o:e], self.velocity[key][o:e], block, 1.0 / self.n,
-                          None if bak is None else bak[o:e])
+            with self.changing:
+                self.opt.step(cur.reshape(-1)[o:e], self.velocity[key][o:e], block,
+                              1.0 / self.n, None if bak is None else bak[o:e])
         else:
             st = self.staging[w].get(key)
             if st is None:                  # kept: a fresh model-sized array per push
@@ -263,6 +301,8 @@ class KVServer:
             self.velocity[key] = np.zeros(cur.size, dt)
             self.pending[key] = np.zeros(cur.size, dt)
             self._init_by[key] = w
+            if self.shard is not None:
+                self.shard.add(key, cur)
         if cur is None or cur.shape != shape or cur.dtype != dt:
             have = "nothing" if cur is None else f"{cur.dtype} {cur.shape}"
             self._error(w, key, f"key {key!r} initialised as {dt} {shape} but the server "
@@ -277,7 +317,8 @@ class KVServer:
         elif self._init_rest.get(key) != w:     # not the values the key holds
             return
         block = np.frombuffer(m, dtype=dt)
-        cur.reshape(-1)[o:o + block.size] = block
+        with self.changing:
+            cur.reshape(-1)[o:o + block.size] = block
         del block
         if h.get("last"):
             self._init_rest.pop(key, None)
@@ -298,6 +339,12 @@ class KVServer:
             if self.scheduler is not None and n is not None:
                 self.scheduler.observe(w, float(h["t"]), int(n), now)
         keys, self.staged[w] = self.staged[w], set()
+        with self.changing:
+            self._decide(w, h, keys, now)
+
+    def _decide(self, w: int, h: dict, keys: set, now: float) -> None:
+        """The model's decision on worker ``w``'s gradient of ``keys``, applied."""
+        n = h.get("n")
         decision = self.policy.on_push(w, int(h.get("base", 0)), now,
                                        None if n is None else int(n))
         if decision == DROP or self.direct:        # direct: applied block by block already
@@ -322,6 +369,10 @@ class KVServer:
                 self.opt.accumulate(self.pending[key], g, flat, bak)
 
     def _close_round(self, now: float) -> None:
+        with self.changing:
+            self._close(now)
+
+    def _close(self, now: float) -> None:
         self._flush()
         done = self.policy.close(now)
         tr = observe.tracer                 # None unless rdmamw.trace records
@@ -356,8 +407,9 @@ class KVServer:
         :meth:`serve_once`."""
         for key in list(self._dirty) if keys is None else [k for k in keys if k in self._dirty]:
             g = self.pending[key]
-            self.opt.step(self.model[key].reshape(-1), self.velocity[key], g,
-                          self._dirty.pop(key))
+            with self.changing:
+                self.opt.step(self.model[key].reshape(-1), self.velocity[key], g,
+                              self._dirty.pop(key))
             g.fill(0)
 
     # -- replies --------------------------------------------------------------------
@@ -426,7 +478,12 @@ class KVServer:
             if not self._send(w, out):
                 return
         self._send(w, [wire.pack(wire.END, id=h["id"], version=self.policy.version,
-                                 merged=self.policy.merged, **self._plan_of(w, True))])
+                                 merged=self.policy.merged, **self._plan_of(w, True),
+                                 **self._refs(w))])
+
+    def _refs(self, w: int) -> dict:
+        """Reply fields with the region references worker ``w`` has not had yet."""
+        return {} if self.shard is None else self.shard.offer(w)
 
     def _plan_of(self, w: int, shares: bool = False) -> dict:
         """Header fields of DSANA's plan (none without a scheduler): ``plan`` =
@@ -480,3 +537,5 @@ class KVServer:
             self.scheduler.lost(w)
         self.reads.pop(w, None)
         self.staging[w], self.staged[w], self.backup[w] = {}, set(), {}
+        if self.shard is not None:
+            self.shard.forget(w)

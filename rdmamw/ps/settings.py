@@ -16,3 +16,10 @@ declare("ps", "RDMAMW_PS_REPLY_TIMEOUT", "seconds", 10.0,
         "seconds a server's reply may wait for its worker to take it (the ring full: the worker "
         "sends and never reads); then that worker is dropped and the others served",
         minimum=0.1, maximum=3600.0)
+declare("ps", "RDMAMW_PS_PULL", "choice", "two-sided",
+        "how a worker pulls: 'two-sided' (asks the server) or 'one-sided' (READs the "
+        "server's exposed shard, no server CPU; consistency 'asp' only, docs/ps.md)",
+        choices=("two-sided", "one-sided"))
+declare("ps", "RDMAMW_PS_PULL_TRIES", "int", 8,
+        "reads of a shard a one-sided pull makes while the server keeps changing it; then "
+        "it pulls two-sided (counted)", minimum=1, maximum=10000)

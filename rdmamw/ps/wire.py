@@ -148,6 +148,7 @@ def reply(msg: object) -> dict:
     op = h.get("op") if isinstance(h, dict) else None
     ints = [h.get("id"), h.get("version"), h.get("merged", 0)] if op in (OK, END) else []
     plan, shares = (h.get("plan"), h.get("shares")) if op in (OK, END) else (None, None)
+    rm = h.get("rm") if op in (OK, END) else None
     ok = (op == VAL and type(h.get("k")) in KEY_TYPES and type(h.get("o", 0)) is int
           and h.get("o", 0) >= 0
           or op == ERR and isinstance(h.get("msg"), str)
@@ -155,11 +156,21 @@ def reply(msg: object) -> dict:
           and (plan is None or isinstance(plan, list) and len(plan) == 3
                and all(type(v) is int for v in plan))
           and (shares is None or isinstance(shares, list)
-               and all(type(v) is int for v in shares)))
+               and all(type(v) is int for v in shares))
+          and (rm is None or _region_refs(rm)))
     if not ok:
         raise ProtocolError(f"server reply {h!r:.80} is not a well-formed "
                             f"ok / val / end / err")
     return h
+
+
+def _region_refs(rm: Any) -> bool:
+    """Whether ``rm`` is a reply's region references (rdmamw/ps/onesided.py): [header
+    reference, [[key, reference or None], ...]], references as bytes."""
+    return (isinstance(rm, list) and len(rm) == 2 and isinstance(rm[0], bytes)
+            and isinstance(rm[1], list)
+            and all(isinstance(p, list) and len(p) == 2 and type(p[0]) in KEY_TYPES
+                    and (p[1] is None or isinstance(p[1], bytes)) for p in rm[1]))
 
 
 def shard(key: Hashable, nservers: int) -> int:

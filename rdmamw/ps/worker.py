@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from rdmamw import config
 from rdmamw.bootstrap import ranklist
 from rdmamw.channel import Channel
 from rdmamw.errors import ProtocolError, RdmamwError, Timeout
-from rdmamw.ps import wire
+from rdmamw.ps import onesided, wire
 from rdmamw.ps.metrics import ComputeClock, WorkerMetrics
 from rdmamw.ps.stream import PullStream, PushQueue
 from rdmamw.steps import Driving, Steps
@@ -39,12 +40,21 @@ class KVWorker:
     ``timeout``: how long a pull may wait for its answer (None: as long as the
     consistency model holds it back; a server that dies raises PeerLost anyway).
     ``chunk``: bytes per block of a push or init (None: each channel's eager limit);
-    ``send_thread``: :meth:`push_part` copies out on a thread (docs/dsana.md)."""
+    ``send_thread``: :meth:`push_part` copies out on a thread (docs/dsana.md).
+    ``pull``: "one-sided" makes :meth:`pull` READ the shards the servers exposed to
+    it (rdmamw/ps/onesided.py; two-sided, counted, where a server exposed none, or
+    after ``tries`` reads that each overlapped a change); None: RDMAMW_PS_PULL and
+    RDMAMW_PS_PULL_TRIES."""
 
     def __init__(self, channels: Sequence[Channel], *, timeout: float | None = None,
-                 chunk: int | None = None, send_thread: bool = False) -> None:
+                 chunk: int | None = None, send_thread: bool = False,
+                 pull: str | None = None, tries: int | None = None) -> None:
         if chunk is not None and chunk < 1:
             raise ValueError(f"chunk must be >= 1 byte, not {chunk}")
+        self.pull_mode = onesided.pull_mode(pull)
+        self.tries = config.get("RDMAMW_PS_PULL_TRIES") if tries is None else tries
+        if self.tries < 1:
+            raise ValueError(f"tries must be >= 1, not {self.tries}")
         self.chans = list(channels)
         self.timeout = timeout
         self.chunk, self.send_thread = chunk, send_thread
@@ -62,6 +72,9 @@ class KVWorker:
         self._handles: list = []                # push_part sends not yet waited
         self._part_t0: float | None = None
         self._sender: PushQueue | None = None
+        self.readers = [onesided.ShardReader(ch) for ch in self.chans]
+        #: pulls made one-sided, and pulls asked one-sided that went two-sided
+        self.one_sided_pulls = self.one_sided_fallbacks = 0
 
     def owner(self, key: Hashable) -> int:
         return wire.shard(key, len(self.chans))
@@ -145,8 +158,40 @@ class KVWorker:
     def pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None = None
              ) -> list[np.ndarray]:
         """Fetch the servers' current values of ``keys`` (into ``out`` if given), as
-        soon as the consistency model lets this worker read."""
+        soon as the consistency model lets this worker read; with ``pull="one-sided"``,
+        READ from the servers' shards (whole: each server's keys at one version)."""
+        if self.pull_mode == "one-sided":
+            got = self._pull_one_sided(keys, out)
+            if got is not None:
+                return got
+            self.one_sided_fallbacks += 1
         return self._pull(keys, out)
+
+    def _pull_one_sided(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None
+                        ) -> list[np.ndarray] | None:
+        """A pull by READs; None (nothing of the model taken) where it must go two-sided."""
+        t0 = time.monotonic()
+        out, dest, reqs = self.prepare_pull(keys, out)
+        per: dict[int, list] = {}
+        for k in dest:
+            per.setdefault(self.owner(k), []).append(k)
+        if not all(self.readers[s].has(ks) for s, ks in per.items()):
+            return None
+        replies = {}
+        for s, ks in per.items():
+            h = self.readers[s].read(ks, dest, self.tries)
+            if h is None:
+                return None
+            replies[s] = h
+        self.complete_pull(replies, t0)
+        self.metrics.bytes_pulled += sum(dest[k].nbytes for k in dest)
+        self.one_sided_pulls += 1
+        return out
+
+    def pull_counts(self) -> dict[str, int]:
+        """One-sided pulls, those that went two-sided, and shard reads thrown away torn."""
+        return {"one_sided": self.one_sided_pulls, "fallbacks": self.one_sided_fallbacks,
+                "torn": sum(r.torn for r in self.readers)}
 
     def _pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None,
               start: bool = False) -> list[np.ndarray]:
@@ -313,8 +358,11 @@ class KVWorker:
         self.metrics.pull.add(now - t0)
 
     def _served(self, s: int, h: dict) -> None:
-        """Server ``s``'s closing header: the model version read, maybe a plan."""
+        """Server ``s``'s closing header: the model version read, maybe a plan and
+        region references (one-sided pulls)."""
         self.base[s] = h["version"]
+        if h.get("rm") is not None:
+            self.readers[s].take(h["rm"])
         if h.get("plan") is not None:
             self.assignment = tuple(h["plan"])  # type: ignore[assignment]
         if h.get("shares") is not None:

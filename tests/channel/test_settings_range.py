@@ -197,6 +197,30 @@ def _ps_reply_timeout() -> None:
         a.close(), b.close(), lst.close()
 
 
+def _ps_pull_tries() -> None:
+    """A one-sided pull with that many tries: whole (a shard nobody changes needs one)."""
+    from rdmamw.ps.onesided import ExposedShard, ShardReader
+    from rdmamw.ps.worker import KVWorker
+    from tests.support.helpers import make_pair
+
+    a, b, lst = make_pair(slots=4, slot_size=4096)
+    try:
+        tries = KVWorker([a], pull="one-sided").tries
+        assert tries == config.get("RDMAMW_PS_PULL_TRIES")
+        shard = ExposedShard({0: b}, lambda: (3, 5))
+        arr = np.arange(1000.0)
+        shard.add("k", arr)
+        with shard:
+            pass
+        reader = ShardReader(a)
+        reader.take(shard.offer(0)["rm"])
+        out = {"k": np.zeros(1000)}
+        assert reader.read(["k"], out, tries) == {"version": 3, "merged": 5}
+        assert np.array_equal(out["k"], arr) and reader.torn == 0
+    finally:
+        a.close(), b.close(), lst.close()
+
+
 def _launcher(name: str, value: int) -> Callable[[], None]:
     """detect() with ``name`` = ``value`` and the variables it goes with."""
     from rdmamw.bootstrap import env as benv
@@ -354,6 +378,7 @@ PATHS: dict[str, Callable[[], None]] = {
     "RDMAMW_PS_SLOTS": _ps_ring, "RDMAMW_PS_SLOT_SIZE": _ps_ring,
     "RDMAMW_PS_INIT_TIMEOUT": _ps_init_timeout,
     "RDMAMW_PS_REPLY_TIMEOUT": _ps_reply_timeout,
+    "RDMAMW_PS_PULL_TRIES": _ps_pull_tries,
     "RDMAMW_METRICS_PORT": _metrics_port,
     "RDMAMW_METRICS_HOST_PORT": _metrics_host_port,
     "RDMAMW_METRICS_MAX_PEERS": _metrics_peers,

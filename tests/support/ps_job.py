@@ -148,6 +148,7 @@ def main() -> None:
     out["metrics"] = {k: v for k, v in node.metrics.as_dict().items() if k.startswith("bytes")}
     out["pushes"], out["clock"] = node.metrics.push.n, node.clock
     out["merged"] = node.merged
+    out["pull_counts"] = node.pull_counts()
     emit(out)
     if "peer_lost" not in out:
         node.close()
