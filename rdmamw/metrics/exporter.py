@@ -88,6 +88,21 @@ class RdmamwCollector:
         yield h
 
 
+class Dropped:
+    """The connections an endpoint closed to keep to RDMAMW_METRICS_MAX_CONNECTIONS
+    (rdmamw/metrics/http.py)."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Any]:
+        c = CounterMetricFamily("rdmamw_metrics_connections_dropped", "connections this "
+                                "endpoint closed to keep to RDMAMW_METRICS_MAX_CONNECTIONS "
+                                "(silent ones, or newcomers)", labels=["rank"])
+        c.add_metric([readings.rank()], self.server.dropped)
+        yield c
+
+
 def _le(bound: float) -> str:
     """A bucket's bound as Prometheus writes it (``5e-07``, ``0.1``, ``10.0``, ``+Inf``)."""
     return "+Inf" if bound == float("inf") else repr(bound)
@@ -112,6 +127,7 @@ class Endpoint:
         self.registry.register(RdmamwCollector())
         self.server = Server(addr, port, {"/health": json_route(health)},
                              exposition(self.registry)).start()
+        self.registry.register(Dropped(self.server))
         self.port: int = self.server.port
         self.addr = addr
 

@@ -78,7 +78,9 @@ class Host:
     def metrics(self, accept: str) -> Answer:
         live = [m for m in members.members(self.port) if m.gone is None]
         encode, ctype = choose_encoder(accept)
-        return 200, ctype, encode(Merged(live, ask(live, "/metrics")))
+        server = self.server
+        dropped = server.dropped if server is not None else 0
+        return 200, ctype, encode(Merged(live, ask(live, "/metrics"), dropped))
 
     def health(self) -> dict[str, Any]:
         """Every process's health answer, or what is known of one that gave none."""

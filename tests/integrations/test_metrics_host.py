@@ -106,3 +106,77 @@ def test_a_stopped_rank_holds_no_scrape_and_is_reported_down(job3):
     assert peers_of(samples, [0, 1, 2]) == expected(job3)
     assert ranks_up(samples) == {"0": 1, "1": 1, "2": 1}
     assert counters(job3.finish()) == counters(job3.reports)
+
+
+def test_a_rank_that_accepts_and_never_answers_holds_no_scrape(tmp_path):
+    """Two processes of the host that the kernel connects to and that never answer
+    (one never accepts, one sends its header and then a byte each 0.2 s): the scrape
+    answers within RANK_TIMEOUT and a margin, without them (up 0), and leaves no
+    thread asking them behind."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    from rdmamw.metrics import members
+    from rdmamw.metrics.exporter import Endpoint
+    from rdmamw.metrics.host import Host
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mute = socket.create_server(("127.0.0.1", 0), backlog=8)       # never accepts
+    trickle = socket.create_server(("127.0.0.1", 0), backlog=8)
+    stop = threading.Event()
+
+    def dribble() -> None:
+        while not stop.is_set():
+            trickle.settimeout(0.1)
+            try:
+                c, _ = trickle.accept()
+            except TimeoutError:
+                continue
+            with c:
+                c.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+                while not stop.wait(0.2):
+                    try:
+                        c.sendall(b"#")
+                    except OSError:
+                        break
+
+    threading.Thread(target=dribble, daemon=True).start()
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+                for _ in range(2)]
+    files = []
+    for p, srv in zip(sleepers, (mute, trickle), strict=True):
+        files.append(os.path.join(members.directory(port), f"{p.pid}.json"))
+        with open(files[-1], "w") as f:
+            json.dump({"pid": p.pid, "rank": "", "start": members.started(p.pid),
+                       "url": f"http://127.0.0.1:{srv.getsockname()[1]}"}, f)
+    own = Endpoint(0, "127.0.0.1")
+    host = Host(port, "127.0.0.1", f"http://127.0.0.1:{own.port}", "")
+    try:
+        end = time.monotonic() + 5
+        while not host.serving and time.monotonic() < end:
+            time.sleep(0.01)
+        for _ in range(2):
+            t0 = time.monotonic()
+            samples = scrape(port)
+            took = time.monotonic() - t0
+            assert took < RANK_TIMEOUT + 0.5, took
+            assert ranks_up(samples) == {f"pid{os.getpid()}": 1, f"pid{sleepers[0].pid}": 0,
+                                         f"pid{sleepers[1].pid}": 0}
+        end = time.monotonic() + 1
+        while time.monotonic() < end and any(t.name == "rdmamw-metrics-ask"
+                                             for t in threading.enumerate()):
+            time.sleep(0.01)
+        assert not [t for t in threading.enumerate() if t.name == "rdmamw-metrics-ask"]
+    finally:
+        stop.set()
+        host.close()
+        own.close()
+        mute.close(), trickle.close()
+        for p, path in zip(sleepers, files, strict=True):
+            p.kill(), p.wait()
+            members.leave(path)
