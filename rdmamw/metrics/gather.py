@@ -112,9 +112,8 @@ class Merged:
                         seen.add(key)
                         into.samples.append(Sample(s.name, labels, s.value))
         self.families[up.name] = up
-        served = GaugeMetricFamily("rdmamw_host_endpoint_pid", "the process serving "
-                                   "the host's endpoint now (another takes over when it "
-                                   "exits)")
+        served = GaugeMetricFamily("rdmamw_host_endpoint_pid", "the process that "
+                                   "answered this scrape (any process of the host may)")
         served.add_metric([], os.getpid())
         self.families[served.name] = served
         own = CounterMetricFamily("rdmamw_host_connections_dropped", "connections the "

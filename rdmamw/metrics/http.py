@@ -2,7 +2,8 @@
 request answered on a thread of its own (a slow answer holds no other), routed by
 path; what is not routed is the metrics, as prometheus_client's own server does.
 The standard library's, so the host's endpoint can bind a port and fail cleanly
-while another process holds it (rdmamw/metrics/host.py takes turns so).
+while another process holds it, or serve a socket it was handed
+(rdmamw/metrics/host.py shares one so).
 
 A client costs a thread while its connection is open, so no client may keep one:
 each read of a request and the whole write of an answer are bounded by
@@ -46,7 +47,10 @@ class Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128        # a burst of connects waits in the kernel, not refused
 
-    def __init__(self, addr: str, port: int, routes: dict[str, Route], default: Route) -> None:
+    def __init__(self, addr: str, port: int, routes: dict[str, Route], default: Route,
+                 sock: socket.socket | None = None) -> None:
+        """``sock``: a listening socket to serve (another process's too: each that
+        serves it accepts what it can; rdmamw/metrics/host.py) instead of binding."""
         self.routes, self.default = routes, default
         self.wait: float = config.get("RDMAMW_METRICS_TIMEOUT")
         self.limit: int = config.get("RDMAMW_METRICS_MAX_CONNECTIONS")
@@ -55,7 +59,15 @@ class Server(ThreadingHTTPServer):
         #: connections closed to keep to the limit (a silent one, or a newcomer)
         self.dropped = 0
         self.opening = threading.Lock()
-        super().__init__((addr, port), _Handler)
+        super().__init__((addr, port), _Handler, bind_and_activate=sock is None)
+        if sock is not None:
+            self.socket.close()
+            self.socket = sock
+            self.server_address = sock.getsockname()
+            self.server_name, self.server_port = str(addr), self.server_address[1]
+        # accept() only when one is there: a process sharing the socket that polled
+        # it ready with the others must not then wait in accept() for the next one
+        self.socket.setblocking(False)
         self.port: int = self.server_address[1]
         self.thread: threading.Thread | None = None
 

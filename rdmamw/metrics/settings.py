@@ -10,7 +10,7 @@ declare("metrics", "RDMAMW_METRICS_PORT", "int", None,
         "rdmamw.init() or the first channel on (default: off)", minimum=1, maximum=65535)
 declare("metrics", "RDMAMW_METRICS_HOST_PORT", "int", None,
         "serve the metrics of every rank of this host at one endpoint on this port "
-        "(the ranks take turns serving it), from rdmamw.init() or the first channel on "
+        "(every rank accepts on one shared socket), from rdmamw.init() or the first channel on "
         "(default: off)", minimum=1, maximum=65535)
 declare("metrics", "RDMAMW_METRICS_ADDR", "str", "0.0.0.0",
         "the address the metrics endpoints listen on")
