@@ -79,6 +79,15 @@ class RdmamwCollector:
                                   "gradient applied so far", labels=["rank"])
             g.add_metric([r.rank], r.ps["rdmamw_ps_staleness_max"])
             yield g
+        h = HistogramMetricFamily("rdmamw_batch_completion_seconds", "time from a "
+                                  "batch's post to its completion, as the program learned "
+                                  "it (its handle's first done() that says so, or its "
+                                  "wait()); recorded while metrics are on",
+                                  labels=["rank"], unit="seconds")
+        if r.batches is not None:
+            h.add_metric([r.rank], [(_le(le), n) for le, n in r.batches.cumulative()],
+                         r.batches.sum)
+        yield h
         h = HistogramMetricFamily("rdmamw_connect_seconds", "time of each channel connect "
                                   "(its count: the connects), by outcome",
                                   labels=["rank", "provider", "outcome"], unit="seconds")
