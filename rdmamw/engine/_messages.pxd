@@ -1,4 +1,4 @@
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from rdmamw.engine._eager_recv cimport EagerReceiver
 
@@ -16,6 +16,7 @@ cdef class SendHandle:
     cdef readonly uint64_t batch
     cdef readonly Py_ssize_t count
     cdef uint64_t rndv              # rendezvous messages sent up to and including this batch
+    cdef int64_t posted             # now_ns() at its post while batches are timed, else 0
 
 
 cdef class Message:

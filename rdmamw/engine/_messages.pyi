@@ -2,7 +2,7 @@
 buffers lent to the channel (Dest). Checked against the compiled module by stubtest
 (`make lint`, scripts/stubtest_allowlist.txt)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Literal, Protocol, TypeAlias, final, type_check_only
 
@@ -22,6 +22,16 @@ class _DLPack(Protocol):
 _Source: TypeAlias = ReadableBuffer | npt.NDArray[Any] | _DLPack
 #: what a receive writes into (recv_into, post_recv)
 _Destination: TypeAlias = WriteableBuffer | npt.NDArray[Any] | _DLPack
+
+def time_batches(bounds: Sequence[float], on: bool) -> None:
+    """Time the batches from now on (``on``) with these 23 ``bounds`` (seconds,
+    ascending), or stop (rdmamw.metrics: rdmamw_batch_completion_seconds)."""
+
+def batch_times() -> tuple[list[int], float]:
+    """(the observations per bucket, 24: the last above every bound; their sum, s)."""
+
+def forget_batch_times() -> None:
+    """Start the histogram afresh (a fork child's)."""
 
 class Endpoint:
     """The engine's base: what a SendHandle calls back (no Python-visible API)."""

@@ -12,9 +12,57 @@ from cpython.buffer cimport (
     PyObject_GetBuffer,
 )
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.stdint cimport int64_t, uint64_t
 
 from rdmamw.engine._eager_recv cimport EagerReceiver
 from rdmamw.engine._frames cimport REC_RNDV
+from rdmamw.transport._base cimport now_ns
+
+# The batches' completion times (rdmamw.metrics: rdmamw_batch_completion_seconds): while
+# timed, a handle notes the clock when made (the batch posted) and its first done()
+# that says yes, or its wait() that returns, adds the time since to a histogram of the
+# process. Off, that is one branch at each; on, a clock read at each.
+cdef enum:
+    NBOUNDS = 23
+cdef bint timed = False
+cdef int64_t bounds_ns[NBOUNDS]     # the buckets' upper bounds (rdmamw.metrics.readings.BUCKETS)
+cdef uint64_t counts[NBOUNDS + 1]   # the last: above every bound
+cdef int64_t total_ns = 0
+
+
+def time_batches(bounds, bint on) -> None:
+    """Time the batches from now on (``on``) with these ``bounds`` (seconds, ascending,
+    NBOUNDS of them), or stop."""
+    global timed
+    if len(bounds) != NBOUNDS:
+        raise ValueError(f"{NBOUNDS} bounds, not {len(bounds)}")
+    for i in range(NBOUNDS):
+        bounds_ns[i] = <int64_t>round(bounds[i] * 1e9)
+    timed = on
+
+
+def batch_times() -> tuple:
+    """(the observations per bucket, NBOUNDS + 1 of them, the sum in seconds)."""
+    return [counts[i] for i in range(NBOUNDS + 1)], total_ns / 1e9
+
+
+def forget_batch_times() -> None:
+    """Start the histogram afresh (a fork child's)."""
+    global total_ns
+    for i in range(NBOUNDS + 1):
+        counts[i] = 0
+    total_ns = 0
+
+
+cdef void completed(SendHandle h) noexcept:
+    global total_ns
+    cdef int64_t t = now_ns() - h.posted
+    cdef int i = 0
+    h.posted = 0
+    while i < NBOUNDS and t > bounds_ns[i]:
+        i += 1
+    counts[i] += 1
+    total_ns += t
 
 
 cdef class Endpoint:
@@ -34,12 +82,18 @@ cdef class SendHandle:
     def done(self) -> bool:
         """True once the batch's buffers may be reused: its work requests completed
         and the receiver has taken every rendezvous message of it (done bits back)."""
-        return self.eng.handle_done(self.batch, self.rndv)
+        if not self.eng.handle_done(self.batch, self.rndv):
+            return False
+        if self.posted:
+            completed(self)
+        return True
 
     def wait(self, timeout=None) -> None:
         """Wait until ``done()``; Timeout after ``timeout`` seconds, PeerLost if the
         peer goes first."""
         self.eng.handle_wait(self.batch, self.rndv, timeout)
+        if self.posted:
+            completed(self)
 
     def __repr__(self):
         return f"<SendHandle batch={self.batch} messages={self.count} done={self.done()}>"
@@ -51,6 +105,8 @@ cdef SendHandle new_handle(Endpoint eng, uint64_t batch, Py_ssize_t count, uint6
     h.batch = batch
     h.count = count
     h.rndv = rndv
+    if timed:
+        h.posted = now_ns()
     return h
 
 

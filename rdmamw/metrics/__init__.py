@@ -124,6 +124,8 @@ def _forget() -> None:
     """A fork child has no part in the host's endpoint: the thread and file are its
     parent's."""
     global _host, _lock
+    if _host is not None:
+        _host.forget()
     _host, _lock = None, threading.Lock()
 
 

@@ -79,6 +79,15 @@ class RdmamwCollector:
                                   "gradient applied so far", labels=["rank"])
             g.add_metric([r.rank], r.ps["rdmamw_ps_staleness_max"])
             yield g
+        h = HistogramMetricFamily("rdmamw_batch_completion_seconds", "time from a "
+                                  "batch's post to its completion, as the program learned "
+                                  "it (its handle's first done() that says so, or its "
+                                  "wait()); recorded while metrics are on",
+                                  labels=["rank"], unit="seconds")
+        if r.batches is not None:
+            h.add_metric([r.rank], [(_le(le), n) for le, n in r.batches.cumulative()],
+                         r.batches.sum)
+        yield h
         h = HistogramMetricFamily("rdmamw_connect_seconds", "time of each channel connect "
                                   "(its count: the connects), by outcome",
                                   labels=["rank", "provider", "outcome"], unit="seconds")
@@ -86,6 +95,21 @@ class RdmamwCollector:
             h.add_metric([r.rank, provider, outcome],
                          [(_le(le), n) for le, n in t.cumulative()], t.sum)
         yield h
+
+
+class Dropped:
+    """The connections an endpoint closed to keep to RDMAMW_METRICS_MAX_CONNECTIONS
+    (rdmamw/metrics/http.py)."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Any]:
+        c = CounterMetricFamily("rdmamw_metrics_connections_dropped", "connections this "
+                                "endpoint closed to keep to RDMAMW_METRICS_MAX_CONNECTIONS "
+                                "(silent ones, or newcomers)", labels=["rank"])
+        c.add_metric([readings.rank()], self.server.dropped)
+        yield c
 
 
 def _le(bound: float) -> str:
@@ -112,6 +136,7 @@ class Endpoint:
         self.registry.register(RdmamwCollector())
         self.server = Server(addr, port, {"/health": json_route(health)},
                              exposition(self.registry)).start()
+        self.registry.register(Dropped(self.server))
         self.port: int = self.server.port
         self.addr = addr
 

@@ -7,15 +7,17 @@ A process found dead is in neither: its series end with it."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 import threading
 import time
-import urllib.request
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -29,16 +31,35 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 def ask(live: list[Member], path: str, timeout: float = RANK_TIMEOUT,
         accept: str = OPENMETRICS) -> list[bytes | str]:
     """Each process's answer at ``path`` (its body), or why there is none; all asked
-    at once, none waited for longer than ``timeout``."""
+    at once, none waited for longer than ``timeout``: at the end, an answer still
+    coming (a process that accepted and says nothing, or trickles) is cut off, so
+    its thread ends too and no scrape leaves one behind."""
     got: list[bytes | str] = [f"no answer within {timeout:g} s"] * len(live)
+    socks: list[socket.socket | None] = [None] * len(live)
+    lock, cut = threading.Lock(), [False]
 
     def one(i: int, m: Member) -> None:
+        url = urllib.parse.urlsplit(m.url)
+        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=timeout)
         try:
-            req = urllib.request.Request(m.url + path, headers={"Accept": accept})
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                got[i] = r.read()
-        except OSError as e:
-            got[i] = str(getattr(e, "reason", e))
+            conn.connect()
+            with lock:
+                socks[i] = conn.sock    # (the answer's reading keeps it after conn.close)
+                if cut[0]:
+                    _cut(conn.sock)
+            conn.request("GET", url.path + path, headers={"Accept": accept})
+            r = conn.getresponse()
+            body = r.read()
+            if r.status != 200:
+                raise OSError(f"HTTP {r.status} {r.reason}")
+            with lock:
+                got[i] = body
+        except (OSError, http.client.HTTPException) as e:
+            if not isinstance(e, TimeoutError):     # (a timeout: the default says it)
+                with lock:
+                    got[i] = str(e) or type(e).__name__
+        finally:
+            conn.close()
 
     threads = [threading.Thread(target=one, args=(i, m), daemon=True,
                                 name="rdmamw-metrics-ask") for i, m in enumerate(live)]
@@ -47,14 +68,28 @@ def ask(live: list[Member], path: str, timeout: float = RANK_TIMEOUT,
     end = time.monotonic() + timeout
     for t in threads:
         t.join(max(0.0, end - time.monotonic()))
-    return list(got)
+    with lock:
+        answers, cut[0] = list(got), True
+        for t, sock in zip(threads, socks, strict=True):
+            if t.is_alive() and sock is not None:
+                _cut(sock)
+    return answers
+
+
+def _cut(sock: socket.socket) -> None:
+    """End the reads of ``sock`` now (its thread's, whatever it waits for)."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 class Merged:
     """The host's exposition as a collector: the processes' families, merged by name
     (a series twice, as from two processes outside a job, is given once)."""
 
-    def __init__(self, live: list[Member], answers: list[bytes | str]) -> None:
+    def __init__(self, live: list[Member], answers: list[bytes | str],
+                 dropped: int = 0) -> None:
         self.families: dict[str, Metric] = {}
         seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         up = GaugeMetricFamily("rdmamw_host_rank_up", "1: the rank's process answered "
@@ -77,11 +112,15 @@ class Merged:
                         seen.add(key)
                         into.samples.append(Sample(s.name, labels, s.value))
         self.families[up.name] = up
-        served = GaugeMetricFamily("rdmamw_host_endpoint_pid", "the process serving "
-                                   "the host's endpoint now (another takes over when it "
-                                   "exits)")
+        served = GaugeMetricFamily("rdmamw_host_endpoint_pid", "the process that "
+                                   "answered this scrape (any process of the host may)")
         served.add_metric([], os.getpid())
         self.families[served.name] = served
+        own = CounterMetricFamily("rdmamw_host_connections_dropped", "connections the "
+                                  "host's endpoint closed, while this process serves it, "
+                                  "to keep to RDMAMW_METRICS_MAX_CONNECTIONS")
+        own.add_metric([], dropped)
+        self.families[own.name] = own
 
     def collect(self) -> Iterator[Any]:
         return iter(self.families.values())

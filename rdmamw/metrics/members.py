@@ -76,10 +76,12 @@ def join(port: int, url: str, rank: str) -> str:
 
 
 def leave(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    """Remove a process's file (and its socket, rdmamw/metrics/host.py's)."""
+    for p in (path, path.removesuffix(".json") + ".sock"):
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
 
 
 def members(port: int) -> list[Member]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from rdmamw import _fork, config, errors, observe
+from rdmamw.engine import _messages
 from rdmamw.errors import RdmamwError
 from rdmamw.memory.counters import channel_stats
 
@@ -106,6 +107,7 @@ class Reading:
     collectives: dict[str, Times] = field(default_factory=dict)
     connects: dict[tuple[str, str], Times] = field(default_factory=dict)
     ps: dict[str, float] = field(default_factory=dict)
+    batches: Times | None = None
 
 
 class Times:
@@ -165,14 +167,26 @@ _labels_lock = threading.Lock()
 
 
 def enable() -> None:
-    """Record the collectives' and the connects' times (the histograms) from now on."""
+    """Record the collectives', the connects' and the batches' completion times (the
+    histograms) from now on."""
     observe.collective = _recorder
     observe.connect = _connected
+    _messages.time_batches(BUCKETS, True)
 
 
 def disable() -> None:
     observe.collective = None
     observe.connect = None
+    _messages.time_batches(BUCKETS, False)
+
+
+def batch_times() -> Times:
+    """The batches' completion times so far (rdmamw/engine/_messages.pyx keeps them:
+    from a batch's post to the first ``done()`` that says so, or its ``wait()``)."""
+    t = Times()
+    t.counts, t.sum = _messages.batch_times()
+    t.count = sum(t.counts)
+    return t
 
 
 def label(peer: str) -> str:
@@ -229,6 +243,7 @@ def read() -> Reading:
     r.collectives = _recorder.copy()
     r.connects = _connects.copy()
     r.ps = ps()
+    r.batches = batch_times()
     return r
 
 
@@ -255,7 +270,8 @@ def snapshot() -> dict[str, Any]:
     """The metrics now, as plain data: ``{"rank", "channels": [{"provider", "peer",
     <metric>: value, ...}], "memory": {...}, "errors": {kind: n}, "collectives":
     {kind: {"count", "sum", "buckets": [[le, n], ...]}}, "connects": [{"provider",
-    "outcome", "count", "sum", "buckets"}], "ps": {<metric>: value}}``, with the names a Prometheus
+    "outcome", "count", "sum", "buckets"}], "ps": {<metric>: value},
+    "batch_completion": {"count", "sum", "buckets"}}``, with the names a Prometheus
     scrape shows (docs/metrics.md)."""
     r = read()
     return {
@@ -268,6 +284,7 @@ def snapshot() -> dict[str, Any]:
         "connects": [{"provider": p, "outcome": o, **_histogram(t)}
                      for (p, o), t in sorted(r.connects.items())],
         "ps": r.ps,
+        "batch_completion": _histogram(r.batches or Times()),
     }
 
 
@@ -281,5 +298,6 @@ def _forget() -> None:
     _recorder, _connects = _Recorder(), _Recorder()
     _labels_lock = threading.Lock()
     _labels.clear()
+    _messages.forget_batch_times()
     if observe.collective is not None:
         observe.collective = _recorder

@@ -305,6 +305,20 @@ def _metrics_host_port() -> None:
     assert [m.pid for m in members.members(port)] == []
 
 
+def _metrics_http() -> None:
+    """An endpoint's server with RDMAMW_METRICS_TIMEOUT and _MAX_CONNECTIONS as set
+    answers a scrape, then stops."""
+    import urllib.request
+
+    from rdmamw.metrics.http import Server
+    s = Server("127.0.0.1", 0, {}, lambda _accept: (200, "text/plain", b"ok")).start()
+    try:
+        assert urllib.request.urlopen(f"http://127.0.0.1:{s.port}/metrics",
+                                      timeout=10).read() == b"ok"
+    finally:
+        s.close()
+
+
 def _metrics_peers() -> None:
     """A reading with channels to 2 peers: at most RDMAMW_METRICS_MAX_PEERS of their own."""
     from rdmamw import observe
@@ -382,6 +396,7 @@ PATHS: dict[str, Callable[[], None]] = {
     "RDMAMW_METRICS_PORT": _metrics_port,
     "RDMAMW_METRICS_HOST_PORT": _metrics_host_port,
     "RDMAMW_METRICS_MAX_PEERS": _metrics_peers,
+    "RDMAMW_METRICS_TIMEOUT": _metrics_http, "RDMAMW_METRICS_MAX_CONNECTIONS": _metrics_http,
     "RDMAMW_TRACE_MAX_EVENTS": _trace_limit,
     **{n: _local_rank(n) for n in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                    "SLURM_LOCALID")},
