@@ -182,3 +182,30 @@ def test_perfettos_trace_processor_reads_every_rank(merged):
     for r in range(N):
         assert [n for p, n in got if p == r and n == "allreduce"] == \
             ["allreduce"] * trace_worker.ALLREDUCES
+
+
+def test_plot_draws_every_rank_of_a_collective_into_a_png(merged, tmp_path):
+    """``rdmamw trace plot`` of the merged file: a PNG with each rank's steps and
+    batches of collective #2 (their colours are in it), and a collective the file does
+    not have is an error, no PNG."""
+    mpimg = pytest.importorskip("matplotlib.image")
+    from matplotlib.colors import to_rgb
+
+    from rdmamw.trace import plot
+    path, doc = merged
+    out = str(tmp_path / "c2.png")
+    assert cli.main(["trace", "plot", path, "-o", out, "--collective", "2"]) == 0
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    img = mpimg.imread(out)[:, :, :3]
+    img = img[: int(img.shape[0] * 0.75)]          # the lanes (the legend is below)
+
+    def pixels(colour: str) -> int:
+        return int((abs(img - to_rgb(colour)).max(axis=2) < 0.02).sum())
+
+    for colour in (plot.BATCH_COLOUR, plot.STEP_COLOURS["send"], plot.STEP_COLOURS["recv"]):
+        assert pixels(colour) > 50, colour
+    with pytest.raises(SystemExit) as e:
+        cli.main(["trace", "plot", path, "-o", str(tmp_path / "no.png"), "--collective",
+                  "99"])
+    assert e.value.code == 2 and not os.path.exists(tmp_path / "no.png")
