@@ -128,3 +128,25 @@ def test_perfettos_trace_processor_counts_the_same(traced):
                        "sum(extract_arg(arg_set_id, 'args.bytes')) as b from slice "
                        "where name = 'batch' group by chan")
     assert {int(r.chan): (int(r.n), int(r.m), int(r.b)) for r in rows} == want(stats)
+
+
+def test_records_past_the_capacity_are_counted_not_kept(tmp_path, monkeypatch):
+    """RDMAMW_TRACE_MAX_RECORDS=10: on shm each single-message send writes three records
+    (its doorbell, the completion its post reaps, the batch), so 50 sends keep the
+    first 10 (three whole batches) and count 140 as dropped."""
+    monkeypatch.setenv("RDMAMW_TRACE_MAX_RECORDS", "10")
+    a, b, lst = make_pair(provider="shm")
+    try:
+        with rdmamw.trace.record(str(tmp_path / "t.json")):
+            for i in range(50):
+                a.send(b"m%d" % i)
+                b.recv(timeout=10).release()
+    finally:
+        a.close()
+        b.close()
+        lst.close()
+    with open(tmp_path / "t.json") as f:
+        doc = json.load(f)
+    assert doc["otherData"]["rdmamw"]["records_dropped"] == 140
+    spans = [e for e in doc["traceEvents"] if e.get("cat") == "batch" and e["ph"] == "X"]
+    assert [e["args"]["messages"] for e in spans] == [1, 1, 1]
