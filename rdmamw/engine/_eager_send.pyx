@@ -118,6 +118,8 @@ cdef class EagerSender:
             if got == 0:
                 break
             rc[0] = self.post_slots(k, got)
+            if rm_trace_on(self.link.trace):    # (here, not in post_slots: k and got are
+                self.doorbell(k, got, rc[0])    # live here anyway)
             if rc[0] != 0:
                 if rc[0] == RM_ERR_LATE:    # accepted (queued), past the deadline
                     k += got
@@ -185,8 +187,6 @@ cdef class EagerSender:
         self.link.lock()
         rc = self.link.post(self.wrs, nw)
         self.link.unlock()
-        if rm_trace_on(self.link.trace):
-            self.doorbell(k0, got, nw, rc)
         if rc != 0 and rc != RM_ERR_LATE:
             return rc
         self.link.reap()
@@ -195,12 +195,12 @@ cdef class EagerSender:
             self.link.wake_peer()
         return rc
 
-    cdef void doorbell(self, uint32_t k0, uint32_t got, uint32_t nw, int rc) noexcept nogil:
-        """The timeline's record of one chain posted (post_slots, while one records)."""
+    cdef void doorbell(self, uint32_t k0, uint32_t got, int rc) noexcept nogil:
+        """The timeline's record of the chain post_slots just posted (while one records)."""
         cdef int64_t t = now_ns()
         rm_trace_put(self.link.trace, TR_DOORBELL, self.link.serial, t, t,
-                     self.batch.plan_start[k0 + got] - self.batch.plan_start[k0], nw,
-                     self.wrs[nw - 1].wr_id, <uint32_t>rc)
+                     self.batch.plan_start[k0 + got] - self.batch.plan_start[k0], got,
+                     self.link.batch_posted, <uint32_t>rc)
 
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil:
         """Fill staging for planned slot k going to peer slot ``slot``; append its WRs."""

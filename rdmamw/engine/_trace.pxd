@@ -32,7 +32,7 @@ cdef extern from "rm_trace.h" nogil:
 
 cdef enum:
     TR_BATCH = 1        # a send call's posting: a messages, b bytes, c its last chain, d chains
-    TR_DOORBELL = 2     # one chain posted: a messages, b work requests, c its chain, d rc
+    TR_DOORBELL = 2     # one chain posted: a messages, b slots, c its chain, d rc
     TR_COMPLETED = 3    # chains completed up to c (the Link's reap)
     TR_CREDIT_WAIT = 4  # a sender's wait (Waiter.wait): a what (WAIT_*), b close()'s,
                         # c its target, d its result (1 ready, 0 timed out, <0 peer)

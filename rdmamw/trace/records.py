@@ -140,7 +140,7 @@ def _batches(mine: np.ndarray, pid: int, lanes: Lanes, chan: int) -> list[dict[s
         out.append({"name": "doorbell", "cat": "batch", "ph": "i", "s": "t",
                     "ts": _us(int(r["t0"])), "pid": pid, "tid": tid,
                     "args": {"channel": chan, "messages": int(r["a"]),
-                             "work_requests": int(r["b"]), "chain": int(r["c"]),
+                             "slots": int(r["b"]), "chain": int(r["c"]),
                              **({"error": int(np.int32(np.uint32(r["d"])))} if r["d"]
                                 else {})}})
     return out
