@@ -6,6 +6,8 @@ was not seen ends with its posting and says so."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from rdmamw.trace import records
@@ -13,7 +15,7 @@ from rdmamw.trace import records
 K = records.K
 
 
-def recs(*rows: tuple) -> np.ndarray:
+def recs(*rows: tuple[Any, ...]) -> np.ndarray:
     """Records of (kind, chan, t0, t1, a, b, c, d), tid 7."""
     out = np.zeros(len(rows), records.DTYPE)
     for i, (kind, chan, t0, t1, a, b, c, d) in enumerate(rows):
@@ -21,7 +23,7 @@ def recs(*rows: tuple) -> np.ndarray:
     return out
 
 
-def test_overlapping_batches_of_a_channel_go_to_two_tracks_that_each_nest():
+def test_overlapping_batches_of_a_channel_go_to_two_tracks_that_each_nest() -> None:
     got = records.events(recs(
         ("doorbell", 3, 5_000, 5_000, 2, 1, 1, 0),
         ("batch", 3, 1_000, 10_000, 2, 16, 1, 1),         # chain 1: 2 messages
@@ -45,7 +47,7 @@ def test_overlapping_batches_of_a_channel_go_to_two_tracks_that_each_nest():
     assert bells == [(batch_tid[2], 5.0, 1), (batch_tid[1], 25.0, 2), (batch_tid[4], 75.0, 3)]
 
 
-def test_waits_are_spans_of_the_waiting_thread():
+def test_waits_are_spans_of_the_waiting_thread() -> None:
     got = records.events(recs(
         ("credit wait", 2, 1_000, 9_000, 0, 0, 0, 1),
         ("sleep", 2, 2_000, 8_000, 20, 0, 0, 1),
