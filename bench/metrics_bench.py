@@ -30,12 +30,43 @@ import time
 import urllib.request
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 STOP = b"\x01"
 WINDOW = 8
+
+
+def stream(ch: Any, batch: list[bytes], seconds: float) -> float:
+    """Send ``batch`` over and over for ``seconds`` (WINDOW handles in flight), then
+    STOP; the rate (messages/s) at which the receiver (:func:`count_arrivals`) took
+    them."""
+    handles: deque[Any] = deque()
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while time.perf_counter() < deadline:
+        handles.append(ch.send_batch(batch))
+        if len(handles) > WINDOW:
+            handles.popleft().wait()
+    ch.send(STOP)
+    for h in handles:
+        h.wait()
+    return int(bytes(ch.recv())) / (time.perf_counter() - t0)
+
+
+def count_arrivals(ch: Any) -> None:
+    """The receiving side of :func:`stream`: count until STOP, answer the count."""
+    n = 0
+    while True:
+        msgs = ch.recv_batch()
+        n += len(msgs)
+        last = len(msgs[-1]) if msgs else 0
+        del msgs
+        if last == 1:
+            break
+    ch.send(str(n - 1).encode()).wait()
 
 
 def sender(args: argparse.Namespace, base: int) -> None:
@@ -50,18 +81,7 @@ def sender(args: argparse.Namespace, base: int) -> None:
         _switch(metrics, on and not args.control, base)
         ch.send(json.dumps({"on": on and not args.control}).encode()).wait()
         ch.recv().release()                             # the receiver switched too
-        handles: deque = deque()
-        t0 = time.perf_counter()
-        deadline = t0 + args.seconds
-        while time.perf_counter() < deadline:
-            handles.append(ch.send_batch(batch))
-            if len(handles) > WINDOW:
-                handles.popleft().wait()
-        ch.send(STOP)
-        for h in handles:
-            h.wait()
-        count = int(bytes(ch.recv()))
-        out.append({"on": on, "rate": count / (time.perf_counter() - t0)})
+        out.append({"on": on, "rate": stream(ch, batch, args.seconds)})
     ch.send(b"{}").wait()
     ch.recv().release()
     metrics.stop()
@@ -82,15 +102,7 @@ def receiver(base: int) -> None:
             break
         _switch(metrics, cmd["on"], base + 1)
         ch.send(b"ok").wait()
-        n = 0
-        while True:
-            msgs = ch.recv_batch()
-            n += len(msgs)
-            last = len(msgs[-1]) if msgs else 0
-            del msgs
-            if last == 1:
-                break
-        ch.send(str(n - 1).encode()).wait()
+        count_arrivals(ch)
     metrics.stop()
     ch.close()
 

@@ -56,6 +56,37 @@ def rank_main(args: argparse.Namespace) -> None:
         print(json.dumps(out), flush=True)
 
 
+def rate_main(args: argparse.Namespace) -> None:
+    """``--rate``: rank 0 streams batches of ``--batch`` 8 B messages to rank 1 for
+    ``--seconds`` per block (bench/metrics_bench.py's stream), both ranks recording the
+    channels' records (rdmamw.engine._engine.trace_start: what the hooks write) in the
+    "on" blocks; rank 1 counts what arrives."""
+    from metrics_bench import count_arrivals, stream  # bench/ is sys.path[0]
+
+    import rdmamw
+    from rdmamw.engine import _engine
+    w = rdmamw.init()
+    ch = rdmamw.Channel.open(1 - w.rank)
+    batch = [b"\0" * 8] * args.batch
+    out = []
+    for i in range(args.blocks):
+        on = (i % 2 == 0) == (i // 2 % 2 == 0)            # on/off, off/on, on/off, ...
+        if on and not args.control:
+            _engine.trace_start(1 << 24)
+        if w.rank == 0:
+            ch.recv().release()                             # the receiver is ready
+            out.append({"on": on, "rate": stream(ch, batch, args.seconds)})
+        else:
+            ch.send(b"go").wait()
+            count_arrivals(ch)
+        records, _ = _engine.trace_stop()
+        if out:
+            out[-1]["records"] = len(records) // _engine.TRACE_RECORD_BYTES
+    if w.rank == 0:
+        print(json.dumps(out), flush=True)
+    ch.close()
+
+
 def span_cost(reps: int = 200_000) -> float:
     """CPU µs of one Tracer.step (a send of one 32 B buffer)."""
     import numpy as np
@@ -75,16 +106,21 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=2000, help="allreduces per block")
     ap.add_argument("--control", action="store_true",
                     help="A/A: the 'on' blocks record nothing either")
+    ap.add_argument("--rate", action="store_true",
+                    help="the 8 B batched rate of a channel instead of allreduces")
+    ap.add_argument("--batch", type=int, default=16, help="--rate: messages per batch")
+    ap.add_argument("--seconds", type=float, default=0.5, help="--rate: seconds per block")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--rank-of-job", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_of_job:
-        rank_main(args)
+        (rate_main if args.rate else rank_main)(args)
         return 0
     from rdmamw.bootstrap.launch import spawn
     cmd = [sys.executable, str(Path(__file__).resolve()), "--rank-of-job", "--blocks",
-           str(args.blocks), "--calls", str(args.calls)] + (["--control"] if args.control
-                                                             else [])
+           str(args.blocks), "--calls", str(args.calls), "--batch", str(args.batch),
+           "--seconds", str(args.seconds)] + (["--control"] if args.control else []) + (
+               ["--rate"] if args.rate else [])
     procs = spawn(2, cmd, stdout=subprocess.PIPE, text=True)
     outs = [p.communicate(timeout=600)[0] for p in procs]
     if any(p.returncode != 0 for p in procs):
@@ -95,14 +131,29 @@ def main() -> int:
     pairs = [(a["rate"] / b["rate"]) if a["on"] else (b["rate"] / a["rate"])
              for a, b in zip(blocks[::2], blocks[1::2], strict=True)]
     res = {"calls": args.calls, "blocks": len(blocks), "control": args.control,
-           "spans_per_call": max(b["spans"] for b in blocks) / args.calls,
            "rate_on_median": statistics.median(on), "rate_off_median": statistics.median(off),
            "ratio_of_medians": statistics.median(on) / statistics.median(off),
            "paired_ratio_median": statistics.median(pairs),
-           "paired_ratio_quartiles": statistics.quantiles(pairs, n=4)[::2],
-           "span_cpu_us": span_cost()}
+           "paired_ratio_quartiles": statistics.quantiles(pairs, n=4)[::2]}
+    if args.rate:
+        res.update(batch=args.batch, seconds=args.seconds,
+                   records=max(b.get("records", 0) for b in blocks))
+    else:
+        res.update(spans_per_call=max(b["spans"] for b in blocks) / args.calls,
+                   span_cpu_us=span_cost())
     if args.json:
         print(json.dumps(res))
+        return 0
+    if args.rate:
+        print(("A/A control (nothing recorded): " if args.control else "") +
+              f"8 B messages in batches of {args.batch}, shm, {len(blocks)} blocks of "
+              f"{args.seconds} s, up to {res['records']} records per block when on")
+        print(f"  tracing off  {res['rate_off_median'] / 1e6:8.2f} M msg/s (median)")
+        print(f"  tracing on   {res['rate_on_median'] / 1e6:8.2f} M msg/s (median)")
+        print(f"  on/off: ratio of medians {res['ratio_of_medians']:.3f}, median of paired "
+              f"ratios {res['paired_ratio_median']:.3f} (quartiles "
+              f"{res['paired_ratio_quartiles'][0]:.3f}-"
+              f"{res['paired_ratio_quartiles'][1]:.3f})")
         return 0
     print(("A/A control (nothing recorded): " if args.control else "") +
           f"allreduce of 8 float32 at 2 ranks on shm, {len(blocks)} blocks of "

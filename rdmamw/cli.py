@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="every RDMAMW_* setting: effective value and where it came from")
     p.set_defaults(func=info)
     sub.add_parser("trace", help="merge the ranks' timelines (RDMAMW_TRACE) into one "
-                                 "file for Perfetto (rdmamw trace merge -h)")
+                                 "file for Perfetto, or draw one into a PNG (rdmamw trace "
+                                 "merge -h, rdmamw trace plot -h)")
     sub.add_parser("top", help="a live view of a running job from its metrics endpoints "
                                "(rdmamw top -h)")
     sub.add_parser("status", help="which ranks of a running job are up, lost or silent, "

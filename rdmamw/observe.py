@@ -31,7 +31,8 @@ collective: Callable[[str, float], None] | None = None
 #: records them (None: nothing is measured)
 connect: Callable[[str, str, float], None] | None = None
 #: the timeline being recorded (rdmamw.trace.recorder.Tracer), or None: the collectives,
-#: their steps and the parameter server's rounds test it once each
+#: their steps and the parameter server's rounds test it once each, a channel's opening
+#: names its tracks in it
 tracer: Any = None
 
 #: the collectives' waits on one peer that outlasted their first slice, by thread:
@@ -71,9 +72,13 @@ def key_of(ch: Any) -> Key:
 
 
 def register(ch: Any) -> None:
-    """A channel opened (rdmamw/channel/channel.py)."""
+    """A channel opened (rdmamw/channel/channel.py); a timeline being recorded names
+    its tracks after it."""
     with _lock:
         _open[id(ch)] = _Entry(ch, key_of(ch))
+    tr = tracer
+    if tr is not None:
+        tr.channel(ch)
 
 
 def retire(ch: Any) -> None:

@@ -6,6 +6,8 @@ orchestrates them: locks, ``send_batch`` / ``recv_batch`` and ``close``.
 
 ``_frames.pxd``    slot header, record and descriptor formats, control-word indices
 ``_counters.pxd``  the one struct of counters behind ``stats()``
+``_trace.pxd``     the timeline's records (rdmamw/include/rm_trace.h): one process-wide
+                   array the units append to while rdmamw.trace records
 ``_link.pyx``      the connection: the only holder of the transport, control words,
                    post lock, completions, peer liveness, the errors that end a
                    channel, the counters

@@ -1,7 +1,9 @@
 from cpython.ref cimport Py_DECREF, PyObject
-from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from rdmamw.engine._link cimport Link
+from rdmamw.engine._trace cimport TR_BATCH, rm_trace_on, rm_trace_put
+from rdmamw.transport._base cimport now_ns
 
 
 cdef class SendBatch:
@@ -32,6 +34,24 @@ cdef class SendBatch:
     cdef uint64_t rndv_limit        # the largest range one rendezvous moves here
     cdef str rendezvous             # the resolved strategy, for error messages
     cdef readonly object regcache   # sources the peer READs (or we WRITE from); verbs
+    # while a timeline records: when the batch's posting began (0: not traced), and
+    # the Link's chains posted before it
+    cdef int64_t traced
+    cdef uint64_t chain0
+
+    # the batch's record in the timeline (rdmamw/include/rm_trace.h; inline: off, one
+    # load and a branch each)
+    cdef inline void trace_begin(self) noexcept nogil:
+        if rm_trace_on(self.link.trace):
+            self.traced, self.chain0 = now_ns(), self.link.batch_posted
+
+    cdef inline void trace_end(self, Py_ssize_t n) noexcept nogil:
+        """The batch of ``n`` messages was posted whole (and counted)."""
+        if self.traced:
+            rm_trace_put(self.link.trace, TR_BATCH, self.link.serial, self.traced, now_ns(),
+                         <uint64_t>n, self.bytes, self.link.batch_posted,
+                         <uint32_t>(self.link.batch_posted - self.chain0))
+            self.traced = 0
 
     # a rendezvous message's source and lease go to its entry (RndvSender) until its
     # done bit, and come back if it is not sent after all (inline: no call)

@@ -4,7 +4,7 @@ the slot writes, then the arrival-bitmap words that changed, last; only the last
 request is signaled (docs/protocol.md)."""
 
 cimport cython
-from libc.stdint cimport uint8_t, uint16_t
+from libc.stdint cimport int64_t, uint8_t, uint16_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy
 
@@ -22,6 +22,7 @@ from rdmamw.engine._frames cimport (
     pad8,
     rm_slot_hdr,
 )
+from rdmamw.engine._trace cimport TR_DOORBELL, rm_trace_on, rm_trace_put
 from rdmamw.transport._base cimport (
     RM_ERR_LATE,
     RM_REGION_ARRIVAL,
@@ -30,6 +31,7 @@ from rdmamw.transport._base cimport (
     RM_WR_PUBLISH,
     RM_WR_SIGNALED,
     RM_WR_WRITE,
+    now_ns,
 )
 from rdmamw.transport.atomics cimport (
     rm_copy,
@@ -116,6 +118,8 @@ cdef class EagerSender:
             if got == 0:
                 break
             rc[0] = self.post_slots(k, got)
+            if rm_trace_on(self.link.trace):    # (here, not in post_slots: k and got are
+                self.doorbell(k, got, rc[0])    # live here anyway)
             if rc[0] != 0:
                 if rc[0] == RM_ERR_LATE:    # accepted (queued), past the deadline
                     k += got
@@ -190,6 +194,13 @@ cdef class EagerSender:
         if rm_load_acquire64(&self.link.ctrl[CTRL_RX_SLEEP]):
             self.link.wake_peer()
         return rc
+
+    cdef void doorbell(self, uint32_t k0, uint32_t got, int rc) noexcept nogil:
+        """The timeline's record of the chain post_slots just posted (while one records)."""
+        cdef int64_t t = now_ns()
+        rm_trace_put(self.link.trace, TR_DOORBELL, self.link.serial, t, t,
+                     self.batch.plan_start[k0 + got] - self.batch.plan_start[k0], got,
+                     self.link.batch_posted, <uint32_t>rc)
 
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil:
         """Fill staging for planned slot k going to peer slot ``slot``; append its WRs."""

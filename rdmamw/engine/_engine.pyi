@@ -10,6 +10,17 @@ from rdmamw.transport._base import Transport
 
 #: the rendezvous strategies a channel takes ("off": everything eager)
 RNDV_STRATEGIES: tuple[str, ...]
+#: the kinds of the timeline's records of the compiled path, by name
+TRACE_KINDS: dict[str, int]
+#: the bytes of one such record
+TRACE_RECORD_BYTES: int
+
+def trace_start(capacity: int) -> None:
+    """Record the channels' batches, doorbells, completions, waits and rendezvous
+    phases into ``capacity`` records (later ones counted, not kept)."""
+
+def trace_stop() -> tuple[bytes, int]:
+    """Stop recording: (the records, TRACE_RECORD_BYTES each; how many were not kept)."""
 
 class Engine(Endpoint):
     """One side of a connection: batched sends into the peer's ring, receives from
@@ -38,6 +49,8 @@ class Engine(Endpoint):
         self, msgs: Iterable[_Source], timeout: float | None = None
     ) -> SendHandle: ...
     def send(self, msg: _Source, timeout: float | None = None) -> SendHandle: ...
+    @property
+    def trace_id(self) -> int: ...
     def fileno(self) -> int: ...
     @property
     def poll_interval(self) -> float: ...

@@ -19,6 +19,7 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.object cimport Py_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc
 from libc.string cimport memcpy
 
 from rdmamw.engine._batch cimport SendBatch
@@ -34,7 +35,7 @@ from rdmamw.engine._frames cimport (
     WAIT_ARRIVAL,
     WAIT_DONE,
 )
-from rdmamw.engine._link cimport Link, deadline_of, slice_end
+from rdmamw.engine._link cimport Link, deadline_of, slice_end, trace_state
 from rdmamw.engine._messages cimport (
     Dest,
     Endpoint,
@@ -47,6 +48,23 @@ from rdmamw.engine._messages cimport (
 )
 from rdmamw.engine._rndv_recv cimport RndvReceiver
 from rdmamw.engine._rndv_send cimport RndvSender
+from rdmamw.engine._trace cimport (
+    TR_ARRIVAL_WAIT,
+    TR_BATCH,
+    TR_COMPLETED,
+    TR_CREDIT_WAIT,
+    TR_DOORBELL,
+    TR_READ_WAIT,
+    TR_RNDV_DONE,
+    TR_RNDV_EXPOSE,
+    TR_RNDV_RECV,
+    TR_SLEEP,
+    rm_trace,
+    rm_trace_claimed,
+    rm_trace_ready,
+    rm_trace_rec,
+    rm_trace_switch,
+)
 from rdmamw.engine._waits cimport Waiter
 from rdmamw.transport._base cimport (
     RM_ERR_LATE,
@@ -66,6 +84,72 @@ cdef int64_t GIL_SPIN_NS = 3000         # a receive polls this long before relea
 cdef int64_t CLOSE_RNDV_NS = 5000000000 # close() waits this long for pending READs
 cdef int64_t CLOSE_LOCK_NS = 2000000000  # ... and this long for a running call to end
 cdef int64_t CLOSE_POST_NS = 500000000  # close()'s last words wait this long for the peer
+
+
+#: the kinds of the timeline's records of the compiled path (rdmamw/engine/_trace.pxd)
+TRACE_KINDS = {"batch": TR_BATCH, "doorbell": TR_DOORBELL, "completed": TR_COMPLETED,
+               "credit wait": TR_CREDIT_WAIT, "arrival wait": TR_ARRIVAL_WAIT,
+               "sleep": TR_SLEEP, "rndv expose": TR_RNDV_EXPOSE, "rndv done": TR_RNDV_DONE,
+               "rndv recv": TR_RNDV_RECV, "read wait": TR_READ_WAIT}
+#: the bytes of one record (rm_trace_rec)
+TRACE_RECORD_BYTES = sizeof(rm_trace_rec)
+cdef uint64_t _trace_room = 0           # records the array holds (it only grows)
+
+
+def trace_start(uint64_t capacity) -> None:
+    """Record the channels' batches, doorbells, completions, waits and rendezvous
+    phases (rdmamw/include/rm_trace.h) into ``capacity`` records from now on (later
+    ones are counted, not kept), until :func:`trace_stop`."""
+    global _trace_room
+    cdef rm_trace *t = trace_state()
+    cdef void *p
+    if t.on:
+        raise RuntimeError("the engine records a timeline already")
+    if capacity == 0:
+        raise ValueError("capacity must be at least 1")
+    if capacity > _trace_room:      # (the old array leaks: a late writer may hold it)
+        p = calloc(capacity, sizeof(rm_trace_rec))
+        if p == NULL:
+            raise MemoryError()
+        t.recs, _trace_room = <rm_trace_rec *>p, capacity
+    t.cap, t.next = capacity, 0
+    t.gen += 1
+    rm_trace_switch(t, 1)
+
+
+def trace_stop() -> tuple:
+    """Stop recording: (the records written, as bytes of TRACE_RECORD_BYTES each, in
+    the order their writers claimed them; how many were not kept: past the capacity,
+    or still being written)."""
+    cdef rm_trace *t = trace_state()
+    cdef uint64_t n, i, kept = 0, claimed
+    cdef int64_t until
+    cdef bytearray out
+    cdef char *dst
+    if not t.on:
+        return b"", 0
+    rm_trace_switch(t, 0)
+    claimed = rm_trace_claimed(t)
+    n = min(claimed, t.cap)
+    out = bytearray(n * sizeof(rm_trace_rec))
+    dst = out
+    until = now_ns() + 1000000          # a writer that saw `on` finishes within this
+    for i in range(n):
+        while not rm_trace_ready(t, i) and now_ns() < until:
+            rm_cpu_relax()
+        if rm_trace_ready(t, i):
+            memcpy(dst + kept * sizeof(rm_trace_rec), &t.recs[i], sizeof(rm_trace_rec))
+            kept += 1
+    return bytes(out[:kept * sizeof(rm_trace_rec)]), <object>(claimed - kept)
+
+
+cdef inline void count_batch(Link link, SendBatch b, Py_ssize_t n, uint32_t nplan) noexcept:
+    """A send call posted its whole batch: the counters, and its timeline record."""
+    link.cnt.msgs_sent += n
+    link.cnt.bytes_sent += b.bytes
+    link.cnt.slots_sent += nplan
+    link.cnt.batches += 1
+    b.trace_end(n)
 
 
 cdef bint claim(int *lock, long owner) except -1:
@@ -125,6 +209,7 @@ cdef class Engine(Endpoint):
     cdef Waiter w
     cdef readonly str mode
     cdef readonly str rendezvous        # "off", "read" or "write" (as resolved)
+    cdef readonly uint64_t trace_id     # this endpoint's number in the timeline's records
     cdef bint ack
     cdef bint rndv_on
     cdef bint cache_ok                  # the transport's keys come from the caches
@@ -136,6 +221,7 @@ cdef class Engine(Endpoint):
 
     def __cinit__(self, *args, **kwargs):
         self.link = Link()
+        self.trace_id = self.link.serial
 
     def _setup(self, Transport tp, uint32_t nslots, uint32_t slot_size, uint32_t peer_nslots,
                uint32_t peer_slot_size, str mode="batched", double spin_us=100.0,
@@ -248,6 +334,7 @@ cdef class Engine(Endpoint):
                 self.rx.flush()
             if deadline:
                 link.deadline_posts(deadline)    # a post waits for the peer until then
+            b.trace_begin()
             try:
                 # tiny batches cost less than a GIL release; big copies run without it
                 if b.bytes >= NOGIL_BYTES:
@@ -298,10 +385,7 @@ cdef class Engine(Endpoint):
                 if nplan:
                     self.rs.end(b.plan_start[k])
                 b.release_bufs(n)
-            link.cnt.msgs_sent += n
-            link.cnt.bytes_sent += b.bytes
-            link.cnt.slots_sent += nplan
-            link.cnt.batches += 1
+            count_batch(link, b, n, nplan)
         finally:
             if link.ended:      # a close() that could not wait for this call: the
                 self.rs.give_back()     # sources it left are this call's to release

@@ -1,6 +1,7 @@
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
 from rdmamw.engine._counters cimport rm_counters
+from rdmamw.engine._trace cimport rm_trace
 from rdmamw.transport._base cimport (
     RM_REGION_CTRL,
     RM_WR_INLINE,
@@ -54,6 +55,8 @@ cdef class Link:
     cdef int owner_pid              # the process that made the transport
     cdef rm_sleepers sleepers       # one thread at a time sleeps in the transport
     cdef bint sleepers_ok
+    cdef rm_trace *trace            # the timeline's records (the process's one: trace_state)
+    cdef readonly uint64_t serial   # this endpoint's number in them (Engine.trace_id)
 
     cdef int attach(self, Transport tp, double spin_us) except -1
     cdef int check_rings(self, uint32_t nslots, uint64_t stride, uint32_t peer_nslots,
@@ -234,3 +237,4 @@ cdef inline int64_t slice_end(int64_t deadline) noexcept nogil:
 
 
 cdef int64_t deadline_of(object timeout) except -1
+cdef rm_trace *trace_state() noexcept nogil

@@ -17,6 +17,12 @@ from rdmamw.engine._frames cimport (
     WORD_MAX_MSG,
     WORD_ONE,
 )
+from rdmamw.engine._trace cimport (
+    TR_COMPLETED,
+    TR_SLEEP,
+    rm_trace_on,
+    rm_trace_put,
+)
 from rdmamw.transport._base cimport (
     current_pid,
     RM_ERR_BOUNDS,
@@ -90,6 +96,16 @@ cdef int64_t deadline_of(object timeout) except -1:
     return now_ns() + <int64_t>(t * 1e9) + 1
 
 
+# the timeline's records (rdmamw/include/rm_trace.h): one per process, every Link
+# points at it; rdmamw.engine._engine starts and stops it
+cdef rm_trace _trace
+cdef uint64_t _serials = 0
+
+
+cdef rm_trace *trace_state() noexcept nogil:
+    return &_trace
+
+
 @cython.final
 cdef class Link:
     """The transport and control words of one endpoint, shared by its units."""
@@ -107,6 +123,10 @@ cdef class Link:
         self.closed = True          # until attach() and the engine's set-up succeed
         self.pid_now = current_pid()
         self.owner_pid = self.pid_now[0]
+        global _serials
+        _serials += 1
+        self.serial = _serials
+        self.trace = &_trace
 
     def __dealloc__(self):
         free(self.words)
@@ -246,9 +266,15 @@ cdef class Link:
         cdef int r = rm_sleepers_enter(&self.sleepers, seen, timeout_ms)
         if r != RM_SLEEP_POLL:
             return 1 if r == RM_SLEEP_LOOK else 0
+        cdef int64_t t0 = 0
         self.cnt.sleeps += 1
+        if rm_trace_on(self.trace):
+            t0 = now_ns()
         r = self.tp.wait(timeout_ms)
         rm_sleepers_polled(&self.sleepers)
+        if t0:
+            rm_trace_put(self.trace, TR_SLEEP, self.serial, t0, now_ns(), <uint64_t>timeout_ms,
+                         0, 0, <uint32_t>r)
         return r
 
     cdef int arm_fd(self) noexcept nogil:
@@ -360,7 +386,10 @@ cdef class Link:
     cdef void reap(self) noexcept nogil:
         """Take the transport's completions: a chain's (batch_done) or a READ's."""
         cdef int i, k
+        cdef uint64_t before
+        cdef int64_t t
         rm_spin_lock(&self.reap_lock)
+        before = self.batch_done
         while True:
             k = self.tp.poll(self.wcs, 64)
             if k <= 0:
@@ -376,6 +405,9 @@ cdef class Link:
                     self.batch_done = self.wcs[i].wr_id
             if k < 64:      # fewer than asked for: none were left (no second poll)
                 break
+        if rm_trace_on(self.trace) and self.batch_done != before:
+            t = now_ns()
+            rm_trace_put(self.trace, TR_COMPLETED, self.serial, t, t, 0, 0, self.batch_done, 0)
         rm_spin_unlock(&self.reap_lock)
 
     cdef bint poll_done(self, uint64_t batch) noexcept:

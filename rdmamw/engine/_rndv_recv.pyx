@@ -25,6 +25,7 @@ from rdmamw.engine._frames cimport (
 from rdmamw.engine._leases cimport end_lease, take_lease
 from rdmamw.engine._link cimport fill_wr, slice_end
 from rdmamw.engine._messages cimport new_dest
+from rdmamw.engine._trace cimport TR_RNDV_RECV, rm_trace_on, rm_trace_put
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_WRITE,
@@ -112,6 +113,7 @@ cdef class RndvReceiver:
         cdef rm_desc d
         cdef Dest dst, posted = None
         cdef Posted pr = None
+        cdef int64_t t0 = now_ns() if rm_trace_on(self.link.trace) else 0
         memcpy(&d, base, DESC_BYTES)    # read once: the peer may rewrite the slot
         self._check_desc(&d)
         if self.posted and (<Posted>self.posted[0]).index == d.index:
@@ -146,6 +148,9 @@ cdef class RndvReceiver:
         self.link.cnt.rndv_bytes_recv += d.length
         self.last_len = d.length
         self._consumed(&d)
+        if t0:
+            rm_trace_put(self.link.trace, TR_RNDV_RECV, self.link.serial, t0, now_ns(), d.index,
+                         d.length, 0, d.kind == DESC_WRITTEN)
         return dst
 
     cdef int _check_room(self, Dest dst, Dest posted, rm_desc *d) except -1:

@@ -6,6 +6,7 @@ until the receiver flips its done bit. RNDV_N entries per direction (docs/protoc
 cimport cython
 from cpython.buffer cimport PyBuffer_Release
 from cpython.ref cimport Py_XDECREF
+from libc.stdint cimport int64_t
 from libc.string cimport memcpy
 
 from rdmamw.engine._frames cimport (
@@ -20,12 +21,14 @@ from rdmamw.engine._frames cimport (
     WAIT_ENTRY,
 )
 from rdmamw.engine._leases cimport end_owned
+from rdmamw.engine._trace cimport TR_RNDV_DONE, TR_RNDV_EXPOSE, rm_trace_on, rm_trace_put
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
     RM_ACCESS_REMOTE_READ,
     RM_ERR_AGAIN,
     RM_WR_EXPOSED,
     RM_WR_WRITE,
+    now_ns,
 )
 from rdmamw.transport.atomics cimport rm_load_acquire64
 
@@ -83,6 +86,7 @@ cdef class RndvSender:
         cdef rm_mem mem
         cdef rm_desc *d = &self.desc[e]
         cdef int rc
+        cdef int64_t t0 = now_ns() if rm_trace_on(self.link.trace) else 0
         if self.write and rm_load_acquire64(&adv[3]) == j + 1 and adv[1] >= L:
             written = True
             self.waddr[e] = adv[0]
@@ -114,6 +118,9 @@ cdef class RndvSender:
         self.link.cnt.rndv_bytes += L
         if written:
             self.link.cnt.rndv_writes += 1
+        if t0:
+            rm_trace_put(self.link.trace, TR_RNDV_EXPOSE, self.link.serial, t0, now_ns(), j, L,
+                         0, written)
         return 0
 
     cdef void unprepare(self, uint32_t first) noexcept:
@@ -166,8 +173,14 @@ cdef class RndvSender:
         """Advance ``upto`` over the entries whose done bit came back (in order)."""
         cdef uint64_t done = rm_load_acquire64(&self.link.ctrl[CTRL_RNDV_DONE])
         cdef uint64_t diff = done ^ self.shadow
+        cdef uint64_t before = self.upto
+        cdef int64_t t
         while self.upto < self.next and not (diff >> (self.upto % RNDV_N)) & 1:
             self.upto += 1
+        if self.upto != before and rm_trace_on(self.link.trace):
+            t = now_ns()
+            rm_trace_put(self.link.trace, TR_RNDV_DONE, self.link.serial, t, t, 0, 0,
+                         self.upto, 0)
 
     cdef void release(self) noexcept:
         """Un-expose and let go of the sources of done messages. An entry is taken

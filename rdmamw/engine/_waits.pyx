@@ -14,6 +14,13 @@ cimport cython
 
 from rdmamw.engine._frames cimport CTRL_CREDIT_WAIT, WAIT_ARRIVAL, WAIT_READ, WAIT_SLOTS
 from rdmamw.engine._link cimport PEER_CHECK_NS
+from rdmamw.engine._trace cimport (
+    TR_ARRIVAL_WAIT,
+    TR_CREDIT_WAIT,
+    TR_READ_WAIT,
+    rm_trace_on,
+    rm_trace_put,
+)
 from rdmamw.transport._base cimport RM_ERR_CLOSED, now_ns
 from rdmamw.transport.atomics cimport rm_cpu_relax, rm_fence_seq_cst, rm_load_acquire64
 
@@ -88,6 +95,11 @@ cdef class Waiter:
         cdef int r = self._wait(what, target, until, spin, keep, closer, t)
         if what < WAIT_ARRIVAL and not closer:
             self.link.cnt.credit_wait_ns += <uint64_t>(now_ns() - t)
+        if rm_trace_on(self.link.trace):
+            rm_trace_put(self.link.trace, TR_CREDIT_WAIT if what < WAIT_ARRIVAL else
+                         TR_ARRIVAL_WAIT if what == WAIT_ARRIVAL else TR_READ_WAIT,
+                         self.link.serial, t, now_ns(), <uint64_t>what, closer, target,
+                         <uint32_t>r)
         return r
 
     cdef int _wait(self, int what, uint64_t target, int64_t until, bint spin, bint keep,

@@ -30,6 +30,7 @@ from rdmamw.bootstrap.env import detect
 from rdmamw.collectives.api import plan_barrier
 from rdmamw.collectives.comm import Communicator
 from rdmamw.errors import ConfigError, RdmamwError
+from rdmamw.torch import profiling
 from rdmamw.torch.p2p import PointToPoint
 from rdmamw.torch.tensors import (
     PLAIN,
@@ -117,7 +118,15 @@ class _Comm(Communicator):
     """The group's communicator: a collective given a timeout of its own (torch's
     ``dist.barrier(timeout=)``, the body's ``timeout``) waits that long instead of
     the group's, for as long as it runs; its timeouts are torch's error type
-    (work.Timeout)."""
+    (work.Timeout). Under torch's profiler each collective is a span
+    ``rdmamw::<kind>`` (rdmamw/torch/profiling.py)."""
+
+    def call(self, header: list, peers: Any, body: Callable[[], Any],
+             async_op: bool = False, timeout: float | None = None) -> Any:
+        if not profiling.active():
+            return super().call(header, peers, body, async_op, timeout)
+        return profiling.span(header[0], lambda: super(_Comm, self).call(
+            header, peers, body, async_op, timeout))
 
     def run(self, header: list, peers: Any, body: Callable[[], Any],
             timeout: float | None = None) -> Any:
@@ -561,7 +570,11 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
             w = Work()
             self._batch.append((dst, (data, t.dtype, tuple(t.shape), tag), w, t))
             return w
-        h = self.p2p.send(data, t.dtype, tuple(t.shape), dst, tag)
+        if profiling.active():
+            h = profiling.span("send", lambda: self.p2p.send(data, t.dtype, tuple(t.shape),
+                                                             dst, tag))
+        else:
+            h = self.p2p.send(data, t.dtype, tuple(t.shape), dst, tag)
         return work_after(h, lambda _: (buf, [t])[1])
 
     # torch's coalescing protocol: dist.batch_isend_irecv on an rdmamw group (see
@@ -601,8 +614,12 @@ class ProcessGroupRdmamw(dist.ProcessGroup):
         t = _one(tensors, "recv")
         self._peer(src)
         buf, back = _staged(t)
-        h = self.p2p.recv(as_numpy(buf).reshape(-1).view(np.uint8), t.dtype,
-                          tuple(t.shape), src, tag)
+        dest = as_numpy(buf).reshape(-1).view(np.uint8)
+        if profiling.active():
+            h = profiling.span("recv", lambda: self.p2p.recv(dest, t.dtype, tuple(t.shape),
+                                                             src, tag))
+        else:
+            h = self.p2p.recv(dest, t.dtype, tuple(t.shape), src, tag)
         return work_after(h, lambda _: (back(), [t])[1])
 
     @_held

@@ -1,14 +1,15 @@
 """A timeline of what a job did (docs/trace.md): each collective (kind, bytes,
 algorithm, peers) and each of its steps (send, receive, wait, per peer), the parameter
-server's rounds, written per process as Chrome trace-event JSON that Perfetto opens;
-``rdmamw trace merge`` puts the ranks' files on one timeline.
+server's rounds, and the channels' batches, doorbells, completions, waits and
+rendezvous phases, written per process as Chrome trace-event JSON that Perfetto
+opens; ``rdmamw trace merge`` puts the ranks' files on one timeline.
 
 Off by default. ``RDMAMW_TRACE=trace-%r.json`` records from ``rdmamw.init()`` (or the
 first channel) to the process's exit; :func:`record` records a block of code. While
 off, the hooks cost one module attribute load and a None test per collective, step
-and round; nothing on a channel's own send or receive path is touched. This module
-(its settings) is imported when a process joins a job, to read RDMAMW_TRACE; the
-recorder only when it is set."""
+and round, and on a channel's compiled path one load and a predictable branch each
+(rdmamw/include/rm_trace.h). This module (its settings) is imported when a process
+joins a job, to read RDMAMW_TRACE; the recorder only when it is set."""
 
 from __future__ import annotations
 
@@ -42,9 +43,13 @@ def start(path: str | None = None) -> Tracer:
         if observe.tracer is not None:
             raise RdmamwError(f"a timeline is recorded already (into "
                               f"{observe.tracer.path!r}); one per process")
+        from rdmamw.engine import _engine
         from rdmamw.trace.recorder import Tracer
         tr = Tracer(str(path), config.get("RDMAMW_TRACE_MAX_EVENTS"))
+        _engine.trace_start(config.get("RDMAMW_TRACE_MAX_RECORDS"))
         observe.tracer = tr
+        for _, ch in observe.channels():    # (those opened from now on: observe.register)
+            tr.channel(ch)
         if not _exit_hooked:
             atexit.register(_at_exit)
             _exit_hooked = True
@@ -57,10 +62,12 @@ def stop() -> str | None:
         tr, observe.tracer = observe.tracer, None
     if tr is None:
         return None
+    from rdmamw.engine import _engine
+    tr.records, tr.records_dropped = _engine.trace_stop()
     path: str = tr.write(rank())
-    log.info("timeline written to %s (%d spans, %d dropped)", path,
-             len(tr.spans) + len(tr.steps),
-             tr.dropped)
+    log.info("timeline written to %s (%d spans and %d channel records, %d and %d "
+             "dropped)", path, len(tr.spans) + len(tr.steps),
+             len(tr.records) // _engine.TRACE_RECORD_BYTES, tr.dropped, tr.records_dropped)
     return path
 
 
@@ -104,6 +111,9 @@ def _forget() -> None:
     """A fork child records nothing of its parent's (and writes no file for it)."""
     global _lock
     _lock = threading.Lock()
+    if observe.tracer is not None:
+        from rdmamw.engine import _engine
+        _engine.trace_stop()            # (the parent's records: not the child's)
     observe.tracer = None
 
 

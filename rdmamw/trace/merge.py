@@ -63,8 +63,10 @@ def merge(paths: Sequence[str]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``rdmamw trace merge FILE... -o OUT``."""
+    """``rdmamw trace merge FILE... -o OUT`` (and ``rdmamw trace plot``: plot.py)."""
     import argparse
+
+    from rdmamw.trace import plot
     parser = argparse.ArgumentParser(prog="rdmamw trace",
                                      description="the ranks' timelines (RDMAMW_TRACE) "
                                                  "on one clock, for Perfetto")
@@ -72,7 +74,10 @@ def main(argv: Sequence[str]) -> int:
     m = sub.add_parser("merge", help="merge per-rank trace files into one")
     m.add_argument("files", nargs="+", help="the ranks' files (RDMAMW_TRACE)")
     m.add_argument("-o", "--output", required=True, help="the merged file")
+    plot.add_parser(sub)
     args = parser.parse_args(list(argv))
+    if args.cmd == "plot":
+        return plot.main(args, parser)
     try:
         doc = merge(args.files)
     except (OSError, ValueError) as e:

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from rdmamw.trace import records
+
 #: the steps of a collective's schedule (rdmamw.collectives.waits: SEND, RECV, INTO,
 #: WAIT) as their spans are named
 STEP_NAMES = ("send", "recv", "recv into", "wait sent")
@@ -59,6 +61,18 @@ class Tracer:
         self.steps: list[tuple[int, int, int, int, int, int, int, int]] = []
         self.dropped = 0
         self.threads: dict[int, str] = {}
+        #: the channels' own records (rdmamw/trace/records.py), once recording stopped,
+        #: and how many of them were not kept; the channels' names by their trace_id
+        self.records = b""
+        self.records_dropped = 0
+        self.names: dict[int, str] = {}
+
+    def channel(self, ch: Any) -> None:
+        """Name a channel's tracks (rdmamw/observe.py: each channel as it opens, and
+        those open when recording starts): its provider and peer."""
+        rank = getattr(ch, "peer_rank", None)
+        peer = f"rank {rank}" if rank is not None else str(getattr(ch, "peer", "?"))
+        self.names[int(ch.trace_id)] = f"{getattr(ch, 'provider', '?')} to {peer}"
 
     def _room(self) -> int:
         """The calling thread's id, or 0 once ``limit`` spans are kept (one dropped)."""
@@ -114,9 +128,15 @@ class Tracer:
              "args": {"name": f"rank {rank}" if rank is not None else f"pid {pid}"}},
             {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
              "args": {"sort_index": pid}}]
-        for tid, name in sorted(self.threads.items()):
+        recs = records.parse(self.records)
+        threads = dict(self.threads)
+        named = {t.native_id: t.name for t in threading.enumerate()}
+        for tid in records.thread_ids(recs):
+            threads.setdefault(tid, named.get(tid, f"thread {tid}"))
+        for tid, name in sorted(threads.items()):
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
                            "args": {"name": name}})
+        events += records.events(recs, pid, self.names)
         for name, cat, t0, t1, tid, args in list(self.spans):
             if cat == "collective":
                 args = _collective_args(*args)
@@ -133,7 +153,8 @@ class Tracer:
                            "tid": tid, "args": args})
         return {"traceEvents": events, "displayTimeUnit": "ns", "otherData": {"rdmamw": {
             "version": VERSION, "rank": rank, "pid": os.getpid(), "clock": "monotonic",
-            "wall_minus_clock_ns": self.offset_ns, "dropped": self.dropped}}}
+            "wall_minus_clock_ns": self.offset_ns, "dropped": self.dropped,
+            "records_dropped": self.records_dropped}}}
 
     def write(self, rank: int | None) -> str:
         """Write the file (atomically: a reader never sees half of it); its path."""

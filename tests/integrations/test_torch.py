@@ -334,3 +334,26 @@ def test_a_replacement_rejoins_and_the_grown_group_runs_collectives_and_p2p():
     assert sorted(r["rank"] for r in [*res, new]) == [0, 1, 2, 3]
     for r in res:
         assert r["named"] == 2 and "rank 2" in r["error"], r
+
+
+def test_the_operations_are_spans_of_torchs_profiler(tmp_path):
+    """Under torch.profiler every collective and send/recv of the backend is a
+    ``record_function`` span rdmamw::<kind> (rdmamw/torch/profiling.py), in the
+    profiler's events and its Chrome trace, the asynchronous all_reduce's too: its
+    span ends with its work (on the work's future), not when the call returns, and
+    not on the progress thread that ran it, whose events the profiler ignores."""
+    out = tjob(2, "profiled", {"chrome": str(tmp_path / "chrome-%r.json")})
+    both = {"rdmamw::allreduce": 2, "rdmamw::broadcast": 1, "rdmamw::barrier": 1}
+    assert [o["events"] for o in out] == [{**both, "rdmamw::send": 1},
+                                         {**both, "rdmamw::recv": 1}]
+    assert [o["chrome"] for o in out] == [o["events"] for o in out]
+    assert [o["value"] for o in out] == [4.0, 4.0]
+    for o, p2p in zip(out, ("rdmamw::send", "rdmamw::recv"), strict=True):
+        spans = o["spans"]
+        assert [s[0] for s in spans] == ["rdmamw::allreduce"] * 2 + [
+            "rdmamw::broadcast", "rdmamw::barrier", p2p]
+        # one after the other: each ended (the async one with its work) before the next
+        assert all(a[1] <= a[2] <= b[1] for a, b in zip(spans, spans[1:], strict=False))
+    # rank 1 joined the asynchronous all_reduce half a second late: rank 0's span of it
+    # lasted until its work was done, not until the call returned
+    assert out[0]["spans"][1][2] - out[0]["spans"][1][1] > 100_000

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -17,14 +16,15 @@ import pytest
 from rdmamw import cli
 from rdmamw.bootstrap.launch import spawn
 from tests.support import trace_worker
+from tests.support.perfetto import query
 
 jsonschema = pytest.importorskip("jsonschema")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(ROOT, "tests", "support", "trace_worker.py")
 N = 4
-#: the Chrome trace-event format's complete ("X") and metadata ("M") events, as
-#: Perfetto's JSON importer reads them (ts and dur in µs)
+#: the Chrome trace-event format's complete ("X"), thread-scoped instant ("i") and
+#: metadata ("M") events, as Perfetto's JSON importer reads them (ts and dur in µs)
 EVENT_SCHEMA = {
     "type": "object",
     "required": ["traceEvents"],
@@ -35,9 +35,14 @@ EVENT_SCHEMA = {
                         "dur": {"type": "number", "minimum": 0},
                         "pid": {"type": "integer"}, "tid": {"type": "integer"},
                         "args": {"type": "object"}}},
+        {"type": "object", "required": ["name", "cat", "ph", "s", "ts", "pid", "tid"],
+         "properties": {"name": {"type": "string"}, "cat": {"type": "string"},
+                        "ph": {"const": "i"}, "s": {"const": "t"},
+                        "ts": {"type": "number", "minimum": 0}, "pid": {"type": "integer"},
+                        "tid": {"type": "integer"}, "args": {"type": "object"}}},
         {"type": "object", "required": ["name", "ph", "pid", "args"],
          "properties": {"ph": {"const": "M"}, "name": {"enum": [
-             "process_name", "process_sort_index", "thread_name"]}}},
+             "process_name", "process_sort_index", "thread_name", "thread_sort_index"]}}},
     ]}}, "displayTimeUnit": {"enum": ["ms", "ns"]}},
 }
 
@@ -65,9 +70,15 @@ def merged(tmp_path_factory):
         return str(d / "all.json"), json.load(f)
 
 
+#: the categories of the channels' own records (rdmamw/trace/records.py)
+CHANNEL_CATS = ("batch", "wait", "rendezvous")
+
+
 def spans(doc: dict, pid: int, cat: str | None = None) -> list[dict]:
+    """Rank ``pid``'s spans of category ``cat`` (None: those of the collectives' layer)."""
     return sorted((e for e in doc["traceEvents"] if e["ph"] == "X" and e["pid"] == pid
-                   and (cat is None or e["cat"] == cat)), key=lambda e: e["ts"])
+                   and (e["cat"] == cat if cat is not None else e["cat"] not in CHANNEL_CATS)),
+                  key=lambda e: e["ts"])
 
 
 def ring_steps(r: int) -> list[tuple[str, int, int | None]]:
@@ -137,38 +148,64 @@ def test_the_ranks_share_one_clock(merged):
             assert sent["ts"] <= got["ts"] + got["dur"]
 
 
-def trace_processor_bin() -> str | None:
-    """Perfetto's trace_processor_shell: RDMAMW_TEST_TRACE_PROCESSOR, on PATH, or the
-    one the perfetto package cached (it downloads it at first use)."""
-    given = os.environ.get("RDMAMW_TEST_TRACE_PROCESSOR") or \
-        shutil.which("trace_processor_shell")
-    if given:
-        return given
-    cache = os.path.expanduser("~/.local/share/perfetto/prebuilts")
-    found = sorted(f for f in os.listdir(cache) if f.startswith("trace_processor_shell")
-                   and not f.endswith(".tmp")) if os.path.isdir(cache) else []
-    return os.path.join(cache, found[-1]) if found else None
+def test_each_send_step_posts_its_batches_to_its_peer(merged):
+    """The channels' batches (the compiled path's records) are on the ranks' clock too:
+    each send step of a collective posts a batch on the channel to its peer, inside
+    the step; and each rank's batches are on one track per peer."""
+    _, doc = merged
+    for r in range(N):
+        lanes = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"]
+                 if e["ph"] == "M" and e["pid"] == r and e["name"] == "thread_name"
+                 and e["args"]["name"].startswith("batches: ")}
+        # (a ring allreduce sends to r+1; its header round to r+1 and r+2)
+        assert sorted(lanes.values()) == sorted(f"batches: shm to rank {(r + k) % N}"
+                                                for k in (1, 2))
+        batches = spans(doc, r, "batch")
+        assert {b["tid"] for b in batches} == set(lanes)
+        for s in spans(doc, r, "step"):
+            if s["name"] != "send":
+                continue
+            inside = [b for b in batches if s["ts"] <= b["ts"] <= s["ts"] + s["dur"]]
+            assert {lanes[b["tid"]] for b in inside} == {f"batches: shm to rank "
+                                                         f"{s['args']['peer']}"}
+            assert sum(b["args"]["messages"] for b in inside) == s["args"]["messages"]
 
 
 def test_perfettos_trace_processor_reads_every_rank(merged):
-    tp_mod = pytest.importorskip("perfetto.trace_processor")
-    binary = trace_processor_bin()
-    if binary is None:
-        pytest.skip("no trace_processor_shell: the perfetto package downloads it from "
-                    "commondatastorage.googleapis.com at first use (no network here); "
-                    "set RDMAMW_TEST_TRACE_PROCESSOR to one")
     path, doc = merged
-    tp = tp_mod.TraceProcessor(trace=path, config=tp_mod.TraceProcessorConfig(bin_path=binary))
-    try:
-        rows = list(tp.query(
-            "select p.pid as pid, s.name as name, s.ts as ts, s.dur as dur from slice s "
-            "join thread_track tt on s.track_id = tt.id join thread using(utid) "
-            "join process p using(upid) order by p.pid, s.ts"))
-    finally:
-        tp.close()
+    rows = query(path, "select p.pid as pid, s.name as name, s.ts as ts, s.dur as dur "
+                 "from slice s join thread_track tt on s.track_id = tt.id join thread "
+                 "using(utid) join process p using(upid) order by p.pid, s.ts")
     got = [(row.pid, row.name) for row in rows]
-    want = [(e["pid"], e["name"]) for r in range(N) for e in spans(doc, r)]
+    want = [(e["pid"], e["name"]) for e in doc["traceEvents"] if e["ph"] in "Xi"]
     assert sorted(got) == sorted(want)
     for r in range(N):
         assert [n for p, n in got if p == r and n == "allreduce"] == \
             ["allreduce"] * trace_worker.ALLREDUCES
+
+
+def test_plot_draws_every_rank_of_a_collective_into_a_png(merged, tmp_path):
+    """``rdmamw trace plot`` of the merged file: a PNG with each rank's steps and
+    batches of collective #2 (their colours are in it), and a collective the file does
+    not have is an error, no PNG."""
+    mpimg = pytest.importorskip("matplotlib.image")
+    from matplotlib.colors import to_rgb
+
+    from rdmamw.trace import plot
+    path, doc = merged
+    out = str(tmp_path / "c2.png")
+    assert cli.main(["trace", "plot", path, "-o", out, "--collective", "2"]) == 0
+    with open(out, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    img = mpimg.imread(out)[:, :, :3]
+    img = img[: int(img.shape[0] * 0.75)]          # the lanes (the legend is below)
+
+    def pixels(colour: str) -> int:
+        return int((abs(img - to_rgb(colour)).max(axis=2) < 0.02).sum())
+
+    for colour in (plot.BATCH_COLOUR, plot.STEP_COLOURS["send"], plot.STEP_COLOURS["recv"]):
+        assert pixels(colour) > 50, colour
+    with pytest.raises(SystemExit) as e:
+        cli.main(["trace", "plot", path, "-o", str(tmp_path / "no.png"), "--collective",
+                  "99"])
+    assert e.value.code == 2 and not os.path.exists(tmp_path / "no.png")

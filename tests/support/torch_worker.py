@@ -539,6 +539,41 @@ def size(cfg: dict) -> dict:
         return {"error": f"{type(e).__name__}: {e}", "seconds": time.monotonic() - t0}
 
 
+def profiled(cfg: dict) -> dict:
+    """Collectives (a blocking and an asynchronous all_reduce, a broadcast, a barrier)
+    and a send/recv under torch.profiler: the rdmamw spans among its events (name ->
+    count) and those of its Chrome trace, and the spans in order: [name, start, end]
+    (µs)."""
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+    rank, _ = init(cfg)
+    t = torch.ones(1 << 14)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        dist.all_reduce(t)
+        if rank == 1:
+            time.sleep(0.5)             # rank 0's asynchronous all_reduce waits for it
+        w = dist.all_reduce(t, async_op=True)
+        w.wait()
+        dist.broadcast(t, 0)
+        dist.barrier()
+        if rank == 0:
+            dist.send(t, 1)
+        else:
+            dist.recv(t, 0)
+    mine = sorted((e for e in prof.events() if e.name.startswith("rdmamw::")),
+                  key=lambda e: e.time_range.start)
+    names = Counter(e.name for e in mine)
+    path = cfg["chrome"].replace("%r", str(rank))
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        chrome = Counter(e["name"] for e in json.load(f)["traceEvents"]
+                         if str(e.get("name", "")).startswith("rdmamw::"))
+    dist.destroy_process_group()
+    return {"events": dict(names), "chrome": dict(chrome), "value": float(t[0]),
+            "spans": [[e.name, e.time_range.start, e.time_range.end] for e in mine]}
+
+
 def main() -> None:
     torch.set_num_threads(1)     # ranks share the cores: no intra-op threads spinning
     cfg = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
