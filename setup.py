@@ -44,7 +44,7 @@ EXTENSIONS = {
     "rdmamw.memory._span": ((), ()),
     "rdmamw.ps._sgd": ((), ()),
     **{f"rdmamw.providers.verbs.{unit}": ((VERBS,), ("dl",)) for unit in (
-        "_lib", "_device", "_memory", "_block", "_qp", "_transport")},
+        "_lib", "_device", "_memory", "_block", "_qp", "_transport", "_regions")},
 }
 #: the test-only hooks (tests/support/_hooks.pyx): not in the package; built in place by
 #: tests/support/build_hooks.py with these, for the suite only

@@ -300,10 +300,24 @@ class RemoteMemory:
         if ops is None:
             if self.closed:
                 raise ChannelClosed("remote memory: the channel is closed")
-            if not hasattr(self._transport, "region_ids"):
+            tp = self._transport
+            if not hasattr(tp, "region_ids"):
                 raise ProviderUnavailable(f"remote memory is not on the {self.provider} "
-                                          f"provider yet (shm and tcp only)")
-            ops = self._rmem = RemoteOps(self._transport)
+                                          f"provider yet (shm, tcp and verbs only)")
+            if not tp.registers_memory:
+                ops = RemoteOps(tp)
+            else:
+                # verbs: regions and local buffers leased from the registration caches
+                # (regions from the shared domain's only: one registration, N peers)
+                local = getattr(self, "regcache_dst", None)
+                if local is None:
+                    raise ProviderUnavailable(f"remote memory on {self.provider} needs the "
+                                              f"channel's registration caches (rendezvous "
+                                              f"is off)")
+                shared = tp.shared_registrations() is not None
+                ops = RemoteOps(tp, getattr(self, "regcache", None) if shared else None,
+                                local)
+            self._rmem = ops
         return ops
 
     def _one(self, write: bool, local: Any, ref: RegionRef, offset: int) -> bool:
@@ -374,6 +388,11 @@ class RemoteMemory:
             if why == 3:
                 raise AccessDenied(f"the peer's region does not allow "
                                    f"{'writes' if write else 'reads'}")
+            if why == 4:
+                raise RegionRevoked(f"the peer's device refused the access (a remote "
+                                    f"access error: revoked, forged, outside the region "
+                                    f"or not allowed by it); on {self.provider} this "
+                                    f"ends the connection")
         raise RegionRevoked("the peer revoked the region during the operation; what "
                             "was read is incomplete")
 

@@ -16,7 +16,6 @@ from posix.stdlib cimport posix_memalign
 
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
-    RM_ACCESS_REMOTE_READ,
     RM_ERR_CLOSED,
     RM_ERR_PEER_LOST,
     RM_NREGIONS,
@@ -38,7 +37,7 @@ from rdmamw.providers.verbs._device cimport (
     route_free,
     route_new,
 )
-from rdmamw.providers.verbs._memory cimport XMR_N, pin_charge
+from rdmamw.providers.verbs._memory cimport XMR_N, ibv_remote, pin_charge
 from rdmamw.providers.verbs._block cimport VerbsBlock
 from rdmamw.providers.verbs._backlog cimport bl_free
 
@@ -514,8 +513,7 @@ cdef int _bind_exposed(VerbsQP tp, rm_mem *out, uint64_t addr, uint64_t length,
     cdef int rc
     rm_spin_lock(&tp.lock)
     bind_wr(&tp.swr[0], tp.mem.xmws[i], tp.mem.xmrs[i], addr, length,
-             IBV_ACCESS_REMOTE_READ if access == RM_ACCESS_REMOTE_READ
-             else IBV_ACCESS_REMOTE_WRITE, out.rkey)
+             ibv_remote(access), out.rkey)
     rc = tp._post_chain(1, True)
     if rc == 0:
         tp.mem.xbind[i] = tp.sq_posted
