@@ -41,7 +41,9 @@ from rdmamw.transport._base cimport (
     RM_ACCESS_REMOTE_WRITE,
     RM_ACCESS_TAG_SHIFT,
     RM_ERR_AGAIN,
+    RM_WR_CMP_SWAP,
     RM_WR_EXPOSED,
+    RM_WR_FETCH_ADD,
     RM_WR_READ,
     RM_WR_REGION,
     RM_WR_WRITE,
@@ -282,4 +284,40 @@ cdef class RemoteOps:
                 self.bytes_written += n
             else:
                 self.bytes_read += n
+        return rc
+
+    def atomic(self, bint cas, object operands, uint32_t key, uint32_t tag,
+               uint64_t addr) -> int:
+        """fetch_add (``cas`` False) or compare_swap on the aligned 64-bit word at
+        ``addr`` of region ``key``/``tag``: ``operands`` a writable 16-byte buffer of
+        two native 64-bit words (the value to add, or the expected value and the
+        new one), whose first word becomes the word's old value. The transport's
+        code (a provider without atomics refuses the work request)."""
+        cdef Py_buffer view
+        cdef rm_wr wr
+        cdef int rc
+        lease = self.local_cache.acquire(operands) if self.local_cache is not None \
+            else None
+        PyObject_GetBuffer(operands, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+        try:
+            if view.len != 16:
+                raise ValueError("the operands are two 64-bit words")
+            memset(&wr, 0, sizeof(wr))
+            wr.local_addr = <uint64_t>view.buf
+            wr.remote_off = addr
+            wr.length = 8
+            wr.lkey = lease.handle[1] if lease is not None else 0
+            wr.rkey = key
+            wr.imm = tag
+            wr.opcode = RM_WR_CMP_SWAP if cas else RM_WR_FETCH_ADD
+            wr.flags = RM_WR_EXPOSED | RM_WR_REGION
+            with nogil:
+                rc = self.tp.post(&wr, 1)
+        finally:
+            PyBuffer_Release(&view)
+            if lease is not None:
+                lease.release()
+        if rc == 0:
+            self.ops += 1
+            self.chains += 1
         return rc

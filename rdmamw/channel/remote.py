@@ -34,7 +34,7 @@ from rdmamw.memory.buffer import host_view
 R, W, A = 1, 2, 4
 ACCESS = {"r": R, "w": W, "rw": R | W, "atomic": R | W | A}
 #: the transport's expose() access bits (rdmamw/transport/_base.pxd RM_ACCESS_*)
-_TP_READ, _TP_WRITE = 1, 2
+_TP_READ, _TP_WRITE, _TP_ATOMIC = 1, 2, 4
 #: transport return codes (rdmamw/transport/_base.pxd)
 _ERR_BOUNDS, _ERR_PEER_LOST, _ERR_CLOSED = -1, -2, -3
 _ERR_UNSUPPORTED, _ERR_AGAIN = -5, -6
@@ -45,6 +45,8 @@ _REF = struct.Struct("<4sBBHQIIQQ")
 _MAGIC = b"RMRF"
 _VERSION = 1
 REF_BYTES = _REF.size + 8
+#: an atomic's operands, and its result in the first (native order: the NIC's)
+_WORDS = struct.Struct("=QQ")
 
 
 def _check_word(head: bytes) -> bytes:
@@ -155,6 +157,24 @@ class Done:
 DONE = Done(1)
 
 
+class Fetched(Done):
+    """The handle of an atomic: ``wait()`` (and ``await``) give the word's value
+    before the operation, also in ``value``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int) -> None:
+        super().__init__(1)
+        self.value = value
+
+    def wait(self, timeout: float | None = None) -> int:  # type: ignore[override]
+        return self.value
+
+    def __await__(self) -> Any:
+        return self.value
+        yield       # a generator: awaiting it gives the value at once
+
+
 def _access_name(bits: int) -> str:
     return {R: "r", W: "w", R | W: "rw", R | W | A: "atomic"}.get(bits, f"0x{bits:x}")
 
@@ -243,11 +263,12 @@ class RemoteMemory:
             raise ValueError(f"access must be one of {sorted(ACCESS)}, not {access!r}")
         bits = ACCESS[access]
         ops = self._ops()
-        if bits & A:
+        if bits & A and not getattr(self._transport, "region_atomics", False):
             raise ProviderUnavailable(f"atomics on exposed memory: not on the "
                                       f"{self.provider} provider yet (they need memory both "
                                       f"processes map, or verbs)")
-        tp_bits = (_TP_READ if bits & R else 0) | (_TP_WRITE if bits & W else 0)
+        tp_bits = ((_TP_READ if bits & R else 0) | (_TP_WRITE if bits & W else 0)
+                   | (_TP_ATOMIC if bits & A else 0))
         rc, key, tag, base, length = ops.expose(_buffer(buffer), tp_bits)
         if rc == _ERR_UNSUPPORTED:
             why = (" (shm needs cross-memory attach to the peer: RDMAMW_SHM_CMA, ptrace "
@@ -283,15 +304,16 @@ class RemoteMemory:
         """A batch of one-sided operations: one chain, one doorbell when posted."""
         return Batch(self)
 
-    def fetch_add(self, ref: Any, offset: int, value: int) -> Done:
-        """Add ``value`` to the aligned 64-bit word at ``offset`` atomically; needs a
-        region exposed with access "atomic"."""
-        return self._atomic(_as_ref(ref), offset)
+    def fetch_add(self, ref: Any, offset: int, value: int) -> Fetched:
+        """Add ``value`` (mod 2^64) to the aligned 64-bit word at ``offset`` atomically;
+        needs a region exposed with access "atomic". ``wait()`` gives the old value."""
+        return self._atomic(_as_ref(ref), offset, False, value, 0)
 
-    def compare_swap(self, ref: Any, offset: int, expected: int, desired: int) -> Done:
+    def compare_swap(self, ref: Any, offset: int, expected: int, desired: int) -> Fetched:
         """Replace the aligned 64-bit word at ``offset`` by ``desired`` if it holds
-        ``expected``, atomically; needs a region exposed with access "atomic"."""
-        return self._atomic(_as_ref(ref), offset)
+        ``expected``, atomically; needs a region exposed with access "atomic".
+        ``wait()`` gives the old value (``expected`` when it was replaced)."""
+        return self._atomic(_as_ref(ref), offset, True, expected, desired)
 
     # ---- internals ------------------------------------------------------------------
 
@@ -350,7 +372,7 @@ class RemoteMemory:
             raise OutOfRange(f"{n} bytes at offset {offset} of a region of {ref.length}")
         return ref
 
-    def _atomic(self, ref: RegionRef, offset: int) -> Done:
+    def _atomic(self, ref: RegionRef, offset: int, cas: bool, a: int, b: int) -> Fetched:
         self._checked(ref, R | W, offset, 8)
         if not ref.access & A:
             raise AccessDenied(f"the region is exposed {_access_name(ref.access)!r}: no "
@@ -358,7 +380,14 @@ class RemoteMemory:
         if (ref.base + offset) % 8:
             raise AccessDenied(f"an atomic needs an aligned 64-bit word; offset {offset} "
                                f"is not")
-        raise ProviderUnavailable(f"atomics: not on the {self.provider} provider yet")
+        if not getattr(self._transport, "region_atomics", False):
+            raise ProviderUnavailable(f"atomics: not on the {self.provider} provider yet")
+        words = bytearray(_WORDS.pack(a % (1 << 64), b % (1 << 64)))
+        rc = self._ops().atomic(cas, words, ref.key, ref.tag, ref.base + offset)
+        if rc != 0:
+            self._fail(rc, [(True, words, 0, 8, ref.key, ref.tag, ref.base + offset)],
+                       [ref])
+        return Fetched(_WORDS.unpack(words)[0])
 
     def _post(self, ops: list[tuple[bool, Any, int, int, int, int, int]],
               refs: list[RegionRef]) -> None:

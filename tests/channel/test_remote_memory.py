@@ -50,6 +50,8 @@ WITHOUT = [p for p in providers_under_test() if p not in REGIONS and p in LISTEN
 #: where the owner's device refuses an access it was not granted (a forged or revoked
 #: reference): a remote access error, which ends the RC connection on both sides
 BY_DEVICE = {"verbs"}
+#: the providers with fetch_add / compare_swap
+ATOMICS = {"verbs"}
 
 
 def _pattern(n: int, seed: int) -> np.ndarray:
@@ -276,6 +278,8 @@ def test_access_bits_raised_by_hand_are_refused(rpair, exposed):
 
 def test_atomics_say_where_they_are_not(rpair):
     owner, peer = rpair
+    if owner.provider in ATOMICS:
+        pytest.skip(f"{owner.provider} has atomics (test_atomics)")
     with pytest.raises(ProviderUnavailable, match=owner.provider):
         owner.expose(np.zeros(64, np.uint64), "atomic")
 
@@ -532,6 +536,43 @@ def test_a_buffer_exposed_to_two_peers_is_registered_once(provider):
             a.close()
             b.close()
             lst.close()
+
+
+@pytest.mark.parametrize("rpair", VERBS, indirect=True)
+def test_atomics(rpair):
+    """fetch_add and compare_swap on the words of an "atomic" region: the old value
+    back, the owner's words changed as they should (and no other byte), the refusals
+    the caller can check refused before anything is posted."""
+    owner, peer = rpair
+    words = np.zeros(8, np.uint64)
+    words[:] = [5, 7, 2**64 - 1, 0, 0, 0, 0, 0]
+    reg = owner.expose(words, "atomic")
+    assert peer.fetch_add(reg.ref, 0, 10).wait() == 5
+    assert peer.fetch_add(reg.ref.__bytes__(), 0, 1).value == 15
+    assert peer.fetch_add(reg.ref, 16, 2).wait() == 2**64 - 1      # wraps
+    assert peer.compare_swap(reg.ref, 8, 7, 70).wait() == 7        # swapped
+    assert peer.compare_swap(reg.ref, 8, 7, 99).wait() == 70       # not swapped
+    expect = np.array([16, 70, 1, 0, 0, 0, 0, 0], np.uint64)
+    assert np.array_equal(words, expect)
+    _refused(owner, peer, words, lambda: peer.fetch_add(reg.ref, 4, 1), AccessDenied)
+    _refused(owner, peer, words, lambda: peer.fetch_add(reg.ref, 64, 1), OutOfRange)
+    plain = owner.expose(np.zeros(8, np.uint64), "rw")
+    _refused(owner, peer, words, lambda: peer.fetch_add(plain.ref, 0, 1),
+             AccessDenied)
+    # an "atomic" region reads and writes as well
+    out = np.zeros(8, np.uint64)
+    peer.read(reg.ref, out)
+    assert np.array_equal(out, expect)
+
+
+@pytest.mark.parametrize("rpair", VERBS, indirect=True)
+def test_an_atomic_forged_onto_a_plain_region_is_refused_by_the_device(rpair):
+    owner, peer = rpair
+    buf = np.arange(8, dtype=np.uint64)
+    reg = owner.expose(buf, "rw")
+    _refused_by_owner(owner, peer, buf,
+                      lambda: peer.fetch_add(_forge(reg.ref, access=7), 0, 1),
+                      AccessDenied)
 
 
 @pytest.mark.parametrize("provider", WITHOUT)

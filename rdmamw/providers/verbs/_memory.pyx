@@ -17,6 +17,7 @@ from libc.string cimport strerror
 
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
+    RM_ACCESS_REMOTE_ATOMIC,
     RM_ACCESS_REMOTE_READ,
     RM_ACCESS_REMOTE_WRITE,
     RM_ERR_AGAIN,
@@ -55,7 +56,8 @@ cdef uint64_t _budget = 0          # set by set_pinned_budget before the first d
 cdef int ibv_remote(uint32_t access) noexcept nogil:
     """IBV_ACCESS_REMOTE_* of RM_ACCESS_REMOTE_* bits."""
     return ((IBV_ACCESS_REMOTE_READ if access & RM_ACCESS_REMOTE_READ else 0)
-            | (IBV_ACCESS_REMOTE_WRITE if access & RM_ACCESS_REMOTE_WRITE else 0))
+            | (IBV_ACCESS_REMOTE_WRITE if access & RM_ACCESS_REMOTE_WRITE else 0)
+            | (IBV_ACCESS_REMOTE_ATOMIC if access & RM_ACCESS_REMOTE_ATOMIC else 0))
 
 
 cdef int pin_charge(uint64_t n) noexcept nogil:
@@ -299,7 +301,8 @@ cdef class VerbsMemory:
         cdef int i, rc
         cdef ibv_mr *mr
         out.handle = out.lkey = out.rkey = 0
-        if access & ~(RM_ACCESS_REMOTE_READ | RM_ACCESS_REMOTE_WRITE):
+        if access & ~(RM_ACCESS_REMOTE_READ | RM_ACCESS_REMOTE_WRITE
+                      | RM_ACCESS_REMOTE_ATOMIC):
             return RM_ERR_UNSUPPORTED
         if access != RM_ACCESS_LOCAL:       # read, write, or both (a user region)
             flags = self.remote_flags(ibv_remote(access))

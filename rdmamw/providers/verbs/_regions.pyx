@@ -20,7 +20,12 @@ completion the poster waits for (RC completes in order: then every WR of the cha
 completed, its READs landed and its WRITEs are placed in the owner's memory). A remote
 access error (the owner's device refused: revoked, forged, outside the window, the
 wrong access) fails the QP on both sides, as in every RC transport: the chain returns
-RM_ERR_BOUNDS and the connection is lost."""
+RM_ERR_BOUNDS and the connection is lost.
+
+Atomics (a region exposed "atomic": the window also has remote atomic access) are
+RM_WR_FETCH_ADD / RM_WR_CMP_SWAP work requests on one aligned 64-bit word: the operand
+(and the new value) are read from the local buffer when the WR is posted, and the
+device writes the word's old value over its first 8 bytes."""
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
@@ -28,7 +33,9 @@ from rdmamw.transport._base cimport (
     RM_ACCESS_TAG_SHIFT,
     RM_ERR_BOUNDS,
     RM_ERR_UNSUPPORTED,
+    RM_WR_CMP_SWAP,
     RM_WR_EXPOSED,
+    RM_WR_FETCH_ADD,
     RM_WR_READ,
     RM_WR_REGION,
     RM_WR_SIGNALED,
@@ -38,6 +45,11 @@ from rdmamw.transport._base cimport (
     rm_wr,
 )
 from rdmamw.transport.atomics cimport rm_cpu_relax, rm_spin_lock, rm_spin_unlock
+from rdmamw.providers.verbs._ibverbs cimport (
+    IBV_WR_ATOMIC_CMP_AND_SWP,
+    IBV_WR_ATOMIC_FETCH_AND_ADD,
+    ibv_send_wr,
+)
 from rdmamw.providers.verbs._device cimport rmv_load64
 from rdmamw.providers.verbs._qp cimport FAIL_SEND_WC, INTERNAL, QP_CONNECTED, VerbsQP
 from rdmamw.providers.verbs._transport cimport VerbsTransport
@@ -72,6 +84,11 @@ cdef class VerbsRegions(VerbsTransport):
         bounds and access a reference states were checked before the post
         (rdmamw/channel/remote.py); what fails here is a revoked or forged one."""
         return 4
+
+    @property
+    def region_atomics(self) -> bool:
+        """fetch_add / compare_swap on regions exposed "atomic" (RDMA atomics)."""
+        return True
 
     @property
     def region_chain_max(self) -> int:
@@ -116,10 +133,9 @@ cdef class VerbsRegions(VerbsTransport):
         cdef int rc
         if self.state != QP_CONNECTED:
             return self._dead()
-        for i in range(n):      # all or nothing: only region READs and WRITEs
+        for i in range(n):      # all or nothing: region READs, WRITEs and atomics
             if (wrs[i].flags & (RM_WR_EXPOSED | RM_WR_REGION)) != (RM_WR_EXPOSED |
-                    RM_WR_REGION) or wrs[i].length == 0 or (
-                    wrs[i].opcode != RM_WR_READ and wrs[i].opcode != RM_WR_WRITE):
+                    RM_WR_REGION) or wrs[i].length == 0 or not _region_op(&wrs[i]):
                 return RM_ERR_BOUNDS
         for i in range(n):
             wrs[i].rkey ^= wrs[i].imm       # the window's key (see the module doc)
@@ -135,6 +151,21 @@ cdef class VerbsRegions(VerbsTransport):
         if rc != 0:
             return rc
         return self._await_chain(target)
+
+    cdef void _fill(self, uint32_t j, rm_wr *wr) noexcept nogil:
+        cdef ibv_send_wr *w
+        cdef uint64_t *operands
+        VerbsTransport._fill(self, j, wr)
+        if wr.opcode != RM_WR_FETCH_ADD and wr.opcode != RM_WR_CMP_SWAP:
+            return
+        w = &self.swr[j]        # the RDMA fields _fill set, as the atomic's
+        operands = <uint64_t *>wr.local_addr
+        w.opcode = (IBV_WR_ATOMIC_FETCH_AND_ADD if wr.opcode == RM_WR_FETCH_ADD
+                    else IBV_WR_ATOMIC_CMP_AND_SWP)
+        w.wr.atomic.compare_add = operands[0]
+        w.wr.atomic.swap = operands[1] if wr.opcode == RM_WR_CMP_SWAP else 0
+        w.wr.atomic.remote_addr = wr.remote_off
+        w.wr.atomic.rkey = wr.rkey
 
     cdef int _await_chain(self, uint64_t target) noexcept nogil:
         """Until the send queue completed past ``target``: 0; RM_ERR_BOUNDS when the
@@ -164,3 +195,11 @@ cdef class VerbsRegions(VerbsTransport):
         if self.failure.kind == FAIL_SEND_WC and self.failure.status == WC_REM_ACCESS_ERR:
             return RM_ERR_BOUNDS
         return self._dead()
+
+
+cdef inline bint _region_op(rm_wr *wr) noexcept nogil:
+    """A region READ or WRITE, or an atomic on one aligned 64-bit word."""
+    if wr.opcode == RM_WR_READ or wr.opcode == RM_WR_WRITE:
+        return True
+    return ((wr.opcode == RM_WR_FETCH_ADD or wr.opcode == RM_WR_CMP_SWAP)
+            and wr.length == 8 and not wr.remote_off & 7)
