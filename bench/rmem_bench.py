@@ -143,7 +143,7 @@ def main() -> None:
                   f"GB/s)  ratio copyto/read {row['ratio']:.2f}  two-sided pull "
                   f"{row['pull_us']:9.2f} us, pull/read {row['pull_ratio']:.2f}")
         else:
-            print(f"{row['size']}: {row['ops_per_s'] / 1e6:.2f} M ops/s")
+            print(f"{row['size']}: {row['ops_per_s'] / 1e6:.4f} M ops/s")
 
 
 if __name__ == "__main__":

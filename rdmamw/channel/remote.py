@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
+from rdmamw import _fork
 from rdmamw.channel._remote import ONE_CHECKED, RemoteOps
 from rdmamw.errors import (
     AccessDenied,
@@ -47,6 +49,15 @@ _VERSION = 1
 REF_BYTES = _REF.size + 8
 #: an atomic's operands, and its result in the first (native order: the NIC's)
 _WORDS = struct.Struct("=QQ")
+#: atomics of a channel take turns on its one operand buffer (each waits for its
+#: completion anyway)
+_ATOMIC_LOCK = threading.Lock()
+
+
+@_fork.at_child
+def _new_atomic_lock() -> None:
+    global _ATOMIC_LOCK
+    _ATOMIC_LOCK = threading.Lock()     # a thread of the parent may have held it
 
 
 def _check_word(head: bytes) -> bytes:
@@ -251,6 +262,7 @@ class RemoteMemory:
     closed: bool
     _transport: Any
     _rmem: RemoteOps | None = None
+    _words: bytearray | None = None     # an atomic's operands and result (verbs)
 
     # ---- the owner ------------------------------------------------------------------
 
@@ -382,12 +394,18 @@ class RemoteMemory:
                                f"is not")
         if not getattr(self._transport, "region_atomics", False):
             raise ProviderUnavailable(f"atomics: not on the {self.provider} provider yet")
-        words = bytearray(_WORDS.pack(a % (1 << 64), b % (1 << 64)))
-        rc = self._ops().atomic(cas, words, ref.key, ref.tag, ref.base + offset)
+        ops = self._ops()
+        with _ATOMIC_LOCK:      # one operand buffer a channel: registered once
+            words = self._words
+            if words is None:
+                words = self._words = bytearray(_WORDS.size)
+            _WORDS.pack_into(words, 0, a % (1 << 64), b % (1 << 64))
+            rc = ops.atomic(cas, words, ref.key, ref.tag, ref.base + offset)
+            old = _WORDS.unpack(words)[0]
         if rc != 0:
             self._fail(rc, [(True, words, 0, 8, ref.key, ref.tag, ref.base + offset)],
                        [ref])
-        return Fetched(_WORDS.unpack(words)[0])
+        return Fetched(old)
 
     def _post(self, ops: list[tuple[bool, Any, int, int, int, int, int]],
               refs: list[RegionRef]) -> None:

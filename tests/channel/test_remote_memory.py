@@ -1,7 +1,8 @@
 """Remote memory (docs/remote-memory.md): a peer reads and writes a buffer the owner
 exposed, one-sided and batched; every refused access leaves the owner's buffer as it
-was and the channel usable; a revoke ends every access before it returns; the owner's
-death is PeerLost."""
+was and the channel usable (on verbs, a refusal by the owner's device ends the
+connection instead); a revoke ends every access before it returns; the owner's death
+is PeerLost. verbs runs in the soft-RoCE VM (device tests)."""
 
 from __future__ import annotations
 
@@ -563,6 +564,13 @@ def test_atomics(rpair):
     out = np.zeros(8, np.uint64)
     peer.read(reg.ref, out)
     assert np.array_equal(out, expect)
+    # the operands' buffer is the channel's, registered once, not once per atomic
+    before = peer.stats()["registrations"]
+    for _ in range(20):
+        peer.fetch_add(reg.ref, 24, 1)
+    expect[3] = 20
+    assert np.array_equal(words, expect)
+    assert peer.stats()["registrations"] - before <= 1
 
 
 @pytest.mark.parametrize("rpair", VERBS, indirect=True)
