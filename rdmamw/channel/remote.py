@@ -417,8 +417,11 @@ class RemoteMemory:
               refs: list[RegionRef]) -> NoReturn:
         """Raise the typed error of the transport's code ``rc`` for the chain ``ops``."""
         if rc == _ERR_PEER_LOST:
-            raise PeerLost("the peer went during a one-sided operation (its region "
-                           "was not read or written whole)")
+            # verbs: also after a refused access (the connection is lost), which says so
+            detail = getattr(self._transport, "error_detail", lambda: None)()
+            raise PeerLost("the connection to the peer is lost (a region of a one-sided "
+                           "operation in progress was not read or written whole)"
+                           + (f": {detail}" if detail else ""))
         if rc == _ERR_CLOSED:
             raise ChannelClosed("the channel is closed: no one-sided operation")
         if rc != _ERR_BOUNDS:

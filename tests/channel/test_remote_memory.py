@@ -185,7 +185,7 @@ def _refused_by_owner(owner, peer, buf, call, exc) -> None:
     with pytest.raises(RegionRevoked, match="device refused"):
         call()
     assert np.array_equal(buf, keep)
-    with pytest.raises(PeerLost):
+    with pytest.raises(PeerLost, match=r"status 10\b"):      # IBV_WC_REM_ACCESS_ERR
         peer.read(RegionRef(peer._transport.region_ids()[1], 1, 1, 4096, 8, 1),
                   np.zeros(8, np.uint8))
     with pytest.raises(PeerLost):
