@@ -45,7 +45,7 @@ EXTENSIONS = {
     "rdmamw.ps._sgd": ((), ()),
     "rdmamw.ps._seqlock": ((), ()),
     **{f"rdmamw.providers.verbs.{unit}": ((VERBS,), ("dl",)) for unit in (
-        "_lib", "_device", "_memory", "_block", "_qp", "_transport")},
+        "_lib", "_device", "_memory", "_block", "_qp", "_transport", "_regions")},
 }
 #: the test-only hooks (tests/support/_hooks.pyx): not in the package; built in place by
 #: tests/support/build_hooks.py with these, for the suite only

@@ -4,6 +4,7 @@ same channel (docs/remote-memory.md).
 
     python bench/rmem_bench.py                      # shm, 64 KiB and 4 MiB
     python bench/rmem_bench.py --provider tcp
+    python bench/rmem_bench.py --provider verbs --reps 5 --iters 8   # soft-RoCE VM
     python bench/rmem_bench.py --sizes 64K --reps 9
 
 An owner process exposes one buffer per size and then waits in ``recv`` (idle in the
@@ -63,7 +64,7 @@ def _mean_s(fn, iters: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--provider", choices=("shm", "tcp"), default="shm")
+    ap.add_argument("--provider", choices=("shm", "tcp", "verbs"), default="shm")
     ap.add_argument("--sizes", default="64K,4M")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--iters", type=int, default=0, help="per rep (default: ~64 MiB)")
@@ -74,8 +75,8 @@ def main() -> None:
 
     names = args.sizes.split(",")
     sizes = [SIZES[n] if n in SIZES else int(n) for n in names]
-    addr = (f"shm://rmem-bench-{os.getpid()}" if args.provider == "shm"
-            else "tcp://127.0.0.1:0")
+    addr = {"shm": f"shm://rmem-bench-{os.getpid()}", "tcp": "tcp://127.0.0.1:0",
+            "verbs": "verbs://127.0.0.1:0"}[args.provider]
     owner = subprocess.Popen([sys.executable, "-c", OWNER, addr, ",".join(map(str, sizes))],
                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                              stdout=subprocess.PIPE, text=True)
@@ -142,7 +143,7 @@ def main() -> None:
                   f"GB/s)  ratio copyto/read {row['ratio']:.2f}  two-sided pull "
                   f"{row['pull_us']:9.2f} us, pull/read {row['pull_ratio']:.2f}")
         else:
-            print(f"{row['size']}: {row['ops_per_s'] / 1e6:.2f} M ops/s")
+            print(f"{row['size']}: {row['ops_per_s'] / 1e6:.4f} M ops/s")
 
 
 if __name__ == "__main__":

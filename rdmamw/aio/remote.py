@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rdmamw.channel.remote import Batch, Done, Region
+from rdmamw.channel.remote import Batch, Done, Fetched, Region
 
 if TYPE_CHECKING:
     from rdmamw.channel import Channel as SyncChannel
@@ -106,13 +106,13 @@ class AioRemoteMemory:
         return await self.batch().writev(ranges).post(timeout)
 
     async def fetch_add(self, ref: Any, offset: int, value: int,
-                        timeout: float | None = None) -> Done:
+                        timeout: float | None = None) -> Fetched:
         """:meth:`rdmamw.Channel.fetch_add`, awaited."""
         return await _run(self.sync,
                           lambda: self.sync.fetch_add(ref, offset, value, timeout))
 
     async def compare_swap(self, ref: Any, offset: int, expected: int, desired: int,
-                           timeout: float | None = None) -> Done:
+                           timeout: float | None = None) -> Fetched:
         """:meth:`rdmamw.Channel.compare_swap`, awaited."""
         return await _run(self.sync, lambda: self.sync.compare_swap(
             ref, offset, expected, desired, timeout))

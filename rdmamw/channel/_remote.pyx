@@ -17,7 +17,15 @@ threads may run at the same time (the provider keeps its busy word odd while any
 
 ``one()`` is the lean path of a single read or write: the reference's fields are read
 and checked here, one work request on the stack, no Python object made; anything it
-does not take (a DLPack tensor, a refusal to explain) goes the checked way."""
+does not take (a DLPack tensor, a refusal to explain, a transport that registers
+memory) goes the checked way.
+
+On a transport that registers memory (verbs), a region's buffer is leased from the
+channel's registration cache of the process's shared domain (``expose_cache``: one
+registration for every peer it is exposed to; the transport's expose_cached() binds a
+window over it), or registered by the transport's expose() for this peer alone (no
+shared domain); the local buffers of a chain are leased from ``local_cache`` for as
+long as the post (which returns when the chain completed)."""
 
 from cpython.buffer cimport (
     PyBUF_ANY_CONTIGUOUS,
@@ -34,7 +42,9 @@ from rdmamw.transport._base cimport (
     RM_ACCESS_REMOTE_WRITE,
     RM_ACCESS_TAG_SHIFT,
     RM_ERR_AGAIN,
+    RM_WR_CMP_SWAP,
     RM_WR_EXPOSED,
+    RM_WR_FETCH_ADD,
     RM_WR_READ,
     RM_WR_REGION,
     RM_WR_WRITE,
@@ -70,9 +80,11 @@ cdef inline int post_by(Transport tp, rm_wr *wrs, uint32_t n, int64_t deadline) 
 
 cdef class Pinned:
     """A buffer held while it is exposed: the exposure keeps its memory alive, however
-    the owner drops its own references."""
+    the owner drops its own references (and its registration: ``lease``)."""
     cdef Py_buffer view
     cdef bint held
+    cdef uint32_t handle            # the transport's, for unexpose()
+    cdef object lease               # of the registration cache (verbs), or None
 
     def __dealloc__(self):
         if self.held:
@@ -86,14 +98,18 @@ cdef class RemoteOps:
     cdef uint64_t peer              # the peer endpoint's identity (0: not known yet)
     cdef Py_ssize_t chain_max       # work requests per chain at most (0: no bound)
     cdef dict live                  # key -> Pinned: the regions exposed now
+    cdef object expose_cache, local_cache   # registration caches (verbs), or None
     cdef list stuck                 # Pinned whose revoke timed out: held until we go
     cdef readonly uint64_t ops, chains, bytes_read, bytes_written
 
-    def __init__(self, Transport tp):
+    def __init__(self, Transport tp, expose_cache=None, local_cache=None):
         self.tp = tp
         self.live = {}
         self.stuck = []
         self.chain_max = getattr(tp, "region_chain_max", 0)
+        self.expose_cache, self.local_cache = expose_cache, local_cache
+        if tp.registers_memory and local_cache is None:
+            raise ValueError("a transport that registers memory needs a local cache")
 
     def expose(self, obj, uint32_t access) -> tuple:
         """Expose ``obj``'s memory with RM_ACCESS_REMOTE_* ``access``: (0, key, tag,
@@ -102,7 +118,7 @@ cdef class RemoteOps:
         cdef rm_mem mem
         cdef int rc
         global _last_tag
-        cdef uint32_t tag
+        cdef uint32_t tag, lkey, rkey
         flags = PyBUF_ANY_CONTIGUOUS | (PyBUF_WRITABLE if access & RM_ACCESS_REMOTE_WRITE
                                         else 0)
         PyObject_GetBuffer(obj, &p.view, flags)
@@ -111,11 +127,22 @@ cdef class RemoteOps:
             raise ValueError("an empty buffer cannot be exposed")
         _last_tag = _last_tag % TAG_MAX + 1
         tag = _last_tag
-        with nogil:
-            rc = self.tp.expose(<uint64_t>p.view.buf, <uint64_t>p.view.len,
-                                access | (tag << RM_ACCESS_TAG_SHIFT), &mem)
+        access |= tag << RM_ACCESS_TAG_SHIFT
+        if self.expose_cache is not None:
+            p.lease = self.expose_cache.acquire(obj)
+            lkey, rkey = p.lease.handle[1], p.lease.handle[2]
+            with nogil:
+                rc = self.tp.expose_cached(<uint64_t>p.view.buf, <uint64_t>p.view.len,
+                                           access, lkey, rkey, &mem)
+        else:
+            with nogil:
+                rc = self.tp.expose(<uint64_t>p.view.buf, <uint64_t>p.view.len, access,
+                                    &mem)
         if rc != 0:
+            if p.lease is not None:
+                p.lease.release()
             return rc, 0, 0, 0, 0
+        p.handle = mem.handle
         self.live[mem.rkey] = p
         return 0, mem.rkey, tag, <uint64_t>p.view.buf, p.view.len
 
@@ -124,13 +151,16 @@ cdef class RemoteOps:
         its buffer is let go. RM_ERR_AGAIN: the peer's access in progress did not end
         (a stopped peer): the buffer stays held as long as this endpoint."""
         cdef int rc
-        p = self.live.pop(key, None)
+        cdef Pinned p = self.live.pop(key, None)
         if p is None:
             return 0
         with nogil:
-            rc = self.tp.unexpose(key)
+            rc = self.tp.unexpose(p.handle)
         if rc == RM_ERR_AGAIN:
             self.stuck.append(p)
+        elif p.lease is not None:
+            p.lease.release()
+            p.lease = None
         return rc
 
     def unexpose_all(self) -> int:
@@ -157,6 +187,8 @@ cdef class RemoteOps:
         cdef uint64_t off, n, piece, done, rbytes = 0, wbytes = 0
         cdef bint write
         cdef int64_t deadline = deadline_of(timeout)
+        cdef uint32_t lkey = 0
+        leases = [] if self.local_cache is not None else None
         for op in ops:
             nwr += <Py_ssize_t>((<uint64_t>op[3] + PIECE - 1) // PIECE) or 1
         views = <Py_buffer *>calloc(nops, sizeof(Py_buffer))
@@ -177,6 +209,10 @@ cdef class RemoteOps:
                     PyBuffer_Release(&views[i])
                     raise ValueError(f"operation {i}: {n} bytes at {off} of a buffer of "
                                      f"{views[i].len}")
+                if leases is not None:
+                    lease = self.local_cache.acquire(op[1])
+                    leases.append(lease)
+                    lkey = lease.handle[1]
                 done = 0
                 while True:
                     piece = min(n - done, PIECE)
@@ -185,6 +221,7 @@ cdef class RemoteOps:
                     wrs[k].remote_off = <uint64_t>op[6] + done
                     wrs[k].length = <uint32_t>piece
                     wrs[k].rkey = op[4]
+                    wrs[k].lkey = lkey
                     wrs[k].imm = op[5]
                     wrs[k].opcode = RM_WR_WRITE if write else RM_WR_READ
                     wrs[k].flags = RM_WR_EXPOSED | RM_WR_REGION
@@ -210,6 +247,8 @@ cdef class RemoteOps:
                 PyBuffer_Release(&views[i])
             free(views)
             free(wrs)
+            for lease in leases or ():
+                lease.release()
         if rc == 0:
             self.ops += nops
             self.chains += nchains
@@ -228,6 +267,8 @@ cdef class RemoteOps:
         cdef uint64_t base, length, n, off, key, tag
         cdef int rc
         cdef int64_t deadline = 0 if timeout is None else deadline_of(timeout)
+        if self.local_cache is not None:
+            return ONE_CHECKED          # its buffer needs a lease: post() takes one
         if self.peer == 0:
             self.peer = self.tp.region_ids()[1]
         try:
@@ -263,4 +304,41 @@ cdef class RemoteOps:
                 self.bytes_written += n
             else:
                 self.bytes_read += n
+        return rc
+
+    def atomic(self, bint cas, object operands, uint32_t key, uint32_t tag,
+               uint64_t addr, timeout=None) -> int:
+        """fetch_add (``cas`` False) or compare_swap on the aligned 64-bit word at
+        ``addr`` of region ``key``/``tag``: ``operands`` a writable 16-byte buffer of
+        two native 64-bit words (the value to add, or the expected value and the
+        new one), whose first word becomes the word's old value. The transport's
+        code (a provider without atomics refuses the work request)."""
+        cdef Py_buffer view
+        cdef rm_wr wr
+        cdef int rc
+        cdef int64_t deadline = 0 if timeout is None else deadline_of(timeout)
+        lease = self.local_cache.acquire(operands) if self.local_cache is not None \
+            else None
+        PyObject_GetBuffer(operands, &view, PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+        try:
+            if view.len != 16:
+                raise ValueError("the operands are two 64-bit words")
+            memset(&wr, 0, sizeof(wr))
+            wr.local_addr = <uint64_t>view.buf
+            wr.remote_off = addr
+            wr.length = 8
+            wr.lkey = lease.handle[1] if lease is not None else 0
+            wr.rkey = key
+            wr.imm = tag
+            wr.opcode = RM_WR_CMP_SWAP if cas else RM_WR_FETCH_ADD
+            wr.flags = RM_WR_EXPOSED | RM_WR_REGION
+            with nogil:
+                rc = post_by(self.tp, &wr, 1, deadline)
+        finally:
+            PyBuffer_Release(&view)
+            if lease is not None:
+                lease.release()
+        if rc == 0:
+            self.ops += 1
+            self.chains += 1
         return rc

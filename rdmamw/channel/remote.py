@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
+from rdmamw import _fork
 from rdmamw.channel._remote import ONE_CHECKED, RemoteOps
 from rdmamw.errors import (
     AccessDenied,
@@ -36,7 +38,7 @@ from rdmamw.memory.buffer import host_view
 R, W, A = 1, 2, 4
 ACCESS = {"r": R, "w": W, "rw": R | W, "atomic": R | W | A}
 #: the transport's expose() access bits (rdmamw/transport/_base.pxd RM_ACCESS_*)
-_TP_READ, _TP_WRITE = 1, 2
+_TP_READ, _TP_WRITE, _TP_ATOMIC = 1, 2, 4
 #: transport return codes (rdmamw/transport/_base.pxd)
 _ERR_BOUNDS, _ERR_PEER_LOST, _ERR_CLOSED = -1, -2, -3
 _ERR_UNSUPPORTED, _ERR_AGAIN, _ERR_LATE = -5, -6, -7
@@ -47,6 +49,17 @@ _REF = struct.Struct("<4sBBHQIIQQ")
 _MAGIC = b"RMRF"
 _VERSION = 1
 REF_BYTES = _REF.size + 8
+#: an atomic's operands, and its result in the first (native order: the NIC's)
+_WORDS = struct.Struct("=QQ")
+#: atomics of a channel take turns on its one operand buffer (each waits for its
+#: completion anyway)
+_ATOMIC_LOCK = threading.Lock()
+
+
+@_fork.at_child
+def _new_atomic_lock() -> None:
+    global _ATOMIC_LOCK
+    _ATOMIC_LOCK = threading.Lock()     # a thread of the parent may have held it
 
 
 def _check_word(head: bytes) -> bytes:
@@ -157,6 +170,24 @@ class Done:
 DONE = Done(1)
 
 
+class Fetched(Done):
+    """The handle of an atomic: ``wait()`` (and ``await``) give the word's value
+    before the operation, also in ``value``."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int) -> None:
+        super().__init__(1)
+        self.value = value
+
+    def wait(self, timeout: float | None = None) -> int:  # type: ignore[override]
+        return self.value
+
+    def __await__(self) -> Any:
+        return self.value
+        yield       # a generator: awaiting it gives the value at once
+
+
 def _access_name(bits: int) -> str:
     return {R: "r", W: "w", R | W: "rw", R | W | A: "atomic"}.get(bits, f"0x{bits:x}")
 
@@ -258,6 +289,7 @@ class RemoteMemory:
     closed: bool
     _transport: Any
     _rmem: RemoteOps | None = None
+    _words: bytearray | None = None     # an atomic's operands and result (verbs)
 
     # ---- the owner ------------------------------------------------------------------
 
@@ -270,11 +302,12 @@ class RemoteMemory:
             raise ValueError(f"access must be one of {sorted(ACCESS)}, not {access!r}")
         bits = ACCESS[access]
         ops = self._ops()
-        if bits & A:
+        if bits & A and not getattr(self._transport, "region_atomics", False):
             raise ProviderUnavailable(f"atomics on exposed memory: not on the "
                                       f"{self.provider} provider yet (they need memory both "
                                       f"processes map, or verbs)")
-        tp_bits = (_TP_READ if bits & R else 0) | (_TP_WRITE if bits & W else 0)
+        tp_bits = ((_TP_READ if bits & R else 0) | (_TP_WRITE if bits & W else 0)
+                   | (_TP_ATOMIC if bits & A else 0))
         rc, key, tag, base, length = ops.expose(_buffer(buffer), tp_bits)
         if rc == _ERR_UNSUPPORTED:
             why = (" (shm needs cross-memory attach to the peer: RDMAMW_SHM_CMA, ptrace "
@@ -330,17 +363,19 @@ class RemoteMemory:
         return Batch(self)
 
     def fetch_add(self, ref: Any, offset: int, value: int,
-                  timeout: float | None = None) -> Done:
-        """Add ``value`` to the aligned 64-bit word at ``offset`` atomically; needs a
-        region exposed with access "atomic"; ``timeout`` as :meth:`read`'s."""
-        return self._atomic(_as_ref(ref), offset, timeout)
+                  timeout: float | None = None) -> Fetched:
+        """Add ``value`` (mod 2^64) to the aligned 64-bit word at ``offset`` atomically;
+        needs a region exposed with access "atomic". ``wait()`` gives the old value;
+        ``timeout`` as :meth:`read`'s."""
+        return self._atomic(_as_ref(ref), offset, False, value, 0, timeout)
 
     def compare_swap(self, ref: Any, offset: int, expected: int, desired: int,
-                     timeout: float | None = None) -> Done:
+                     timeout: float | None = None) -> Fetched:
         """Replace the aligned 64-bit word at ``offset`` by ``desired`` if it holds
-        ``expected``, atomically; needs a region exposed with access "atomic";
+        ``expected``, atomically; needs a region exposed with access "atomic".
+        ``wait()`` gives the old value (``expected`` when it was replaced);
         ``timeout`` as :meth:`read`'s."""
-        return self._atomic(_as_ref(ref), offset, timeout)
+        return self._atomic(_as_ref(ref), offset, True, expected, desired, timeout)
 
     # ---- internals ------------------------------------------------------------------
 
@@ -349,10 +384,24 @@ class RemoteMemory:
         if ops is None:
             if self.closed:
                 raise ChannelClosed("remote memory: the channel is closed")
-            if not hasattr(self._transport, "region_ids"):
+            tp = self._transport
+            if not hasattr(tp, "region_ids"):
                 raise ProviderUnavailable(f"remote memory is not on the {self.provider} "
-                                          f"provider yet (shm and tcp only)")
-            ops = self._rmem = RemoteOps(self._transport)
+                                          f"provider yet (shm, tcp and verbs only)")
+            if not tp.registers_memory:
+                ops = RemoteOps(tp)
+            else:
+                # verbs: regions and local buffers leased from the registration caches
+                # (regions from the shared domain's only: one registration, N peers)
+                local = getattr(self, "regcache_dst", None)
+                if local is None:
+                    raise ProviderUnavailable(f"remote memory on {self.provider} needs the "
+                                              f"channel's registration caches (rendezvous "
+                                              f"is off)")
+                shared = tp.shared_registrations() is not None
+                ops = RemoteOps(tp, getattr(self, "regcache", None) if shared else None,
+                                local)
+            self._rmem = ops
         return ops
 
     def _one(self, write: bool, local: Any, ref: RegionRef, offset: int,
@@ -386,7 +435,8 @@ class RemoteMemory:
             raise OutOfRange(f"{n} bytes at offset {offset} of a region of {ref.length}")
         return ref
 
-    def _atomic(self, ref: RegionRef, offset: int, timeout: float | None) -> Done:
+    def _atomic(self, ref: RegionRef, offset: int, cas: bool, a: int, b: int,
+                timeout: float | None) -> Fetched:
         if timeout is not None and not timeout >= 0:
             raise ValueError("timeout must be >= 0 or None")
         self._checked(ref, R | W, offset, 8)
@@ -396,7 +446,20 @@ class RemoteMemory:
         if (ref.base + offset) % 8:
             raise AccessDenied(f"an atomic needs an aligned 64-bit word; offset {offset} "
                                f"is not")
-        raise ProviderUnavailable(f"atomics: not on the {self.provider} provider yet")
+        if not getattr(self._transport, "region_atomics", False):
+            raise ProviderUnavailable(f"atomics: not on the {self.provider} provider yet")
+        ops = self._ops()
+        with _ATOMIC_LOCK:      # one operand buffer a channel: registered once
+            words = self._words
+            if words is None:
+                words = self._words = bytearray(_WORDS.size)
+            _WORDS.pack_into(words, 0, a % (1 << 64), b % (1 << 64))
+            rc = ops.atomic(cas, words, ref.key, ref.tag, ref.base + offset, timeout)
+            old = _WORDS.unpack(words)[0]
+        if rc != 0:
+            self._fail(rc, [(True, words, 0, 8, ref.key, ref.tag, ref.base + offset)],
+                       [ref])
+        return Fetched(old)
 
     def _post(self, ops: list[tuple[bool, Any, int, int, int, int, int]],
               refs: list[RegionRef], timeout: float | None = None) -> None:
@@ -408,8 +471,11 @@ class RemoteMemory:
               refs: list[RegionRef]) -> NoReturn:
         """Raise the typed error of the transport's code ``rc`` for the chain ``ops``."""
         if rc == _ERR_PEER_LOST:
-            raise PeerLost("the peer went during a one-sided operation (its region "
-                           "was not read or written whole)")
+            # verbs: also after a refused access (the connection is lost), which says so
+            detail = getattr(self._transport, "error_detail", lambda: None)()
+            raise PeerLost("the connection to the peer is lost (a region of a one-sided "
+                           "operation in progress was not read or written whole)"
+                           + (f": {detail}" if detail else ""))
         if rc == _ERR_CLOSED:
             raise ChannelClosed("the channel is closed: no one-sided operation")
         if rc == _ERR_LATE:
@@ -431,6 +497,11 @@ class RemoteMemory:
             if why == 3:
                 raise AccessDenied(f"the peer's region does not allow "
                                    f"{'writes' if write else 'reads'}")
+            if why == 4:
+                raise RegionRevoked(f"the peer's device refused the access (a remote "
+                                    f"access error: revoked, forged, outside the region "
+                                    f"or not allowed by it); on {self.provider} this "
+                                    f"ends the connection")
         raise RegionRevoked("the peer revoked the region during the operation; what "
                             "was read is incomplete")
 

@@ -1,7 +1,8 @@
 """Remote memory (docs/remote-memory.md): a peer reads and writes a buffer the owner
 exposed, one-sided and batched; every refused access leaves the owner's buffer as it
-was and the channel usable; a revoke ends every access before it returns; the owner's
-death is PeerLost."""
+was and the channel usable (on verbs, a refusal by the owner's device ends the
+connection instead); a revoke ends every access before it returns; the owner's death
+is PeerLost. verbs runs in the soft-RoCE VM (device tests)."""
 
 from __future__ import annotations
 
@@ -31,9 +32,42 @@ from rdmamw.errors import (
     RegionRevoked,
     RemoteAccessError,
 )
-from tests.support.helpers import LISTEN_ADDRESS, make_pair
-from tests.support.regions import ROOT, WITH, WITHOUT
-from tests.support.regions import pattern as _pattern
+from tests.support.helpers import (
+    DEVICE_PROVIDERS,
+    LISTEN_ADDRESS,
+    make_pair,
+    provider_param,
+    providers_under_test,
+)
+from tests.support.regions import ROOT
+
+#: the providers with regions so far; the others must say so (test_unsupported_...);
+#: this file runs verbs too (tests/support/regions.py's WITH, for the other
+#: remote-memory files, is shm and tcp)
+REGIONS = ("shm", "tcp", "verbs")
+#: verbs is a device test: in the soft-RoCE VM, skipped with its reason elsewhere
+WITH = [provider_param(p) for p in providers_under_test()
+        if p in REGIONS and (p in LISTEN_ADDRESS or p in DEVICE_PROVIDERS)]
+WITHOUT = [p for p in providers_under_test() if p not in REGIONS and p in LISTEN_ADDRESS]
+#: where the owner's device refuses an access it was not granted (a forged or revoked
+#: reference): a remote access error, which ends the RC connection on both sides
+BY_DEVICE = {"verbs"}
+#: the providers with fetch_add / compare_swap
+ATOMICS = {"verbs"}
+
+
+def _pattern(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+@pytest.fixture(params=WITH)
+def rpair(request):
+    """(owner, peer) on each provider with regions, verbs included (in the VM)."""
+    a, b, lst = make_pair("batched", provider=request.param)
+    yield a, b
+    a.close()
+    b.close()
+    lst.close()
 
 
 def _usable(owner, peer) -> None:
@@ -142,6 +176,24 @@ def _refused(owner, peer, buf, call, exc) -> None:
     _usable(owner, peer)
 
 
+def _refused_by_owner(owner, peer, buf, call, exc) -> None:
+    """A refusal only the owner's side can make (its exposure table, or its device):
+    ``exc`` and the channel usable on shm and tcp; on verbs RegionRevoked (the device
+    does not say which rule), and the connection lost on both sides."""
+    if owner.provider not in BY_DEVICE:
+        _refused(owner, peer, buf, call, exc)
+        return
+    keep = buf.copy()
+    with pytest.raises(RegionRevoked, match="device refused"):
+        call()
+    assert np.array_equal(buf, keep)
+    with pytest.raises(PeerLost, match=r"status 10\b"):      # IBV_WC_REM_ACCESS_ERR
+        peer.read(RegionRef(peer._transport.region_ids()[1], 1, 1, 4096, 8, 1),
+                  np.zeros(8, np.uint8))
+    with pytest.raises(PeerLost):
+        owner.recv(timeout=10)
+
+
 def _forge(ref: RegionRef, **fields) -> RegionRef:
     d = dict(ref.__dict__)
     d.update(fields)
@@ -156,20 +208,46 @@ def test_outside_the_range_is_refused(rpair):
     _refused(owner, peer, buf, lambda: peer.read(reg.ref, big), OutOfRange)
     _refused(owner, peer, buf, lambda: peer.write(big[:10], reg.ref, offset=9995), OutOfRange)
     _refused(owner, peer, buf, lambda: peer.write(big[:1], reg.ref, offset=-1), OutOfRange)
-    # a reference that claims more than was exposed: the provider refuses it
+
+
+@pytest.mark.parametrize("write", [True, False], ids=["write", "read"])
+def test_a_reference_claiming_more_is_refused(rpair, write):
+    """A reference that claims more than was exposed: the provider refuses it."""
+    owner, peer = rpair
+    buf = _pattern(10000, 5)
+    reg = owner.expose(buf, "rw")
+    big = np.zeros(10001, np.uint8)
     liar = _forge(reg.ref, length=20000)
-    _refused(owner, peer, buf, lambda: peer.write(big, liar, offset=5000), OutOfRange)
-    _refused(owner, peer, buf, lambda: peer.read(liar, big, offset=5000), OutOfRange)
+    call = ((lambda: peer.write(big, liar, offset=5000)) if write
+            else (lambda: peer.read(liar, big, offset=5000)))
+    _refused_by_owner(owner, peer, buf, call, OutOfRange)
 
 
-def test_a_revoked_or_forged_reference_is_refused(rpair):
+@pytest.mark.parametrize("field", ["tag", "key", "key0"])
+def test_a_forged_reference_is_refused(rpair, field):
     owner, peer = rpair
     buf = _pattern(4096, 6)
     reg = owner.expose(buf, "rw")
     src = np.zeros(16, np.uint8)
-    for forged in (_forge(reg.ref, tag=reg.ref.tag + 1), _forge(reg.ref, key=reg.ref.key ^ 1),
-                   _forge(reg.ref, key=0)):
-        _refused(owner, peer, buf, lambda f=forged: peer.write(src, f), RegionRevoked)
+    forged = {"tag": _forge(reg.ref, tag=reg.ref.tag + 1),
+              "key": _forge(reg.ref, key=reg.ref.key ^ 1),
+              "key0": _forge(reg.ref, key=0)}[field]
+    _refused_by_owner(owner, peer, buf, lambda: peer.write(src, forged), RegionRevoked)
+
+
+def test_a_revoked_reference_is_refused(rpair):
+    owner, peer = rpair
+    buf = _pattern(4096, 6)
+    reg = owner.expose(buf, "rw")
+    src = np.zeros(16, np.uint8)
+    peer.write(src, reg.ref)                    # it worked before the revoke
+    buf[:16] = _pattern(16, 60)
+    if owner.provider in BY_DEVICE:             # one refusal per connection there
+        reg.revoke()
+        owner.expose(buf, "rw")                 # the same buffer again: a new key
+        _refused_by_owner(owner, peer, buf, lambda: peer.write(src, reg.ref),
+                          RegionRevoked)
+        return
     reg.revoke()
     _refused(owner, peer, buf, lambda: peer.write(src, reg.ref), RegionRevoked)
     again = owner.expose(buf, "rw")             # the same slot may come back: new tag
@@ -183,18 +261,28 @@ def test_the_wrong_access_is_refused(rpair):
     ro = owner.expose(buf, "r")
     src = np.zeros(8, np.uint8)
     _refused(owner, peer, buf, lambda: peer.write(src, ro.ref), AccessDenied)
-    # the reference's access bits raised by hand: the owner's exposure says no
-    _refused(owner, peer, buf, lambda: peer.write(src, _forge(ro.ref, access=3)),
-             AccessDenied)
-    wo = owner.expose(buf, "w")
-    _refused(owner, peer, buf, lambda: peer.read(_forge(wo.ref, access=3), src), AccessDenied)
     _refused(owner, peer, buf, lambda: peer.fetch_add(ro.ref, 0, 1), AccessDenied)
     atomic = _forge(ro.ref, access=7)
     _refused(owner, peer, buf, lambda: peer.compare_swap(atomic, 4, 0, 1), AccessDenied)
 
 
+@pytest.mark.parametrize("exposed", ["r", "w"])
+def test_access_bits_raised_by_hand_are_refused(rpair, exposed):
+    """The reference's access bits raised by hand: the owner's exposure says no."""
+    owner, peer = rpair
+    buf = _pattern(4096, 7)
+    reg = owner.expose(buf, exposed)
+    src = np.zeros(8, np.uint8)
+    forged = _forge(reg.ref, access=3)
+    call = ((lambda: peer.write(src, forged)) if exposed == "r"
+            else (lambda: peer.read(forged, src)))
+    _refused_by_owner(owner, peer, buf, call, AccessDenied)
+
+
 def test_atomics_say_where_they_are_not(rpair):
     owner, peer = rpair
+    if owner.provider in ATOMICS:
+        pytest.skip(f"{owner.provider} has atomics (test_atomics)")
     with pytest.raises(ProviderUnavailable, match=owner.provider):
         owner.expose(np.zeros(64, np.uint64), "atomic")
 
@@ -251,6 +339,8 @@ def _write_until_revoked(peer, ref, size, offset, stop, outcome) -> None:
             peer.write(src, ref, offset=offset)
     except RegionRevoked:
         outcome.append("revoked")
+    except PeerLost:
+        outcome.append("lost")
     except BaseException as e:  # noqa: BLE001 - reported by the test
         outcome.append(e)
 
@@ -282,7 +372,12 @@ def test_no_byte_moves_after_revoke_returns(rpair, rnd, sizes):
     stop.set()
     for t in threads:
         t.join(10)
-    assert outcome == ["revoked"] * len(sizes)
+    if owner.provider in BY_DEVICE and len(sizes) > 1:
+        # the device refused one thread's WRITE: the connection is lost, and the other
+        # thread's chain either failed with it (RegionRevoked) or began after (PeerLost)
+        assert "revoked" in outcome and set(outcome) <= {"revoked", "lost"}
+    else:
+        assert outcome == ["revoked"] * len(sizes)
     assert (buf == 0xAA).all()
 
 
@@ -381,6 +476,113 @@ def test_the_owner_dies_during_a_read(provider):
     finally:
         p.kill()
         p.wait()
+
+
+VERBS = [p for p in WITH if p.values[0] == "verbs"]
+
+
+@pytest.mark.parametrize("provider", VERBS)
+def test_a_batch_of_256_is_one_doorbell_and_one_completion(provider, monkeypatch):
+    """256 one-sided operations on verbs: one chain, one ibv_post_send, one signaled
+    WR (a chain is at most half the send queue: 1024 deep here)."""
+    monkeypatch.setenv("RDMAMW_VERBS_SQ_DEPTH", "1024")
+    owner, peer, lst = make_pair("batched", provider=provider)
+    try:
+        buf = _pattern(128 * 64, 70)
+        keep = buf.copy()
+        reg = owner.expose(buf, "rw")
+        outs = [np.zeros(32, np.uint8) for _ in range(128)]
+        srcs = [_pattern(32, 100 + i) for i in range(128)]
+        before = peer.stats()
+        ops = peer.batch()
+        for i, out in enumerate(outs):
+            ops.read(reg.ref, out, offset=i * 64)
+        for i, src in enumerate(srcs):
+            ops.write(src, reg.ref, offset=i * 64 + 32)
+        ops.post().wait()
+        after = peer.stats()
+        keys = ("rmem_ops", "rmem_chains", "doorbells", "signaled_completions",
+                "work_requests")
+        assert {k: after[k] - before[k] for k in keys} == {
+            "rmem_ops": 256, "rmem_chains": 1, "doorbells": 1,
+            "signaled_completions": 1, "work_requests": 256}
+        for i in range(128):
+            assert np.array_equal(outs[i], keep[i * 64:i * 64 + 32])
+            keep[i * 64 + 32:(i + 1) * 64] = srcs[i]
+        assert np.array_equal(buf, keep)
+    finally:
+        owner.close()
+        peer.close()
+        lst.close()
+
+
+@pytest.mark.parametrize("provider", VERBS)
+def test_a_buffer_exposed_to_two_peers_is_registered_once(provider):
+    """verbs: one registration (the process's shared domain), one window per peer."""
+    pairs = [make_pair("batched", provider=provider) for _ in range(2)]
+    try:
+        buf = _pattern(1 << 20, 71)
+        cache = pairs[0][0].regcache
+        before = cache.registrations
+        regs = [owner.expose(buf, "r") for owner, _, _ in pairs]
+        assert cache.registrations - before == 1
+        assert pairs[1][0].regcache is cache
+        for (_, peer, _), reg in zip(pairs, regs, strict=True):
+            out = np.zeros(1 << 20, np.uint8)
+            peer.read(reg.ref, out)
+            assert np.array_equal(out, buf)
+        # each key opens the buffer to its own peer only
+        with pytest.raises(ForeignReference):
+            pairs[1][1].read(regs[0].ref, np.zeros(8, np.uint8))
+    finally:
+        for a, b, lst in pairs:
+            a.close()
+            b.close()
+            lst.close()
+
+
+@pytest.mark.parametrize("rpair", VERBS, indirect=True)
+def test_atomics(rpair):
+    """fetch_add and compare_swap on the words of an "atomic" region: the old value
+    back, the owner's words changed as they should (and no other byte), the refusals
+    the caller can check refused before anything is posted."""
+    owner, peer = rpair
+    words = np.zeros(8, np.uint64)
+    words[:] = [5, 7, 2**64 - 1, 0, 0, 0, 0, 0]
+    reg = owner.expose(words, "atomic")
+    assert peer.fetch_add(reg.ref, 0, 10).wait() == 5
+    assert peer.fetch_add(reg.ref.__bytes__(), 0, 1).value == 15
+    assert peer.fetch_add(reg.ref, 16, 2).wait() == 2**64 - 1      # wraps
+    assert peer.compare_swap(reg.ref, 8, 7, 70).wait() == 7        # swapped
+    assert peer.compare_swap(reg.ref, 8, 7, 99).wait() == 70       # not swapped
+    expect = np.array([16, 70, 1, 0, 0, 0, 0, 0], np.uint64)
+    assert np.array_equal(words, expect)
+    _refused(owner, peer, words, lambda: peer.fetch_add(reg.ref, 4, 1), AccessDenied)
+    _refused(owner, peer, words, lambda: peer.fetch_add(reg.ref, 64, 1), OutOfRange)
+    plain = owner.expose(np.zeros(8, np.uint64), "rw")
+    _refused(owner, peer, words, lambda: peer.fetch_add(plain.ref, 0, 1),
+             AccessDenied)
+    # an "atomic" region reads and writes as well
+    out = np.zeros(8, np.uint64)
+    peer.read(reg.ref, out)
+    assert np.array_equal(out, expect)
+    # the operands' buffer is the channel's, registered once, not once per atomic
+    before = peer.stats()["registrations"]
+    for _ in range(20):
+        peer.fetch_add(reg.ref, 24, 1)
+    expect[3] = 20
+    assert np.array_equal(words, expect)
+    assert peer.stats()["registrations"] - before <= 1
+
+
+@pytest.mark.parametrize("rpair", VERBS, indirect=True)
+def test_an_atomic_forged_onto_a_plain_region_is_refused_by_the_device(rpair):
+    owner, peer = rpair
+    buf = np.arange(8, dtype=np.uint64)
+    reg = owner.expose(buf, "rw")
+    _refused_by_owner(owner, peer, buf,
+                      lambda: peer.fetch_add(_forge(reg.ref, access=7), 0, 1),
+                      AccessDenied)
 
 
 @pytest.mark.parametrize("provider", WITHOUT)

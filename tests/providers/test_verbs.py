@@ -106,17 +106,20 @@ def _descriptor(theirs: layout.Layout, **changes) -> dict:
     {"regions": None}, {"event": 1}, {"lid": 1 << 16},
     {"granted": -1}, {"granted": 17}, {"granted": True}, {"granted": "1"}, {"granted": None},
     {"granted": -1}, {"granted": 17}, {"granted": True}, {"granted": "1"}, {"granted": None},
+    {"rid": -1}, {"rid": 1 << 64}, {"rid": True}, {"rid": b"x"}, {"rid": None},
 ])
 def test_bad_descriptor_is_protocol_error(changes):
     theirs = layout.endpoint_layout(16, 4096, 8)
-    assert verbs.check_descriptor(_descriptor(theirs), theirs, STRIDE)
+    assert verbs.check_descriptor(_descriptor(theirs), theirs, STRIDE)["rid"] == 0
+    assert verbs.check_descriptor(_descriptor(theirs, rid=2**64 - 1), theirs,
+                                  STRIDE)["rid"] == 2**64 - 1
     with pytest.raises(rdmamw.ProtocolError):
         verbs.check_descriptor(_descriptor(theirs, **changes), theirs, STRIDE)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from(["v", "qpn", "psn", "gid", "lid", "mtu", "addr", "rkey",
-                                        "len", "regions", "event", "granted"]),
+                                        "len", "regions", "event", "granted", "rid"]),
                        st.one_of(st.integers(-2**63, 2**64 - 1), st.binary(max_size=17),
                                  st.booleans(), st.none(), st.text(max_size=4),
                                  st.lists(st.lists(st.integers(0, 1 << 20), max_size=2),
@@ -131,6 +134,7 @@ def test_fuzz_descriptor(changes):
         return
     assert d["v"] == 1 and d["len"] == theirs.total
     assert type(d["granted"]) is int and 0 <= d["granted"] <= 16
+    assert type(d["rid"]) is int and 0 <= d["rid"] < 1 << 64       # absent: 0
     assert d["regions"] == [list(r) for r in theirs.regions()]
     assert 0 < d["qpn"] < 1 << 24 and len(d["gid"]) == 16 and type(d["event"]) is bool
     assert 0 < d["addr"] and d["addr"] + d["len"] <= 1 << 64 and 0 <= d["rkey"] < 1 << 32

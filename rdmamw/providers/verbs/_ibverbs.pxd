@@ -141,6 +141,7 @@ cdef extern from "rm_ibverbs.h" nogil:
         IBV_ACCESS_LOCAL_WRITE
         IBV_ACCESS_REMOTE_WRITE
         IBV_ACCESS_REMOTE_READ
+        IBV_ACCESS_REMOTE_ATOMIC
         IBV_ACCESS_MW_BIND
         IBV_DEVICE_MEM_WINDOW_TYPE_2B
         IBV_SEND_SIGNALED
@@ -157,6 +158,8 @@ cdef extern from "rm_ibverbs.h" nogil:
         IBV_WR_RDMA_WRITE_WITH_IMM
         IBV_WR_SEND
         IBV_WR_RDMA_READ
+        IBV_WR_ATOMIC_CMP_AND_SWP
+        IBV_WR_ATOMIC_FETCH_AND_ADD
         IBV_WR_BIND_MW
 
     cdef struct ibv_sge:
@@ -168,8 +171,15 @@ cdef extern from "rm_ibverbs.h" nogil:
         uint64_t remote_addr
         uint32_t rkey
 
+    cdef struct _ibv_atomic:
+        uint64_t remote_addr
+        uint64_t compare_add
+        uint64_t swap
+        uint32_t rkey
+
     cdef union _ibv_wr_u:
         _ibv_rdma rdma
+        _ibv_atomic atomic
 
     cdef struct ibv_mw_bind_info:
         ibv_mr *mr

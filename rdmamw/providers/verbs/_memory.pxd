@@ -15,6 +15,8 @@ cdef enum:
 # of an endpoint (block, receive buffer, local MRs, cached MRs) is charged before it is
 # made and refunded when it goes; 0 charged, -1 over the budget
 cdef int pin_charge(uint64_t n) noexcept nogil
+# IBV_ACCESS_REMOTE_READ / _WRITE of RM_ACCESS_REMOTE_* bits (a region may have both)
+cdef int ibv_remote(uint32_t access) noexcept nogil
 cdef void pin_refund(uint64_t n) noexcept nogil
 
 

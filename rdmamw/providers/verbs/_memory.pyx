@@ -17,6 +17,7 @@ from libc.string cimport strerror
 
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
+    RM_ACCESS_REMOTE_ATOMIC,
     RM_ACCESS_REMOTE_READ,
     RM_ACCESS_REMOTE_WRITE,
     RM_ERR_AGAIN,
@@ -50,6 +51,13 @@ also_load(_fill_table)
 
 cdef uint64_t _pinned = 0          # bytes charged now, by every endpoint of the process
 cdef uint64_t _budget = 0          # set by set_pinned_budget before the first device
+
+
+cdef int ibv_remote(uint32_t access) noexcept nogil:
+    """IBV_ACCESS_REMOTE_* of RM_ACCESS_REMOTE_* bits."""
+    return ((IBV_ACCESS_REMOTE_READ if access & RM_ACCESS_REMOTE_READ else 0)
+            | (IBV_ACCESS_REMOTE_WRITE if access & RM_ACCESS_REMOTE_WRITE else 0)
+            | (IBV_ACCESS_REMOTE_ATOMIC if access & RM_ACCESS_REMOTE_ATOMIC else 0))
 
 
 cdef int pin_charge(uint64_t n) noexcept nogil:
@@ -293,12 +301,11 @@ cdef class VerbsMemory:
         cdef int i, rc
         cdef ibv_mr *mr
         out.handle = out.lkey = out.rkey = 0
-        if access == RM_ACCESS_REMOTE_READ:
-            flags = self.remote_flags(IBV_ACCESS_REMOTE_READ)
-        elif access == RM_ACCESS_REMOTE_WRITE:
-            flags = self.remote_flags(IBV_ACCESS_REMOTE_WRITE)
-        elif access != RM_ACCESS_LOCAL:
+        if access & ~(RM_ACCESS_REMOTE_READ | RM_ACCESS_REMOTE_WRITE
+                      | RM_ACCESS_REMOTE_ATOMIC):
             return RM_ERR_UNSUPPORTED
+        if access != RM_ACCESS_LOCAL:       # read, write, or both (a user region)
+            flags = self.remote_flags(ibv_remote(access))
         i = self._claim()
         if i < 0:
             return RM_ERR_AGAIN

@@ -16,7 +16,6 @@ from posix.stdlib cimport posix_memalign
 
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
-    RM_ACCESS_REMOTE_READ,
     RM_ERR_CLOSED,
     RM_ERR_PEER_LOST,
     RM_NREGIONS,
@@ -38,7 +37,7 @@ from rdmamw.providers.verbs._device cimport (
     route_free,
     route_new,
 )
-from rdmamw.providers.verbs._memory cimport XMR_N, pin_charge
+from rdmamw.providers.verbs._memory cimport XMR_N, ibv_remote, pin_charge
 from rdmamw.providers.verbs._block cimport VerbsBlock
 from rdmamw.providers.verbs._backlog cimport bl_free
 
@@ -441,7 +440,7 @@ cdef int _open_qp(VerbsQP tp, VerbsDevice dev, rmv_route *r, uint32_t max_inline
 
 cdef ibv_qp *_create_qp(ibv_pd *pd, ibv_cq *scq, ibv_cq *rcq, uint32_t sq_depth,
                        uint32_t rq_depth, uint32_t *max_inline, int port) except NULL:
-    """An RC queue pair on the shared CQs, in INIT (remote READ and WRITE allowed: the
+    """An RC queue pair on the shared CQs, in INIT (remote READ, WRITE and atomics: the
     MRs say where), with as much inline data as the device allows of ``max_inline``
     (set to what it gave)."""
     cdef ibv_qp_init_attr ia
@@ -463,7 +462,8 @@ cdef ibv_qp *_create_qp(ibv_pd *pd, ibv_cq *scq, ibv_cq *rcq, uint32_t sq_depth,
     max_inline[0] = ia.cap.max_inline_data
     memset(&at, 0, sizeof(at))
     at.qp_state, at.port_num, at.pkey_index = IBV_QPS_INIT, port, 0
-    at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+    at.qp_access_flags = (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ
+                          | IBV_ACCESS_REMOTE_ATOMIC)
     if ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT
                      | IBV_QP_ACCESS_FLAGS):
         e = errno
@@ -514,8 +514,7 @@ cdef int _bind_exposed(VerbsQP tp, rm_mem *out, uint64_t addr, uint64_t length,
     cdef int rc
     rm_spin_lock(&tp.lock)
     bind_wr(&tp.swr[0], tp.mem.xmws[i], tp.mem.xmrs[i], addr, length,
-             IBV_ACCESS_REMOTE_READ if access == RM_ACCESS_REMOTE_READ
-             else IBV_ACCESS_REMOTE_WRITE, out.rkey)
+             ibv_remote(access), out.rkey)
     rc = tp._post_chain(1, True)
     if rc == 0:
         tp.mem.xbind[i] = tp.sq_posted

@@ -46,8 +46,8 @@ def transport_class():
     mod = _module()
     if isinstance(mod, str):
         raise ProviderUnavailable(mod)
-    from rdmamw.providers.verbs._transport import VerbsTransport
-    return VerbsTransport
+    from rdmamw.providers.verbs._regions import VerbsRegions
+    return VerbsRegions     # a VerbsTransport with user regions (remote memory)
 
 
 def pinned_budget() -> int:

@@ -84,6 +84,10 @@ def check_descriptor(d: dict, theirs: layout.Layout, stride: int) -> dict:
                             f"{[list(r) for r in theirs.regions()]!r}")
     if not isinstance(d.get("event"), bool):
         raise ProtocolError("descriptor field 'event' missing or not a bool")
+    # regions: the peer endpoint's identity (absent, 0: a peer without regions)
+    rid = d.setdefault("rid", 0)
+    if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid <= _U64:
+        raise ProtocolError(f"descriptor rid {rid!r} is not a 64-bit identity")
     # a ring that grows: the slots the peer registered at connect (0 or absent: all)
     granted = d.setdefault("granted", 0)
     slots = theirs.ring_len // stride
@@ -196,8 +200,10 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
             _refuse(conn, why)      # the peer learns why, not just a reset connection
             raise ProviderUnavailable(why) from None
         psn = int.from_bytes(os.urandom(3), "little")
+        # rid: this endpoint's identity in region references (docs/remote-memory.md)
+        rid = int.from_bytes(os.urandom(8), "little") or 1
         local.update(v=DESCRIPTOR_VERSION, psn=psn, regions=[list(r) for r in mine.regions()],
-                     event=bool(o["event"]))
+                     event=bool(o["event"]), rid=rid)
         del local["inline"]
         fr.send_frame(conn, local)
         d = check_descriptor(_unless_refused(fr.recv_frame(conn), peer_name), theirs,
@@ -211,6 +217,7 @@ def _handshake(conn: socket.socket, w: Where, slots: int, slot_size: int,
                         peer_stride, d["granted"])
         except OSError as e:
             raise PeerNotFound(f"cannot connect the queue pair to {peer_name}: {e}") from None
+        tp._set_region_ids(rid, d["rid"])
         # both QPs are in RTR before either side writes
         fr.send_frame(conn, {"ready": True})
         if fr.recv_frame(conn).get("ready") is not True:

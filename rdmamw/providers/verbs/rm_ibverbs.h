@@ -45,7 +45,9 @@ enum ibv_qp_state { IBV_QPS_RESET = 0, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS, I
                     IBV_QPS_SQE, IBV_QPS_ERR };
 enum ibv_mtu { IBV_MTU_256 = 1, IBV_MTU_512, IBV_MTU_1024, IBV_MTU_2048, IBV_MTU_4096 };
 enum ibv_wr_opcode { IBV_WR_RDMA_WRITE = 0, IBV_WR_RDMA_WRITE_WITH_IMM = 1, IBV_WR_SEND = 2,
-                     IBV_WR_SEND_WITH_IMM = 3, IBV_WR_RDMA_READ = 4, IBV_WR_LOCAL_INV = 7,
+                     IBV_WR_SEND_WITH_IMM = 3, IBV_WR_RDMA_READ = 4,
+                     IBV_WR_ATOMIC_CMP_AND_SWP = 5, IBV_WR_ATOMIC_FETCH_AND_ADD = 6,
+                     IBV_WR_LOCAL_INV = 7,
                      IBV_WR_BIND_MW = 8 };
 enum ibv_mw_type { IBV_MW_TYPE_1 = 1, IBV_MW_TYPE_2 = 2 };
 enum ibv_fork_status { IBV_FORK_DISABLED = 0, IBV_FORK_ENABLED = 1, IBV_FORK_UNNEEDED = 2 };
@@ -58,7 +60,7 @@ enum {
     IBV_QP_MAX_DEST_RD_ATOMIC = 1 << 17, IBV_QP_DEST_QPN = 1 << 20,
 };
 enum { IBV_ACCESS_LOCAL_WRITE = 1, IBV_ACCESS_REMOTE_WRITE = 2, IBV_ACCESS_REMOTE_READ = 4,
-       IBV_ACCESS_MW_BIND = 16 };
+       IBV_ACCESS_REMOTE_ATOMIC = 8, IBV_ACCESS_MW_BIND = 16 };
 enum { IBV_DEVICE_MEM_WINDOW_TYPE_2B = 1 << 24 };
 enum { IBV_SEND_SIGNALED = 2, IBV_SEND_SOLICITED = 4, IBV_SEND_INLINE = 8 };
 enum { IBV_WC_SUCCESS = 0, IBV_WC_WR_FLUSH_ERR = 5 };
