@@ -22,6 +22,10 @@ from tests.support.helpers import (  # noqa: E402
     providers_under_test,
 )
 
+#: fixtures kept beside the helpers they use (one conftest module only:
+#: tests/unit/test_suite_hygiene.py)
+pytest_plugins = ["tests.support.region_fixtures"]
+
 
 def pytest_unconfigure(config) -> None:
     shutil.rmtree(SUITE_HOME, ignore_errors=True)      # nothing of the suite's stays

@@ -1,4 +1,6 @@
-"""Fixtures of the remote-memory tests (tests/support/regions.py has the rest)."""
+"""Fixtures of the remote-memory tests, a plugin of tests/conftest.py (pytest_plugins)
+(a conftest.py here would be a second module named "conftest": tests/unit/
+test_suite_hygiene.py). tests/support/regions.py has the rest."""
 
 from __future__ import annotations
 
