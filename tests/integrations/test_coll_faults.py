@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from rdmamw.bootstrap.launch import spawn
@@ -219,3 +220,44 @@ def test_a_member_nobody_suspects_that_never_comes_is_counted_out_before_the_dea
     for r in rest:
         assert out[r].get("members") == rest, out
         assert out[r]["t"] < 3.5, out
+
+
+#: where the coordinator dies inside the shrink (tests/support/shrink_hooks.py): before
+#: its decision went anywhere, after it went to 1 or 2 of the 3 survivors, after it
+#: returned
+KILL_STEPS = ["open", "told", "decide", "decided-1", "decided-2", "returned"]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+@pytest.mark.parametrize("step", KILL_STEPS)
+def test_every_survivor_gets_the_same_members_when_the_coordinator_dies_in_the_shrink(
+        provider, step):
+    """5 ranks; rank 4 dies, the survivors shrink, and rank 0, the agreement's
+    coordinator, dies at ``step`` inside it; rank 3's channels to ranks 1 and 2 open
+    1 s late (so a decision passed on must wait for them). Every survivor comes out
+    with the same members; without rank 0 if it died before its decision went out;
+    if it died after (ULFM's contract too), the next allreduce names it on every
+    survivor and a second shrink drops it. The allreduce on [1, 2, 3] is right, whole."""
+    hooks = {"kill": [0, step],
+             "slow": {"3": {"1": 1.0, "2": 1.0}, "1": {"3": 1.0}, "2": {"3": 1.0}}}
+    env = {"RDMAMW_PROVIDER": provider} if provider != "shm" else {}
+    procs = spawn(5, [sys.executable, os.path.join(ROOT, "tests", "support",
+                                                   "shrink_kill_worker.py"), "6",
+                      json.dumps(hooks)],
+                  env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                  text=True)
+    try:
+        out = {r: json.loads(procs[r].stdout.readline()) for r in (1, 2, 3)}
+    finally:
+        reap(procs)
+    firsts = {r: v.get("members") for r, v in out.items()}
+    assert len({repr(m) for m in firsts.values()}) == 1, out
+    want = sum(np.arange(1000, dtype=np.float64) * (r + 1) + r for r in (1, 2, 3))
+    for v in out.values():
+        assert v["named"] == 4, out
+        if v.get("members") == [0, 1, 2, 3] and step not in ("open", "told", "decide"):
+            assert v.get("lost") == 0, out
+            v = v["again"]
+        assert v.get("members") == [1, 2, 3], out
+        assert np.array_equal(np.array(v["result"]), want), out
