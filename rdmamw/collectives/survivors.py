@@ -125,6 +125,7 @@ class _Agreement:
         #: heard from it lately saying so (the agreement's start for the others)
         self.seen = {r: self.start for r in self.openers}
         self.direct: dict[int, float] = {}             # the last message from each peer
+        self.gone: set[int] = set()                     # peers whose channel failed
 
     def alive(self) -> set[int]:
         return self.members - self.failed
@@ -153,7 +154,7 @@ class _Agreement:
         """Take the channels that opened; a peer whose open failed has failed."""
         new = False
         for r, op in self.openers.items():
-            if r in self.chans:
+            if r in self.chans or r in self.gone:
                 continue
             ch = op.take()
             if ch is not None:
@@ -172,7 +173,8 @@ class _Agreement:
             if self.sent.get(r) == mine and now - self.told.get(r, 0.0) < self.every:
                 continue
             if msg is None:
-                linked = sorted(q for q, t in self.direct.items() if now - t < self.silence / 2)
+                linked = sorted([q, int((now - t) * 1000)] for q, t in self.direct.items()
+                                if now - t < self.silence)
                 msg = msgpack.packb([MAGIC, SET, sorted(mine), linked])
             try:
                 ch.send(msg, timeout=0)
@@ -180,21 +182,21 @@ class _Agreement:
                 if not e.sent:
                     continue            # its ring is full: again next turn
             except RdmamwError:
-                self.failed.add(r)
-                continue
+                continue                # (what it sent before, a DECIDED, is read first)
             self.sent[r], self.told[r] = mine, now
 
     def _take(self) -> frozenset[int] | None:
         """What arrived: sets (their union is ours), a DECIDED (returned, after it was
         passed on). Excluded if one names this rank. A member counted as failed is
-        not listened to: counting it out promised (to whoever got our set) that no
-        decision of its would be taken."""
+        not listened to, nor its decision taken once a set naming it went out: that
+        set promised whoever got it that none would be."""
         for r, ch in list(self.chans.items()):
             try:
                 got = ch.recv_batch(16, timeout=0)
             except (ChannelClosed, PeerLost, ProtocolError):
                 self.failed.add(r)      # (a member that decided says so before it closes)
                 del self.chans[r]
+                self.gone.add(r)
                 continue
             except Timeout:
                 continue
@@ -208,17 +210,22 @@ class _Agreement:
                     raise Excluded(f"shrink: rank {r} counts this rank ({self.me}) as "
                                    f"failed (ranks {sorted(theirs)}): it is not among the "
                                    f"survivors")
-                if r in self.failed:
+                if r in self.failed and (kind == SET or self._promised(r)):
                     continue
                 self.seen[r] = self.direct[r] = now
-                for q in linked & self.seen.keys():     # (heard within silence / 2)
-                    self.seen[q] = max(self.seen[q], now - self.silence / 2)
+                for q, ms in linked:        # (heard ``ms`` before the sender wrote)
+                    if q in self.seen:
+                        self.seen[q] = max(self.seen[q], now - ms / 1000)
                 if kind == DECIDED:
                     self._pass_on(theirs, r)
                     return theirs
                 self.heard[r] = theirs
                 self.failed |= theirs
         return None
+
+    def _promised(self, r: int) -> bool:
+        """Whether a set naming ``r`` went out (then a decision of its is not taken)."""
+        return any(r in sent for sent in self.sent.values())
 
     def _count_silent(self) -> bool:
         """Count out the members nobody heard from for :attr:`silence` (stopped, or
@@ -264,7 +271,7 @@ class _Agreement:
         new communicator's."""
         msg = msgpack.packb([MAGIC, DECIDED, sorted(decided), []])
         pending = {r: op for r, op in self.openers.items()
-                   if r not in decided and r not in self.chans}
+                   if r not in decided and r not in self.chans and r not in self.gone}
         while pending and time.monotonic() < self.end:
             for r, op in list(pending.items()):
                 ch = op.take()
@@ -303,16 +310,19 @@ def agree(world: Any, members: list[int], failed: set[int], end: float) -> list[
         a.close()
 
 
-def _parse(raw: bytes, members: set[int]) -> tuple[int, frozenset[int], frozenset[int]]:
-    """A peer's ``(kind, failed, linked)``, each field read once and checked."""
+def _parse(raw: bytes, members: set[int]) -> tuple[int, frozenset[int], list[tuple[int, int]]]:
+    """A peer's ``(kind, failed, linked)``: ``linked`` the members it heard from
+    lately, each with how many ms before; each field read once and checked."""
     try:
         magic, kind, failed, linked = msgpack.unpackb(raw)
     except Exception as e:  # noqa: BLE001 - anything malformed is the same error
         raise ProtocolError(f"shrink: a malformed message ({len(raw)} bytes)") from e
     if magic != MAGIC or type(kind) is not int or kind not in (SET, DECIDED) \
-            or not _ranks(failed, members) or not _ranks(linked, members):
+            or not _ranks(failed, members) or type(linked) is not list \
+            or not all(type(e) is list and len(e) == 2 and _ranks(e[:1], members)
+                       and type(e[1]) is int and 0 <= e[1] < 1 << 31 for e in linked):
         raise ProtocolError(f"shrink: a malformed message {raw!r:.80}")
-    return kind, frozenset(failed), frozenset(linked)
+    return kind, frozenset(failed), [(q, ms) for q, ms in linked]
 
 
 def _ranks(v: Any, members: set[int]) -> bool:

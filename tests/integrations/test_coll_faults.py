@@ -222,6 +222,21 @@ def test_a_member_nobody_suspects_that_never_comes_is_counted_out_before_the_dea
         assert out[r]["t"] < 3.5, out
 
 
+def shrink_kill(provider: str, hooks: dict) -> dict[int, dict]:
+    """tests/support/shrink_kill_worker.py's 5-rank job with ``hooks``; the JSON lines
+    of ranks 1, 2 and 3 (rank 4 dies, and rank 0 too)."""
+    env = {"RDMAMW_PROVIDER": provider} if provider != "shm" else {}
+    procs = spawn(5, [sys.executable, os.path.join(ROOT, "tests", "support",
+                                                   "shrink_kill_worker.py"), "6",
+                      json.dumps(hooks)],
+                  env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                  text=True)
+    try:
+        return {r: json.loads(procs[r].stdout.readline()) for r in (1, 2, 3)}
+    finally:
+        reap(procs)
+
+
 #: where the coordinator dies inside the shrink (tests/support/shrink_hooks.py): before
 #: its decision went anywhere, after it went to 1 or 2 of the 3 survivors, after it
 #: returned
@@ -239,18 +254,9 @@ def test_every_survivor_gets_the_same_members_when_the_coordinator_dies_in_the_s
     with the same members; without rank 0 if it died before its decision went out;
     if it died after (ULFM's contract too), the next allreduce names it on every
     survivor and a second shrink drops it. The allreduce on [1, 2, 3] is right, whole."""
-    hooks = {"kill": [0, step],
-             "slow": {"3": {"1": 1.0, "2": 1.0}, "1": {"3": 1.0}, "2": {"3": 1.0}}}
-    env = {"RDMAMW_PROVIDER": provider} if provider != "shm" else {}
-    procs = spawn(5, [sys.executable, os.path.join(ROOT, "tests", "support",
-                                                   "shrink_kill_worker.py"), "6",
-                      json.dumps(hooks)],
-                  env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                  text=True)
-    try:
-        out = {r: json.loads(procs[r].stdout.readline()) for r in (1, 2, 3)}
-    finally:
-        reap(procs)
+    out = shrink_kill(provider, {
+        "kill": [0, step],
+        "slow": {"3": {"1": 1.0, "2": 1.0}, "1": {"3": 1.0}, "2": {"3": 1.0}}})
     firsts = {r: v.get("members") for r, v in out.items()}
     assert len({repr(m) for m in firsts.values()}) == 1, out
     want = sum(np.arange(1000, dtype=np.float64) * (r + 1) + r for r in (1, 2, 3))
@@ -261,3 +267,16 @@ def test_every_survivor_gets_the_same_members_when_the_coordinator_dies_in_the_s
             v = v["again"]
         assert v.get("members") == [1, 2, 3], out
         assert np.array_equal(np.array(v["result"]), want), out
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+def test_a_decision_that_comes_after_its_sender_was_counted_out_is_not_taken(provider):
+    """5 ranks; rank 4 dies; rank 0, the coordinator, sends its decision to rank 3
+    only and dies. Rank 3 reads rank 0's channel only once it told everyone that rank
+    0 failed (as the others told it): that set is a promise, the others decide on it
+    without rank 0, so rank 3 must not take rank 0's decision (it would keep rank 0:
+    a split). Every survivor gets [1, 2, 3]."""
+    out = shrink_kill(provider, {"kill": [0, "decided-1"], "deaf": {"3": 0}})
+    for v in out.values():
+        assert v.get("members") == [1, 2, 3], out

@@ -11,8 +11,11 @@ of its own; these wrap its methods in the rank's process.
 * ``{"kill": [rank, step]}``: that rank kills itself (SIGKILL) at ``step``: ``open``
   (its first agreement channel opened), ``told`` (its set went to every peer it counts alive),
   ``decide`` (it decided, before its DECIDED went anywhere), ``decided-K`` (its
-  DECIDED went to K channels, in the order they opened), ``returned`` (agree
-  returned to it)."""
+  DECIDED went to K members, the highest ranks first), ``returned`` (agree returned
+  to it);
+* ``{"deaf": {rank: peer}}``: that rank reads nothing from ``peer`` until it sent
+  every member it counts alive a set naming ``peer`` (it learnt of its failure from
+  the others first: a scheduler's order)."""
 
 from __future__ import annotations
 
@@ -35,6 +38,24 @@ def install(hooks: dict, rank: int) -> None:
     who, step = hooks.get("kill", [None, ""])
     if who == rank:
         _kill_at(step)
+    deaf = hooks.get("deaf", {}).get(str(rank))
+    if deaf is not None:
+        _deaf_to(deaf)
+
+
+def _deaf_to(peer: int) -> None:
+    def make(take: Any) -> Any:
+        def took(self: Any) -> Any:
+            named = [r for r, s in self.sent.items() if peer in s]
+            if peer not in self.chans or len(named) >= len(self.alive()) - 1:
+                return take(self)
+            ch = self.chans.pop(peer)
+            try:
+                return take(self)
+            finally:
+                self.chans[peer] = ch
+        return took
+    _wrap(survivors._Agreement, "_take", make)
 
 
 def _die() -> None:
@@ -75,7 +96,8 @@ def _kill_at(step: str) -> None:
             def passed_on(self: Any, decided: Any, frm: Any) -> None:
                 if frm is not None:
                     return pass_on(self, decided, frm)
-                chans, self.chans = self.chans, dict(list(self.chans.items())[:k])
+                chans = self.chans
+                self.chans = {r: chans[r] for r in sorted(chans, reverse=True)[:k]}
                 pass_on(self, decided, frm)
                 self.chans = chans
                 _die()
