@@ -24,12 +24,14 @@ may be suspected by some members only. So:
   passes it on to its channels (those to survivors that open later too, before it
   returns), so one member that got it is enough; a coordinator that fails is
   replaced by the next smallest;
-* a member never takes a message, a DECIDED above all, from a member it counts as
-  failed. A set is thus a promise: whoever sent one naming the coordinator will not
-  take its decision. So when a coordinator dies while its DECIDED goes out, the
-  members that got a copy before they counted it out pass it on, the others wait for
-  their votes (or their copies) and take it; and if none got one, all of them count
-  it out and the next decides: every survivor ends with the same members. (One that
+* a member takes no set from a member it counts as failed, and no DECIDED from one
+  that a set of its own already named. A set is thus a promise: whoever sent one
+  naming the coordinator will not take its decision. (A send that fails does not
+  count the peer out: what it sent before it closed, a DECIDED, is read first.)
+  So when a coordinator dies while its DECIDED goes out, the members that got a copy
+  before they named it pass it on, the others wait for their sets (or their copies)
+  and take it; if none got one, all of them count it out and the next decides:
+  every survivor ends with the same members. (One that
   died after its decision went out is among them, as in ULFM: the next collective
   names it, and a second shrink drops it.)
 * before it returns, a member waits (by the deadline) for its channels to the other
