@@ -39,6 +39,7 @@ from rdmamw.errors import (
     BufferTooSmall,
     ChannelClosed,
     PeerLost,
+    PeerNotFound,
     ProtocolError,
     RdmamwError,
     Timeout,
@@ -164,9 +165,12 @@ class Communicator:
         for p in sorted(set(peers) - {self.rank} - set(self._chans)):
             # chunks up to the eager limit are copied through the ring (no read back,
             # no wait for it at the end: less latency); larger ones go by rendezvous
-            ch = Channel.open(self.members[p], timeout=self.left(), slots=self.slots,
-                              slot_size=self.slot_size, world=self.world,
-                              rndv_threshold=self.slot_size, spin_us=self.spin_us)
+            try:
+                ch = Channel.open(self.members[p], timeout=self.left(), slots=self.slots,
+                                  slot_size=self.slot_size, world=self.world,
+                                  rndv_threshold=self.slot_size, spin_us=self.spin_us)
+            except (PeerLost, PeerNotFound, ChannelClosed, Timeout) as e:
+                raise unopened(e, p, self.seq) from e
             self._chans[p] = ch
             self._queues[p] = collections.deque()
             self._cap = min(self._cap, chunk_limit(ch, self.chunk))
@@ -632,6 +636,15 @@ def name_peer(e: BaseException, peer: int) -> BaseException:
         named.__cause__ = e
         return named
     return e
+
+
+def unopened(e: BaseException, peer: int, seq: int) -> RdmamwError:
+    """A channel to ``peer`` that did not open, as the collective's failure naming it
+    (``.rank``): a member that died after it was agreed on (a shrink's) is lost."""
+    kind = Timeout if isinstance(e, Timeout) else PeerLost
+    named = kind(f"collective #{seq}: rank {peer}: its channel did not open: {e}")
+    named.rank = peer                   # type: ignore[attr-defined]
+    return named
 
 
 def spin_for(world: Any) -> float | None:

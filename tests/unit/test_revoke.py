@@ -90,13 +90,17 @@ def test_a_shrink_message_round_trips_and_a_hostile_one_is_a_protocol_error():
 
     from rdmamw.collectives import survivors as shrink
     members = {0, 1, 3}
-    assert shrink._parse(msgpack.packb([shrink.MAGIC, shrink.SET, [3, 1]]), members) == (
-        shrink.SET, {1, 3})
-    assert shrink._parse(msgpack.packb([shrink.MAGIC, shrink.DECIDED, []]), members) == (
-        shrink.DECIDED, set())
-    for bad in ([shrink.MAGIC, shrink.SET, [2]], [shrink.MAGIC, "0", []], ["other", 1, []],
-                [shrink.MAGIC, 1, [True]], [shrink.MAGIC, 1, 5], [shrink.MAGIC, 1],
-                [shrink.MAGIC, 2, []], [shrink.MAGIC, True, []]):
+    assert shrink._parse(msgpack.packb([shrink.MAGIC, shrink.SET, [3, 1], [[0, 120]]]),
+                         members) == (shrink.SET, {1, 3}, [(0, 120)])
+    assert shrink._parse(msgpack.packb([shrink.MAGIC, shrink.DECIDED, [], []]),
+                         members) == (shrink.DECIDED, set(), [])
+    for bad in ([shrink.MAGIC, shrink.SET, [2], []], [shrink.MAGIC, "0", [], []],
+                ["other", 1, [], []], [shrink.MAGIC, 1, [True], []],
+                [shrink.MAGIC, 1, 5, []], [shrink.MAGIC, 1, []], [shrink.MAGIC, 2, [], []],
+                [shrink.MAGIC, True, [], []], [shrink.MAGIC, 0, [], [[2, 0]]],
+                [shrink.MAGIC, 0, [], 1], [shrink.MAGIC, 0, [], [None]],
+                [shrink.MAGIC, 0, [], [0]], [shrink.MAGIC, 0, [], [[0, -1]]],
+                [shrink.MAGIC, 0, [], [[0, 1.5]]], [shrink.MAGIC, 0, [], [[0, 1, 2]]]):
         with pytest.raises(ProtocolError, match="shrink: a malformed message"):
             shrink._parse(msgpack.packb(bad), members)
 
@@ -105,7 +109,8 @@ def test_a_shrink_message_round_trips_and_a_hostile_one_is_a_protocol_error():
 def test_any_bytes_as_a_shrink_message_parse_or_are_a_protocol_error(data):
     from rdmamw.collectives import survivors as shrink
     try:
-        kind, failed = shrink._parse(data, {0, 1, 2})
+        kind, failed, linked = shrink._parse(data, {0, 1, 2})
     except ProtocolError:
         return
     assert kind in (shrink.SET, shrink.DECIDED) and failed <= {0, 1, 2}
+    assert all(q in {0, 1, 2} and ms >= 0 for q, ms in linked)
