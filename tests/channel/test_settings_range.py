@@ -359,6 +359,26 @@ def _trace_limit() -> None:
         assert (len(tr.spans), tr.dropped) == (min(limit, n), n - min(limit, n))
 
 
+def _trace_records() -> None:
+    """The channels' timeline keeps RDMAMW_TRACE_MAX_RECORDS records and counts the
+    others dropped (each shm send of one message writes three: test_trace_batches)."""
+    import rdmamw.trace as trace
+    from rdmamw.engine import _engine
+    from tests.support.helpers import make_pair
+    limit = config.get("RDMAMW_TRACE_MAX_RECORDS")
+    a, b, lst = make_pair(provider="shm")
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            with trace.record(os.path.join(d, "t.json")) as tr:
+                for i in range(4):
+                    a.send(b"m%d" % i)
+                    b.recv(timeout=10).release()
+            kept = len(tr.records) // _engine.TRACE_RECORD_BYTES
+    finally:
+        a.close(), b.close(), lst.close()
+    assert (kept, tr.records_dropped) == (min(limit, 12), 12 - min(limit, 12))
+
+
 def _local_rank(name: str) -> Callable[[], None]:
     def run() -> None:
         from rdmamw.metrics import local_rank
@@ -397,7 +417,7 @@ PATHS: dict[str, Callable[[], None]] = {
     "RDMAMW_METRICS_HOST_PORT": _metrics_host_port,
     "RDMAMW_METRICS_MAX_PEERS": _metrics_peers,
     "RDMAMW_METRICS_TIMEOUT": _metrics_http, "RDMAMW_METRICS_MAX_CONNECTIONS": _metrics_http,
-    "RDMAMW_TRACE_MAX_EVENTS": _trace_limit,
+    "RDMAMW_TRACE_MAX_EVENTS": _trace_limit, "RDMAMW_TRACE_MAX_RECORDS": _trace_records,
     **{n: _local_rank(n) for n in ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                                    "SLURM_LOCALID")},
 }
