@@ -125,7 +125,7 @@ def _metrics(url: str, timeout: float) -> Scrape:
 
 def _add_health(out: Scrape, answer: bytes) -> None:
     """Each rank's waits by peer; a rank the health answer knows and the metrics
-    do not (gone: found dead) is shown down with why."""
+    do not show up (silent, or gone: found dead) is shown down with why."""
     try:
         got = json.loads(answer)
         ranks = got["ranks"] if "ranks" in got else [got]
@@ -134,6 +134,8 @@ def _add_health(out: Scrape, answer: bytes) -> None:
     for h in ranks:
         name = str(h.get("rank", "?"))
         if h.get("state", "up") != "up":
+            if name in out.ranks and out.ranks[name].up:
+                continue    # (answered the metrics: a gone one is an earlier process)
             r = out.ranks.setdefault(name, Rank(up=False))
             r.up, r.why = False, f"{h.get('state')}: {h.get('error', '')}"
             continue

@@ -4,11 +4,12 @@ peer exactly the ranks' own ``stats()``; in a real terminal (tmux) it shows ever
 in its first frame, refreshes, and quits on Ctrl-C. On a 3-rank job's one host
 endpoint (RDMAMW_METRICS_HOST_PORT): a row per rank and peer, each rank its own, and a
 rank stopped (SIGSTOP) shown down with why, the frame late by no more than the host's
-per-rank bound."""
+per-rank bound; what each rank waits on, per peer, as its health answer says."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from rdmamw.apps.top import COLUMNS  # noqa: E402
 from rdmamw.metrics.gather import RANK_TIMEOUT  # noqa: E402
 from tests.integrations.test_metrics_host import job3  # noqa: E402,F401 - the fixture
 from tests.integrations.test_metrics_job import Job, counters  # noqa: E402
+from tests.integrations.test_status import host_job  # noqa: E402,F401 - the fixture
 from tests.support.helpers import free_ports  # noqa: E402
 
 TMUX = shutil.which("tmux")
@@ -143,3 +145,25 @@ def test_the_live_view_refreshes_in_a_terminal(job2, tmp_path):
     finally:
         subprocess.run([TMUX, *sock, "kill-server"], capture_output=True)
     job2.finish()
+
+
+def waiting(out: str) -> dict[tuple[str, str], str]:
+    """The frame's "waiting on peer" cells that say a wait, by (rank, peer), the
+    seconds written as S, the waits in the order of their names."""
+    return {k: ", ".join(sorted(re.sub(r"\d+\.\d s", "S", row["waiting on peer"])
+                                .split(", ")))
+            for k, row in rows(out).items() if row["waiting on peer"] != "-"}
+
+
+def test_a_hosts_endpoint_shows_whom_each_rank_waits_on(host_job):  # noqa: F811
+    """tests/support/status_worker.py's job: rank 0 blocked in a receive from rank 1,
+    then ranks 0 and 1 in an allreduce rank 2 has not joined."""
+    target = host_job.targets[0]
+    end = time.monotonic() + 20
+    while (got := waiting(top_once(target)[0])) != {("0", "1"): "arrival S"}:
+        assert time.monotonic() < end, got
+    host_job.say(1)     # rank 1 sends: both in the allreduce, waiting for rank 2
+    end = time.monotonic() + 20       # (its step's receive asleep on the channel too)
+    while (got := waiting(top_once(target)[0])) != {("0", "2"): "arrival S, collective S",
+                                                     ("1", "2"): "arrival S, collective S"}:
+        assert time.monotonic() < end, got
