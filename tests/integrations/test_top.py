@@ -8,6 +8,7 @@ per-rank bound; what each rank waits on, per peer, as its health answer says."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -167,3 +168,18 @@ def test_a_hosts_endpoint_shows_whom_each_rank_waits_on(host_job):  # noqa: F811
     while (got := waiting(top_once(target)[0])) != {("0", "2"): "arrival S, collective S",
                                                      ("1", "2"): "arrival S, collective S"}:
         assert time.monotonic() < end, got
+
+
+def test_a_gone_record_of_an_earlier_process_leaves_the_live_rank_up():
+    """A host's directory keeps a dead process's record for 10 minutes: its rank's
+    new process, answering the metrics, stays up; a rank the health answer alone
+    knows (gone) is shown down, with why."""
+    from rdmamw.apps.top import Rank, Scrape, _add_health
+    s = Scrape("u", 0.0, ranks={"0": Rank()})
+    _add_health(s, json.dumps({"ranks": [
+        {"rank": "0", "state": "gone", "error": "process 7 exited (found 9 s ago)"},
+        {"rank": "0", "state": "up", "peers": [{"peer": "1", "waiting": {"arrival": 2.0}}]},
+        {"rank": "1", "state": "gone", "error": "process 8 exited (found 9 s ago)"},
+    ]}).encode())
+    assert s.ranks == {"0": Rank(waiting={"1": "arrival 2.0 s"}),
+                       "1": Rank(up=False, why="gone: process 8 exited (found 9 s ago)")}
