@@ -1,11 +1,18 @@
 """``rdmamw top`` (rdmamw/apps/top.py) on a running 2-rank job's metrics endpoints
 (tests/integrations/test_metrics_job.py's): one frame (``--once``) shows per rank and
 peer exactly the ranks' own ``stats()``; in a real terminal (tmux) it shows every rank
-in its first frame, refreshes, and quits on Ctrl-C."""
+in its first frame, refreshes, and quits on Ctrl-C. On a 3-rank job's one host
+endpoint (RDMAMW_METRICS_HOST_PORT): a row per rank and peer, each rank its own, and a
+rank stopped (SIGSTOP) shown down with why, the frame late by no more than the host's
+per-rank bound; what each rank waits on, per peer, as its health answer says."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -14,7 +21,10 @@ import pytest
 
 pytest.importorskip("rich")
 from rdmamw.apps.top import COLUMNS  # noqa: E402
+from rdmamw.metrics.gather import RANK_TIMEOUT  # noqa: E402
+from tests.integrations.test_metrics_host import job3  # noqa: E402,F401 - the fixture
 from tests.integrations.test_metrics_job import Job, counters  # noqa: E402
+from tests.integrations.test_status import host_job  # noqa: E402,F401 - the fixture
 from tests.support.helpers import free_ports  # noqa: E402
 
 TMUX = shutil.which("tmux")
@@ -43,24 +53,52 @@ def rows(text: str) -> dict[tuple[str, str], dict[str, str]]:
     return out
 
 
-def test_one_frame_shows_each_ranks_counters_per_peer(job2):
-    down = free_ports(1)        # nothing listens there
-    targets = [f"127.0.0.1:{job2.base + r}" for r in range(job2.n)] + [f"127.0.0.1:{down}"]
+def top_once(*targets: str) -> tuple[str, float]:
+    """One frame (two reads 0.5 s apart) of ``rdmamw top`` and how long it took."""
+    t0 = time.monotonic()
     got = subprocess.run([sys.executable, "-m", "rdmamw.cli", "top", "--once",
                           "--interval", "0.5", *targets],
                          capture_output=True, text=True, timeout=60)
     assert got.returncode == 0, got.stderr
-    want = {(str(r), peer): {**{col: str(st[key]) for col, key in TOTALS.items()},
-                             "provider": "shm", "errors": "0",
+    return got.stdout, time.monotonic() - t0
+
+
+def want_rows(job: Job, ranks: list[int]) -> dict[tuple[str, str], dict[str, str]]:
+    """The rows of the idle ``job``'s ``ranks``: its ranks' own stats() per peer."""
+    return {(str(r), peer): {**{col: str(st[key]) for col, key in TOTALS.items()},
+                             "rank": str(r), "peer": peer, "provider": "shm",
+                             "errors": "0", "waiting on peer": "-",
                              # the job is idle while it is read: no rate
                              "sent/s": "0 B", "recv/s": "0 B", "msg sent/s": "0",
                              "msg recv/s": "0"}
-            for r, rep in enumerate(job2.reports) for peer, st in rep["stats"].items()}
-    shown = {k: {c: v for c, v in row.items() if c not in ("rank", "peer")}
-             for k, row in rows(got.stdout).items()}
-    assert shown == want
-    assert f"not answering: http://127.0.0.1:{down}/metrics" in got.stdout
+            for r in ranks for peer, st in job.reports[r]["stats"].items()}
+
+
+def test_one_frame_shows_each_ranks_counters_per_peer(job2):
+    down = free_ports(1)        # nothing listens there
+    targets = [f"127.0.0.1:{job2.base + r}" for r in range(job2.n)] + [f"127.0.0.1:{down}"]
+    out, _ = top_once(*targets)
+    assert rows(out) == want_rows(job2, list(range(job2.n)))
+    assert f"not answering: http://127.0.0.1:{down}/metrics" in out
     assert counters(job2.finish()) == counters(job2.reports)    # (it was idle)
+
+
+def test_a_hosts_endpoint_shows_each_rank_and_a_stopped_one_down(job3):  # noqa: F811
+    out, running = top_once(f"127.0.0.1:{job3.host}")
+    assert rows(out) == want_rows(job3, [0, 1, 2])
+    os.kill(job3.procs[2].pid, signal.SIGSTOP)
+    try:
+        out, took = top_once(f"127.0.0.1:{job3.host}")
+    finally:
+        os.kill(job3.procs[2].pid, signal.SIGCONT)
+    down = {c: "" for c in COLUMNS} | {
+        "rank": "2", "peer": "-", "provider": "-", "sent/s": "down",
+        "waiting on peer": "silent: stopped (SIGSTOP or a debugger), no answer within "
+                           f"{RANK_TIMEOUT:g} s"}
+    assert rows(out) == {**want_rows(job3, [0, 1]), ("2", "-"): down}, out
+    # each of its two reads waits for the stopped rank at most the host's bound
+    assert took < running + 2 * RANK_TIMEOUT + 1.0, (took, running)
+    assert counters(job3.finish()) == counters(job3.reports)    # (it was idle)
 
 
 def tmux(*args: str) -> str:
@@ -108,3 +146,40 @@ def test_the_live_view_refreshes_in_a_terminal(job2, tmp_path):
     finally:
         subprocess.run([TMUX, *sock, "kill-server"], capture_output=True)
     job2.finish()
+
+
+def waiting(out: str) -> dict[tuple[str, str], str]:
+    """The frame's "waiting on peer" cells that say a wait, by (rank, peer), the
+    seconds written as S, the waits in the order of their names."""
+    return {k: ", ".join(sorted(re.sub(r"\d+\.\d s", "S", row["waiting on peer"])
+                                .split(", ")))
+            for k, row in rows(out).items() if row["waiting on peer"] != "-"}
+
+
+def test_a_hosts_endpoint_shows_whom_each_rank_waits_on(host_job):  # noqa: F811
+    """tests/support/status_worker.py's job: rank 0 blocked in a receive from rank 1,
+    then ranks 0 and 1 in an allreduce rank 2 has not joined."""
+    target = host_job.targets[0]
+    end = time.monotonic() + 20
+    while (got := waiting(top_once(target)[0])) != {("0", "1"): "arrival S"}:
+        assert time.monotonic() < end, got
+    host_job.say(1)     # rank 1 sends: both in the allreduce, waiting for rank 2
+    end = time.monotonic() + 20       # (its step's receive asleep on the channel too)
+    while (got := waiting(top_once(target)[0])) != {("0", "2"): "arrival S, collective S",
+                                                     ("1", "2"): "arrival S, collective S"}:
+        assert time.monotonic() < end, got
+
+
+def test_a_gone_record_of_an_earlier_process_leaves_the_live_rank_up():
+    """A host's directory keeps a dead process's record for 10 minutes: its rank's
+    new process, answering the metrics, stays up; a rank the health answer alone
+    knows (gone) is shown down, with why."""
+    from rdmamw.apps.top import Rank, Scrape, _add_health
+    s = Scrape("u", 0.0, ranks={"0": Rank()})
+    _add_health(s, json.dumps({"ranks": [
+        {"rank": "0", "state": "gone", "error": "process 7 exited (found 9 s ago)"},
+        {"rank": "0", "state": "up", "peers": [{"peer": "1", "waiting": {"arrival": 2.0}}]},
+        {"rank": "1", "state": "gone", "error": "process 8 exited (found 9 s ago)"},
+    ]}).encode())
+    assert s.ranks == {"0": Rank(waiting={"1": "arrival 2.0 s"}),
+                       "1": Rank(up=False, why="gone: process 8 exited (found 9 s ago)")}
