@@ -132,6 +132,9 @@ class _Lines:
     ("lat", ["-s", "8,4K"], [8, 4096]),
     ("bw", ["-a", "--max-size", "16K"], SWEEP[:14]),
     ("rate", ["-s", "8"], [8]),
+    ("read", ["-s", "8,64K"], [8, 65536]),
+    ("write", ["-s", "8,64K"], [8, 65536]),
+    ("atomic", [], [8]),
 ])
 def test_over_verbs(test, extra, sizes, capsys):
     """Server in a thread, client in this process: under TCG a Python start costs
