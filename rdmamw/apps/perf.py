@@ -2,8 +2,9 @@
 channels, on every provider: a server on one end, a client on the other.
 
     rdmamw perf --server [ADDR | --bind HOST]   # prints the address it listens on
-    rdmamw perf ADDR [-t lat|bw|rate] [-s SIZE[,SIZE..] | -a] [-n ITERS] [--batch N]
-                     [--mode batched|ack|batched,ack] [--provider SCHEME] [--json]
+    rdmamw perf ADDR [-t lat|bw|rate|read|write|atomic] [-s SIZE[,SIZE..] | -a]
+                     [-n ITERS] [--batch N] [--mode batched|ack|batched,ack]
+                     [--provider SCHEME] [--json]
 
 ADDR is ``HOST[:PORT]`` (tcp, verbs; port 18515 as perftest's), a name (shm), or a
 whole address (``verbs://10.0.0.1:7000``). The client decides the test and sends its
@@ -18,7 +19,9 @@ trip, as perftest's); ``bw`` and ``rate`` stream ``--batch`` messages per
 ``send_batch`` until the server has counted ``-n`` of them and answered (``rate``:
 small messages by default, for messages per second). Each test has an untimed warm-up.
 In ``bw``/``rate`` the latency columns are the time per message in the stream (time
-between batches / batch). Every wait is bounded by ``--timeout``."""
+between batches / batch). ``read``, ``write`` and ``atomic`` are one-sided: the server
+exposes a buffer and the client reads, writes or fetch-adds it (``perf_rmem``). Every
+wait is bounded by ``--timeout``."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from dataclasses import asdict, dataclass
 import msgpack
 
 import rdmamw
+from rdmamw.apps import perf_rmem
 from rdmamw.config import parse_bytes
 from rdmamw.errors import MessageTooLarge, ProtocolError, RdmamwError
 from rdmamw.memory.units import human
@@ -40,9 +44,11 @@ from rdmamw.providers import provider as lookup
 from rdmamw.transport.wire import MODES
 
 DEFAULT_PORT = 18515
-TESTS = ("lat", "bw", "rate")
-DEFAULT_SIZE = {"lat": 8, "bw": 65536, "rate": 8}
-DEFAULT_ITERS = {"lat": 1000, "bw": 5000, "rate": 100000}
+TESTS = ("lat", "bw", "rate", *perf_rmem.TESTS)
+DEFAULT_SIZE = {"lat": 8, "bw": 65536, "rate": 8, "read": 65536, "write": 65536,
+                "atomic": perf_rmem.WORD}
+DEFAULT_ITERS = {"lat": 1000, "bw": 5000, "rate": 100000, "read": 5000, "write": 5000,
+                 "atomic": 10000}
 MAX_BATCH = 4096
 MAX_SIZES = 64
 MAX_ITERS = 10 ** 9
@@ -119,6 +125,22 @@ def _echo(ch, reply: memoryview, count: int, timeout: float) -> None:
 def _serve_one(ch, timeout: float) -> Params:
     """One client's channel: its parameters, every run they ask for, its close."""
     p = check_params(bytes(ch.recv(timeout=timeout)))
+    if p.test in perf_rmem.TESTS:
+        perf_rmem.serve(ch, p.test, p.sizes, 2 * len(p.sizes), timeout)
+    else:
+        _serve_messages(ch, p, timeout)
+    # the client closes first: its last report must not race our close; after a
+    # one-sided run, its check of our revoke ends a verbs connection (the NIC refused)
+    gone = (rdmamw.ChannelClosed, rdmamw.PeerLost) if p.test in perf_rmem.TESTS else (
+        rdmamw.ChannelClosed,)
+    try:
+        ch.recv(timeout=timeout)
+    except gone:
+        pass
+    return p
+
+
+def _serve_messages(ch, p: Params, timeout: float) -> None:
     reply = memoryview(bytearray(max(p.sizes) if p.test == "lat" else 1))
     for _size in p.sizes:
         for count in (p.warmup, p.iters):
@@ -126,12 +148,6 @@ def _serve_one(ch, timeout: float) -> Params:
                 _echo(ch, reply, count, timeout)
             else:
                 _sink(ch, count, timeout)
-    # the client closes first: its last report must not race our close
-    try:
-        ch.recv(timeout=timeout)
-    except rdmamw.ChannelClosed:
-        pass
-    return p
 
 
 #: what one client can do to its own channel (bad parameters, a stall, leaving mid-run):
@@ -244,11 +260,17 @@ def measure(address: str, test: str, sizes: list, iters: int, batch: int, mode: 
                                "iters": iters, "warmup": warmup, "batch": batch,
                                "last": last}))
         buf = memoryview(bytearray(max(sizes)))
+        ref = perf_rmem.open_ref(ch, timeout) if test in perf_rmem.TESTS else None
+        word = 0
         for size in sizes:
-            for count, times in ((warmup, None), (iters, [])):
+            for seed, (count, times) in enumerate(((warmup, None), (iters, [])), 1):
                 before = ch.stats()
                 t0 = time.perf_counter()
-                if test == "lat":
+                if ref is not None:
+                    word = perf_rmem.run(ch, test, ref, size, count, batch, seed, word,
+                                         timeout, times)
+                    rep = _rmem_report(test, before, ch.stats(), count, size)
+                elif test == "lat":
                     rep = _lat(ch, buf[:size], count, timeout, times)
                 else:
                     rep = _stream(ch, buf[:size], count, batch, timeout, times)
@@ -265,7 +287,18 @@ def measure(address: str, test: str, sizes: list, iters: int, batch: int, mode: 
                 rep["n"], rep["bytes"],
                 (after["doorbells"] - before["doorbells"]) / iters,
                 (after["signaled_completions"] - before["signaled_completions"]) / iters))
+        if ref is not None:
+            perf_rmem.finish(ch, test, ref, timeout)
     return rows
+
+
+def _rmem_report(test: str, before: dict, after: dict, count: int, size: int) -> dict:
+    """A one-sided run's counts, the server's CPU taking no part: the channel's for
+    read and write; for atomic ``count`` adds (each checked by ``perf_rmem.run``)."""
+    if test == "atomic":
+        return {"n": count, "bytes": count * size}
+    key = "rmem_bytes_read" if test == "read" else "rmem_bytes_written"
+    return {"n": after["rmem_ops"] - before["rmem_ops"], "bytes": after[key] - before[key]}
 
 
 # ---- the command -------------------------------------------------------------------
@@ -313,7 +346,8 @@ def table(test: str, address: str, batch: int, rows: list[Row]) -> str:
                 f"{'MsgRate[Mpps]':>14} {'t_typical[usec]':>16} {'t_avg[usec]':>12} "
                 f"{'t_99%[usec]':>12}")
         rule = "-" * len(head)
-        what = f"batch {batch}" if test != "lat" else "ping-pong"
+        what = {"lat": "ping-pong", "atomic": "one fetch_add at a time"}.get(
+            test, f"batch {batch}")
         lines += [rule, f" rdmamw perf {test} | {address} | mode {mode} | {what}", rule, head]
         for r in rows:
             if r.mode == mode:
@@ -356,7 +390,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--server", action="store_true", help="be the server")
     p.add_argument("--bind", metavar="HOST",
                    help="the server's interface (default 0.0.0.0: every interface)")
-    p.add_argument("-t", "--test", choices=TESTS, default="bw", help="default bw")
+    p.add_argument("-t", "--test", choices=TESTS, default="bw",
+                   help="default bw; read, write, atomic: one-sided remote memory")
     sz = p.add_mutually_exclusive_group()
     sz.add_argument("-s", "--size", help="message size(s), e.g. 8 or 64K or 8,4K,1M "
                                          "(default: 8 for lat and rate, 64K for bw)")
@@ -366,7 +401,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--iters", type=int,
                    help="timed iterations per size (default lat 1000, bw 5000, rate 100000)")
     p.add_argument("--batch", type=int, default=64,
-                   help=f"messages per send_batch in bw/rate (1..{MAX_BATCH}, default 64)")
+                   help=f"messages per send_batch in bw/rate, operations per chain in "
+                        f"read/write (1..{MAX_BATCH}, default 64)")
     p.add_argument("--mode", default="batched",
                    help="batched, ack, or both comma-separated for a ratio in one run")
     p.add_argument("--provider", choices=schemes(),
@@ -392,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.timeout > 0:
         p.error("--timeout must be positive")
     sizes = _sizes(p, args)
+    if args.test == "atomic" and sizes != [perf_rmem.WORD]:
+        p.error(f"-t atomic: the size is {perf_rmem.WORD} (64-bit words)")
     iters = args.iters or DEFAULT_ITERS[args.test]
     try:
         address = resolve(args.address, args.provider, args.server, args.bind)

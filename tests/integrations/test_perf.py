@@ -132,6 +132,9 @@ class _Lines:
     ("lat", ["-s", "8,4K"], [8, 4096]),
     ("bw", ["-a", "--max-size", "16K"], SWEEP[:14]),
     ("rate", ["-s", "8"], [8]),
+    ("read", ["-s", "8,64K"], [8, 65536]),
+    ("write", ["-s", "8,64K"], [8, 65536]),
+    ("atomic", [], [8]),
 ])
 def test_over_verbs(test, extra, sizes, capsys):
     """Server in a thread, client in this process: under TCG a Python start costs
@@ -150,3 +153,80 @@ def test_over_verbs(test, extra, sizes, capsys):
     doc = json.loads(capsys.readouterr().out)
     _check(doc, test, sizes, ["batched", "ack"], 32)
     assert doc["provider"] == "verbs"
+
+
+def _table(stdout: str) -> list[list[str]]:
+    """The rows under each ``#bytes`` head of the printed table."""
+    lines, rows = stdout.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("#bytes"):
+            for row in lines[i + 1:]:
+                if row.startswith("---"):
+                    break
+                rows.append(row.split())
+    return rows
+
+
+@pytest.mark.parametrize("provider, addr", [("shm", "perf-rm"), ("tcp", "127.0.0.1:0")])
+@pytest.mark.parametrize("test", ["read", "write"])
+def test_one_sided_read_and_write_table(provider, addr, test):
+    """The real command, both ends: the table's rows whole; the tool's own checks (the
+    last read equals the server's pattern, the server's buffer holds what was written,
+    the region refused after the server's revoke) pass, or it would exit 1."""
+    if provider == "shm":
+        addr = f"{addr}-{os.getpid()}-{test}"
+    srv, address = _server(provider, addr)
+    try:
+        cli = subprocess.run([*PY, address, "-t", test, "-s", "8,64K", "-n", "40",
+                              "--batch", "8", "--mode", "batched,ack", "--timeout", "60"],
+                             env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        srv.communicate(timeout=60)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+    assert cli.returncode == 0 and srv.returncode == 0, cli.stderr
+    assert f" rdmamw perf {test} | {address} | mode batched | batch 8" in cli.stdout
+    rows = _table(cli.stdout)
+    assert [r[:2] for r in rows] == [["8", "40"], ["65536", "40"]] * 2, cli.stdout
+    assert all(float(x) > 0 for r in rows for x in r[2:]), cli.stdout
+
+
+@pytest.mark.parametrize("test, key", [("read", "rmem_bytes_read"),
+                                        ("write", "rmem_bytes_written")])
+def test_one_sided_counts_and_batching_over_shm(test, key):
+    """--json: every operation and byte counted by the channel, batch 1 and 16: a chain
+    of 16 is one doorbell, not 16."""
+    for batch in (1, 16):
+        doc, _ = _run("shm", f"perf-rmc-{os.getpid()}-{test}-{batch}", "-t", test,
+                      "-s", "4K,1M", "-n", "32", "--batch", str(batch))
+        assert doc["test"] == test and [r["size"] for r in doc["results"]] == [4096, 1 << 20]
+        for r in doc["results"]:
+            assert (r["iters"], r["server_messages"], r["server_bytes"]) == (
+                32, 32, 32 * r["size"]), (key, r)
+            # a doorbell per chain (32 or 2), and a few for the run's own messages
+            # (its end, the server's answer): one a chain of 16 would be >= 1 too
+            if batch == 1:
+                assert 1 <= r["doorbells_per_msg"] <= 1.25, r
+            else:
+                assert 2 / 32 <= r["doorbells_per_msg"] <= 0.25, r
+
+
+def test_atomic_is_refused_on_shm_naming_the_provider():
+    srv, address = _server("shm", f"perf-at-{os.getpid()}")
+    try:
+        cli = subprocess.run([*PY, address, "-t", "atomic", "-n", "10", "--timeout", "60"],
+                             env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        srv.communicate(timeout=60)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+    assert cli.returncode == 1 and cli.stdout == "", (cli.stdout, cli.stderr)
+    assert cli.stderr.startswith("rdmamw perf: ProviderUnavailable: -t atomic: not on the "
+                                 "shm provider"), cli.stderr
+    assert srv.returncode == 0                 # the server was told, and is done
+
+
+def test_atomic_takes_8_byte_words_only():
+    r = subprocess.run([*PY, "127.0.0.1:1", "--provider", "tcp", "-t", "atomic", "-s", "16"],
+                       env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "-t atomic: the size is 8" in r.stderr, r.stderr
