@@ -16,8 +16,9 @@ import msgpack
 from rdmamw.channel.remote import RegionRef
 from rdmamw.errors import ProtocolError, ProviderUnavailable, RegionRevoked
 
-TESTS = ("read", "write", "atomic")
+#: the one-sided tests and the access each one's region is exposed with
 ACCESS = {"read": "r", "write": "w", "atomic": "atomic"}
+TESTS = tuple(ACCESS)
 WORD = 8                 # an atomic's operand: one aligned 64-bit word
 _PERIOD = bytes(range(251))    # a prime period: a shifted range never matches
 
