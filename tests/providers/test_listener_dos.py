@@ -433,11 +433,14 @@ def test_proven_clients_past_the_backlog_wait_for_a_slot_not_a_thread_each(monke
         for t in provers:
             t.start()
         while any(t.is_alive() for t in provers):
-            n = sum(t.name.startswith("rdmamw-handshake") for t in threading.enumerate())
+            # the handshake threads holding a slot (a thread that gave its slot back may
+            # still be logging, and under load stay alive a while: counting live threads
+            # by name exceeded the bound in a loaded CI run without any extra slot)
+            with lst._impl._lock:
+                n = len(lst._impl._workers)
             most[0] = max(most[0], n)
             time.sleep(0.002)
-        # (+2: a thread that gave its slot back may not have ended yet when the next starts)
-        assert 1 <= most[0] <= 4 + 2, f"{most[0]} handshake threads for 20 proven clients"
+        assert 1 <= most[0] <= 4, f"{most[0]} handshake threads for 20 proven clients"
         took, a, b = open_and_accept(lst, timeout=30)
         check_works(a, b)
         for s in socks:
