@@ -12,3 +12,49 @@ def host_key() -> str:
     with open("/proc/sys/kernel/random/boot_id") as f:
         boot = f.read().strip()
     return f"{boot}/{os.stat('/proc/self/ns/net').st_ino}"
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first); None when
+    there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return raw[raw.rfind(b")") + 2:].decode("ascii", "replace").split()
+
+
+def process_key() -> str:
+    """This process's pid namespace and start time (clock ticks after boot): with the
+    pid and :func:`host_key`, what tells a process that ended from a new one given its
+    pid (the bootstrap descriptor's ``proc``)."""
+    fields = _stat_fields("self") or []
+    start = fields[19] if len(fields) > 19 else "0"
+    return f"{proc_ns()}:{start}"
+
+
+def ended(mine: dict, theirs: dict) -> str | None:
+    """Why the process ``theirs`` describes (a bootstrap descriptor) has certainly
+    ended, seen from the process ``mine`` describes; None when it has not or when
+    nothing here can tell (another host or pid namespace, a descriptor without the
+    fields): then only a deadline decides."""
+    host, proc, pid = theirs.get("host"), theirs.get("proc"), theirs.get("pid")
+    if not isinstance(host, str) or host != mine.get("host") or not isinstance(proc, str):
+        return None
+    ns, _, start = proc.partition(":")
+    if ns != proc_ns() or type(pid) is not int or pid <= 0 or not start.isdigit():
+        return None
+    fields = _stat_fields(pid)
+    if fields is None:
+        return f"its process {pid} ended"
+    if len(fields) > 19 and fields[19] != start:
+        return f"its process {pid} ended (the pid now names another)"
+    if fields and fields[0] in ("Z", "X"):
+        return f"its process {pid} ended (killed or exited, not yet reaped)"
+    return None
+
+
+def proc_ns() -> str:
+    """This process's pid namespace (the first part of :func:`process_key`)."""
+    return str(os.stat("/proc/self/ns/pid").st_ino)

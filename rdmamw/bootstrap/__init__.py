@@ -278,7 +278,8 @@ def _descriptor(ip: str, ring: tuple[int, int], made: _Listeners) -> dict[str, A
     provider's part under its scheme; their listeners go into ``made``."""
     ip = ifname.selected_address() or ip
     desc: dict[str, Any] = {"host": _host.host_key(), "hostname": socket.gethostname(),
-                            "pid": os.getpid(), "forced": config.get("RDMAMW_PROVIDER")}
+                            "pid": os.getpid(), "proc": _host.process_key(),
+                            "forced": config.get("RDMAMW_PROVIDER")}
     advert = Advert(ip, ring[0], ring[1], made.peers)
     for p in providers():
         try:
@@ -362,7 +363,8 @@ def connect_rank(rank: int, *, mode: str, timeout: float, slots: int,
         provider(scheme).check_entry(w.peers[rank][scheme])
     log.info("rank %d -> rank %d: %s provider (%s)", w.rank, rank, scheme, why)
     pair = RankPair(w.job, w.rank, rank, w.peers[w.rank], w.peers[rank],
-                    lambda t: w.accept(scheme, rank, t))
+                    lambda t: w.accept(scheme, rank, t),
+                    lambda: _host.ended(w.peers[w.rank], w.peers.get(rank, {})))
     with auth.keyed(auth.job_key(w.job)):   # we prove the job, not just the token
         return provider(scheme).connect_rank(pair, mode=mode, timeout=timeout, slots=slots,
                                              slot_size=slot_size)

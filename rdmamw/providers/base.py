@@ -8,9 +8,19 @@ use only these and never name a provider; ``rdmamw.providers`` keeps the registr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+from rdmamw.errors import PeerLost, Timeout
+
+#: how often a rank waiting to connect looks whether its peer's process ended
+ALIVE_SLICE = 0.05
+
+
+def _unknown() -> str | None:
+    return None
 
 
 @dataclass
@@ -73,11 +83,36 @@ class RankPair:
     mine: dict
     theirs: dict
     accept: Callable[[float], Connected]
+    #: why the peer's process has certainly ended, else None (rdmamw._host.ended: on
+    #: one host only; elsewhere the deadline decides)
+    gone: Callable[[], str | None] = field(default=_unknown)
 
     @property
     def lower(self) -> bool:
         """This rank accepts (the lower rank of a pair), the other connects."""
         return self.me < self.peer
+
+    def check_alive(self) -> None:
+        """PeerLost once the peer's process ended: a wait for it to connect or listen
+        stops there, not at its deadline (a member that died after a shrink agreed on
+        it is named at once by the next collective's channel)."""
+        why = self.gone()
+        if why:
+            raise PeerLost(f"rank {self.peer} will not connect: {why}")
+
+    def accept_within(self, accept: Callable[[float], Connected],
+                      timeout: float) -> Connected:
+        """``accept(timeout)`` in slices, looking between them whether the peer is
+        gone."""
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            try:
+                return accept(max(0.0, min(left, ALIVE_SLICE)))
+            except Timeout:
+                if left <= ALIVE_SLICE:
+                    raise
+            self.check_alive()
 
 
 @runtime_checkable

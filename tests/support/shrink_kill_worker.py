@@ -5,7 +5,7 @@ tests/support/shrink_hooks.py (argv: TIMEOUT HOOKS, JSON), which kill it at a st
 the agreement. Each other survivor prints one JSON line: the members it got, then
 the result of the next allreduce (every rank's ``data``) on them, whole; if that
 allreduce names a member lost (the coordinator, when it died after its decision went
-out), the members of a second shrink and its allreduce's result."""
+out), how long that took, the members of a second shrink and its allreduce's result."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 from shrink_hooks import install  # (run as a script: tests/support is sys.path[0])
@@ -31,11 +32,13 @@ def step(comm: coll.Communicator, timeout: float) -> dict:
     """The next allreduce on ``comm`` (and, if it names a lost member, a shrink and
     another)."""
     out: dict = {"members": comm.members}
+    t0 = time.monotonic()
     try:
         out["result"] = coll.allreduce(data(comm.world.rank), comm=comm,
                                        timeout=timeout).tolist()
     except (rdmamw.PeerLost, rdmamw.Timeout) as e:
         out["lost"] = comm.members[e.rank] if getattr(e, "rank", None) is not None else None
+        out["named_after"] = time.monotonic() - t0
         out["again"] = step(comm.shrink(), timeout)
     return out
 

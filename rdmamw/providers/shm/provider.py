@@ -30,6 +30,7 @@ import socket
 import stat
 import struct
 import time
+from collections.abc import Callable
 
 import msgpack
 
@@ -301,8 +302,10 @@ def listen(where: str, *, slots: int, slot_size: int) -> ShmListener:
     return ShmListener(where, slots, slot_size)
 
 
-def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int) -> Connected:
-    """Connect to ``shm://where``, retrying until ``timeout`` while nobody listens."""
+def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int,
+            alive: Callable[[], None] | None = None) -> Connected:
+    """Connect to ``shm://where``, retrying until ``timeout`` while nobody listens (and
+    ``alive()`` raises nothing: a rank's peer that ended)."""
     addr = _address(where)
     deadline = time.monotonic() + timeout
     while True:
@@ -316,6 +319,8 @@ def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int
             if time.monotonic() >= deadline:
                 raise PeerNotFound(f"nobody listens on shm://{where} "
                                    f"(waited {timeout:g} s)") from None
+            if alive is not None:
+                alive()
             time.sleep(0.01)
         except TimeoutError:
             conn.close()
@@ -380,10 +385,11 @@ class ShmProvider:
         if pair.lower:
             lst = listen(name, slots=slots, slot_size=slot_size)
             try:
-                return lst.accept(timeout)
+                return pair.accept_within(lst.accept, timeout)
             finally:
                 lst.close()
-        return connect(name, mode=mode, timeout=timeout, slots=slots, slot_size=slot_size)
+        return connect(name, mode=mode, timeout=timeout, slots=slots, slot_size=slot_size,
+                       alive=pair.check_alive)
 
 
 PROVIDER = ShmProvider()

@@ -28,6 +28,7 @@ import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 
 from rdmamw import auth, config
 from rdmamw.errors import ConfigError, PeerNotFound, ProtocolError, RdmamwError, Timeout
@@ -196,8 +197,10 @@ def listen(where: str, *, slots: int, slot_size: int) -> TcpListener:
 
 
 def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int,
-            rank: int | None = None, gen: int = 0) -> Connected:
-    """Connect to ``tcp://where``, retrying until ``timeout`` while nobody listens."""
+            rank: int | None = None, gen: int = 0,
+            alive: Callable[[], None] | None = None) -> Connected:
+    """Connect to ``tcp://where``, retrying until ``timeout`` while nobody listens (and
+    ``alive()`` raises nothing: a rank's peer that ended)."""
     host, port = parse(where)
     deadline = time.monotonic() + timeout
     while True:
@@ -211,6 +214,8 @@ def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int
             if time.monotonic() >= deadline:
                 raise PeerNotFound(f"nobody listens on tcp://{where} "
                                    f"(waited {timeout:g} s)") from None
+            if alive is not None:
+                alive()
             time.sleep(0.02)
         except (TimeoutError, OSError) as e:
             conn.close()
@@ -273,10 +278,10 @@ class TcpProvider:
                      slot_size: int) -> Connected:
         """The lower rank accepts on its listener; the other connects to its address."""
         if pair.lower:
-            return pair.accept(timeout)
+            return pair.accept_within(pair.accept, timeout)
         return connect(pair.theirs["tcp"].partition("://")[2], mode=mode, timeout=timeout,
                        slots=slots, slot_size=slot_size, rank=pair.me,
-                       gen=pair.mine.get("gen", 0))
+                       gen=pair.mine.get("gen", 0), alive=pair.check_alive)
 
 
 PROVIDER = TcpProvider()

@@ -285,9 +285,11 @@ def listen(where: str, *, slots: int, slot_size: int,
 
 
 def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int,
-            rank: int | None = None, pin: Pin | None = None, gen: int = 0) -> Connected:
-    """Connect to ``verbs://where``, retrying until ``timeout`` while nobody listens;
-    ``rank``, ``pin`` and ``gen`` for a connection by rank (bootstrap)."""
+            rank: int | None = None, pin: Pin | None = None, gen: int = 0,
+            alive: Callable[[], None] | None = None) -> Connected:
+    """Connect to ``verbs://where``, retrying until ``timeout`` while nobody listens
+    (and ``alive()`` raises nothing: a rank's peer that ended); ``rank``, ``pin`` and
+    ``gen`` for a connection by rank (bootstrap)."""
     w = parse_where(where)
     dev.require()
     deadline = time.monotonic() + timeout
@@ -300,6 +302,8 @@ def connect(where: str, *, mode: str, timeout: float, slots: int, slot_size: int
         except ConnectionRefusedError:
             if time.monotonic() >= deadline:
                 raise PeerNotFound(f"nobody listens on {name} (waited {timeout:g} s)") from None
+            if alive is not None:
+                alive()
             time.sleep(0.01)
         except TimeoutError:
             raise PeerNotFound(f"{name} did not answer within {timeout:g} s") from None
@@ -388,12 +392,12 @@ class VerbsProvider:
         """The lower rank accepts on its listener (the pin checks who comes); the other
         connects to the address in its descriptor with the port both chose."""
         if pair.lower:
-            return pair.accept(timeout)
+            return pair.accept_within(pair.accept, timeout)
         addr, _ports = verbs_rank.parse(pair.theirs)      # type: ignore[misc]
         return connect(addr.partition("://")[2], mode=mode, timeout=timeout, slots=slots,
                        slot_size=slot_size, rank=pair.me,
                        pin=pin(pair.me, pair.mine, pair.peer, pair.theirs),
-                       gen=pair.mine.get("gen", 0))
+                       gen=pair.mine.get("gen", 0), alive=pair.check_alive)
 
 
 PROVIDER = VerbsProvider()
