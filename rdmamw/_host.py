@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
 def host_key() -> str:
@@ -34,7 +35,7 @@ def process_key() -> str:
     return f"{proc_ns()}:{start}"
 
 
-def ended(mine: dict, theirs: dict) -> str | None:
+def ended(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
     """Why the process ``theirs`` describes (a bootstrap descriptor) has certainly
     ended, seen from the process ``mine`` describes; None when it has not or when
     nothing here can tell (another host or pid namespace, a descriptor without the
