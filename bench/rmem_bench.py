@@ -152,7 +152,8 @@ def rdmamw_run(provider: str, sizes: list[int], reps: int, iters: int, batch: in
 def peer_run(name: str, python: str, cfg: dict) -> dict:
     """One run of a peer: its RESULT (ucx: ucx_perftest pairs run from here)."""
     if name == "ucx":
-        sys.path.insert(0, str(HERE / "peers"))
+        if str(HERE / "peers") not in sys.path:
+            sys.path.insert(0, str(HERE / "peers"))
         import ucx_peer
 
         return ucx_peer.one_sided(cfg)
