@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SOURCES := $(shell find rdmamw -name '*.pyx' -o -name '*.pxd' -o -name '*.h') setup.py pyproject.toml \
 	tests/support/_hooks.pyx tests/support/build_hooks.py
 
-.PHONY: demo test test-fast test-slow test-torch soak chaos vm-deps bench instructions bench-allreduce bench-rndv bench-rndv-verbs bench-tcp \
+.PHONY: demo test test-fast test-slow test-torch soak chaos vm-deps bench instructions bench-allreduce bench-rndv bench-rndv-verbs bench-rmem bench-tcp \
 	bench-verbs fuzz-tcp mutate mutate-c lint build docs plots clean
 
 $(VPY):
@@ -95,6 +95,12 @@ bench-rndv: $(STAMP)
 # registration cost with real ibv_reg_mr (soft-RoCE in the VM), with and without the cache
 bench-rndv-verbs: vm-deps $(STAMP)
 	bash scripts/rxe-vm.sh "$(VPY) bench/rendezvous_bench.py --provider verbs --only regcost $(BENCH_ARGS)"
+
+# one-sided read/write against np.copyto, ucx_perftest, NIXL (shm) and Mooncake (tcp);
+# bench/setup.sh puts the Python peers in .venv-peers (docs/benchmarks/remote-memory.md)
+bench-rmem: $(STAMP)
+	bash bench/setup.sh $(VPY)
+	$(VPY) bench/rmem_bench.py $(BENCH_ARGS)
 
 # tcp against iperf3 / pyzmq / raw sockets, and the long decoder fuzz run (not in CI)
 bench-tcp: $(STAMP)

@@ -47,3 +47,26 @@ bash "$(dirname "$0")/../scripts/setup_torch.sh" "$PY"
 
 # Ray for bench/ray_bench.py (rdmamw's ray.util.collective group against Ray's gloo one).
 bash "$(dirname "$0")/../scripts/setup_ray.sh" "$PY"
+
+# The one-sided peers of bench/rmem_bench.py, in a venv of their own (their wheels pin
+# numpy and bundle libraries of their own; none goes into the project's venv):
+# Mooncake's Transfer Engine (the CPU build) and NIXL (nixl-cu12 bundles UCX; --no-deps:
+# its declared torch is a multi-GB CUDA build that DRAM transfers never import).
+# RDMAMW_PEERS=0 skips; RDMAMW_PEERS_VENV moves it (bench/rmem_bench.py reads
+# RDMAMW_PEERS_PY, default .venv-peers/bin/python). A failed install only warns: the
+# bench then names the peer it could not run and why.
+if [ "${RDMAMW_PEERS:-1}" != 0 ]; then
+    PEERS_VENV="${RDMAMW_PEERS_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv-peers}"
+    [ -x "$PEERS_VENV/bin/python" ] || "$PY" -m venv "$PEERS_VENV"
+    PPY="$PEERS_VENV/bin/python"
+    if ! "$PPY" -c "import mooncake.engine" 2>/dev/null; then
+        echo "bench/setup.sh: installing mooncake-transfer-engine-non-cuda into $PEERS_VENV"
+        "$PPY" -m pip install --quiet numpy mooncake-transfer-engine-non-cuda || \
+            echo "bench/setup.sh: warning: Mooncake not installed" >&2
+    fi
+    if ! "$PPY" -c "import nixl_cu12" 2>/dev/null; then
+        echo "bench/setup.sh: installing nixl-cu12 (--no-deps) into $PEERS_VENV"
+        "$PPY" -m pip install --quiet numpy && "$PPY" -m pip install --quiet --no-deps nixl-cu12 || \
+            echo "bench/setup.sh: warning: NIXL not installed" >&2
+    fi
+fi

@@ -34,8 +34,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def final(test: str, size: int, iters: int, timeout: float) -> dict:
-    """Run one ucx_perftest pair; the client's Final line as numbers."""
+def final(test: str, size: int, iters: int, timeout: float, warmup: int | None = None) -> dict:
+    """Run one ucx_perftest pair; the client's Final line as numbers. ``warmup``:
+    ucx_perftest's ``-w`` (its default, 10000 iterations, is long at 4 MiB)."""
     env = {**os.environ, "UCX_TLS": "posix,self", "UCX_WARN_UNUSED_ENV_VARS": "n"}
     port = str(free_port())
     server = subprocess.Popen(["ucx_perftest", "-p", port, "-c", "0"], env=env,
@@ -44,7 +45,8 @@ def final(test: str, size: int, iters: int, timeout: float) -> dict:
         out = ""
         for _ in range(50):  # the server listens within a few ms; retry until it does
             c = subprocess.run(["ucx_perftest", "-p", port, "127.0.0.1", "-c", "1", "-t", test,
-                                "-s", str(size), "-n", str(iters)], env=env,
+                                "-s", str(size), "-n", str(iters),
+                                *([] if warmup is None else ["-w", str(warmup)])], env=env,
                                capture_output=True, text=True, timeout=timeout)
             out = c.stdout + c.stderr
             if "Final:" in out:
@@ -72,6 +74,28 @@ def parse_final(out: str) -> dict:
         raise ValueError(f"a Final line of {len(f)} numbers, not 8: {line}")
     return {"iters": f[0], "lat_p50_us": f[1], "lat_avg_us": f[2],
             "gb_per_s": f[4] * MB / 1e9, "msgs_per_s": f[6]}
+
+
+def one_sided(cfg: dict) -> dict:
+    """bench/rmem_bench.py's ucx peer: ``ucp_get`` (read) and ``ucp_put_bw`` (write) of
+    each size, ``ucp_put_bw`` of 8 B for the batched rate, ``reps`` runs each, in the
+    shape of its Python peers' results: seconds per operation (1 / the Final line's
+    overall rate; UCX keeps operations in flight, a ``ch.read`` waits for each), and
+    seconds per ``batch`` 8 B puts. ucx_perftest allocates its buffers through UCX, so
+    on ``posix`` a put or get is a copy into or from a shared mapping."""
+    t, reps = cfg.get("timeout", 120.0), cfg["reps"]
+
+    def per_op(test: str, size: int, iters: int) -> list[float]:
+        return [1 / final(test, size, iters, t, warmup=max(1, iters // 10))["msgs_per_s"]
+                for _ in range(reps)]
+
+    res: dict = {"tool": "ucx_perftest, UCX_TLS=posix,self", "sizes": {}}
+    for n in cfg["sizes"]:
+        iters = max(64, cfg["bytes_per_rep"] // n)
+        res["sizes"][str(n)] = {"read_s": per_op("ucp_get", n, iters),
+                                "write_s": per_op("ucp_put_bw", n, iters)}
+    res["writes8_s"] = [cfg["batch"] * s for s in per_op("ucp_put_bw", 8, 1_000_000)]
+    return res
 
 
 def main() -> None:

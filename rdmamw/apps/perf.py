@@ -10,8 +10,10 @@ ADDR is ``HOST[:PORT]`` (tcp, verbs; port 18515 as perftest's), a name (shm), or
 whole address (``verbs://10.0.0.1:7000``). The client decides the test and sends its
 parameters as the first message of each channel (one channel per mode, since the
 opener chooses the mode); the server follows and exits after the client's last run.
-A client that sends bad parameters, stalls or leaves mid-run is dropped (noted on
-the server's output) and the server waits for the next. Like perftest's, the server
+The server answers the parameters: accepted, or refused with the reason (the client
+raises it as ProtocolError). A client that sends bad parameters or a bad message (told
+why), stalls or leaves mid-run is dropped (noted on the server's output) and the
+server waits for the next. Like perftest's, the server
 listens on every interface (0.0.0.0) unless ADDR or ``--bind HOST`` names one; it
 says so when it starts.
 ``lat`` is a ping-pong (one message each way per iteration; latency = half the round
@@ -53,7 +55,7 @@ MAX_BATCH = 4096
 MAX_SIZES = 64
 MAX_ITERS = 10 ** 9
 MAX_SIZE = 1 << 30
-PARAMS_VERSION = 1
+PARAMS_VERSION = 2      # 2: the server answers the parameters (accepted or refused)
 
 
 @dataclass(frozen=True)
@@ -123,12 +125,21 @@ def _echo(ch, reply: memoryview, count: int, timeout: float) -> None:
 
 
 def _serve_one(ch, timeout: float) -> Params:
-    """One client's channel: its parameters, every run they ask for, its close."""
-    p = check_params(bytes(ch.recv(timeout=timeout)))
-    if p.test in perf_rmem.TESTS:
-        perf_rmem.serve(ch, p.test, p.sizes, 2 * len(p.sizes), timeout)
-    else:
-        _serve_messages(ch, p, timeout)
+    """One client's channel: its parameters (answered: accepted, or refused by the
+    caller), every run they ask for, its close."""
+    m = ch.recv(timeout=timeout)
+    try:
+        p = check_params(bytes(m))
+    finally:
+        m.release()
+    ch.send(msgpack.packb({"accepted": True}), timeout=timeout)
+    try:
+        if p.test in perf_rmem.TESTS:
+            perf_rmem.serve(ch, p.test, p.sizes, 2 * len(p.sizes), timeout)
+        else:
+            _serve_messages(ch, p, timeout)
+    except MemoryError:
+        raise ProtocolError(f"perf: {human(max(p.sizes))} cannot be allocated here") from None
     # the client closes first: its last report must not race our close; after a
     # one-sided run, its check of our revoke ends a verbs connection (the NIC refused)
     gone = (rdmamw.ChannelClosed, rdmamw.PeerLost) if p.test in perf_rmem.TESTS else (
@@ -179,6 +190,8 @@ def serve(address: str, timeout: float, out=sys.stdout) -> int:
                 try:
                     p = _serve_one(ch, timeout)
                 except CLIENT_FAILURES as e:
+                    if isinstance(e, ProtocolError):
+                        perf_rmem.refuse(ch, e)         # the client gets the reason
                     print(f"rdmamw perf: client {ch.peer} dropped: {type(e).__name__}: {e}",
                           file=out, flush=True)
                     continue
@@ -209,12 +222,8 @@ class Row:
 
 
 def _server_report(ch, timeout: float) -> dict:
-    m = ch.recv(timeout=timeout)
-    try:
-        d = msgpack.unpackb(bytes(m))
-    finally:
-        m.release()
-    if not (isinstance(d, dict) and type(d.get("n")) is int and type(d.get("bytes")) is int):
+    d = perf_rmem.message(ch, timeout)      # a refusal: ProtocolError with its reason
+    if not (type(d.get("n")) is int and type(d.get("bytes")) is int):
         raise ProtocolError(f"server report {d!r:.80} is not {{n, bytes}}")
     return d
 
@@ -259,6 +268,8 @@ def measure(address: str, test: str, sizes: list, iters: int, batch: int, mode: 
         ch.send(msgpack.packb({"v": PARAMS_VERSION, "test": test, "sizes": sizes,
                                "iters": iters, "warmup": warmup, "batch": batch,
                                "last": last}))
+        if perf_rmem.message(ch, timeout).get("accepted") is not True:
+            raise ProtocolError("perf: the server neither accepted nor refused the test")
         buf = memoryview(bytearray(max(sizes)))
         ref = perf_rmem.open_ref(ch, timeout) if test in perf_rmem.TESTS else None
         word = 0

@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 
 from rdmamw.channel.remote import RegionRef
-from rdmamw.errors import ProtocolError, ProviderUnavailable, RegionRevoked
+from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, RegionRevoked
 
 #: the one-sided tests and the access each one's region is exposed with
 ACCESS = {"read": "r", "write": "w", "atomic": "atomic"}
@@ -23,13 +23,24 @@ WORD = 8                 # an atomic's operand: one aligned 64-bit word
 _PERIOD = bytes(range(251))    # a prime period: a shifted range never matches
 
 
-def pattern(n: int, seed: int) -> bytes:
-    """``n`` bytes that start at ``seed`` in a period of 251 (the bytes a run checks)."""
+def pattern(n: int, seed: int) -> bytearray:
+    """``n`` bytes that start at ``seed`` in a period of 251 (the bytes a run checks),
+    made in place by doubling: one allocation of ``n`` whatever the size, so that a
+    client's largest size (1 GiB) costs the server one buffer, not several copies."""
     k = seed % 251
-    return ((_PERIOD[k:] + _PERIOD[:k]) * (n // 251 + 1))[:n]
+    out = bytearray(n)
+    head = (_PERIOD[k:] + _PERIOD[:k])[:n]
+    out[:len(head)] = head
+    view, m = memoryview(out), len(head)
+    while m < n:
+        c = min(m, n - m)
+        view[m:m + c] = view[:c]
+        m += c
+    return out
 
 
-def _msg(ch: Any, timeout: float) -> dict[str, Any]:
+def message(ch: Any, timeout: float) -> dict[str, Any]:
+    """The next message as a msgpack map; the other end's refusal as ProtocolError."""
     m = ch.recv(timeout=timeout)
     try:
         d = msgpack.unpackb(bytes(m))
@@ -39,7 +50,17 @@ def _msg(ch: Any, timeout: float) -> dict[str, Any]:
         m.release()
     if not isinstance(d, dict):
         raise ProtocolError(f"perf: {d!r:.80} is not a map")
+    if "refused" in d:
+        raise ProtocolError(f"perf: the other end refused: {d['refused']!s:.300}")
     return d
+
+
+def refuse(ch: Any, error: BaseException) -> None:
+    """Tell the other end why it is dropped (best effort: it may be gone already)."""
+    try:
+        ch.send(msgpack.packb({"refused": f"{type(error).__name__}: {error}"}), timeout=1)
+    except RdmamwError:
+        pass
 
 
 def _int(d: dict[str, Any], key: str) -> int:
@@ -55,9 +76,9 @@ def serve(ch: Any, test: str, sizes: list[int], phases: int, timeout: float) -> 
     """Expose a buffer of the largest size (a word for atomic) and send its reference
     (or the provider's refusal); answer each of the client's ``phases`` end-of-run
     messages with what the buffer holds; revoke when the client says done."""
-    buf = bytearray(WORD if test == "atomic" else max(sizes))
-    if test == "read":
-        buf[:] = pattern(len(buf), 0)
+    buf = pattern(max(sizes), 0) if test == "read" else bytearray(
+        WORD if test == "atomic" else max(sizes))
+    want = bytes(buf) if test == "read" else b""      # what every read check compares
     try:
         region = ch.expose(buf, ACCESS[test])
     except ProviderUnavailable as e:
@@ -66,18 +87,17 @@ def serve(ch: Any, test: str, sizes: list[int], phases: int, timeout: float) -> 
     try:
         ch.send(msgpack.packb({"ref": bytes(region.ref)}))
         for _ in range(phases):
-            d = _msg(ch, timeout)
+            d = message(ch, timeout)
             size, seed = _int(d, "size"), _int(d, "seed")
             if size > len(buf):
                 raise ProtocolError(f"perf: size {size} beyond the exposed {len(buf)}")
-            if test == "write":
-                ok = bytes(buf[:size]) == pattern(size, seed)
-                ch.send(msgpack.packb({"ok": ok}))
+            if test == "write":      # compared in place: no copy of the buffer
+                ch.send(msgpack.packb({"ok": buf.startswith(pattern(size, seed))}))
             elif test == "atomic":
                 ch.send(msgpack.packb({"word": int.from_bytes(buf, "little")}))
             else:
-                ch.send(msgpack.packb({"ok": bytes(buf) == pattern(len(buf), 0)}))
-        if _msg(ch, timeout).get("done") is not True:
+                ch.send(msgpack.packb({"ok": buf == want}))
+        if message(ch, timeout).get("done") is not True:
             raise ProtocolError("perf: the client's last message is not done")
     finally:
         region.revoke()
@@ -88,7 +108,7 @@ def serve(ch: Any, test: str, sizes: list[int], phases: int, timeout: float) -> 
 
 def open_ref(ch: Any, timeout: float) -> RegionRef:
     """The server's reference, or its provider's refusal as ProviderUnavailable."""
-    d = _msg(ch, timeout)
+    d = message(ch, timeout)
     if "error" in d:
         raise ProviderUnavailable(str(d["error"]))
     ref = d.get("ref")
@@ -148,15 +168,15 @@ def run(ch: Any, test: str, ref: RegionRef, size: int, count: int, batch: int, s
     if test == "atomic":
         word = _atomics(ch, ref, count, word, timeout, times)
     else:
-        local = bytearray(pattern(size, seed)) if test == "write" else bytearray(size)
+        local = pattern(size, seed) if test == "write" else bytearray(size)
         _transfer(ch, test, ref, local, count, batch, timeout, times)
-        if test == "read" and bytes(local) != pattern(size, 0):
-            want = pattern(size, 0)
+        want = pattern(size, 0) if test == "read" else local
+        if local != want:
             at = next(i for i, (a, b) in enumerate(zip(local, want, strict=True)) if a != b)
             raise ProtocolError(f"perf: read {size} B: byte {at} differs from the "
                                 f"server's buffer")
     ch.send(msgpack.packb({"size": size, "seed": seed}))
-    d = _msg(ch, timeout)
+    d = message(ch, timeout)
     if test == "atomic":
         if d.get("word") != word:
             raise ProtocolError(f"perf: the server's word is {d.get('word')!r}, "
@@ -170,7 +190,7 @@ def run(ch: Any, test: str, ref: RegionRef, size: int, count: int, batch: int, s
 def finish(ch: Any, test: str, ref: RegionRef, timeout: float) -> None:
     """Say done; check the server revoked its exposure: an access is refused now."""
     ch.send(msgpack.packb({"done": True}))
-    d = _msg(ch, timeout)
+    d = message(ch, timeout)
     if d.get("revoked") is not True or d.get("exposed") != 0:
         raise ProtocolError(f"perf: the server did not revoke its region ({d!r:.80})")
     try:

@@ -7,13 +7,17 @@ from __future__ import annotations
 import json
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
+import time
 
+import msgpack
 import pytest
 
 from rdmamw.apps import perf
+from rdmamw.errors import ProtocolError
 from tests.support.helpers import NO_DEVICE, VERBS_OK
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,6 +47,19 @@ def _run(provider: str, addr: str, *args: str, timeout: float = 120) -> tuple[di
     assert cli.returncode == 0, cli.stderr
     assert srv.returncode == 0, err
     return json.loads(cli.stdout), out
+
+
+def _last_client(srv: subprocess.Popen, address: str, *args: str):
+    """The real client's run against ``srv`` (its last: the server then exits); the
+    client's CompletedProcess and the server's output."""
+    try:
+        cli = subprocess.run([*PY, address, *args], env=ENV, cwd=ROOT, capture_output=True,
+                             text=True, timeout=120)
+        out, _ = srv.communicate(timeout=60)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+    return cli, out
 
 
 def _check(doc: dict, test: str, sizes: list[int], modes: list[str], iters: int) -> None:
@@ -213,13 +230,7 @@ def test_one_sided_counts_and_batching_over_shm(test, key):
 
 def test_atomic_is_refused_on_shm_naming_the_provider():
     srv, address = _server("shm", f"perf-at-{os.getpid()}")
-    try:
-        cli = subprocess.run([*PY, address, "-t", "atomic", "-n", "10", "--timeout", "60"],
-                             env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)
-        srv.communicate(timeout=60)
-    finally:
-        if srv.poll() is None:
-            srv.kill()
+    cli, _ = _last_client(srv, address, "-t", "atomic", "-n", "10", "--timeout", "60")
     assert cli.returncode == 1 and cli.stdout == "", (cli.stdout, cli.stderr)
     assert cli.stderr.startswith("rdmamw perf: ProviderUnavailable: -t atomic: not on the "
                                  "shm provider"), cli.stderr
@@ -230,3 +241,162 @@ def test_atomic_takes_8_byte_words_only():
     r = subprocess.run([*PY, "127.0.0.1:1", "--provider", "tcp", "-t", "atomic", "-s", "16"],
                        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "-t atomic: the size is 8" in r.stderr, r.stderr
+
+
+def _params(**kw) -> bytes:
+    return msgpack.packb({"v": perf.PARAMS_VERSION, "test": "bw", "sizes": [8], "iters": 10,
+                          "warmup": 1, "batch": 4, "last": False, **kw})
+
+
+def _rmem_then(test: str, then: bytes) -> list:
+    """A one-sided client that takes the region's reference and then sends ``then``."""
+    return [_params(test=test, sizes=[64]), "ref", then]
+
+
+#: hostile first messages (or a one-sided client's later message), each to be refused
+#: with the reason: the client's view is a ProtocolError naming it, the server's a line
+HOSTILE = [
+    ([b"\xc1garbage"], "not msgpack"),
+    ([b"\x93\x01\x02"], "not msgpack"),                        # truncated array
+    ([msgpack.packb([1, 2])], "are not version 2"),
+    ([_params(v=1)], "are not version 2"),                      # an older client
+    ([_params(test="zap")], "bad test"),                        # an unknown test type
+    ([_params(test=7)], "bad test"),
+    ([_params(iters=True)], "bad test"),                        # bool is not a count
+    ([_params(sizes=[1 << 40])], "sizes"),                      # huge sizes
+    ([_params(sizes=[8] * 65)], "sizes"),
+    ([_params(sizes=[])], "sizes"),
+    ([_params(iters=10 ** 12)], "out of range"),                # huge counts
+    ([_params(batch=1 << 20)], "out of range"),
+    ([b"\x81\x91\x01\x02"], "not msgpack"),                     # an unhashable key
+    (_rmem_then("read", b"\xc1"), "not msgpack"),              # garbage mid-run
+    (_rmem_then("read", msgpack.packb({"size": 1 << 60, "seed": 1})), "beyond the exposed"),
+    (_rmem_then("write", msgpack.packb({"size": 1.5, "seed": 1})), "is not a count"),
+    (_rmem_then("write", msgpack.packb({"size": -1, "seed": 1})), "is not a count"),
+    (_rmem_then("read", msgpack.packb("x")), "is not a map"),
+]
+
+
+def _hostile(address: str, msgs: list) -> str:
+    """Send ``msgs`` on one channel; the reason the server gave for dropping it."""
+    import rdmamw
+    from rdmamw.apps import perf_rmem
+
+    with rdmamw.Channel.open(address, timeout=30) as ch:
+        for m in msgs:
+            if m == "ref":          # the parameters were accepted: then the reference
+                assert perf_rmem.message(ch, 30).get("accepted") is True
+                assert isinstance(perf_rmem.message(ch, 30).get("ref"), bytes)
+            else:
+                ch.send(m)
+        with pytest.raises(ProtocolError, match="the other end refused: ProtocolError: ") as e:
+            while True:         # a one-sided client first reads its acceptance
+                perf_rmem.message(ch, 30)
+        return str(e.value)
+
+
+@pytest.mark.parametrize("provider, addr", [("tcp", "127.0.0.1:0"), ("shm", "perf-bad")])
+def test_bad_clients_are_refused_with_the_reason_and_the_server_serves_on(provider, addr):
+    """One server, every hostile client in turn: each gets a ProtocolError naming what
+    was wrong within seconds (not a hang, not a bare close), the server notes each drop,
+    and a real client run afterwards passes whole; then the server exits 0."""
+    if provider == "shm":
+        addr = f"{addr}-{os.getpid()}"
+    srv, address = _server(provider, addr)
+    try:
+        if provider == "tcp":                           # not even an rdmamw peer
+            host, port = address.partition("://")[2].rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=10) as s:
+                s.sendall(os.urandom(300))
+        for msgs, why in HOSTILE:
+            t0 = time.monotonic()
+            reason = _hostile(address, msgs)
+            assert why in reason, (msgs, reason)
+            assert time.monotonic() - t0 < 20, (msgs, reason)
+        cli = subprocess.run([*PY, address, "--json", "-t", "read", "-s", "64", "-n", "20",
+                              "--timeout", "60", "--batch", "4"],
+                             env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        out, err = srv.communicate(timeout=60)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+    assert cli.returncode == 0, cli.stderr
+    _check(json.loads(cli.stdout), "read", [64], ["batched"], 20)
+    assert srv.returncode == 0, err
+    drops = [ln for ln in out.splitlines() if " dropped: ProtocolError: " in ln]
+    assert len(drops) == len(HOSTILE), out
+
+
+def test_a_refused_client_says_why_and_exits_1(monkeypatch):
+    """The real client against a server that refuses its parameters (an unknown test, as
+    a newer client's would be): exit 1 with the server's reason, no table."""
+    monkeypatch.setattr(perf, "TESTS", (*perf.TESTS, "zap"))
+    monkeypatch.setitem(perf.DEFAULT_SIZE, "zap", 8)
+    monkeypatch.setitem(perf.DEFAULT_ITERS, "zap", 10)
+    srv, address = _server("tcp", "127.0.0.1:0")
+    try:
+        with pytest.raises(ProtocolError, match="the other end refused: ProtocolError: .*bad test"):
+            perf.measure(address, "zap", [8], 10, 4, "batched", True, 30)
+    finally:
+        cli, _ = _last_client(srv, address, "-t", "rate", "-n", "100", "--timeout", "60")
+    assert cli.returncode == 0 and srv.returncode == 0, cli.stderr
+
+
+def test_a_silent_client_holds_the_server_no_longer_than_its_timeout():
+    """A client that opens a channel and says nothing is dropped after the server's
+    --timeout (3 s here); the client behind it is served then, not starved."""
+    srv = subprocess.Popen([*PY, "--server", "127.0.0.1:0", "--provider", "tcp",
+                            "--timeout", "3"], env=ENV, cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    import rdmamw
+
+    try:
+        address = srv.stdout.readline().split()[-1]
+        with rdmamw.Channel.open(address, timeout=30):
+            t0 = time.monotonic()
+            cli = subprocess.run([*PY, address, "-t", "rate", "-n", "100", "--timeout", "60"],
+                                 env=ENV, cwd=ROOT, capture_output=True, text=True,
+                                 timeout=120)
+            waited = time.monotonic() - t0
+        out, err = srv.communicate(timeout=60)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+    assert cli.returncode == 0 and srv.returncode == 0, (cli.stderr, err)
+    assert " dropped: Timeout: " in out, out
+    assert 2.5 < waited < 30, waited
+
+
+def test_a_size_the_server_cannot_allocate_is_refused_and_it_serves_on(monkeypatch):
+    """MemoryError while making the client's buffer (a 1 GiB read on a small host) is the
+    client's refusal, not the server's crash; the next client is served."""
+    from rdmamw.apps import perf_rmem
+
+    real = perf_rmem.pattern
+
+    def scarce(n: int, seed: int) -> bytearray:
+        if n > 1 << 20:
+            raise MemoryError
+        return real(n, seed)
+
+    monkeypatch.setattr(perf_rmem, "pattern", scarce)
+    lines, done = _Lines(), []
+    srv = threading.Thread(target=lambda: done.append(perf.serve("tcp://127.0.0.1:0", 60,
+                                                                  lines)), daemon=True)
+    srv.start()
+    address = lines.q.get(timeout=60).split()[-1]
+    with pytest.raises(ProtocolError, match=r"refused: ProtocolError: perf: 2 MiB cannot be "
+                                            r"allocated here"):
+        perf.measure(address, "read", [2 << 20], 4, 2, "batched", False, 30)
+    assert perf.main([address, "-t", "read", "-s", "4K", "-n", "8", "--json"]) == 0
+    srv.join(60)
+    assert done == [1]                  # the refused client is no run; the second is
+
+
+@pytest.mark.parametrize("n", [0, 1, 250, 251, 252, 502, 4096, 65536 + 7])
+@pytest.mark.parametrize("seed", [0, 1, 250, 251, 1000])
+def test_the_pattern_is_a_period_of_251_from_the_seed(n, seed):
+    from rdmamw.apps import perf_rmem
+
+    want = bytes((seed + i) % 251 for i in range(n))
+    assert perf_rmem.pattern(n, seed) == want

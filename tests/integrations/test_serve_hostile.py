@@ -391,6 +391,9 @@ def test_fuzz_the_collectives_header(reply):
 # ---- rdmamw perf --server (finding 4) --------------------------------------------------
 
 
+PERF_V = 2      # rdmamw.apps.perf.PARAMS_VERSION (checked below)
+
+
 def _perf_server(tmp_name: str, timeout: float = 10.0):
     from rdmamw.apps import perf
 
@@ -430,11 +433,11 @@ PERF_BAD = {
     "not msgpack": b"\xc1",
     "a list": _p([1]),
     "wrong version": _p({"v": 99}),
-    "huge iters": _p({"v": 1, "test": "bw", "sizes": [8], "iters": 1 << 62, "warmup": 0,
+    "huge iters": _p({"v": PERF_V, "test": "bw", "sizes": [8], "iters": 1 << 62, "warmup": 0,
                       "batch": 1, "last": False}),
-    "negative size": _p({"v": 1, "test": "lat", "sizes": [-8], "iters": 1, "warmup": 0,
+    "negative size": _p({"v": PERF_V, "test": "lat", "sizes": [-8], "iters": 1, "warmup": 0,
                          "batch": 1, "last": True}),
-    "unhashable test": _p({"v": 1, "test": [1], "sizes": [8], "iters": 1, "warmup": 0,
+    "unhashable test": _p({"v": PERF_V, "test": [1], "sizes": [8], "iters": 1, "warmup": 0,
                            "batch": 1, "last": True}),
 }
 
@@ -442,11 +445,17 @@ PERF_BAD = {
 @pytest.mark.parametrize("raw", PERF_BAD.values(), ids=PERF_BAD)
 def test_perf_server_survives_one_clients_bad_parameters(raw):
     """Finding 4: one client's bad parameters ended ``rdmamw perf --server``; now that
-    client's channel is dropped and the next client's run is served."""
+    client is told why (a refusal: ProtocolError on its side), its channel is dropped
+    and the next client's run is served."""
+    from rdmamw.apps import perf, perf_rmem
+
+    assert perf.PARAMS_VERSION == PERF_V
     name = f"perf-bad-{os.getpid()}-{time.monotonic_ns()}"
     t, done, lines = _perf_server(name)
     with rdmamw.Channel.open(f"shm://{name}", timeout=10) as ch:
         ch.send(raw)
+        with pytest.raises(ProtocolError, match="the other end refused: ProtocolError: perf"):
+            perf_rmem.message(ch, 10)
         with pytest.raises((rdmamw.ChannelClosed, rdmamw.PeerLost)):
             ch.recv(timeout=10)
     assert t.is_alive(), done
@@ -460,7 +469,7 @@ def test_perf_server_survives_a_client_that_leaves_mid_run():
     name = f"perf-gone-{os.getpid()}-{time.monotonic_ns()}"
     t, done, _ = _perf_server(name)
     with rdmamw.Channel.open(f"shm://{name}", timeout=10) as ch:
-        ch.send(_p({"v": 1, "test": "bw", "sizes": [8], "iters": 100, "warmup": 0,
+        ch.send(_p({"v": PERF_V, "test": "bw", "sizes": [8], "iters": 100, "warmup": 0,
                     "batch": 1, "last": True}))
         ch.send(b"x" * 8)
     time.sleep(0.2)
@@ -480,7 +489,7 @@ def _perf_params(draw: st.DrawFn) -> object:
     wrong type), deleted, or extra ones added; or any msgpack value."""
     if draw(st.integers(0, 9)) == 0:
         return draw(_value)
-    d = {"v": 1, "test": draw(st.sampled_from(["lat", "bw", "rate"])),
+    d = {"v": PERF_V, "test": draw(st.sampled_from(["lat", "bw", "rate"])),
          "sizes": draw(st.lists(st.integers(1, 1 << 30), min_size=1, max_size=64)),
          "iters": draw(st.integers(1, 10 ** 9)), "warmup": draw(st.integers(0, 10 ** 9)),
          "batch": draw(st.integers(1, 4096)), "last": draw(st.booleans())}

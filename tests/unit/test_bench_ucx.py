@@ -4,25 +4,12 @@ rate, 8 B latency against ucp_am_lat)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.support.bench_module import load
 
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-run = _load("bench_run", BENCH / "run.py")
-ucx = _load("bench_ucx_peer", BENCH / "peers" / "ucx_peer.py")
+run = load("bench_run", "run.py")
+ucx = load("bench_ucx_peer", "peers/ucx_peer.py")
 
 # a real ucx_perftest 1.13.1 client's output (ucp_put_bw -s 8 -n 2000000, this machine)
 FINAL = (
