@@ -253,7 +253,8 @@ def test_every_survivor_gets_the_same_members_when_the_coordinator_dies_in_the_s
     1 s late (so a decision passed on must wait for them). Every survivor comes out
     with the same members; without rank 0 if it died before its decision went out;
     if it died after (ULFM's contract too), the next allreduce names it on every
-    survivor, within 2 s, not at its 6 s deadline, and a second shrink drops it. The allreduce on [1, 2, 3] is right, whole."""
+    survivor, within 2 s, not at its 6 s deadline, and a second shrink drops it.
+    The allreduce on [1, 2, 3] is right, whole."""
     out = shrink_kill(provider, {
         "kill": [0, step],
         "slow": {"3": {"1": 1.0, "2": 1.0}, "1": {"3": 1.0}, "2": {"3": 1.0}}})
