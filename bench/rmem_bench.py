@@ -16,8 +16,11 @@ time (>= 1: the read is at least as fast). The pull: this process sends the owne
 request, the owner's application thread answers with the buffer as a message, received
 with ``recv_into`` into the same destination (what a read saves on tcp: the owner's
 thread and a message's way); ``pull/read`` = pull time / read time. Also batched 8 B
-writes into one region (``--batch`` per chain): operations per second. The box is
-shared: compare ratios.
+writes into one region (``--batch`` per chain): operations per second; and, where the
+provider has atomics (tcp, verbs: the regions are then exposed "atomic"), fetch_adds
+on one word a second beside single 8-byte reads of it, interleaved rep by rep
+(``atomic/read`` = read time / fetch_add time: both are one round trip on tcp). The box
+is shared: compare ratios.
 """
 
 from __future__ import annotations
@@ -30,12 +33,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SIZES = {"64K": 64 << 10, "4M": 4 << 20}
+#: the providers with fetch_add / compare_swap (docs/remote-memory.md)
+ATOMICS = ("tcp", "verbs")
 
 OWNER = r"""
 import sys, numpy as np, rdmamw
@@ -44,7 +50,7 @@ print(lst.address, flush=True)  # tcp: the port it was given
 ch = lst.accept(timeout=60)
 sizes = [int(s) for s in sys.argv[2].split(",")]
 bufs = [np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8) for n in sizes]
-regs = [ch.expose(b, "rw") for b in bufs]
+regs = [ch.expose(b, sys.argv[3]) for b in bufs]
 ch.send_batch([bytes(r.ref) for r in regs])
 while True:                     # idle in the engine (reads), or answering pulls
     ask = bytes(ch.recv(timeout=600))
@@ -62,6 +68,22 @@ def _mean_s(fn, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+def _atomics(ch: Any, region: Any, reps: int, iters: int = 200) -> dict[str, Any]:
+    """fetch_adds on the region's first word against 8-byte reads of it, interleaved
+    rep by rep; the word's total checked at the end."""
+    before = ch.fetch_add(region, 0, 0).wait()
+    dst = np.zeros(8, np.uint8)
+    fadds, reads = [], []
+    for _ in range(reps):
+        fadds.append(_mean_s(lambda: ch.fetch_add(region, 0, 1), iters))
+        reads.append(_mean_s(lambda: ch.read(region, dst), iters))
+    after = ch.fetch_add(region, 0, 0).wait()
+    assert (after - before) % 2**64 == reps * iters, "fetch_adds lost"
+    f, r = statistics.median(fadds), statistics.median(reads)
+    return {"size": "fetch_add", "ops_per_s": 1 / f, "fadd_us": f * 1e6,
+            "read8_us": r * 1e6, "atomic_ratio": r / f}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--provider", choices=("shm", "tcp", "verbs"), default="shm")
@@ -77,7 +99,9 @@ def main() -> None:
     sizes = [SIZES[n] if n in SIZES else int(n) for n in names]
     addr = {"shm": f"shm://rmem-bench-{os.getpid()}", "tcp": "tcp://127.0.0.1:0",
             "verbs": "verbs://127.0.0.1:0"}[args.provider]
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, addr, ",".join(map(str, sizes))],
+    atomics = args.provider in ATOMICS
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, addr, ",".join(map(str, sizes)),
+                              "atomic" if atomics else "rw"],
                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                              stdout=subprocess.PIPE, text=True)
     rows = []
@@ -128,6 +152,8 @@ def main() -> None:
         per = [(_mean_s(writes, 20)) for _ in range(args.reps)]
         rows.append({"size": f"{args.batch} x 8 B writes", "ops_per_s":
                      args.batch / statistics.median(per)})
+        if atomics:
+            rows.append(_atomics(ch, region, args.reps))
         ch.send(b"done")
         ch.close()
     finally:
@@ -142,6 +168,10 @@ def main() -> None:
                   f"GB/s)  np.copyto {row['copyto_us']:9.2f} us ({row['copyto_GBps']:5.2f} "
                   f"GB/s)  ratio copyto/read {row['ratio']:.2f}  two-sided pull "
                   f"{row['pull_us']:9.2f} us, pull/read {row['pull_ratio']:.2f}")
+        elif "atomic_ratio" in row:
+            print(f"fetch_add: {row['ops_per_s'] / 1e3:.1f} k ops/s ({row['fadd_us']:.1f} us)"
+                  f"  8 B read {row['read8_us']:.1f} us  ratio read/fetch_add "
+                  f"{row['atomic_ratio']:.2f}")
         else:
             print(f"{row['size']}: {row['ops_per_s'] / 1e6:.4f} M ops/s")
 
