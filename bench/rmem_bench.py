@@ -17,7 +17,10 @@ rep by rep. Medians of the per-rep means; ``copyto/read`` = copyto time / read t
 (>= 1: the read is at least as fast). The pull: the owner's application thread answers
 a request with the buffer as a message, received with ``recv_into`` into the same
 destination (what a read saves on tcp); ``pull/read`` = pull time / read time. Also
-``--batch`` 8 B writes a chain into one region, 16 B apart: operations per second.
+``--batch`` 8 B writes a chain into one region, 16 B apart: operations per second; and,
+where the provider has atomics (tcp, verbs: the regions are then exposed "atomic"),
+fetch_adds on one word beside single 8-byte reads of it, interleaved rep by rep
+(``read8/fetch_add`` = read time / fetch_add time: both are one round trip on tcp).
 
 The peers (bench/peers/): UCX's ``ucx_perftest`` ``ucp_get`` / ``ucp_put_bw`` over
 ``posix`` beside rdmamw on shm; NIXL's Python API (UCX backend, DRAM) beside rdmamw on
@@ -41,6 +44,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -53,6 +57,8 @@ PEERS = {"ucx": "shm", "nixl": "shm", "mooncake": "tcp"}
 PYTHON_PEERS = {"nixl": "nixl_cu12", "mooncake": "mooncake.engine"}
 TARGETS = {"read 4M / np.copyto": 1.0, "read 64K / np.copyto": 0.8}
 WRITES_TARGET = 10e6
+#: the providers with fetch_add / compare_swap (docs/remote-memory.md)
+ATOMICS = ("tcp", "verbs")
 
 OWNER = r"""
 import sys, numpy as np, rdmamw
@@ -64,7 +70,7 @@ sizes = [int(s) for s in sys.argv[2].split(",")]
 bufs = [aligned_empty(n) for n in sizes]
 for b in bufs:
     b[:] = np.arange(b.size, dtype=np.uint8)        # what the reader checks once
-regs = [ch.expose(b, "rw") for b in bufs]
+regs = [ch.expose(b, sys.argv[3]) for b in bufs]
 ch.send_batch([bytes(r.ref) for r in regs])
 while True:                     # idle in the engine (reads), or answering pulls
     ask = bytes(ch.recv(timeout=600))
@@ -82,6 +88,20 @@ def _mean_s(fn, iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+def _atomics(ch: Any, region: Any, reps: int, iters: int = 200) -> dict[str, list]:
+    """fetch_adds on the region's first word against 8-byte reads of it, interleaved
+    rep by rep; the word's total checked at the end."""
+    before = ch.fetch_add(region, 0, 0).wait()
+    dst = np.zeros(8, np.uint8)
+    fadds, reads = [], []
+    for _ in range(reps):
+        fadds.append(_mean_s(lambda: ch.fetch_add(region, 0, 1), iters))
+        reads.append(_mean_s(lambda: ch.read(region, dst), iters))
+    after = ch.fetch_add(region, 0, 0).wait()
+    assert (after - before) % 2**64 == reps * iters, "fetch_adds lost"
+    return {"fadd_s": fadds, "read8_s": reads}
+
+
 def rdmamw_run(provider: str, sizes: list[int], reps: int, iters: int, batch: int,
                bytes_per_rep: int) -> dict:
     """One owner process, ``reps`` reps per size: per-rep mean seconds of a read, a
@@ -91,7 +111,9 @@ def rdmamw_run(provider: str, sizes: list[int], reps: int, iters: int, batch: in
 
     addr = {"shm": f"shm://rmem-bench-{os.getpid()}-{time.monotonic_ns()}",
             "tcp": "tcp://127.0.0.1:0", "verbs": "verbs://127.0.0.1:0"}[provider]
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, addr, ",".join(map(str, sizes))],
+    atomics = provider in ATOMICS
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, addr, ",".join(map(str, sizes)),
+                              "atomic" if atomics else "rw"],
                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                              stdout=subprocess.PIPE, text=True)
     res: dict = {"tool": f"rdmamw {provider}", "sizes": {}}
@@ -142,6 +164,8 @@ def rdmamw_run(provider: str, sizes: list[int], reps: int, iters: int, batch: in
 
         writes()
         res["writes8_s"] = [_mean_s(writes, 20) for _ in range(reps)]
+        if atomics:
+            res["atomics"] = _atomics(ch, region, reps)
         ch.send(b"done")
         ch.close()
     finally:
@@ -182,6 +206,8 @@ def merge(runs: list[dict]) -> dict:
             for key, vals in per.items():
                 into.setdefault(key, []).extend(vals)
         out["writes8_s"].extend(r["writes8_s"])
+        for key, vals in r.get("atomics", {}).items():
+            out.setdefault("atomics", {}).setdefault(key, []).extend(vals)
     return out
 
 
@@ -215,6 +241,11 @@ def summarize(rdmamw: dict, peers: dict, batch: int, main: str) -> tuple[list, l
             rows.append(row)
         rows.append({"system": f"rdmamw {prov}", "size": 8,
                      "writes8_ops_per_s": batch / _med(r["writes8_s"])})
+        if "atomics" in r:
+            f, rd = _med(r["atomics"]["fadd_s"]), _med(r["atomics"]["read8_s"])
+            rows.append({"system": f"rdmamw {prov}", "size": 8, "fetch_add_ops_per_s": 1 / f,
+                         "fetch_add_us": f * 1e6, "read8_us": rd * 1e6,
+                         "read8/fetch_add": rd / f})
     if main == "shm" and "shm" in rdmamw:
         shm = rdmamw["shm"]["sizes"]
         for label, want in TARGETS.items():

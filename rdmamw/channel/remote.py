@@ -51,8 +51,9 @@ _VERSION = 1
 REF_BYTES = _REF.size + 8
 #: an atomic's operands, and its result in the first (native order: the NIC's)
 _WORDS = struct.Struct("=QQ")
-#: atomics of a channel take turns on its one operand buffer (each waits for its
-#: completion anyway)
+#: held while a channel's atomic state (its lock and operand buffer) is made; the
+#: atomics of a channel take turns on that buffer (each waits for its answer anyway),
+#: those of different channels do not wait for each other
 _ATOMIC_LOCK = threading.Lock()
 
 
@@ -188,6 +189,15 @@ class Fetched(Done):
         yield       # a generator: awaiting it gives the value at once
 
 
+def _no_atomics(provider: str) -> str:
+    """Why ``provider`` has no atomics on exposed memory (ProviderUnavailable's text)."""
+    if provider == "shm":
+        return ("atomics on exposed memory: not on the shm provider (cross-memory attach "
+                "copies bytes and cannot be atomic; the peer would need the owner's pages "
+                "mapped, and exposed buffers are private memory): use tcp or verbs")
+    return f"atomics on exposed memory: not on the {provider} provider"
+
+
 def _access_name(bits: int) -> str:
     return {R: "r", W: "w", R | W: "rw", R | W | A: "atomic"}.get(bits, f"0x{bits:x}")
 
@@ -289,7 +299,9 @@ class RemoteMemory:
     closed: bool
     _transport: Any
     _rmem: RemoteOps | None = None
-    _words: bytearray | None = None     # an atomic's operands and result (verbs)
+    #: the channel's atomics take turns on the lock; the buffer holds an atomic's
+    #: operands and then its result (one buffer: on verbs registered once)
+    _atomic_state: tuple[threading.Lock, bytearray] | None = None
 
     # ---- the owner ------------------------------------------------------------------
 
@@ -303,9 +315,7 @@ class RemoteMemory:
         bits = ACCESS[access]
         ops = self._ops()
         if bits & A and not getattr(self._transport, "region_atomics", False):
-            raise ProviderUnavailable(f"atomics on exposed memory: not on the "
-                                      f"{self.provider} provider yet (they need memory both "
-                                      f"processes map, or verbs)")
+            raise ProviderUnavailable(_no_atomics(self.provider))
         tp_bits = ((_TP_READ if bits & R else 0) | (_TP_WRITE if bits & W else 0)
                    | (_TP_ATOMIC if bits & A else 0))
         rc, key, tag, base, length = ops.expose(_buffer(buffer), tp_bits)
@@ -447,18 +457,23 @@ class RemoteMemory:
             raise AccessDenied(f"an atomic needs an aligned 64-bit word; offset {offset} "
                                f"is not")
         if not getattr(self._transport, "region_atomics", False):
-            raise ProviderUnavailable(f"atomics: not on the {self.provider} provider yet")
+            raise ProviderUnavailable(_no_atomics(self.provider))
         ops = self._ops()
-        with _ATOMIC_LOCK:      # one operand buffer a channel: registered once
-            words = self._words
-            if words is None:
-                words = self._words = bytearray(_WORDS.size)
+        state = self._atomic_state
+        if state is None:
+            with _ATOMIC_LOCK:
+                state = self._atomic_state
+                if state is None:
+                    state = self._atomic_state = (threading.Lock(),
+                                                  bytearray(_WORDS.size))
+        lock, words = state
+        with lock:
             _WORDS.pack_into(words, 0, a % (1 << 64), b % (1 << 64))
             rc = ops.atomic(cas, words, ref.key, ref.tag, ref.base + offset, timeout)
             old = _WORDS.unpack(words)[0]
         if rc != 0:
             self._fail(rc, [(True, words, 0, 8, ref.key, ref.tag, ref.base + offset)],
-                       [ref])
+                       [ref], atomic=True)
         return Fetched(old)
 
     def _post(self, ops: list[tuple[bool, Any, int, int, int, int, int]],
@@ -468,8 +483,9 @@ class RemoteMemory:
             self._fail(rc, ops, refs)
 
     def _fail(self, rc: int, ops: list[tuple[bool, Any, int, int, int, int, int]],
-              refs: list[RegionRef]) -> NoReturn:
-        """Raise the typed error of the transport's code ``rc`` for the chain ``ops``."""
+              refs: list[RegionRef], atomic: bool = False) -> NoReturn:
+        """Raise the typed error of the transport's code ``rc`` for the chain ``ops``
+        (``atomic``: the one atomic of an atomic's chain)."""
         if rc == _ERR_PEER_LOST:
             # verbs: also after a refused access (the connection is lost), which says so
             detail = getattr(self._transport, "error_detail", lambda: None)()
@@ -483,6 +499,9 @@ class RemoteMemory:
                           "timeout: it was given up (a write may still land; a read's "
                           "destination is not written any more, and may hold part of "
                           "the answer)")
+        if rc == _ERR_UNSUPPORTED and atomic:
+            raise ProviderUnavailable(f"atomics: the peer's end of this {self.provider} "
+                                      f"channel does not serve them (an earlier rdmamw)")
         if rc != _ERR_BOUNDS:
             raise RemoteAccessError(f"the {self.provider} provider failed a one-sided "
                                     f"operation ({rc})")
@@ -496,7 +515,9 @@ class RemoteMemory:
                                  f"the peer exposed")
             if why == 3:
                 raise AccessDenied(f"the peer's region does not allow "
-                                   f"{'writes' if write else 'reads'}")
+                                   f"{'atomics' if atomic else 'writes' if write else 'reads'}"
+                                   + (" (exposed without 'atomic', or an unaligned word)"
+                                      if atomic else ""))
             if why == 4:
                 raise RegionRevoked(f"the peer's device refused the access (a remote "
                                     f"access error: revoked, forged, outside the region "

@@ -18,7 +18,7 @@
 #define RM_EXPOSE_H
 #include <stdint.h>
 
-enum { RM_XTAB_N = 255, RM_XACC_READ = 1, RM_XACC_WRITE = 2 };
+enum { RM_XTAB_N = 255, RM_XACC_READ = 1, RM_XACC_WRITE = 2, RM_XACC_ATOMIC = 4 };
 #define RM_XNONE UINT64_MAX
 
 typedef struct {
@@ -26,7 +26,7 @@ typedef struct {
     uint64_t len;
     uint64_t staged;    /* shm without CMA: offset of the copy in the staging area */
     uint32_t key;       /* 0 = free */
-    uint32_t access;    /* RM_XACC_* */
+    uint32_t access;    /* RM_XACC_* (ATOMIC: a user region's 64-bit words, tcp) */
 } rm_xent;              /* 32 bytes */
 
 typedef struct {

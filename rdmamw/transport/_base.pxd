@@ -21,7 +21,7 @@ cdef enum:
     RM_WR_WRITE_IMM = 1
     RM_WR_READ = 2
     RM_WR_SEND = 3
-    RM_WR_FETCH_ADD = 4     # a region's 64-bit word (verbs): local_addr holds the operand
+    RM_WR_FETCH_ADD = 4     # a region's 64-bit word (verbs, tcp): local_addr holds the operand
     RM_WR_CMP_SWAP = 5      # (and, for CMP_SWAP, the new value after it); the old value
                             # lands in its first 8 bytes
 
@@ -40,7 +40,7 @@ cdef enum:
     RM_ACCESS_LOCAL = 0
     RM_ACCESS_REMOTE_READ = 1
     RM_ACCESS_REMOTE_WRITE = 2
-    RM_ACCESS_REMOTE_ATOMIC = 4 # a user region's 64-bit words (verbs only)
+    RM_ACCESS_REMOTE_ATOMIC = 4 # a user region's 64-bit words (verbs, tcp)
     RM_ACCESS_TAG_SHIFT = 8     # expose(): bits above it are a user region's tag (its
                                 # generation, not 0); below, the RM_ACCESS_* bits
 

@@ -119,3 +119,28 @@ def test_a_cancelled_read_is_over_when_the_await_is(stopped_tcp_owner):
     ch.sync.read(ref, again, timeout=10)
     assert np.array_equal(again, _pattern())
     assert (dest == FILL).all()
+
+
+def test_awaited_atomics_on_tcp_let_the_loop_run(stopped_tcp_owner):
+    """tcp: an awaited fetch_add waits for the owner on the executor (the loop runs,
+    Timeout by its timeout); once the owner runs again, the awaited atomics give the
+    words' old values (the one given up was done too: the next old value says so)."""
+    ch, ref, pid = stopped_tcp_owner
+    first = int(_pattern()[:8].view("<u8")[0])
+
+    async def stopped() -> int:
+        ticks = LoopTicks()
+        with pytest.raises(Timeout):
+            await ch.fetch_add(ref, 0, 2, timeout=0.5)
+        return ticks.stop()
+
+    assert asyncio.run(stopped()) >= 10
+    os.kill(pid, signal.SIGCONT)
+
+    async def running() -> None:
+        assert (await ch.fetch_add(ref, 0, 1, timeout=10)).value == (first + 2) % 2**64
+        old = await ch.compare_swap(ref, 0, (first + 3) % 2**64, 5, timeout=10)
+        assert old.value == (first + 3) % 2**64
+        assert (await ch.fetch_add(ref, 0, 0, timeout=10)).value == 5
+
+    asyncio.run(running())

@@ -75,6 +75,29 @@ def test_a_batch_and_a_write_time_out_too(stoppable_owner):
     assert (a == FILL).all() and (b == FILL).all()
 
 
+def test_an_atomic_to_a_stopped_owner_times_out(stoppable_owner):
+    """tcp: fetch_add and compare_swap to a stopped owner raise Timeout by their
+    ``timeout``; given up, they may still be done when the owner wakes (as a write
+    may land), and the channel serves the next atomic, whose old value says so."""
+    ch, ref, pid = stoppable_owner
+    first = int(_pattern()[:8].view("<u8")[0])
+    assert ch.fetch_add(ref, 0, 0).wait() == first      # the owner serves
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert _timed_out(lambda: ch.fetch_add(ref, 0, 5, timeout=0.3)) < 0.8
+        assert _timed_out(lambda: ch.compare_swap(ref, 8, 0, 1, timeout=0.3)) < 0.8
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert ch.fetch_add(ref, 0, 1, timeout=10).wait() == (first + 5) % 2**64
+    back = np.zeros(N, np.uint8)
+    ch.read(ref, back, timeout=10)
+    expect = _pattern()
+    expect[:8] = np.array([(first + 6) % 2**64], "<u8").view(np.uint8)
+    if int(expect[8:16].view("<u8")[0]) == 0:           # the compare_swap matched
+        expect[8:16] = np.array([1], "<u8").view(np.uint8)
+    assert np.array_equal(back, expect)
+
+
 def test_a_read_given_up_half_way_is_not_finished_later(stoppable_owner):
     """The owner stops in the middle of a large answer: what came before the Timeout
     stays, nothing comes after it (the receive let go between two pieces)."""

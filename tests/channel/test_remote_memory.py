@@ -52,8 +52,9 @@ WITHOUT = [p for p in providers_under_test() if p not in REGIONS and p in LISTEN
 #: where the owner's device refuses an access it was not granted (a forged or revoked
 #: reference): a remote access error, which ends the RC connection on both sides
 BY_DEVICE = {"verbs"}
-#: the providers with fetch_add / compare_swap
-ATOMICS = {"verbs"}
+#: the providers with fetch_add / compare_swap (tcp: the owner's progress thread runs
+#: them; verbs: the owner's device); shm says why not (test_atomics_say_where_they_are_not)
+ATOMICS = {"tcp", "verbs"}
 
 
 def _pattern(n: int, seed: int) -> np.ndarray:
@@ -487,6 +488,7 @@ def test_the_owner_dies_during_a_read(provider):
 
 
 VERBS = [p for p in WITH if p.values[0] == "verbs"]
+WITH_ATOMICS = [p for p in WITH if p.values[0] in ATOMICS]
 
 
 @pytest.mark.parametrize("provider", VERBS)
@@ -549,11 +551,12 @@ def test_a_buffer_exposed_to_two_peers_is_registered_once(provider):
             lst.close()
 
 
-@pytest.mark.parametrize("rpair", VERBS, indirect=True)
+@pytest.mark.parametrize("rpair", WITH_ATOMICS, indirect=True)
 def test_atomics(rpair):
     """fetch_add and compare_swap on the words of an "atomic" region: the old value
     back, the owner's words changed as they should (and no other byte), the refusals
-    the caller can check refused before anything is posted."""
+    the caller can check refused before anything is posted; each atomic one chain and
+    one doorbell in stats()."""
     owner, peer = rpair
     words = np.zeros(8, np.uint64)
     words[:] = [5, 7, 2**64 - 1, 0, 0, 0, 0, 0]
@@ -575,22 +578,108 @@ def test_atomics(rpair):
     peer.read(reg.ref, out)
     assert np.array_equal(out, expect)
     # the operands' buffer is the channel's, registered once, not once per atomic
-    before = peer.stats()["registrations"]
+    before = peer.stats()
     for _ in range(20):
         peer.fetch_add(reg.ref, 24, 1)
+    after = peer.stats()
     expect[3] = 20
     assert np.array_equal(words, expect)
-    assert peer.stats()["registrations"] - before <= 1
+    assert after["registrations"] - before["registrations"] <= 1
+    keys = ("rmem_ops", "rmem_chains", "doorbells", "rmem_bytes_read",
+            "rmem_bytes_written")
+    assert {k: after[k] - before[k] for k in keys} == {
+        "rmem_ops": 20, "rmem_chains": 20, "doorbells": 20, "rmem_bytes_read": 0,
+        "rmem_bytes_written": 0}
 
 
-@pytest.mark.parametrize("rpair", VERBS, indirect=True)
-def test_an_atomic_forged_onto_a_plain_region_is_refused_by_the_device(rpair):
+@pytest.mark.parametrize("rpair", WITH_ATOMICS, indirect=True)
+@pytest.mark.parametrize("how", ["plain", "longer", "revoked", "tag", "key"])
+def test_an_atomic_the_owner_did_not_grant_is_refused(rpair, how):
+    """What only the owner can know: the region is not "atomic" (the reference's bits
+    raised by hand), the word is past the region (the reference claims more), revoked,
+    or a forged key or tag. Nothing of the owner's buffer changes."""
     owner, peer = rpair
-    buf = np.arange(8, dtype=np.uint64)
-    reg = owner.expose(buf, "rw")
-    _refused_by_owner(owner, peer, buf,
-                      lambda: peer.fetch_add(_forge(reg.ref, access=7), 0, 1),
-                      AccessDenied)
+    buf = np.arange(16, dtype=np.uint64)    # the region is its first half: the word
+    reg = owner.expose(buf[:8], "rw" if how == "plain" else "atomic")   # past it is ours
+    ref, offset, exc = {
+        "plain": (_forge(reg.ref, access=7), 0, AccessDenied),
+        "longer": (_forge(reg.ref, length=128), 64, OutOfRange),
+        "revoked": (reg.ref, 0, RegionRevoked),
+        "tag": (_forge(reg.ref, tag=reg.ref.tag + 1), 0, RegionRevoked),
+        "key": (_forge(reg.ref, key=reg.ref.key ^ 1), 0, RegionRevoked)}[how]
+    if how == "revoked":
+        assert peer.compare_swap(ref, 0, 0, 9).wait() == 0     # granted before
+        buf[0] = 0
+        reg.revoke()
+    _refused_by_owner(owner, peer, buf, lambda: peer.fetch_add(ref, offset, 1), exc)
+    if owner.provider not in BY_DEVICE:
+        _refused(owner, peer, buf, lambda: peer.compare_swap(ref, offset, 0, 1), exc)
+
+
+@pytest.mark.parametrize("provider", WITH_ATOMICS)
+@pytest.mark.parametrize("op", ["fetch_add", "compare_swap"])
+def test_two_peers_hammering_one_word_lose_no_update(provider, op):
+    """Two peers (two channels to one owner, two threads: on tcp two progress threads
+    of the owner serve them at once) update the same words: fetch_add hands every old
+    value out at most once and the word ends at the exact total, with the owner's own
+    atomic adds on it meanwhile (tcp: on verbs the device's atomics are not atomic
+    with the CPU's); compare_swap increments (retried until they win) end at the exact
+    total too."""
+    from tests.support.hooks import atomic_adds
+    n = 1500
+    pairs = [make_pair("batched", provider=provider) for _ in range(2)]
+    try:
+        words = np.zeros(4, np.uint64)
+        words[2] = 0xABCDEF                 # a neighbour no operation names
+        refs = [owner.expose(words, "atomic").ref for owner, _, _ in pairs]
+        olds: list[list[int]] = [[], []]
+        failed: list = []
+        stop = threading.Event()
+        local = [0]                         # the owner's own adds
+
+        def owner_adds() -> None:
+            while not stop.is_set():
+                atomic_adds(words.ctypes.data, 20000)
+                local[0] += 20000
+
+        def hammer(i: int) -> None:
+            peer, ref = pairs[i][1], refs[i]
+            try:
+                for _ in range(n):
+                    if op == "fetch_add":
+                        olds[i].append(peer.fetch_add(ref, 0, 1).wait())
+                        continue
+                    seen = peer.fetch_add(ref, 8, 0).wait()
+                    while (got := peer.compare_swap(ref, 8, seen, seen + 1).wait()) != seen:
+                        seen = got
+                    olds[i].append(seen)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                failed.append(e)
+
+        threads = [threading.Thread(target=hammer, args=(i,)) for i in range(2)]
+        mine = op == "fetch_add" and provider not in BY_DEVICE
+        if mine:
+            threads.append(threading.Thread(target=owner_adds))
+        for t in threads:
+            t.start()
+        for t in threads[:2]:
+            t.join(120)
+        stop.set()
+        threads[-1].join(30)
+        assert failed == []
+        at = 0 if op == "fetch_add" else 1
+        expect = np.array([0, 0, 0xABCDEF, 0], np.uint64)
+        expect[at] = 2 * n + local[0]
+        assert np.array_equal(words, expect)
+        if mine:
+            assert local[0] > 0 and len(set(olds[0] + olds[1])) == 2 * n
+        else:
+            assert sorted(olds[0] + olds[1]) == list(range(2 * n))
+    finally:
+        for a, b, lst in pairs:
+            a.close()
+            b.close()
+            lst.close()
 
 
 @pytest.mark.parametrize("provider", WITHOUT)

@@ -187,7 +187,9 @@ hellos = st.fixed_dictionaries({}, optional={
     "v": st.one_of(st.just(1), values), "slots": st.one_of(st.integers(0, 2**21), values),
     "slot_size": st.one_of(st.integers(0, 2**31), values), "hb": values,
     "mode": st.one_of(st.sampled_from(["batched", "ack"]), values),
-    "rank": st.one_of(st.integers(-2, 2**32), values)})
+    "rank": st.one_of(st.integers(-2, 2**32), values),
+    "rid": st.one_of(st.integers(0, 2**64 - 1), values),
+    "ratom": st.one_of(st.integers(-1, 2), values)})
 
 
 @FAST
@@ -198,6 +200,7 @@ def test_fuzz_channel_hello(data, accepting):
     except rdmamw.ProtocolError:
         return
     assert 1 <= out["slots"] and 64 <= out["slot_size"] and 0 <= out["hb"] <= 60
+    assert type(out["ratom"]) is int and out["ratom"] in (0, 1)
 
 
 joins = st.fixed_dictionaries({}, optional={

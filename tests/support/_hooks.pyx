@@ -62,6 +62,10 @@ from rdmamw.transport.atomics cimport (
     rm_store_release64,
 )
 
+cdef extern from *:
+    uint64_t hook_fetch_add "__atomic_fetch_add"(uint64_t *p, uint64_t v, int order) nogil
+    int HOOK_SEQ_CST "__ATOMIC_SEQ_CST"
+
 from rdmamw.providers.tcp._transport import _WHY
 from rdmamw.providers.verbs._lib import load as _load_verbs
 
@@ -403,3 +407,16 @@ cdef _load_ibverbs():
     lib = _load_verbs()
     if rm_ibv_load(lib.encode(), err, sizeof(err)) != 0:
         raise OSError(2, f"cannot load {lib}: {err.decode(errors='replace')}")
+
+
+def atomic_adds(size_t addr, uint64_t n) -> None:
+    """Add 1 to the aligned 64-bit word at ``addr`` ``n`` times with the CPU's atomic
+    instruction, without the GIL: an owner's own atomics on a word its peers update
+    with fetch_add (each must be atomic with respect to the other)."""
+    cdef uint64_t _i
+    cdef uint64_t *word = <uint64_t *>addr
+    if addr & 7:
+        raise ValueError("an aligned 64-bit word")
+    with nogil:
+        for _i in range(n):
+            hook_fetch_add(word, 1, HOOK_SEQ_CST)

@@ -12,6 +12,7 @@ from typing import Any
 from tests.support._hooks import (
     apply_stream,
     assist_now,
+    atomic_adds,
     expose_churn,
     expose_range,
     forge_peer_xtab,
@@ -31,8 +32,9 @@ from tests.support._hooks import (
     verbs_unexpose,
 )
 
-__all__ = ["apply_stream", "assist_now", "expose_churn", "expose_range", "forge_peer_xtab",
-           "hammer_job", "job_claimed", "job_state", "offer_job", "qp_error", "read_remote",
+__all__ = ["apply_stream", "assist_now", "atomic_adds", "expose_churn", "expose_range",
+           "forge_peer_xtab", "hammer_job", "job_claimed", "job_state", "offer_job",
+           "qp_error", "read_remote",
            "region_address", "set_device_limit", "slot_address", "unexpose_range",
            "verbs_expose", "verbs_keys", "verbs_remote", "verbs_side_socket",
            "verbs_unexpose"]

@@ -22,14 +22,15 @@ WITHOUT = [p for p in providers_under_test() if p not in REGIONS and p in LISTEN
 OWNER_BYTES = 4 * 2**20
 OWNER_SEED = 7
 #: an owner process (argv: listen address, bytes): exposes a pattern (seed 7)
-#: read-write and sends the reference, then sleeps (only its provider's threads serve)
+#: read-write ("atomic" on tcp, which has atomics) and sends the reference, then
+#: sleeps (only its provider's threads serve)
 OWNER = textwrap.dedent("""
     import sys, time, numpy as np, rdmamw
     lst = rdmamw.listen(sys.argv[1])
     print(lst.address, flush=True)
     ch = lst.accept(timeout=60)
     buf = np.random.default_rng(7).integers(0, 256, int(sys.argv[2]), dtype=np.uint8)
-    reg = ch.expose(buf, "rw")
+    reg = ch.expose(buf, "atomic" if sys.argv[1].startswith("tcp") else "rw")
     ch.send(bytes(reg.ref))
     time.sleep(120)
 """)

@@ -14,20 +14,24 @@ FRAME = struct.Struct("<HHIQ")       # type, region, length, offset
 WRITE, PUBLISH, WAKE, READ_REQ, READ_RESP, HEARTBEAT, WRITE_IMM = range(1, 8)
 XREAD_REQ, XWRITE, READ_ERR, RCHAIN, RDONE = range(8, 13)
 #: a region operation's descriptor in an RCHAIN frame (rm_tcp_region.h rt_rdesc):
-#: op (1 READ, 2 WRITE), key, tag, address, length, reserved
+#: op (1 READ, 2 WRITE, 3 FETCH_ADD, 4 CMP_SWAP), key, tag, address, length, reserved
 RDESC = struct.Struct("<HHIQII")
-OP_READ, OP_WRITE = 1, 2
+OP_READ, OP_WRITE, OP_FADD, OP_CSWAP = 1, 2, 3, 4
+#: an atomic's payload (its two operands) and its answer (the word's old value)
+OPERANDS, WORD = struct.Struct("<QQ"), struct.Struct("<Q")
 
 
 def raw_peer(address: str, slots: int = 16, slot_size: int = 4096,
-             key: bytes | None = None, rid: int = 0) -> socket.socket:
+             key: bytes | None = None, rid: int = 0, ratom: int = 0) -> socket.socket:
     """Connect to an rdmamw tcp listener as an opener and finish the handshake; with
-    ``rid`` (a region identity), the listener's channel may post region chains to it."""
+    ``rid`` (a region identity), the listener's channel may post region chains to it
+    (and atomics too with ``ratom`` 1)."""
     host, port = tcp.parse(address.partition("://")[2])
     s = socket.create_connection((host, port), timeout=5)
     auth.open_side(s, key)
     hello = {"v": 1, "slots": slots, "slot_size": slot_size, "mode": "batched", "hb": 0.25}
-    send_frame(s, {**hello, "rid": rid} if rid else hello)
+    send_frame(s, {**hello, "rid": rid, **({"ratom": ratom} if ratom else {})} if rid
+               else hello)
     recv_frame(s)
     return s
 
@@ -40,7 +44,8 @@ def frame(kind: int, region: int = 0, offset: int = 0, payload: bytes = b"",
 
 def rchain(ops: list[tuple], payloads: list[bytes] = ()) -> bytes:
     """An RCHAIN frame: ``ops`` are (op, key, tag, address, length[, reserved]), then the
-    WRITE payloads as given (a test may send fewer bytes than it announces)."""
+    payloads of its WRITEs and atomics (OPERANDS) as given (a test may send fewer bytes
+    than it announces)."""
     descs = b"".join(RDESC.pack(*op, *(() if len(op) == 6 else (0,))) for op in ops)
     return FRAME.pack(RCHAIN, len(ops), len(descs), 0) + descs + b"".join(payloads)
 

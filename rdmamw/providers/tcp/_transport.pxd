@@ -7,7 +7,7 @@ from rdmamw.transport._base cimport Transport, rm_wr
 
 cdef extern from "rm_expose.h" nogil:
     enum:
-        RM_XACC_READ, RM_XACC_WRITE, RM_XTAG_SHIFT, RM_RWHY_GONE
+        RM_XACC_READ, RM_XACC_WRITE, RM_XACC_ATOMIC, RM_XTAG_SHIFT, RM_RWHY_GONE
     ctypedef struct rm_xtab:
         pass
 
@@ -38,7 +38,7 @@ cdef extern from "rm_tcp.h" nogil:
         RT_WRITE_IMM, RT_XREAD_REQ, RT_XWRITE, RT_READ_ERR, RT_RCHAIN, RT_RDONE, RT_NTYPES
         RT_NREG, RT_RD_MAX, RT_RCH_MAX
         RT_RK_READ, RT_RK_RREAD, RT_RK_DONE, RT_RK_DROP
-        RT_OP_READ, RT_OP_WRITE
+        RT_OP_READ, RT_OP_WRITE, RT_OP_FADD, RT_OP_CSWAP
         RT_UP, RT_LOST, RT_CLOSED
         RT_WHY_NONE, RT_WHY_EOF, RT_WHY_IO, RT_WHY_TIMEOUT, RT_WHY_FRAME, RT_WHY_LOCAL,
         RT_WHY_HOST, RT_WHY_STALLED
@@ -143,6 +143,7 @@ cdef class TcpTransport(Transport):
     cdef uint64_t aread_id          # the asynchronous READ in flight: its wr_id ...
     cdef uint64_t aread_seq         # ... and rd_posted after it (0: none)
     cdef uint64_t rid, peer_rid     # region identities: this endpoint's, the peer's
+    cdef bint peer_atomics          # the peer's hello said it serves region atomics
 
     cdef bint _registered(self, uint64_t addr, uint64_t length) noexcept nogil
     cdef int _reserve(self, uint32_t n) noexcept nogil

@@ -14,7 +14,8 @@ peer's XREAD_REQ / XWRITE frames for it are checked against that table here, by 
 progress thread (XWRITE) and a responder thread (XREAD_REQ) that answers READs, so a
 large answer never keeps this side from receiving.
 
-User regions (docs/remote-memory.md): a chain of region READs/WRITEs is one RCHAIN
+User regions (docs/remote-memory.md): a chain of region READs/WRITEs (and atomics,
+run by the owner's progress thread with the CPU's atomic instructions) is one RCHAIN
 frame and one sendmsg, checked by the owner against its own exposure table before
 any byte moves and ended by one RDONE (rm_tcp_region.h); the owner's threads serve it,
 no application thread of the owner takes part."""
@@ -25,6 +26,7 @@ from libc.string cimport memset
 
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
+    RM_ACCESS_REMOTE_ATOMIC,
     RM_ACCESS_REMOTE_READ,
     RM_ACCESS_REMOTE_WRITE,
     RM_ACCESS_TAG_SHIFT,
@@ -39,7 +41,9 @@ from rdmamw.transport._base cimport (
     RM_REGION_CTRL,
     RM_REGION_RECLAIM,
     RM_ERR_UNSUPPORTED,
+    RM_WR_CMP_SWAP,
     RM_WR_EXPOSED,
+    RM_WR_FETCH_ADD,
     RM_WR_PUBLISH,
     RM_WR_READ,
     RM_WR_REGION,
@@ -312,11 +316,14 @@ cdef class TcpTransport(Transport):
         return rc       # RT_LATE: accepted (queued), but past the deadline
 
     cdef int _post_region(self, rm_wr *wrs, uint32_t n) noexcept nogil:
-        """A chain of region READs/WRITEs (every WR RM_WR_EXPOSED | RM_WR_REGION, imm the
-        region's tag) as one RCHAIN frame on one sendmsg; waits for its RDONE
-        (rm_tcp_region.h) until this thread's post deadline. RM_ERR_BOUNDS when the
-        owner refused an operation (region_refusal() then says which and why),
-        RM_ERR_LATE when the deadline passed first, or the connection's state."""
+        """A chain of region READs/WRITEs/atomics (every WR RM_WR_EXPOSED |
+        RM_WR_REGION, imm the region's tag; an atomic's local_addr its 16 bytes of
+        operands, the first 8 replaced by the word's old value) as one RCHAIN frame on
+        one sendmsg; waits for its RDONE (rm_tcp_region.h) until this thread's post
+        deadline. RM_ERR_BOUNDS when the owner refused an operation (region_refusal()
+        then says which and why), RM_ERR_LATE when the deadline passed first,
+        RM_ERR_UNSUPPORTED for an atomic to a peer that does not serve them, or the
+        connection's state."""
         cdef rt_rcell cell
         cdef rt_rdesc *descs
         cdef uint64_t *local
@@ -333,14 +340,22 @@ cdef class TcpTransport(Transport):
             wr = &wrs[i]
             if wr.flags & (RM_WR_EXPOSED | RM_WR_REGION | RM_WR_PUBLISH) \
                     != (RM_WR_EXPOSED | RM_WR_REGION) or wr.rkey > 0xFFFF or wr.imm == 0 \
-                    or wr.length > RT_PIECE \
-                    or (wr.opcode != RM_WR_READ and wr.opcode != RM_WR_WRITE):
+                    or wr.length > RT_PIECE:
+                return RM_ERR_BOUNDS
+            if wr.opcode == RM_WR_FETCH_ADD or wr.opcode == RM_WR_CMP_SWAP:
+                if not self.peer_atomics:
+                    return RM_ERR_UNSUPPORTED   # an owner that does not serve them
+                if wr.length != 8 or wr.remote_off & 7:
+                    return RM_ERR_BOUNDS
+            elif wr.opcode != RM_WR_READ and wr.opcode != RM_WR_WRITE:
                 return RM_ERR_BOUNDS
         if rt_rscratch_take(self.c, n, &descs, &local, &iov, &own) != 0:
             return RM_ERR_OS
         for i in range(n):
             wr = &wrs[i]
-            descs[i].op = RT_OP_READ if wr.opcode == RM_WR_READ else RT_OP_WRITE
+            descs[i].op = (RT_OP_READ if wr.opcode == RM_WR_READ
+                           else RT_OP_WRITE if wr.opcode == RM_WR_WRITE
+                           else RT_OP_FADD if wr.opcode == RM_WR_FETCH_ADD else RT_OP_CSWAP)
             descs[i].key = <uint16_t>wr.rkey
             descs[i].tag = wr.imm
             descs[i].addr = wr.remote_off
@@ -364,7 +379,7 @@ cdef class TcpTransport(Transport):
         if cell.why or cell.read_err:
             why = cell.why if cell.why else RM_RWHY_GONE
             i = cell.index if cell.why and cell.index < n else 0
-            rt_refusal_set(self.c, why, wrs[i].rkey, wrs[i].imm, wrs[i].opcode == RM_WR_WRITE,
+            rt_refusal_set(self.c, why, wrs[i].rkey, wrs[i].imm, wrs[i].opcode != RM_WR_READ,
                            wrs[i].remote_off, wrs[i].length)
             return RM_ERR_BOUNDS
         self.bytes_written += wbytes
@@ -404,8 +419,11 @@ cdef class TcpTransport(Transport):
                 acc |= RM_XACC_READ
             if access & RM_ACCESS_REMOTE_WRITE:
                 acc |= RM_XACC_WRITE
+            if access & RM_ACCESS_REMOTE_ATOMIC:
+                acc |= RM_XACC_ATOMIC
             if acc == 0 or tag >> (32 - RM_XTAG_SHIFT) or access & 0xFF & ~<uint32_t>(
-                    RM_ACCESS_REMOTE_READ | RM_ACCESS_REMOTE_WRITE):
+                    RM_ACCESS_REMOTE_READ | RM_ACCESS_REMOTE_WRITE
+                    | RM_ACCESS_REMOTE_ATOMIC):
                 return RM_ERR_UNSUPPORTED
             key = rt_expose(self.c, addr, length, acc | (tag << RM_XTAG_SHIFT))
             if key == 0:
@@ -506,10 +524,19 @@ cdef class TcpTransport(Transport):
         free(self.hdrs)
         free(self.iov)
 
-    def _set_region_ids(self, uint64_t mine, uint64_t peers):
+    def _set_region_ids(self, uint64_t mine, uint64_t peers, bint atomics=False):
         """The identities region references carry: this endpoint's (random, never 0)
-        and the peer's from its hello (0: a peer without regions)."""
+        and the peer's from its hello (0: a peer without regions); ``atomics``: the
+        peer's hello said it serves region atomics (RT_OP_FADD / RT_OP_CSWAP)."""
         self.rid, self.peer_rid = mine, peers
+        self.peer_atomics = atomics and peers != 0
+
+    @property
+    def region_atomics(self) -> bool:
+        """fetch_add / compare_swap on regions exposed "atomic": this side's progress
+        thread serves the peer's (an atomic to a peer whose hello did not say it serves
+        them is refused by post(), RM_ERR_UNSUPPORTED)."""
+        return self.responder_started
 
     def region_ids(self):
         """(this endpoint's identity, the peer's): 0 for a peer without regions."""

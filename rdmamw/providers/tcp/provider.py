@@ -18,7 +18,8 @@ heartbeats while idle (default 0.25).
 
 Each hello also carries ``rid``, the endpoint's random identity, which the references
 of the regions it exposes carry (docs/remote-memory.md); a peer without it has no
-regions."""
+regions. ``ratom`` 1 says the endpoint serves atomics on its regions (a peer without it
+is never sent one: an older owner would hang up on it)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,10 @@ def parse_hello(peer: dict, accepting: bool) -> dict:
     if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < 1 << 64:
         raise ProtocolError("handshake field 'rid' is not a region identity")
     out["rid"] = rid
+    ratom = peer.get("ratom", 0)
+    if not isinstance(ratom, int) or isinstance(ratom, bool) or ratom not in (0, 1):
+        raise ProtocolError("handshake field 'ratom' is not 0 or 1")
+    out["ratom"] = ratom
     if accepting:
         out["mode"] = mode
         if "rank" in peer:
@@ -118,7 +123,7 @@ def handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
         auth.open_side(conn)
     rid = secrets.randbits(64) | 1         # never 0: "no regions"
     hello = {"v": PROTOCOL_VERSION, "slots": slots, "slot_size": slot_size,
-             "hb": heartbeat(), "rid": rid}
+             "hb": heartbeat(), "rid": rid, "ratom": 1}
     if mode is not None:
         hello["mode"] = mode
         if rank is not None:
@@ -142,7 +147,7 @@ def handshake(conn: socket.socket, slots: int, slot_size: int, mode: str | None,
         conn.setblocking(False)
         tp._attach(conn.fileno(), evfd, block, mine.total, mine.regions(), theirs.regions(),
                    heartbeat(), max(peer_timeout(), 4 * peer_hb), host_timeout())
-        tp._set_region_ids(rid, peer["rid"])
+        tp._set_region_ids(rid, peer["rid"], peer["ratom"] == 1)
     except BaseException:
         free_block(block, mine.total)
         if evfd >= 0:

@@ -295,7 +295,8 @@ static int rt_answer_turn(rt_conn *c, size_t n) {
  * range) or a region READ is checked again and answered from the range holding xp_mu
  * (taken after the stream), so the range cannot be un-exposed (and freed) under it; a
  * chain's end (RDONE) says why the chain failed, if it did: the first refusal, the
- * progress thread's or a READ's. */
+ * progress thread's or a READ's; an atomic's answer (queued as READ_RESP) carries the
+ * old value the progress thread got (little-endian, as the frames are). */
 static void *rt_responder(void *arg) {
     rt_conn *c = (rt_conn *)arg;
     rt_req q;
@@ -347,6 +348,11 @@ static void *rt_responder(void *arg) {
                 iov[1].iov_len = q.f.length;
                 f.length = q.f.length;
             }
+        } else if (q.f.type == RT_READ_RESP) {     /* an atomic's old value */
+            f.type = RT_READ_RESP;
+            f.length = 8;
+            iov[1].iov_base = &q.f.offset;
+            iov[1].iov_len = 8;
         } else if (q.f.type == RT_RDONE) {
             f.type = RT_RDONE;
             f.region = q.f.region;

@@ -18,6 +18,15 @@
  * RDONE follows every answer and every write of the chain. A WRITE after a READ of its
  * chain waits until the responder answered that READ.
  *
+ * Atomics (RT_OP_FADD, RT_OP_CSWAP; a region exposed with RM_XACC_ATOMIC): the
+ * descriptor names one aligned 64-bit word (length 8), its payload is two
+ * little-endian words (the value to add, or the expected value and the new one), and
+ * it takes a READ slot for its answer, the word's old value (READ_RESP of 8 bytes).
+ * The progress thread runs it with the CPU's atomic instruction on the owner's word
+ * (rt_xatomic, re-checked under xw_mu as a WRITE is), after the READs before it in its
+ * chain were answered, and queues the old value for the responder, which sends it in
+ * the chain's order.
+ *
  * Revoke (rt_unexpose) takes xp_mu, then xw_mu: an answer being sent from the region
  * lets go of it when the socket is full (the rest is copied into the backlog first:
  * rt_answer), a WRITE being received lets go between pieces and whenever the socket is
@@ -27,8 +36,7 @@
 #define RM_TCP_REGION_H
 #include <sched.h>
 #include "rm_tcp_send.h"
-
-enum { RT_OP_READ = 1, RT_OP_WRITE = 2 };
+#include "rm_tcp_atomic.h"
 #define RT_PIECE ((uint32_t)1 << 30)    /* the largest operation of a chain */
 #define RT_XW_PIECE ((uint64_t)1 << 20) /* a WRITE lets a revoke go first this often */
 #define RT_ANSWER_COPY ((size_t)8 << 20) /* the largest answer copied to the backlog for
@@ -220,10 +228,47 @@ static int rt_rq_drain(rt_conn *c, uint64_t upto) {
     return rc;
 }
 
+/* The owner's access bits an operation needs, or 0 for a descriptor no rdmamw sends
+ * (the connection is then hung up). */
+static uint32_t rt_rdesc_acc(const rt_rdesc *d) {
+    if (d->reserved || d->length > RT_PIECE) return 0;
+    switch (d->op) {
+    case RT_OP_READ: return RM_XACC_READ;
+    case RT_OP_WRITE: return RM_XACC_WRITE;
+    case RT_OP_FADD:
+    case RT_OP_CSWAP: return d->length == 8 ? RM_XACC_ATOMIC : 0;
+    default: return 0;
+    }
+}
+
+/* The payload bytes an operation carries after the chain's descriptors. */
+static uint64_t rt_rdesc_pay(const rt_rdesc *d) {
+    return d->op == RT_OP_WRITE ? d->length : d->op == RT_OP_READ ? 0 : RT_ATOMIC_OPERANDS;
+}
+
+/* The progress thread: atomic d, index i of its chain (*why, *idx: the chain's first
+ * refusal), its operands received here; its answer queued for the responder: the old
+ * value, or READ_ERR when the chain failed before it or the word is refused now.
+ * 0 or -RT_WHY_*. */
+static int rt_ratomic(rt_conn *c, const rt_rdesc *d, uint32_t i, int *why, uint32_t *idx) {
+    uint64_t w[2], old = 0;
+    int rc = rt_rx(c, (char *)w, sizeof w, NULL, NULL), r;
+    if (rc) return rc;
+    if (!*why) {
+        r = rt_xatomic(c, d->op, d->key, d->tag, d->addr, w[0], w[1], &old);
+        if (r) {
+            *why = r;
+            *idx = i;
+        }
+    }
+    if (*why) return rt_rq_part(c, RT_READ_ERR, d->key, 0, d->addr, d->tag, i);
+    return rt_rq_part(c, RT_READ_RESP, 0, 8, old, 0, i);    /* a value, not a range */
+}
+
 /* The owner's progress thread: an RCHAIN frame f (see the top). 0 or -RT_WHY_*. */
 static int rt_rchain(rt_conn *c, const rt_frame *f) {
     rt_rdesc descs[RT_RCH_MAX], d;
-    uint32_t n = f->region, i, idx = 0;
+    uint32_t n = f->region, i, idx = 0, acc;
     uint64_t pay = 0, reads_upto = 0;
     int rc, why = 0, w;
     if (!c->xtab || n == 0 || n > RT_RCH_MAX || f->length != n * sizeof(rt_rdesc) || f->offset)
@@ -232,12 +277,12 @@ static int rt_rchain(rt_conn *c, const rt_frame *f) {
     if (rc) return rc;
     for (i = 0; i < n; i++) {               /* the whole chain first: all or nothing */
         memcpy(&d, &descs[i], sizeof d);    /* each field read once, into a local */
-        if ((d.op != RT_OP_READ && d.op != RT_OP_WRITE) || d.reserved || d.length > RT_PIECE)
-            return -RT_WHY_FRAME;           /* not a chain rdmamw makes: hang up */
-        if (d.op == RT_OP_WRITE) pay += d.length;
+        acc = rt_rdesc_acc(&d);
+        if (!acc) return -RT_WHY_FRAME;     /* not a chain rdmamw makes: hang up */
+        pay += rt_rdesc_pay(&d);
         if (!why) {
-            w = rm_region_why(c->xtab, d.key, d.tag, d.addr, d.length,
-                              d.op == RT_OP_READ ? RM_XACC_READ : RM_XACC_WRITE);
+            w = rm_region_why(c->xtab, d.key, d.tag, d.addr, d.length, acc);
+            if (!w && acc == RM_XACC_ATOMIC && (d.addr & 7)) w = RM_RWHY_ACCESS;
             if (w) {
                 why = w;
                 idx = i;
@@ -257,8 +302,9 @@ static int rt_rchain(rt_conn *c, const rt_frame *f) {
             reads_upto = c->rq_tail;
             continue;
         }
-        if (why) {                          /* after a refusal: the rest is not done */
-            rc = rt_rx_sink(c, d.length);
+        if (why) {          /* after a refusal: the rest is not done (READ_ERR answers
+                               an atomic's slot) */
+            rc = d.op == RT_OP_WRITE ? rt_rx_sink(c, d.length) : rt_ratomic(c, &d, i, &why, &idx);
             if (rc) return rc;
             continue;
         }
@@ -266,6 +312,11 @@ static int rt_rchain(rt_conn *c, const rt_frame *f) {
             rc = rt_rq_drain(c, reads_upto);
             if (rc) return rc;
             reads_upto = 0;
+        }
+        if (d.op != RT_OP_WRITE) {          /* an atomic: its answer is queued */
+            rc = rt_ratomic(c, &d, i, &why, &idx);
+            if (rc) return rc;
+            continue;
         }
         rc = rt_rx_exposed(c, d.key, d.tag, d.addr, d.length, &w);
         if (rc) return rc;
@@ -400,7 +451,8 @@ static void rt_rscratch_free(rt_conn *c) {
     memset(&c->rs, 0, sizeof c->rs);
 }
 
-/* The poster: put the chain descs[0..n) (local[i]: a READ's target or a WRITE's source)
+/* The poster: put the chain descs[0..n) (local[i]: a READ's target, a WRITE's source,
+ * or an atomic's 16 bytes of operands, whose first 8 its answer replaces)
  * on the stream as one RCHAIN frame and one sendmsg (iov: room for n + 2), the slots of
  * its READs and of its end taken in the stream's order, once the ring has room for
  * them; `cell` is where its end will be told. rt_commit's code, or the state. */
@@ -419,13 +471,11 @@ static int rt_rchain_send(rt_conn *c, const rt_rdesc *descs, const uint64_t *loc
     iov[0].iov_len = sizeof hdr;
     iov[1].iov_base = (void *)descs;
     iov[1].iov_len = n * sizeof(rt_rdesc);
-    for (i = 0; i < n; i++) {
-        if (descs[i].op == RT_OP_READ) {
-            nreads++;
-            continue;
-        }
+    for (i = 0; i < n; i++) {               /* a READ's or an atomic's answer: a slot */
+        if (descs[i].op != RT_OP_WRITE) nreads++;
+        if (descs[i].op == RT_OP_READ) continue;
         iov[k].iov_base = (void *)(uintptr_t)local[i];
-        iov[k++].iov_len = descs[i].length;
+        iov[k++].iov_len = descs[i].op == RT_OP_WRITE ? descs[i].length : RT_ATOMIC_OPERANDS;
     }
     for (;;) {
         if (rt_state(c) != RT_UP) return rt_state(c);
@@ -442,7 +492,7 @@ static int rt_rchain_send(rt_conn *c, const rt_rdesc *descs, const uint64_t *loc
     cell->first = posted;
     cell->nslots = nreads + 1;
     for (i = 0; i <= n; i++) {
-        if (i < n && descs[i].op != RT_OP_READ) continue;
+        if (i < n && descs[i].op == RT_OP_WRITE) continue;
         slot = posted++ % RT_RD_MAX;
         c->rd_addr[slot] = i < n ? local[i] : 0;
         c->rd_len[slot] = i < n ? descs[i].length : 0;
