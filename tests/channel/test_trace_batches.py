@@ -16,21 +16,27 @@ import numpy as np
 import pytest
 
 import rdmamw.trace
-from tests.support.helpers import make_pair
+from tests.support.helpers import make_pair, provider_param
 from tests.support.perfetto import query
 
 ROUNDS = 40
 
 
-@pytest.fixture(params=["shm", "tcp"])
+#: the providers with rendezvous (tcp has none)
+RENDEZVOUS = ("shm", "verbs")
+
+
+@pytest.fixture(params=["shm", "tcp", provider_param("verbs")])
 def traced(request, tmp_path):
     """(the file, {trace_id: stats()} of both channels, the thread id of the sender
     into a full ring): a pair (8 slots) that sends
-    batches of 1 to 5 messages both ways, and rendezvous messages on shm, while a
-    timeline records; then one side sends 64 batches the other drains late (credit
-    waits)."""
+    batches of 1 to 5 messages both ways, and rendezvous messages on shm and verbs,
+    while a timeline records; then one side sends 64 batches the other drains late
+    (credit waits). On verbs a batch completes when the device reports it, after its
+    send call returned: its span ends there."""
+    rndv = request.param in RENDEZVOUS
     a, b, lst = make_pair(provider=request.param, slots=8, slot_size=4096,
-                          rendezvous="read" if request.param == "shm" else "off")
+                          rendezvous="read" if rndv else "off")
     path = str(tmp_path / "t-%p.json")
     tids: dict[str, int] = {}
     try:
@@ -38,7 +44,7 @@ def traced(request, tmp_path):
             for i in range(ROUNDS):
                 for x, y in ((a, b), (b, a)):
                     batch = [bytes([i]) * (1 + (i * 7) % 300)] * (1 + i % 5)
-                    if request.param == "shm" and i % 10 == 9:
+                    if rndv and i % 10 == 9:
                         batch.append(np.zeros(20000, np.uint8))     # by rendezvous
                     x.send_batch(batch)
                     got = 0
