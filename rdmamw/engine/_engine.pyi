@@ -17,10 +17,11 @@ TRACE_RECORD_BYTES: int
 
 def trace_start(capacity: int) -> None:
     """Record the channels' batches, doorbells, completions, waits and rendezvous
-    phases into ``capacity`` records (later ones counted, not kept)."""
+    phases, keeping the latest ``capacity`` records (older ones counted, not kept)."""
 
 def trace_stop() -> tuple[bytes, int]:
-    """Stop recording: (the records, TRACE_RECORD_BYTES each; how many were not kept)."""
+    """Stop recording: (the latest records in the order they were claimed,
+    TRACE_RECORD_BYTES each; how many were not kept)."""
 
 class Engine(Endpoint):
     """One side of a connection: batched sends into the peer's ring, receives from

@@ -61,6 +61,7 @@ from rdmamw.engine._trace cimport (
     TR_SLEEP,
     rm_trace,
     rm_trace_claimed,
+    rm_trace_copy,
     rm_trace_ready,
     rm_trace_rec,
     rm_trace_switch,
@@ -94,51 +95,60 @@ TRACE_KINDS = {"batch": TR_BATCH, "doorbell": TR_DOORBELL, "completed": TR_COMPL
 #: the bytes of one record (rm_trace_rec)
 TRACE_RECORD_BYTES = sizeof(rm_trace_rec)
 cdef uint64_t _trace_room = 0           # records the array holds (it only grows)
+cdef uint64_t _trace_keep = 0           # the session's capacity: the latest it keeps
 
 
 def trace_start(uint64_t capacity) -> None:
     """Record the channels' batches, doorbells, completions, waits and rendezvous
-    phases (rdmamw/include/rm_trace.h) into ``capacity`` records from now on (later
-    ones are counted, not kept), until :func:`trace_stop`."""
-    global _trace_room
+    phases (rdmamw/include/rm_trace.h) from now on, until :func:`trace_stop`, which
+    returns the latest ``capacity`` of them (older ones are counted, not kept)."""
+    global _trace_room, _trace_keep
     cdef rm_trace *t = trace_state()
+    cdef uint64_t ring = 1
+    cdef uint32_t shift = 0
     cdef void *p
     if t.on:
         raise RuntimeError("the engine records a timeline already")
     if capacity == 0:
         raise ValueError("capacity must be at least 1")
-    if capacity > _trace_room:      # (the old array leaks: a late writer may hold it)
-        p = calloc(capacity, sizeof(rm_trace_rec))
+    if capacity > (<uint64_t>1 << 40):
+        raise ValueError("capacity must be at most 2**40")
+    while ring < capacity:          # the ring: a power of two (its slot: index & mask)
+        ring <<= 1
+        shift += 1
+    if ring > _trace_room:          # (the old array leaks: a late writer may hold it)
+        p = calloc(ring, sizeof(rm_trace_rec))
         if p == NULL:
             raise MemoryError()
-        t.recs, _trace_room = <rm_trace_rec *>p, capacity
-    t.cap, t.next = capacity, 0
+        t.recs, _trace_room = <rm_trace_rec *>p, ring
+    t.cap, t.mask, t.shift, t.next = ring, ring - 1, shift, 0
+    _trace_keep = capacity
     t.gen += 1
     rm_trace_switch(t, 1)
 
 
 def trace_stop() -> tuple:
-    """Stop recording: (the records written, as bytes of TRACE_RECORD_BYTES each, in
-    the order their writers claimed them; how many were not kept: past the capacity,
-    or still being written)."""
+    """Stop recording: (the latest records written, at most the capacity, as bytes of
+    TRACE_RECORD_BYTES each, in the order their writers claimed them; how many were
+    not kept: older ones, overwritten in the ring or past the capacity, and any still
+    being written)."""
     cdef rm_trace *t = trace_state()
     cdef uint64_t n, i, kept = 0, claimed
     cdef int64_t until
     cdef bytearray out
-    cdef char *dst
+    cdef rm_trace_rec *dst
     if not t.on:
         return b"", 0
     rm_trace_switch(t, 0)
     claimed = rm_trace_claimed(t)
-    n = min(claimed, t.cap)
+    n = min(claimed, _trace_keep)
     out = bytearray(n * sizeof(rm_trace_rec))
-    dst = out
+    dst = <rm_trace_rec *><char *>out
     until = now_ns() + 1000000          # a writer that saw `on` finishes within this
-    for i in range(n):
+    for i in range(claimed - n, claimed):
         while not rm_trace_ready(t, i) and now_ns() < until:
             rm_cpu_relax()
-        if rm_trace_ready(t, i):
-            memcpy(dst + kept * sizeof(rm_trace_rec), &t.recs[i], sizeof(rm_trace_rec))
+        if rm_trace_copy(t, i, &dst[kept]):
             kept += 1
     return bytes(out[:kept * sizeof(rm_trace_rec)]), <object>(claimed - kept)
 

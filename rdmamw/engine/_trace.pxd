@@ -22,12 +22,15 @@ cdef extern from "rm_trace.h" nogil:
         uint64_t next
         uint32_t on
         uint32_t gen
+        uint64_t mask
+        uint32_t shift
     bint rm_trace_on(const rm_trace *t)
     void rm_trace_put(rm_trace *t, uint32_t kind, uint64_t chan, int64_t t0, int64_t t1,
                       uint64_t a, uint64_t b, uint64_t c, uint32_t d)
     void rm_trace_switch(rm_trace *t, uint32_t on)
     uint64_t rm_trace_claimed(const rm_trace *t)
     bint rm_trace_ready(const rm_trace *t, uint64_t i)
+    bint rm_trace_copy(const rm_trace *t, uint64_t i, rm_trace_rec *dst)
 
 
 cdef enum:

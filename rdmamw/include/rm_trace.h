@@ -1,14 +1,18 @@
 /* The timeline's record of the channels' compiled path (rdmamw/trace, docs/trace.md):
- * one process-wide array of fixed-size records, allocated when recording starts and
+ * one process-wide ring of fixed-size records, allocated when recording starts and
  * filled by the engine's units with one atomic add and a few stores each, without a
  * Python object; rdmamw.trace turns it into trace events when the file is written.
  *
  * Off, a hook costs the load of `on` and one predictable branch (rm_trace_on). A
- * record is claimed by its index (an atomic add on `next`); past `cap` it is only
- * counted (next - cap). Its `ready` word, stored last (release), is the session's
- * generation: a reader takes only the records of its own session whose writer has
- * finished. The array of a stopped session is never freed (a late writer may still
- * hold it); a larger one for a later session replaces it, the old one leaks. */
+ * record is claimed by its index (an atomic add on `next`) and written into slot
+ * index & mask of a ring of cap (a power of two) slots: a long recording overwrites
+ * its oldest records, so the file keeps the latest (a job that hangs or fails is
+ * seen up to its end). Each slot is a seqlock: its `ready` word is 0 while a writer
+ * fills it, then (stored last, release) its index's tag, the session's generation
+ * and the lap of the ring; a reader takes a slot only if its tag is the one of the
+ * index it wants both before and after the copy. The array of a stopped session is
+ * never freed (a late writer may still hold it); a larger one for a later session
+ * replaces it, the old one leaks. */
 #ifndef RM_TRACE_H
 #define RM_TRACE_H
 
@@ -26,10 +30,12 @@ typedef struct {
 
 typedef struct {
     rm_trace_rec *recs;
-    uint64_t cap;
+    uint64_t cap;           /* slots: a power of two */
     uint64_t next;
     uint32_t on;
-    uint32_t gen;
+    uint32_t gen;           /* the session's generation (1, 2, ...) */
+    uint64_t mask;          /* cap - 1 */
+    uint32_t shift;         /* log2(cap): index >> shift is its lap of the ring */
 } rm_trace;
 
 static inline int rm_trace_on(const rm_trace *t) {
@@ -43,18 +49,23 @@ static inline uint32_t rm_trace_tid(void) {
     return tid;
 }
 
+/* the `ready` word of index i once written: never 0 (8 bits of the generation, 24 of
+ * the lap + 1: exact for 256 sessions and 16 M laps of the ring) */
+static inline uint32_t rm_trace_tag(const rm_trace *t, uint64_t i) {
+    return (t->gen << 24) | (uint32_t)(((i >> t->shift) + 1) & 0xffffff);
+}
+
 static inline void rm_trace_put(rm_trace *t, uint32_t kind, uint64_t chan, int64_t t0,
                                 int64_t t1, uint64_t a, uint64_t b, uint64_t c,
                                 uint32_t d) {
     uint64_t i = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED);
-    rm_trace_rec *r;
-    if (i >= t->cap)
-        return;
-    r = &t->recs[i];
+    rm_trace_rec *r = &t->recs[i & t->mask];
+    __atomic_store_n(&r->ready, 0, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);        /* busy before the fields change */
     r->t0 = t0; r->t1 = t1; r->chan = chan;
     r->a = a; r->b = b; r->c = c;
     r->kind = kind; r->tid = rm_trace_tid(); r->d = d;
-    __atomic_store_n(&r->ready, t->gen, __ATOMIC_RELEASE);
+    __atomic_store_n(&r->ready, rm_trace_tag(t, i), __ATOMIC_RELEASE);
 }
 
 /* rdmamw.engine._engine's trace_start / trace_stop (the GIL held: one at a time) */
@@ -67,7 +78,20 @@ static inline uint64_t rm_trace_claimed(const rm_trace *t) {
 }
 
 static inline int rm_trace_ready(const rm_trace *t, uint64_t i) {
-    return __atomic_load_n(&t->recs[i].ready, __ATOMIC_ACQUIRE) == t->gen;
+    return __atomic_load_n(&t->recs[i & t->mask].ready, __ATOMIC_ACQUIRE) ==
+        rm_trace_tag(t, i);
+}
+
+/* copy index i's record into *dst if its writer finished and none overwrote it since
+ * (the seqlock's read: its tag before and after the copy); 1 if copied */
+static inline int rm_trace_copy(const rm_trace *t, uint64_t i, rm_trace_rec *dst) {
+    const rm_trace_rec *r = &t->recs[i & t->mask];
+    uint32_t tag = rm_trace_tag(t, i);
+    if (__atomic_load_n(&r->ready, __ATOMIC_ACQUIRE) != tag)
+        return 0;
+    __builtin_memcpy(dst, (const void *)r, sizeof *dst);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return __atomic_load_n(&r->ready, __ATOMIC_RELAXED) == tag;
 }
 
 #endif

@@ -391,12 +391,15 @@ class KVServer:
 
     def _trace_round(self, tr: Any, done: list[int]) -> None:
         """The round that closed as a span of the timeline, from the last close (or
-        from when the timeline started): the workers whose gradients it merged and
-        the live ones it left out (a straggler's, or ones not due in a bounded model)."""
+        from when the timeline started): the workers whose gradients it merged, the
+        one whose gradient came last (``done`` is in arrival order: the worker the
+        round waited for, unless its timeout closed it) and the live ones it left out
+        (a straggler's, or ones not due in a bounded model)."""
         t0 = self._round_mark or tr.started
         live = sorted(getattr(self.policy, "live", ()))
         tr.span("round", "ps", t0, {"version": getattr(self.policy, "version", None),
                                     "merged": sorted(done),
+                                    "last": done[-1] if done else None,
                                     "left_out": [w for w in live if w not in done]})
         self._round_mark = tr.clock()
 

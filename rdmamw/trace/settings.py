@@ -15,5 +15,5 @@ declare("trace", "RDMAMW_TRACE_MAX_EVENTS", "int", 1_000_000,
         minimum=1, maximum=1 << 30)
 declare("trace", "RDMAMW_TRACE_MAX_RECORDS", "int", 1 << 20,
         "records of the channels' batches, doorbells, completions, waits and rendezvous "
-        "phases kept per process (64 B each, allocated when recording starts); later "
-        "ones are counted as dropped", minimum=1, maximum=1 << 26)
+        "phases kept per process: the latest, in a ring (64 B each, allocated when "
+        "recording starts); older ones are counted as dropped", minimum=1, maximum=1 << 26)

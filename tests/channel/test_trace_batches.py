@@ -16,21 +16,29 @@ import numpy as np
 import pytest
 
 import rdmamw.trace
-from tests.support.helpers import make_pair
+from rdmamw.engine import _engine
+from rdmamw.trace import records
+from tests.support.helpers import make_pair, provider_param
 from tests.support.perfetto import query
 
 ROUNDS = 40
 
 
-@pytest.fixture(params=["shm", "tcp"])
+#: the providers with rendezvous (tcp has none)
+RENDEZVOUS = ("shm", "verbs")
+
+
+@pytest.fixture(params=["shm", "tcp", provider_param("verbs")])
 def traced(request, tmp_path):
     """(the file, {trace_id: stats()} of both channels, the thread id of the sender
     into a full ring): a pair (8 slots) that sends
-    batches of 1 to 5 messages both ways, and rendezvous messages on shm, while a
-    timeline records; then one side sends 64 batches the other drains late (credit
-    waits)."""
+    batches of 1 to 5 messages both ways, and rendezvous messages on shm and verbs,
+    while a timeline records; then one side sends 64 batches the other drains late
+    (credit waits). On verbs a batch completes when the device reports it, after its
+    send call returned: its span ends there."""
+    rndv = request.param in RENDEZVOUS
     a, b, lst = make_pair(provider=request.param, slots=8, slot_size=4096,
-                          rendezvous="read" if request.param == "shm" else "off")
+                          rendezvous="read" if rndv else "off")
     path = str(tmp_path / "t-%p.json")
     tids: dict[str, int] = {}
     try:
@@ -38,7 +46,7 @@ def traced(request, tmp_path):
             for i in range(ROUNDS):
                 for x, y in ((a, b), (b, a)):
                     batch = [bytes([i]) * (1 + (i * 7) % 300)] * (1 + i % 5)
-                    if request.param == "shm" and i % 10 == 9:
+                    if rndv and i % 10 == 9:
                         batch.append(np.zeros(20000, np.uint8))     # by rendezvous
                     x.send_batch(batch)
                     got = 0
@@ -130,23 +138,34 @@ def test_perfettos_trace_processor_counts_the_same(traced):
     assert {int(r.chan): (int(r.n), int(r.m), int(r.b)) for r in rows} == want(stats)
 
 
-def test_records_past_the_capacity_are_counted_not_kept(tmp_path, monkeypatch):
-    """RDMAMW_TRACE_MAX_RECORDS=10: on shm each single-message send writes three records
-    (its doorbell, the completion its post reaps, the batch), so 50 sends keep the
-    first 10 (three whole batches) and count 140 as dropped."""
+def test_past_the_capacity_the_latest_records_are_kept(tmp_path, monkeypatch):
+    """RDMAMW_TRACE_MAX_RECORDS=10 (a ring of 16 slots, nine times round): on shm each
+    single-message send writes three records (the completion its post reaps, its
+    doorbell, the batch; its chain is its number from 1), so of 50 sends of 1 to 50
+    bytes the file keeps the last 10 records, in order (the batch of send 46, then the
+    three of each of sends 47 to 49), and counts the 140 before them as dropped."""
     monkeypatch.setenv("RDMAMW_TRACE_MAX_RECORDS", "10")
     a, b, lst = make_pair(provider="shm")
     try:
-        with rdmamw.trace.record(str(tmp_path / "t.json")):
+        with rdmamw.trace.record(str(tmp_path / "t.json")) as tr:
             for i in range(50):
-                a.send(b"m%d" % i)
+                a.send(b"m" * (i + 1))
                 b.recv(timeout=10).release()
     finally:
         a.close()
         b.close()
         lst.close()
+    k = _engine.TRACE_KINDS
+    recs = records.parse(tr.records)
+    send = [k["completed"], k["doorbell"], k["batch"]]
+    assert recs["kind"].tolist() == [k["batch"]] + send * 3
+    batches = recs[recs["kind"] == k["batch"]]
+    assert (batches["b"].tolist(), batches["c"].tolist()) == ([47, 48, 49, 50],) * 2
+    for kind in ("completed", "doorbell"):                  # up to / its chain
+        assert recs["c"][recs["kind"] == k[kind]].tolist() == [48, 49, 50]
     with open(tmp_path / "t.json") as f:
         doc = json.load(f)
     assert doc["otherData"]["rdmamw"]["records_dropped"] == 140
-    spans = [e for e in doc["traceEvents"] if e.get("cat") == "batch" and e["ph"] == "X"]
-    assert [e["args"]["messages"] for e in spans] == [1, 1, 1]
+    spans = sorted((e for e in doc["traceEvents"] if e.get("cat") == "batch"
+                    and e["ph"] == "X"), key=lambda e: e["ts"])
+    assert [e["args"]["bytes"] for e in spans] == [47, 48, 49, 50]

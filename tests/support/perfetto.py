@@ -25,13 +25,15 @@ def trace_processor_bin() -> str | None:
 
 
 def query(path: str, sql: str) -> list[Any]:
-    """The rows of ``sql`` on the trace at ``path`` (skips without a trace processor)."""
-    tp_mod = pytest.importorskip("perfetto.trace_processor")
+    """The rows of ``sql`` on the trace at ``path`` (skips without a trace processor).
+    The binary is looked for first: the package imports pandas, which in the soft-RoCE
+    VM (its files read over 9p, under TCG) takes longer than a test's timeout."""
     binary = trace_processor_bin()
     if binary is None:
         pytest.skip("no trace_processor_shell: the perfetto package downloads it from "
                     "commondatastorage.googleapis.com at first use (no network here); "
                     "set RDMAMW_TEST_TRACE_PROCESSOR to one")
+    tp_mod = pytest.importorskip("perfetto.trace_processor")
     tp = tp_mod.TraceProcessor(trace=path, config=tp_mod.TraceProcessorConfig(bin_path=binary))
     try:
         return list(tp.query(sql))

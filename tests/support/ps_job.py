@@ -10,6 +10,10 @@ blocks of each key it received (GRAD, INIT) and sent (VAL), counted from the hea
 --bad shape|unknown|init|after-bye: every worker makes that mistake once after its
 init (after-bye: a BYE and a PULL in one batch to server 0, then it leaves).
 
+--rounds: each server also reports every round it closed, in order, as the model
+decided it (``rounds``: [version, merged, last, left_out], as rdmamw.ps.server's
+timeline span names them), for the tests that check the timeline against it.
+
 Faults: --die W:I makes worker W exit without a word before iteration I; --hang W:I:S
 makes it sleep S s there; --kill-server V makes server 0 exit without a word once
 its model reached version V."""
@@ -67,6 +71,24 @@ def count_blocks(node: ps.KVServer) -> dict[str, set]:
     return seen
 
 
+def log_rounds(node: ps.KVServer) -> list[list]:
+    """Wrap this server's model's close (test job only) to log each round it closes:
+    its version, the workers merged (sorted), the one that came last, the live ones
+    left out."""
+    rounds: list[list] = []
+    close = node.policy.close
+
+    def logged(now: float) -> list[int]:
+        done = close(now)
+        live = sorted(node.policy.live)
+        rounds.append([node.policy.version, sorted(done), done[-1] if done else None,
+                       [w for w in live if w not in done]])
+        return done
+
+    node.policy.close = logged  # type: ignore[method-assign]
+    return rounds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--servers", type=int, default=2)
@@ -82,6 +104,7 @@ def main() -> None:
     ap.add_argument("--bad", default="")
     ap.add_argument("--push-pull", action="store_true", help="one push_pull per iteration")
     ap.add_argument("--dump", default="", help="directory for the workers' final values")
+    ap.add_argument("--rounds", action="store_true", help="servers report each round")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     c = ps.Consistency.parse(a.consistency, round_timeout=a.round_timeout)
@@ -89,6 +112,7 @@ def main() -> None:
     rank = rdmamw.world().rank
     if isinstance(node, ps.KVServer):
         seen = count_blocks(node)
+        rounds = log_rounds(node) if a.rounds else None
         if a.kill_server and rank == 0:
             end = time.monotonic() + 60
             while node.policy.version < a.kill_server and time.monotonic() < end:
@@ -98,6 +122,8 @@ def main() -> None:
         stats["round_sizes"] = sorted(set(stats["round_sizes"]))
         stats["reported_times"] = [m["compute_s"]["n"] for m in node.worker_metrics().values()]
         stats["blocks"] = {k: len(v) for k, v in seen.items()}
+        if rounds is not None:
+            stats["rounds"] = rounds
         emit({"role": "server", "rank": rank, **stats})
         node.close()
         return

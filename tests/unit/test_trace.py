@@ -128,6 +128,8 @@ def test_the_parameter_servers_rounds_are_spans(tmp_path):
         job.close()
     doc = json.loads((tmp_path / "ps.json").read_text())
     rounds = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "ps"]
+    lasts = [e["args"].pop("last") for e in rounds]     # (who came last: either)
     assert [(e["name"], e["args"]) for e in rounds] == [
         ("round", {"version": v, "merged": [0, 1], "left_out": []}) for v in (1, 2, 3)]
+    assert all(w in (0, 1) for w in lasts)
     assert all(a["ts"] + a["dur"] <= b["ts"] for a, b in zip(rounds, rounds[1:], strict=False))
