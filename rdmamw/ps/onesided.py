@@ -90,14 +90,25 @@ class ExposedShard:
     def add(self, key: Hashable, array: np.ndarray) -> None:
         """A new key: exposed to every worker whose header is (empty arrays need none)."""
         for w, hdr in self.header_of.items():
-            if hdr is None or hdr.revoked:
-                continue
-            if array.nbytes:
-                region = self._expose(w, array)
-                if region is None:
-                    continue
-                self.regions[w][key] = region
-            self.unsent[w].append(key)
+            if hdr is not None and not hdr.revoked:
+                self._add(w, key, array)
+
+    def _add(self, w: int, key: Hashable, array: np.ndarray) -> None:
+        if array.nbytes:
+            region = self._expose(w, array)
+            if region is None:
+                return
+            self.regions[w][key] = region
+        self.unsent[w].append(key)
+
+    def attach(self, w: int, arrays: dict[Any, np.ndarray]) -> None:
+        """Worker ``w`` joined on a new channel (``chans[w]``): the header and every key
+        exposed to it, their references due in its next reply."""
+        self.forget(w)
+        self.header_of[w] = self._expose(w, self.header)
+        if self.header_of[w] is not None:
+            for key, array in arrays.items():
+                self._add(w, key, array)
 
     def __enter__(self) -> None:
         self._depth += 1
