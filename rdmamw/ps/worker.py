@@ -178,8 +178,9 @@ class KVWorker:
         if not all(self.readers[s].has(ks) for s, ks in per.items()):
             return None
         replies = {}
+        deadline = None if self.timeout is None else t0 + self.timeout
         for s, ks in per.items():
-            h = self.readers[s].read(ks, dest, self.tries)
+            h = self.readers[s].read(ks, dest, self.tries, deadline)
             if h is None:
                 return None
             replies[s] = h
@@ -189,9 +190,11 @@ class KVWorker:
         return out
 
     def pull_counts(self) -> dict[str, int]:
-        """One-sided pulls, those that went two-sided, and shard reads thrown away torn."""
+        """One-sided pulls, those that went two-sided, shard reads thrown away torn, and
+        servers' references given up as bad (rdmamw/ps/onesided.py)."""
         return {"one_sided": self.one_sided_pulls, "fallbacks": self.one_sided_fallbacks,
-                "torn": sum(r.torn for r in self.readers)}
+                "torn": sum(r.torn for r in self.readers),
+                "refused": sum(r.refused for r in self.readers)}
 
     def _pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None,
               start: bool = False) -> list[np.ndarray]:
