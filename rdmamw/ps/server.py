@@ -75,7 +75,7 @@ class KVServer:
         # counted by nobody until its first read is answered at a round boundary
         self._arrivals: queue.SimpleQueue[tuple[int, Channel]] = queue.SimpleQueue()
         self.joining: dict[int, int] = {}   # worker -> the version when it arrived
-        self.started: set[int] = set()      # workers whose start read was answered
+        self.started: set[int] = set()      # joiners: their first read was their start
         self.joined: list[dict] = []        # admissions: worker, version, clock
         self.on_lost: list[Callable[[int], None]] = []   # called with each lost worker
         # keys still taking initial values -> the worker whose values they hold (the
@@ -265,6 +265,7 @@ class KVServer:
         """Joiner ``w``'s first read, at a round boundary: counted from now on (its
         read is then answered with the model as it is)."""
         self.policy.join(w)
+        self.started.add(w)                 # out of the start barrier: it is past it
         self.joined.append({"worker": w, "version": self.policy.version,
                             "arrived": self.joining.pop(w), "clock": self.policy.clock[w]})
         log.warning("rdmamw.ps: worker %d joined at version %d", w, self.policy.version)
@@ -489,8 +490,6 @@ class KVServer:
             if self._init_rest and self._hold_or_refuse(w):
                 continue            # half of a key's initial values is not a value
             h = self.reads.pop(w)
-            if h.get("start"):
-                self.started.add(w)
             self._reply_pull(w, h)
         self._flush()
 

@@ -128,3 +128,65 @@ def test_a_replacement_worker_joins_a_running_job(provider, consistency, grad, r
         assert server["merged"] == pushed
         sizes = dict(server["round_sizes"])
         assert sizes.get(3, 0) >= DIE + clocks[VICTIM] - 1 >= DIE + EXTRA - 1, sizes
+
+
+def test_a_new_worker_index_is_admitted_on_a_channel_of_its_own():
+    """KVServer.admit with channels opened by the caller (no launcher): a BSP job of
+    workers 0 and 1 takes worker 5 while it runs; its first values are the model at the
+    version it joined at, whole; the others went on while it started; the rounds
+    after it hold its gradient; the final model is the sequential one."""
+    import threading
+
+    from rdmamw.ps import KVServer, KVWorker
+    from tests.support.helpers import make_pair
+
+    pairs = [make_pair(slots=16, slot_size=1 << 20) for _ in range(3)]
+    srv = KVServer({0: pairs[0][1], 1: pairs[1][1]}, consistency="bsp", lr=LR, momentum=MU)
+    loop = threading.Thread(target=srv.serve, daemon=True)
+    loop.start()
+    tg, stop, errors = targets(BIG), threading.Event(), []
+
+    def run(w: KVWorker, iters: int | None, first: list | None = None) -> None:
+        try:
+            x = [np.zeros(s, d) for s, d in shapes(BIG)]
+            w.init(KEYS, [np.full(s, 1.0, d) for s, d in shapes(BIG)])
+            w.pull_start(KEYS, out=x)
+            if first is not None:
+                first.append(([v.copy() for v in x], w.base[0]))
+            i = 0
+            while (not stop.is_set()) if iters is None else i < iters:
+                w.push(KEYS, [xi - ti for xi, ti in zip(x, tg, strict=True)])
+                w.pull(KEYS, out=x)
+                i += 1
+            w.done()
+        except Exception as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    members = [threading.Thread(target=run, args=(KVWorker([p[0]], timeout=30), None))
+               for p in pairs[:2]]
+    try:
+        for t in members:
+            t.start()
+        while srv.policy.version < 5:
+            threading.Event().wait(0.01)
+        srv.admit(5, pairs[2][1])
+        threading.Event().wait(0.5)         # a slow start: nobody waits for it
+        first: list = []
+        run(KVWorker([pairs[2][0]], timeout=30), EXTRA, first)
+        stop.set()
+        for t in members:
+            t.join(30)
+        loop.join(30)
+    finally:
+        stop.set()
+        for a, b, lst in pairs:
+            a.close(), b.close(), lst.close()
+    assert not errors, errors
+    s = srv.stats()
+    (j,) = s["joined"]
+    (x0, v0), = first
+    assert j["worker"] == 5 and j["version"] == v0 > j["arrived"] >= 5 and srv.n == 3
+    assert s["timeouts"] == 0 and s["below_quorum"] == 0
+    check_values(x0, "quad", v0, True, "worker 5's first values")
+    check_values([srv.model[k] for k in KEYS], "quad", s["version"], True, "the model")
+    assert s["round_sizes"][3] >= EXTRA - 1 and s["max_staleness"] == 0 and s["lost"] == []
