@@ -190,3 +190,49 @@ def test_a_new_worker_index_is_admitted_on_a_channel_of_its_own():
     check_values(x0, "quad", v0, True, "worker 5's first values")
     check_values([srv.model[k] for k in KEYS], "quad", s["version"], True, "the model")
     assert s["round_sizes"][3] >= EXTRA - 1 and s["max_staleness"] == 0 and s["lost"] == []
+
+
+def test_a_live_workers_index_is_not_taken_and_a_joiner_may_not_push_first():
+    """admit() of a live worker's index closes the new channel (a second process of a
+    live rank never replaces it); a joiner's push before its first read is refused
+    (PSError), nothing of it in the model."""
+    import threading
+    import time
+
+    from rdmamw.errors import ChannelClosed, PeerLost
+    from rdmamw.ps import KVServer, KVWorker, PSError
+    from tests.support.helpers import make_pair
+
+    pairs = [make_pair(slots=16, slot_size=1 << 20) for _ in range(3)]
+    srv = KVServer({0: pairs[0][1]}, consistency="asp", lr=LR, momentum=MU)
+    loop = threading.Thread(target=srv.serve, daemon=True)
+    loop.start()
+    w0 = KVWorker([pairs[0][0]], timeout=30)
+    try:
+        w0.init(["k"], [np.ones(100)])
+        w0.pull_start(["k"])
+        srv.admit(0, pairs[1][1])               # worker 0 is live
+        w0.push(["k"], [np.ones(100)])
+        assert np.array_equal(w0.pull(["k"])[0], srv.model["k"])
+        with pytest.raises((PeerLost, ChannelClosed)):
+            pairs[1][0].recv(timeout=10)
+        before = srv.model["k"].copy()
+        srv.admit(1, pairs[2][1])
+        w1 = KVWorker([pairs[2][0]], timeout=30)
+        w1.init(["k"], [np.zeros(100)])         # loses to the model's values
+        w1.push(["k"], [np.full(100, 50.0)])
+        with pytest.raises(PSError, match="pushed before it joined"):
+            w1.pull(["k"])
+        assert np.array_equal(srv.model["k"], before)
+        # the pull takes it in (its first read; the server may not be there yet, the
+        # refusal came first); the push before it counted nowhere
+        end = time.monotonic() + 10
+        while not srv.joined and time.monotonic() < end:
+            time.sleep(0.01)
+        assert [j["worker"] for j in srv.joined] == [1]
+        assert srv.policy.merged == 1 and srv.policy.clock[1] == srv.policy.clock[0] == 1
+        w0.done()
+    finally:
+        for a, b, lst in pairs:
+            a.close(), b.close(), lst.close()
+        loop.join(10)
