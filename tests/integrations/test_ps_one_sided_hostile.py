@@ -268,3 +268,38 @@ def test_the_shard_exposes_to_a_joining_channel():
     finally:
         for x in (a, b, lst, c, d, lst2):
             x.close()
+
+
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+def test_a_joiner_pulls_one_sided_from_a_running_server(provider):
+    """KVServer.admit on a one-sided server: the joiner's channel gets the header and
+    every key exposed, the references ride on its first reply, its pulls are READs of
+    the model as it is."""
+    pairs = [make_pair(slots=16, slot_size=1 << 20, provider=provider) for _ in range(2)]
+    srv = KVServer({0: pairs[0][1]}, consistency="asp", lr=0.5, pull="one-sided")
+    loop = threading.Thread(target=srv.serve, daemon=True)
+    loop.start()
+    w0 = KVWorker([pairs[0][0]], pull="one-sided", timeout=20)
+    try:
+        w0.init(KEYS, values())
+        w0.pull_start(KEYS)
+        w0.push(KEYS[:2], [np.ones_like(v) for v in values()[:2]])
+        w0.pull(KEYS)
+        srv.admit(1, pairs[1][1])
+        w1 = KVWorker([pairs[1][0]], pull="one-sided", timeout=20)
+        w1.init(KEYS, [np.zeros_like(v) for v in values()])
+        first = w1.pull_start(KEYS)
+        at_join = model(srv)                    # nothing changes it meanwhile
+        w0.push(KEYS[:2], [np.ones_like(v) for v in values()[:2]])
+        w0.pull(KEYS)                           # the push is in the model now
+        got = w1.pull(KEYS)
+        for k, f, j, g, m in zip(KEYS, first, at_join, got, model(srv), strict=True):
+            assert np.array_equal(f, j) and np.array_equal(g, m), k
+            assert np.array_equal(f, m) == (k == 7), k      # 7 is never pushed
+        assert w1.pull_counts() == {"one_sided": 1, "fallbacks": 0, "torn": 0, "refused": 0}
+        assert w1.base == [srv.policy.version] == [2]
+        w0.done(), w1.done()
+    finally:
+        for a, b, lst in pairs:
+            a.close(), b.close(), lst.close()
+        loop.join(10)
