@@ -303,3 +303,40 @@ def test_a_joiner_pulls_one_sided_from_a_running_server(provider):
         for a, b, lst in pairs:
             a.close(), b.close(), lst.close()
         loop.join(10)
+
+
+def test_a_fallback_has_only_what_is_left_of_the_timeout(job):
+    """Slow one-sided tries (a header that never settles, each look slow) use most of
+    the timeout; the two-sided pull after them (a server that does not answer) ends at
+    the same deadline, not a whole timeout later."""
+    srv, (w0, _), _ = job
+    w0.tries, w0.timeout = 2, 1.0
+    shard = srv.shard
+    assert shard is not None
+    reader = w0.readers[0]
+
+    class Slow:                                 # the worker's channel, every read slow
+        def __init__(self, ch: object) -> None:
+            self.ch = ch
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.ch, name)
+
+        def read(self, *a: object, **kw: object) -> object:
+            time.sleep(0.35)
+            return self.ch.read(*a, **kw)
+
+    answer = srv._answer_reads
+    reader.ch = Slow(reader.ch)
+    srv._answer_reads = lambda: None            # type: ignore[method-assign]
+    shard.__enter__()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Timeout):
+            w0.pull(KEYS)
+    finally:
+        shard.__exit__(None, None, None)
+        srv._answer_reads = answer              # type: ignore[method-assign]
+    took = time.monotonic() - t0
+    assert 0.9 < took < 1.35, took
+    assert w0.pull_counts()["fallbacks"] == 1 and reader.torn == 2
