@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -57,6 +57,24 @@ def job(request) -> Iterator[tuple[KVServer, list[KVWorker], object]]:
         loop.join(10)
         for a, b, lst in [*pairs, other]:
             a.close(), b.close(), lst.close()
+
+
+class Reads:
+    """A worker's channel whose one-sided reads call ``before`` and ``after`` (a
+    server that changes its header between any two looks, a slow peer)."""
+
+    def __init__(self, ch: object, before: Callable[[], None] = lambda: None,
+                 after: Callable[[], None] = lambda: None) -> None:
+        self.ch, self.before, self.after = ch, before, after
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.ch, name)
+
+    def read(self, *a: object, **kw: object) -> object:
+        self.before()
+        done = self.ch.read(*a, **kw)  # type: ignore[attr-defined]
+        self.after()
+        return done
 
 
 def model(srv: KVServer) -> list[np.ndarray]:
@@ -205,19 +223,10 @@ def test_a_header_that_changes_under_every_read_ends_by_the_deadline(job):
     assert shard is not None
     reader = w0.readers[0]
 
-    class Moving:                               # the worker's channel, the header moving
-        def __init__(self, ch: object) -> None:
-            self.ch = ch
+    def move() -> None:
+        shard.header[0] += 2
 
-        def __getattr__(self, name: str) -> object:
-            return getattr(self.ch, name)
-
-        def read(self, *a: object, **kw: object) -> object:
-            done = self.ch.read(*a, **kw)
-            shard.header[0] += 2
-            return done
-
-    reader.ch = Moving(reader.ch)
+    reader.ch = Reads(reader.ch, after=move)
     t0 = time.monotonic()
     with pytest.raises(Timeout, match="no whole read"):
         w0.pull(KEYS)
@@ -315,19 +324,8 @@ def test_a_fallback_has_only_what_is_left_of_the_timeout(job):
     assert shard is not None
     reader = w0.readers[0]
 
-    class Slow:                                 # the worker's channel, every read slow
-        def __init__(self, ch: object) -> None:
-            self.ch = ch
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(self.ch, name)
-
-        def read(self, *a: object, **kw: object) -> object:
-            time.sleep(0.35)
-            return self.ch.read(*a, **kw)
-
     answer = srv._answer_reads
-    reader.ch = Slow(reader.ch)
+    reader.ch = Reads(reader.ch, before=lambda: time.sleep(0.35))
     srv._answer_reads = lambda: None            # type: ignore[method-assign]
     shard.__enter__()
     t0 = time.monotonic()
