@@ -119,6 +119,19 @@ class Policy:
     def lost(self, w: int) -> None:
         self.live.discard(w)
 
+    def boundary(self) -> bool:
+        """Whether a worker may join now: no round is open (its gradients would be
+        judged by a membership they were not computed for)."""
+        return True
+
+    def join(self, w: int) -> None:
+        """Worker ``w`` (a new one, or a lost one's replacement) is live from now on, at
+        a :meth:`boundary`: counted in every later decision, never in an earlier one."""
+        if w not in self.workers:
+            self.workers.append(w)
+        self.live.add(w)
+        self.clock[w] = 0
+
     def _note_applied(self, staleness: int) -> None:
         self.stats["applied"] += 1
         self.stats["staleness_sum"] += staleness
@@ -147,6 +160,14 @@ class Async(Policy):
         self.version += 1
         self.stats["merged"] += 1
         return APPLY
+
+    def join(self, w: int) -> None:
+        """SSP counts the newcomer's staleness from the current clock: it starts at the
+        slowest live worker's, so nobody's read waits for it to catch up and it is not
+        ahead of anybody."""
+        others = [self.clock[v] for v in self.live if v != w]
+        super().join(w)
+        self.clock[w] = min(others, default=0)
 
     def can_read(self, w: int) -> bool:
         if self.s is None or not self.live:
@@ -213,6 +234,13 @@ class Rounds(Policy):
 
     def can_read(self, w: int) -> bool:
         return w not in self.holding
+
+    def boundary(self) -> bool:
+        return not self.pending
+
+    def join(self, w: int) -> None:
+        super().join(w)
+        self.share.pop(w, None)         # a lost worker's share is not its replacement's
 
     def close_due(self, now: float) -> bool:
         if not self.pending:
@@ -302,6 +330,12 @@ class Adaptive(Rounds):
 
     def lost(self, w: int) -> None:
         super().lost(w)
+        self.times.pop(w, None)
+        self.replan()
+
+    def join(self, w: int) -> None:
+        """A newcomer has no compute time yet: BSP until it reports one."""
+        super().join(w)
         self.times.pop(w, None)
         self.replan()
 

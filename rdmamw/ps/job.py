@@ -9,6 +9,7 @@ import rdmamw
 from rdmamw import config
 from rdmamw.channel import Channel
 from rdmamw.ps.consistency import Consistency
+from rdmamw.ps.rejoin import Rejoins
 from rdmamw.ps.server import KVServer
 from rdmamw.ps.worker import KVWorker
 from rdmamw.sched import Dsana
@@ -52,14 +53,17 @@ def connect(servers: int, open_timeout: float = 60.0, *, slots: int | None = Non
 def start(servers: int, *, consistency: Consistency | str = "bsp", lr: float = 0.1,
           momentum: float = 0.9, timeout: float | None = None,
           open_timeout: float = 60.0, sched: str = "none", global_batch: int = 0,
-          chunk: int | None = None, send_thread: bool = False) -> KVServer | KVWorker:
+          chunk: int | None = None, send_thread: bool = False,
+          rejoin: bool = True) -> KVServer | KVWorker:
     """Join the job (``rdmamw.init()``) and return this rank's KVServer or KVWorker.
     The servers' worker indices are ``rank - servers``.
 
     ``sched="dsana"``: server 0 runs the DSANA scheduler over ``global_batch`` samples
     per round (workers read their share from ``KVWorker.assignment``). ``chunk``: the
     workers' block size in bytes (None: the channels' eager limit); ``send_thread``:
-    their ``push_part`` copies out on a thread."""
+    their ``push_part`` copies out on a thread. ``rejoin``: a server waits for the
+    replacement of each worker it loses and takes it into the running job
+    (rdmamw/ps/rejoin.py); the replacement runs the same program (docs/ps.md)."""
     if sched not in ("none", "dsana"):
         raise ValueError(f"sched must be 'none' or 'dsana', not {sched!r}")
     serving, chans = connect(servers, open_timeout)
@@ -67,8 +71,13 @@ def start(servers: int, *, consistency: Consistency | str = "bsp", lr: float = 0
         plan = None
         if sched == "dsana" and rdmamw.world().rank == 0:
             plan = Dsana(sorted(chans), global_batch)
-        return KVServer(chans, consistency=consistency, lr=lr, momentum=momentum,
-                        scheduler=plan)
+        server = KVServer(chans, consistency=consistency, lr=lr, momentum=momentum,
+                          scheduler=plan)
+        if rejoin:
+            slots, slot_size = ps_ring()
+            Rejoins(server, servers, slots=slots, slot_size=slot_size,
+                    open_timeout=open_timeout)
+        return server
     return KVWorker([chans[s] for s in sorted(chans)], timeout=timeout, chunk=chunk,
                     send_thread=send_thread)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import select
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,14 @@ class KVServer:
         self.expect: dict[int, dict | None] = {w: None for w in self.chans}  # header, payload due
         self.reads: dict[int, dict] = {}               # deferred pulls, one per worker
         self.bye: set[int] = set()
+        # late joiners (rdmamw/ps/rejoin.py, :meth:`admit`): channels handed over by
+        # another thread, then attached here; a joining worker is served its messages but
+        # counted by nobody until its first read is answered at a round boundary
+        self._arrivals: queue.SimpleQueue[tuple[int, Channel]] = queue.SimpleQueue()
+        self.joining: dict[int, int] = {}   # worker -> the version when it arrived
+        self.started: set[int] = set()      # joiners: their first read was their start
+        self.joined: list[dict] = []        # admissions: worker, version, clock
+        self.on_lost: list[Callable[[int], None]] = []   # called with each lost worker
         # keys still taking initial values -> the worker whose values they hold (the
         # lowest index declared so far); a key's first read or gradient ends it
         self._init_by: dict[Any, int] = {}
@@ -119,12 +128,24 @@ class KVServer:
 
     @property
     def finished(self) -> bool:
-        return len(self.bye | self.lost) >= self.n
+        return not set(self.chans) - self.bye - self.lost
+
+    def admit(self, w: int, ch: Channel) -> None:
+        """Take worker ``w`` (a new index, or a lost worker's replacement) on ``ch`` into
+        the running job; any thread may call it. The worker then calls ``init`` (its
+        values lose to the model's) and ``pull_start`` or ``pull``: that first read is
+        answered at a round boundary with the current model, and from then on the
+        consistency model counts it (``stats()["joined"]``). Before it, nobody waits for
+        it; a push before it is refused."""
+        self._arrivals.put((w, ch))
 
     def serve_once(self) -> bool:
         """One pass over the channels, the round clock and the waiting reads; says
         whether anything happened (so the caller may wait briefly if not)."""
         busy = False
+        while not self._arrivals.empty():
+            self._attach(*self._arrivals.get())
+            busy = True
         for w in list(self.chans):
             busy |= self._receive(w, 0)
         now = time.monotonic()
@@ -203,7 +224,7 @@ class KVServer:
                  dropped_workers=self.dropped,
                  bytes_in=sum(p.bytes_in for p in self.peers.values()),
                  bytes_out=sum(p.bytes_out for p in self.peers.values()),
-                 mode=self.consistency.mode, pull=self.pull,
+                 mode=self.consistency.mode, pull=self.pull, joined=list(self.joined),
                  one_sided_refused=0 if self.shard is None else self.shard.refused)
         return s
 
@@ -214,6 +235,45 @@ class KVServer:
     def close(self) -> None:
         for ch in self.chans.values():
             ch.close()
+
+    # -- late joiners ----------------------------------------------------------------
+
+    def _attach(self, w: int, ch: Channel) -> None:
+        """A joiner's channel (see :meth:`admit`), in the loop from now on."""
+        if w in self.chans and w not in self.lost and w not in self.bye:
+            log.warning("rdmamw.ps: a second channel for live worker %d refused", w)
+            ch.close()
+            return
+        if w in self.chans:
+            self.chans[w].close()           # the lost (or finished) worker's
+        else:
+            self.n += 1                     # ASP and SSP scale by every worker's 1/n
+            self.peers[w] = PeerMetrics()
+        self.chans[w] = ch
+        self.lost.discard(w)
+        self.bye.discard(w)
+        self.started.discard(w)
+        self.joining[w] = self.policy.version
+        self.staging[w], self.staged[w], self.backup[w] = {}, set(), {}
+        self.expect[w] = None
+        if self.shard is not None:
+            self.shard.attach(w, self.model)
+        log.warning("rdmamw.ps: worker %d is joining the running job (version %d)",
+                    w, self.policy.version)
+
+    def _join(self, w: int) -> None:
+        """Joiner ``w``'s first read, at a round boundary: counted from now on (its
+        read is then answered with the model as it is)."""
+        self.policy.join(w)
+        self.started.add(w)                 # out of the start barrier: it is past it
+        self.joined.append({"worker": w, "version": self.policy.version,
+                            "arrived": self.joining.pop(w), "clock": self.policy.clock[w]})
+        log.warning("rdmamw.ps: worker %d joined at version %d", w, self.policy.version)
+
+    def _not_joining(self, w: int, key: Any) -> None:
+        if w in self.joining:
+            raise wire.BadRequest(f"worker {w} pushed before it joined (its first pull, "
+                                  f"answered at a round boundary, takes it in)", key=key)
 
     # -- messages -------------------------------------------------------------------
 
@@ -260,6 +320,7 @@ class KVServer:
         if h["op"] == wire.INIT:
             self._init_block(w, h, m)
             return
+        self._not_joining(w, key)
         cur = self.model.get(key)
         if cur is None:
             self._error(w, key, f"push of unknown key {key!r}")
@@ -329,6 +390,7 @@ class KVServer:
 
     def _gradient_done(self, w: int, h: dict) -> None:
         """A worker's whole gradient for this shard is staged: let the model decide."""
+        self._not_joining(w, None)
         self.peers[w].gradients += 1
         now = time.monotonic()
         n = h.get("n")
@@ -420,9 +482,13 @@ class KVServer:
     def _answer_reads(self) -> None:
         starting = self._all_starting()
         for w in list(self.reads):
-            if w in self.lost or not self.policy.can_read(w):
+            if w in self.joining:
+                if w in self.lost or not self.policy.boundary():
+                    continue
+                self._join(w)
+            elif w in self.lost or not self.policy.can_read(w):
                 continue
-            if self.reads[w].get("start") and not starting:
+            elif self.reads[w].get("start") and not starting:
                 continue
             if self._init_rest and self._hold_or_refuse(w):
                 continue            # half of a key's initial values is not a value
@@ -452,7 +518,7 @@ class KVServer:
     def _all_starting(self) -> bool:
         """Every worker still here asks for its start values (``KVWorker.pull_start``):
         they are answered together, so none has pushed before all hold them."""
-        here = set(self.chans) - self.lost - self.bye
+        here = set(self.chans) - self.lost - self.bye - set(self.joining) - self.started
         return all((self.reads.get(w) or {}).get("start") for w in here)
 
     def _reply_pull(self, w: int, h: dict) -> None:
@@ -530,9 +596,12 @@ class KVServer:
         log.warning(why, w, *(() if e is None else (e,)))
         self.lost.add(w)
         self._forget(w)
+        for hook in self.on_lost:
+            hook(w)
 
     def _forget(self, w: int) -> None:
         self.policy.lost(w)
+        self.joining.pop(w, None)
         for key in [k for k, v in self._init_rest.items() if v == w]:
             del self._init_rest[key]        # its values will not finish: stop waiting
             self._init_since.pop(key, None)

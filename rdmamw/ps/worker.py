@@ -75,6 +75,7 @@ class KVWorker:
         self.readers = [onesided.ShardReader(ch) for ch in self.chans]
         #: pulls made one-sided, and pulls asked one-sided that went two-sided
         self.one_sided_pulls = self.one_sided_fallbacks = 0
+        self._until: float | None = None     # a pull's deadline set by pull() itself
 
     def owner(self, key: Hashable) -> int:
         return wire.shard(key, len(self.chans))
@@ -161,10 +162,17 @@ class KVWorker:
         soon as the consistency model lets this worker read; with ``pull="one-sided"``,
         READ from the servers' shards (whole: each server's keys at one version)."""
         if self.pull_mode == "one-sided":
+            t0 = time.monotonic()
             got = self._pull_one_sided(keys, out)
             if got is not None:
                 return got
             self.one_sided_fallbacks += 1
+            if self.timeout is not None:    # the fallback has what is left of the timeout
+                self._until = t0 + self.timeout
+                try:
+                    return self._pull(keys, out)
+                finally:
+                    self._until = None
         return self._pull(keys, out)
 
     def _pull_one_sided(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None
@@ -178,8 +186,9 @@ class KVWorker:
         if not all(self.readers[s].has(ks) for s, ks in per.items()):
             return None
         replies = {}
+        deadline = None if self.timeout is None else t0 + self.timeout
         for s, ks in per.items():
-            h = self.readers[s].read(ks, dest, self.tries)
+            h = self.readers[s].read(ks, dest, self.tries, deadline)
             if h is None:
                 return None
             replies[s] = h
@@ -189,9 +198,11 @@ class KVWorker:
         return out
 
     def pull_counts(self) -> dict[str, int]:
-        """One-sided pulls, those that went two-sided, and shard reads thrown away torn."""
+        """One-sided pulls, those that went two-sided, shard reads thrown away torn, and
+        servers' references given up as bad (rdmamw/ps/onesided.py)."""
         return {"one_sided": self.one_sided_pulls, "fallbacks": self.one_sided_fallbacks,
-                "torn": sum(r.torn for r in self.readers)}
+                "torn": sum(r.torn for r in self.readers),
+                "refused": sum(r.refused for r in self.readers)}
 
     def _pull(self, keys: Sequence[Hashable], out: Sequence[np.ndarray] | None,
               start: bool = False) -> list[np.ndarray]:
@@ -406,7 +417,8 @@ class KVWorker:
         server's closing header."""
         hdr: dict[int, dict | None] = dict.fromkeys(rids)
         done: dict[int, dict] = {}
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        deadline = self._until if self._until is not None else \
+            None if self.timeout is None else time.monotonic() + self.timeout
         while len(done) < len(rids):
             waiting = [s for s in rids if s not in done]
             for s in waiting:

@@ -71,7 +71,7 @@ def test_a_one_sided_pull_equals_the_two_sided_pull(job):
             assert g.dtype == r.dtype and g.shape == r.shape, k
             assert np.array_equal(g, r) and np.array_equal(g, t), (step, k)
         assert w0.base == [srv.policy.version] == [step + 1]
-    assert w0.pull_counts() == {"one_sided": 3, "fallbacks": 0, "torn": 0}
+    assert w0.pull_counts() == {"one_sided": 3, "fallbacks": 0, "torn": 0, "refused": 0}
     assert w0.merged == srv.policy.merged == 3
     assert srv.stats()["pull"] == "one-sided"
 
@@ -87,7 +87,7 @@ def test_a_shard_changed_for_every_try_falls_back_to_the_two_sided_pull(job):
         got = w0.pull(KEYS)
     finally:
         srv.shard.__exit__(None, None, None)
-    assert w0.pull_counts() == {"one_sided": 0, "fallbacks": 1, "torn": 3}
+    assert w0.pull_counts() == {"one_sided": 0, "fallbacks": 1, "torn": 3, "refused": 0}
     for g, e in zip(got, expect, strict=True):
         assert np.array_equal(g, e)
 

@@ -357,3 +357,79 @@ def test_with_samples_the_quorum_is_that_share_of_the_batch():
     # no samples reported: K counts gradients, as before
     pol = Consistency.parse("lsp:1:2").policy([0, 1])
     assert pol.on_push(1, 0, 0.0) == PEND and pol.close_due(0.0)
+
+
+@pytest.mark.parametrize("spec", ["bsp", "lsp:2:1", "alsp:1", "hybrid:2"])
+def test_a_round_model_takes_a_joiner_only_between_rounds_and_waits_for_it_after(spec):
+    pol = Consistency.parse(spec).policy([0, 1, 2])
+    pol.lost(2)                                     # worker 2 died
+    assert pol.boundary()
+    assert pol.on_push(0, 0, 0.0) == PEND
+    assert not pol.boundary()                       # a round is open: not now
+    assert pol.on_push(1, 0, 0.0) == PEND
+    assert pol.close_due(0.0) and sorted(pol.close(0.0)) == [0, 1]   # not waiting for 2
+    assert pol.boundary()
+    pol.join(2)                                     # its replacement, at the boundary
+    assert pol.live == {0, 1, 2} and pol.clock[2] == 0
+    for w in (0, 1):
+        pol.on_push(w, 1, 1.0)
+    if spec in ("bsp", "alsp:1"):                   # everybody: its gradient too
+        assert not pol.close_due(1.0)
+        pol.on_push(2, 1, 1.0)
+    assert pol.close_due(1.0)
+    done = pol.close(1.0)
+    assert sorted(done) == ([0, 1, 2] if spec in ("bsp", "alsp:1") else [0, 1])
+    assert pol.stats["max_staleness"] == 0 and pol.stats["dropped"] == 0
+
+
+def test_a_new_worker_index_joins_a_round_model():
+    pol = Consistency.parse("bsp").policy([0, 1])
+    pol.join(5)
+    assert pol.workers == [0, 1, 5] and pol.quorum() == 3
+    for w in (0, 1):
+        pol.on_push(w, 0, 0.0)
+    assert not pol.close_due(0.0)
+    pol.on_push(5, 0, 0.0)
+    assert pol.close(0.0) == [0, 1, 5]
+
+
+def test_ssp_counts_a_joiners_staleness_from_the_current_clock():
+    """The newcomer starts at the slowest live clock: nobody's read waits for it to
+    catch up, and it reads at once; from then on it is held to the bound as any."""
+    pol = Consistency.parse("ssp:1").policy([0, 1, 2])
+    for _ in range(5):
+        pol.on_push(0, 0, 0.0)
+    for _ in range(4):
+        pol.on_push(1, 0, 0.0)
+    pol.lost(2)
+    assert pol.can_read(0) and pol.can_read(1)
+    pol.join(2)
+    assert pol.clock[2] == 4
+    assert pol.can_read(0) and pol.can_read(1) and pol.can_read(2)
+    pol.on_push(0, 0, 0.0)                          # 6 against 4: held
+    assert not pol.can_read(0)
+    pol.on_push(2, 0, 0.0)
+    pol.on_push(1, 0, 0.0)
+    assert pol.can_read(0)
+
+
+def test_alsp_is_bsp_again_until_a_joiner_reports_its_time():
+    pol = Consistency.parse("alsp:1").policy([0, 1, 2])
+    assert isinstance(pol, Adaptive)
+    for w, t in ((0, 1.0), (1, 1.0), (2, 1.8)):
+        pol.observe(w, t)
+    assert pol.k == 2
+    pol.lost(2)
+    pol.join(2)
+    assert pol.k == 0 and pol.quorum() == 3
+    pol.observe(2, 1.0)
+    assert pol.k == 3
+
+
+def test_asp_takes_a_joiner_at_any_time():
+    pol = Consistency.parse("asp").policy([0, 1])
+    pol.on_push(0, 0, 0.0)
+    assert pol.boundary()
+    pol.join(2)
+    assert pol.can_read(2) and pol.on_push(2, 1, 0.0) == APPLY
+    assert pol.stats["max_staleness"] == 0
