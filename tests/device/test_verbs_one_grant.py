@@ -60,6 +60,7 @@ def stream_window(a, b, n: int, window: int = WINDOW) -> list[bytes]:
     return got
 
 
+@pytest.mark.timeout(600)     # 51,200 messages through a Python thread, in TCG
 def test_a_stream_from_a_fresh_channel_keeps_one_doorbell_per_batch():
     """200 batches from a fresh channel: the ring grows (the receiver is up to 32
     batches behind, the ring starts at one slot), and the sender's doorbells stay

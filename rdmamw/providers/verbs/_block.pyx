@@ -217,5 +217,6 @@ cdef class VerbsBlock:
 
 
 def grant_after(uint32_t have, uint32_t slots, uint64_t ask):
-    """next_grant() for the tests: the slots granted after one grant."""
+    """The slots of a ring of ``slots`` granted after one grant from ``have``, for a
+    credit flag of ``ask`` (next_grant, as offer() registers it)."""
     return next_grant(have, slots, ask)
