@@ -3,7 +3,9 @@
 Run inside the soft-RoCE VM (`make bench-verbs`, i.e. scripts/rxe-vm.sh): TCG makes
 absolute speed meaningless, so what counts is the ratio between the modes of
 messages/s, doorbells (ibv_post_send calls), signaled completions and CPU seconds
-per message. One sender and one receiver process; 8-byte messages by default.
+per message. One sender and one receiver process; 8-byte messages by default. First,
+the doorbells per batch of a fresh channel whose ring grows (50 and 200 batches),
+beside one whose ring is registered whole at connect.
 
     bench/verbs_rxe.py [--seconds 3] [--size 8] [--batch 256] [--json FILE]
 """
@@ -15,6 +17,7 @@ import json
 import multiprocessing as mp
 import os
 import sys
+import threading
 import time
 
 import rdmamw
@@ -70,6 +73,43 @@ def run(mode: str, size: int, batch: int, seconds: float, opts: str) -> dict:
             "receiver_writebacks_per_msg": rst["reclaim_writebacks"] / sent}
 
 
+def fresh(batches: int, opts: str, window: int = 32) -> float:
+    """Doorbells per batch of a fresh channel at default settings (its ring grows
+    unless opts say otherwise) sending ``batches`` batches of 256 x 8 B, at most
+    ``window`` batches ahead of the receiver, which reads in a thread (further ahead,
+    a receiver slower than the sender fills even the whole ring: credit waits that
+    are not the ring growing). The bytes are compared whole."""
+    lst = rdmamw.listen("verbs://127.0.0.1:0" + opts)
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.setdefault("c", lst.accept(timeout=60)))
+    t.start()
+    ch = rdmamw.Channel.open(lst.address + opts, timeout=60)
+    t.join(60)
+    rx, out, more = got["c"], [], threading.Condition()
+
+    def receive() -> None:
+        while len(out) < 256 * batches:
+            for m in rx.recv_batch(timeout=60):
+                out.append(bytes(m))
+                m.release()
+            with more:
+                more.notify()
+
+    r = threading.Thread(target=receive)
+    r.start()
+    batch = [i.to_bytes(8, "little") for i in range(256)]
+    for i in range(batches):
+        with more:
+            more.wait_for(lambda i=i: len(out) >= 256 * (i - window), timeout=60)
+        ch.send_batch(batch)
+    r.join(120)
+    st = ch.stats()
+    ch.close(), rx.close(), lst.close()
+    if out != batch * batches:
+        raise SystemExit(f"fresh channel: {len(out)} of {256 * batches} messages arrived right")
+    return st["doorbells"] / st["batches"]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=3.0)
@@ -78,6 +118,10 @@ def main() -> int:
     p.add_argument("--opts", default="", help="verbs options, e.g. '?event=1'")
     p.add_argument("--json", help="write the results here too")
     a = p.parse_args()
+    # a fresh channel whose ring grows, beside one registered whole at connect
+    print("doorbells per batch from a fresh channel, 256 x 8 B batches: " + ", ".join(
+        f"{n} batches {fresh(n, ''):.3f} (ring whole at connect {fresh(n, '?ring_start=0'):.3f})"
+        for n in (50, 200)))
     res = [run(m, a.size, a.batch, a.seconds, a.opts) for m in ("batched", "ack")]
     keys = ("msgs_per_s", "doorbells_per_msg", "signaled_per_msg", "cpu_s_per_msg")
     print(f"verbs on {os.environ.get('RXEVM_DEV', 'an RDMA device')}, {a.size} B messages, "

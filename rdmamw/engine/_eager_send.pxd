@@ -34,6 +34,7 @@ cdef class EagerSender:
     cdef uint64_t *snap             # SNAP_DEPTH copies of the arrival words (async transports)
     cdef uint32_t lkey_snap
     cdef readonly int blocked_on    # what post_planned ran out of (WAIT_SLOTS / WAIT_ENTRY)
+    cdef readonly uint32_t ask      # short of a ring that grows: the slots to ask for
 
     cdef int _grow(self, uint32_t n) except -1
     cdef inline int grow(self, uint32_t n) except -1:
@@ -44,6 +45,7 @@ cdef class EagerSender:
         return self._grow(n)
     cdef uint32_t post_planned(self, uint32_t k, uint32_t nplan, int *rc) noexcept nogil
     cdef uint32_t alloc(self, uint32_t want) noexcept nogil
+    cdef void ask_for(self, uint32_t k, uint32_t got, uint32_t nplan) noexcept nogil
     cdef bint take_grant(self) noexcept nogil
     cdef bint use_grant(self, uint32_t n) noexcept with gil
     cdef int stage(self, uint32_t n) except -1

@@ -115,6 +115,8 @@ cdef class EagerSender:
                     self.blocked_on = WAIT_ENTRY
                     break
             got = self.alloc(want)
+            if got < want and self.sbm.usable < self.peer_nslots:
+                self.ask_for(k, got, nplan)
             if got == 0:
                 break
             rc[0] = self.post_slots(k, got)
@@ -134,6 +136,19 @@ cdef class EagerSender:
         if got < want and self.take_grant():
             got += self.sbm.alloc(want - got, self.alloc_tmp + got)
         return got
+
+    cdef void ask_for(self, uint32_t k, uint32_t got, uint32_t nplan) noexcept nogil:
+        """Short of the slots a ring that grows has granted, at planned slot ``k`` of
+        ``nplan`` with ``got`` more in hand: what to ask the peer for in one grant
+        (``ask``, sent with the credit flag; docs/protocol.md "Rings that grow"). Slots
+        of earlier sends the peer still holds mean it reads slower than we send: the
+        whole ring; else what this send needs, all of it. A send needing more than
+        the whole ring goes in parts as slots come back."""
+        cdef uint32_t held = self.sbm.usable - got
+        if held > k:        # (this send's own k slots may be held too)
+            self.ask = self.peer_nslots
+        else:
+            self.ask = min(self.peer_nslots, nplan)
 
     cdef bint take_grant(self) noexcept nogil:
         """The peer granted more of its ring: stage the new slots and use them."""

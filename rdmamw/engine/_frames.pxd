@@ -49,6 +49,7 @@ cdef enum:
     WORD_ONE = 1
     WORD_DONE = 2           # the done bits of the rendezvous messages I received
     WORD_MAX_MSG = 3        # the largest message I take (announced once)
+    WORD_ASK = 4            # credit_wait raised: 1, or the ring slots I need granted
 
 # what a wait waits for (_waits.pyx): a sender's credit, or a receiver's arrivals
 cdef enum:

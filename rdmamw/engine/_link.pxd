@@ -192,7 +192,7 @@ cdef class Link:
         self.words[src] ^= (<uint64_t>1) << bit
 
     cdef int announce_max_msg(self, uint64_t max_msg) except -1
-    cdef void credit_flag(self, bint up) noexcept nogil
+    cdef void credit_flag(self, bint up, uint32_t ask=*) noexcept nogil
     cdef void sleep_flag(self, bint up) noexcept nogil
     cdef void sleep_flag_locked(self, bint up) noexcept nogil
     cdef void read_result(self, uint64_t *done, int *status) noexcept nogil

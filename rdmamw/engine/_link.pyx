@@ -14,8 +14,10 @@ from rdmamw.engine._frames cimport (
     CTRL_MAX_MSG,
     CTRL_RX_SLEEP,
     RM_RNDV_WRID,
+    WORD_ASK,
     WORD_MAX_MSG,
     WORD_ONE,
+    WORD_ZERO,
 )
 from rdmamw.engine._trace cimport (
     TR_COMPLETED,
@@ -221,15 +223,28 @@ cdef class Link:
         self.put_word(RM_REGION_CTRL, CTRL_MAX_MSG, &self.words[WORD_MAX_MSG])
         return 0
 
-    cdef void credit_flag(self, bint up) noexcept nogil:
+    cdef void credit_flag(self, bint up, uint32_t ask=0) noexcept nogil:
         """Raise (1) or lower (0) CTRL_CREDIT_WAIT at the peer: a sender out of slots
-        (or rendezvous entries) asks for the reclaim and done words now."""
+        (or rendezvous entries) asks for the reclaim and done words now. Raised, the
+        word is ``ask`` when more than 1 (the slots of a ring that grows the sender
+        needs granted in total, docs/protocol.md "Rings that grow"), and the peer is
+        woken to read it, in one doorbell where the transport can (put_wake)."""
+        cdef rm_wr wr
         self.lock()
         if self.credit_flag_set != up:
-            self.put_word(RM_REGION_CTRL, CTRL_CREDIT_WAIT, &self.words[1 if up else 0])
-            self.credit_flag_set = up
             if up:
+                self.words[WORD_ASK] = ask if ask > 1 else 1
+                fill_wr(&wr, &self.words[WORD_ASK], self.lkey_words, RM_REGION_CTRL,
+                        CTRL_CREDIT_WAIT * 8, 8)
+                self.cnt.word_writes += 1
+                self.tp.put_wake(&wr)
+                rm_fence_seq_cst()      # raised before the caller looks again
                 self.credit_flag_ns = now_ns()
+            else:
+                self.put_word(RM_REGION_CTRL, CTRL_CREDIT_WAIT, &self.words[WORD_ZERO])
+            self.credit_flag_set = up
+        elif up:
+            self.tp.wake_peer()
         self.unlock()
 
     cdef void sleep_flag(self, bint up) noexcept nogil:

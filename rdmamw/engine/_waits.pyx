@@ -203,10 +203,9 @@ cdef class Waiter:
         if what == WAIT_READ:
             return
         if what != WAIT_ARRIVAL:
-            self.link.credit_flag(up)
-            if up:
-                rm_fence_seq_cst()
-                self.link.wake_peer()   # the peer writes its reclaim and done words now
+            # raised, with the wake-up: the peer writes its reclaim and done words now
+            # (short of slots of a ring that grows: the flag names the slots needed)
+            self.link.credit_flag(up, self.tx.ask if what == WAIT_SLOTS else 0)
             return
         if not up:
             self.link.sleep_flag(False)

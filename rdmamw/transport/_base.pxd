@@ -189,6 +189,9 @@ cdef class Transport:
     cdef int set_rings(self, uint32_t nslots, uint64_t stride, uint32_t peer_nslots,
                        uint64_t peer_stride) except -1
     cdef bint take_grant(self) noexcept nogil    # True: peer_granted grew
+    # put_wake(): a control word's WRITE (one wr) and then the wake-up, as post() and
+    # wake_peer() make them (the default); verbs posts both as one chain, one doorbell
+    cdef int put_wake(self, rm_wr *wr) noexcept nogil
     # a post's deadline (now_ns(); 0: none) for the posts of the thread that set it: a
     # provider whose post() can wait for its peer (tcp: a full socket) returns
     # RM_ERR_LATE by then instead of waiting on. Others ignore it

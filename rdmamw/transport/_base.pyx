@@ -7,6 +7,8 @@ both cimport them from here, and neither imports the other."""
 
 from libc.stdint cimport uint32_t, uint64_t
 
+from rdmamw.transport.atomics cimport rm_fence_seq_cst
+
 import select
 
 from rdmamw import _fork
@@ -157,6 +159,12 @@ cdef class Transport:
 
     cdef bint take_grant(self) noexcept nogil:
         return False
+
+    cdef int put_wake(self, rm_wr *wr) noexcept nogil:
+        cdef int rc = self.post(wr, 1)
+        rm_fence_seq_cst()      # the word is out before the peer is woken to read it
+        self.wake_peer()
+        return rc
 
     def __cinit__(self, *args, **kwargs):
         self.owner_pid = _pid

@@ -23,6 +23,7 @@ import rdmamw
 from rdmamw import auth, cli
 from rdmamw.channel.channel import Channel, _make
 from rdmamw.providers.verbs import provider as verbs
+from rdmamw.providers.verbs._block import grant_after
 from rdmamw.transport import layout
 from rdmamw.transport import wire as _wire
 from tests.channel.test_channel_basic import recv_all
@@ -138,6 +139,24 @@ def test_fuzz_descriptor(changes):
     assert d["regions"] == [list(r) for r in theirs.regions()]
     assert 0 < d["qpn"] < 1 << 24 and len(d["gid"]) == 16 and type(d["event"]) is bool
     assert 0 < d["addr"] and d["addr"] + d["len"] <= 1 << 64 and 0 <= d["rkey"] < 1 << 32
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(1, 1 << 20), st.integers(1, 1 << 20), st.integers(0, 2**64 - 1))
+@example(1, 128, 1)             # a flag of 1 (a peer before the rule): as many again
+@example(1, 128, 40)            # a send of 40 slots from one granted: 40 in one grant
+@example(1, 128, 2**64 - 1)     # anything: bounded by the ring
+@example(64, 128, 3)            # no more than granted: as many again
+def test_fuzz_grant_asked_for(have, slots, ask):
+    """The credit flag is the peer's to write (any 64-bit value): one grant gives what
+    it asks for when that is more than granted, bounded by the ring; else as many
+    again; always more than granted (the grant word's check) while the ring is not
+    whole, never more than the ring."""
+    if have >= slots:
+        return
+    new = grant_after(have, slots, ask)
+    assert have < new <= slots
+    assert new == (min(slots, ask) if ask > have else min(slots, 2 * have))
 
 
 @settings(max_examples=200, deadline=None)

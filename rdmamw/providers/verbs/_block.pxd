@@ -10,6 +10,16 @@ cdef enum:
     GRANT_OFF = 1536           # the grant words: control-page words 192..231 (bytes)
 
 
+cdef inline uint32_t next_grant(uint32_t have, uint32_t slots, uint64_t ask) noexcept nogil:
+    """The slots to have granted after one more grant, of a ring of ``slots`` with
+    ``have`` granted: what the peer's credit flag asks for (``ask``, read once from
+    memory it writes: any value) in one grant, bounded by the ring; a flag of 1 (or
+    no more than granted) asks as before, for as many slots again."""
+    if ask > have:
+        return <uint32_t>min(<uint64_t>slots, ask)
+    return min(slots, max(2 * have, have + 1))
+
+
 cdef class VerbsBlock:
     # the block (mmap: zero pages on demand) and its first part, registered at connect:
     # the header (control words, bitmaps) and the first slots of my ring, or all of it
@@ -45,7 +55,7 @@ cdef class VerbsBlock:
     cdef uint32_t n_parts
     cdef bint peer_bad                  # a grant word failed its checks: take no more
 
-    cdef int offer(self) noexcept nogil
+    cdef int offer(self, uint64_t ask) noexcept nogil
     cdef void done(self, bint posted) noexcept nogil
     cdef bint take(self, const char *ctrl) noexcept nogil
     cdef void drop_windows(self) noexcept

@@ -85,11 +85,11 @@ cdef class VerbsBlock:
             self.limit = <uint64_t>granted * stride
         self.part_end[0], self.part_rkey[0], self.n_parts = self.limit, rkey, 1
 
-    cdef int offer(self) noexcept nogil:
-        """Register the next part of my ring (twice what is granted), unless one is
-        waiting to be sent; -1 if there is nothing to send or another thread is at
-        it, else the index k of the grant word to post (words[k]), with the lock
-        held until done()."""
+    cdef int offer(self, uint64_t ask) noexcept nogil:
+        """Register the next part of my ring (what the peer's flag ``ask`` asks for,
+        else twice what is granted: next_grant), unless one is waiting to be sent; -1
+        if there is nothing to send or another thread is at it, else the index k of
+        the grant word to post (words[k]), with the lock held until done()."""
         cdef uint32_t have = self.granted, new, k
         cdef uint64_t ln
         cdef ibv_mr *mr = NULL
@@ -100,7 +100,7 @@ cdef class VerbsBlock:
             if have >= self.slots:
                 rm_spin_unlock(&self.lock)
                 return -1
-            new = min(self.slots, max(2 * have, have + 1))
+            new = next_grant(have, self.slots, ask)
             ln = <uint64_t>(new - have) * self.stride
             if self.n_mrs < MAX_PARTS and pin_charge(ln) == 0:
                 mr = self.mem.dev.reg_mr(self.mem.pd,
@@ -214,3 +214,9 @@ cdef class VerbsBlock:
         if self.base != NULL:       # after the transport: Messages may point into it
             munmap(self.base, self.length)
 
+
+
+def grant_after(uint32_t have, uint32_t slots, uint64_t ask):
+    """The slots of a ring of ``slots`` granted after one grant from ``have``, for a
+    credit flag of ``ask`` (next_grant, as offer() registers it)."""
+    return next_grant(have, slots, ask)

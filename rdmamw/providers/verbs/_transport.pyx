@@ -394,6 +394,33 @@ cdef class VerbsTransport(VerbsQP):
         rm_spin_unlock(&self.lock)
         return rc
 
+    cdef int put_wake(self, rm_wr *wr) noexcept nogil:
+        """A control word's WRITE, then the wake-up SEND, as one chain (one doorbell)
+        where nothing is queued and the send queue has room; else as post() and
+        wake_peer() make them."""
+        cdef int rc
+        if self.state != QP_CONNECTED:
+            return self._dead()
+        if not _wr_in_bounds(self, wr):
+            return RM_ERR_BOUNDS
+        rm_spin_lock(&self.lock)
+        if self.bl.len == 0 and self.sq_depth - (self.sq_posted - self.sq_done) > self.max_chain:
+            self._fill(0, wr)
+            memset(&self.swr[1], 0, sizeof(ibv_send_wr))
+            self.swr[1].wr_id = INTERNAL
+            self.swr[1].opcode = IBV_WR_SEND        # as _wake(): solicited, zero bytes
+            self.swr[1].send_flags = IBV_SEND_SOLICITED
+            rc = self._post_chain(2, True)
+            if rc == 0:
+                self.n_wakeups += 1
+            rm_spin_unlock(&self.lock)
+            self._drain_recv()
+            return rc
+        rm_spin_unlock(&self.lock)
+        rc = self.post(wr, 1)
+        self.wake_peer()
+        return rc
+
     cdef int wait(self, int timeout_ms) noexcept nogil:
         cdef pollfd fds[2]
         cdef uint64_t one
@@ -476,7 +503,8 @@ cdef class VerbsTransport(VerbsQP):
 
     cdef void _offer(self) noexcept nogil:
         """The hook of an endpoint whose ring grows (_qp._offer_hook calls it). The
-        peer waits for credit: grant it the next part of my ring (VerbsBlock registers it)
+        peer waits for credit: grant it what its credit flag asks for, else the next
+        part of my ring (VerbsBlock registers it)
         by writing the part's grant word into its control page, then wake it. Runs on the
         thread that routed the peer's wake-up (the device thread while the application is
         away) under the receive CQ's lock, so it only tries the other locks: a peer still
@@ -485,7 +513,8 @@ cdef class VerbsTransport(VerbsQP):
         cdef int k
         if self.state != QP_CONNECTED:
             return
-        k = self.block.offer()
+        # the peer's credit flag: 1, or the slots it needs (read once: only here)
+        k = self.block.offer(rmv_load64(<uint64_t *>self.local[RM_REGION_CTRL].addr))
         if k < 0:
             return
         cdef ibv_mw *mw = self.block.mws[k]

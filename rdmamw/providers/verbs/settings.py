@@ -27,9 +27,10 @@ declare("verbs", "RDMAMW_VERBS_PINNED_BYTES", "bytes", 0,
         "registered (pinned) bytes the process's verbs channels may hold; 0: half the memory, "
         "at most `ulimit -l`", maximum=1 << 50)
 declare("verbs", "RDMAMW_VERBS_RING_START", "bytes", 64 << 10,
-        "bytes of a channel's receive ring registered at connect (at least one slot); the "
-        "device thread registers twice as much each time the peer runs short, up to the whole "
-        "ring. 0: the whole ring at once", maximum=1 << 40)
+        "bytes of a channel's receive ring registered at connect (at least one slot); when "
+        "the peer runs short the device thread registers what it asks for in one grant (its "
+        "send, or the whole ring when it sends faster than we read). 0: the whole ring at "
+        "once", maximum=1 << 40)
 declare("verbs", "RDMAMW_VERBS_WINDOWS", "int", 1,
         "1: the keys a peer gets are type-2 memory windows bound to its channel's queue pair, "
         "where the device has them; 0: keys of MRs with remote access", maximum=1)
