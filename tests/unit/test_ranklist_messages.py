@@ -113,7 +113,7 @@ def test_a_pull_names_the_servers_that_did_not_reply_in_a_line():
     from rdmamw.ps.worker import KVWorker
 
     w = KVWorker.__new__(KVWorker)
-    w.timeout, w.chans = 0.2, dict.fromkeys(range(N), _Silent())
+    w.timeout, w.chans, w._until = 0.2, dict.fromkeys(range(N), _Silent()), None
     with pytest.raises(Timeout) as e:
         w.receive_pull({s: 1 for s in range(0, N, 2)}, None)
     _short(str(e.value))
