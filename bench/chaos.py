@@ -36,27 +36,39 @@ stderr is kept (its path printed)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
 import random
+import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rdmamw.bootstrap.launch import spawn  # noqa: E402
+from rdmamw.bootstrap.launch import job_env, spawn  # noqa: E402
+from tests.support.netns import ip, two_namespaces  # noqa: E402
 
 WORKER = ROOT / "tests" / "support" / "chaos_worker.py"
 LAYERS = ("allreduce", "bcast_gather", "stream")
-FAULTS = ("kill", "stop")
+FAULTS = ("kill", "stop", "close", "drop")
+#: what a survivor's error must be after each fault (its collective's, its stream's)
+EXPECT = {"kill": (("PeerLost",), ("PeerLost", "ChannelClosed")),
+          "close": (("PeerLost",), ("PeerLost", "ChannelClosed")),
+          "stop": (("Timeout",), ("Timeout",)),
+          "drop": (("PeerLost", "Timeout"), ("PeerLost", "ChannelClosed", "Timeout"))}
+#: faults whose survivors have a deadline to pass before they can know (else KILL_BOUND)
+SLOW = ("stop", "drop")
 KILL_BOUND = 5.0
 STOP_SLACK = 5.0
 SHRINK_SLACK = 5.0
@@ -83,9 +95,11 @@ class Plan:
         provider = rng.choice(providers)
         if os.environ.get("RDMAMW_PROVIDER") == "tcp":
             provider = "tcp"
-        return cls(seed, ranks, provider, rng.choice(layers), rng.choice(faults),
-                   rng.randrange(ranks), round(rng.uniform(0.2, 2.0), 2),
-                   rng.getrandbits(31))
+        layer, fault = rng.choice(layers), rng.choice(faults)
+        if fault == "drop":             # a link between two hosts: tcp's
+            provider = "tcp"
+        return cls(seed, ranks, provider, layer, fault, rng.randrange(ranks),
+                   round(rng.uniform(0.2, 2.0), 2), rng.getrandbits(31))
 
     def __str__(self) -> str:
         return (f"{self.ranks} ranks {self.provider:3} {self.layer:12} {self.fault} rank "
@@ -164,6 +178,29 @@ class Lines:
         return {r: v for r, v in got.items() if v}
 
 
+def start(plan: Plan, cmd: list[str], env: dict[str, str], log: Path,
+          stack: contextlib.ExitStack) -> tuple[list[subprocess.Popen], Callable[[], None]]:
+    """The job's ranks, and the fault to inflict on the victim. A ``drop`` job runs on
+    two "hosts" (network namespaces on a veth link, tests/support/netns.py): the victim
+    alone on one, the rest on the other; its fault takes the victim's end of the link
+    down."""
+    err = stack.enter_context(open(log, "w"))
+    io: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": err, "text": True, "cwd": str(ROOT)}
+    if plan.fault != "drop":
+        procs = spawn(plan.ranks, cmd, env=env, **io)
+        sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "close": signal.SIGUSR1}
+        return procs, lambda: os.kill(procs[plan.victim].pid, sig[plan.fault])
+    hosts, devs = stack.enter_context(two_namespaces())
+    a, b = sorted(hosts)
+    where = [b if r == plan.victim else a for r in range(plan.ranks)]
+    port = random.randrange(20000, 60000)       # fresh namespaces: any port is free
+    token = secrets.token_hex(32)
+    procs = [subprocess.Popen(["ip", "netns", "exec", ns, *cmd],
+                              env=job_env(r, plan.ranks, hosts[where[0]], port, token, env),
+                              **io) for r, ns in enumerate(where)]
+    return procs, lambda: ip("-n", b, "link", "set", devs[b], "down")
+
+
 def run_trial(plan: Plan, timeout: float, logdir: Path) -> tuple[Result, Path]:
     res = Result(plan)
     stream_timeout = timeout / 3
@@ -174,53 +211,57 @@ def run_trial(plan: Plan, timeout: float, logdir: Path) -> tuple[Result, Path]:
     log = logdir / f"chaos-{plan.seed}.log"
     cmd = [sys.executable, str(WORKER), plan.layer, str(plan.worker_seed), str(timeout),
            str(stream_timeout)]
-    with open(log, "w") as err:
-        procs = spawn(plan.ranks, cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
-                      stderr=err, text=True)
-    try:
-        lines = Lines(procs)
-        everyone = set(range(plan.ranks))
-        ready = lines.take(everyone, time.time() + STARTUP, res, "ready", ("ready",))
-        if len(ready) < plan.ranks or not all(v.get("ready") for v in ready.values()):
-            # not the fault's doing: the job never started
-            res.problems = {"setup": [f"ready: {sorted(ready)} of {plan.ranks}; "
-                                      + "; ".join(sum(res.problems.values(), []))]}
-            return res, log
-        time.sleep(plan.delay)
-        victim = procs[plan.victim]
-        t0 = time.time()
-        os.kill(victim.pid, signal.SIGKILL if plan.fault == "kill" else signal.SIGSTOP)
-        survivors = everyone - {plan.victim}
-        bound = KILL_BOUND if plan.fault == "kill" else timeout + STOP_SLACK
-        if plan.layer == "stream":
-            bound += stream_timeout
-        errs = lines.take(survivors, t0 + bound, res, "error", ("error",))
-        for r, v in sorted(errs.items()):
-            judge(res, plan, r, v, t0)
-        last = max([v["t"] for v in errs.values()], default=t0)
-        after = lines.take(survivors, max(time.time(), last) + timeout + SHRINK_SLACK,
-                           res, "shrink", ("t_after",))
-        members = sorted(survivors)
-        for r, v in sorted(after.items()):
-            if "shrink_error" in v:
-                res.bad("shrink", f"rank {r}: {v['shrink_error']}: {v['msg']}")
-                continue
-            res.shrink_times.append(v["t_after"] - errs.get(r, {}).get("t", last))
-            if v["members"] != members or v["new_rank"] != members.index(r) \
-                    or v["sum"] != v["want"]:
-                res.bad("shrink", f"rank {r}: members {v['members']} (want {members}), "
-                                  f"new rank {v['new_rank']}, sum {v['sum']} (want "
-                                  f"{v['want']})")
-        if plan.fault == "stop":
-            victim.send_signal(signal.SIGCONT)
-        return res, log
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            p.wait(timeout=30)
-            p.stdout.close()                                # type: ignore[union-attr]
+    with contextlib.ExitStack() as stack:
+        procs, fault = start(plan, cmd, env, log, stack)
+        try:
+            return judged(plan, res, procs, fault, timeout, stream_timeout), log
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait(timeout=30)
+                p.stdout.close()                            # type: ignore[union-attr]
+
+
+def judged(plan: Plan, res: Result, procs: list[subprocess.Popen],
+           fault: Callable[[], None], timeout: float, stream_timeout: float) -> Result:
+    """``res`` once the job said ready, lost its victim and its survivors reported."""
+    lines = Lines(procs)
+    everyone = set(range(plan.ranks))
+    ready = lines.take(everyone, time.time() + STARTUP, res, "ready", ("ready",))
+    if len(ready) < plan.ranks or not all(v.get("ready") for v in ready.values()):
+        # not the fault's doing: the job never started
+        res.problems = {"setup": [f"ready: {sorted(ready)} of {plan.ranks}; "
+                                  + "; ".join(sum(res.problems.values(), []))]}
+        return res
+    time.sleep(plan.delay)
+    t0 = time.time()
+    fault()
+    survivors = everyone - {plan.victim}
+    bound = timeout + STOP_SLACK if plan.fault in SLOW else KILL_BOUND
+    if plan.layer == "stream":
+        bound += stream_timeout
+    errs = lines.take(survivors, t0 + bound, res, "error", ("error",))
+    for r, v in sorted(errs.items()):
+        judge(res, plan, r, v, t0)
+    last = max([v["t"] for v in errs.values()], default=t0)
+    after = lines.take(survivors, max(time.time(), last) + timeout + SHRINK_SLACK,
+                       res, "shrink", ("t_after",))
+    members = sorted(survivors)
+    for r, v in sorted(after.items()):
+        if "shrink_error" in v:
+            res.bad("shrink", f"rank {r}: {v['shrink_error']}: {v['msg']}")
+            continue
+        res.shrink_times.append(v["t_after"] - errs.get(r, {}).get("t", last))
+        if v["members"] != members or v["new_rank"] != members.index(r) \
+                or v["sum"] != v["want"]:
+            res.bad("shrink", f"rank {r}: members {v['members']} (want {members}), "
+                              f"new rank {v['new_rank']}, sum {v['sum']} (want "
+                              f"{v['want']})")
+    if plan.fault == "stop":
+        procs[plan.victim].send_signal(signal.SIGCONT)
+    return res
 
 
 def judge(res: Result, plan: Plan, r: int, v: dict, t0: float) -> None:
@@ -230,17 +271,16 @@ def judge(res: Result, plan: Plan, r: int, v: dict, t0: float) -> None:
                       else f"{v['stream_error']}+{v['error']}")
     if v["wrong"]:
         res.bad("wrong", f"rank {r}: {v['wrong']} of {v['calls']} results wrong")
-    kind = "PeerLost" if plan.fault == "kill" else "Timeout"
-    if v["error"] != kind:
-        res.bad("untyped", f"rank {r}: {v['error']} (want {kind}): {v['msg']}")
+    kinds, stream_kinds = EXPECT[plan.fault]
+    if v["error"] not in kinds:
+        res.bad("untyped", f"rank {r}: {v['error']} (want {'/'.join(kinds)}): {v['msg']}")
     elif v["named"] != plan.victim:
         res.bad("misnamed", f"rank {r}: names rank {v['named']}: {v['msg']}")
     if v["stream_error"] is not None:
         if v["stream_peer"] == plan.victim:
-            kinds = ("PeerLost", "ChannelClosed") if plan.fault == "kill" else ("Timeout",)
-            if v["stream_error"] not in kinds:
+            if v["stream_error"] not in stream_kinds:
                 res.bad("untyped", f"rank {r}: stream {v['stream_error']} (want "
-                                   f"{'/'.join(kinds)}): {v['stream_msg']}")
+                                   f"{'/'.join(stream_kinds)}): {v['stream_msg']}")
         # a partner that survived: only its stream deadline may have passed (held in a
         # collective by the fault, or gone on to shrink, it cannot answer in time)
         elif v["stream_error"] != "Timeout":

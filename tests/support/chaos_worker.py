@@ -22,15 +22,21 @@ Lines: ``{"rank", "ready"}`` before the loop; ``{"rank", "t", "calls", "wrong",
 "error", "named", "msg", "stream_error", "stream_peer"}`` at the failure (``t``:
 time.time(); ``wrong``: results that were not what they must be; ``named``: the
 error's ``.rank``); then ``{"rank", "members", "new_rank", "sum", "want", "t_after"}``
-after the shrink and its allreduce (or ``{"rank", "shrink_error", ...}``)."""
+after the shrink and its allreduce (or ``{"rank", "shrink_error", ...}``).
+
+SIGUSR1 (the ``close`` fault) raises ``Closing`` wherever the rank is after it said
+ready: it closes its communicator (and its stream channel), prints ``{"rank",
+"closed"}`` and idles, alive, until killed."""
 
 from __future__ import annotations
 
 import json
 import random
+import signal
 import struct
 import sys
 import time
+from typing import NoReturn
 
 import numpy as np
 
@@ -40,6 +46,15 @@ import rdmamw.collectives as coll
 HDR = struct.Struct("<iii")          # sender, round, seq
 STREAM_SIZES = (64, 3000, 64 << 10, (3 << 19))
 LARGE = (270_000, 600_000)           # float32 elements: 1.03 to 2.3 MiB
+
+
+class Closing(BaseException):
+    """SIGUSR1: the driver's ``close`` fault, raised wherever this rank is (mid-call,
+    as a KeyboardInterrupt would be); the rank then closes its communicator."""
+
+
+def closing(signum: int, frame: object) -> None:
+    raise Closing
 
 
 def data(rank: int, call: int, n: int) -> np.ndarray:
@@ -122,18 +137,34 @@ class Rank:
     def loop(self) -> dict:
         step = getattr(self, self.layer)
         step(0)
+        signal.signal(signal.SIGUSR1, closing)
         print(json.dumps({"rank": self.me, "ready": True}), flush=True)
         i = 1
         try:
             while True:
                 step(i)
                 i += 1
+        except Closing:
+            self.close()
         except BaseException as e:      # noqa: BLE001 - typed or not, the driver judges
             return {"rank": self.me, "t": time.time(), "calls": self.calls,
                     "wrong": self.wrong, "error": type(e).__name__,
                     "named": getattr(e, "rank", None), "msg": str(e)[:300],
                     "stream_error": self.stream_error, "stream_peer": self.stream_peer,
                     "stream_msg": self.stream_msg[:300]}
+
+    def close(self) -> NoReturn:
+        """The ``close`` fault: close the stream channel, then the communicator (with
+        its goodbyes, which wait for the peers', unless the signal came mid-collective
+        and broke it), then stay alive, doing nothing, until the driver kills this
+        process."""
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        if self.ch is not None:
+            self.ch.close()
+        coll.default_comm().close()
+        print(json.dumps({"rank": self.me, "closed": time.time()}), flush=True)
+        while True:
+            time.sleep(3600)
 
     def after(self) -> dict:
         try:
