@@ -60,7 +60,9 @@ from rdmamw.bootstrap.launch import job_env, spawn  # noqa: E402
 from tests.support.netns import ip, two_namespaces  # noqa: E402
 
 WORKER = ROOT / "tests" / "support" / "chaos_worker.py"
-LAYERS = ("allreduce", "bcast_gather", "stream")
+#: layers with a worker of their own
+WORKERS = {"ps": ROOT / "tests" / "support" / "chaos_ps_worker.py"}
+LAYERS = ("allreduce", "bcast_gather", "stream", "torch", "ps")
 FAULTS = ("kill", "stop", "close", "drop")
 #: what a survivor's error must be after each fault (its collective's, its stream's)
 EXPECT = {"kill": (("PeerLost",), ("PeerLost", "ChannelClosed")),
@@ -73,7 +75,17 @@ KILL_BOUND = 5.0
 STOP_SLACK = 5.0
 SHRINK_SLACK = 5.0
 STARTUP = 90.0          # every rank ready by then (imports, init, first call)
-KINDS = ("hang", "wrong", "untyped", "misnamed", "shrink", "crash", "setup")
+#: layers whose ranks take longer to be ready (torch's import: 3 s on a quiet machine,
+#: 45 s on two cores at a load of 20)
+STARTUP_OF = {"torch": 240.0}
+#: a lost PS server: what its workers' calls must raise
+PS_SERVER_EXPECT = {"kill": ("PeerLost", "ChannelClosed"), "close": ("ChannelClosed", "PeerLost"),
+                    "stop": ("Timeout",), "drop": ("PeerLost", "Timeout")}
+#: a lost PS worker: the others must have had a round after the fault + the round
+#: deadline; asked for their lines that much later (and the server must end by SERVED
+#: once they left and the victim is dead)
+GO_ON, SERVED = 3.0, 10.0
+KINDS = ("hang", "wrong", "untyped", "misnamed", "shrink", "stalled", "crash", "setup")
 
 
 @dataclass
@@ -209,11 +221,13 @@ def run_trial(plan: Plan, timeout: float, logdir: Path) -> tuple[Result, Path]:
     if plan.provider != "shm":
         env["RDMAMW_PROVIDER"] = plan.provider
     log = logdir / f"chaos-{plan.seed}.log"
-    cmd = [sys.executable, str(WORKER), plan.layer, str(plan.worker_seed), str(timeout),
-           str(stream_timeout)]
+    cmd = [sys.executable, str(WORKERS.get(plan.layer, WORKER)), plan.layer,
+           str(plan.worker_seed), str(timeout), str(stream_timeout)]
     with contextlib.ExitStack() as stack:
         procs, fault = start(plan, cmd, env, log, stack)
         try:
+            if plan.layer == "ps":
+                return judged_ps(plan, res, procs, fault, timeout), log
             return judged(plan, res, procs, fault, timeout, stream_timeout), log
         finally:
             for p in procs:
@@ -224,21 +238,31 @@ def run_trial(plan: Plan, timeout: float, logdir: Path) -> tuple[Result, Path]:
                 p.stdout.close()                            # type: ignore[union-attr]
 
 
-def judged(plan: Plan, res: Result, procs: list[subprocess.Popen],
-           fault: Callable[[], None], timeout: float, stream_timeout: float) -> Result:
-    """``res`` once the job said ready, lost its victim and its survivors reported."""
+def struck(plan: Plan, res: Result, procs: list[subprocess.Popen],
+           fault: Callable[[], None]) -> tuple[Lines, float] | None:
+    """Once every rank said ready, the fault after the plan's delay: the ranks' lines
+    and when it struck (None: the job never started, not the fault's doing)."""
     lines = Lines(procs)
     everyone = set(range(plan.ranks))
-    ready = lines.take(everyone, time.time() + STARTUP, res, "ready", ("ready",))
+    ready = lines.take(everyone, time.time() + STARTUP_OF.get(plan.layer, STARTUP), res,
+                       "ready", ("ready",))
     if len(ready) < plan.ranks or not all(v.get("ready") for v in ready.values()):
-        # not the fault's doing: the job never started
         res.problems = {"setup": [f"ready: {sorted(ready)} of {plan.ranks}; "
                                   + "; ".join(sum(res.problems.values(), []))]}
-        return res
+        return None
     time.sleep(plan.delay)
     t0 = time.time()
     fault()
-    survivors = everyone - {plan.victim}
+    return lines, t0
+
+
+def judged(plan: Plan, res: Result, procs: list[subprocess.Popen],
+           fault: Callable[[], None], timeout: float, stream_timeout: float) -> Result:
+    """``res`` once the job said ready, lost its victim and its survivors reported."""
+    if (begun := struck(plan, res, procs, fault)) is None:
+        return res
+    lines, t0 = begun
+    survivors = set(range(plan.ranks)) - {plan.victim}
     bound = timeout + STOP_SLACK if plan.fault in SLOW else KILL_BOUND
     if plan.layer == "stream":
         bound += stream_timeout
@@ -261,6 +285,48 @@ def judged(plan: Plan, res: Result, procs: list[subprocess.Popen],
                               f"{v['want']})")
     if plan.fault == "stop":
         procs[plan.victim].send_signal(signal.SIGCONT)
+    return res
+
+
+def judged_ps(plan: Plan, res: Result, procs: list[subprocess.Popen],
+              fault: Callable[[], None], timeout: float) -> Result:
+    """The ``ps`` layer (tests/support/chaos_ps_worker.py; rank 0 serves): a lost
+    server fails every worker's next call, typed, in time; a lost worker is dropped,
+    the others go on with every result right, and the server ends once they left."""
+    if (begun := struck(plan, res, procs, fault)) is None:
+        return res
+    lines, t0 = begun
+    workers = set(range(1, plan.ranks))
+    if plan.victim == 0:        # (a worker's call waits 3 x the round's deadline)
+        bound = 3 * timeout + STOP_SLACK if plan.fault in SLOW else KILL_BOUND
+        errs = lines.take(workers, t0 + bound, res, "error", ("error",))
+        for r, v in sorted(errs.items()):
+            res.times.append(v["t"] - t0)
+            res.errors.append(str(v["error"]))
+            if v["wrong"]:
+                res.bad("wrong", f"rank {r}: {v['wrong']} of {v['calls']} results wrong")
+            if v["error"] not in PS_SERVER_EXPECT[plan.fault]:
+                res.bad("untyped", f"rank {r}: {v['error']} (want "
+                                   f"{'/'.join(PS_SERVER_EXPECT[plan.fault])}): {v.get('msg')}")
+        return res
+    survivors = workers - {plan.victim}
+    time.sleep(max(0.0, t0 + timeout + GO_ON - time.time()))
+    for r in survivors:
+        procs[r].send_signal(signal.SIGUSR2)
+    got = lines.take(survivors, time.time() + KILL_BOUND, res, "report", ("error",))
+    for r, v in sorted(got.items()):
+        if v["wrong"]:
+            res.bad("wrong", f"rank {r}: {v['wrong']} of {v['calls']} results wrong")
+        if v["error"] is not None:
+            res.errors.append(str(v["error"]))
+            res.bad("stalled", f"rank {r}: {v['error']}: {v.get('msg')}")
+        elif v["t_last"] < t0 + timeout:
+            res.bad("stalled", f"rank {r}: no round ended in the {v['t'] - t0:.1f} s "
+                               f"after the fault but in its first {timeout:g} s")
+    if plan.fault == "stop":
+        procs[plan.victim].send_signal(signal.SIGCONT)
+    procs[plan.victim].kill()
+    lines.take({0}, time.time() + SERVED, res, "served", ("served",))
     return res
 
 

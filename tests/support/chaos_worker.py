@@ -16,7 +16,11 @@ Layers:
   checked byte for byte; between rounds every rank runs a small allreduce (the
   checkpoint that brings the failure to the ranks that do not stream with the victim).
   A stream error (recv/send deadline ``STREAM_TIMEOUT``) is recorded, naming the
-  partner, and the rank goes on to the checkpoint, which then fails too.
+  partner, and the rank goes on to the checkpoint, which then fails too;
+* ``torch``: ``torch.distributed.all_reduce`` (sum, small and large float32 tensors)
+  on a group of the rdmamw backend (``new_group(timeout=TIMEOUT)``); after the
+  failure ``rdmamw.torch.shrink()`` and an allreduce on the shrunk group
+  (docs/torch.md, "A rank lost: going on").
 
 Lines: ``{"rank", "ready"}`` before the loop; ``{"rank", "t", "calls", "wrong",
 "error", "named", "msg", "stream_error", "stream_peer"}`` at the failure (``t``:
@@ -30,6 +34,7 @@ ready: it closes its communicator (and its stream channel), prints ``{"rank",
 
 from __future__ import annotations
 
+import datetime
 import json
 import random
 import signal
@@ -74,8 +79,19 @@ def message(sender: int, rnd: int, seq: int, size: int) -> bytes:
 
 class Rank:
     def __init__(self, layer: str, seed: int, timeout: float, stream_timeout: float) -> None:
-        self.w = rdmamw.init(timeout=60)
-        self.me, self.n = self.w.rank, self.w.world_size
+        if layer == "torch":
+            import torch.distributed as dist
+
+            from rdmamw import torch as _backend  # noqa: F401 - registers the backend
+            # (a long one to start: torch's import staggers the ranks by seconds under
+            # load; then the group of the trial, its collectives bound by ``timeout``)
+            dist.init_process_group("rdmamw", timeout=datetime.timedelta(seconds=60))
+            dist.barrier()
+            self.pg = dist.new_group(timeout=datetime.timedelta(seconds=timeout))
+            self.me, self.n = dist.get_rank(), dist.get_world_size()
+        else:
+            w = rdmamw.init(timeout=60)
+            self.me, self.n = w.rank, w.world_size
         self.layer, self.timeout, self.stream_timeout = layer, timeout, stream_timeout
         self.rng = random.Random(seed)     # the same draws on every rank
         self.calls = self.wrong = 0
@@ -113,6 +129,15 @@ class Rank:
             n = self.size() // 2 + 1
             got = coll.allgather(data(self.me, i, n), timeout=self.timeout)
             self.check(all(np.array_equal(got[r], data(r, i, n)) for r in range(self.n)))
+
+    def torch(self, i: int) -> None:
+        """torch.distributed.all_reduce (sum) on a group of the rdmamw backend."""
+        import torch
+        import torch.distributed as dist
+        n = self.size()
+        t = torch.from_numpy(data(self.me, i, n))
+        dist.all_reduce(t, group=self.pg)
+        self.check(np.array_equal(t.numpy(), summed(self.n, i, n)))
 
     def stream(self, i: int) -> None:
         sizes = [self.rng.choice(STREAM_SIZES) for _ in range(self.rng.randint(1, 6))]
@@ -161,23 +186,43 @@ class Rank:
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         if self.ch is not None:
             self.ch.close()
-        coll.default_comm().close()
+        if self.layer == "torch":
+            import torch.distributed as dist
+            dist.destroy_process_group()
+        else:
+            coll.default_comm().close()
         print(json.dumps({"rank": self.me, "closed": time.time()}), flush=True)
         while True:
             time.sleep(3600)
 
     def after(self) -> dict:
         try:
-            comm = coll.shrink()
-            x = np.full(1000, float(self.me + 1), np.float64)
-            got = coll.allreduce(x, comm=comm, timeout=self.timeout)
+            members, new_rank, got = self.torch_shrunk() if self.layer == "torch" \
+                else self.shrunk()
         except BaseException as e:      # noqa: BLE001
             return {"rank": self.me, "t_after": time.time(),
                     "shrink_error": type(e).__name__, "msg": str(e)[:300]}
-        want = float(sum(m + 1 for m in comm.members))
-        return {"rank": self.me, "members": comm.members, "new_rank": comm.rank,
+        want = float(sum(m + 1 for m in members))
+        return {"rank": self.me, "members": members, "new_rank": new_rank,
                 "sum": float(got[0]) if (got == got[0]).all() else None, "want": want,
                 "t_after": time.time()}
+
+    def shrunk(self) -> tuple[list[int], int, np.ndarray]:
+        """The survivors' communicator: its members, this rank's place, and the
+        allreduce of (world rank + 1) on it."""
+        comm = coll.shrink()
+        x = np.full(1000, float(self.me + 1), np.float64)
+        return comm.members, comm.rank, coll.allreduce(x, comm=comm, timeout=self.timeout)
+
+    def torch_shrunk(self) -> tuple[list[int], int, np.ndarray]:
+        """The same through rdmamw.torch.shrink() and the shrunk group's allreduce."""
+        import torch
+
+        import rdmamw.torch as rt
+        pg = rt.shrink(self.pg)
+        x = torch.full((1000,), float(self.me + 1), dtype=torch.float64)
+        pg.allreduce([x]).wait()
+        return list(pg.comm.members), pg.rank(), x.numpy()
 
 
 def main() -> None:
