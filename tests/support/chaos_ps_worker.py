@@ -27,6 +27,7 @@ import dataclasses
 import json
 import signal
 import sys
+import threading
 import time
 from typing import Any, NoReturn
 
@@ -49,10 +50,24 @@ class Closing(BaseException):
 report: list[bool] = []
 
 
-def raiser(kind: type[BaseException]) -> Any:
-    def handler(signum: int, frame: object) -> None:
-        raise kind
-    return handler
+#: SIGUSR1 came (its exception may be swallowed where it lands, in a finalizer, say:
+#: a worker then raises it before its next call, the server's channels are closed for
+#: it from a thread)
+close_asked: list[bool] = []
+
+
+def closing(signum: int, frame: object) -> None:
+    close_asked.append(True)
+    raise Closing
+
+
+def closer(node: ps.KVServer) -> None:
+    """The server's fallback: its channels closed from this thread once SIGUSR1 came."""
+    while not close_asked:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    for ch in list(node.chans.values()):
+        ch.close()
 
 
 def idle(node: Any, me: int) -> NoReturn:
@@ -69,9 +84,12 @@ def idle(node: Any, me: int) -> NoReturn:
 
 def serve(node: ps.KVServer, me: int) -> dict:
     print(json.dumps({"rank": me, "ready": True}), flush=True)
+    threading.Thread(target=closer, args=(node,), daemon=True).start()
     try:
         node.serve()
     except Closing:
+        idle(node, me)
+    if close_asked:             # (served: the closer thread closed every channel)
         idle(node, me)
     return {"rank": me, "served": time.time(), "lost": node.stats().get("lost")}
 
@@ -85,6 +103,8 @@ def work(node: ps.KVWorker, me: int) -> dict:
     t_last = time.time()
     try:
         while not report:
+            if close_asked:
+                raise Closing
             node.push(["w"], [grad])
             node.pull(["w"], out=[out])
             calls += 1
@@ -108,7 +128,7 @@ def work(node: ps.KVWorker, me: int) -> dict:
 def main() -> None:
     timeout = float(sys.argv[3])
     bsp = dataclasses.replace(Consistency.parse("bsp"), round_timeout=timeout)
-    signal.signal(signal.SIGUSR1, raiser(Closing))
+    signal.signal(signal.SIGUSR1, closing)
     signal.signal(signal.SIGUSR2, lambda signum, frame: report.append(True))
     # (a worker's calls wait out a round held by a silent worker: their deadline is
     # longer than the round's)

@@ -29,8 +29,9 @@ error's ``.rank``); then ``{"rank", "members", "new_rank", "sum", "want", "t_aft
 after the shrink and its allreduce (or ``{"rank", "shrink_error", ...}``).
 
 SIGUSR1 (the ``close`` fault) raises ``Closing`` wherever the rank is after it said
-ready: it closes its communicator (and its stream channel), prints ``{"rank",
-"closed"}`` and idles, alive, until killed."""
+ready (or, where that exception is swallowed, before its next call): it closes its
+communicator (and its stream channel), prints ``{"rank", "closed"}`` and idles,
+alive, until killed."""
 
 from __future__ import annotations
 
@@ -58,7 +59,13 @@ class Closing(BaseException):
     as a KeyboardInterrupt would be); the rank then closes its communicator."""
 
 
+#: SIGUSR1 came (the exception may be swallowed where it lands, in a finalizer, say:
+#: "Exception ignored"; the loop then raises it at its next call)
+close_asked: list[bool] = []
+
+
 def closing(signum: int, frame: object) -> None:
+    close_asked.append(True)
     raise Closing
 
 
@@ -167,6 +174,8 @@ class Rank:
         i = 1
         try:
             while True:
+                if close_asked:
+                    raise Closing
                 step(i)
                 i += 1
         except Closing:
