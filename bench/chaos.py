@@ -61,8 +61,9 @@ from tests.support.netns import ip, two_namespaces  # noqa: E402
 
 WORKER = ROOT / "tests" / "support" / "chaos_worker.py"
 #: layers with a worker of their own
-WORKERS = {"ps": ROOT / "tests" / "support" / "chaos_ps_worker.py"}
-LAYERS = ("allreduce", "bcast_gather", "stream", "torch", "ps")
+WORKERS = {"ps": ROOT / "tests" / "support" / "chaos_ps_worker.py",
+           "dask": ROOT / "tests" / "support" / "chaos_dask_worker.py"}
+LAYERS = ("allreduce", "bcast_gather", "stream", "torch", "ps", "dask")
 FAULTS = ("kill", "stop", "close", "drop")
 #: what a survivor's error must be after each fault (its collective's, its stream's)
 EXPECT = {"kill": (("PeerLost",), ("PeerLost", "ChannelClosed")),
@@ -81,7 +82,9 @@ STARTUP_OF = {"torch": 240.0}
 #: a lost PS server: what its workers' calls must raise
 PS_SERVER_EXPECT = {"kill": ("PeerLost", "ChannelClosed"), "close": ("ChannelClosed", "PeerLost"),
                     "stop": ("Timeout",), "drop": ("PeerLost", "Timeout")}
-#: a lost PS worker: the others must have had a round after the fault + the round
+#: a lost Dask server: what its clients' reads and writes must raise (docs/dask.md)
+DASK_EXPECT = ("CommClosedError",)
+#: a lost PS worker or Dask client: the others must have had a round after the fault + the round
 #: deadline; asked for their lines that much later (and the server must end by SERVED
 #: once they left and the victim is dead)
 GO_ON, SERVED = 3.0, 10.0
@@ -110,7 +113,10 @@ class Plan:
         layer, fault = rng.choice(layers), rng.choice(faults)
         if fault == "drop":             # a link between two hosts: tcp's
             provider = "tcp"
-        return cls(seed, ranks, provider, layer, fault, rng.randrange(ranks),
+        victim = rng.randrange(ranks)
+        if layer == "dask" and fault == "stop":
+            victim = victim % (ranks - 1) + 1   # (a stopped Dask server: nothing promised)
+        return cls(seed, ranks, provider, layer, fault, victim,
                    round(rng.uniform(0.2, 2.0), 2), rng.getrandbits(31))
 
     def __str__(self) -> str:
@@ -226,8 +232,8 @@ def run_trial(plan: Plan, timeout: float, logdir: Path) -> tuple[Result, Path]:
     with contextlib.ExitStack() as stack:
         procs, fault = start(plan, cmd, env, log, stack)
         try:
-            if plan.layer == "ps":
-                return judged_ps(plan, res, procs, fault, timeout), log
+            if plan.layer in ("ps", "dask"):
+                return judged_served(plan, res, procs, fault, timeout), log
             return judged(plan, res, procs, fault, timeout, stream_timeout), log
         finally:
             for p in procs:
@@ -288,33 +294,44 @@ def judged(plan: Plan, res: Result, procs: list[subprocess.Popen],
     return res
 
 
-def judged_ps(plan: Plan, res: Result, procs: list[subprocess.Popen],
-              fault: Callable[[], None], timeout: float) -> Result:
-    """The ``ps`` layer (tests/support/chaos_ps_worker.py; rank 0 serves): a lost
-    server fails every worker's next call, typed, in time; a lost worker is dropped,
-    the others go on with every result right, and the server ends once they left."""
+def judged_served(plan: Plan, res: Result, procs: list[subprocess.Popen],
+                  fault: Callable[[], None], timeout: float) -> Result:
+    """The ``ps`` and ``dask`` layers (tests/support/chaos_ps_worker.py,
+    chaos_dask_worker.py; rank 0 serves the others): a lost server fails every
+    client's next call, typed, in time; a lost client is dropped, the others go on
+    with every result right (the PS server ends once they left; the Dask server saw
+    the lost client's comm end with CommClosedError and no other error)."""
     if (begun := struck(plan, res, procs, fault)) is None:
         return res
     lines, t0 = begun
-    workers = set(range(1, plan.ranks))
-    if plan.victim == 0:        # (a worker's call waits 3 x the round's deadline)
-        bound = 3 * timeout + STOP_SLACK if plan.fault in SLOW else KILL_BOUND
-        errs = lines.take(workers, t0 + bound, res, "error", ("error",))
+    clients = set(range(1, plan.ranks))
+    if plan.victim == 0:        # (a PS worker's call waits 3 x the round's deadline)
+        bound = (3 * timeout if plan.layer == "ps" else timeout) + STOP_SLACK \
+            if plan.fault in SLOW else KILL_BOUND
+        kinds = PS_SERVER_EXPECT[plan.fault] if plan.layer == "ps" else DASK_EXPECT
+        errs = lines.take(clients, t0 + bound, res, "error", ("error",))
         for r, v in sorted(errs.items()):
             res.times.append(v["t"] - t0)
             res.errors.append(str(v["error"]))
             if v["wrong"]:
                 res.bad("wrong", f"rank {r}: {v['wrong']} of {v['calls']} results wrong")
-            if v["error"] not in PS_SERVER_EXPECT[plan.fault]:
-                res.bad("untyped", f"rank {r}: {v['error']} (want "
-                                   f"{'/'.join(PS_SERVER_EXPECT[plan.fault])}): {v.get('msg')}")
+            if v["error"] not in kinds:
+                res.bad("untyped", f"rank {r}: {v['error']} (want {'/'.join(kinds)}): "
+                                   f"{v.get('msg')}")
         return res
-    survivors = workers - {plan.victim}
+    survivors = clients - {plan.victim}
+    asked = survivors | ({0} if plan.layer == "dask" else set())
     time.sleep(max(0.0, t0 + timeout + GO_ON - time.time()))
-    for r in survivors:
+    for r in asked:
         procs[r].send_signal(signal.SIGUSR2)
-    got = lines.take(survivors, time.time() + KILL_BOUND, res, "report", ("error",))
+    got = lines.take(asked, time.time() + KILL_BOUND, res, "report", ("error",))
     for r, v in sorted(got.items()):
+        if r == 0:
+            for odd in v["odd"]:
+                res.bad("untyped", f"rank 0: a comm ended with {odd}")
+            if plan.fault != "stop" and not v["closed"]:
+                res.bad("hang", "rank 0: the lost client's comm has not ended")
+            continue
         if v["wrong"]:
             res.bad("wrong", f"rank {r}: {v['wrong']} of {v['calls']} results wrong")
         if v["error"] is not None:
@@ -326,7 +343,8 @@ def judged_ps(plan: Plan, res: Result, procs: list[subprocess.Popen],
     if plan.fault == "stop":
         procs[plan.victim].send_signal(signal.SIGCONT)
     procs[plan.victim].kill()
-    lines.take({0}, time.time() + SERVED, res, "served", ("served",))
+    if plan.layer == "ps":
+        lines.take({0}, time.time() + SERVED, res, "served", ("served",))
     return res
 
 
