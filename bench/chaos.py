@@ -1,7 +1,9 @@
-"""Chaos test of rank failures: jobs of 3-5 ranks run collectives (or channel streams)
-in a loop; at a random moment one random rank is SIGKILLed or SIGSTOPped, and every
-survivor must fail typed, naming it, in time, with every result it got right, then
-shrink and go on (docs/testing.md, "Chaos").
+"""Chaos test of rank failures: jobs of 3-5 ranks run collectives (or channel streams,
+torch all_reduce, PS rounds, Dask comms) in a loop; at a random moment one random rank
+is SIGKILLed, SIGSTOPped, closes its communicator (SIGUSR1) or is cut off (its
+network namespace's link taken down), and every survivor must fail typed, naming it,
+in time, with every result it got right, then shrink and go on (docs/testing.md,
+"Chaos"; the ps and dask layers: judged_served).
 
     python bench/chaos.py --trials 1000 --seed 7 [--providers shm,tcp] [--seconds S]
     python bench/chaos.py --replay 7-12      # trial 12 of seed 7 again, its logs kept
@@ -10,17 +12,18 @@ Each trial draws from ``SEED-INDEX``: the ranks (3-5), the provider (shm or tcp;
 ``RDMAMW_PROVIDER=tcp`` forces tcp), the layer every rank loops
 (tests/support/chaos_worker.py: ``allreduce`` ring/rhd/auto small and > 1 MiB,
 ``bcast_gather``, ``stream`` pairs of ranks on channels of their own with a checkpoint
-allreduce between rounds), the victim, the fault and when (0.2-2 s after every rank
-said ready). Checked for every survivor:
+allreduce between rounds, ``torch``; chaos_ps_worker.py: ``ps``; chaos_dask_worker.py:
+``dask``), the victim, the fault (a drop runs on tcp) and when (0.2-2 s after every
+rank said ready). Checked for every survivor:
 
 * it reports within the bound: SIGKILL: KILL_BOUND (the library promises 2 s on a
   quiet machine, tests/integrations/test_coll_faults.py; the rest is slack for up to
   five ranks sharing two loaded cores), SIGSTOP: the deadline + STOP_SLACK (its
   collective may have started just before the stop; then the revoke's graces), plus
   the stream's deadline in the stream layer. Nothing by then is a *hang*;
-* its error is typed, of the fault's kind (PeerLost for a kill, Timeout for a stop;
-  a stream error: PeerLost or ChannelClosed for a kill, Timeout for a stop), else
-  *untyped*;
+* its error is typed, of the fault's kind (EXPECT: PeerLost for a kill or a close,
+  Timeout for a stop, either for a drop; a stream error: PeerLost or ChannelClosed for
+  a kill or a close, Timeout for a stop), else *untyped*;
 * it names the victim (``e.rank``; a stream error: the partner must be the victim,
   but for a Timeout: a surviving partner held in a collective by the fault cannot
   answer within the stream's deadline), else *misnamed*;
@@ -29,7 +32,8 @@ said ready). Checked for every survivor:
   world minus the victim, its new rank its place among them, and one allreduce on them
   is right, else a *shrink* failure.
 
-A stopped victim gets SIGCONT once the survivors reported, then SIGKILL. One line per
+A close and a drop are bounded as a kill and a stop. A stopped victim gets SIGCONT once
+the survivors reported, then SIGKILL. One line per
 trial, then the summary; exit status 1 if any check failed. A failed trial's ranks'
 stderr is kept (its path printed)."""
 
@@ -42,6 +46,7 @@ import os
 import queue
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,7 +69,7 @@ WORKER = ROOT / "tests" / "support" / "chaos_worker.py"
 WORKERS = {"ps": ROOT / "tests" / "support" / "chaos_ps_worker.py",
            "dask": ROOT / "tests" / "support" / "chaos_dask_worker.py"}
 LAYERS = ("allreduce", "bcast_gather", "stream", "torch", "ps", "dask")
-FAULTS = ("kill", "stop", "close", "drop")
+FAULTS = ("kill", "stop", "close", "drop")      # drop: root only
 #: what a survivor's error must be after each fault (its collective's, its stream's)
 EXPECT = {"kill": (("PeerLost",), ("PeerLost", "ChannelClosed")),
           "close": (("PeerLost",), ("PeerLost", "ChannelClosed")),
@@ -406,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     layers, faults = tuple(a.layers.split(",")), tuple(a.faults.split(","))
     if not set(layers) <= set(LAYERS) or not set(faults) <= set(FAULTS):
         ap.error(f"--layers from {LAYERS}, --faults from {FAULTS}")
+    if "drop" in faults and (os.geteuid() != 0 or shutil.which("ip") is None):
+        ap.error("--faults drop makes network namespaces: it needs root and iproute2 "
+                 "(`ip`); leave it out")
     logdir = Path(a.logs or tempfile.mkdtemp(prefix="rdmamw-chaos-"))
     logdir.mkdir(parents=True, exist_ok=True)
     print(f"[chaos] seed {seed}: {len(seeds)} trials on {','.join(providers)}, collective "
