@@ -1,7 +1,9 @@
-"""Chaos test of rank failures: jobs of 3-5 ranks run collectives (or channel streams)
-in a loop; at a random moment one random rank is SIGKILLed or SIGSTOPped, and every
-survivor must fail typed, naming it, in time, with every result it got right, then
-shrink and go on (docs/testing.md, "Chaos").
+"""Chaos test of rank failures: jobs of 3-5 ranks run collectives (or channel streams,
+torch all_reduce, PS rounds, Dask comms) in a loop; at a random moment one random rank
+is SIGKILLed, SIGSTOPped, closes its communicator (SIGUSR1) or is cut off (its
+network namespace's link taken down), and every survivor must fail typed, naming it,
+in time, with every result it got right, then shrink and go on (docs/testing.md,
+"Chaos"; the ps and dask layers: judged_served).
 
     python bench/chaos.py --trials 1000 --seed 7 [--providers shm,tcp] [--seconds S]
     python bench/chaos.py --replay 7-12      # trial 12 of seed 7 again, its logs kept
@@ -10,17 +12,18 @@ Each trial draws from ``SEED-INDEX``: the ranks (3-5), the provider (shm or tcp;
 ``RDMAMW_PROVIDER=tcp`` forces tcp), the layer every rank loops
 (tests/support/chaos_worker.py: ``allreduce`` ring/rhd/auto small and > 1 MiB,
 ``bcast_gather``, ``stream`` pairs of ranks on channels of their own with a checkpoint
-allreduce between rounds), the victim, the fault and when (0.2-2 s after every rank
-said ready). Checked for every survivor:
+allreduce between rounds, ``torch``; chaos_ps_worker.py: ``ps``; chaos_dask_worker.py:
+``dask``), the victim, the fault (a drop runs on tcp) and when (0.2-2 s after every
+rank said ready). Checked for every survivor:
 
 * it reports within the bound: SIGKILL: KILL_BOUND (the library promises 2 s on a
   quiet machine, tests/integrations/test_coll_faults.py; the rest is slack for up to
   five ranks sharing two loaded cores), SIGSTOP: the deadline + STOP_SLACK (its
   collective may have started just before the stop; then the revoke's graces), plus
   the stream's deadline in the stream layer. Nothing by then is a *hang*;
-* its error is typed, of the fault's kind (PeerLost for a kill, Timeout for a stop;
-  a stream error: PeerLost or ChannelClosed for a kill, Timeout for a stop), else
-  *untyped*;
+* its error is typed, of the fault's kind (EXPECT: PeerLost for a kill or a close,
+  Timeout for a stop, either for a drop; a stream error: PeerLost or ChannelClosed for
+  a kill or a close, Timeout for a stop), else *untyped*;
 * it names the victim (``e.rank``; a stream error: the partner must be the victim,
   but for a Timeout: a surviving partner held in a collective by the fault cannot
   answer within the stream's deadline), else *misnamed*;
@@ -29,39 +32,68 @@ said ready). Checked for every survivor:
   world minus the victim, its new rank its place among them, and one allreduce on them
   is right, else a *shrink* failure.
 
-A stopped victim gets SIGCONT once the survivors reported, then SIGKILL. One line per
+A close and a drop are bounded as a kill and a stop. A stopped victim gets SIGCONT once
+the survivors reported, then SIGKILL. One line per
 trial, then the summary; exit status 1 if any check failed. A failed trial's ranks'
 stderr is kept (its path printed)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
 import random
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rdmamw.bootstrap.launch import spawn  # noqa: E402
+from rdmamw.bootstrap.launch import job_env, spawn  # noqa: E402
+from tests.support.netns import ip, two_namespaces  # noqa: E402
 
 WORKER = ROOT / "tests" / "support" / "chaos_worker.py"
-LAYERS = ("allreduce", "bcast_gather", "stream")
-FAULTS = ("kill", "stop")
+#: layers with a worker of their own
+WORKERS = {"ps": ROOT / "tests" / "support" / "chaos_ps_worker.py",
+           "dask": ROOT / "tests" / "support" / "chaos_dask_worker.py"}
+LAYERS = ("allreduce", "bcast_gather", "stream", "torch", "ps", "dask")
+FAULTS = ("kill", "stop", "close", "drop")      # drop: root only
+#: what a survivor's error must be after each fault (its collective's, its stream's)
+EXPECT = {"kill": (("PeerLost",), ("PeerLost", "ChannelClosed")),
+          "close": (("PeerLost",), ("PeerLost", "ChannelClosed")),
+          "stop": (("Timeout",), ("Timeout",)),
+          "drop": (("PeerLost", "Timeout"), ("PeerLost", "ChannelClosed", "Timeout"))}
+#: faults whose survivors have a deadline to pass before they can know (else KILL_BOUND)
+SLOW = ("stop", "drop")
 KILL_BOUND = 5.0
 STOP_SLACK = 5.0
 SHRINK_SLACK = 5.0
 STARTUP = 90.0          # every rank ready by then (imports, init, first call)
-KINDS = ("hang", "wrong", "untyped", "misnamed", "shrink", "crash", "setup")
+#: layers whose ranks take longer to be ready (torch's import: 3 s on a quiet machine,
+#: 45 s on two cores at a load of 20)
+STARTUP_OF = {"torch": 240.0}
+#: a lost PS server: what its workers' calls must raise
+PS_SERVER_EXPECT = {"kill": ("PeerLost", "ChannelClosed"), "close": ("ChannelClosed", "PeerLost"),
+                    "stop": ("Timeout",), "drop": ("PeerLost", "Timeout")}
+#: a lost Dask server: what its clients' reads and writes must raise (docs/dask.md)
+DASK_EXPECT = ("CommClosedError",)
+#: a lost PS worker or Dask client: the others must have had a round after the fault + the round
+#: deadline; asked for their lines that much later (and the server must end by SERVED
+#: once they left and the victim is dead)
+GO_ON, SERVED = 3.0, 10.0
+KINDS = ("hang", "wrong", "untyped", "misnamed", "shrink", "stalled", "crash", "setup")
 
 
 @dataclass
@@ -83,9 +115,14 @@ class Plan:
         provider = rng.choice(providers)
         if os.environ.get("RDMAMW_PROVIDER") == "tcp":
             provider = "tcp"
-        return cls(seed, ranks, provider, rng.choice(layers), rng.choice(faults),
-                   rng.randrange(ranks), round(rng.uniform(0.2, 2.0), 2),
-                   rng.getrandbits(31))
+        layer, fault = rng.choice(layers), rng.choice(faults)
+        if fault == "drop":             # a link between two hosts: tcp's
+            provider = "tcp"
+        victim = rng.randrange(ranks)
+        if layer == "dask" and fault == "stop":
+            victim = victim % (ranks - 1) + 1   # (a stopped Dask server: nothing promised)
+        return cls(seed, ranks, provider, layer, fault, victim,
+                   round(rng.uniform(0.2, 2.0), 2), rng.getrandbits(31))
 
     def __str__(self) -> str:
         return (f"{self.ranks} ranks {self.provider:3} {self.layer:12} {self.fault} rank "
@@ -164,6 +201,29 @@ class Lines:
         return {r: v for r, v in got.items() if v}
 
 
+def start(plan: Plan, cmd: list[str], env: dict[str, str], log: Path,
+          stack: contextlib.ExitStack) -> tuple[list[subprocess.Popen], Callable[[], None]]:
+    """The job's ranks, and the fault to inflict on the victim. A ``drop`` job runs on
+    two "hosts" (network namespaces on a veth link, tests/support/netns.py): the victim
+    alone on one, the rest on the other; its fault takes the victim's end of the link
+    down."""
+    err = stack.enter_context(open(log, "w"))
+    io: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": err, "text": True, "cwd": str(ROOT)}
+    if plan.fault != "drop":
+        procs = spawn(plan.ranks, cmd, env=env, **io)
+        sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "close": signal.SIGUSR1}
+        return procs, lambda: os.kill(procs[plan.victim].pid, sig[plan.fault])
+    hosts, devs = stack.enter_context(two_namespaces())
+    a, b = sorted(hosts)
+    where = [b if r == plan.victim else a for r in range(plan.ranks)]
+    port = random.randrange(20000, 60000)       # fresh namespaces: any port is free
+    token = secrets.token_hex(32)
+    procs = [subprocess.Popen(["ip", "netns", "exec", ns, *cmd],
+                              env=job_env(r, plan.ranks, hosts[where[0]], port, token, env),
+                              **io) for r, ns in enumerate(where)]
+    return procs, lambda: ip("-n", b, "link", "set", devs[b], "down")
+
+
 def run_trial(plan: Plan, timeout: float, logdir: Path) -> tuple[Result, Path]:
     res = Result(plan)
     stream_timeout = timeout / 3
@@ -172,55 +232,125 @@ def run_trial(plan: Plan, timeout: float, logdir: Path) -> tuple[Result, Path]:
     if plan.provider != "shm":
         env["RDMAMW_PROVIDER"] = plan.provider
     log = logdir / f"chaos-{plan.seed}.log"
-    cmd = [sys.executable, str(WORKER), plan.layer, str(plan.worker_seed), str(timeout),
-           str(stream_timeout)]
-    with open(log, "w") as err:
-        procs = spawn(plan.ranks, cmd, env=env, cwd=str(ROOT), stdout=subprocess.PIPE,
-                      stderr=err, text=True)
-    try:
-        lines = Lines(procs)
-        everyone = set(range(plan.ranks))
-        ready = lines.take(everyone, time.time() + STARTUP, res, "ready", ("ready",))
-        if len(ready) < plan.ranks or not all(v.get("ready") for v in ready.values()):
-            # not the fault's doing: the job never started
-            res.problems = {"setup": [f"ready: {sorted(ready)} of {plan.ranks}; "
-                                      + "; ".join(sum(res.problems.values(), []))]}
-            return res, log
-        time.sleep(plan.delay)
-        victim = procs[plan.victim]
-        t0 = time.time()
-        os.kill(victim.pid, signal.SIGKILL if plan.fault == "kill" else signal.SIGSTOP)
-        survivors = everyone - {plan.victim}
-        bound = KILL_BOUND if plan.fault == "kill" else timeout + STOP_SLACK
-        if plan.layer == "stream":
-            bound += stream_timeout
-        errs = lines.take(survivors, t0 + bound, res, "error", ("error",))
+    cmd = [sys.executable, str(WORKERS.get(plan.layer, WORKER)), plan.layer,
+           str(plan.worker_seed), str(timeout), str(stream_timeout)]
+    with contextlib.ExitStack() as stack:
+        procs, fault = start(plan, cmd, env, log, stack)
+        try:
+            if plan.layer in ("ps", "dask"):
+                return judged_served(plan, res, procs, fault, timeout), log
+            return judged(plan, res, procs, fault, timeout, stream_timeout), log
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait(timeout=30)
+                p.stdout.close()                            # type: ignore[union-attr]
+
+
+def struck(plan: Plan, res: Result, procs: list[subprocess.Popen],
+           fault: Callable[[], None]) -> tuple[Lines, float] | None:
+    """Once every rank said ready, the fault after the plan's delay: the ranks' lines
+    and when it struck (None: the job never started, not the fault's doing)."""
+    lines = Lines(procs)
+    everyone = set(range(plan.ranks))
+    ready = lines.take(everyone, time.time() + STARTUP_OF.get(plan.layer, STARTUP), res,
+                       "ready", ("ready",))
+    if len(ready) < plan.ranks or not all(v.get("ready") for v in ready.values()):
+        res.problems = {"setup": [f"ready: {sorted(ready)} of {plan.ranks}; "
+                                  + "; ".join(sum(res.problems.values(), []))]}
+        return None
+    time.sleep(plan.delay)
+    t0 = time.time()
+    fault()
+    return lines, t0
+
+
+def judged(plan: Plan, res: Result, procs: list[subprocess.Popen],
+           fault: Callable[[], None], timeout: float, stream_timeout: float) -> Result:
+    """``res`` once the job said ready, lost its victim and its survivors reported."""
+    if (begun := struck(plan, res, procs, fault)) is None:
+        return res
+    lines, t0 = begun
+    survivors = set(range(plan.ranks)) - {plan.victim}
+    bound = timeout + STOP_SLACK if plan.fault in SLOW else KILL_BOUND
+    if plan.layer == "stream":
+        bound += stream_timeout
+    errs = lines.take(survivors, t0 + bound, res, "error", ("error",))
+    for r, v in sorted(errs.items()):
+        judge(res, plan, r, v, t0)
+    last = max([v["t"] for v in errs.values()], default=t0)
+    after = lines.take(survivors, max(time.time(), last) + timeout + SHRINK_SLACK,
+                       res, "shrink", ("t_after",))
+    members = sorted(survivors)
+    for r, v in sorted(after.items()):
+        if "shrink_error" in v:
+            res.bad("shrink", f"rank {r}: {v['shrink_error']}: {v['msg']}")
+            continue
+        res.shrink_times.append(v["t_after"] - errs.get(r, {}).get("t", last))
+        if v["members"] != members or v["new_rank"] != members.index(r) \
+                or v["sum"] != v["want"]:
+            res.bad("shrink", f"rank {r}: members {v['members']} (want {members}), "
+                              f"new rank {v['new_rank']}, sum {v['sum']} (want "
+                              f"{v['want']})")
+    if plan.fault == "stop":
+        procs[plan.victim].send_signal(signal.SIGCONT)
+    return res
+
+
+def judged_served(plan: Plan, res: Result, procs: list[subprocess.Popen],
+                  fault: Callable[[], None], timeout: float) -> Result:
+    """The ``ps`` and ``dask`` layers (tests/support/chaos_ps_worker.py,
+    chaos_dask_worker.py; rank 0 serves the others): a lost server fails every
+    client's next call, typed, in time; a lost client is dropped, the others go on
+    with every result right (the PS server ends once they left; the Dask server saw
+    the lost client's comm end with CommClosedError and no other error)."""
+    if (begun := struck(plan, res, procs, fault)) is None:
+        return res
+    lines, t0 = begun
+    clients = set(range(1, plan.ranks))
+    if plan.victim == 0:        # (a PS worker's call waits 3 x the round's deadline)
+        bound = (3 * timeout if plan.layer == "ps" else timeout) + STOP_SLACK \
+            if plan.fault in SLOW else KILL_BOUND
+        kinds = PS_SERVER_EXPECT[plan.fault] if plan.layer == "ps" else DASK_EXPECT
+        errs = lines.take(clients, t0 + bound, res, "error", ("error",))
         for r, v in sorted(errs.items()):
-            judge(res, plan, r, v, t0)
-        last = max([v["t"] for v in errs.values()], default=t0)
-        after = lines.take(survivors, max(time.time(), last) + timeout + SHRINK_SLACK,
-                           res, "shrink", ("t_after",))
-        members = sorted(survivors)
-        for r, v in sorted(after.items()):
-            if "shrink_error" in v:
-                res.bad("shrink", f"rank {r}: {v['shrink_error']}: {v['msg']}")
-                continue
-            res.shrink_times.append(v["t_after"] - errs.get(r, {}).get("t", last))
-            if v["members"] != members or v["new_rank"] != members.index(r) \
-                    or v["sum"] != v["want"]:
-                res.bad("shrink", f"rank {r}: members {v['members']} (want {members}), "
-                                  f"new rank {v['new_rank']}, sum {v['sum']} (want "
-                                  f"{v['want']})")
-        if plan.fault == "stop":
-            victim.send_signal(signal.SIGCONT)
-        return res, log
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            p.wait(timeout=30)
-            p.stdout.close()                                # type: ignore[union-attr]
+            res.times.append(v["t"] - t0)
+            res.errors.append(str(v["error"]))
+            if v["wrong"]:
+                res.bad("wrong", f"rank {r}: {v['wrong']} of {v['calls']} results wrong")
+            if v["error"] not in kinds:
+                res.bad("untyped", f"rank {r}: {v['error']} (want {'/'.join(kinds)}): "
+                                   f"{v.get('msg')}")
+        return res
+    survivors = clients - {plan.victim}
+    asked = survivors | ({0} if plan.layer == "dask" else set())
+    time.sleep(max(0.0, t0 + timeout + GO_ON - time.time()))
+    for r in asked:
+        procs[r].send_signal(signal.SIGUSR2)
+    got = lines.take(asked, time.time() + KILL_BOUND, res, "report", ("error",))
+    for r, v in sorted(got.items()):
+        if r == 0:
+            for odd in v["odd"]:
+                res.bad("untyped", f"rank 0: a comm ended with {odd}")
+            if plan.fault != "stop" and not v["closed"]:
+                res.bad("hang", "rank 0: the lost client's comm has not ended")
+            continue
+        if v["wrong"]:
+            res.bad("wrong", f"rank {r}: {v['wrong']} of {v['calls']} results wrong")
+        if v["error"] is not None:
+            res.errors.append(str(v["error"]))
+            res.bad("stalled", f"rank {r}: {v['error']}: {v.get('msg')}")
+        elif v["t_last"] < t0 + timeout:
+            res.bad("stalled", f"rank {r}: no round ended in the {v['t'] - t0:.1f} s "
+                               f"after the fault but in its first {timeout:g} s")
+    if plan.fault == "stop":
+        procs[plan.victim].send_signal(signal.SIGCONT)
+    procs[plan.victim].kill()
+    if plan.layer == "ps":
+        lines.take({0}, time.time() + SERVED, res, "served", ("served",))
+    return res
 
 
 def judge(res: Result, plan: Plan, r: int, v: dict, t0: float) -> None:
@@ -230,17 +360,16 @@ def judge(res: Result, plan: Plan, r: int, v: dict, t0: float) -> None:
                       else f"{v['stream_error']}+{v['error']}")
     if v["wrong"]:
         res.bad("wrong", f"rank {r}: {v['wrong']} of {v['calls']} results wrong")
-    kind = "PeerLost" if plan.fault == "kill" else "Timeout"
-    if v["error"] != kind:
-        res.bad("untyped", f"rank {r}: {v['error']} (want {kind}): {v['msg']}")
+    kinds, stream_kinds = EXPECT[plan.fault]
+    if v["error"] not in kinds:
+        res.bad("untyped", f"rank {r}: {v['error']} (want {'/'.join(kinds)}): {v['msg']}")
     elif v["named"] != plan.victim:
         res.bad("misnamed", f"rank {r}: names rank {v['named']}: {v['msg']}")
     if v["stream_error"] is not None:
         if v["stream_peer"] == plan.victim:
-            kinds = ("PeerLost", "ChannelClosed") if plan.fault == "kill" else ("Timeout",)
-            if v["stream_error"] not in kinds:
+            if v["stream_error"] not in stream_kinds:
                 res.bad("untyped", f"rank {r}: stream {v['stream_error']} (want "
-                                   f"{'/'.join(kinds)}): {v['stream_msg']}")
+                                   f"{'/'.join(stream_kinds)}): {v['stream_msg']}")
         # a partner that survived: only its stream deadline may have passed (held in a
         # collective by the fault, or gone on to shrink, it cannot answer in time)
         elif v["stream_error"] != "Timeout":
@@ -282,6 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     layers, faults = tuple(a.layers.split(",")), tuple(a.faults.split(","))
     if not set(layers) <= set(LAYERS) or not set(faults) <= set(FAULTS):
         ap.error(f"--layers from {LAYERS}, --faults from {FAULTS}")
+    if "drop" in faults and (os.geteuid() != 0 or shutil.which("ip") is None):
+        ap.error("--faults drop makes network namespaces: it needs root and iproute2 "
+                 "(`ip`); leave it out")
     logdir = Path(a.logs or tempfile.mkdtemp(prefix="rdmamw-chaos-"))
     logdir.mkdir(parents=True, exist_ok=True)
     print(f"[chaos] seed {seed}: {len(seeds)} trials on {','.join(providers)}, collective "

@@ -57,7 +57,6 @@ from rdmamw.steps import Steps
 # (per-chunk Python cost beats the overlap at that size); above max_chunk transfers
 # are pipelined anyway.
 MAGIC = "rdmamw-coll-1"
-BYE = b"rdmamw-coll-bye"
 
 OnChunk = Callable[[int, int, np.ndarray], Any]
 
@@ -574,10 +573,13 @@ class Communicator:
             self.broken = ChannelClosed("communicator closed")
 
     def _goodbye(self, linger: float) -> None:
+        """A LEFT notice to each peer, then each peer's: one still in a collective
+        takes ours for what it is (PeerLost naming this rank, revoke.py)."""
         end = time.monotonic() + linger
+        bye = revoke.notice(revoke.LEFT, self.rank, self.rank, self.seq)
         for ch in self._chans.values():
             try:
-                ch.send_batch([BYE], timeout=max(0.0, end - time.monotonic()))
+                ch.send_batch([bye], timeout=max(0.0, end - time.monotonic()))
             except RdmamwError:
                 pass
         for p, ch in self._chans.items():
@@ -585,9 +587,7 @@ class Communicator:
             try:
                 while True:
                     m = q.popleft() if q else ch.recv(timeout=max(0.0, end - time.monotonic()))
-                    bye = len(m) == len(BYE) and bytes(m) == BYE
-                    m.release()
-                    if bye:
+                    if revoke.left(m, self.size) == p:
                         break
             except RdmamwError:
                 pass

@@ -21,6 +21,11 @@ culprit, silence names the rank it waited for. A member that receives a WAITING 
 from the rank it waits for says WAITING in turn, before its own deadline, so that who
 waits for it extends its grace too.
 
+A member that closes the communicator says goodbye with a LEFT notice naming itself:
+a member still in a collective (or entering one) takes it as it takes any final
+notice, and raises ``PeerLost`` naming the rank that left, not a protocol error on a
+message "where a header was due".
+
 A notice is a message of :data:`NOTICE_LEN` bytes that starts with :data:`MAGIC`; its
 fields are read once into locals and checked (a rank of the job) before they are used.
 """
@@ -37,7 +42,7 @@ from rdmamw.errors import ChannelClosed, PeerLost, ProtocolError, RdmamwError, T
 MAGIC = b"rdmamw-revoke-1\0"
 _FIELDS = struct.Struct("<16sBxxxiiQ")      # magic, kind, culprit, reporter, collective
 NOTICE_LEN = 64
-LOST, NO_PROGRESS, WAITING = 0, 1, 2
+LOST, NO_PROGRESS, WAITING, LEFT = 0, 1, 2, 3
 #: how long a notice's send may wait for room in a full ring (the peer it goes to may
 #: be the one that failed: it must not hold the revoke up)
 SEND_WAIT = 0.5
@@ -60,7 +65,7 @@ def parse(buf: Any, size: int) -> tuple[int, int, int, int] | None:
     if mv.nbytes != NOTICE_LEN or mv[:16].tobytes() != MAGIC:
         return None
     _, kind, culprit, reporter, seq = _FIELDS.unpack(mv[:_FIELDS.size].tobytes())
-    if kind not in (LOST, NO_PROGRESS, WAITING) or not (
+    if kind not in (LOST, NO_PROGRESS, WAITING, LEFT) or not (
             0 <= culprit < size and 0 <= reporter < size):
         raise ProtocolError(f"a malformed revoke notice (kind {kind}, rank {culprit}, "
                             f"reporter {reporter})")
@@ -74,6 +79,9 @@ def error(info: tuple[int, int, int, int], me: int, timeout: float) -> RdmamwErr
     if kind == NO_PROGRESS:
         e: RdmamwError = Timeout(f"collective #{seq}: rank {culprit} made no progress "
                                  f"within the {timeout:g} s deadline ({seen})")
+    elif kind == LEFT and reporter == culprit:
+        e = PeerLost(f"collective #{seq}: rank {culprit} closed the communicator (it "
+                     f"left mid-collective)")
     else:
         e = PeerLost(f"collective #{seq}: rank {culprit} was lost ({seen})")
     e.rank, e.reporter = culprit, reporter      # type: ignore[attr-defined]
@@ -153,6 +161,12 @@ def wait_for(ch: Any, size: int, grace: float, waiting: bool = False,
                 # after its own grace (which began as it said so) and passes on at once
                 end, graces = time.monotonic() + 2 * grace, graces + 1
     return None
+
+
+def left(m: Any, size: int) -> int | None:
+    """The rank a LEFT notice names (its goodbye), else None; ``m`` is released."""
+    info = _taken(m, size)
+    return info[1] if info is not None and info[0] == LEFT else None
 
 
 def _taken(m: Any, size: int) -> tuple[int, int, int, int] | None:

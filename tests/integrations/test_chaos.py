@@ -29,8 +29,7 @@ def chaos_module():
 def test_a_tiny_chaos_run_passes(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop("RDMAMW_PROVIDER", None)
-    # (kills in the collective layers only, as make test runs it: the other trials
-    # still find open defects, docs/testing.md "The chaos test of rank failures")
+    # (kills in the collective layers only: the shortest trials)
     p = subprocess.run([sys.executable, SCRIPT, "--trials", "2", "--seed", "2",
                         "--faults", "kill", "--layers", "allreduce,bcast_gather",
                         "--logs", str(tmp_path)], cwd=ROOT, env=env,
@@ -41,7 +40,8 @@ def test_a_tiny_chaos_run_passes(tmp_path):
     assert "trial      2-0: 5 ranks tcp bcast_gather kill rank 0" in out, out
     assert "trial      2-1: 4 ranks shm bcast_gather kill rank 2" in out, out
     assert "[chaos] seed 2: 2 trials, 0 failed" in out, out
-    assert "hang 0, wrong 0, untyped 0, misnamed 0, shrink 0, crash 0, setup 0" in out, out
+    assert ("hang 0, wrong 0, untyped 0, misnamed 0, shrink 0, stalled 0, crash 0, "
+            "setup 0") in out, out
     assert "time to error after kill: p50" in out and "after stop" not in out
 
 
@@ -66,6 +66,27 @@ def test_the_judge_counts_wrong_results_untyped_errors_and_misnamed_ranks():
     res = chaos.Result(plan)
     chaos.judge(res, plan, 1, {**good, "stream_error": "Timeout", "stream_peer": 0}, 10.0)
     assert res.problems == {}
+
+
+def test_the_judge_wants_of_each_fault_its_own_errors():
+    """A closed rank is PeerLost (its goodbye), never a Timeout; a dropped link may be
+    either (the heartbeat or the deadline comes first), but nothing else."""
+    chaos = chaos_module()
+    good = {"t": 10.5, "calls": 9, "wrong": 0, "named": 2, "msg": "", "stream_error": None,
+            "stream_peer": None, "stream_msg": ""}
+    for fault, error, stream, bad in [
+            ("close", "PeerLost", "ChannelClosed", {}),
+            ("close", "Timeout", None, {"untyped": 1}),
+            ("close", "PeerLost", "Timeout", {"untyped": 1}),
+            ("drop", "PeerLost", "PeerLost", {}),
+            ("drop", "Timeout", "Timeout", {}),
+            ("drop", "ProtocolError", None, {"untyped": 1}),
+            ("drop", "Timeout", "BufferTooSmall", {"untyped": 1})]:
+        plan = chaos.Plan("x-0", 4, "tcp", "stream", fault, 2, 0.5, 1)
+        res = chaos.Result(plan)
+        chaos.judge(res, plan, 3, {**good, "error": error, "stream_error": stream,
+                                   "stream_peer": 2 if stream else None}, 10.0)
+        assert {k: len(v) for k, v in res.problems.items()} == bad, (fault, error, stream)
 
 
 def test_a_line_that_comes_before_its_take_is_kept_for_it():

@@ -63,6 +63,19 @@ def test_a_killed_rank_is_named_by_every_survivor_within_2s(provider):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("provider", ["shm", "tcp"])
+def test_a_rank_that_closes_the_communicator_is_named_by_every_survivor(provider):
+    """Rank 2 closes its communicator (its goodbye) while the others are in the next
+    allreduce, and stays alive: they raise PeerLost naming it, not a protocol error
+    on a goodbye "where a header was due"."""
+    t0, out = strike(provider, 0, 60.0, os.devnull, "leave", "20")
+    assert sorted(r["rank"] for r in out) == [0, 1, 3]
+    for r in out:
+        assert (r["error"], r["named"], r["calls"]) == ("PeerLost", VICTIM, 20), r
+        assert r["t"] - t0 < 5.0, r
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_a_stopped_rank_is_named_by_every_survivor_at_the_deadline(provider, tmp_path):
     timeout = 8.0       # its tenth is the grace a waiter gives the rank it waits on:

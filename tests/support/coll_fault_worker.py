@@ -2,7 +2,9 @@
 (one JSON line) when and how: the error's type, the rank it names (``.rank``) and its
 message. Before the loop it prints ``{"ready": ...}`` so the test knows when to strike.
 argv: the collective's timeout (seconds), and ``shrink``: then the survivors shrink
-the communicator and run one more allreduce on it (its result and the time printed)."""
+the communicator and run one more allreduce on it (its result and the time printed);
+``leave N``: rank 2 closes its communicator after its N-th allreduce (the others are
+then in the next one) and stays alive, idle, until killed."""
 
 from __future__ import annotations
 
@@ -23,10 +25,14 @@ def main() -> None:
     coll.allreduce(a, algorithm="ring", timeout=timeout)
     print(json.dumps({"rank": w.rank, "ready": True}), flush=True)
     n = 0
+    leave = int(sys.argv[sys.argv.index("leave") + 1]) if "leave" in sys.argv else None
     try:
         while True:
             coll.allreduce(a, algorithm="ring", timeout=timeout)
             n += 1
+            if n == leave and w.rank == 2:
+                coll.default_comm().close()
+                time.sleep(3600)
     except rdmamw.RdmamwError as e:
         out = {"rank": w.rank, "t": time.time(), "calls": n, "error": type(e).__name__,
                "named": getattr(e, "rank", None), "msg": str(e)}

@@ -11,7 +11,8 @@ from rdmamw.collectives import revoke
 from rdmamw.errors import PeerLost, ProtocolError, Timeout
 
 
-@pytest.mark.parametrize("kind", [revoke.LOST, revoke.NO_PROGRESS, revoke.WAITING])
+@pytest.mark.parametrize("kind", [revoke.LOST, revoke.NO_PROGRESS, revoke.WAITING,
+                                  revoke.LEFT])
 def test_a_notice_round_trips(kind):
     buf = revoke.notice(kind, 3, 1, 77)
     assert len(buf) == revoke.NOTICE_LEN
@@ -27,9 +28,24 @@ def test_the_errors_name_the_rank_and_who_saw_it():
     assert isinstance(late, Timeout) and late.rank == 2
     assert str(late) == ("collective #9: rank 2 made no progress within the 5 s deadline "
                          "(this rank saw it)")
+    left = revoke.error((revoke.LEFT, 1, 1, 9), me=0, timeout=5.0)
+    assert isinstance(left, PeerLost) and left.rank == 1
+    assert str(left) == "collective #9: rank 1 closed the communicator (it left mid-collective)"
 
 
-@pytest.mark.parametrize("fields", [(3, 1, 1), (0, 4, 1), (0, 1, 4), (0, -1, 1),
+def test_a_goodbye_names_the_rank_that_left_and_only_a_goodbye_does():
+    class Msg(bytes):
+        released = False
+
+        def release(self):
+            self.released = True
+    bye = Msg(revoke.notice(revoke.LEFT, 2, 2, 5))
+    assert revoke.left(bye, 4) == 2 and bye.released
+    for other in (revoke.notice(revoke.LOST, 2, 1, 5), b"data", revoke.MAGIC + b"\xff" * 48):
+        assert revoke.left(Msg(other), 4) is None
+
+
+@pytest.mark.parametrize("fields", [(4, 1, 1), (0, 4, 1), (0, 1, 4), (0, -1, 1),
                                     (1, 0, -5), (255, 0, 0)])
 def test_a_notice_whose_fields_are_not_the_jobs_is_a_protocol_error(fields):
     kind, culprit, reporter = fields
@@ -47,7 +63,7 @@ def test_any_bytes_are_data_or_a_checked_notice(data):
         return
     if info is not None:
         kind, culprit, reporter, _ = info
-        assert kind in (revoke.LOST, revoke.NO_PROGRESS, revoke.WAITING)
+        assert kind in (revoke.LOST, revoke.NO_PROGRESS, revoke.WAITING, revoke.LEFT)
         assert 0 <= culprit < 8 and 0 <= reporter < 8
 
 
