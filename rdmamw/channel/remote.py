@@ -482,7 +482,9 @@ class RemoteMemory:
             raise Timeout("the peer did not end the one-sided operation within the "
                           "timeout: it was given up (a write may still land; a read's "
                           "destination is not written any more, and may hold part of "
-                          "the answer)")
+                          "the answer)" + ("; on verbs the device was stopped: the "
+                                           "connection is lost"
+                                           if self.provider == "verbs" else ""))
         if rc != _ERR_BOUNDS:
             raise RemoteAccessError(f"the {self.provider} provider failed a one-sided "
                                     f"operation ({rc})")
