@@ -353,14 +353,14 @@ cdef class VerbsRegions(VerbsTransport):
             else:
                 empty += 1
             rm_spin_unlock(&self.lock)
+            if deadline and now_ns() >= deadline:   # (a chunked READ completes pieces
+                late = True                         # all along: looked at every turn)
+                break
             if empty == 0:
                 continue
             if now_ns() >= next_check:
                 self.peer_state()       # the side channel's EOF fails the connection
                 next_check = now_ns() + CHECK_NS
-                if deadline and next_check - CHECK_NS >= deadline:
-                    late = True
-                    break
             if empty > SPINS:
                 usleep(20)              # a long transfer: let the CPU go between polls
             else:
