@@ -498,7 +498,9 @@ class RemoteMemory:
             raise Timeout("the peer did not end the one-sided operation within the "
                           "timeout: it was given up (a write may still land; a read's "
                           "destination is not written any more, and may hold part of "
-                          "the answer)")
+                          "the answer)" + ("; on verbs the device was stopped: the "
+                                           "connection is lost"
+                                           if self.provider == "verbs" else ""))
         if rc == _ERR_UNSUPPORTED and atomic:
             raise ProviderUnavailable(f"atomics: the peer's end of this {self.provider} "
                                       f"channel does not serve them (an earlier rdmamw)")

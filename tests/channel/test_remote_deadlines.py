@@ -2,7 +2,9 @@
 write to an owner that stopped (SIGSTOP: its process is frozen, its host still
 acknowledges) raises Timeout by its ``timeout``, not at the provider's peer bound; the
 destination of a read given up is never written after the call returned, even when
-the owner wakes and its answer comes; the channel then serves the next read."""
+the owner wakes and its answer comes; the channel then serves the next read. On
+verbs the owner's device serves a stopped owner; a deadline that passes during a
+long transfer stops the device (the connection is lost) before the Timeout."""
 
 from __future__ import annotations
 
@@ -14,9 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from rdmamw.errors import Timeout
+from rdmamw.errors import PeerLost, Timeout
 from tests.support.helpers import LISTEN_ADDRESS
-from tests.support.regions import OWNER_BYTES, OWNER_SEED, pattern
+from tests.support.regions import OWNER_BYTES, OWNER_SEED, VERBS, pattern
 
 N = OWNER_BYTES
 FILL = 0x5A
@@ -148,3 +150,31 @@ def test_shm_moves_the_bytes_of_a_stopped_owner_inside_the_call(stoppable_owner)
         os.kill(pid, signal.SIGCONT)
     assert np.array_equal(out, _pattern())
     assert np.array_equal(back[3:13], np.arange(10, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("rpair", VERBS, indirect=True)
+@pytest.mark.parametrize("how", ["read", "batch", "write"])
+def test_verbs_a_deadline_stops_the_device_before_the_timeout(rpair, how):
+    """verbs: a deadline shorter than the transfer raises Timeout by then (the
+    destination may be whole: the device may finish first); the device was stopped
+    first, so a read's destination does not change after the call returned; the
+    connection is lost (PeerLost)."""
+    owner, peer = rpair
+    n = 8 * 2**20                                  # kept by the registration cache
+    src = pattern(n, 5)
+    reg = owner.expose(src, "rw")
+    dest = np.zeros(n, np.uint8)
+    peer.read(reg.ref, dest)                       # registered now (the cache keeps
+    assert np.array_equal(dest, src)               # it): the deadline is the transfer's
+    dest[:] = FILL
+    calls = {"read": lambda: peer.read(reg.ref, dest, timeout=0.001),
+             "batch": lambda: peer.batch().read(reg.ref, dest[:n // 2])
+             .read(reg.ref, dest[n // 2:], n // 2).post(timeout=0.001),
+             "write": lambda: peer.write(dest, reg.ref, timeout=0.001)}
+    assert _timed_out(calls[how]) < 2.0            # the flush is awaited 1 s at most
+    seen = dest.copy()
+    time.sleep(0.3)
+    assert np.array_equal(dest, seen)              # nothing written after the return
+    with pytest.raises(PeerLost):
+        peer.read(reg.ref, np.zeros(8, np.uint8))
+

@@ -18,7 +18,8 @@ from tests.support.regions import OWNER, OWNER_BYTES, ROOT, WITH
 
 @pytest.fixture(params=WITH)
 def rpair(request):
-    """(owner, peer): a channel pair on each provider with regions."""
+    """(owner, peer): a channel pair on each provider with regions, verbs included
+    (a device test: in the soft-RoCE VM)."""
     a, b, lst = make_pair("batched", provider=request.param)
     yield a, b
     a.close()

@@ -47,9 +47,10 @@ cdef class VerbsBlock:
         if pin_charge(head):
             raise budget_error(head, "a channel's receive ring")
         self.charged = head
-        # the peer writes the block, nothing else: no remote read, no atomics
-        self.head_mr = mem.dev.reg_mr(mem.pd, p, head,
-                                      mem.remote_flags(IBV_ACCESS_REMOTE_WRITE))
+        # the peer writes the block and may read it back (all of it is what the peer
+        # wrote, but the region chain words it READs: verbs/_regions.pyx); no atomics
+        self.head_mr = mem.dev.reg_mr(mem.pd, p, head, mem.remote_flags(
+            IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ))
         if self.head_mr == NULL:
             err = errno
             raise mem.dev.mr_failed(err, "a channel's receive block", head)

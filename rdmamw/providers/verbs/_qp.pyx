@@ -482,7 +482,8 @@ cdef int _bind_head(VerbsQP tp) except -1:
     cdef int rc
     cdef int64_t end = now_ns() + 2 * STUCK_NS
     bind_wr(&tp.swr[0], b.head_mw, b.head_mr, <uint64_t>b.head_mr.addr,
-             b.head_mr.length, IBV_ACCESS_REMOTE_WRITE, b.head_rkey)
+             b.head_mr.length, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+             b.head_rkey)
     rm_spin_lock(&tp.lock)
     rc = ibv_post_send(tp.qp, tp.swr, &bad)
     if rc == 0:
