@@ -34,7 +34,7 @@ MODELS = [("bsp", "quad", True), ("asp", "const", False), ("ssp:1", "const", Fal
 
 def start(rank: int, port: int, token: str, provider: str, args: list[str], logs: str,
           tag: str) -> subprocess.Popen:
-    env = {"RDMAMW_JOB_ID": "ps-join-test"}
+    env = {"RDMAMW_JOB_ID": "ps-join-test", "PYTHONPATH": ROOT}   # (tests.support)
     if provider != "shm":
         env["RDMAMW_PROVIDER"] = provider
     with open(os.path.join(logs, f"rank{rank}-{tag}.log"), "w") as err:
