@@ -487,19 +487,21 @@ cdef class Engine(Endpoint):
 
     # ---- receiving ----------------------------------------------------------------
 
-    cdef Py_ssize_t _deliver(self, list out, Py_ssize_t maxn) except -1:
+    cdef list _deliver(self, Py_ssize_t maxn):
+        """The messages that have arrived, at most ``maxn``: a list, or None if none."""
         cdef EagerReceiver rx = self.rx
+        cdef list out = None
         cdef Py_ssize_t got = 0
         cdef char *rndv
         cdef uint32_t opened = 0, slot
         cdef Dest dst
         while True:
-            got = take_eager(self, out, got, maxn, &opened, &rndv)
+            out = take_eager(self, out, &got, maxn, &opened, &rndv)
             if rndv == NULL or got:     # a failing READ must not take earlier messages
-                return got
+                return out
             dst = self.rr.receive(rndv, None)
-            out.append(new_message(self, <char *>dst.view.buf,
-                                   <Py_ssize_t>self.rr.last_len, RM_NO_SLOT, dst))
+            out = [new_message(self, <char *>dst.view.buf,
+                               <Py_ssize_t>self.rr.last_len, RM_NO_SLOT, dst)]
             slot = rx.cur_slot
             rx.advance(DESC_BYTES, self.rr.last_len)
             rx.release_one(slot)
@@ -576,7 +578,7 @@ cdef class Engine(Endpoint):
         cdef int64_t deadline
         cdef int st
         cdef bint first_wait = True
-        cdef list out = []
+        cdef list out
         cdef Py_ssize_t n
         link.check_owner()
         if link.broken is not None:
@@ -592,7 +594,8 @@ cdef class Engine(Endpoint):
                 if link.broken is not None:
                     raise ProtocolError(link.broken)
                 if into is None:
-                    if self._deliver(out, maxn):
+                    out = self._deliver(maxn)
+                    if out is not None:
                         if self.rx.done_unflushed:  # one done write-back per call
                             self.rx.flush()
                         return out

@@ -201,26 +201,29 @@ cdef Message new_message(Endpoint eng, char *ptr, Py_ssize_t length, uint32_t sl
     return m
 
 
-cdef Py_ssize_t take_eager(Endpoint eng, list out, Py_ssize_t got, Py_ssize_t maxn,
-                           uint32_t *opened, char **rndv) except -1:
-    """Append a Message for each eager message at the head of eng's ring until ``out``
-    holds ``maxn`` (``got`` so far), the call's share of slots (``opened`` of
-    ``max_open``) is used, the slots found ready are used up (once it has messages),
-    nothing more has arrived or a rendezvous descriptor is next
-    (``rndv`` points at it, peeked, not consumed; else NULL). Return the new count.
+cdef list take_eager(Endpoint eng, list out, Py_ssize_t *got, Py_ssize_t maxn,
+                     uint32_t *opened, char **rndv):
+    """Append a Message for each eager message at the head of eng's ring to ``out``
+    (None: no list yet; the first message makes it, of one item, so a receive of one
+    message appends nothing) until it holds ``maxn`` (``got[0]`` so far, updated),
+    the call's share of slots (``opened`` of ``max_open``) is used, the slots found
+    ready are used up (once it has messages), nothing more has arrived or a
+    rendezvous descriptor is next (``rndv`` points at it, peeked, not consumed; else
+    NULL). Return the list (None while it has no message).
     Here, beside Message, each allocation is a direct call the C compiler inlines."""
     cdef EagerReceiver rx = eng.rx
     cdef char *base
     cdef uint32_t L, fl
     cdef Message m
+    cdef Py_ssize_t n = got[0]
     rndv[0] = NULL
-    while got < maxn:
+    while n < maxn:
         if rx.cur_left == 0:
             # a bounded share of the ring per call: a caller that still holds the
             # previous list while waiting for the next one never starves the sender
             if opened[0] >= rx.max_open:
                 break
-            if got and rx.ready_len == 0:
+            if n and rx.ready_len == 0:
                 break   # no second look at the arrival bitmap in one call: the first
                         # saw what had arrived (a look costs a pass over its words)
             opened[0] += 1
@@ -234,10 +237,14 @@ cdef Py_ssize_t take_eager(Endpoint eng, list out, Py_ssize_t got, Py_ssize_t ma
         m.ptr = base
         m.length = L
         m.slot = rx.cur_slot
-        out.append(m)
+        if out is None:
+            out = [m]
+        else:
+            out.append(m)
         rx.advance(L, L)
-        got += 1
-    return got
+        n += 1
+    got[0] = n
+    return out
 
 
 cdef Dest new_dest(object obj):
