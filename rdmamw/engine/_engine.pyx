@@ -489,7 +489,6 @@ cdef class Engine(Endpoint):
 
     cdef list _deliver(self, Py_ssize_t maxn):
         """The messages that have arrived, at most ``maxn``: a list, or None if none."""
-        cdef EagerReceiver rx = self.rx
         cdef list out = None
         cdef Py_ssize_t got = 0
         cdef char *rndv
@@ -502,9 +501,9 @@ cdef class Engine(Endpoint):
             dst = self.rr.receive(rndv, None)
             out = [new_message(self, <char *>dst.view.buf,
                                <Py_ssize_t>self.rr.last_len, RM_NO_SLOT, dst)]
-            slot = rx.cur_slot
-            rx.advance(DESC_BYTES, self.rr.last_len)
-            rx.release_one(slot)
+            slot = self.rx.cur_slot
+            self.rx.advance(DESC_BYTES, self.rr.last_len)
+            self.rx.release_one(slot)
             got = 1
 
     cdef Py_ssize_t _deliver_into(self, Dest into) except -2:
@@ -578,7 +577,6 @@ cdef class Engine(Endpoint):
         cdef int64_t deadline
         cdef int st
         cdef bint first_wait = True
-        cdef list out
         cdef Py_ssize_t n
         link.check_owner()
         if link.broken is not None:
@@ -594,8 +592,7 @@ cdef class Engine(Endpoint):
                 if link.broken is not None:
                     raise ProtocolError(link.broken)
                 if into is None:
-                    out = self._deliver(maxn)
-                    if out is not None:
+                    if (out := self._deliver(maxn)) is not None:
                         if self.rx.done_unflushed:  # one done write-back per call
                             self.rx.flush()
                         return out
