@@ -57,6 +57,19 @@ cdef class RecvBitmaps:
     cdef uint32_t dirty_lo, dirty_hi  # reclaim words changed since take_dirty: [lo, hi)
 
     cdef uint32_t pending(self, uint32_t *out, uint32_t maxn) noexcept nogil
+
+    cdef inline uint32_t pending_word(self, uint32_t *out, uint32_t w) noexcept nogil:
+        """pending() of word ``w`` alone (inline: the receive's first look, where the
+        next slot most likely is)."""
+        cdef uint64_t p = rm_load_acquire64(&self.arrival[w]) ^ self.consumed[w]
+        cdef uint32_t got = 0
+        if w == self.nwords - 1:
+            p &= self.last_mask
+        while p:
+            out[got] = (w << 6) + <uint32_t>rm_ctz64(p)
+            got += 1
+            p &= p - 1
+        return got
     cdef bint take_dirty(self, uint32_t *lo, uint32_t *hi) noexcept nogil
 
     # once per message (inline: no call)

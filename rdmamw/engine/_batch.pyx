@@ -197,6 +197,11 @@ cdef class SendBatch:
         number of slots."""
         cdef uint32_t k = 0, i = 0, start, used, rec, nr
         cdef uint32_t cap = self.eager_limit
+        if n == 1 and not self.kind[0]:     # one eager message (acquire checked its size)
+            self.plan_start[0], self.plan_start[1] = 0, 1     # is a SINGLE slot, always
+            self.plan_flags[0] = SLOT_SINGLE
+            self.plan_used[0] = <uint32_t>self.lens[0]
+            return 1
         while i < n:
             start = i
             if self.ack or (not self.kind[i] and REC_HDR + pad8(<uint32_t>self.lens[i]) > cap):

@@ -24,6 +24,7 @@ cdef class EagerReceiver:
     cdef int64_t gap_since          # a slot is missing since (0: no gap)
     cdef uint32_t gap_pending       # slots pending behind the gap (they do not wake us)
     cdef int64_t gap_timeout_ns
+    cdef uint32_t next_word         # the arrival word fill_ready looks at first
     # the slot being read
     cdef uint32_t *slot_refs        # messages handed out and not yet released, per slot
     cdef uint32_t cur_slot
@@ -44,6 +45,7 @@ cdef class EagerReceiver:
     cdef uint32_t done_unflushed    # done bits flipped since the last write-back
 
     cdef int fill_ready(self) except -1
+    cdef uint32_t place(self, uint32_t k) except? 0xFFFFFFFF
     cdef int open_slot(self) except -1
     cdef int peek(self, char **pbase, uint32_t *plen, uint32_t *pflags) except -1
     cdef inline void advance(self, uint32_t L, uint64_t nbytes) noexcept:

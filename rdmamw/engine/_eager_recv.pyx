@@ -78,16 +78,42 @@ cdef class EagerReceiver:
         free(self.slot_refs)
 
     cdef int fill_ready(self) except -1:
-        """Move arrived slots, in sequence order, to the ready queue."""
-        cdef uint32_t k, i, j, s, d, delivered = 0
-        cdef rm_slot_hdr *h
-        cdef uint64_t seq
-        cdef uint32_t check
+        """Move arrived slots, in sequence order, to the ready queue. The first look is
+        at the one word where the next slot most likely is (the sender takes slots in
+        ring order: next_word follows the last slot delivered); only when that word
+        does not hold the next sequence number is the whole bitmap scanned."""
+        cdef uint32_t k, delivered
         cdef int64_t t
+        k = self.rbm.pending_word(self.pend, self.next_word)
+        if k:
+            delivered = self.place(k)
+            if delivered:
+                self.gap_since = 0
+                return delivered
         k = self.rbm.pending(self.pend, self.nslots)
         if k == 0:
             self.gap_since = 0
             return 0
+        delivered = self.place(k)
+        if delivered:
+            self.gap_since = 0
+        else:
+            t = now_ns()
+            self.gap_pending = k
+            if self.gap_since == 0:
+                self.gap_since = t
+            elif t - self.gap_since > self.gap_timeout_ns:
+                self.link.fail(f"sequence number {self.recv_seq} never arrived while later "
+                               f"slots did")
+        return delivered
+
+    cdef uint32_t place(self, uint32_t k) except? 0xFFFFFFFF:
+        """The k slots in ``pend``: each header checked, then those that continue the
+        sequence (from recv_seq) moved to the ready queue and consumed; how many."""
+        cdef uint32_t i, j, s, d, delivered = 0
+        cdef rm_slot_hdr *h
+        cdef uint64_t seq
+        cdef uint32_t check
         for j in range(k):
             s = self.pend[j]
             h = <rm_slot_hdr *>(self.ring + <size_t>s * self.stride)
@@ -110,19 +136,11 @@ cdef class EagerReceiver:
             self.ready_len += 1
             self.rbm.consume(s)
             delivered += 1
+        if delivered:
+            self.next_word = ((s + 1) % self.nslots) >> 6
         for j in range(k):
             self.order[self.pend_d[j]] = RM_NO_SLOT
         self.recv_seq += delivered
-        if delivered:
-            self.gap_since = 0
-        else:
-            t = now_ns()
-            self.gap_pending = k
-            if self.gap_since == 0:
-                self.gap_since = t
-            elif t - self.gap_since > self.gap_timeout_ns:
-                self.link.fail(f"sequence number {self.recv_seq} never arrived while later "
-                               f"slots did")
         return delivered
 
     cdef int open_slot(self) except -1:

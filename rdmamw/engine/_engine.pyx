@@ -497,22 +497,23 @@ cdef class Engine(Endpoint):
 
     # ---- receiving ----------------------------------------------------------------
 
-    cdef Py_ssize_t _deliver(self, list out, Py_ssize_t maxn) except -1:
-        cdef EagerReceiver rx = self.rx
+    cdef list _deliver(self, Py_ssize_t maxn):
+        """The messages that have arrived, at most ``maxn``: a list, or None if none."""
+        cdef list out = None
         cdef Py_ssize_t got = 0
         cdef char *rndv
         cdef uint32_t opened = 0, slot
         cdef Dest dst
         while True:
-            got = take_eager(self, out, got, maxn, &opened, &rndv)
+            out = take_eager(self, out, &got, maxn, &opened, &rndv)
             if rndv == NULL or got:     # a failing READ must not take earlier messages
-                return got
+                return out
             dst = self.rr.receive(rndv, None)
-            out.append(new_message(self, <char *>dst.view.buf,
-                                   <Py_ssize_t>self.rr.last_len, RM_NO_SLOT, dst))
-            slot = rx.cur_slot
-            rx.advance(DESC_BYTES, self.rr.last_len)
-            rx.release_one(slot)
+            out = [new_message(self, <char *>dst.view.buf,
+                               <Py_ssize_t>self.rr.last_len, RM_NO_SLOT, dst)]
+            slot = self.rx.cur_slot
+            self.rx.advance(DESC_BYTES, self.rr.last_len)
+            self.rx.release_one(slot)
             got = 1
 
     cdef Py_ssize_t _deliver_into(self, Dest into) except -2:
@@ -586,7 +587,6 @@ cdef class Engine(Endpoint):
         cdef int64_t deadline
         cdef int st
         cdef bint first_wait = True
-        cdef list out = []
         cdef Py_ssize_t n
         link.check_owner()
         if link.broken is not None:
@@ -602,7 +602,7 @@ cdef class Engine(Endpoint):
                 if link.broken is not None:
                     raise ProtocolError(link.broken)
                 if into is None:
-                    if self._deliver(out, maxn):
+                    if (out := self._deliver(maxn)) is not None:
                         if self.rx.done_unflushed:  # one done write-back per call
                             self.rx.flush()
                         return out

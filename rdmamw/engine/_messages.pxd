@@ -42,7 +42,7 @@ cdef SendHandle new_handle(Endpoint eng, uint64_t batch, Py_ssize_t count, uint6
 # the C compiler inlines; from another module it would go through the type's tp_new)
 cdef Message new_message(Endpoint eng, char *ptr, Py_ssize_t length, uint32_t slot,
                          object owner)
-cdef Py_ssize_t take_eager(Endpoint eng, list out, Py_ssize_t got, Py_ssize_t maxn,
-                           uint32_t *opened, char **rndv) except -1
+cdef list take_eager(Endpoint eng, list out, Py_ssize_t *got, Py_ssize_t maxn,
+                     uint32_t *opened, char **rndv)
 cdef Dest new_dest(object obj)
 cdef object host_view(object obj)
