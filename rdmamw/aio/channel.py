@@ -262,7 +262,14 @@ class Channel(AioRemoteMemory):
         ch = self.sync
         while not h.done():
             if ch.arm(True, h):
-                await asyncio.sleep(0)      # a completion without an event (verbs)
+                # ready: done, or the peer lost or this side closed (the wait raises
+                # that: done() alone stays False, and the loop spun forever), or a
+                # completion the NIC reports without an event (verbs: poll again)
+                try:
+                    h.wait(0)
+                    return
+                except Timeout:
+                    await asyncio.sleep(0)
             else:
                 await self._credit_wait()
 

@@ -469,8 +469,7 @@ cdef class Engine(Endpoint):
     cdef int handle_wait(self, uint64_t batch, uint64_t rndv, object timeout) except -1:
         cdef Link link = self.link
         cdef int64_t deadline = deadline_of(timeout)
-        cdef int st
-        cdef bint first = True
+        cdef int st, first = True
         link.check_owner()
         while not link.poll_done(batch):
             if link.peer_gone:
@@ -481,6 +480,7 @@ cdef class Engine(Endpoint):
                 rm_cpu_relax()
         while not self.rs.poll(rndv):
             if deadline and now_ns() > deadline:
+                link.raise_if_gone("waiting for the rendezvous done bits")
                 raise Timeout("the receiver has not taken the batch's rendezvous messages")
             with nogil:     # ask the receiver for its done bits, as for free slots
                 st = self.w.wait(WAIT_DONE, rndv, link.wait_until(deadline), first)

@@ -205,6 +205,7 @@ cdef class Link:
     cdef int fail(self, str why) except -1
     cdef int raise_post(self, int rc) except -1
     cdef int raise_peer(self, int st, str where) except -1
+    cdef int raise_if_gone(self, str where) except -1
     cdef str lost(self, str what)
 
 

@@ -454,6 +454,14 @@ cdef class Link:
             raise ChannelClosed(f"the peer closed the channel ({where})")
         raise PeerLost(self.lost(f"peer lost ({where})"))
 
+    cdef int raise_if_gone(self, str where) except -1:
+        """raise_peer if the peer is gone (a look, no wait: a call whose deadline passed
+        says the peer's end, not Timeout, even at timeout=0, as rdmamw.aio polls)."""
+        cdef int st = self.peer_status()
+        if st < 0:
+            self.raise_peer(st, where)
+        return 0
+
     cdef str lost(self, str what):
         """``what``, with the provider's account of the failure when it has one."""
         detail = self.error_detail()

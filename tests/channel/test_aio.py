@@ -317,6 +317,35 @@ def test_peer_killed_while_awaited_others_keep_working(provider):
     asyncio.run(main())
 
 
+def test_a_large_send_to_a_peer_killed_before_it_read_raises_peer_lost(provider):
+    """An awaited send of a message above the eager limit (the peer READs it) whose
+    peer is SIGKILLed before it took it: PeerLost within 2 s of the kill, not a loop
+    that spins forever (done() stayed False and the readiness said "look")."""
+    async def main():
+        lst = await aio.listen(LISTEN_ADDRESS[provider]())
+        p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(IDLE_PEER), lst.address],
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            async with asyncio.timeout(60):
+                ch = await lst.accept()
+            assert (await asyncio.to_thread(p.stdout.readline)).strip() == "ready"
+            sending = asyncio.create_task(ch.send(b"x" * (4 << 20)))
+            await asyncio.sleep(0.3)
+            assert not sending.done()               # the peer does not read it
+            p.send_signal(signal.SIGKILL)
+            t_kill = time.monotonic()
+            with pytest.raises(rdmamw.PeerLost):
+                async with asyncio.timeout(10.0):
+                    await sending
+            assert time.monotonic() - t_kill < 2.0
+            ch.close()
+        finally:
+            p.kill()
+            p.wait()
+            lst.close()
+    asyncio.run(main())
+
+
 def test_wrong_loop_and_closed_channel_are_clear_errors():
     a, b, lst = aio_pair("shm")
 
