@@ -302,7 +302,9 @@ def _metrics_host_port() -> None:
             assert b"rdmamw_host_rank_up{" in text and b"rdmamw_sent_bytes_total" in text
     finally:
         metrics.stop()
-    assert [m.pid for m in members.members(port)] == []
+    # this process left the host's endpoint (another process of the run, at this port
+    # before, may still be listed: the dead are kept GONE_KEEP s; a CI run met one)
+    assert os.getpid() not in [m.pid for m in members.members(port)]
 
 
 def _metrics_http() -> None:

@@ -34,8 +34,9 @@ TAKES = {
     "verbs_unexpose": (VerbsTransport, (0,)),
     "verbs_side_socket": (VerbsTransport, ()),
 }
-#: the hooks that take something else first (bytes, a Channel, a verbs device)
-OTHERS = {"apply_stream", "set_device_limit", "slot_address"}
+#: the hooks that take something else first (bytes, a Channel, a verbs device, an
+#: address)
+OTHERS = {"apply_stream", "set_device_limit", "slot_address", "atomic_adds"}
 
 
 @pytest.fixture(scope="module")
