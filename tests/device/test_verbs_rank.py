@@ -53,8 +53,9 @@ def check_verbs_job(results: list[dict], n: int) -> None:
         for t in r["traffic"].values():
             assert t["batches"] == 10
             # one doorbell per batch, besides wake-ups, control words and reclaim
-            # write-backs (a ring that grows: its sender waits for credit at first)
-            assert t["doorbells"] - t["wakeups_sent"] - t["control_writes"] \
+            # write-backs (a ring that grows: its sender waits for credit at first; a wake-up
+            # chained behind its control word shares that one's doorbell)
+            assert t["doorbells"] - t["wakeups_sent"] + t["wakeups_chained"] - t["control_writes"] \
                 - t["reclaim_writebacks"] == 10, t
             assert t["bytes"] > 65536 and t["bytes_written"] >= t["bytes"], t
             assert t["bytes_received"] > 65536, t
@@ -126,4 +127,6 @@ def test_descriptor_that_contradicts_the_handshake_is_refused_before_rtr():
     assert "in its handshake, but" in res[1]["error"] and "in its descriptor in the store" \
         in res[1]["error"], res
     assert res[1]["qps"] == [] and res[1]["mrs"] == 0, res
-    assert res[0]["error"].startswith("Timeout"), res
+    # rank 0 never gets the channel: at its deadline, or once rank 1's process ended
+    # (it exits after its refusal: PeerLost at once, one host)
+    assert res[0]["error"].startswith(("Timeout: ", "PeerLost: ")), res

@@ -57,8 +57,9 @@ def main() -> None:
         for i in range(10):
             ch.send_batch([b"%07d" % i] * 32).wait(timeout=30)
         st = ch.stats()
-        traffic[r] = {k: st[k] - before[k] for k in ("batches", "doorbells", "wakeups_sent",
-                                                     "control_writes", "reclaim_writebacks")}
+        traffic[r] = {k: st.get(k, 0) - before.get(k, 0) for k in (
+            "batches", "doorbells", "wakeups_sent", "wakeups_chained", "control_writes",
+            "reclaim_writebacks")}         # (wakeups_chained: verbs only)
     for r, ch in chans.items():
         got = []
         while len(got) < 320:

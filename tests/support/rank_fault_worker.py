@@ -44,8 +44,8 @@ def main() -> None:
             ch = rdmamw.Channel.open(1, timeout=15 if tamper else 30)
             ch.send(bytes(ch.recv(timeout=20)))
             out["opened"] = ch.provider
-        except rdmamw.Timeout as e:
-            out["error"] = f"Timeout: {e}"
+        except (rdmamw.Timeout, rdmamw.PeerLost) as e:     # (rank 1 gone: PeerLost)
+            out["error"] = f"{type(e).__name__}: {e}"
         print(json.dumps(out), flush=True)
     rdmamw.finalize()
 

@@ -87,6 +87,8 @@ cdef class VerbsQP(Transport):
     cdef readonly uint64_t n_binds      # memory-window binds posted (exposures, parts)
     cdef readonly uint64_t n_wakeups_held   # wake-ups not posted: the send queue was
                                             # more than half full (wake_peer)
+    cdef readonly uint64_t n_wakeups_chained    # wake-ups posted behind a control
+                                                # word's WRITE, its doorbell (put_wake)
     cdef readonly uint32_t qpn
     cdef uint8_t timeout_exp
     cdef readonly uint32_t read_chunk   # longest READ one WR asks for (0: no limit)

@@ -323,6 +323,7 @@ cdef class VerbsQP(Transport):
         d["mw_binds"] = self.n_binds    # windows bound (docs/protocol.md "Keys a peer gets")
         # a peer that takes nothing (docs/protocol.md "A peer that takes nothing")
         d["wakeups_held"], d["wrs_queued_late"] = self.n_wakeups_held, self.bl.accepted
+        d["wakeups_chained"] = self.n_wakeups_chained
         # a ring that grows (docs/protocol.md): slots granted each way, grants made
         d["ring_slots_granted"] = min(self.local_granted, self.ring_slots)
         d["peer_ring_slots_granted"] = min(self.peer_granted, self.peer_slots)

@@ -413,6 +413,7 @@ cdef class VerbsTransport(VerbsQP):
             rc = self._post_chain(2, True)
             if rc == 0:
                 self.n_wakeups += 1
+                self.n_wakeups_chained += 1
             rm_spin_unlock(&self.lock)
             self._drain_recv()
             return rc
