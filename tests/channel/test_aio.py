@@ -4,6 +4,7 @@ channel (issue 17). Every provider under test (verbs in the soft-RoCE VM)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -267,17 +268,29 @@ def test_cancelled_receives_lose_nothing(provider):
     assert got == [b"%d" % k for k in range(total)]
 
 
+@contextlib.asynccontextmanager
+async def idle_peer(provider: str):
+    """(an accepted channel, the process at its other end): a peer that opened it,
+    said it is ready and then sleeps, reading nothing; killed and reaped after."""
+    lst = await aio.listen(LISTEN_ADDRESS[provider]())
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(IDLE_PEER), lst.address],
+                         stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        async with asyncio.timeout(60):
+            ch = await lst.accept()
+        assert (await asyncio.to_thread(p.stdout.readline)).strip() == "ready"
+        yield ch, p
+    finally:
+        p.kill()
+        p.wait()
+        lst.close()
+
+
 def test_peer_killed_while_awaited_others_keep_working(provider):
     """A peer SIGKILLed while a coroutine awaits it: PeerLost within 2 s, while three
     other channels on the loop keep answering."""
     async def main():
-        lst = await aio.listen(LISTEN_ADDRESS[provider]())
-        p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(IDLE_PEER), lst.address],
-                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        try:
-            async with asyncio.timeout(60):
-                doomed = await lst.accept()
-            assert (await asyncio.to_thread(p.stdout.readline)).strip() == "ready"
+        async with idle_peer(provider) as (doomed, p):
             pairs = [aio_pair(provider) for _ in range(3)]
             servers = [asyncio.create_task(echo(b)) for _, b, _ in pairs]
             rounds = [0, 0, 0]
@@ -310,10 +323,6 @@ def test_peer_killed_while_awaited_others_keep_working(provider):
                 b.close()
                 lst2.close()
             doomed.close()
-        finally:
-            p.kill()
-            p.wait()
-            lst.close()
     asyncio.run(main())
 
 
@@ -322,13 +331,7 @@ def test_a_large_send_to_a_peer_killed_before_it_read_raises_peer_lost(provider)
     peer is SIGKILLed before it took it: PeerLost within 2 s of the kill, not a loop
     that spins forever (done() stayed False and the readiness said "look")."""
     async def main():
-        lst = await aio.listen(LISTEN_ADDRESS[provider]())
-        p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(IDLE_PEER), lst.address],
-                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        try:
-            async with asyncio.timeout(60):
-                ch = await lst.accept()
-            assert (await asyncio.to_thread(p.stdout.readline)).strip() == "ready"
+        async with idle_peer(provider) as (ch, p):
             sending = asyncio.create_task(ch.send(b"x" * (4 << 20)))
             await asyncio.sleep(0.3)
             assert not sending.done()               # the peer does not read it
@@ -339,10 +342,6 @@ def test_a_large_send_to_a_peer_killed_before_it_read_raises_peer_lost(provider)
                     await sending
             assert time.monotonic() - t_kill < 2.0
             ch.close()
-        finally:
-            p.kill()
-            p.wait()
-            lst.close()
     asyncio.run(main())
 
 
