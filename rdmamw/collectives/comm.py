@@ -145,6 +145,9 @@ class Communicator:
         #: whether the header round's channels (dissemination_peers) are all open
         self._header_open = False
         self.seq = 0
+        #: the last collective this member finished (its goodbye says it: a member
+        #: still in that one goes on, revoke.py)
+        self.done = 0
         self.broken: BaseException | None = None
         #: world ranks this member saw fail (what shrink() starts from)
         self.failed: set[int] = set()
@@ -576,7 +579,7 @@ class Communicator:
         """A LEFT notice to each peer, then each peer's: one still in a collective
         takes ours for what it is (PeerLost naming this rank, revoke.py)."""
         end = time.monotonic() + linger
-        bye = revoke.notice(revoke.LEFT, self.rank, self.rank, self.seq)
+        bye = revoke.notice(revoke.LEFT, self.rank, self.rank, self.done)
         for ch in self._chans.values():
             try:
                 ch.send_batch([bye], timeout=max(0.0, end - time.monotonic()))
@@ -611,11 +614,13 @@ class _Guard:
         return None
 
     def __exit__(self, typ: Any, e: Any, tb: Any) -> bool:
-        if e is None:
-            return False
         comm = self.comm
+        if e is None:
+            comm.done = comm.seq
+            return False
         if isinstance(e, CollectiveMismatch):
             comm._sent.clear()
+            comm.done = comm.seq
             return False
         comm._break(e)
         if getattr(e, "rank", None) is not None:

@@ -21,10 +21,12 @@ culprit, silence names the rank it waited for. A member that receives a WAITING 
 from the rank it waits for says WAITING in turn, before its own deadline, so that who
 waits for it extends its grace too.
 
-A member that closes the communicator says goodbye with a LEFT notice naming itself:
-a member still in a collective (or entering one) takes it as it takes any final
-notice, and raises ``PeerLost`` naming the rank that left, not a protocol error on a
-message "where a header was due".
+A member that closes the communicator says goodbye with a LEFT notice naming itself
+and the last collective it finished: a member entering a later collective (or in one
+the leaver had not finished) takes it as it takes any final notice, and raises
+``PeerLost`` naming the rank that left, not a protocol error on a message "where a
+header was due". A member still in the collective the leaver finished goes on (the
+leaver's part of it is done): it meets the goodbye when it next takes from that rank.
 
 A notice is a message of :data:`NOTICE_LEN` bytes that starts with :data:`MAGIC`; its
 fields are read once into locals and checked (a rank of the job) before they are used.
@@ -80,8 +82,7 @@ def error(info: tuple[int, int, int, int], me: int, timeout: float) -> RdmamwErr
         e: RdmamwError = Timeout(f"collective #{seq}: rank {culprit} made no progress "
                                  f"within the {timeout:g} s deadline ({seen})")
     elif kind == LEFT and reporter == culprit:
-        e = PeerLost(f"collective #{seq}: rank {culprit} closed the communicator (it "
-                     f"left mid-collective)")
+        e = PeerLost(f"rank {culprit} closed the communicator (after collective #{seq})")
     else:
         e = PeerLost(f"collective #{seq}: rank {culprit} was lost ({seen})")
     e.rank, e.reporter = culprit, reporter      # type: ignore[attr-defined]

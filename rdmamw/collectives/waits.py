@@ -152,7 +152,7 @@ class Waits:
                     break
                 for i, m in enumerate(got):
                     try:
-                        if len(m) == revoke.NOTICE_LEN and self.notice(m, p, peer):
+                        if len(m) == revoke.NOTICE_LEN and self.notice(m, p, peer, True):
                             continue        # a WAITING one, taken
                     except RdmamwError:
                         q.extend(got[i + 1:])   # (released with the queue, at the close)
@@ -193,12 +193,16 @@ class Waits:
             return named
         return e
 
-    def notice(self, buf: Any, peer: int, waits_for: int | None = None) -> bool:
+    def notice(self, buf: Any, peer: int, waits_for: int | None = None,
+               watching: bool = False) -> bool:
         """Whether ``buf`` (from ``peer``) is a WAITING notice: a member past its
         deadline says whom it waits for; taken, and passed on once per collective
         (naming ``waits_for``, the rank we wait for, default ``peer``: who waits for us
         gives us time to name the culprit). Raise what a final one says; False for
-        data. A notice that is a Message is released."""
+        data. A notice that is a Message is released. ``watching`` (a look at a channel
+        we do not wait on): a goodbye from a rank that finished the running collective
+        is no failure of it (a slower member is still in it): False, kept queued, it
+        is raised when the next collective takes from that rank."""
         comm = self.comm
         try:
             info = revoke.parse(buf, comm.size)
@@ -206,7 +210,7 @@ class Waits:
             if isinstance(buf, Message):
                 buf.release()
             raise
-        if info is None:
+        if info is None or (watching and info[0] == revoke.LEFT and info[3] >= comm.seq):
             return False
         if isinstance(buf, Message):
             buf.release()

@@ -224,10 +224,8 @@ cdef class Engine(Endpoint):
     cdef bint rndv_on
     cdef bint cache_ok                  # the transport's keys come from the caches
     cdef object _regcache, _regcache_dst
-    cdef int send_lock                  # the calls' locks (_calllock.pxd)
-    cdef int recv_lock
-    cdef long send_owner                # the thread of a send / receive call that waits
-    cdef long recv_owner                # (0: none): a close() from it cannot wait for it
+    cdef int send_lock, recv_lock       # the calls' locks (_calllock.pxd)
+    cdef long send_owner, recv_owner    # waiting calls' threads (0: none; close() from one)
 
     def __cinit__(self, *args, **kwargs):
         self.link = Link()
@@ -479,9 +477,11 @@ cdef class Engine(Endpoint):
             with nogil:
                 rm_cpu_relax()
         while not self.rs.poll(rndv):
-            if deadline and now_ns() > deadline:
-                link.raise_if_gone("waiting for the rendezvous done bits")
-                raise Timeout("the receiver has not taken the batch's rendezvous messages")
+            if deadline and now_ns() > deadline:   # (done bits just before its end count)
+                if link.peer_status() >= 0 or not self.rs.poll(rndv):
+                    link.raise_if_gone("waiting for the rendezvous done bits")
+                    raise Timeout("the receiver has not taken the batch's rendezvous messages")
+                break
             with nogil:     # ask the receiver for its done bits, as for free slots
                 st = self.w.wait(WAIT_DONE, rndv, link.wait_until(deadline), first)
             first = False

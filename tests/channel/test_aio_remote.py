@@ -16,7 +16,7 @@ import pytest
 import rdmamw.aio as aio
 from rdmamw.errors import AccessDenied, OutOfRange, RegionRevoked, Timeout
 from tests.channel.test_remote_deadlines import FILL, N, _pattern
-from tests.support.helpers import make_pair
+from tests.support.helpers import make_pair, stop_process
 from tests.support.loop_ticks import LoopTicks
 from tests.support.regions import WITH
 
@@ -75,7 +75,7 @@ def test_awaited_operations_move_the_bytes(apair):
 def stopped_tcp_owner(stoppable_owner):
     """stoppable_owner (tcp), stopped, its channel an aio one."""
     ch, ref, pid = stoppable_owner
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     return aio.Channel(ch), ref, pid
 
 

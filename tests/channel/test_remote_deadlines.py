@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from rdmamw.errors import PeerLost, Timeout
-from tests.support.helpers import LISTEN_ADDRESS
+from tests.support.helpers import LISTEN_ADDRESS, stop_process
 from tests.support.regions import OWNER_BYTES, OWNER_SEED, VERBS, pattern
 
 N = OWNER_BYTES
@@ -43,7 +43,7 @@ def test_a_read_from_a_stopped_owner_times_out_and_its_answer_is_dropped(
     ch.read(ref, out)                               # the owner serves: the harness works
     assert np.array_equal(out, _pattern())
     dest = np.full(size, FILL, np.uint8)
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     try:
         assert _timed_out(lambda: ch.read(ref, dest, timeout=0.5)) < 1.0
         assert (dest == FILL).all()
@@ -61,7 +61,7 @@ def test_a_read_from_a_stopped_owner_times_out_and_its_answer_is_dropped(
 def test_a_batch_and_a_write_time_out_too(stoppable_owner):
     ch, ref, pid = stoppable_owner
     a, b = np.full(1000, FILL, np.uint8), np.full(2000, FILL, np.uint8)
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     try:
         ops = ch.batch().read(ref, a, 10).read(ref, b, 5000)
         assert _timed_out(lambda: ops.post(timeout=0.3)) < 0.8
@@ -84,7 +84,7 @@ def test_an_atomic_to_a_stopped_owner_times_out(stoppable_owner):
     ch, ref, pid = stoppable_owner
     first = int(_pattern()[:8].view("<u8")[0])
     assert ch.fetch_add(ref, 0, 0).wait() == first      # the owner serves
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     try:
         assert _timed_out(lambda: ch.fetch_add(ref, 0, 5, timeout=0.3)) < 0.8
         assert _timed_out(lambda: ch.compare_swap(ref, 8, 0, 1, timeout=0.3)) < 0.8
@@ -141,7 +141,7 @@ def test_shm_moves_the_bytes_of_a_stopped_owner_inside_the_call(stoppable_owner)
     frozen owner's region is still read (and written) by the deadline."""
     ch, ref, pid = stoppable_owner
     out = np.zeros(N, np.uint8)
-    os.kill(pid, signal.SIGSTOP)
+    stop_process(pid)
     try:
         ch.read(ref, out, timeout=0.5)
         ch.write(np.arange(10, dtype=np.uint8), ref, 3, timeout=0.5)

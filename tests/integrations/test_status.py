@@ -110,8 +110,14 @@ def wait_for(job: Job, what, within: float = 10.0) -> dict:
         time.sleep(0.1)
 
 
+def up(st: dict) -> bool:
+    """Every rank answered (on a loaded machine a rank may miss the host endpoint's
+    0.5 s for one answer: silent, by design; the next answer counts)."""
+    return st["ok"] is True and all(r["state"] == "up" for r in st["ranks"])
+
+
 def test_every_rank_up_connected_and_whom_it_waits_on(job):
-    st = wait_for(job, lambda s: waits(s).get("0") == ["1"])
+    st = wait_for(job, lambda s: up(s) and waits(s).get("0") == ["1"])
     ranks = by_rank(st)
     assert sorted(ranks) == ["0", "1", "2"] and st["ok"] is True
     assert {r: (v["state"], v["pid"], v["world_size"]) for r, v in ranks.items()} == \
@@ -125,12 +131,11 @@ def test_every_rank_up_connected_and_whom_it_waits_on(job):
     waited = on(st, "0", "1")
     assert list(waited) == ["arrival"] and 0 < waited["arrival"] < 60
     job.say(1)          # 1 sends 0 its message: both enter the allreduce, 2 has not
-    st = wait_for(job, lambda s: waits(s) == {"0": ["2"], "1": ["2"], "2": []}
+    st = wait_for(job, lambda s: up(s) and waits(s) == {"0": ["2"], "1": ["2"], "2": []}
                   and all(on(s, r, "2").get("collective", 0) > 0.3 for r in ("0", "1")))
     job.say(2)
     assert [job.line(r) for r in range(3)] == ["done"] * 3
-    st = wait_for(job, lambda s: waits(s) == {"0": [], "1": [], "2": []})
-    assert st["ok"] is True
+    wait_for(job, lambda s: up(s) and waits(s) == {"0": [], "1": [], "2": []})
 
 
 def test_a_stopped_rank_is_named_silent_within_the_bound(host_job):

@@ -224,3 +224,25 @@ def free_ports(n: int) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError("no free port range")
+
+
+def stop_process(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it is stopped (``kill`` returns
+    before a busy thread on another CPU reaches its stop: a request sent at once may
+    still be served)."""
+    import signal
+    os.kill(pid, signal.SIGSTOP)
+    end = time.monotonic() + timeout
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rpartition(")")[2].split()[0])
+            except FileNotFoundError:
+                continue
+        if states and all(s in "Tt" for s in states):
+            return
+        if time.monotonic() > end:
+            raise AssertionError(f"process {pid} did not stop in {timeout} s: {states}")
+        time.sleep(0.001)

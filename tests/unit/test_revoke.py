@@ -30,7 +30,7 @@ def test_the_errors_name_the_rank_and_who_saw_it():
                          "(this rank saw it)")
     left = revoke.error((revoke.LEFT, 1, 1, 9), me=0, timeout=5.0)
     assert isinstance(left, PeerLost) and left.rank == 1
-    assert str(left) == "collective #9: rank 1 closed the communicator (it left mid-collective)"
+    assert str(left) == "rank 1 closed the communicator (after collective #9)"
 
 
 def test_a_goodbye_names_the_rank_that_left_and_only_a_goodbye_does():
@@ -97,6 +97,54 @@ def test_send_all_never_waits_for_a_full_ring_longer_than_its_bound():
     revoke.send_all([full, ok], b"n")
     assert ok.got == [b"n"] and full.got == []
     assert time.monotonic() - t0 < revoke.SEND_WAIT + 0.2
+
+
+class _Comm:
+    """What Waits reads of a Communicator: rank 0 of 3, in collective ``seq``, waiting
+    on rank 1 while rank 2's channel holds ``msgs``."""
+
+    def __init__(self, seq: int, msgs: list) -> None:
+        import collections
+
+        class Quiet:
+            def recv_batch(self, n, timeout=None):
+                return []
+
+        class Holding:
+            def recv_batch(self, n, timeout=None):
+                out, msgs[:] = list(msgs), []
+                return out
+        self.rank, self.size, self.members, self.seq, self.timeout = 0, 3, [0, 1, 2], seq, 5.0
+        self._chans = {1: Quiet(), 2: Holding()}
+        self._queues = {1: collections.deque(), 2: collections.deque()}
+
+
+def test_a_goodbye_after_the_running_collective_waits_for_the_next_one():
+    """Rank 2 finished collective #7 and closed while this member is still in #7
+    (waiting on a slower rank 1): no failure of #7; the goodbye stays queued ahead of
+    nothing, and the next collective's take from rank 2 raises it, naming rank 2."""
+    from rdmamw.collectives.waits import Waits
+    data, bye = b"x" * 64, revoke.notice(revoke.LEFT, 2, 2, 7)
+    comm = _Comm(7, [data, bye])
+    w = Waits(comm)
+    w.watch(1)
+    assert list(comm._queues[2]) == [data, bye]
+    comm.seq = 8                                    # the next collective takes them
+    assert w.notice(comm._queues[2][0], 2) is False
+    with pytest.raises(PeerLost, match=r"rank 2 closed the communicator \(after "
+                                       r"collective #7\)") as e:
+        w.notice(comm._queues[2][1], 2)
+    assert e.value.rank == 2
+
+
+@pytest.mark.parametrize("done", [5, 6])
+def test_a_goodbye_before_the_end_of_the_running_collective_fails_it(done):
+    """A rank that left before it finished #7 (or a later member's look): raised."""
+    from rdmamw.collectives.waits import Waits
+    comm = _Comm(7, [revoke.notice(revoke.LEFT, 2, 2, done)])
+    with pytest.raises(PeerLost, match="rank 2 closed") as e:
+        Waits(comm).watch(1)
+    assert e.value.rank == 2 and not comm._queues[2]
 
 
 # ---- the shrink's agreement messages (rdmamw/collectives/survivors.py) ------------------
