@@ -19,7 +19,9 @@ member never replaces it (it waits for the ``gone`` key, by its deadline)."""
 
 from __future__ import annotations
 
+import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +35,9 @@ from rdmamw.bootstrap.store import parse_join
 from rdmamw.errors import ProtocolError, Timeout
 
 POLL_MIN, POLL_MAX = 0.001, 0.05
+#: seconds a shrink waits for the store to take its note for re-joins
+DEPART_WAIT = 2.0
+log = logging.getLogger("rdmamw.bootstrap")
 
 
 class KV(Protocol):
@@ -67,8 +72,29 @@ class StoreWorld(World):
     _prefix: str = "rdmamw"
 
     def depart(self, ranks: set[int]) -> None:
-        for r in sorted(set(ranks) - {self.rank}):
-            self._kv.set(f"{self._prefix}/gone/{r}", str(self.gen(r)).encode())
+        """Note in the store that ``ranks`` may re-join; best effort, within
+        :data:`DEPART_WAIT`: the store's host may be the rank that was lost (torch's
+        store lives on rank 0), or stopped, and the shrink that calls this goes on
+        without it (a warning says re-joins through the store are then impossible)."""
+        keys = [(f"{self._prefix}/gone/{r}", str(self.gen(r)).encode())
+                for r in sorted(set(ranks) - {self.rank})]
+        if not keys:
+            return
+        failed: list[BaseException] = []
+
+        def note() -> None:
+            try:
+                for k, v in keys:
+                    self._kv.set(k, v)
+            except Exception as e:  # noqa: BLE001 - whatever the store raises
+                failed.append(e)
+        t = threading.Thread(target=note, name="rdmamw-store-depart", daemon=True)
+        t.start()
+        t.join(DEPART_WAIT)
+        if failed or t.is_alive():
+            why = repr(failed[0]) if failed else f"no answer in {DEPART_WAIT:g} s"
+            log.warning("the store could not take the note that ranks %s may re-join "
+                         "(%s): a replacement cannot re-join through it", sorted(ranks), why)
 
     def _lookup(self, end: float) -> Callable[[], dict[int, dict[str, Any]]]:
         return lambda: _table(self._kv, self._prefix, self.world_size,
