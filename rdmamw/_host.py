@@ -40,12 +40,10 @@ def ended(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
     ended, seen from the process ``mine`` describes; None when it has not or when
     nothing here can tell (another host or pid namespace, a descriptor without the
     fields): then only a deadline decides."""
-    host, proc, pid = theirs.get("host"), theirs.get("proc"), theirs.get("pid")
-    if not isinstance(host, str) or host != mine.get("host") or not isinstance(proc, str):
+    local = _local(mine, theirs)
+    if local is None:
         return None
-    ns, _, start = proc.partition(":")
-    if ns != proc_ns() or type(pid) is not int or pid <= 0 or not start.isdigit():
-        return None
+    pid, start = local
     fields = _stat_fields(pid)
     if fields is None:
         return f"its process {pid} ended"
@@ -54,6 +52,34 @@ def ended(mine: dict[str, Any], theirs: dict[str, Any]) -> str | None:
     if fields and fields[0] in ("Z", "X"):
         return f"its process {pid} ended (killed or exited, not yet reaped)"
     return None
+
+
+def stopped(mine: dict[str, Any], theirs: dict[str, Any]) -> bool | None:
+    """Whether the process ``theirs`` describes is stopped (SIGSTOP, a debugger's
+    stop): True; running or sleeping, however starved of CPU: False; None when nothing
+    here can tell (another host or pid namespace, a descriptor without the fields,
+    the process ended). A member past its deadline asks it before it names a rank
+    that said nothing (rdmamw/collectives/revoke.py)."""
+    local = _local(mine, theirs)
+    if local is None:
+        return None
+    fields = _stat_fields(local[0])
+    if fields is None or len(fields) <= 19 or fields[19] != local[1] or \
+            fields[0] in ("Z", "X"):
+        return None
+    return fields[0] in ("T", "t")
+
+
+def _local(mine: dict[str, Any], theirs: dict[str, Any]) -> tuple[int, str] | None:
+    """(pid, start time) of the process ``theirs`` describes when it is of this host
+    and pid namespace (its pid means the same here), else None."""
+    host, proc, pid = theirs.get("host"), theirs.get("proc"), theirs.get("pid")
+    if not isinstance(host, str) or host != mine.get("host") or not isinstance(proc, str):
+        return None
+    ns, _, start = proc.partition(":")
+    if ns != proc_ns() or type(pid) is not int or pid <= 0 or not start.isdigit():
+        return None
+    return pid, start
 
 
 def proc_ns() -> str:

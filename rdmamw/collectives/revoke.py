@@ -133,16 +133,26 @@ def _final(info: tuple[int, int, int, int] | None) -> tuple[int, int, int, int] 
 
 
 def wait_for(ch: Any, size: int, grace: float, waiting: bool = False,
-             look: Callable[[], None] | None = None,
-             every: float = 0.1) -> tuple[int, int, int, int] | None:
+             look: Callable[[], None] | None = None, every: float = 0.1,
+             stopped: Callable[[], bool | None] | None = None
+             ) -> tuple[int, int, int, int] | None:
     """A final notice from ``ch`` (the rank this member waited for when its deadline
     came), given ``grace`` seconds, twice that after each WAITING notice from it (up
     to MAX_GRACES; ``waiting``: it said WAITING already); None: it said nothing (it is
     the one that made no progress). Messages that are not notices are dropped: the
     collective has failed. ``look``, called every ``every`` s, looks at the member's
-    other channels (it raises what a notice found there says)."""
+    other channels (it raises what a notice found there says). ``stopped`` says
+    whether that rank's process is stopped (rdmamw._host.stopped: None, cannot tell):
+    one that said nothing but is seen running is slow, not frozen (a CPU starved by
+    other work answers late), and gets twice the grace again, within MAX_GRACES."""
     end, graces = time.monotonic() + (2 * grace if waiting else grace), 1
-    while (left := end - time.monotonic()) > 0:
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            if stopped is None or graces >= MAX_GRACES or stopped() is not False:
+                return None
+            end, graces = time.monotonic() + 2 * grace, graces + 1
+            continue
         if look is not None:
             look()
             left = min(left, every)
@@ -161,7 +171,6 @@ def wait_for(ch: Any, size: int, grace: float, waiting: bool = False,
             if graces < MAX_GRACES:      # alive, and waits in turn: its answer comes
                 # after its own grace (which began as it said so) and passes on at once
                 end, graces = time.monotonic() + 2 * grace, graces + 1
-    return None
 
 
 def left(m: Any, size: int) -> int | None:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rdmamw import observe
+from rdmamw import _host, observe
 from rdmamw.channel import Channel, Message
 from rdmamw.collectives import revoke
 from rdmamw.errors import ChannelClosed, PeerLost, ProtocolError, RdmamwError, Timeout
@@ -172,7 +172,8 @@ class Waits:
             try:
                 info = revoke.wait_for(ch, comm.size, min(revoke.GRACE, self.timeout / 10),
                                        self.waiting.get(peer) == comm.seq,
-                                       lambda: self.watch(peer), WATCH) \
+                                       lambda: self.watch(peer), WATCH,
+                                       lambda: self.stopped(peer)) \
                     if ch is not None else None
             except RdmamwError as found:    # a notice on another channel names the rank
                 return found
@@ -192,6 +193,12 @@ class Waits:
             named.rank = peer
             return named
         return e
+
+    def stopped(self, peer: int) -> bool | None:
+        """Whether ``peer``'s process is stopped (None: cannot tell from here)."""
+        peers = self.comm.world.peers
+        return _host.stopped(peers.get(self.comm.world.rank, {}),
+                             peers.get(self.comm.members[peer], {}))
 
     def notice(self, buf: Any, peer: int, waits_for: int | None = None,
                watching: bool = False) -> bool:

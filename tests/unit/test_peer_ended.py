@@ -100,3 +100,30 @@ def test_an_accept_stops_once_the_peer_is_gone():
 def test_an_accept_returns_what_comes():
     p = pair(lambda: "ended")
     assert p.accept_within(lambda t: "conn", 1) == "conn"   # type: ignore[arg-type]
+
+
+def test_a_stopped_process_is_told_from_a_running_one():
+    """rdmamw._host.stopped: what a member past its deadline asks before it names a
+    silent rank (a starved one is running, a SIGSTOPped one is not)."""
+    import signal
+
+    from tests.support.helpers import stop_process
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        d = desc(child.pid)
+        assert _host.stopped(ME, d) is False
+        stop_process(child.pid)
+        assert _host.stopped(ME, d) is True
+        os.kill(child.pid, signal.SIGCONT)
+        for _ in range(500):
+            if _host.stopped(ME, d) is False:
+                break
+            time.sleep(0.01)
+        assert _host.stopped(ME, d) is False
+        assert _host.stopped(ME, desc(child.pid, host="another-host")) is None
+        ns, _, start = key_of(child.pid).partition(":")
+        assert _host.stopped(ME, desc(child.pid, f"{ns}:{int(start) + 1}")) is None
+    finally:
+        child.kill()
+        child.wait()
+    assert _host.stopped(ME, d) is None                 # ended: nothing to tell

@@ -3,6 +3,8 @@ hostile peer writes is data, a checked notice, or ProtocolError, never anything 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -145,6 +147,46 @@ def test_a_goodbye_before_the_end_of_the_running_collective_fails_it(done):
     with pytest.raises(PeerLost, match="rank 2 closed") as e:
         Waits(comm).watch(1)
     assert e.value.rank == 2 and not comm._queues[2]
+
+
+class _Silent:
+    """The channel to a rank that says nothing, or its ``answer`` ``at`` s after the
+    first look."""
+
+    def __init__(self, answer: bytes | None = None, at: float = 0.0) -> None:
+        self.first, self.answer, self.at = None, answer, at
+
+    def recv_batch(self, n, timeout=None):
+        self.first = self.first or time.monotonic()
+        if self.answer is not None and time.monotonic() - self.first >= self.at:
+            class M(bytes):
+                def release(self):
+                    pass
+            return [M(self.answer)]
+        time.sleep(min(timeout, 0.005))
+        raise Timeout("nothing")
+
+
+def test_a_silent_rank_seen_stopped_is_named_after_one_grace():
+    asked = []
+    t0 = time.monotonic()
+    got = revoke.wait_for(_Silent(), 4, 0.02, stopped=lambda: asked.append(1) or True)
+    assert got is None and asked == [1] and time.monotonic() - t0 < 1.0
+
+
+def test_a_silent_rank_seen_running_gets_more_graces_up_to_the_bound():
+    asked = []
+    got = revoke.wait_for(_Silent(), 4, 0.01, stopped=lambda: asked.append(1) or False)
+    assert got is None and len(asked) == revoke.MAX_GRACES - 1
+
+
+def test_a_slow_rank_that_answers_in_its_extra_grace_names_the_culprit():
+    """A rank starved of CPU answers after its grace: its answer, not its silence."""
+    final = revoke.notice(revoke.NO_PROGRESS, 3, 1, 4)
+    got = revoke.wait_for(_Silent(final, at=0.5), 4, 0.1, stopped=lambda: False)
+    assert got == (revoke.NO_PROGRESS, 3, 1, 4)
+    # where nothing tells (another host), its silence after the grace names it
+    assert revoke.wait_for(_Silent(final, at=0.5), 4, 0.1, stopped=lambda: None) is None
 
 
 # ---- the shrink's agreement messages (rdmamw/collectives/survivors.py) ------------------
