@@ -30,7 +30,9 @@ from rdmamw.transport._base cimport (
     RM_ERR_OS,
     RM_ERR_PEER_LOST,
     RM_ERR_UNSUPPORTED,
+    RM_WR_CMP_SWAP,
     RM_WR_EXPOSED,
+    RM_WR_FETCH_ADD,
     RM_WR_PUBLISH,
     RM_WR_READ,
     RM_WR_REGION,
@@ -56,6 +58,7 @@ from rdmamw.providers.shm._copy cimport CMA_CHUNK, cma, do_plain, plain_ok
 from rdmamw.providers.shm._endpoint cimport (
     ASSIST_ALIGN,
     RM_ASSIST_MAX_CHUNKS,
+    RM_XACC_ATOMIC,
     RM_XACC_READ,
     RM_XACC_WRITE,
     RM_XNONE,
@@ -76,6 +79,9 @@ from rdmamw.providers.shm._endpoint cimport (
     rm_assist_finish,
     rm_assist_offer,
     rm_assist_publish,
+    rm_smap,
+    rm_smap_atomic,
+    rm_smap_make,
     rm_xent,
     rm_xtab_add,
     rm_xtab_alive,
@@ -145,7 +151,10 @@ cdef class ShmTransport(ShmEndpoint):
         self.busy_chains += 1
         rm_spin_unlock(&self.busy_lock)
         rm_fence_seq_cst()
-        rc = self._post(wrs, n)
+        if n == 1 and (wrs[0].opcode == RM_WR_FETCH_ADD or wrs[0].opcode == RM_WR_CMP_SWAP):
+            rc = self._atomic(&wrs[0])
+        else:
+            rc = self._post(wrs, n)
         rm_spin_lock(&self.busy_lock)
         self.busy_chains -= 1
         if self.busy_chains == 0:
@@ -188,6 +197,42 @@ cdef class ShmTransport(ShmEndpoint):
             i += 1
         self.n_doorbells += 1
         self.n_wrs += n
+        return 0
+
+    cdef int _atomic(self, rm_wr *wr) noexcept nogil:
+        """fetch_add / compare_swap on a word of the peer's atomic region (rm_shared.h),
+        run with my ``busy`` word odd (_post_exposed): the peer's revoke either makes
+        the check below fail or waits until the instruction is done. The entry and its
+        file word are read once from the peer's block and checked as read; the word is
+        changed on my mapping of the peer's pages, made once per exposure."""
+        cdef rm_xent xe
+        cdef rm_smap *m
+        cdef uint32_t i = wr.rkey & 0xFF
+        cdef uint64_t file, at = wr.remote_off
+        cdef int rc = 0
+        if self.state != SHM_CONNECTED:
+            return self.state if self.state < 0 else RM_ERR_CLOSED
+        if self.peer_xfile == NULL or self.smaps == NULL or not self.cma:
+            return RM_ERR_UNSUPPORTED
+        if not wr.flags & RM_WR_REGION or wr.length != 8 or at & 7 \
+                or rm_xtab_find(self.peer_xtab, wr.rkey, at, 8, RM_XACC_ATOMIC, &xe) != 0 \
+                or xe.access >> RM_XTAG_SHIFT != wr.imm:
+            return RM_ERR_BOUNDS
+        file = rm_load_acquire64(&self.peer_xfile.file[i])     # then the key again:
+        if not rm_xtab_alive(self.peer_xtab, wr.rkey):
+            return RM_ERR_BOUNDS        # withdrawn (or the slot reused) meanwhile
+        m = &self.smaps[i]
+        rm_spin_lock(&self.smap_lock)
+        if m.map == NULL or m.key != wr.rkey or m.tag != wr.imm or m.file != file \
+                or m.addr != xe.addr or m.len != xe.len:
+            rc = rm_smap_make(m, self.pidfd, wr.rkey, wr.imm, file, xe.addr, xe.len)
+        if rc == 0:
+            rm_smap_atomic(m, at, wr.opcode == RM_WR_CMP_SWAP, <uint64_t *>wr.local_addr)
+        rm_spin_unlock(&self.smap_lock)
+        if rc != 0:
+            return RM_ERR_PEER_LOST if self._peer_exited() else RM_ERR_BOUNDS
+        self.n_doorbells += 1
+        self.n_wrs += 1
         return 0
 
     # ---- rendezvous ------------------------------------------------------------------
@@ -428,7 +473,7 @@ cdef class ShmTransport(ShmEndpoint):
         cdef uint32_t key, tag = access >> RM_ACCESS_TAG_SHIFT
         out.handle = out.lkey = out.rkey = 0
         if tag:
-            return self._expose_region(addr, length, access & 0xFF, tag, out)
+            return self._expose_region(addr, length, access & 0xFF, tag, 0, out)
         if access == RM_ACCESS_LOCAL:
             return 0
         if self.xpriv == NULL or self.state != SHM_CONNECTED or self.inherited():
