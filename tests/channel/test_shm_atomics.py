@@ -20,12 +20,14 @@ from rdmamw.errors import ProviderUnavailable, RegionRevoked
 from tests.support.helpers import LISTEN_ADDRESS, make_pair
 from tests.support.regions import ROOT, WITH
 
-#: a peer process (argv: address, n): takes the reference, runs n fetch_adds on word 0
-#: and n compare_swap increments on word 1, and sends back the old values it got
+#: a peer process (argv: address, n): takes the reference, waits for "go" (so both
+#: peers run at once), runs n fetch_adds on word 0 and n compare_swap increments on
+#: word 1, and sends back the old values it got
 PEER = textwrap.dedent("""
     import sys, numpy as np, rdmamw
     ch = rdmamw.Channel.open(sys.argv[1], timeout=30)
     ref = bytes(ch.recv(timeout=30))
+    ch.recv(timeout=60)
     n = int(sys.argv[2])
     adds = [ch.fetch_add(ref, 0, 1).wait() for _ in range(n)]
     swaps = []
@@ -43,7 +45,7 @@ def test_a_storm_from_two_processes_gives_the_exact_total():
     """Two peer processes update the same two words of the owner's shared memory at
     once: every old value handed out once, both words at the exact total, the word
     between them untouched (the region starts 64 bytes into its memfd)."""
-    n = 3000
+    n = 50000
     addr = LISTEN_ADDRESS["shm"]()
     lst = rdmamw.listen(addr)
     procs = [subprocess.Popen([sys.executable, "-c", PEER, lst.address, str(n)], cwd=ROOT,
@@ -57,6 +59,8 @@ def test_a_storm_from_two_processes_gives_the_exact_total():
             ch = lst.accept(timeout=60)
             chans.append(ch)
             ch.send(bytes(ch.expose(words[:2], "atomic").ref))
+        for ch in chans:
+            ch.send(b"go")
         olds = [np.frombuffer(bytes(ch.recv(timeout=120)), np.uint64) for ch in chans]
         assert list(words) == [2 * n, 2 * n, 0xABCDEF]
         assert sorted(np.concatenate([o[:n] for o in olds]).tolist()) == list(range(2 * n))
