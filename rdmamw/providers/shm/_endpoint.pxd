@@ -3,7 +3,7 @@
 # reach its records, the latter the way a peer process can.
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
-from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_mem
+from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_mem, rm_wr
 
 cdef enum:
     SHM_CONNECTED = 1       # ShmEndpoint.state, attached; else the RM_ERR_* that ended it
@@ -142,4 +142,5 @@ cdef class ShmEndpoint(Transport):
     cdef int _expose_region(self, uint64_t addr, uint64_t length, uint32_t access,
                             uint32_t tag, uint64_t file, rm_mem *out) noexcept nogil
     cdef int _await_peer_region(self) noexcept nogil
+    cdef int _atomic(self, rm_wr *wr) noexcept nogil
     cdef int _wait_step(self, uint32_t *spins, int64_t *until, bint hangup) noexcept nogil

@@ -14,9 +14,13 @@ from rdmamw.transport._base cimport (
     RM_ACCESS_REMOTE_WRITE,
     RM_ACCESS_TAG_SHIFT,
     RM_ERR_AGAIN,
+    RM_ERR_BOUNDS,
     RM_ERR_CLOSED,
+    RM_ERR_PEER_LOST,
     RM_ERR_UNSUPPORTED,
     RM_NREGIONS,
+    RM_WR_CMP_SWAP,
+    RM_WR_REGION,
     Transport,
     now_ns,
     rm_mem,
@@ -288,6 +292,42 @@ cdef class ShmEndpoint(Transport):
         if key == 0:
             return RM_ERR_AGAIN
         out.handle = out.rkey = key
+        return 0
+
+    cdef int _atomic(self, rm_wr *wr) noexcept nogil:
+        """fetch_add / compare_swap on a word of the peer's atomic region (rm_shared.h),
+        run with my ``busy`` word odd (_post_exposed): the peer's revoke either makes
+        the check below fail or waits until the instruction is done. The entry and its
+        file word are read once from the peer's block and checked as read; the word is
+        changed on my mapping of the peer's pages, made once per exposure."""
+        cdef rm_xent xe
+        cdef rm_smap *m
+        cdef uint32_t i = wr.rkey & 0xFF
+        cdef uint64_t file, at = wr.remote_off
+        cdef int rc = 0
+        if self.state != SHM_CONNECTED:
+            return self.state if self.state < 0 else RM_ERR_CLOSED
+        if self.peer_xfile == NULL or self.smaps == NULL or not self.cma:
+            return RM_ERR_UNSUPPORTED
+        if not wr.flags & RM_WR_REGION or wr.length != 8 or at & 7 \
+                or rm_xtab_find(self.peer_xtab, wr.rkey, at, 8, RM_XACC_ATOMIC, &xe) != 0 \
+                or xe.access >> RM_XTAG_SHIFT != wr.imm:
+            return RM_ERR_BOUNDS
+        file = rm_load_acquire64(&self.peer_xfile.file[i])     # then the key again:
+        if not rm_xtab_alive(self.peer_xtab, wr.rkey):
+            return RM_ERR_BOUNDS        # withdrawn (or the slot reused) meanwhile
+        m = &self.smaps[i]
+        rm_spin_lock(&self.smap_lock)
+        if m.map == NULL or m.key != wr.rkey or m.tag != wr.imm or m.file != file \
+                or m.addr != xe.addr or m.len != xe.len:
+            rc = rm_smap_make(m, self.pidfd, wr.rkey, wr.imm, file, xe.addr, xe.len)
+        if rc == 0:
+            rm_smap_atomic(m, at, wr.opcode == RM_WR_CMP_SWAP, <uint64_t *>wr.local_addr)
+        rm_spin_unlock(&self.smap_lock)
+        if rc != 0:
+            return RM_ERR_PEER_LOST if self._peer_exited() else RM_ERR_BOUNDS
+        self.n_doorbells += 1
+        self.n_wrs += 1
         return 0
 
     cdef int _await_peer_region(self) noexcept nogil:
