@@ -149,3 +149,29 @@ def test_no_atomic_lands_after_revoke_returns(provider):
         owner.close()
         peer.close()
         lst.close()
+
+
+def test_awaited_atomics_on_shm():
+    """rdmamw.aio: fetch_add and compare_swap awaited on shm give the old value, and
+    the owner's words change as they should."""
+    import asyncio
+
+    import rdmamw.aio as aio
+    a, b, lst = make_pair("batched", provider="shm")
+    try:
+        owner, peer = aio.Channel(a), aio.Channel(b)
+        words = rdmamw.memory.shared(16).view(np.uint64)
+        words[:] = [40, 9]
+        reg = owner.expose(words, "atomic")
+
+        async def main() -> list[int]:
+            return [(await peer.fetch_add(reg.ref, 0, 2)).value,
+                    (await peer.compare_swap(reg.ref, 8, 9, 1)).value,
+                    (await peer.compare_swap(reg.ref, 8, 9, 5)).value]
+
+        assert asyncio.run(main()) == [40, 9, 1]
+        assert list(words) == [42, 1]
+    finally:
+        a.close()
+        b.close()
+        lst.close()
