@@ -5,11 +5,13 @@ docs/benchmarks/remote-memory.md).
 
     python bench/rmem_bench.py                      # shm, 64 KiB and 4 MiB, peers found
     python bench/rmem_bench.py --provider tcp --peers none
+    python bench/rmem_bench.py --provider shm,tcp --peers none   # both, one run
     python bench/rmem_bench.py --provider verbs --reps 5 --iters 8 --peers none  # VM
     python bench/rmem_bench.py --peers mooncake,nixl,ucx --rounds 2
 
 An owner process exposes one buffer per size (allocated by rdmamw's
-``memory.pool.aligned_empty``) and then waits in ``recv`` (idle in the engine: on shm
+``memory.pool.aligned_empty``; on shm, whose atomics need memory the peer can map,
+``memory.shared``) and then waits in ``recv`` (idle in the engine: on shm
 it may help copy a large read, as for rendezvous); this process reads the whole buffer
 into a reused destination, and writes a source over it, ``--iters`` times per rep,
 and times ``np.copyto`` between two warm arrays of the size the same number of times,
@@ -18,9 +20,11 @@ rep by rep. Medians of the per-rep means; ``copyto/read`` = copyto time / read t
 a request with the buffer as a message, received with ``recv_into`` into the same
 destination (what a read saves on tcp); ``pull/read`` = pull time / read time. Also
 ``--batch`` 8 B writes a chain into one region, 16 B apart: operations per second; and,
-where the provider has atomics (tcp, verbs: the regions are then exposed "atomic"),
-fetch_adds on one word beside single 8-byte reads of it, interleaved rep by rep
-(``read8/fetch_add`` = read time / fetch_add time: both are one round trip on tcp).
+where the provider has atomics (shm, tcp, verbs: the regions are then exposed
+"atomic"), fetch_adds on one word beside single 8-byte reads of it, interleaved rep
+by rep (``read8/fetch_add`` = read time / fetch_add time: both are one round trip on
+tcp; on shm a read is a CMA call, a fetch_add a CPU atomic on the peer's mapped page).
+``--provider shm,tcp`` runs both providers, rep by rep, in one run.
 
 The peers (bench/peers/): UCX's ``ucx_perftest`` ``ucp_get`` / ``ucp_put_bw`` over
 ``posix`` beside rdmamw on shm; NIXL's Python API (UCX backend, DRAM) beside rdmamw on
@@ -58,16 +62,18 @@ PYTHON_PEERS = {"nixl": "nixl_cu12", "mooncake": "mooncake.engine"}
 TARGETS = {"read 4M / np.copyto": 1.0, "read 64K / np.copyto": 0.8}
 WRITES_TARGET = 10e6
 #: the providers with fetch_add / compare_swap (docs/remote-memory.md)
-ATOMICS = ("tcp", "verbs")
+ATOMICS = ("shm", "tcp", "verbs")
 
 OWNER = r"""
 import sys, numpy as np, rdmamw
+import rdmamw.memory
 from rdmamw.memory.pool import aligned_empty
 lst = rdmamw.listen(sys.argv[1])
 print(lst.address, flush=True)  # tcp: the port it was given
 ch = lst.accept(timeout=60)
 sizes = [int(s) for s in sys.argv[2].split(",")]
-bufs = [aligned_empty(n) for n in sizes]
+shared = sys.argv[1].startswith("shm") and sys.argv[3] == "atomic"
+bufs = [rdmamw.memory.shared(n) if shared else aligned_empty(n) for n in sizes]
 for b in bufs:
     b[:] = np.arange(b.size, dtype=np.uint8)        # what the reader checks once
 regs = [ch.expose(b, sys.argv[3]) for b in bufs]
@@ -285,7 +291,8 @@ def _target(label: str, value: float, ok: bool) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--provider", choices=("shm", "tcp", "verbs"), default="shm")
+    ap.add_argument("--provider", default="shm",
+                    help="shm, tcp or verbs, or several, comma-separated (one run)")
     ap.add_argument("--sizes", default="64K,4M")
     ap.add_argument("--reps", type=int, default=5, help="per round")
     ap.add_argument("--rounds", type=int, default=2)
@@ -307,7 +314,10 @@ def main() -> None:
             skipped[name] = why
         elif not why:
             peers.append(name)
-    providers = list(dict.fromkeys([args.provider, *(PEERS[p] for p in peers)]))
+    mine = args.provider.split(",")
+    if not set(mine) <= {"shm", "tcp", "verbs"}:
+        ap.error(f"--provider: shm, tcp or verbs, not {args.provider!r}")
+    providers = list(dict.fromkeys([*mine, *(PEERS[p] for p in peers)]))
     cfg = {"sizes": sizes, "reps": args.reps, "batch": args.batch, "iters": args.iters,
            "bytes_per_rep": 64 << 20, "timeout": 900}
     runs: dict = {}
@@ -324,7 +334,7 @@ def main() -> None:
     rows, targets = summarize({p: merge(runs[p]) for p in providers},
                               {**{p: merge(runs[p]) for p in peers},
                                **{p: {"error": w} for p, w in skipped.items()}},
-                              args.batch, args.provider)
+                              args.batch, mine[0])
     if args.json:
         print(json.dumps({"rows": rows, "targets": targets}, indent=1))
         return

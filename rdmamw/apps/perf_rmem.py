@@ -15,6 +15,7 @@ import msgpack
 
 from rdmamw.channel.remote import RegionRef
 from rdmamw.errors import ProtocolError, ProviderUnavailable, RdmamwError, RegionRevoked
+from rdmamw.memory.sharedmem import shared
 
 #: the one-sided tests and the access each one's region is exposed with
 ACCESS = {"read": "r", "write": "w", "atomic": "atomic"}
@@ -76,8 +77,9 @@ def serve(ch: Any, test: str, sizes: list[int], phases: int, timeout: float) -> 
     """Expose a buffer of the largest size (a word for atomic) and send its reference
     (or the provider's refusal); answer each of the client's ``phases`` end-of-run
     messages with what the buffer holds; revoke when the client says done."""
-    buf = pattern(max(sizes), 0) if test == "read" else bytearray(
-        WORD if test == "atomic" else max(sizes))
+    # an atomic's word in memory the peer can map (shm's atomics need it)
+    buf: Any = pattern(max(sizes), 0) if test == "read" else shared(WORD) \
+        if test == "atomic" else bytearray(max(sizes))
     want = bytes(buf) if test == "read" else b""      # what every read check compares
     try:
         region = ch.expose(buf, ACCESS[test])

@@ -111,9 +111,11 @@ cdef class RemoteOps:
         if tp.registers_memory and local_cache is None:
             raise ValueError("a transport that registers memory needs a local cache")
 
-    def expose(self, obj, uint32_t access) -> tuple:
+    def expose(self, obj, uint32_t access, file=None) -> tuple:
         """Expose ``obj``'s memory with RM_ACCESS_REMOTE_* ``access``: (0, key, tag,
-        address, length), or (rc, 0, 0, 0, 0) with the transport's error code."""
+        address, length), or (rc, 0, 0, 0, 0) with the transport's error code.
+        ``file``: (memfd, offset) of shared memory holding it, for a transport that
+        maps it for atomics (shm: its expose_shared())."""
         cdef Pinned p = Pinned()
         cdef rm_mem mem
         cdef int rc
@@ -128,7 +130,11 @@ cdef class RemoteOps:
         _last_tag = _last_tag % TAG_MAX + 1
         tag = _last_tag
         access |= tag << RM_ACCESS_TAG_SHIFT
-        if self.expose_cache is not None:
+        if file is not None:
+            rc, key = self.tp.expose_shared(<uint64_t>p.view.buf, <uint64_t>p.view.len,
+                                            access, file[0], file[1])
+            mem.handle = mem.rkey = key
+        elif self.expose_cache is not None:
             p.lease = self.expose_cache.acquire(obj)
             lkey, rkey = p.lease.handle[1], p.lease.handle[2]
             with nogil:

@@ -33,6 +33,7 @@ from rdmamw.errors import (
     Timeout,
 )
 from rdmamw.memory.buffer import host_view
+from rdmamw.memory.sharedmem import file_of
 
 #: access letters -> bits of a reference (R read, W write, A atomics)
 R, W, A = 1, 2, 4
@@ -192,9 +193,9 @@ class Fetched(Done):
 def _no_atomics(provider: str) -> str:
     """Why ``provider`` has no atomics on exposed memory (ProviderUnavailable's text)."""
     if provider == "shm":
-        return ("atomics on exposed memory: not on the shm provider (cross-memory attach "
-                "copies bytes and cannot be atomic; the peer would need the owner's pages "
-                "mapped, and exposed buffers are private memory): use tcp or verbs")
+        return ("atomics on exposed memory: not on this shm channel (the peer maps the "
+                "owner's shared memory with pidfd_getfd, which needs a pidfd of the peer "
+                "and cross-memory attach both ways: ptrace rules, RDMAMW_SHM_CMA)")
     return f"atomics on exposed memory: not on the {provider} provider"
 
 
@@ -318,7 +319,16 @@ class RemoteMemory:
             raise ProviderUnavailable(_no_atomics(self.provider))
         tp_bits = ((_TP_READ if bits & R else 0) | (_TP_WRITE if bits & W else 0)
                    | (_TP_ATOMIC if bits & A else 0))
-        rc, key, tag, base, length = ops.expose(_buffer(buffer), tp_bits)
+        buffer = _buffer(buffer)
+        file = None
+        if bits & A and self.provider == "shm":
+            file = file_of(buffer)
+            if file is None:
+                raise ProviderUnavailable(
+                    "atomics on shm need the region in shared memory the peer can map: "
+                    "this buffer is private memory (allocate it with "
+                    "rdmamw.memory.shared(nbytes))")
+        rc, key, tag, base, length = ops.expose(buffer, tp_bits, file)
         if rc == _ERR_UNSUPPORTED:
             why = (" (shm needs cross-memory attach to the peer: RDMAMW_SHM_CMA, ptrace "
                    "rules)" if self.provider == "shm" else "")
@@ -508,7 +518,9 @@ class RemoteMemory:
             raise RemoteAccessError(f"the {self.provider} provider failed a one-sided "
                                     f"operation ({rc})")
         for (write, _, _, n, key, tag, addr), ref in zip(ops, refs, strict=True):
-            why = self._transport.region_refusal(key, tag, addr, n, write)
+            why = (self._transport.region_refusal(key, tag, addr, n, write, True)
+                   if atomic and self.provider == "shm"
+                   else self._transport.region_refusal(key, tag, addr, n, write))
             if why == 1:
                 raise RegionRevoked("the peer does not expose this region (any more): "
                                     "revoked, closed, or never exposed")

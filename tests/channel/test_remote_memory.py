@@ -38,9 +38,19 @@ from tests.support.regions import ROOT, VERBS, WITH, WITHOUT
 #: where the owner's device refuses an access it was not granted (a forged or revoked
 #: reference): a remote access error, which ends the RC connection on both sides
 BY_DEVICE = {"verbs"}
-#: the providers with fetch_add / compare_swap (tcp: the owner's progress thread runs
-#: them; verbs: the owner's device); shm says why not (test_atomics_say_where_they_are_not)
-ATOMICS = {"tcp", "verbs"}
+#: the providers with fetch_add / compare_swap (shm: CPU atomics on the peer's mapping
+#: of the owner's shared memory; tcp: the owner's progress thread runs them; verbs: the
+#: owner's device). Their words are rdmamw.memory.shared() memory, which shm needs
+#: (tests/channel/test_shm_atomics.py: any other buffer is refused there)
+ATOMICS = {"shm", "tcp", "verbs"}
+
+
+def _words(values) -> np.ndarray:
+    """``values`` as uint64 words in memory a peer can map (rdmamw.memory.shared)."""
+    import rdmamw.memory
+    words = rdmamw.memory.shared(8 * len(values)).view(np.uint64)
+    words[:] = values
+    return words
 
 
 def _pattern(n: int, seed: int) -> np.ndarray:
@@ -254,14 +264,6 @@ def test_access_bits_raised_by_hand_are_refused(rpair, exposed):
     call = ((lambda: peer.write(src, forged)) if exposed == "r"
             else (lambda: peer.read(forged, src)))
     _refused_by_owner(owner, peer, buf, call, AccessDenied)
-
-
-def test_atomics_say_where_they_are_not(rpair):
-    owner, peer = rpair
-    if owner.provider in ATOMICS:
-        pytest.skip(f"{owner.provider} has atomics (test_atomics)")
-    with pytest.raises(ProviderUnavailable, match=owner.provider):
-        owner.expose(np.zeros(64, np.uint64), "atomic")
 
 
 def test_a_reference_from_another_channel_is_refused(rpair):
@@ -527,8 +529,7 @@ def test_atomics(rpair):
     the caller can check refused before anything is posted; each atomic one chain and
     one doorbell in stats()."""
     owner, peer = rpair
-    words = np.zeros(8, np.uint64)
-    words[:] = [5, 7, 2**64 - 1, 0, 0, 0, 0, 0]
+    words = _words([5, 7, 2**64 - 1, 0, 0, 0, 0, 0])
     reg = owner.expose(words, "atomic")
     assert peer.fetch_add(reg.ref, 0, 10).wait() == 5
     assert peer.fetch_add(reg.ref.__bytes__(), 0, 1).value == 15
@@ -580,7 +581,7 @@ def test_an_atomic_the_owner_did_not_grant_is_refused(rpair, how):
         pytest.skip("soft-RoCE (rxe) let an atomic past a window's end, inside the "
                     "registration under it, land (seen in the VM, Linux 6.1): the window's "
                     "bounds are the device's to check; docs/remote-memory.md")
-    buf = np.arange(16, dtype=np.uint64)    # the region is its first half: the word
+    buf = _words(range(16))                 # the region is its first half: the word
     reg = owner.expose(buf[:8], "rw" if how == "plain" else "atomic")   # past it is ours
     ref, offset, exc = {
         "plain": (_forge(reg.ref, access=7), 0, AccessDenied),
@@ -610,8 +611,7 @@ def test_two_peers_hammering_one_word_lose_no_update(provider, op):
     n = 1500
     pairs = [make_pair("batched", provider=provider) for _ in range(2)]
     try:
-        words = np.zeros(4, np.uint64)
-        words[2] = 0xABCDEF                 # a neighbour no operation names
+        words = _words([0, 0, 0xABCDEF, 0])  # [2]: a neighbour no operation names
         refs = [owner.expose(words, "atomic").ref for owner, _, _ in pairs]
         olds: list[list[int]] = [[], []]
         failed: list = []

@@ -3,7 +3,7 @@
 # reach its records, the latter the way a peer process can.
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 
-from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_mem
+from rdmamw.transport._base cimport RM_NREGIONS, Transport, rm_mem, rm_wr
 
 cdef enum:
     SHM_CONNECTED = 1       # ShmEndpoint.state, attached; else the RM_ERR_* that ended it
@@ -33,7 +33,7 @@ cdef extern from "poll.h" nogil:
 
 cdef extern from "rm_expose.h" nogil:
     enum:
-        RM_XTAB_N, RM_XACC_READ, RM_XACC_WRITE
+        RM_XTAB_N, RM_XACC_READ, RM_XACC_WRITE, RM_XACC_ATOMIC
     uint64_t RM_XNONE
     ctypedef struct rm_xent:
         uint64_t addr, len, staged
@@ -71,6 +71,19 @@ cdef extern from "rm_region.h" nogil:
         uint64_t id, busy
     int rm_region_why(const rm_xtab *t, uint32_t key, uint32_t tag, uint64_t addr,
                       uint64_t len, uint32_t access)
+
+cdef extern from "rm_shared.h" nogil:   # atomics on shared-memory regions
+    ctypedef struct rm_xfile:
+        uint64_t file[1]
+    ctypedef struct rm_smap:
+        uint32_t key, tag
+        uint64_t file, addr, len
+        char *map
+    uint64_t rm_xfile_word(int fd, uint64_t off)
+    void rm_smap_drop(rm_smap *m)
+    int rm_smap_make(rm_smap *m, int pidfd, uint32_t key, uint32_t tag, uint64_t file,
+                     uint64_t addr, uint64_t len)
+    void rm_smap_atomic(const rm_smap *m, uint64_t at, int cas, uint64_t *ops)
 
 
 cdef class ShmEndpoint(Transport):
@@ -114,6 +127,12 @@ cdef class ShmEndpoint(Transport):
     cdef uint32_t busy_chains       # my region chains in progress (threads): busy is odd
     cdef int busy_lock              # guards busy_seq / busy_chains and the busy word
     cdef int job_lock               # one assisted copy of mine at a time (the job record)
+    # atomics on shared-memory regions (rm_shared.h): my exposures' file words (in my
+    # block), the peer's, and my mappings of the peer's atomic exposures (per slot)
+    cdef rm_xfile *xfile
+    cdef rm_xfile *peer_xfile
+    cdef rm_smap *smaps
+    cdef int smap_lock              # guards smaps (threads of mine run atomics at once)
     cdef public uint64_t n_assist_jobs          # my READs/WRITEs that asked for help
     cdef public uint64_t n_assist_chunks_got    # chunks of them the peer copied
     cdef public uint64_t bytes_assist_given     # bytes I copied for the peer's jobs
@@ -121,6 +140,7 @@ cdef class ShmEndpoint(Transport):
     cdef void _close_fds(self) noexcept
     cdef bint _peer_exited(self) noexcept nogil
     cdef int _expose_region(self, uint64_t addr, uint64_t length, uint32_t access,
-                            uint32_t tag, rm_mem *out) noexcept nogil
+                            uint32_t tag, uint64_t file, rm_mem *out) noexcept nogil
     cdef int _await_peer_region(self) noexcept nogil
+    cdef int _atomic(self, rm_wr *wr) noexcept nogil
     cdef int _wait_step(self, uint32_t *spins, int64_t *until, bint hangup) noexcept nogil

@@ -36,9 +36,22 @@ class ShmEndpoint(Transport):
     def _set_region_id(self, ident: int) -> None: ...
     def region_ids(self) -> tuple[int, int]:
         """(this endpoint's identity, the peer's): 0 for a peer without regions."""
-    def region_refusal(self, key: int, tag: int, addr: int, length: int, write: bool) -> int:
+    def region_refusal(
+        self, key: int, tag: int, addr: int, length: int, write: bool, atomic: bool = False
+    ) -> int:
         """Why the peer's mirror refuses a region request (rm_region.h RM_RWHY_*: 0 it
-        does not, 1 not exposed under that key and tag, 2 outside it, 3 access)."""
+        does not, 1 not exposed under that key and tag, 2 outside it, 3 access; an
+        ``atomic``'s word unaligned: 3)."""
+    def expose_shared(
+        self, addr: int, length: int, access: int, fd: int, offset: int
+    ) -> tuple[int, int]:
+        """Expose a region (``access`` with its tag, as expose()) that lies at
+        ``offset`` of the memfd ``fd`` of this process, so the peer can map it for
+        atomics: (0, key) or (the transport's error code, 0)."""
+    @property
+    def region_atomics(self) -> bool:
+        """fetch_add / compare_swap on regions exposed "atomic" in shared memory: the
+        peer's memfds are reachable (pidfd_getfd: a pidfd and cross-memory attach)."""
     def _set_probe(self, word: int) -> None: ...
     def _probe_address(self) -> int: ...
     def _peer_probe_word(self) -> int: ...

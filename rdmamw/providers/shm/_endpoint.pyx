@@ -9,12 +9,18 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
 from rdmamw.transport._base cimport (
+    RM_ACCESS_REMOTE_ATOMIC,
     RM_ACCESS_REMOTE_READ,
     RM_ACCESS_REMOTE_WRITE,
+    RM_ACCESS_TAG_SHIFT,
     RM_ERR_AGAIN,
+    RM_ERR_BOUNDS,
     RM_ERR_CLOSED,
+    RM_ERR_PEER_LOST,
     RM_ERR_UNSUPPORTED,
     RM_NREGIONS,
+    RM_WR_CMP_SWAP,
+    RM_WR_REGION,
     Transport,
     now_ns,
     rm_mem,
@@ -48,9 +54,11 @@ cdef extern from "errno.h" nogil:
 cdef extern from "sched.h" nogil:
     int sched_yield()
 
-#: the exposure table and, after it, the assist job record and the region record (in
-#: each block; page-rounded by the provider, so the region record took no new page)
-XTAB_BYTES = sizeof(rm_xtab) + sizeof(rm_assist) + sizeof(rm_region_rec)
+#: the exposure table and, after it, the assist job record, the region record and the
+#: file words of atomic regions (in each block; page-rounded by the provider, so the
+#: last two took no new page)
+XTAB_BYTES = sizeof(rm_xtab) + sizeof(rm_assist) + sizeof(rm_region_rec) \
+    + RM_XTAB_N * sizeof(uint64_t)
 
 
 def cma_probe(int pid, size_t addr) -> int:
@@ -128,6 +136,12 @@ cdef class ShmEndpoint(Transport):
         self.peer_job = <rm_assist *>(self.peer_base + peer_xtab_off + sizeof(rm_xtab))
         self.rrec = <rm_region_rec *>(<char *>self.job + sizeof(rm_assist))
         self.peer_rrec = <rm_region_rec *>(<char *>self.peer_job + sizeof(rm_assist))
+        self.xfile = <rm_xfile *>(<char *>self.rrec + sizeof(rm_region_rec))
+        self.peer_xfile = <rm_xfile *>(<char *>self.peer_rrec + sizeof(rm_region_rec))
+        if self.smaps == NULL:
+            self.smaps = <rm_smap *>calloc(RM_XTAB_N, sizeof(rm_smap))
+            if self.smaps == NULL:
+                raise MemoryError("shared-region mappings")
         self.peer_pid, self.pidfd = peer_pid, pidfd
 
     def _attach_staging(self, int my_arena_fd, size_t my_arena_size, int peer_arena_fd,
@@ -200,6 +214,7 @@ cdef class ShmEndpoint(Transport):
         return bool(self.cma), bool(self.peer_cma)
 
     def __dealloc__(self):
+        cdef int i
         self._close_fds()
         if self.arena != NULL:
             munmap(self.arena, self.arena_size)
@@ -210,6 +225,11 @@ cdef class ShmEndpoint(Transport):
         if self.peer_base != NULL:
             munmap(self.peer_base, self.peer_size)
         free(self.xpriv)
+        if self.smaps != NULL:
+            for i in range(RM_XTAB_N):
+                rm_smap_drop(&self.smaps[i])
+            free(self.smaps)
+            self.smaps = NULL
 
     cdef void _close_fds(self) noexcept:
         if self.sock >= 0:
@@ -240,10 +260,12 @@ cdef class ShmEndpoint(Transport):
     # ---- user regions (rm_region.h; the data path checks them in _transport.pyx) ----
 
     cdef int _expose_region(self, uint64_t addr, uint64_t length, uint32_t access,
-                            uint32_t tag, rm_mem *out) noexcept nogil:
+                            uint32_t tag, uint64_t file, rm_mem *out) noexcept nogil:
         """A user region: live memory the peer reads or writes by CMA (never a staged
-        copy), its entry tagged (rm_region.h)."""
+        copy), its entry tagged (rm_region.h). An atomic one needs ``file``, its memfd
+        word (rm_shared.h), which the peer reads beside the mirrored entry."""
         cdef uint32_t key, acc = 0
+        cdef uint32_t known = RM_ACCESS_REMOTE_READ | RM_ACCESS_REMOTE_WRITE
         if self.xpriv == NULL or self.state != SHM_CONNECTED or self.inherited():
             return RM_ERR_CLOSED
         if not self.peer_cma or tag >> (32 - RM_XTAG_SHIFT):
@@ -252,15 +274,60 @@ cdef class ShmEndpoint(Transport):
             acc |= RM_XACC_READ
         if access & RM_ACCESS_REMOTE_WRITE:
             acc |= RM_XACC_WRITE
-        if acc == 0 or access & ~<uint32_t>(RM_ACCESS_REMOTE_READ | RM_ACCESS_REMOTE_WRITE):
+        if access & RM_ACCESS_REMOTE_ATOMIC:
+            if file == 0 or self.xfile == NULL:
+                return RM_ERR_UNSUPPORTED
+            acc |= RM_XACC_ATOMIC
+            known |= RM_ACCESS_REMOTE_ATOMIC
+        else:
+            file = 0
+        if acc == 0 or access & ~known:
             return RM_ERR_UNSUPPORTED
         rm_spin_lock(&self.xlock)
         key = rm_xtab_add(self.xpriv, addr, length, acc | (tag << RM_XTAG_SHIFT), RM_XNONE)
+        if key != 0:        # the file word first: the mirrored key releases both
+            self.xfile.file[key & 0xFF] = file
         rm_xtab_mirror(self.xtab, self.xpriv, key)
         rm_spin_unlock(&self.xlock)
         if key == 0:
             return RM_ERR_AGAIN
         out.handle = out.rkey = key
+        return 0
+
+    cdef int _atomic(self, rm_wr *wr) noexcept nogil:
+        """fetch_add / compare_swap on a word of the peer's atomic region (rm_shared.h),
+        run with my ``busy`` word odd (_post_exposed): the peer's revoke either makes
+        the check below fail or waits until the instruction is done. The entry and its
+        file word are read once from the peer's block and checked as read; the word is
+        changed on my mapping of the peer's pages, made once per exposure."""
+        cdef rm_xent xe
+        cdef rm_smap *m
+        cdef uint32_t i = wr.rkey & 0xFF
+        cdef uint64_t file, at = wr.remote_off
+        cdef int rc = 0
+        if self.state != SHM_CONNECTED:
+            return self.state if self.state < 0 else RM_ERR_CLOSED
+        if self.peer_xfile == NULL or self.smaps == NULL or not self.cma:
+            return RM_ERR_UNSUPPORTED
+        if not wr.flags & RM_WR_REGION or wr.length != 8 or at & 7 \
+                or rm_xtab_find(self.peer_xtab, wr.rkey, at, 8, RM_XACC_ATOMIC, &xe) != 0 \
+                or xe.access >> RM_XTAG_SHIFT != wr.imm:
+            return RM_ERR_BOUNDS
+        file = rm_load_acquire64(&self.peer_xfile.file[i])     # then the key again:
+        if not rm_xtab_alive(self.peer_xtab, wr.rkey):
+            return RM_ERR_BOUNDS        # withdrawn (or the slot reused) meanwhile
+        m = &self.smaps[i]
+        rm_spin_lock(&self.smap_lock)
+        if m.map == NULL or m.key != wr.rkey or m.tag != wr.imm or m.file != file \
+                or m.addr != xe.addr or m.len != xe.len:
+            rc = rm_smap_make(m, self.pidfd, wr.rkey, wr.imm, file, xe.addr, xe.len)
+        if rc == 0:
+            rm_smap_atomic(m, at, wr.opcode == RM_WR_CMP_SWAP, <uint64_t *>wr.local_addr)
+        rm_spin_unlock(&self.smap_lock)
+        if rc != 0:
+            return RM_ERR_PEER_LOST if self._peer_exited() else RM_ERR_BOUNDS
+        self.n_doorbells += 1
+        self.n_wrs += 1
         return 0
 
     cdef int _await_peer_region(self) noexcept nogil:
@@ -315,10 +382,37 @@ cdef class ShmEndpoint(Transport):
         return poll(&fd, 1, 0) > 0
 
     def region_refusal(self, uint32_t key, uint32_t tag, uint64_t addr, uint64_t length,
-                       bint write) -> int:
+                       bint write, bint atomic=False) -> int:
         """Why the peer's mirror refuses a region request (rm_region.h RM_RWHY_*: 0 it
-        does not, 1 not exposed under that key and tag, 2 outside it, 3 access)."""
+        does not, 1 not exposed under that key and tag, 2 outside it, 3 access; an
+        ``atomic``'s word unaligned: 3)."""
+        cdef int why
         if self.peer_xtab == NULL:
             return 1
-        return rm_region_why(self.peer_xtab, key, tag, addr, length,
-                             RM_XACC_WRITE if write else RM_XACC_READ)
+        why = rm_region_why(self.peer_xtab, key, tag, addr, length,
+                            RM_XACC_ATOMIC if atomic else
+                            RM_XACC_WRITE if write else RM_XACC_READ)
+        if why == RM_RWHY_OK and atomic and addr & 7:
+            return RM_RWHY_ACCESS
+        return why
+
+    def expose_shared(self, uint64_t addr, uint64_t length, uint32_t access, int fd,
+                      uint64_t offset) -> tuple:
+        """Expose a region (``access`` with its tag, as expose()) that lies at
+        ``offset`` of the memfd ``fd`` of this process, so the peer can map it for
+        atomics: (0, key) or (the transport's error code, 0)."""
+        cdef rm_mem mem
+        cdef uint64_t file = rm_xfile_word(fd, offset)
+        cdef int rc
+        if file == 0:
+            return RM_ERR_UNSUPPORTED, 0
+        with nogil:
+            rc = self._expose_region(addr, length, access & 0xFF,
+                                     access >> RM_ACCESS_TAG_SHIFT, file, &mem)
+        return rc, (mem.rkey if rc == 0 else 0)
+
+    @property
+    def region_atomics(self) -> bool:
+        """fetch_add / compare_swap on regions exposed "atomic" in shared memory: the
+        peer's memfds are reachable (pidfd_getfd: a pidfd and cross-memory attach)."""
+        return self.pidfd >= 0 and bool(self.cma) and bool(self.peer_cma)

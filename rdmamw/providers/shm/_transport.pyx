@@ -30,7 +30,9 @@ from rdmamw.transport._base cimport (
     RM_ERR_OS,
     RM_ERR_PEER_LOST,
     RM_ERR_UNSUPPORTED,
+    RM_WR_CMP_SWAP,
     RM_WR_EXPOSED,
+    RM_WR_FETCH_ADD,
     RM_WR_PUBLISH,
     RM_WR_READ,
     RM_WR_REGION,
@@ -145,7 +147,10 @@ cdef class ShmTransport(ShmEndpoint):
         self.busy_chains += 1
         rm_spin_unlock(&self.busy_lock)
         rm_fence_seq_cst()
-        rc = self._post(wrs, n)
+        if n == 1 and (wrs[0].opcode == RM_WR_FETCH_ADD or wrs[0].opcode == RM_WR_CMP_SWAP):
+            rc = self._atomic(&wrs[0])
+        else:
+            rc = self._post(wrs, n)
         rm_spin_lock(&self.busy_lock)
         self.busy_chains -= 1
         if self.busy_chains == 0:
@@ -428,7 +433,7 @@ cdef class ShmTransport(ShmEndpoint):
         cdef uint32_t key, tag = access >> RM_ACCESS_TAG_SHIFT
         out.handle = out.lkey = out.rkey = 0
         if tag:
-            return self._expose_region(addr, length, access & 0xFF, tag, out)
+            return self._expose_region(addr, length, access & 0xFF, tag, 0, out)
         if access == RM_ACCESS_LOCAL:
             return 0
         if self.xpriv == NULL or self.state != SHM_CONNECTED or self.inherited():
