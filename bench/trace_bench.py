@@ -72,7 +72,7 @@ def rate_main(args: argparse.Namespace) -> None:
     for i in range(args.blocks):
         on = (i % 2 == 0) == (i // 2 % 2 == 0)            # on/off, off/on, on/off, ...
         if on and not args.control:
-            _engine.trace_start(1 << 24)
+            _engine.trace_start(args.ring)
         if w.rank == 0:
             ch.recv().release()                             # the receiver is ready
             out.append({"on": on, "rate": stream(ch, batch, args.seconds)})
@@ -110,6 +110,8 @@ def main() -> int:
                     help="the 8 B batched rate of a channel instead of allreduces")
     ap.add_argument("--batch", type=int, default=16, help="--rate: messages per batch")
     ap.add_argument("--seconds", type=float, default=0.5, help="--rate: seconds per block")
+    ap.add_argument("--ring", type=int, default=1 << 20,
+                    help="--rate: records the ring keeps (RDMAMW_TRACE_MAX_RECORDS's default)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--rank-of-job", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

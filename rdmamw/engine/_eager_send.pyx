@@ -4,7 +4,7 @@ the slot writes, then the arrival-bitmap words that changed, last; only the last
 request is signaled (docs/protocol.md)."""
 
 cimport cython
-from libc.stdint cimport int64_t, uint8_t, uint16_t
+from libc.stdint cimport uint8_t, uint16_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy
 
@@ -22,7 +22,7 @@ from rdmamw.engine._frames cimport (
     pad8,
     rm_slot_hdr,
 )
-from rdmamw.engine._trace cimport TR_DOORBELL, rm_trace_on, rm_trace_put
+from rdmamw.engine._trace cimport rm_trace_on
 from rdmamw.transport._base cimport (
     RM_ERR_LATE,
     RM_REGION_ARRIVAL,
@@ -204,7 +204,7 @@ cdef class EagerSender:
         self.link.unlock()
         if rc != 0 and rc != RM_ERR_LATE:
             return rc
-        self.link.reap()
+        self.link.reap_posted(self.link.batch_posted)
         rm_fence_seq_cst()
         if rm_load_acquire64(&self.link.ctrl[CTRL_RX_SLEEP]):
             self.link.wake_peer()
@@ -212,10 +212,8 @@ cdef class EagerSender:
 
     cdef void doorbell(self, uint32_t k0, uint32_t got, int rc) noexcept nogil:
         """The timeline's record of the chain post_slots just posted (while one records)."""
-        cdef int64_t t = now_ns()
-        rm_trace_put(self.link.trace, TR_DOORBELL, self.link.serial, t, t,
-                     self.batch.plan_start[k0 + got] - self.batch.plan_start[k0], got,
-                     self.link.batch_posted, <uint32_t>rc)
+        self.batch.trace_doorbell(now_ns(), self.batch.plan_start[k0 + got] -
+                                  self.batch.plan_start[k0], got, rc)
 
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil:
         """Fill staging for planned slot k going to peer slot ``slot``; append its WRs."""
