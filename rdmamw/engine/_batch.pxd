@@ -35,7 +35,7 @@ cdef class SendBatch:
     cdef str rendezvous             # the resolved strategy, for error messages
     cdef readonly object regcache   # sources the peer READs (or we WRITE from); verbs
     # while a timeline records: when the batch's posting began (0: not traced), the
-    # Link's chains posted before it, and its first doorbell, kept for its record
+    # Link's chains posted before it, and its last doorbell, kept for its record
     # (trace_doorbell: db_t 0, none kept)
     cdef int64_t traced
     cdef uint64_t chain0
@@ -47,7 +47,7 @@ cdef class SendBatch:
     # load and a branch each)
     cdef inline void trace_begin(self) noexcept nogil:
         if rm_trace_on(self.link.trace):
-            if self.db_t:           # the doorbell of a call that failed after it
+            if self.db_t:           # (not left by a call: trace_end takes it)
                 self.flush_doorbell()
             self.traced, self.chain0 = now_ns(), self.link.batch_posted
 
@@ -57,7 +57,8 @@ cdef class SendBatch:
             self.put_batch(n)
 
     cdef void put_batch(self, Py_ssize_t n) noexcept nogil
-    cdef void trace_doorbell(self, int64_t t, uint32_t msgs, uint32_t slots, int rc) noexcept nogil
+    cdef void trace_doorbell(self, int64_t t, uint32_t msgs, uint32_t slots, int rc,
+                             bint last) noexcept nogil
     cdef void flush_doorbell(self) noexcept nogil
 
     # a rendezvous message's source and lease go to its entry (RndvSender) until its

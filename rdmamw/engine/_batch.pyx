@@ -260,11 +260,15 @@ cdef class SendBatch:
                               <uint32_t>(last - self.chain0), done)
         self.traced = 0
 
-    cdef void trace_doorbell(self, int64_t t, uint32_t msgs, uint32_t slots, int rc) noexcept nogil:
-        """A chain of this batch was posted at ``t`` (the Link's last): the first of a
-        traced batch is kept for the batch's record; any other, or one that failed, is
-        a record of its own."""
-        if self.traced and not self.db_t and rc == 0:
+    cdef void trace_doorbell(self, int64_t t, uint32_t msgs, uint32_t slots, int rc,
+                             bint last) noexcept nogil:
+        """A chain of this batch was posted at ``t`` (the Link's last): the one that ends
+        a traced batch's plan is kept for the batch's record (put_batch: the call ends
+        without a wait after it, so its record is written); any other, or one that
+        failed, is a record of its own at once (a call that fails after it, in a wait
+        for slots, leaves it in the timeline)."""
+        if self.traced and last and rc == 0:
+            self.flush_doorbell()
             self.db_t, self.db_chain = t, self.link.batch_posted
             self.db_msgs, self.db_slots = msgs, slots
             return

@@ -121,7 +121,7 @@ cdef class EagerSender:
                 break
             rc[0] = self.post_slots(k, got)
             if rm_trace_on(self.link.trace):    # (here, not in post_slots: k and got are
-                self.doorbell(k, got, rc[0])    # live here anyway)
+                self.doorbell(k, got, nplan, rc[0])     # live here anyway)
             if rc[0] != 0:
                 if rc[0] == RM_ERR_LATE:    # accepted (queued), past the deadline
                     k += got
@@ -210,10 +210,12 @@ cdef class EagerSender:
             self.link.wake_peer()
         return rc
 
-    cdef void doorbell(self, uint32_t k0, uint32_t got, int rc) noexcept nogil:
-        """The timeline's record of the chain post_slots just posted (while one records)."""
+    cdef void doorbell(self, uint32_t k0, uint32_t got, uint32_t nplan, int rc) noexcept nogil:
+        """The timeline's record of the chain post_slots just posted (while one records):
+        kept for its batch's record if it is the batch's last (nothing but the end of the
+        call comes after it)."""
         self.batch.trace_doorbell(now_ns(), self.batch.plan_start[k0 + got] -
-                                  self.batch.plan_start[k0], got, rc)
+                                  self.batch.plan_start[k0], got, rc, k0 + got == nplan)
 
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil:
         """Fill staging for planned slot k going to peer slot ``slot``; append its WRs."""

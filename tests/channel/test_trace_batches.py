@@ -181,3 +181,25 @@ def test_past_the_capacity_the_latest_records_are_kept(tmp_path, monkeypatch):
                    key=lambda e: e["ts"])
     assert [(e["args"]["chain"], e["args"]["messages"], e["args"]["slots"]) for e in bells] \
         == [(c, 1, 1) for c in range(41, 51)]
+
+
+def test_a_send_that_fails_after_a_doorbell_leaves_it_in_the_timeline(tmp_path):
+    """A batch of more slots than the ring, nobody receiving: its first chain (the 8
+    free slots) is posted, then its wait for credit times out: no batch span, but that
+    doorbell, on the channel's track, in the file."""
+    a, b, lst = make_pair(provider="shm", slots=8, slot_size=4096)
+    try:
+        with rdmamw.trace.record(str(tmp_path / "t.json")):
+            with pytest.raises(rdmamw.Timeout) as e:
+                a.send_batch(LONG, timeout=0.2)
+    finally:
+        a.close()
+        b.close()
+        lst.close()
+    with open(tmp_path / "t.json") as f:
+        doc = json.load(f)
+    assert not [e for e in doc["traceEvents"] if e["name"] == "batch"]
+    bells = [e["args"] for e in doc["traceEvents"] if e["name"] == "doorbell"]
+    assert bells == [{"channel": a.trace_id, "messages": e.value.sent, "slots": 8,
+                      "chain": 1}]
+    assert e.value.sent == 8
