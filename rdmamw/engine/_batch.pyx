@@ -236,7 +236,6 @@ cdef class SendBatch:
             return REC_HDR + DESC_BYTES
         return REC_HDR + pad8(<uint32_t>self.lens[i])
 
-
     # ---- the batch's records in the timeline (docs/trace.md) ----------------------
 
     cdef void put_batch(self, Py_ssize_t n) noexcept nogil:
