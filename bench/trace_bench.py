@@ -5,6 +5,8 @@ run, in the same two processes.
 
     python bench/trace_bench.py                    # 24 blocks of 2000 allreduces
     python bench/trace_bench.py --blocks 40 --json
+    python bench/trace_bench.py --rate [--batch 1]   # the 8 B batched rate, 2 ranks
+    python bench/trace_bench.py --cpu [--batch 1]    # CPU per message, one process
 
 Two ranks on shm (rdmamw.bootstrap.launch) run ``--calls`` allreduces of 8 float32
 (the ring algorithm at 2 ranks: 4 header steps, 2 data steps, a wait: 7 spans and the
@@ -72,7 +74,7 @@ def rate_main(args: argparse.Namespace) -> None:
     for i in range(args.blocks):
         on = (i % 2 == 0) == (i // 2 % 2 == 0)            # on/off, off/on, on/off, ...
         if on and not args.control:
-            _engine.trace_start(1 << 24)
+            _engine.trace_start(args.ring)
         if w.rank == 0:
             ch.recv().release()                             # the receiver is ready
             out.append({"on": on, "rate": stream(ch, batch, args.seconds)})
@@ -85,6 +87,32 @@ def rate_main(args: argparse.Namespace) -> None:
     if w.rank == 0:
         print(json.dumps(out), flush=True)
     ch.close()
+
+
+def cpu_main(args: argparse.Namespace) -> dict[str, float]:
+    """``--cpu``: the CPU time per 8 B message of bench/call_cost.py's loop (one process,
+    one thread: send a batch of ``--batch``, receive it, release it) with the channels'
+    records on and off, ``--blocks`` blocks alternating; robust to a loaded machine
+    (other processes' time is not counted), the rate's part of the sender is not."""
+    from call_cost import pair, per_message_ns  # bench/ is sys.path[0]
+
+    from rdmamw.engine import _engine
+    a, b, lst = pair()
+    n = max(100_000, 25_000 * args.batch)
+    res: dict[bool, list[float]] = {False: [], True: []}
+    try:
+        per_message_ns(a, b, args.batch, 20_000)        # warm up
+        for i in range(args.blocks):
+            on = (i % 2 == 0) == (i // 2 % 2 == 0)      # on/off, off/on, on/off, ...
+            if on and not args.control:
+                _engine.trace_start(args.ring)
+            res[on].append(per_message_ns(a, b, args.batch, n))
+            _engine.trace_stop()
+    finally:
+        a.close(), b.close(), lst.close()
+    off, on = statistics.median(res[False]), statistics.median(res[True])
+    return {"cpu_ns_off": off, "cpu_ns_on": on, "cpu_ratio": off / on,
+            "ns_per_batch": (on - off) * args.batch}
 
 
 def span_cost(reps: int = 200_000) -> float:
@@ -110,9 +138,25 @@ def main() -> int:
                     help="the 8 B batched rate of a channel instead of allreduces")
     ap.add_argument("--batch", type=int, default=16, help="--rate: messages per batch")
     ap.add_argument("--seconds", type=float, default=0.5, help="--rate: seconds per block")
+    ap.add_argument("--ring", type=int, default=1 << 20,
+                    help="--rate: records the ring keeps (RDMAMW_TRACE_MAX_RECORDS's default)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--rank-of-job", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cpu", action="store_true",
+                    help="CPU time per message in one process (call_cost's loop) instead")
     args = ap.parse_args()
+    if args.cpu:
+        res = cpu_main(args)
+        if args.json:
+            print(json.dumps(res))
+            return 0
+        print(("A/A control (nothing recorded): " if args.control else "") +
+              f"CPU per 8 B message (send + receive + release, one process), batches of "
+              f"{args.batch}, {args.blocks} blocks")
+        print(f"  tracing off  {res['cpu_ns_off']:8.1f} ns (median)")
+        print(f"  tracing on   {res['cpu_ns_on']:8.1f} ns (median): "
+              f"{res['ns_per_batch']:+.0f} ns a batch, off/on {res['cpu_ratio']:.3f}")
+        return 0
     if args.rank_of_job:
         (rate_main if args.rate else rank_main)(args)
         return 0

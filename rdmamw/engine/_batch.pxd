@@ -2,7 +2,7 @@ from cpython.ref cimport Py_DECREF, PyObject
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from rdmamw.engine._link cimport Link
-from rdmamw.engine._trace cimport TR_BATCH, rm_trace_on, rm_trace_put
+from rdmamw.engine._trace cimport rm_trace_on
 from rdmamw.transport._base cimport now_ns
 
 
@@ -34,24 +34,32 @@ cdef class SendBatch:
     cdef uint64_t rndv_limit        # the largest range one rendezvous moves here
     cdef str rendezvous             # the resolved strategy, for error messages
     cdef readonly object regcache   # sources the peer READs (or we WRITE from); verbs
-    # while a timeline records: when the batch's posting began (0: not traced), and
-    # the Link's chains posted before it
+    # while a timeline records: when the batch's posting began (0: not traced), the
+    # Link's chains posted before it, and its last doorbell, kept for its record
+    # (trace_doorbell: db_t 0, none kept)
     cdef int64_t traced
     cdef uint64_t chain0
+    cdef int64_t db_t
+    cdef uint64_t db_chain
+    cdef uint32_t db_msgs, db_slots
 
     # the batch's record in the timeline (rdmamw/include/rm_trace.h; inline: off, one
     # load and a branch each)
     cdef inline void trace_begin(self) noexcept nogil:
         if rm_trace_on(self.link.trace):
+            if self.db_t:           # (not left by a call: trace_end takes it)
+                self.flush_doorbell()
             self.traced, self.chain0 = now_ns(), self.link.batch_posted
 
     cdef inline void trace_end(self, Py_ssize_t n) noexcept nogil:
         """The batch of ``n`` messages was posted whole (and counted)."""
         if self.traced:
-            rm_trace_put(self.link.trace, TR_BATCH, self.link.serial, self.traced, now_ns(),
-                         <uint64_t>n, self.bytes, self.link.batch_posted,
-                         <uint32_t>(self.link.batch_posted - self.chain0))
-            self.traced = 0
+            self.put_batch(n)
+
+    cdef void put_batch(self, Py_ssize_t n) noexcept nogil
+    cdef void trace_doorbell(self, int64_t t, uint32_t msgs, uint32_t slots, int rc,
+                             bint last) noexcept nogil
+    cdef void flush_doorbell(self) noexcept nogil
 
     # a rendezvous message's source and lease go to its entry (RndvSender) until its
     # done bit, and come back if it is not sent after all (inline: no call)

@@ -22,6 +22,8 @@ from rdmamw.engine._frames cimport (
 )
 from rdmamw.engine._leases cimport end_owned, take_lease
 from rdmamw.engine._messages cimport host_view
+from rdmamw.engine._trace cimport TR_BATCH, TR_BATCH_ONE, TR_DOORBELL, rm_trace_put_chan
+from rdmamw.transport._base cimport now_ns
 from rdmamw.transport.atomics cimport rm_load_acquire64
 
 from rdmamw.errors import MessageTooLarge
@@ -234,3 +236,48 @@ cdef class SendBatch:
             return REC_HDR + DESC_BYTES
         return REC_HDR + pad8(<uint32_t>self.lens[i])
 
+    # ---- the batch's records in the timeline (docs/trace.md) ----------------------
+
+    cdef void put_batch(self, Py_ssize_t n) noexcept nogil:
+        """trace_end: a batch posted in one chain that completed within its post (shm,
+        tcp) is one record that ends at its doorbell (read after the post and its reap:
+        when the chain had completed; no clock read more); else the kept doorbell and
+        the batch record, which says whether its last chain completed by its end."""
+        cdef uint64_t last = self.link.batch_posted
+        cdef bint done = self.link.batch_done >= last
+        cdef int64_t t1
+        if (done and self.db_t and self.db_chain == last and last - self.chain0 == 1
+                and self.db_msgs == <uint64_t>n):
+            rm_trace_put_chan(self.link.trace, TR_BATCH_ONE, self.link.serial, self.traced,
+                              self.db_t, <uint64_t>n, self.bytes, last, self.db_slots, 0)
+            self.db_t = 0
+        else:
+            t1 = now_ns()
+            self.flush_doorbell()
+            rm_trace_put_chan(self.link.trace, TR_BATCH, self.link.serial, self.traced, t1,
+                              <uint64_t>n, self.bytes, last,
+                              <uint32_t>(last - self.chain0), done)
+        self.traced = 0
+
+    cdef void trace_doorbell(self, int64_t t, uint32_t msgs, uint32_t slots, int rc,
+                             bint last) noexcept nogil:
+        """A chain of this batch was posted at ``t`` (the Link's last): the one that ends
+        a traced batch's plan is kept for the batch's record (put_batch: the call ends
+        without a wait after it, so its record is written); any other, or one that
+        failed, is a record of its own at once (a call that fails after it, in a wait
+        for slots, leaves it in the timeline)."""
+        if self.traced and last and rc == 0:
+            self.flush_doorbell()
+            self.db_t, self.db_chain = t, self.link.batch_posted
+            self.db_msgs, self.db_slots = msgs, slots
+            return
+        self.flush_doorbell()
+        rm_trace_put_chan(self.link.trace, TR_DOORBELL, self.link.serial, t, t, msgs, slots,
+                          self.link.batch_posted, <uint32_t>rc, 0)
+
+    cdef void flush_doorbell(self) noexcept nogil:
+        """The kept doorbell, if any, as a record of its own."""
+        if self.db_t:
+            rm_trace_put_chan(self.link.trace, TR_DOORBELL, self.link.serial, self.db_t,
+                              self.db_t, self.db_msgs, self.db_slots, self.db_chain, 0, 0)
+            self.db_t = 0

@@ -57,7 +57,7 @@ cdef class EagerSender:
             p -= 1
         return self.part_lkey[p]
     cdef int post_slots(self, uint32_t k0, uint32_t got) noexcept nogil
-    cdef void doorbell(self, uint32_t k0, uint32_t got, int rc) noexcept nogil
+    cdef void doorbell(self, uint32_t k0, uint32_t got, uint32_t nplan, int rc) noexcept nogil
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil
     cdef uint32_t arrival_wrs(self, uint32_t nw) noexcept nogil
     cdef dict diagnostics(self)

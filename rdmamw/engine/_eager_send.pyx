@@ -4,7 +4,7 @@ the slot writes, then the arrival-bitmap words that changed, last; only the last
 request is signaled (docs/protocol.md)."""
 
 cimport cython
-from libc.stdint cimport int64_t, uint8_t, uint16_t
+from libc.stdint cimport uint8_t, uint16_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcpy
 
@@ -22,7 +22,7 @@ from rdmamw.engine._frames cimport (
     pad8,
     rm_slot_hdr,
 )
-from rdmamw.engine._trace cimport TR_DOORBELL, rm_trace_on, rm_trace_put
+from rdmamw.engine._trace cimport rm_trace_on
 from rdmamw.transport._base cimport (
     RM_ERR_LATE,
     RM_REGION_ARRIVAL,
@@ -121,7 +121,7 @@ cdef class EagerSender:
                 break
             rc[0] = self.post_slots(k, got)
             if rm_trace_on(self.link.trace):    # (here, not in post_slots: k and got are
-                self.doorbell(k, got, rc[0])    # live here anyway)
+                self.doorbell(k, got, nplan, rc[0])     # live here anyway)
             if rc[0] != 0:
                 if rc[0] == RM_ERR_LATE:    # accepted (queued), past the deadline
                     k += got
@@ -204,18 +204,18 @@ cdef class EagerSender:
         self.link.unlock()
         if rc != 0 and rc != RM_ERR_LATE:
             return rc
-        self.link.reap()
+        self.link.reap_posted(self.link.batch_posted)
         rm_fence_seq_cst()
         if rm_load_acquire64(&self.link.ctrl[CTRL_RX_SLEEP]):
             self.link.wake_peer()
         return rc
 
-    cdef void doorbell(self, uint32_t k0, uint32_t got, int rc) noexcept nogil:
-        """The timeline's record of the chain post_slots just posted (while one records)."""
-        cdef int64_t t = now_ns()
-        rm_trace_put(self.link.trace, TR_DOORBELL, self.link.serial, t, t,
-                     self.batch.plan_start[k0 + got] - self.batch.plan_start[k0], got,
-                     self.link.batch_posted, <uint32_t>rc)
+    cdef void doorbell(self, uint32_t k0, uint32_t got, uint32_t nplan, int rc) noexcept nogil:
+        """The timeline's record of the chain post_slots just posted (while one records):
+        kept for its batch's record if it is the batch's last (nothing but the end of the
+        call comes after it)."""
+        self.batch.trace_doorbell(now_ns(), self.batch.plan_start[k0 + got] -
+                                  self.batch.plan_start[k0], got, rc, k0 + got == nplan)
 
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil:
         """Fill staging for planned slot k going to peer slot ``slot``; append its WRs."""

@@ -19,7 +19,14 @@ from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.object cimport Py_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc
+from posix.mman cimport (
+    MAP_ANONYMOUS,
+    MAP_FAILED,
+    MAP_PRIVATE,
+    mmap,
+    PROT_READ,
+    PROT_WRITE,
+)
 from libc.string cimport memcpy
 
 from rdmamw.engine._batch cimport SendBatch
@@ -51,6 +58,7 @@ from rdmamw.engine._rndv_send cimport RndvSender
 from rdmamw.engine._trace cimport (
     TR_ARRIVAL_WAIT,
     TR_BATCH,
+    TR_BATCH_ONE,
     TR_COMPLETED,
     TR_CREDIT_WAIT,
     TR_DOORBELL,
@@ -91,7 +99,8 @@ cdef int64_t CLOSE_POST_NS = 500000000  # close()'s last words wait this long fo
 TRACE_KINDS = {"batch": TR_BATCH, "doorbell": TR_DOORBELL, "completed": TR_COMPLETED,
                "credit wait": TR_CREDIT_WAIT, "arrival wait": TR_ARRIVAL_WAIT,
                "sleep": TR_SLEEP, "rndv expose": TR_RNDV_EXPOSE, "rndv done": TR_RNDV_DONE,
-               "rndv recv": TR_RNDV_RECV, "read wait": TR_READ_WAIT}
+               "rndv recv": TR_RNDV_RECV, "read wait": TR_READ_WAIT,
+               "batch one": TR_BATCH_ONE}
 #: the bytes of one record (rm_trace_rec)
 TRACE_RECORD_BYTES = sizeof(rm_trace_rec)
 cdef uint64_t _trace_room = 0           # records the array holds (it only grows)
@@ -117,8 +126,10 @@ def trace_start(uint64_t capacity) -> None:
         ring <<= 1
         shift += 1
     if ring > _trace_room:          # (the old array leaks: a late writer may hold it)
-        p = calloc(ring, sizeof(rm_trace_rec))
-        if p == NULL:
+        # zeroed pages, touched as they fill, page-aligned: a record is one cache line
+        p = mmap(NULL, ring * sizeof(rm_trace_rec), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if p == MAP_FAILED:
             raise MemoryError()
         t.recs, _trace_room = <rm_trace_rec *>p, ring
     t.cap, t.mask, t.shift, t.next = ring, ring - 1, shift, 0

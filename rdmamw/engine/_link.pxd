@@ -201,6 +201,7 @@ cdef class Link:
     cdef int peer_status(self) noexcept nogil
     cdef int peer_dying(self) noexcept nogil
     cdef void reap(self) noexcept nogil
+    cdef void reap_posted(self, uint64_t chain) noexcept nogil
     cdef bint poll_done(self, uint64_t batch) noexcept
     cdef int fail(self, str why) except -1
     cdef int raise_post(self, int rc) except -1

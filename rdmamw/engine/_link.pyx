@@ -24,6 +24,7 @@ from rdmamw.engine._trace cimport (
     TR_SLEEP,
     rm_trace_on,
     rm_trace_put,
+    rm_trace_put_chan,
 )
 from rdmamw.transport._base cimport (
     current_pid,
@@ -106,6 +107,27 @@ cdef uint64_t _serials = 0
 
 cdef rm_trace *trace_state() noexcept nogil:
     return &_trace
+
+
+cdef inline void take_completions(Link self) noexcept nogil:
+    """reap()'s part under its lock: the transport's completions into batch_done (a
+    chain's) or read_done (a READ's)."""
+    cdef int i, k
+    while True:
+        k = self.tp.poll(self.wcs, 64)
+        if k <= 0:
+            break
+        for i in range(k):
+            if self.wcs[i].wr_id & RM_RNDV_WRID:        # a rendezvous READ (receiver)
+                self.read_status = self.wcs[i].status
+                self.read_done = self.wcs[i].wr_id & ~RM_RNDV_WRID
+                continue
+            if self.wcs[i].status != 0:
+                self.peer_gone = True
+            if self.wcs[i].wr_id > self.batch_done:
+                self.batch_done = self.wcs[i].wr_id
+        if k < 64:      # fewer than asked for: none were left (no second poll)
+            break
 
 
 @cython.final
@@ -400,29 +422,31 @@ cdef class Link:
 
     cdef void reap(self) noexcept nogil:
         """Take the transport's completions: a chain's (batch_done) or a READ's."""
-        cdef int i, k
         cdef uint64_t before
         cdef int64_t t
         rm_spin_lock(&self.reap_lock)
         before = self.batch_done
-        while True:
-            k = self.tp.poll(self.wcs, 64)
-            if k <= 0:
-                break
-            for i in range(k):
-                if self.wcs[i].wr_id & RM_RNDV_WRID:        # a rendezvous READ (receiver)
-                    self.read_status = self.wcs[i].status
-                    self.read_done = self.wcs[i].wr_id & ~RM_RNDV_WRID
-                    continue
-                if self.wcs[i].status != 0:
-                    self.peer_gone = True
-                if self.wcs[i].wr_id > self.batch_done:
-                    self.batch_done = self.wcs[i].wr_id
-            if k < 64:      # fewer than asked for: none were left (no second poll)
-                break
+        take_completions(self)
         if rm_trace_on(self.trace) and self.batch_done != before:
             t = now_ns()
-            rm_trace_put(self.trace, TR_COMPLETED, self.serial, t, t, 0, 0, self.batch_done, 0)
+            rm_trace_put_chan(self.trace, TR_COMPLETED, self.serial, t, t, 0, 0,
+                              self.batch_done, 0, 0)
+        rm_spin_unlock(&self.reap_lock)
+
+    cdef void reap_posted(self, uint64_t chain) noexcept nogil:
+        """reap() right after a sender posted ``chain``: when it completes just that
+        chain (shm, tcp: within the post), no record says so; the batch's own does
+        (SendBatch.put_batch: its last chain done by the end of its posting)."""
+        cdef uint64_t before
+        cdef int64_t t
+        rm_spin_lock(&self.reap_lock)
+        before = self.batch_done
+        take_completions(self)
+        if (rm_trace_on(self.trace) and self.batch_done != before
+                and not (before + 1 == chain and self.batch_done == chain)):
+            t = now_ns()
+            rm_trace_put_chan(self.trace, TR_COMPLETED, self.serial, t, t, 0, 0,
+                              self.batch_done, 0, 0)
         rm_spin_unlock(&self.reap_lock)
 
     cdef bint poll_done(self, uint64_t batch) noexcept:

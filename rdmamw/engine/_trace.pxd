@@ -8,13 +8,14 @@ cdef extern from "rm_trace.h" nogil:
     ctypedef struct rm_trace_rec:
         int64_t t0
         int64_t t1
-        uint64_t chan
         uint64_t a
         uint64_t b
         uint64_t c
+        uint32_t chan
         uint32_t kind
         uint32_t tid
         uint32_t d
+        uint32_t e
         uint32_t ready
     ctypedef struct rm_trace:
         rm_trace_rec *recs
@@ -27,6 +28,8 @@ cdef extern from "rm_trace.h" nogil:
     bint rm_trace_on(const rm_trace *t)
     void rm_trace_put(rm_trace *t, uint32_t kind, uint64_t chan, int64_t t0, int64_t t1,
                       uint64_t a, uint64_t b, uint64_t c, uint32_t d)
+    void rm_trace_put_chan(rm_trace *t, uint32_t kind, uint64_t chan, int64_t t0, int64_t t1,
+                           uint64_t a, uint64_t b, uint64_t c, uint32_t d, uint32_t e)
     void rm_trace_switch(rm_trace *t, uint32_t on)
     uint64_t rm_trace_claimed(const rm_trace *t)
     bint rm_trace_ready(const rm_trace *t, uint64_t i)
@@ -34,9 +37,11 @@ cdef extern from "rm_trace.h" nogil:
 
 
 cdef enum:
-    TR_BATCH = 1        # a send call's posting: a messages, b bytes, c its last chain, d chains
+    TR_BATCH = 1        # a send call's posting: a messages, b bytes, c its last chain, d chains,
+                        # e 1 if that chain had completed by t1 (no TR_COMPLETED says it then)
     TR_DOORBELL = 2     # one chain posted: a messages, b slots, c its chain, d rc
-    TR_COMPLETED = 3    # chains completed up to c (the Link's reap)
+    TR_COMPLETED = 3    # chains completed up to c (the Link's reap; not the reap of a post
+                        # that completed just its own chain: its batch record says it)
     TR_CREDIT_WAIT = 4  # a sender's wait (Waiter.wait): a what (WAIT_*), b close()'s,
                         # c its target, d its result (1 ready, 0 timed out, <0 peer)
     TR_ARRIVAL_WAIT = 5 # a receiver's wait for arrivals: the same fields
@@ -45,3 +50,6 @@ cdef enum:
     TR_RNDV_DONE = 8    # rendezvous messages done up to c (their done bits came back)
     TR_RNDV_RECV = 9    # a rendezvous message received: a its index, b bytes, d written
     TR_READ_WAIT = 10   # a receiver's wait for its rendezvous READ: the same fields
+    TR_BATCH_ONE = 11   # a send call posted in one chain that completed within its post
+                        # (shm, tcp: one record, not batch + doorbell + completed): t1 its
+                        # doorbell (and completion), a messages, b bytes, c its chain, d slots

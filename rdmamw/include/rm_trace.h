@@ -22,11 +22,12 @@
 
 typedef struct {
     int64_t t0, t1;         /* now_ns() (CLOCK_MONOTONIC); t1 == t0 for an instant */
-    uint64_t chan;          /* the Link's serial (Engine.trace_id) */
-    uint64_t a, b, c;       /* by kind: see rdmamw/trace/records.py */
-    uint32_t kind, tid;     /* tid: the writer's gettid() */
-    uint32_t d, ready;      /* ready: the session's generation once written */
-} rm_trace_rec;             /* 64 bytes */
+    uint64_t a, b, c;       /* by kind: see rdmamw/engine/_trace.pxd */
+    uint32_t chan;          /* the Link's serial (Engine.trace_id) */
+    uint32_t kind, tid;     /* tid: the writer's gettid() (0 on a channel's track) */
+    uint32_t d, e;
+    uint32_t ready;         /* the index's tag once written (rm_trace_tag) */
+} rm_trace_rec;             /* 64 bytes: one cache line (the ring is page-aligned) */
 
 typedef struct {
     rm_trace_rec *recs;
@@ -55,17 +56,32 @@ static inline uint32_t rm_trace_tag(const rm_trace *t, uint64_t i) {
     return (t->gen << 24) | (uint32_t)(((i >> t->shift) + 1) & 0xffffff);
 }
 
-static inline void rm_trace_put(rm_trace *t, uint32_t kind, uint64_t chan, int64_t t0,
-                                int64_t t1, uint64_t a, uint64_t b, uint64_t c,
-                                uint32_t d) {
+static inline void rm_trace_write(rm_trace *t, uint32_t kind, uint64_t chan, int64_t t0,
+                                  int64_t t1, uint64_t a, uint64_t b, uint64_t c,
+                                  uint32_t d, uint32_t e, uint32_t tid) {
     uint64_t i = __atomic_fetch_add(&t->next, 1, __ATOMIC_RELAXED);
     rm_trace_rec *r = &t->recs[i & t->mask];
     __atomic_store_n(&r->ready, 0, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);        /* busy before the fields change */
-    r->t0 = t0; r->t1 = t1; r->chan = chan;
+    r->t0 = t0; r->t1 = t1; r->chan = (uint32_t)chan;
     r->a = a; r->b = b; r->c = c;
-    r->kind = kind; r->tid = rm_trace_tid(); r->d = d;
+    r->kind = kind; r->tid = tid; r->d = d; r->e = e;
     __atomic_store_n(&r->ready, rm_trace_tag(t, i), __ATOMIC_RELEASE);
+}
+
+/* a record of the writing thread (a wait, a rendezvous receipt: on its track) */
+static inline void rm_trace_put(rm_trace *t, uint32_t kind, uint64_t chan, int64_t t0,
+                                int64_t t1, uint64_t a, uint64_t b, uint64_t c,
+                                uint32_t d) {
+    rm_trace_write(t, kind, chan, t0, t1, a, b, c, d, 0, rm_trace_tid());
+}
+
+/* a record of a channel's track (a batch, a completion), whichever thread wrote it:
+ * no thread id (its look-up is a TLS access from a shared object: not free) */
+static inline void rm_trace_put_chan(rm_trace *t, uint32_t kind, uint64_t chan, int64_t t0,
+                                     int64_t t1, uint64_t a, uint64_t b, uint64_t c,
+                                     uint32_t d, uint32_t e) {
+    rm_trace_write(t, kind, chan, t0, t1, a, b, c, d, e, 0);
 }
 
 /* rdmamw.engine._engine's trace_start / trace_stop (the GIL held: one at a time) */

@@ -22,9 +22,9 @@ import numpy as np
 from rdmamw.engine import _engine
 
 #: one record (rm_trace_rec)
-DTYPE = np.dtype([("t0", "<i8"), ("t1", "<i8"), ("chan", "<u8"), ("a", "<u8"),
-                  ("b", "<u8"), ("c", "<u8"), ("kind", "<u4"), ("tid", "<u4"),
-                  ("d", "<u4"), ("ready", "<u4")])
+DTYPE = np.dtype([("t0", "<i8"), ("t1", "<i8"), ("a", "<u8"), ("b", "<u8"), ("c", "<u8"),
+                  ("chan", "<u4"), ("kind", "<u4"), ("tid", "<u4"), ("d", "<u4"),
+                  ("e", "<u4"), ("ready", "<u4")])
 assert DTYPE.itemsize == _engine.TRACE_RECORD_BYTES
 K = _engine.TRACE_KINDS
 #: the waits' spans, by kind; ``what`` of a credit wait (rdmamw/engine/_frames.pxd)
@@ -120,12 +120,22 @@ def events(recs: np.ndarray, pid: int, names: dict[int, str]) -> list[dict[str, 
 
 
 def _batches(mine: np.ndarray, pid: int, lanes: Lanes, chan: int) -> list[dict[str, Any]]:
+    """A batch record (its last chain completed by its end when ``e`` says so, else at
+    the first completion record that reached it), a one-chain batch's record (it ends
+    at its doorbell, when its chain had completed) and the doorbells of the others."""
     done, when = _progress(mine[mine["kind"] == K["completed"]])
     out = []
     lane_of_chain: dict[int, int] = {}
-    for r in mine[mine["kind"] == K["batch"]]:
-        t0, t1, last, chains = int(r["t0"]), int(r["t1"]), int(r["c"]), int(r["d"])
-        end = _first_at_least(done, when, last) if chains else None
+    bells = [(int(r["t0"]), int(r["a"]), int(r["b"]), int(r["c"]), int(r["d"]))
+             for r in mine[mine["kind"] == K["doorbell"]]]
+    for r in mine[np.isin(mine["kind"], [K["batch"], K["batch one"]])]:
+        t0, t1, last = int(r["t0"]), int(r["t1"]), int(r["c"])
+        one = int(r["kind"]) == K["batch one"]
+        chains = 1 if one else int(r["d"])
+        if one:
+            bells.append((t1, int(r["a"]), int(r["d"]), last, 0))
+        end = (t1 if one or r["e"] else _first_at_least(done, when, last)) if chains \
+            else None
         t_end = t1 if end is None else max(t1, end)
         tid = lanes.place(chan, "batches", t0, t_end)
         for c in range(last - chains + 1, last + 1):
@@ -134,15 +144,14 @@ def _batches(mine: np.ndarray, pid: int, lanes: Lanes, chan: int) -> list[dict[s
             "channel": chan, "messages": int(r["a"]), "bytes": int(r["b"]),
             "doorbells": chains, "posting_us": _us(t1 - t0),
             "completed": end is not None or not chains}))
-    for r in mine[mine["kind"] == K["doorbell"]]:
+    for t, messages, slots, chain, rc in sorted(bells):
         # (one whose send call failed, no batch counted: on the first track)
-        tid = lane_of_chain.get(int(r["c"]), lanes.tid(chan, "batches", 0))
+        tid = lane_of_chain.get(chain, lanes.tid(chan, "batches", 0))
         out.append({"name": "doorbell", "cat": "batch", "ph": "i", "s": "t",
-                    "ts": _us(int(r["t0"])), "pid": pid, "tid": tid,
-                    "args": {"channel": chan, "messages": int(r["a"]),
-                             "slots": int(r["b"]), "chain": int(r["c"]),
-                             **({"error": int(np.int32(np.uint32(r["d"])))} if r["d"]
-                                else {})}})
+                    "ts": _us(t), "pid": pid, "tid": tid,
+                    "args": {"channel": chan, "messages": messages, "slots": slots,
+                             "chain": chain,
+                             **({"error": int(np.int32(np.uint32(rc)))} if rc else {})}})
     return out
 
 

@@ -363,7 +363,7 @@ def _trace_limit() -> None:
 
 def _trace_records() -> None:
     """The channels' timeline keeps RDMAMW_TRACE_MAX_RECORDS records and counts the
-    others dropped (each shm send of one message writes three: test_trace_batches)."""
+    others dropped (each shm send of one message writes one: test_trace_batches)."""
     import rdmamw.trace as trace
     from rdmamw.engine import _engine
     from tests.support.helpers import make_pair
@@ -378,7 +378,7 @@ def _trace_records() -> None:
             kept = len(tr.records) // _engine.TRACE_RECORD_BYTES
     finally:
         a.close(), b.close(), lst.close()
-    assert (kept, tr.records_dropped) == (min(limit, 12), 12 - min(limit, 12))
+    assert (kept, tr.records_dropped) == (min(limit, 4), 4 - min(limit, 4))
 
 
 def _local_rank(name: str) -> Callable[[], None]:

@@ -2,8 +2,8 @@
 channels of a pair send to each other while rdmamw.trace records; the file's batch
 spans, per channel, are as many and carry as many messages and bytes as the
 channels' own stats() count, in the JSON and as Perfetto's trace processor reads it;
-each batch's doorbells are on its track, inside it; a full ring's wait for credit is
-a span of the sending thread."""
+each batch's doorbells are on its track, inside it (a batch of more slots than the
+ring: several); a full ring's wait for credit is a span of the sending thread."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ def traced(request, tmp_path):
     """(the file, {trace_id: stats()} of both channels, the thread id of the sender
     into a full ring): a pair (8 slots) that sends
     batches of 1 to 5 messages both ways, and rendezvous messages on shm and verbs,
-    while a timeline records; then one side sends 64 batches the other drains late
-    (credit waits). On verbs a batch completes when the device reports it, after its
-    send call returned: its span ends there."""
+    while a timeline records; then one side sends a batch of more slots than the ring
+    (several chains) and 64 batches the other drains late (credit waits). On verbs a
+    batch completes when the device reports it, after its send call returned: its span
+    ends there."""
     rndv = request.param in RENDEZVOUS
     a, b, lst = make_pair(provider=request.param, slots=8, slot_size=4096,
                           rendezvous="read" if rndv else "off")
@@ -55,7 +56,7 @@ def traced(request, tmp_path):
                         got += len(ms)
                         for m in ms:
                             m.release()
-            drain = threading.Thread(target=_drain, args=(b, 64))
+            drain = threading.Thread(target=_drain, args=(b, 64 + len(LONG)))
             sender = threading.Thread(target=_send, args=(a, 64, tids))
             sender.start()
             threading.Event().wait(0.05)        # the ring fills up first
@@ -70,8 +71,13 @@ def traced(request, tmp_path):
         lst.close()
 
 
+#: the full ring's sender's first batch: more slots than the ring's 8 (several chains)
+LONG = [b"y" * 3000] * 20
+
+
 def _send(ch, n: int, tids: dict[str, int]) -> None:
     tids["sender"] = threading.get_native_id()
+    ch.send_batch(LONG)
     for i in range(n):
         ch.send_batch([b"z" * (i + 1)])
 
@@ -83,6 +89,10 @@ def _drain(ch, n: int) -> None:
         got += len(ms)
         for m in ms:
             m.release()
+
+
+def ns(us: float) -> int:
+    return round(us * 1000)
 
 
 def want(stats: dict[int, dict]) -> dict[int, tuple[int, int, int]]:
@@ -103,12 +113,14 @@ def test_the_batch_spans_are_the_channels_batches(traced):
         acc[2] += e["args"]["bytes"]
     assert {cid: tuple(v) for cid, v in got.items()} == want(stats)
     assert all(e["args"]["completed"] for e in spans)
-    # each doorbell on its batch's track, inside it; as many as the batches say
+    # each doorbell on its batch's track, inside it (in ns, as Perfetto reads the µs: a
+    # one-chain batch ends at its doorbell); as many as the batches say
     bells = [e for e in doc["traceEvents"] if e["name"] == "doorbell"]
     for e in bells:
-        assert any(b["tid"] == e["tid"] and b["ts"] <= e["ts"] <= b["ts"] + b["dur"]
-                   for b in spans)
+        assert any(b["tid"] == e["tid"] and
+                   ns(b["ts"]) <= ns(e["ts"]) <= ns(b["ts"]) + ns(b["dur"]) for b in spans)
     assert len(bells) == sum(e["args"]["doorbells"] for e in spans)
+    assert max(e["args"]["doorbells"] for e in spans) > 1        # (the long batch)
     assert sum(e["args"]["messages"] for e in bells) == sum(
         s["messages"] for s in stats.values())
     # the full ring's sender waited for credit, on its own thread's track
@@ -139,11 +151,11 @@ def test_perfettos_trace_processor_counts_the_same(traced):
 
 
 def test_past_the_capacity_the_latest_records_are_kept(tmp_path, monkeypatch):
-    """RDMAMW_TRACE_MAX_RECORDS=10 (a ring of 16 slots, nine times round): on shm each
-    single-message send writes three records (the completion its post reaps, its
-    doorbell, the batch; its chain is its number from 1), so of 50 sends of 1 to 50
-    bytes the file keeps the last 10 records, in order (the batch of send 46, then the
-    three of each of sends 47 to 49), and counts the 140 before them as dropped."""
+    """RDMAMW_TRACE_MAX_RECORDS=10 (a ring of 16 slots, three times round): on shm each
+    single-message send writes one record (a batch posted in one chain that completed
+    within its post; its chain is its number from 1), so of 50 sends of 1 to 50 bytes
+    the file keeps the last 10, in order (sends 41 to 50), and counts the 40 before
+    them as dropped."""
     monkeypatch.setenv("RDMAMW_TRACE_MAX_RECORDS", "10")
     a, b, lst = make_pair(provider="shm")
     try:
@@ -157,15 +169,37 @@ def test_past_the_capacity_the_latest_records_are_kept(tmp_path, monkeypatch):
         lst.close()
     k = _engine.TRACE_KINDS
     recs = records.parse(tr.records)
-    send = [k["completed"], k["doorbell"], k["batch"]]
-    assert recs["kind"].tolist() == [k["batch"]] + send * 3
-    batches = recs[recs["kind"] == k["batch"]]
-    assert (batches["b"].tolist(), batches["c"].tolist()) == ([47, 48, 49, 50],) * 2
-    for kind in ("completed", "doorbell"):                  # up to / its chain
-        assert recs["c"][recs["kind"] == k[kind]].tolist() == [48, 49, 50]
+    assert recs["kind"].tolist() == [k["batch one"]] * 10
+    assert (recs["b"].tolist(), recs["c"].tolist()) == (list(range(41, 51)),) * 2
     with open(tmp_path / "t.json") as f:
         doc = json.load(f)
-    assert doc["otherData"]["rdmamw"]["records_dropped"] == 140
+    assert doc["otherData"]["rdmamw"]["records_dropped"] == 40
     spans = sorted((e for e in doc["traceEvents"] if e.get("cat") == "batch"
                     and e["ph"] == "X"), key=lambda e: e["ts"])
-    assert [e["args"]["bytes"] for e in spans] == [47, 48, 49, 50]
+    assert [e["args"]["bytes"] for e in spans] == list(range(41, 51))
+    bells = sorted((e for e in doc["traceEvents"] if e["name"] == "doorbell"),
+                   key=lambda e: e["ts"])
+    assert [(e["args"]["chain"], e["args"]["messages"], e["args"]["slots"]) for e in bells] \
+        == [(c, 1, 1) for c in range(41, 51)]
+
+
+def test_a_send_that_fails_after_a_doorbell_leaves_it_in_the_timeline(tmp_path):
+    """A batch of more slots than the ring, nobody receiving: its first chain (the 8
+    free slots) is posted, then its wait for credit times out: no batch span, but that
+    doorbell, on the channel's track, in the file."""
+    a, b, lst = make_pair(provider="shm", slots=8, slot_size=4096)
+    try:
+        with rdmamw.trace.record(str(tmp_path / "t.json")):
+            with pytest.raises(rdmamw.Timeout) as e:
+                a.send_batch(LONG, timeout=0.2)
+    finally:
+        a.close()
+        b.close()
+        lst.close()
+    with open(tmp_path / "t.json") as f:
+        doc = json.load(f)
+    assert not [e for e in doc["traceEvents"] if e["name"] == "batch"]
+    bells = [e["args"] for e in doc["traceEvents"] if e["name"] == "doorbell"]
+    assert bells == [{"channel": a.trace_id, "messages": e.value.sent, "slots": 8,
+                      "chain": 1}]
+    assert e.value.sent == 8
