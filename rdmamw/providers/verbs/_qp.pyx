@@ -56,12 +56,6 @@ cdef extern from "<unistd.h>" nogil:
 # receiving CPU's backlog drops some, and its READ retry can then stall the QP for good
 # (docs/design.md "Long READs on soft-RoCE"): at most this much per READ work request
 cdef uint32_t READ_CHUNK_SOFT_ROCE = 512 * 1024
-#: the QP's ACK timeout exponents (RDMAMW_VERBS_TIMEOUT): a NIC's ACKs come in
-#: microseconds; soft-RoCE's from a kernel thread of a CPU the job shares, which a
-#: loaded host (or a VM) can hold for a large part of a second: 7 tries of ~67 ms
-#: ran out there and broke a live connection
-cdef int TIMEOUT_DEFAULT = 14
-cdef int TIMEOUT_SOFT_ROCE = 18
 
 
 cdef int _fill_table(const char *lib, char *err, size_t errlen) noexcept:
@@ -148,7 +142,7 @@ cdef class VerbsQP(Transport):
         ``windows`` (where the device has them) every key the peer gets is a memory
         window's, bound to this QP. ``read_chunk``: the longest RDMA READ one work
         request asks for (0: no limit; -1: READ_CHUNK_SOFT_ROCE on soft-RoCE, else no
-        limit); ``timeout_exp`` -1: the device's default ACK timeout."""
+        limit)."""
         cdef int i
         cdef VerbsDevice dev
         cdef rmv_route *r
@@ -169,9 +163,7 @@ cdef class VerbsQP(Transport):
         self.block = VerbsBlock(self.mem, block_len, ring_off, ring_len, stride, granted)
         if self.block.on:
             self.local_granted = self.block.granted
-        if timeout_exp < 0:
-            timeout_exp = TIMEOUT_SOFT_ROCE if dev.soft_roce else TIMEOUT_DEFAULT
-        self.timeout_exp = <uint8_t>min(timeout_exp, 31)
+        self.timeout_exp = timeout_exp
         if read_chunk < 0:
             read_chunk = READ_CHUNK_SOFT_ROCE if dev.soft_roce else 0
         self.read_chunk = <uint32_t>min(read_chunk, 1 << 31)

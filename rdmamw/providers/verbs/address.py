@@ -49,7 +49,7 @@ def parse_where(where: str) -> Where:
         if key not in opts:
             opts[key] = config.get(name)
     for key in OPTIONS:
-        if key in ("read_chunk", "timeout"):    # parsed and checked as the setting
+        if key == "read_chunk":     # bytes: "512K" as in the setting, checked the same
             value = opts[key]
             value = config.setting(OPTIONS[key]).parse(value) if isinstance(value, str) \
                 else value

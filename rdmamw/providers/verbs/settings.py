@@ -40,6 +40,5 @@ declare("verbs", "RDMAMW_VERBS_READ_CHUNK", "bytes", None,
         "longest RDMA READ one work request asks for; a longer one goes as several (0: no "
         "limit; default: 512 KiB on soft-RoCE devices, whose READ retry can stall, else no "
         "limit)", maximum=1 << 31)
-declare("verbs", "RDMAMW_VERBS_TIMEOUT", "int", None,
-        "QP local ACK timeout exponent (4.096 us x 2^n, 7 tries; default: 14, ~67 ms; 18, "
-        "~1.1 s, on soft-RoCE devices, whose ACKs wait for a CPU the job shares)", maximum=31)
+declare("verbs", "RDMAMW_VERBS_TIMEOUT", "int", 14,
+        "QP local ACK timeout exponent (4.096 us x 2^n)", maximum=31)
