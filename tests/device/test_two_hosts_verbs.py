@@ -149,9 +149,10 @@ for k in range(2):
 @pytest.mark.slow     # (`make test-slow`): rxe's own failures under load, below
 def test_large_rendezvous_messages_on_two_channels_one_after_another(two_hosts):  # noqa: F811
     """Out of `make test` (in `make test-slow`): with the CI's host half beside the VM,
-    its server's QP went into error mid-rendezvous in 3 of the last 4 whole runs
-    (2026-12-07; the first and the second channel; both processes alive, the VM's
-    console saying `rdma_rxe: Failed sending ACK`), and passed alone in the VM.
+    its server's QP went into error mid-rendezvous in both whole runs of 2026-12-07
+    (once on the first channel, once on the second; both processes alive, the VM's
+    console saying `rdma_rxe: Failed sending ACK`) and in one run before, while it
+    passed in others and alone in the VM.
     Two channels in turn between the same two "hosts", each carrying 8 B, 64 KiB and
     8 MiB (a rendezvous READ) both ways. Before long READs went in pieces
     (RDMAMW_VERBS_READ_CHUNK, 512 KiB on soft-RoCE) it failed in 3 of 3 runs: the first
