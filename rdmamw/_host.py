@@ -26,6 +26,13 @@ def _stat_fields(pid: int | str) -> list[str] | None:
     return raw[raw.rfind(b")") + 2:].decode("ascii", "replace").split()
 
 
+def state(pid: int | str) -> str | None:
+    """Process ``pid``'s state letter (/proc/PID/stat: R, S, D, T, t, Z...), None when
+    there is no such process."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
 def process_key() -> str:
     """This process's pid namespace and start time (clock ticks after boot): with the
     pid and :func:`host_key`, what tells a process that ended from a new one given its

@@ -14,6 +14,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from rdmamw import _host
+
 #: seconds a process found dead is still named (as gone) by the host's health answer
 GONE_KEEP = 600.0
 
@@ -40,11 +42,7 @@ def started(pid: int) -> str | None:
 
 def stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped (SIGSTOP, a debugger): alive, not answering."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] in ("T", "t")
-    except OSError:
-        return False
+    return _host.state(pid) in ("T", "t")
 
 
 @dataclass

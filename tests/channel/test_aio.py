@@ -307,12 +307,7 @@ def test_peer_killed_while_awaited_others_keep_working(provider):
             await asyncio.sleep(0.2)
             assert not waiting.done()
             before = list(rounds)
-            p.send_signal(signal.SIGKILL)
-            t_kill = time.monotonic()
-            with pytest.raises(rdmamw.PeerLost):
-                async with asyncio.timeout(2.0):
-                    await waiting
-            assert time.monotonic() - t_kill < 2.0
+            assert await killed_then_lost(p, waiting, 2.0) < 2.0
             await asyncio.sleep(0.2)
             assert all(r > b for r, b in zip(rounds, before, strict=True)), (before, rounds)
             stop.set()
@@ -326,6 +321,17 @@ def test_peer_killed_while_awaited_others_keep_working(provider):
     asyncio.run(main())
 
 
+async def killed_then_lost(p, task, within: float) -> float:
+    """SIGKILL ``p``, then await ``task``, which must raise PeerLost (given ``within``
+    s): the seconds from the kill to it."""
+    p.send_signal(signal.SIGKILL)
+    t_kill = time.monotonic()
+    with pytest.raises(rdmamw.PeerLost):
+        async with asyncio.timeout(within):
+            await task
+    return time.monotonic() - t_kill
+
+
 def test_a_large_send_to_a_peer_killed_before_it_read_raises_peer_lost(provider):
     """An awaited send of a message above the eager limit (the peer READs it) whose
     peer is SIGKILLed before it took it: PeerLost within 2 s of the kill, not a loop
@@ -335,12 +341,7 @@ def test_a_large_send_to_a_peer_killed_before_it_read_raises_peer_lost(provider)
             sending = asyncio.create_task(ch.send(b"x" * (4 << 20)))
             await asyncio.sleep(0.3)
             assert not sending.done()               # the peer does not read it
-            p.send_signal(signal.SIGKILL)
-            t_kill = time.monotonic()
-            with pytest.raises(rdmamw.PeerLost):
-                async with asyncio.timeout(10.0):
-                    await sending
-            assert time.monotonic() - t_kill < 2.0
+            assert await killed_then_lost(p, sending, 10.0) < 2.0
             ch.close()
     asyncio.run(main())
 
