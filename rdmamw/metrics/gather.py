@@ -33,7 +33,9 @@ def ask(live: list[Member], path: str, timeout: float = RANK_TIMEOUT,
     """Each process's answer at ``path`` (its body), or why there is none; all asked
     at once, none waited for longer than ``timeout``: at the end, an answer still
     coming (a process that accepted and says nothing, or trickles) is cut off, so
-    its thread ends too and no scrape leaves one behind."""
+    its thread ends too and no scrape leaves one behind. A process seen stopped now
+    is not asked: it cannot answer, and waiting ``timeout`` for it would take most of
+    a client's second."""
     got: list[bytes | str] = [f"no answer within {timeout:g} s"] * len(live)
     socks: list[socket.socket | None] = [None] * len(live)
     lock, cut = threading.Lock(), [False]
@@ -61,16 +63,22 @@ def ask(live: list[Member], path: str, timeout: float = RANK_TIMEOUT,
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=one, args=(i, m), daemon=True,
-                                name="rdmamw-metrics-ask") for i, m in enumerate(live)]
-    for t in threads:
+    threads: dict[int, threading.Thread] = {}
+    for i, m in enumerate(live):
+        if stopped(m.pid):
+            got[i] = "not asked"
+        else:
+            threads[i] = threading.Thread(target=one, args=(i, m), daemon=True,
+                                          name="rdmamw-metrics-ask")
+    for t in threads.values():
         t.start()
     end = time.monotonic() + timeout
-    for t in threads:
+    for t in threads.values():
         t.join(max(0.0, end - time.monotonic()))
     with lock:
         answers, cut[0] = list(got), True
-        for t, sock in zip(threads, socks, strict=True):
+        for i, t in threads.items():
+            sock = socks[i]
             if t.is_alive() and sock is not None:
                 _cut(sock)
     return answers
