@@ -2,6 +2,7 @@
 
     python bench/instructions.py                      # batch 1: the total and the table
     python bench/instructions.py --batch 16 --top 30
+    python bench/instructions.py --batch one          # send(msg) / recv(), not the batch calls
     python bench/instructions.py --check              # fail above bench/instructions_baseline.json
 
 Time per message drifts with the machine and its load; the instructions it executes do
@@ -89,7 +90,7 @@ def functions(outfile: Path) -> tuple[int, dict[str, int]]:
     return total, per
 
 
-def run_part(batch: int, n: int, tmp: Path, python: str) -> Path:
+def run_part(batch: str, n: int, tmp: Path, python: str) -> Path:
     out = tmp / f"cg-{batch}-{n}"
     env = dict(os.environ, PYTHONHASHSEED="0")
     subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=time_thread_time_ns",
@@ -103,13 +104,15 @@ def run_part(batch: int, n: int, tmp: Path, python: str) -> Path:
     return part
 
 
-def measure(batch: int, n: int, base_n: int, python: str = sys.executable
+def measure(batch: str, n: int, base_n: int, python: str = sys.executable
             ) -> tuple[float, dict[str, float]]:
-    """Instructions per message at ``batch``, and per function (self cost)."""
+    """Instructions per message at ``batch`` (messages per send_batch, or "one": the
+    one-message calls), and per function (self cost)."""
     with tempfile.TemporaryDirectory(prefix="rdmamw-cg-") as t:
         hi = functions(run_part(batch, n, Path(t), python))
         lo = functions(run_part(batch, base_n, Path(t), python))
-    dn = (n // batch - base_n // batch) * batch
+    size = 1 if batch == "one" else int(batch)
+    dn = (n // size - base_n // size) * size
     per = {k: (hi[1].get(k, 0) - lo[1].get(k, 0)) / dn for k in set(hi[1]) | set(lo[1])}
     return (hi[0] - lo[0]) / dn, per
 
@@ -141,7 +144,8 @@ def over_budget(total: float, base: dict, key: str, tolerance: float) -> str | N
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batch", type=int, default=1, help="messages per batch (default 1)")
+    ap.add_argument("--batch", default="1",
+                    help="messages per batch, or 'one': send()/recv() (default 1)")
     ap.add_argument("--n", type=int, default=50_000, help="messages of the long run")
     ap.add_argument("--base-n", type=int, default=10_000, help="messages of the short run")
     ap.add_argument("--top", type=int, default=25, help="functions in the table")
@@ -155,13 +159,15 @@ def main() -> None:
     if shutil.which("valgrind") is None or shutil.which("callgrind_annotate") is None:
         sys.exit("instructions: valgrind (callgrind) is not installed")
     total, per = measure(args.batch, args.n, args.base_n)
-    key = f"batch{args.batch}"
+    key = "one" if args.batch == "one" else f"batch{int(args.batch)}"
     if args.json:
-        print(json.dumps({"instructions_per_message": round(total, 1), "batch": args.batch,
+        print(json.dumps({"instructions_per_message": round(total, 1),
+                          "batch": args.batch if args.batch == "one" else int(args.batch),
                           "functions": {k: round(v, 1) for k, v in per.items()
                                         if abs(v) >= 0.5}}))
     else:
-        print(f"8 B messages at batch {args.batch}: {total:,.1f} instructions per message "
+        what = "send()/recv()" if args.batch == "one" else f"batch {args.batch}"
+        print(f"8 B messages at {what}: {total:,.1f} instructions per message "
               f"(send + receive + release; {args.n:,} - {args.base_n:,} messages)\n")
         print(table(per, total, args.top))
     if args.record:
