@@ -4,11 +4,16 @@ from rdmamw.bitmap._phase cimport SendBitmaps
 from rdmamw.engine._batch cimport SendBatch
 from rdmamw.engine._link cimport Link
 from rdmamw.engine._rndv_send cimport RndvSender
+from rdmamw.engine._trace cimport rm_trace_on
 from rdmamw.transport._base cimport rm_wr
 
 
 cdef enum:
     MAX_PARTS = 40                  # a ring of 2^20 slots, doubling from one slot
+    # a SINGLE payload up to this size goes into the staged slot behind its header (one
+    # WRITE of both) even where the provider reads the user's buffer: a copy this small
+    # costs less than the second work request
+    SMALL_COPY = 256
 
 
 cdef class EagerSender:
@@ -56,6 +61,15 @@ cdef class EagerSender:
         while p and slot < self.part_end[p - 1]:
             p -= 1
         return self.part_lkey[p]
+    cdef inline bint takes_one(self, size_t L) noexcept nogil:
+        """send_one() may take an eager message of L bytes: a synchronous transport, a
+        size that goes eager in one slot WRITE (copied into staging), no timeline
+        recording (inline: every send of one message asks)."""
+        return (self.link.synchronous() and L <= self.batch.eager_limit
+                and not (self.batch.rndv_on and L > self.batch.rndv_threshold)
+                and (L <= SMALL_COPY or not self.link.direct_source())
+                and not rm_trace_on(self.link.trace))
+    cdef int send_one(self, const char *p, uint32_t L) noexcept nogil
     cdef int post_slots(self, uint32_t k0, uint32_t got) noexcept nogil
     cdef void doorbell(self, uint32_t k0, uint32_t got, uint32_t nplan, int rc) noexcept nogil
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil

@@ -17,12 +17,12 @@ from rdmamw.engine._frames cimport (
     REC_HDR,
     SLOT_HEADER,
     SLOT_PACKED,
+    SLOT_SINGLE,
     WAIT_ENTRY,
     WAIT_SLOTS,
     pad8,
     rm_slot_hdr,
 )
-from rdmamw.engine._trace cimport rm_trace_on
 from rdmamw.transport._base cimport (
     RM_ERR_LATE,
     RM_REGION_ARRIVAL,
@@ -48,10 +48,6 @@ cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
 cdef uint64_t SNAP_DEPTH = 16           # arrival-word snapshots in flight (async transports)
-# a SINGLE payload up to this size goes into the staged slot behind its header (one
-# WRITE of both) even where the provider reads the user's buffer: a copy this small
-# costs less than the second work request
-cdef uint32_t SMALL_COPY = 256
 
 
 @cython.final
@@ -187,6 +183,57 @@ cdef class EagerSender:
         self.part_end[self.nparts] = n
         self.nparts += 1
         return 0
+
+    cdef int send_one(self, const char *p, uint32_t L) noexcept nogil:
+        """A batch of one eager message that takes_one(): no plan, its SINGLE slot (the
+        header, the payload copied behind it) and the arrival word as one unsignaled
+        chain; post() executed it when it returns (a synchronous transport), so it is
+        complete there (Link.completed_in_post), with no completion queued and reaped.
+        1: posted; 0: not sent (no free slot: the general path waits for one; or an
+        earlier chain not completed yet); else the post's error. The caller holds the
+        send lock (no chain is posted meanwhile)."""
+        cdef uint32_t slot, nw
+        cdef char *st
+        cdef rm_slot_hdr *h
+        cdef rm_wr *wr = self.wrs
+        cdef int rc
+        if self.link.batch_done != self.link.batch_posted or self.alloc(1) == 0:
+            return 0
+        slot = self.alloc_tmp[0]
+        st = self.staging + <size_t>slot * self.peer_stride
+        h = <rm_slot_hdr *>st
+        h.seq = self.send_seq
+        h.used = L
+        h.count = 1
+        h.flags = SLOT_SINGLE
+        h.check = ~(<uint32_t>self.send_seq)
+        h.reserved = 0
+        self.send_seq += 1
+        memcpy(st + SLOT_HEADER, p, L)
+        wr.wr_id = 0
+        wr.local_addr = <uint64_t>st
+        wr.remote_off = <uint64_t>slot * self.peer_stride
+        wr.length = SLOT_HEADER + L
+        wr.lkey = self.lkey_of(slot)
+        wr.rkey = RM_REGION_RING
+        wr.opcode = RM_WR_WRITE
+        wr.flags = 0
+        wr.imm = 0
+        nw = self.arrival_wrs(1)
+        self.link.lock()
+        rc = self.link.post(self.wrs, nw)
+        self.link.unlock()
+        if rc != 0 and rc != RM_ERR_LATE:     # (late: accepted, as a chain that goes)
+            return rc
+        self.link.completed_in_post()
+        self.link.cnt.msgs_sent += 1
+        self.link.cnt.bytes_sent += L
+        self.link.cnt.slots_sent += 1
+        self.link.cnt.batches += 1
+        rm_fence_seq_cst()
+        if rm_load_acquire64(&self.link.ctrl[CTRL_RX_SLEEP]):
+            self.link.wake_peer()
+        return 1
 
     cdef int post_slots(self, uint32_t k0, uint32_t got) noexcept nogil:
         """Post planned slots k0..k0+got (allocated into alloc_tmp) as one chain: slot

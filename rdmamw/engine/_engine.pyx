@@ -15,6 +15,7 @@ data path runs with the GIL released and allocates no Python object per message 
 the send side; on the receive side a Message (from a free list) is the view the user
 asked for."""
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport PyThread_get_thread_ident
 from cpython.object cimport Py_SIZE
@@ -27,7 +28,6 @@ from posix.mman cimport (
     PROT_READ,
     PROT_WRITE,
 )
-from libc.string cimport memcpy
 
 from rdmamw.engine._batch cimport SendBatch
 from rdmamw.engine._calllock cimport give, take_until, try_take
@@ -36,7 +36,6 @@ from rdmamw.engine._eager_send cimport EagerSender
 from rdmamw.engine._frames cimport (
     CTRL_MAX_MSG,
     DESC_BYTES,
-    REC_RNDV,
     RM_MAX_WR_BYTES,
     RM_NO_SLOT,
     WAIT_ARRIVAL,
@@ -84,7 +83,7 @@ from rdmamw.transport._base cimport (
 )
 from rdmamw.transport.atomics cimport rm_cpu_relax, rm_load_acquire64
 
-from rdmamw.errors import BufferTooSmall, ChannelClosed, PeerLost, ProtocolError, Timeout
+from rdmamw.errors import ChannelClosed, ProtocolError, Timeout
 from rdmamw.transport import layout
 from rdmamw.vocabulary import RNDV_STRATEGIES, check_mode, check_rendezvous
 
@@ -313,15 +312,53 @@ cdef class Engine(Endpoint):
         Either the whole batch is accepted or, on a bad item (``TypeError``) or an
         oversized one (``MessageTooLarge``), nothing is sent. If the ring stays full
         past ``timeout``, :class:`Timeout` says how many messages went (``.sent``)."""
-        if type(msgs) is not list and type(msgs) is not tuple and isinstance(
-                msgs, (bytes, bytearray, memoryview, str)):     # (the usual two first)
+        cdef SendHandle h
+        if type(msgs) is list or type(msgs) is tuple:       # (the usual two first)
+            if Py_SIZE(msgs) == 1 and (h := self._send_one(msgs[0], timeout)) is not None:
+                return h
+            return self._send(msgs, timeout)
+        if isinstance(msgs, (bytes, bytearray, memoryview, str)):
             raise TypeError("send_batch takes an iterable of messages; use send() for one")
-        return self._send(msgs if type(msgs) is tuple or type(msgs) is list else tuple(msgs),
-                          timeout)
+        return self._send(tuple(msgs), timeout)
 
     def send(self, msg, timeout=None) -> SendHandle:
         """Send one message (a batch of one)."""
-        return self._send((msg,), timeout)
+        cdef SendHandle h = self._send_one(msg, timeout)
+        return h if h is not None else self._send((msg,), timeout)
+
+    cdef SendHandle _send_one(self, object msg, object timeout):
+        """A batch of one eager bytes object on a synchronous transport, without the
+        batch's machinery (EagerSender.send_one); None when the general path must send
+        it (another type or size, a call of another thread running, no free slot)."""
+        cdef Link link = self.link
+        cdef int64_t deadline
+        cdef int rc
+        if not PyBytes_CheckExact(msg) or not self.tx.takes_one(PyBytes_GET_SIZE(msg)):
+            return None
+        link.check_usable()
+        deadline = deadline_of(timeout)
+        if link.peer_closing():
+            link.raise_peer(link.peer_status(), "send")
+        if not try_take(&self.send_lock):
+            return None
+        try:
+            if link.closed:             # by another thread meanwhile
+                link.refuse()
+            self.rs.begin()
+            if self.rx.done_unflushed:      # done bits of what we received ride along
+                self.rx.flush()
+            if deadline:
+                link.deadline_posts(deadline)
+            rc = self.tx.send_one(PyBytes_AS_STRING(msg), <uint32_t>PyBytes_GET_SIZE(msg))
+            if deadline:
+                link.deadline_posts(0)
+            if rc < 0:
+                link.raise_post(rc)
+        finally:
+            if link.ended:
+                self.rs.give_back()
+            give(&self.send_lock)
+        return new_handle(self, link.batch_posted, 1, self.rs.next) if rc else None
 
     cdef SendHandle _send(self, object fast, object timeout):
         """``fast``: a tuple or a list (SendBatch.acquire holds a list's messages)."""
@@ -476,35 +513,8 @@ cdef class Engine(Endpoint):
         return self.link.poll_done(batch) and self.rs.poll(rndv)
 
     cdef int handle_wait(self, uint64_t batch, uint64_t rndv, object timeout) except -1:
-        cdef Link link = self.link
-        cdef int64_t deadline = deadline_of(timeout)
-        cdef int st, first = True
-        link.check_owner()
-        while not link.poll_done(batch):
-            if link.peer_gone:
-                raise PeerLost(link.lost("peer lost before the batch completed"))
-            if deadline and now_ns() > deadline:
-                raise Timeout("send batch did not complete in time")
-            with nogil:
-                rm_cpu_relax()
-        while not self.rs.poll(rndv):
-            if deadline and now_ns() > deadline:   # (done bits just before its end count)
-                if link.peer_status() >= 0 or not self.rs.poll(rndv):
-                    link.raise_if_gone("waiting for the rendezvous done bits")
-                    raise Timeout("the receiver has not taken the batch's rendezvous messages")
-                break
-            with nogil:     # ask the receiver for its done bits, as for free slots
-                st = self.w.wait(WAIT_DONE, rndv, link.wait_until(deadline), first)
-            first = False
-            if st < 0:
-                self.rs.poll(rndv)
-                if self.rs.upto >= rndv:
-                    break
-                link.raise_peer(st, "waiting for the rendezvous done bits")
-            PyErr_CheckSignals()
-            if link.closed and not self.rs.poll(rndv):
-                link.refuse()
-        return 0
+        self.link.check_owner()
+        return self.w.handle(batch, rndv, deadline_of(timeout))
 
     # ---- receiving ----------------------------------------------------------------
 
@@ -526,28 +536,6 @@ cdef class Engine(Endpoint):
             self.rx.advance(DESC_BYTES, self.rr.last_len)
             self.rx.release_one(slot)
             got = 1
-
-    cdef Py_ssize_t _deliver_into(self, Dest into) except -2:
-        """The next message into ``into``: its length, or -1 if none has arrived."""
-        cdef EagerReceiver rx = self.rx
-        cdef char *base
-        cdef uint32_t L, fl, slot
-        cdef uint64_t n
-        if not rx.peek(&base, &L, &fl):
-            return -1
-        if fl == REC_RNDV:
-            self.rr.receive(base, into)
-            n = self.rr.last_len
-        else:
-            if L > <uint64_t>into.view.len:
-                raise BufferTooSmall(f"the next message is {L} bytes; the buffer holds "
-                                     f"{into.view.len}", needed=L)
-            memcpy(into.view.buf, base, L)
-            n = L
-        slot = rx.cur_slot
-        rx.advance(L, n)
-        rx.release_one(slot)
-        return <Py_ssize_t>n
 
     def post_recv(self, buffer) -> None:
         """Post ``buffer`` (writable, C-contiguous: numpy array, bytearray, ...) as the
@@ -618,7 +606,7 @@ cdef class Engine(Endpoint):
                             self.rx.flush()
                         return out
                 else:
-                    n = self._deliver_into(into)
+                    n = self.rr.deliver_into(into)
                     if n >= 0:
                         if self.rx.done_unflushed:
                             self.rx.flush()

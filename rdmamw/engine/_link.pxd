@@ -144,6 +144,16 @@ cdef class Link:
         self.batch_posted += 1
         return self.batch_posted
 
+    cdef inline void completed_in_post(self) noexcept nogil:
+        """A chain posted unsignaled on a synchronous transport (post() executed it)
+        is the next one posted and completed: no completion queued and reaped. Only
+        when none is outstanding (batch_done == batch_posted), under the reap lock:
+        a reap of another thread moves batch_done too."""
+        rm_spin_lock(&self.reap_lock)
+        self.batch_posted += 1
+        self.batch_done = self.batch_posted
+        rm_spin_unlock(&self.reap_lock)
+
     cdef inline bint can_expose(self) noexcept nogil:
         return self.tp.can_expose
 

@@ -48,6 +48,7 @@ cdef class RndvReceiver:
 
     cdef int use(self, object regcache_dst, object allocate) except -1
     cdef Dest receive(self, char *base, Dest into)
+    cdef Py_ssize_t deliver_into(self, Dest into) except -2
     cdef int post(self, Dest d) except -1
     cdef void drop_posted(self) noexcept
     cdef int drop_all(self) except -1

@@ -17,6 +17,7 @@ from rdmamw.engine._frames cimport (
     DESC_BYTES,
     DESC_READ,
     DESC_WRITTEN,
+    REC_RNDV,
     RM_MAX_WR_BYTES,
     RM_RNDV_WRID,
     RNDV_N,
@@ -104,6 +105,29 @@ cdef class RndvReceiver:
         and the allocator of destinations nobody posted or gave."""
         self.regcache_dst, self.allocate = regcache_dst, allocate
         return 0
+
+    cdef Py_ssize_t deliver_into(self, Dest into) except -2:
+        """recv_into: the next message, eager (copied out of the ring) or rendezvous,
+        into ``into``: its length, or -1 if none has arrived."""
+        cdef EagerReceiver rx = self.rx
+        cdef char *base
+        cdef uint32_t L, fl, slot
+        cdef uint64_t n
+        if not rx.peek(&base, &L, &fl):
+            return -1
+        if fl == REC_RNDV:
+            self.receive(base, into)
+            n = self.last_len
+        else:
+            if L > <uint64_t>into.view.len:
+                raise BufferTooSmall(f"the next message is {L} bytes; the buffer holds "
+                                     f"{into.view.len}", needed=L)
+            memcpy(into.view.buf, base, L)
+            n = L
+        slot = rx.cur_slot
+        rx.advance(L, n)
+        rx.release_one(slot)
+        return <Py_ssize_t>n
 
     cdef Dest receive(self, char *base, Dest into):
         """Bring the rendezvous message described at ``base`` into ``into``, its posted

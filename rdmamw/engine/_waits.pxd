@@ -25,6 +25,7 @@ cdef class Waiter:
     cdef void disarm(self) noexcept nogil
     cdef void _serve(self, int what) noexcept nogil
     cdef void _flag(self, int what, bint up) noexcept nogil
+    cdef int handle(self, uint64_t batch, uint64_t rndv, int64_t deadline) except -1
 
     cdef inline void end_receive(self) noexcept:
         """A receive call ends: lower the sleep flag it kept raised, if it did (a plain

@@ -11,8 +11,15 @@ only the condition and the flag raised at the peer before sleeping: CTRL_CREDIT_
 wakes us after each publish; our releases not yet written back go first)."""
 
 cimport cython
+from cpython.exc cimport PyErr_CheckSignals
 
-from rdmamw.engine._frames cimport CTRL_CREDIT_WAIT, WAIT_ARRIVAL, WAIT_READ, WAIT_SLOTS
+from rdmamw.engine._frames cimport (
+    CTRL_CREDIT_WAIT,
+    WAIT_ARRIVAL,
+    WAIT_DONE,
+    WAIT_READ,
+    WAIT_SLOTS,
+)
 from rdmamw.engine._link cimport PEER_CHECK_NS
 from rdmamw.engine._trace cimport (
     TR_ARRIVAL_WAIT,
@@ -24,6 +31,8 @@ from rdmamw.engine._trace cimport (
 from rdmamw.transport._base cimport RM_ERR_CLOSED, now_ns
 from rdmamw.transport.atomics cimport rm_cpu_relax, rm_fence_seq_cst, rm_load_acquire64
 
+
+from rdmamw.errors import PeerLost, Timeout
 
 cdef int GRANT_ASK_MS = 20     # a sender short of granted slots asks again this often
 cdef int READ_NAP_MS = 1       # a READ's wait sleeps this long at most (a READ's
@@ -217,3 +226,34 @@ cdef class Waiter:
         self.link.sleep_flag_locked(True)
         self.link.unlock()
         rm_fence_seq_cst()
+
+    cdef int handle(self, uint64_t batch, uint64_t rndv, int64_t deadline) except -1:
+        """SendHandle.wait(): until chain ``batch`` completed and the first ``rndv``
+        rendezvous messages are done (their done bits back), or ``deadline``."""
+        cdef Link link = self.link
+        cdef int st, first = True
+        while not link.poll_done(batch):
+            if link.peer_gone:
+                raise PeerLost(link.lost("peer lost before the batch completed"))
+            if deadline and now_ns() > deadline:
+                raise Timeout("send batch did not complete in time")
+            with nogil:
+                rm_cpu_relax()
+        while not self.rs.poll(rndv):
+            if deadline and now_ns() > deadline:   # (done bits just before its end count)
+                if link.peer_status() >= 0 or not self.rs.poll(rndv):
+                    link.raise_if_gone("waiting for the rendezvous done bits")
+                    raise Timeout("the receiver has not taken the batch's rendezvous messages")
+                break
+            with nogil:     # ask the receiver for its done bits, as for free slots
+                st = self.wait(WAIT_DONE, rndv, link.wait_until(deadline), first)
+            first = False
+            if st < 0:
+                self.rs.poll(rndv)
+                if self.rs.upto >= rndv:
+                    break
+                link.raise_peer(st, "waiting for the rendezvous done bits")
+            PyErr_CheckSignals()
+            if link.closed and not self.rs.poll(rndv):
+                link.refuse()
+        return 0
