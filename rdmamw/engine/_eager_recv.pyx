@@ -109,11 +109,24 @@ cdef class EagerReceiver:
 
     cdef uint32_t place(self, uint32_t k) except? 0xFFFFFFFF:
         """The k slots in ``pend``: each header checked, then those that continue the
-        sequence (from recv_seq) moved to the ready queue and consumed; how many."""
+        sequence (from recv_seq) moved to the ready queue and consumed; how many. One
+        slot that is the next in sequence goes without the ordering array."""
         cdef uint32_t i, j, s, d, delivered = 0
         cdef rm_slot_hdr *h
         cdef uint64_t seq
         cdef uint32_t check
+        if k == 1:      # (most looks at batch 1: one slot, the next in sequence)
+            s = self.pend[0]
+            h = <rm_slot_hdr *>(self.ring + <size_t>s * self.stride)
+            seq = (<volatile uint64_t *>&h.seq)[0]
+            check = (<volatile uint32_t *>&h.check)[0]
+            if seq == self.recv_seq and check == <uint32_t>~(<uint32_t>seq):
+                self.ready[(self.ready_head + self.ready_len) % self.nslots] = s
+                self.ready_len += 1
+                self.rbm.consume(s)
+                self.next_word = ((s + 1) % self.nslots) >> 6
+                self.recv_seq += 1
+                return 1
         for j in range(k):
             s = self.pend[j]
             h = <rm_slot_hdr *>(self.ring + <size_t>s * self.stride)

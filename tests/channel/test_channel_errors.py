@@ -213,6 +213,25 @@ def test_corrupted_header_is_protocol_error(fields, says):
     a.close(), b.close(), lst.close()
 
 
+@pytest.mark.parametrize("fields, says", [
+    (dict(seq=12345), "sequence number 12345"),
+    (dict(seq=0, check=0), "sequence number 0 .check 0x0"),
+    (dict(flags=7), "malformed header: .* flags=7"),
+])
+def test_corrupted_header_of_one_message_is_protocol_error_on_recv(fields, says):
+    """recv()'s first look (one slot arrived, the next in sequence) checks the header
+    as recv_batch's does."""
+    a, b, lst = make_pair(slots=4, slot_size=256)
+    a.send(b"abc")
+    (slot,) = b.diagnostics()["pending"]
+    _corrupt_header(b, slot, **fields)
+    with pytest.raises(rdmamw.ProtocolError, match=says):
+        b.recv(timeout=1)
+    with pytest.raises(rdmamw.ProtocolError):       # the channel stays failed
+        b.recv(timeout=0)
+    a.close(), b.close(), lst.close()
+
+
 def test_duplicate_sequence_number_is_protocol_error():
     a, b, lst = make_pair(slots=4, slot_size=256)
     a.send(b"one")
