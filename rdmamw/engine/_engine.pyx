@@ -35,9 +35,7 @@ from rdmamw.engine._eager_recv cimport EagerReceiver
 from rdmamw.engine._eager_send cimport EagerSender
 from rdmamw.engine._frames cimport (
     CTRL_MAX_MSG,
-    DESC_BYTES,
     RM_MAX_WR_BYTES,
-    RM_NO_SLOT,
     WAIT_ARRIVAL,
     WAIT_DONE,
 )
@@ -49,8 +47,8 @@ from rdmamw.engine._messages cimport (
     SendHandle,
     new_dest,
     new_handle,
-    new_message,
     take_eager,
+    take_one,
 )
 from rdmamw.engine._rndv_recv cimport RndvReceiver
 from rdmamw.engine._rndv_send cimport RndvSender
@@ -523,18 +521,12 @@ cdef class Engine(Endpoint):
         cdef list out = None
         cdef Py_ssize_t got = 0
         cdef char *rndv
-        cdef uint32_t opened = 0, slot
-        cdef Dest dst
+        cdef uint32_t opened = 0
         while True:
             out = take_eager(self, out, &got, maxn, &opened, &rndv)
             if rndv == NULL or got:     # a failing READ must not take earlier messages
                 return out
-            dst = self.rr.receive(rndv, None)
-            out = [new_message(self, <char *>dst.view.buf,
-                               <Py_ssize_t>self.rr.last_len, RM_NO_SLOT, dst)]
-            slot = self.rx.cur_slot
-            self.rx.advance(DESC_BYTES, self.rr.last_len)
-            self.rx.release_one(slot)
+            out = [self.rr.take(self, rndv)]
             got = 1
 
     def post_recv(self, buffer) -> None:
@@ -579,7 +571,22 @@ cdef class Engine(Endpoint):
 
     def recv(self, timeout=None) -> Message:
         """Receive one message (see :meth:`recv_batch`)."""
-        return self._recv(1, timeout, None)[0]
+        cdef Message m = self._recv_one()
+        return m if m is not None else self._recv(1, timeout, None)[0]
+
+    cdef Message _recv_one(self):
+        """recv()'s first look without the wait loop's machinery: a message that has
+        arrived (eager), or None (then _recv looks again, and waits)."""
+        cdef Message m = None
+        self.link.check_owner()
+        if self.link.broken is None and self.rx is not None and try_take(&self.recv_lock):
+            try:
+                m = take_one(self)
+            finally:
+                if self.link.ended:     # a close() that could not wait for this call
+                    self.rr.drop_all()
+                give(&self.recv_lock)
+        return m
 
     cdef object _recv(self, Py_ssize_t maxn, object timeout, Dest into):
         cdef Link link = self.link

@@ -44,5 +44,6 @@ cdef Message new_message(Endpoint eng, char *ptr, Py_ssize_t length, uint32_t sl
                          object owner)
 cdef list take_eager(Endpoint eng, list out, Py_ssize_t *got, Py_ssize_t maxn,
                      uint32_t *opened, char **rndv)
+cdef Message take_one(Endpoint eng)
 cdef Dest new_dest(object obj)
 cdef object host_view(object obj)

@@ -277,6 +277,28 @@ cdef list take_eager(Endpoint eng, list out, Py_ssize_t *got, Py_ssize_t maxn,
     return out
 
 
+cdef Message take_one(Endpoint eng):
+    """recv()'s first look: the next message, if it has arrived and is eager, as a
+    Message (no list); else None, and the general path delivers (a rendezvous
+    descriptor stays peeked, not consumed) or waits. The caller holds the receive
+    lock."""
+    cdef EagerReceiver rx = eng.rx
+    cdef char *base
+    cdef uint32_t L, fl
+    cdef Message m
+    if not rx.peek(&base, &L, &fl) or fl == REC_RNDV:
+        return None
+    m = Message.__new__(Message)
+    m.eng = eng
+    m.ptr = base
+    m.length = L
+    m.slot = rx.cur_slot
+    rx.advance(L, L)
+    if rx.done_unflushed:       # (as a receive call's end: the done bits ride along)
+        rx.flush()
+    return m
+
+
 cdef Dest new_dest(object obj):
     cdef Dest d = Dest.__new__(Dest)
     cdef object given = obj

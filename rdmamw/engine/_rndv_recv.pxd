@@ -3,7 +3,7 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from rdmamw.engine._eager_recv cimport EagerReceiver
 from rdmamw.engine._frames cimport rm_desc
 from rdmamw.engine._link cimport Link
-from rdmamw.engine._messages cimport Dest
+from rdmamw.engine._messages cimport Dest, Endpoint, Message
 from rdmamw.engine._waits cimport Waiter
 from rdmamw.transport._base cimport rm_mem
 
@@ -49,6 +49,7 @@ cdef class RndvReceiver:
     cdef int use(self, object regcache_dst, object allocate) except -1
     cdef Dest receive(self, char *base, Dest into)
     cdef Py_ssize_t deliver_into(self, Dest into) except -2
+    cdef Message take(self, Endpoint eng, char *base)
     cdef int post(self, Dest d) except -1
     cdef void drop_posted(self) noexcept
     cdef int drop_all(self) except -1

@@ -19,13 +19,14 @@ from rdmamw.engine._frames cimport (
     DESC_WRITTEN,
     REC_RNDV,
     RM_MAX_WR_BYTES,
+    RM_NO_SLOT,
     RM_RNDV_WRID,
     RNDV_N,
     WAIT_READ,
 )
 from rdmamw.engine._leases cimport end_lease, take_lease
 from rdmamw.engine._link cimport fill_wr, slice_end
-from rdmamw.engine._messages cimport new_dest
+from rdmamw.engine._messages cimport new_dest, new_message
 from rdmamw.engine._trace cimport TR_RNDV_RECV, rm_trace_on, rm_trace_put
 from rdmamw.transport._base cimport (
     RM_ACCESS_LOCAL,
@@ -128,6 +129,18 @@ cdef class RndvReceiver:
         rx.advance(L, n)
         rx.release_one(slot)
         return <Py_ssize_t>n
+
+    cdef Message take(self, Endpoint eng, char *base):
+        """recv / recv_batch: the rendezvous message described at ``base`` (peeked)
+        received (receive()), as a Message of ``eng`` viewing its destination; the
+        descriptor's record consumed and released."""
+        cdef Dest dst = self.receive(base, None)
+        cdef uint32_t slot = self.rx.cur_slot
+        cdef Message m = new_message(eng, <char *>dst.view.buf, <Py_ssize_t>self.last_len,
+                                     RM_NO_SLOT, dst)
+        self.rx.advance(DESC_BYTES, self.last_len)
+        self.rx.release_one(slot)
+        return m
 
     cdef Dest receive(self, char *base, Dest into):
         """Bring the rendezvous message described at ``base`` into ``into``, its posted
