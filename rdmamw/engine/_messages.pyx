@@ -17,7 +17,7 @@ from cpython.object cimport PyObject, PyTypeObject, destructor
 from libc.stdint cimport int64_t, uint64_t
 
 from rdmamw.engine._eager_recv cimport EagerReceiver
-from rdmamw.engine._frames cimport REC_RNDV
+from rdmamw.engine._frames cimport REC_RNDV, SLOT_HEADER, SLOT_SINGLE
 from rdmamw.transport._base cimport now_ns
 
 cdef extern from "Python.h":
@@ -286,7 +286,16 @@ cdef Message take_one(Endpoint eng):
     cdef char *base
     cdef uint32_t L, fl
     cdef Message m
-    if not rx.peek(&base, &L, &fl) or fl == REC_RNDV:
+    if rx.cur_left == 0:        # (peek's first part: a SINGLE slot needs no more)
+        if rx.ready_len == 0:
+            rx.fill_ready()
+            if rx.ready_len == 0:
+                return None
+        rx.open_slot()
+    if rx.cur_flags == SLOT_SINGLE:
+        base = rx.ring + <size_t>rx.cur_slot * rx.stride + SLOT_HEADER
+        L = rx.cur_used
+    elif not rx.peek(&base, &L, &fl) or fl == REC_RNDV:     # a record of a PACKED slot
         return None
     m = Message.__new__(Message)
     m.eng = eng

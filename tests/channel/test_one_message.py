@@ -104,3 +104,11 @@ def test_a_closed_channel_refuses_the_one_message_calls(pair):
         a.send(b"y")
     with pytest.raises(rdmamw.ChannelClosed):
         b.recv(timeout=5)
+
+
+def test_recv_takes_the_records_of_a_packed_slot_one_by_one(pair):
+    a, b = pair
+    a.send_batch([b"p", b"qq", b"rrr"])         # one PACKED slot (batched mode)
+    assert [bytes(b.recv(timeout=5)) for _ in range(3)] == [b"p", b"qq", b"rrr"]
+    a.send(b"single")
+    assert bytes(b.recv(timeout=5)) == b"single"
