@@ -70,6 +70,13 @@ cdef class EagerSender:
                 and (L <= SMALL_COPY or not self.link.direct_source())
                 and not rm_trace_on(self.link.trace))
     cdef int send_one(self, const char *p, uint32_t L) noexcept nogil
+    cdef inline void count(self, Py_ssize_t n, uint64_t nbytes, uint32_t slots) noexcept nogil:
+        """A batch of ``n`` messages, ``nbytes`` in ``slots`` slots, posted whole (the
+        sender's counters: one writer, this unit; inline: once per send call)."""
+        self.link.cnt.msgs_sent += n
+        self.link.cnt.bytes_sent += nbytes
+        self.link.cnt.slots_sent += slots
+        self.link.cnt.batches += 1
     cdef int post_slots(self, uint32_t k0, uint32_t got) noexcept nogil
     cdef void doorbell(self, uint32_t k0, uint32_t got, uint32_t nplan, int rc) noexcept nogil
     cdef uint32_t build_slot(self, uint32_t k, uint32_t slot, uint32_t nw) noexcept nogil

@@ -226,10 +226,7 @@ cdef class EagerSender:
         if rc != 0 and rc != RM_ERR_LATE:     # (late: accepted, as a chain that goes)
             return rc
         self.link.completed_in_post()
-        self.link.cnt.msgs_sent += 1
-        self.link.cnt.bytes_sent += L
-        self.link.cnt.slots_sent += 1
-        self.link.cnt.batches += 1
+        self.count(1, L, 1)
         rm_fence_seq_cst()
         if rm_load_acquire64(&self.link.ctrl[CTRL_RX_SLEEP]):
             self.link.wake_peer()

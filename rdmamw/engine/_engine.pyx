@@ -161,12 +161,10 @@ def trace_stop() -> tuple:
     return bytes(out[:kept * sizeof(rm_trace_rec)]), <object>(claimed - kept)
 
 
-cdef inline void count_batch(Link link, SendBatch b, Py_ssize_t n, uint32_t nplan) noexcept:
+cdef inline void count_batch(EagerSender tx, SendBatch b, Py_ssize_t n,
+                             uint32_t nplan) noexcept:
     """A send call posted its whole batch: the counters, and its timeline record."""
-    link.cnt.msgs_sent += n
-    link.cnt.bytes_sent += b.bytes
-    link.cnt.slots_sent += nplan
-    link.cnt.batches += 1
+    tx.count(n, b.bytes, nplan)
     b.trace_end(n)
 
 
@@ -439,7 +437,7 @@ cdef class Engine(Endpoint):
                 if nplan:
                     self.rs.end(b.plan_start[k])
                 b.release_bufs(n)
-            count_batch(link, b, n, nplan)
+            count_batch(self.tx, b, n, nplan)
         finally:
             if link.ended:      # a close() that could not wait for this call: the
                 self.rs.give_back()     # sources it left are this call's to release
