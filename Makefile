@@ -76,11 +76,13 @@ test-torch: $(STAMP)
 	$(VPY) tests/support/torch_suite.py --compare --world-size 2
 	$(VPY) tests/support/torch_suite.py --compare --world-size 3
 
-# instructions per 8 B message at batch 1 (valgrind's callgrind, bench/instructions.py,
-# ~30 s): fails when they exceed bench/instructions_baseline.json by more than 1 %;
+# instructions per 8 B message at batch 1 and by send()/recv() (valgrind's callgrind,
+# bench/instructions.py, ~60 s): fails when they exceed bench/instructions_baseline.json
+# by more than 1 %;
 # `bench/instructions.py --record` updates the baseline, deliberately. Also in test-slow.
 instructions: $(STAMP)
 	$(VPY) bench/instructions.py --check
+	$(VPY) bench/instructions.py --check --batch one
 
 # allreduce 1 MiB / 64 MiB at 2 and 4 ranks against mpi4py, gloo and the numpy.add floor
 bench-allreduce: $(STAMP)

@@ -41,7 +41,8 @@ def test_cython_names_read_as_module_class_function():
 
 
 @pytest.mark.slow
-def test_instructions_per_message_within_the_baseline():
+@pytest.mark.parametrize("batch", ["1", "one"])     # send_batch/recv_batch; send/recv
+def test_instructions_per_message_within_the_baseline(batch):
     if shutil.which("valgrind") is None or shutil.which("callgrind_annotate") is None:
         pytest.skip("valgrind (callgrind) is not installed (apt-get install valgrind)")
     base = json.loads(ins.BASELINE.read_text())
@@ -51,7 +52,8 @@ def test_instructions_per_message_within_the_baseline():
                     f"{base.get('cython')}, this is {here['python']} / Cython "
                     f"{here['cython']}: counts differ between builds (re-record with "
                     f"bench/instructions.py --record)")
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "instructions.py"), "--check"],
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "instructions.py"), "--check",
+                        "--batch", batch],
                        cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stdout + r.stderr
