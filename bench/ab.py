@@ -51,6 +51,7 @@ METRICS = [("lat8_med", "8 B one-way median [us]", False),
            ("rate256", "8 B rate, batch 256 [msg/s]", True),
            ("bw", "64 KiB stream [GB/s]", True),
            ("rndv4m", "4 MiB rendezvous READ stream [GB/s]", True),
+           ("cpu_ns_one", "CPU per 8 B message, send/recv [ns]", False),
            ("cpu_ns_batch1", "CPU per 8 B message, batch 1 [ns]", False),
            ("cpu_ns_batch16", "CPU per 8 B message, batch 16 [ns]", False),
            ("cpu_ns_batch256", "CPU per 8 B message, batch 256 [ns]", False)]
