@@ -31,7 +31,17 @@ so no READ target is written after the call returned.
 Atomics (a region exposed "atomic": the window also has remote atomic access) are
 RM_WR_FETCH_ADD / RM_WR_CMP_SWAP work requests on one aligned 64-bit word: the operand
 (and the new value) are read from the local buffer when the WR is posted, and the
-device writes the word's old value over its first 8 bytes."""
+device writes the word's old value over its first 8 bytes.
+
+A chain runs in its order: the device executes a QP's requests in order, but it may
+begin a WRITE or an atomic before an earlier READ's answer has been read from the
+owner's memory (the READ could see the later change; InfiniBand's fence rule), and a
+WRITE before an earlier atomic's answer came. So a WRITE after a READ or an atomic of
+its chain, and an atomic after a READ, carry IBV_SEND_FENCE (it begins once the chain's
+earlier READs and atomics completed: the first such one after them is enough, those
+behind it wait for it). An atomic after atomics is not fenced: the owner's device
+executes a QP's atomics one at a time in their order, and a fence on each would make a
+batch of atomics a round trip apiece."""
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memset
@@ -46,6 +56,7 @@ from rdmamw.transport._base cimport (
     RM_REGION_CTRL,
     RM_WR_CMP_SWAP,
     RM_WR_EXPOSED,
+    RM_WR_FENCE,
     RM_WR_FETCH_ADD,
     RM_WR_READ,
     RM_WR_REGION,
@@ -67,6 +78,7 @@ from rdmamw.transport.atomics cimport (
 from rdmamw.providers.verbs._ibverbs cimport (
     IBV_QP_STATE,
     IBV_QPS_ERR,
+    IBV_SEND_FENCE,
     IBV_WC_SUCCESS,
     IBV_WR_ATOMIC_CMP_AND_SWP,
     IBV_WR_ATOMIC_FETCH_AND_ADD,
@@ -270,10 +282,12 @@ cdef class VerbsRegions(VerbsTransport):
         return self._post_region(wrs, n)
 
     cdef int _post_region(self, rm_wr *wrs, uint32_t n) noexcept nogil:
-        """Post a chain of region READs/WRITEs (each EXPOSED | REGION, rkey = the
-        reference's key, imm = its tag, lkey = the local buffer's) as one chain with
-        only its last WR signaled, and wait for that completion."""
+        """Post a chain of region READs/WRITEs/atomics (each EXPOSED | REGION, rkey =
+        the reference's key, imm = its tag, lkey = the local buffer's) as one chain
+        with only its last WR signaled, fenced where its order needs it, and wait for
+        that completion."""
         cdef uint32_t i
+        cdef bint after_read = False, after_atomic = False
         if self.state != QP_CONNECTED:
             return self._dead()
         for i in range(n):      # all or nothing: region READs, WRITEs and atomics
@@ -285,7 +299,14 @@ cdef class VerbsRegions(VerbsTransport):
             wrs[i].imm = 0
             wrs[i].wr_id = INTERNAL         # the engine never sees these completions
             wrs[i].flags = RM_WR_EXPOSED
-        wrs[n - 1].flags = RM_WR_EXPOSED | RM_WR_SIGNALED
+            if wrs[i].opcode == RM_WR_READ:
+                after_read = True
+            elif after_read or (after_atomic and wrs[i].opcode == RM_WR_WRITE):
+                wrs[i].flags |= RM_WR_FENCE     # the chain's order (the module doc)
+                after_read = after_atomic = False
+            after_atomic = after_atomic or wrs[i].opcode == RM_WR_FETCH_ADD \
+                or wrs[i].opcode == RM_WR_CMP_SWAP
+        wrs[n - 1].flags |= RM_WR_SIGNALED
         return self._post_wait(wrs, n, 1, self.post_deadline
                                if self.post_owner == pthread_self() else 0)
 
@@ -323,9 +344,11 @@ cdef class VerbsRegions(VerbsTransport):
         cdef ibv_send_wr *w
         cdef uint64_t *operands
         VerbsTransport._fill(self, j, wr)
+        w = &self.swr[j]        # the RDMA fields _fill set, as the atomic's
+        if wr.flags & RM_WR_FENCE:
+            w.send_flags |= IBV_SEND_FENCE
         if wr.opcode != RM_WR_FETCH_ADD and wr.opcode != RM_WR_CMP_SWAP:
             return
-        w = &self.swr[j]        # the RDMA fields _fill set, as the atomic's
         operands = <uint64_t *>wr.local_addr
         w.opcode = (IBV_WR_ATOMIC_FETCH_AND_ADD if wr.opcode == RM_WR_FETCH_ADD
                     else IBV_WR_ATOMIC_CMP_AND_SWP)
