@@ -7,11 +7,13 @@ refuses at the operation: placed first, nothing moved, the connection lost)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import numpy as np
 import pytest
 
+import rdmamw.aio as aio
 from rdmamw.errors import (
     AccessDenied,
     ForeignReference,
@@ -214,6 +216,26 @@ def test_an_atomic_batch_on_a_channel_usable_after_a_refusal(rpair):
     assert peer.batch().fetch_add(reg.ref, 0, 1).compare_swap(
         reg.ref, 0, 101, 7).post().values == (100, 101)
     assert int(words[0]) == 7
+
+
+@pytest.mark.parametrize("rpair", WITH_ATOMICS, indirect=True)
+def test_an_awaited_batch_gives_its_atomics_old_values(rpair):
+    """The aio batch: the same operations, awaited, the same values and words."""
+    owner, peer = rpair
+    words, side, reg, sreg = _regions(owner)
+    out = np.zeros(2, np.uint64)
+
+    async def main() -> tuple[int, ...]:
+        ops = aio.Channel(peer).batch().fetch_add(reg.ref, 0, 7).read(reg.ref, out)
+        ops.compare_swap(reg.ref, 8, 101, 1).compare_swap(reg.ref, 16, 0, 1)
+        assert len(ops) == 4
+        return await (await ops.post(timeout=30))
+
+    assert asyncio.run(main()) == (100, 101, 102)
+    assert np.array_equal(out, [107, 101])
+    expect = np.arange(100, 116, dtype=np.uint64)
+    expect[:2] = [107, 1]
+    assert np.array_equal(words, expect)
 
 
 def test_a_provider_without_atomics_says_so():
