@@ -265,6 +265,9 @@ class Batch:
         #: the atomics' operands, _WORDS each in the order added; each's old value
         #: lands in its first word (one buffer: on verbs one lease for all of them)
         self._words = bytearray()
+        #: the reference the last atomic passed the checks with (the next one on it
+        #: needs only its word's checked: many atomics of a batch name one region)
+        self._atomic_ref: RegionRef | None = None
 
     def read(self, ref: Any, into: Any, offset: int = 0) -> Batch:
         """READ ``len(into)`` bytes of the region at ``offset`` into ``into``."""
@@ -316,7 +319,10 @@ class Batch:
         return self._atomic(OP_CMP_SWAP, ref, offset, expected, desired)
 
     def _atomic(self, kind: int, ref: Any, offset: int, a: int, b: int) -> Batch:
-        r = self._rm._checked_atomic(_as_ref(ref), offset)
+        r = self._atomic_ref
+        if r is None or ref is not r or not 0 <= offset <= r.length - 8 \
+                or (r.base + offset) % 8:
+            r = self._atomic_ref = self._rm._checked_atomic(_as_ref(ref), offset)
         at = len(self._words)
         self._words += _WORDS.pack(a % (1 << 64), b % (1 << 64))
         self._ops.append((kind, self._words, at, 8, r.key, r.tag, r.base + offset))
