@@ -350,7 +350,9 @@ class Batch:
         notify, self._notify = self._notify, []
         words, self._words = self._words, bytearray()
         until = None if timeout is None else time.monotonic() + timeout
-        if ops:
+        if ops and words and self._rm._transport.registers_memory:
+            words = self._rm._post_lent(ops, refs, words, timeout)
+        elif ops:
             self._rm._post(ops, refs, timeout)
         for msg in notify:
             self._rm._notify(msg, None if until is None
@@ -368,6 +370,9 @@ class RemoteMemory:
     #: the channel's atomics take turns on the lock; the buffer holds an atomic's
     #: operands and then its result (one buffer: on verbs registered once)
     _atomic_state: tuple[threading.Lock, bytearray] | None = None
+    #: batches' operand buffers on a transport that registers memory (verbs), kept for
+    #: the next batches: each is registered once, not once a post
+    _spare_words: list[bytearray] | None = None
 
     # ---- the owner ------------------------------------------------------------------
 
@@ -563,6 +568,31 @@ class RemoteMemory:
         rc = self._ops().post(ops, timeout)
         if rc != 0:
             self._fail(rc, ops, refs)
+
+    def _post_lent(self, ops: list[Op], refs: list[RegionRef], words: bytearray,
+                   timeout: float | None) -> bytearray:
+        """:meth:`_post` with the batch's operands ``words`` copied into a kept buffer
+        (``_spare_words``, a power of two of at least 1 KiB), whose registration the
+        next batches reuse; the operands and old values, as ``words`` would hold them.
+        A buffer whose chain failed is not kept (the device may not be done with it)."""
+        n = len(words)
+        with _ATOMIC_LOCK:
+            spare = self._spare_words or []
+            buf = next((b for b in spare if len(b) >= n), None)
+            if buf is not None:
+                spare.remove(buf)
+        if buf is None:
+            buf = bytearray(max(1024, 1 << (n - 1).bit_length()))
+        buf[:n] = words
+        self._post([(op[0], buf, *op[2:]) if op[1] is words else op for op in ops],
+                   refs, timeout)
+        words = buf[:n]
+        with _ATOMIC_LOCK:
+            if self._spare_words is None:
+                self._spare_words = []
+            if len(self._spare_words) < 4:
+                self._spare_words.append(buf)
+        return words
 
     def _fail(self, rc: int, ops: list[Op], refs: list[RegionRef]) -> NoReturn:
         """Raise the typed error of the transport's code ``rc`` for the chain ``ops``."""
