@@ -33,15 +33,8 @@ RM_WR_FETCH_ADD / RM_WR_CMP_SWAP work requests on one aligned 64-bit word: the o
 (and the new value) are read from the local buffer when the WR is posted, and the
 device writes the word's old value over its first 8 bytes.
 
-A chain runs in its order: the device executes a QP's requests in order, but it may
-begin a WRITE or an atomic before an earlier READ's answer has been read from the
-owner's memory (the READ could see the later change; InfiniBand's fence rule), and a
-WRITE before an earlier atomic's answer came. So a WRITE after a READ or an atomic of
-its chain, and an atomic after a READ, carry IBV_SEND_FENCE (it begins once the chain's
-earlier READs and atomics completed: the first such one after them is enough, those
-behind it wait for it). An atomic after atomics is not fenced: the owner's device
-executes a QP's atomics one at a time in their order, and a fence on each would make a
-batch of atomics a round trip apiece."""
+A chain runs in its order: the WRs its order needs fenced carry IBV_SEND_FENCE
+(_fence.pxd says which and why)."""
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memset
@@ -87,6 +80,7 @@ from rdmamw.providers.verbs._ibverbs cimport (
     ibv_send_wr,
     rm_ibv_load,
 )
+from rdmamw.providers.verbs._fence cimport chain_fences
 from rdmamw.providers.verbs._lib cimport also_load
 from rdmamw.providers.verbs._device cimport rmv_load64
 from rdmamw.providers.verbs._memory cimport XMR_N
@@ -287,7 +281,6 @@ cdef class VerbsRegions(VerbsTransport):
         with only its last WR signaled, fenced where its order needs it, and wait for
         that completion."""
         cdef uint32_t i
-        cdef bint after_read = False, after_atomic = False
         if self.state != QP_CONNECTED:
             return self._dead()
         for i in range(n):      # all or nothing: region READs, WRITEs and atomics
@@ -299,13 +292,7 @@ cdef class VerbsRegions(VerbsTransport):
             wrs[i].imm = 0
             wrs[i].wr_id = INTERNAL         # the engine never sees these completions
             wrs[i].flags = RM_WR_EXPOSED
-            if wrs[i].opcode == RM_WR_READ:
-                after_read = True
-            elif after_read or (after_atomic and wrs[i].opcode == RM_WR_WRITE):
-                wrs[i].flags |= RM_WR_FENCE     # the chain's order (the module doc)
-                after_read = after_atomic = False
-            after_atomic = after_atomic or wrs[i].opcode == RM_WR_FETCH_ADD \
-                or wrs[i].opcode == RM_WR_CMP_SWAP
+        chain_fences(wrs, n)                # the chain's order (the module doc)
         wrs[n - 1].flags |= RM_WR_SIGNALED
         return self._post_wait(wrs, n, 1, self.post_deadline
                                if self.post_owner == pthread_self() else 0)
