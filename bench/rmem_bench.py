@@ -23,7 +23,9 @@ destination (what a read saves on tcp); ``pull/read`` = pull time / read time. A
 where the provider has atomics (shm, tcp, verbs: the regions are then exposed
 "atomic"), fetch_adds on one word beside single 8-byte reads of it, interleaved rep
 by rep (``read8/fetch_add`` = read time / fetch_add time: both are one round trip on
-tcp; on shm a read is a CMA call, a fetch_add a CPU atomic on the peer's mapped page).
+tcp; on shm a read is a CMA call, a fetch_add a CPU atomic on the peer's mapped page),
+and ATOMIC_BATCH (64) fetch_adds posted as one ``ch.batch()`` beside as many single
+ones, interleaved rep by rep (``batch64/single`` = the batched rate / the single rate).
 ``--provider shm,tcp`` runs both providers, rep by rep, in one run.
 
 The peers (bench/peers/): UCX's ``ucx_perftest`` ``ucp_get`` / ``ucp_put_bw`` over
@@ -63,6 +65,8 @@ TARGETS = {"read 4M / np.copyto": 1.0, "read 64K / np.copyto": 0.8}
 WRITES_TARGET = 10e6
 #: the providers with fetch_add / compare_swap (docs/remote-memory.md)
 ATOMICS = ("shm", "tcp", "verbs")
+#: fetch_adds in one batch, against as many single ones
+ATOMIC_BATCH = 64
 
 OWNER = r"""
 import sys, numpy as np, rdmamw
@@ -95,17 +99,37 @@ def _mean_s(fn, iters: int) -> float:
 
 
 def _atomics(ch: Any, region: Any, reps: int, iters: int = 200) -> dict[str, list]:
-    """fetch_adds on the region's first word against 8-byte reads of it, interleaved
-    rep by rep; the word's total checked at the end."""
+    """fetch_adds on the region's first word against 8-byte reads of it, and
+    ATOMIC_BATCH of them in one batch against as many single ones (seconds a
+    fetch_add), interleaved rep by rep; the word's total checked at the end, and each
+    batch's old values (consecutive: nothing else adds meanwhile)."""
     before = ch.fetch_add(region, 0, 0).wait()
     dst = np.zeros(8, np.uint8)
-    fadds, reads = [], []
+    fadds, reads, singles, batched = [], [], [], []
+    rounds = max(2, iters // ATOMIC_BATCH)
+
+    def single64() -> None:
+        for _ in range(ATOMIC_BATCH):
+            ch.fetch_add(region, 0, 1)
+
+    def batch64() -> None:
+        ops = ch.batch()
+        for _ in range(ATOMIC_BATCH):
+            ops.fetch_add(region, 0, 1)
+        old = ops.post().values
+        if [(v - old[0]) % 2**64 for v in old] != list(range(ATOMIC_BATCH)):
+            raise RuntimeError(f"a batch of fetch_adds gave {old}")
+
     for _ in range(reps):
         fadds.append(_mean_s(lambda: ch.fetch_add(region, 0, 1), iters))
         reads.append(_mean_s(lambda: ch.read(region, dst), iters))
+        singles.append(_mean_s(single64, rounds) / ATOMIC_BATCH)
+        batched.append(_mean_s(batch64, rounds) / ATOMIC_BATCH)
     after = ch.fetch_add(region, 0, 0).wait()
-    assert (after - before) % 2**64 == reps * iters, "fetch_adds lost"
-    return {"fadd_s": fadds, "read8_s": reads}
+    want = reps * (iters + 2 * rounds * ATOMIC_BATCH)
+    assert (after - before) % 2**64 == want, "fetch_adds lost"
+    return {"fadd_s": fadds, "read8_s": reads, "fadd_single64_s": singles,
+            "fadd_batch64_s": batched}
 
 
 def rdmamw_run(provider: str, sizes: list[int], reps: int, iters: int, batch: int,
@@ -252,6 +276,13 @@ def summarize(rdmamw: dict, peers: dict, batch: int, main: str) -> tuple[list, l
             rows.append({"system": f"rdmamw {prov}", "size": 8, "fetch_add_ops_per_s": 1 / f,
                          "fetch_add_us": f * 1e6, "read8_us": rd * 1e6,
                          "read8/fetch_add": rd / f})
+            if "fadd_batch64_s" in r["atomics"]:
+                one = _med(r["atomics"]["fadd_single64_s"])
+                many = _med(r["atomics"]["fadd_batch64_s"])
+                rows.append({"system": f"rdmamw {prov}", "size": 8,
+                             f"single{ATOMIC_BATCH}_fetch_add_ops_per_s": 1 / one,
+                             f"batch{ATOMIC_BATCH}_fetch_add_ops_per_s": 1 / many,
+                             f"batch{ATOMIC_BATCH}/single": one / many})
     if main == "shm" and "shm" in rdmamw:
         shm = rdmamw["shm"]["sizes"]
         for label, want in TARGETS.items():

@@ -1,5 +1,6 @@
 """Remote memory awaited (docs/remote-memory.md, "From an event loop"): ``await
-ch.read(...)`` / ``write`` / ``readv`` / ``writev`` / ``batch().post()`` on an
+ch.read(...)`` / ``write`` / ``readv`` / ``writev`` / ``batch().post()`` (its atomics'
+old values in the handle's ``values``) / ``fetch_add`` / ``compare_swap`` on an
 :class:`rdmamw.aio.Channel`, with the blocking channel's arguments and errors.
 
 A provider that moves the bytes inside the call (shm: a copy, the owner never waited
@@ -15,7 +16,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rdmamw.channel.remote import Batch, Done, Fetched, Region
+from rdmamw.channel.remote import Batch, Done, Fetched, Posted, Region
 
 if TYPE_CHECKING:
     from rdmamw.channel import Channel as SyncChannel
@@ -41,7 +42,8 @@ async def _run(sync: Any, call: Callable[[], _T]) -> _T:
 
 class AioBatch:
     """``ch.batch()`` of an aio channel: add with ``read`` / ``write`` / ``readv`` /
-    ``writev`` as on :class:`rdmamw.channel.remote.Batch`, then ``await post()``."""
+    ``writev`` / ``fetch_add`` / ``compare_swap`` as on
+    :class:`rdmamw.channel.remote.Batch`, then ``await post()``."""
 
     def __init__(self, sync: Any) -> None:
         self._sync = sync
@@ -63,10 +65,19 @@ class AioBatch:
         self._batch.writev(ranges)
         return self
 
+    def fetch_add(self, ref: Any, offset: int, value: int) -> AioBatch:
+        self._batch.fetch_add(ref, offset, value)
+        return self
+
+    def compare_swap(self, ref: Any, offset: int, expected: int,
+                     desired: int) -> AioBatch:
+        self._batch.compare_swap(ref, offset, expected, desired)
+        return self
+
     def __len__(self) -> int:
         return len(self._batch)
 
-    async def post(self, timeout: float | None = None) -> Done:
+    async def post(self, timeout: float | None = None) -> Posted:
         """The batch as one chain (:meth:`rdmamw.channel.remote.Batch.post`), awaited."""
         return await _run(self._sync, lambda: self._batch.post(timeout))
 
@@ -96,12 +107,12 @@ class AioRemoteMemory:
                           lambda: self.sync.write(src, ref, offset, notify, timeout))
 
     async def readv(self, ranges: Iterable[tuple[Any, Any, int]],
-                    timeout: float | None = None) -> Done:
+                    timeout: float | None = None) -> Posted:
         """:meth:`rdmamw.Channel.readv`, awaited."""
         return await self.batch().readv(ranges).post(timeout)
 
     async def writev(self, ranges: Iterable[tuple[Any, Any, int]],
-                     timeout: float | None = None) -> Done:
+                     timeout: float | None = None) -> Posted:
         """:meth:`rdmamw.Channel.writev`, awaited."""
         return await self.batch().writev(ranges).post(timeout)
 

@@ -7,6 +7,10 @@ from typing import Any
 from rdmamw.transport._base import Transport
 
 ONE_CHECKED: int
+OP_READ: int
+OP_WRITE: int
+OP_FETCH_ADD: int
+OP_CMP_SWAP: int
 
 class Pinned:
     """A buffer held while it is exposed: the exposure keeps its memory alive, however
@@ -28,7 +32,7 @@ class RemoteOps:
     def unexpose_all(self) -> int: ...
     @property
     def exposed(self) -> int: ...
-    def post(self, ops: list[tuple[bool, Any, int, int, int, int, int]],
+    def post(self, ops: list[tuple[int, Any, int, int, int, int, int]],
              timeout: float | None = None) -> int: ...
     def one(self, write: bool, obj: Any, ref: Any, offset: int,
             timeout: float | None = None) -> int: ...

@@ -2,10 +2,11 @@
 """One-sided access to a peer's exposed memory (docs/remote-memory.md): the part of
 the remote-memory API that touches the transport. RemoteOps exposes this side's
 buffers as tagged regions (the transport's expose(), the tag above
-RM_ACCESS_TAG_SHIFT) and posts READ/WRITE work requests on the peer's regions
-(RM_WR_EXPOSED | RM_WR_REGION, imm = the region's tag): a batch is one chain and one
-post (one doorbell; a provider that bounds a chain, tcp, gets a longer batch as
-several chains of at most its ``region_chain_max``). References, bounds, access and
+RM_ACCESS_TAG_SHIFT) and posts READ/WRITE and atomic work requests on the peer's
+regions (RM_WR_EXPOSED | RM_WR_REGION, imm = the region's tag): a batch, its atomics
+among its READs and WRITEs, is one chain and one post (one doorbell; a provider that
+bounds a chain, tcp, gets a longer batch as several chains of at most its
+``region_chain_max``). References, bounds, access and
 errors are the Python layer's (rdmamw/channel/remote.py); the provider checks every
 request against the owner's exposure again, so nothing here is trusted by the owner.
 
@@ -58,6 +59,12 @@ cdef uint64_t PIECE = 1 << 30       # one work request moves at most this much
 cdef uint32_t TAG_MAX = 0xFFFFFF    # tags are 24 bits (above RM_ACCESS_TAG_SHIFT)
 cdef uint32_t ACC_R = 1, ACC_W = 2  # a reference's access bits (remote.py R, W)
 ONE_CHECKED = 1                     # one(): not tried, go the checked way
+cdef enum:                          # post()'s operation kinds (remote.py: OP_*)
+    K_READ = 0                      # (a READ and a WRITE may be given as False, True)
+    K_WRITE = 1
+    K_FETCH_ADD = 2
+    K_CMP_SWAP = 3
+OP_READ, OP_WRITE, OP_FETCH_ADD, OP_CMP_SWAP = K_READ, K_WRITE, K_FETCH_ADD, K_CMP_SWAP
 cdef uint32_t _last_tag = 0         # tags are unique in the process, not per channel: a
                                     # request that names another channel's exposure
                                     # never finds its tag in this channel's table
@@ -182,19 +189,23 @@ cdef class RemoteOps:
         return len(self.live)
 
     def post(self, list ops, timeout=None) -> int:
-        """Post ``ops`` as one chain: each ``(write, local, offset, length, key, tag,
-        remote_address)``, ``local`` a buffer whose ``[offset, offset + length)`` the
-        caller checked; a READ fills it, a WRITE sends it. The transport's code
-        (RM_ERR_LATE: ``timeout`` s passed first; no READ target is written after)."""
+        """Post ``ops`` as one chain: each ``(kind, local, offset, length, key, tag,
+        remote_address)``, ``kind`` an OP_* (a bool: READ or WRITE), ``local`` a buffer
+        whose ``[offset, offset + length)`` the caller checked; a READ fills it, a WRITE
+        sends it. An atomic's ``length`` is 8 (the word) and its local range 16 bytes:
+        its two operands (remote.py's _WORDS), the first replaced by the word's old
+        value. The transport's code (RM_ERR_LATE: ``timeout`` s passed first; no READ
+        target is written after)."""
         cdef Py_ssize_t i, k = 0, nops = len(ops), nwr = 0, at, step, nchains = 0
         cdef Py_buffer *views
         cdef rm_wr *wrs
         cdef int rc = 0
-        cdef uint64_t off, n, piece, done, rbytes = 0, wbytes = 0
-        cdef bint write
+        cdef uint64_t off, n, piece, done, rbytes = 0, wbytes = 0, need
+        cdef uint32_t kind
         cdef int64_t deadline = deadline_of(timeout)
         cdef uint32_t lkey = 0
         leases = [] if self.local_cache is not None else None
+        lkeys = {}                      # id(local) -> its lease's lkey: one lease a buffer
         for op in ops:
             nwr += <Py_ssize_t>((<uint64_t>op[3] + PIECE - 1) // PIECE) or 1
         views = <Py_buffer *>calloc(nops, sizeof(Py_buffer))
@@ -207,19 +218,25 @@ cdef class RemoteOps:
         try:
             for i in range(nops):
                 op = ops[i]
-                write = op[0]
-                PyObject_GetBuffer(op[1], &views[i],
-                                   PyBUF_ANY_CONTIGUOUS | (0 if write else PyBUF_WRITABLE))
+                kind = op[0]
+                if kind > K_CMP_SWAP:
+                    raise ValueError(f"operation {i}: no kind {kind}")
+                PyObject_GetBuffer(op[1], &views[i], PyBUF_ANY_CONTIGUOUS
+                                   | (0 if kind == K_WRITE else PyBUF_WRITABLE))
                 off, n = op[2], op[3]
-                if off > <uint64_t>views[i].len or n > <uint64_t>views[i].len - off:
+                need = 16 if kind >= K_FETCH_ADD else n
+                if (kind >= K_FETCH_ADD and n != 8) or off > <uint64_t>views[i].len \
+                        or need > <uint64_t>views[i].len - off:
                     PyBuffer_Release(&views[i])
-                    raise ValueError(f"operation {i}: {n} bytes at {off} of a buffer of "
-                                     f"{views[i].len}")
+                    raise ValueError(f"operation {i}: {need} bytes at {off} of a buffer "
+                                     f"of {views[i].len}")
                 if leases is not None:
-                    lease = self.local_cache.acquire(op[1])
-                    leases.append(lease)
-                    lkey = lease.handle[1]
-                done = 0
+                    if id(op[1]) not in lkeys:
+                        lease = self.local_cache.acquire(op[1])
+                        leases.append(lease)
+                        lkeys[id(op[1])] = lease.handle[1]
+                    lkey = lkeys[id(op[1])]
+                done = 0                # (an atomic: one work request on its word)
                 while True:
                     piece = min(n - done, PIECE)
                     wrs[k].wr_id = 0
@@ -229,15 +246,17 @@ cdef class RemoteOps:
                     wrs[k].rkey = op[4]
                     wrs[k].lkey = lkey
                     wrs[k].imm = op[5]
-                    wrs[k].opcode = RM_WR_WRITE if write else RM_WR_READ
+                    wrs[k].opcode = (RM_WR_READ if kind == K_READ else RM_WR_WRITE
+                                     if kind == K_WRITE else RM_WR_FETCH_ADD
+                                     if kind == K_FETCH_ADD else RM_WR_CMP_SWAP)
                     wrs[k].flags = RM_WR_EXPOSED | RM_WR_REGION
                     k += 1
                     done += piece
                     if done >= n:
                         break
-                if write:
+                if kind == K_WRITE:
                     wbytes += n
-                else:
+                elif kind == K_READ:
                     rbytes += n
             i = nops
             step = self.chain_max if self.chain_max > 0 else k

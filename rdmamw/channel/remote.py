@@ -1,13 +1,15 @@
 """Remote memory on a channel (docs/remote-memory.md): expose a buffer to the peer and
-read or write the peer's exposed buffers, one-sided and batched.
+read or write the peer's exposed buffers, one-sided and batched, and run atomics on
+their words.
 
 The owner's side: :meth:`RemoteMemory.expose` returns a :class:`Region`, whose
 ``ref`` (a :class:`RegionRef`, picklable, ``bytes(ref)`` and back) the peer is given by
 any means; ``region.revoke()`` ends the exposure before it returns. The peer's side:
-``read`` / ``write`` / ``batch`` (one chain, one doorbell), ``fetch_add`` /
-``compare_swap`` where the provider can do them. What the engine's unit does
-(rdmamw/channel/_remote.pyx) is posting; everything a caller can get wrong is checked
-here first, and the provider checks each request against the owner's exposure again."""
+``read`` / ``write`` / ``batch`` (one chain, one doorbell; its atomics among its reads
+and writes), ``fetch_add`` / ``compare_swap`` where the provider can do them. What the
+engine's unit does (rdmamw/channel/_remote.pyx) is posting; everything a caller can get
+wrong is checked here first, and the provider checks each request against the owner's
+exposure again."""
 
 from __future__ import annotations
 
@@ -20,7 +22,14 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
 from rdmamw import _fork
-from rdmamw.channel._remote import ONE_CHECKED, RemoteOps
+from rdmamw.channel._remote import (
+    ONE_CHECKED,
+    OP_CMP_SWAP,
+    OP_FETCH_ADD,
+    OP_READ,
+    OP_WRITE,
+    RemoteOps,
+)
 from rdmamw.errors import (
     AccessDenied,
     ChannelClosed,
@@ -52,6 +61,9 @@ _VERSION = 1
 REF_BYTES = _REF.size + 8
 #: an atomic's operands, and its result in the first (native order: the NIC's)
 _WORDS = struct.Struct("=QQ")
+#: an operation of a chain (RemoteOps.post): kind (OP_*), local buffer, offset in it,
+#: length (an atomic's: 8, its local range _WORDS.size), key, tag, remote address
+Op = tuple[int, Any, int, int, int, int, int]
 #: held while a channel's atomic state (its lock and operand buffer) is made; the
 #: atomics of a channel take turns on that buffer (each waits for its answer anyway),
 #: those of different channels do not wait for each other
@@ -168,8 +180,27 @@ class Done:
         return iter(())
 
 
-#: the handle of a single read or write that moved its bytes inside the call
+#: the handle of a single read or write (it moved its bytes inside the call)
 DONE = Done(1)
+
+
+class Posted(Done):
+    """The handle of a batch (``post()``, ``readv``, ``writev``): ``values`` holds
+    the old values of its atomics in the order they were added (empty without any);
+    ``wait()`` and ``await`` give them too."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, count: int, values: tuple[int, ...] = ()) -> None:
+        super().__init__(count)
+        self.values = values
+
+    def wait(self, timeout: float | None = None) -> tuple[int, ...]:  # type: ignore[override]
+        return self.values
+
+    def __await__(self) -> Any:
+        return self.values
+        yield       # a generator: awaiting it gives the values at once
 
 
 class Fetched(Done):
@@ -222,36 +253,44 @@ def _nbytes(obj: Any) -> int:
 
 class Batch:
     """One-sided operations posted together: one chain, one doorbell
-    (``ch.batch()``; then ``read`` / ``write`` any number of times, then ``post()``)."""
+    (``ch.batch()``; then ``read`` / ``write`` / ``fetch_add`` / ``compare_swap`` any
+    number of times, then ``post()``, whose handle's ``values`` are the atomics' old
+    values)."""
 
     def __init__(self, rm: RemoteMemory) -> None:
         self._rm = rm
-        self._ops: list[tuple[bool, Any, int, int, int, int, int]] = []
+        self._ops: list[Op] = []
         self._refs: list[RegionRef] = []
         self._notify: list[Any] = []
+        #: the atomics' operands, _WORDS each in the order added; each's old value
+        #: lands in its first word (one buffer: on verbs one lease for all of them)
+        self._words = bytearray()
+        #: the reference the last atomic passed the checks with (the next one on it
+        #: needs only its word's checked: many atomics of a batch name one region)
+        self._atomic_ref: RegionRef | None = None
 
     def read(self, ref: Any, into: Any, offset: int = 0) -> Batch:
         """READ ``len(into)`` bytes of the region at ``offset`` into ``into``."""
         into = _buffer(into)
-        self._add(False, ref, into, offset, _nbytes(into))
+        self._add(OP_READ, ref, into, offset, _nbytes(into))
         return self
 
     def readv(self, ranges: Iterable[tuple[Any, Any, int]]) -> Batch:
         """A READ per ``(into, ref, offset)`` of ``ranges`` (each checked as
         :meth:`read` checks it; one that is refused adds none of them)."""
-        return self._vector(False, ranges)
+        return self._vector(OP_READ, ranges)
 
     def writev(self, ranges: Iterable[tuple[Any, Any, int]]) -> Batch:
         """A WRITE per ``(src, ref, offset)`` of ``ranges`` (each checked as
         :meth:`write` checks it; one that is refused adds none of them)."""
-        return self._vector(True, ranges)
+        return self._vector(OP_WRITE, ranges)
 
-    def _vector(self, write: bool, ranges: Iterable[tuple[Any, Any, int]]) -> Batch:
+    def _vector(self, kind: int, ranges: Iterable[tuple[Any, Any, int]]) -> Batch:
         at = len(self._ops)
         try:
             for local, ref, offset in ranges:
                 local = _buffer(local)
-                self._add(write, ref, local, offset, _nbytes(local))
+                self._add(kind, ref, local, offset, _nbytes(local))
         except BaseException:
             del self._ops[at:], self._refs[at:]
             raise
@@ -261,36 +300,64 @@ class Batch:
         """WRITE ``src`` into the region at ``offset``; ``notify`` goes to the owner as a
         message once every write of the batch is visible to it."""
         src = _buffer(src)
-        self._add(True, ref, src, offset, _nbytes(src))
+        self._add(OP_WRITE, ref, src, offset, _nbytes(src))
         if notify is not None:
             self._notify.append(notify)
         return self
 
-    def _add(self, write: bool, ref: Any, local: Any, offset: int, n: int) -> None:
-        r = self._rm._checked(_as_ref(ref), W if write else R, offset, n)
-        self._ops.append((write, local, 0, n, r.key, r.tag, r.base + offset))
+    def fetch_add(self, ref: Any, offset: int, value: int) -> Batch:
+        """Add ``value`` (mod 2^64) to the aligned 64-bit word at ``offset`` atomically,
+        in the chain's order (checked as :meth:`RemoteMemory.fetch_add` checks it);
+        its old value is in the post's ``values``, at this atomic's place among the
+        batch's atomics."""
+        return self._atomic(OP_FETCH_ADD, ref, offset, value, 0)
+
+    def compare_swap(self, ref: Any, offset: int, expected: int, desired: int) -> Batch:
+        """Replace the aligned 64-bit word at ``offset`` by ``desired`` if it holds
+        ``expected``, atomically, in the chain's order; its old value is in the post's
+        ``values`` (``expected`` when it was replaced), as for :meth:`fetch_add`."""
+        return self._atomic(OP_CMP_SWAP, ref, offset, expected, desired)
+
+    def _atomic(self, kind: int, ref: Any, offset: int, a: int, b: int) -> Batch:
+        r = self._atomic_ref
+        if r is None or ref is not r or not 0 <= offset <= r.length - 8 \
+                or (r.base + offset) % 8:
+            r = self._atomic_ref = self._rm._checked_atomic(_as_ref(ref), offset)
+        at = len(self._words)
+        self._words += _WORDS.pack(a % (1 << 64), b % (1 << 64))
+        self._ops.append((kind, self._words, at, 8, r.key, r.tag, r.base + offset))
+        self._refs.append(r)
+        return self
+
+    def _add(self, kind: int, ref: Any, local: Any, offset: int, n: int) -> None:
+        r = self._rm._checked(_as_ref(ref), W if kind == OP_WRITE else R, offset, n)
+        self._ops.append((kind, local, 0, n, r.key, r.tag, r.base + offset))
         self._refs.append(r)
 
     def __len__(self) -> int:
         return len(self._ops)
 
-    def post(self, timeout: float | None = None) -> Done:
-        """Post every operation as one chain; a refused one raises its typed error and,
-        since the provider checks the whole chain first, nothing of the batch moved
-        (unless the region was revoked during the chain: RegionRevoked, the reads that
-        ran are complete, the rest are not). Timeout once ``timeout`` s passed (None:
-        no deadline, the provider's peer bound): the chain is abandoned, its reads'
-        destinations are not written after this returns (docs/remote-memory.md)."""
+    def post(self, timeout: float | None = None) -> Posted:
+        """Post every operation as one chain, run in the order added; a refused one
+        raises its typed error and, since the provider checks the whole chain first,
+        nothing of the batch moved (unless the region was revoked during the chain:
+        RegionRevoked, the operations before it are done, the rest are not). Timeout
+        once ``timeout`` s passed (None: no deadline, the provider's peer bound): the
+        chain is abandoned, its reads' destinations are not written after this returns
+        (docs/remote-memory.md). The handle's ``values``: the atomics' old values."""
         ops, self._ops = self._ops, []
         refs, self._refs = self._refs, []
         notify, self._notify = self._notify, []
+        words, self._words = self._words, bytearray()
         until = None if timeout is None else time.monotonic() + timeout
-        if ops:
+        if ops and words and self._rm._transport.registers_memory:
+            words = self._rm._post_lent(ops, refs, words, timeout)
+        elif ops:
             self._rm._post(ops, refs, timeout)
         for msg in notify:
             self._rm._notify(msg, None if until is None
                              else max(0.0, until - time.monotonic()))
-        return Done(len(ops))
+        return Posted(len(ops), tuple(w[0] for w in _WORDS.iter_unpack(words)))
 
 
 class RemoteMemory:
@@ -303,6 +370,9 @@ class RemoteMemory:
     #: the channel's atomics take turns on the lock; the buffer holds an atomic's
     #: operands and then its result (one buffer: on verbs registered once)
     _atomic_state: tuple[threading.Lock, bytearray] | None = None
+    #: batches' operand buffers on a transport that registers memory (verbs), kept for
+    #: the next batches: each is registered once, not once a post
+    _spare_words: list[bytearray] | None = None
 
     # ---- the owner ------------------------------------------------------------------
 
@@ -350,22 +420,22 @@ class RemoteMemory:
         RegionRef or its bytes) into ``into``, one-sided: no thread of the peer acts.
         Timeout once ``timeout`` s passed (None: no deadline, as a send's; the
         provider's peer bound ends the wait): ``into`` is not written after."""
-        if type(ref) is RegionRef and self._one(False, into, ref, offset, timeout):
-            return DONE
-        return self.batch().read(ref, into, offset).post(timeout)
+        if not (type(ref) is RegionRef and self._one(False, into, ref, offset, timeout)):
+            self.batch().read(ref, into, offset).post(timeout)
+        return DONE
 
     def write(self, src: Any, ref: Any, offset: int = 0, notify: Any = None,
               timeout: float | None = None) -> Done:
         """WRITE ``src`` into the peer's region ``ref`` at ``offset``; with ``notify`` (a
         message), the peer receives it on this channel once the bytes are visible to
         it. Timeout once ``timeout`` s passed: the write may still land."""
-        if notify is None and type(ref) is RegionRef and \
-                self._one(True, src, ref, offset, timeout):
-            return DONE
-        return self.batch().write(src, ref, offset, notify).post(timeout)
+        if not (notify is None and type(ref) is RegionRef
+                and self._one(True, src, ref, offset, timeout)):
+            self.batch().write(src, ref, offset, notify).post(timeout)
+        return DONE
 
     def readv(self, ranges: Iterable[tuple[Any, Any, int]],
-              timeout: float | None = None) -> Done:
+              timeout: float | None = None) -> Posted:
         """READ many ranges as one chain: ``(into, ref, offset)`` each, ``len(into)``
         bytes of region ``ref`` at ``offset``. Every range is checked before any is
         posted, and the provider checks the whole chain before any byte moves: a
@@ -373,7 +443,7 @@ class RemoteMemory:
         return self.batch().readv(ranges).post(timeout)
 
     def writev(self, ranges: Iterable[tuple[Any, Any, int]],
-               timeout: float | None = None) -> Done:
+               timeout: float | None = None) -> Posted:
         """WRITE many ranges as one chain: ``(src, ref, offset)`` each (see
         :meth:`readv`: a refused range, nothing of the chain moved)."""
         return self.batch().writev(ranges).post(timeout)
@@ -435,8 +505,8 @@ class RemoteMemory:
         if rc == ONE_CHECKED:
             return False
         if rc != 0:
-            self._fail(rc, [(write, local, 0, _nbytes(local), ref.key, ref.tag,
-                             ref.base + offset)], [ref])
+            self._fail(rc, [(OP_WRITE if write else OP_READ, local, 0, _nbytes(local),
+                             ref.key, ref.tag, ref.base + offset)], [ref])
         return True
 
     def _checked(self, ref: RegionRef, need: int, offset: int, n: int) -> RegionRef:
@@ -455,10 +525,10 @@ class RemoteMemory:
             raise OutOfRange(f"{n} bytes at offset {offset} of a region of {ref.length}")
         return ref
 
-    def _atomic(self, ref: RegionRef, offset: int, cas: bool, a: int, b: int,
-                timeout: float | None) -> Fetched:
-        if timeout is not None and not timeout >= 0:
-            raise ValueError("timeout must be >= 0 or None")
+    def _checked_atomic(self, ref: RegionRef, offset: int) -> RegionRef:
+        """``ref`` if an atomic on its word at ``offset`` passes what the caller can
+        check (:meth:`_checked`, the "atomic" access, an aligned word, a provider with
+        atomics); a single atomic's and a batch's."""
         self._checked(ref, R | W, offset, 8)
         if not ref.access & A:
             raise AccessDenied(f"the region is exposed {_access_name(ref.access)!r}: no "
@@ -468,6 +538,13 @@ class RemoteMemory:
                                f"is not")
         if not getattr(self._transport, "region_atomics", False):
             raise ProviderUnavailable(_no_atomics(self.provider))
+        return ref
+
+    def _atomic(self, ref: RegionRef, offset: int, cas: bool, a: int, b: int,
+                timeout: float | None) -> Fetched:
+        if timeout is not None and not timeout >= 0:
+            raise ValueError("timeout must be >= 0 or None")
+        self._checked_atomic(ref, offset)
         ops = self._ops()
         state = self._atomic_state
         if state is None:
@@ -482,20 +559,43 @@ class RemoteMemory:
             rc = ops.atomic(cas, words, ref.key, ref.tag, ref.base + offset, timeout)
             old = _WORDS.unpack(words)[0]
         if rc != 0:
-            self._fail(rc, [(True, words, 0, 8, ref.key, ref.tag, ref.base + offset)],
-                       [ref], atomic=True)
+            self._fail(rc, [(OP_CMP_SWAP if cas else OP_FETCH_ADD, words, 0, 8, ref.key,
+                             ref.tag, ref.base + offset)], [ref])
         return Fetched(old)
 
-    def _post(self, ops: list[tuple[bool, Any, int, int, int, int, int]],
-              refs: list[RegionRef], timeout: float | None = None) -> None:
+    def _post(self, ops: list[Op], refs: list[RegionRef],
+              timeout: float | None = None) -> None:
         rc = self._ops().post(ops, timeout)
         if rc != 0:
             self._fail(rc, ops, refs)
 
-    def _fail(self, rc: int, ops: list[tuple[bool, Any, int, int, int, int, int]],
-              refs: list[RegionRef], atomic: bool = False) -> NoReturn:
-        """Raise the typed error of the transport's code ``rc`` for the chain ``ops``
-        (``atomic``: the one atomic of an atomic's chain)."""
+    def _post_lent(self, ops: list[Op], refs: list[RegionRef], words: bytearray,
+                   timeout: float | None) -> bytearray:
+        """:meth:`_post` with the batch's operands ``words`` copied into a kept buffer
+        (``_spare_words``, a power of two of at least 1 KiB), whose registration the
+        next batches reuse; the operands and old values, as ``words`` would hold them.
+        A buffer whose chain failed is not kept (the device may not be done with it)."""
+        n = len(words)
+        with _ATOMIC_LOCK:
+            spare = self._spare_words or []
+            buf = next((b for b in spare if len(b) >= n), None)
+            if buf is not None:
+                spare.remove(buf)
+        if buf is None:
+            buf = bytearray(max(1024, 1 << (n - 1).bit_length()))
+        buf[:n] = words
+        self._post([(op[0], buf, *op[2:]) if op[1] is words else op for op in ops],
+                   refs, timeout)
+        words = buf[:n]
+        with _ATOMIC_LOCK:
+            if self._spare_words is None:
+                self._spare_words = []
+            if len(self._spare_words) < 4:
+                self._spare_words.append(buf)
+        return words
+
+    def _fail(self, rc: int, ops: list[Op], refs: list[RegionRef]) -> NoReturn:
+        """Raise the typed error of the transport's code ``rc`` for the chain ``ops``."""
         if rc == _ERR_PEER_LOST:
             # verbs: also after a refused access (the connection is lost), which says so
             detail = getattr(self._transport, "error_detail", lambda: None)()
@@ -511,13 +611,15 @@ class RemoteMemory:
                           "the answer)" + ("; on verbs the device was stopped: the "
                                            "connection is lost"
                                            if self.provider == "verbs" else ""))
-        if rc == _ERR_UNSUPPORTED and atomic:
+        if rc == _ERR_UNSUPPORTED and any(op[0] >= OP_FETCH_ADD for op in ops):
             raise ProviderUnavailable(f"atomics: the peer's end of this {self.provider} "
                                       f"channel does not serve them (an earlier rdmamw)")
         if rc != _ERR_BOUNDS:
             raise RemoteAccessError(f"the {self.provider} provider failed a one-sided "
                                     f"operation ({rc})")
-        for (write, _, _, n, key, tag, addr), ref in zip(ops, refs, strict=True):
+        for (kind, _, _, n, key, tag, addr), ref in zip(ops, refs, strict=True):
+            atomic = kind >= OP_FETCH_ADD
+            write = kind != OP_READ     # an atomic writes (tcp records it so)
             why = (self._transport.region_refusal(key, tag, addr, n, write, True)
                    if atomic and self.provider == "shm"
                    else self._transport.region_refusal(key, tag, addr, n, write))

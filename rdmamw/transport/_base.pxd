@@ -34,6 +34,8 @@ cdef enum:
     RM_WR_REGION = 16       # with EXPOSED: an access to a user region (rdmamw/channel/
                             # _remote.pyx); imm = the region's tag, which the exposure
                             # must carry (a provider without regions refuses it)
+    RM_WR_FENCE = 32        # verbs, set by its region chains: begin only once the
+                            # chain's earlier READs and atomics completed (IBV_SEND_FENCE)
 
 # What expose() grants: LOCAL only makes the range usable as a WR source/READ target.
 cdef enum:

@@ -341,9 +341,11 @@ def test_forged_answers_never_write_past_the_destination(owner, op, frames):
     owner.serves()
 
 
-def test_no_atomic_goes_to_a_peer_that_does_not_serve_them(owner):
+@pytest.mark.parametrize("how", ["single", "batch"])
+def test_no_atomic_goes_to_a_peer_that_does_not_serve_them(owner, how):
     """A peer whose hello has no ``ratom`` (an earlier rdmamw, which would hang up on
-    an atomic): ProviderUnavailable, nothing sent, the channel usable."""
+    an atomic): ProviderUnavailable, nothing sent (not the batch's read either), the
+    channel usable."""
     rid = 0x7654321 * 2 + 1
     got: dict = {}
     t = threading.Thread(target=lambda: got.update(ch=owner.lst.accept(timeout=10)))
@@ -355,7 +357,11 @@ def test_no_atomic_goes_to_a_peer_that_does_not_serve_them(owner):
         s.settimeout(0.5)
         ref = RegionRef(rid, 7, 9, 1 << 40, 1 << 20, 7)
         with pytest.raises(ProviderUnavailable, match="does not serve them"):
-            ch.fetch_add(ref, 0, 1, timeout=1.0)
+            if how == "single":
+                ch.fetch_add(ref, 0, 1, timeout=1.0)
+            else:
+                ch.batch().read(ref, np.zeros(8, np.uint8), 8).fetch_add(ref, 0, 1) \
+                    .post(timeout=1.0)
         ch.send(b"after")
         kind, _, length, _ = FRAME.unpack(recv_exact(s, FRAME.size))
         assert kind != RCHAIN                   # what came is the message, no chain

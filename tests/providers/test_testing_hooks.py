@@ -35,8 +35,9 @@ TAKES = {
     "verbs_side_socket": (VerbsTransport, ()),
 }
 #: the hooks that take something else first (bytes, a Channel, a verbs device, an
-#: address)
-OTHERS = {"apply_stream", "set_device_limit", "slot_address", "atomic_adds"}
+#: address, a chain's letters)
+OTHERS = {"apply_stream", "set_device_limit", "slot_address", "atomic_adds",
+          "verbs_fences"}
 
 
 @pytest.fixture(scope="module")

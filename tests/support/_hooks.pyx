@@ -36,6 +36,7 @@ from rdmamw.providers.tcp._transport cimport (
     rt_conn,
     rt_progress,
 )
+from rdmamw.providers.verbs._fence cimport chain_fences
 from rdmamw.providers.verbs._qp cimport QP_CONNECTED
 from rdmamw.providers.verbs._transport cimport VerbsTransport
 from rdmamw.providers.verbs._device cimport XMR_BUSY, VerbsDevice
@@ -45,7 +46,10 @@ from rdmamw.transport._base cimport (
     RM_ACCESS_REMOTE_WRITE,
     RM_ERR_BOUNDS,
     RM_NREGIONS,
+    RM_WR_CMP_SWAP,
     RM_WR_EXPOSED,
+    RM_WR_FENCE,
+    RM_WR_FETCH_ADD,
     RM_WR_READ,
     RM_WR_SIGNALED,
     RM_WR_WRITE,
@@ -420,3 +424,25 @@ def atomic_adds(size_t addr, uint64_t n) -> None:
     with nogil:
         for _i in range(n):
             hook_fetch_add(word, 1, HOOK_SEQ_CST)
+
+
+def verbs_fences(str chain) -> str:
+    """The WRs a verbs region chain fences (_fence.pxd): ``chain`` one letter a WR (R
+    READ, W WRITE, A fetch_add, C compare_swap); the same letters, each fenced one in
+    lower case."""
+    cdef uint32_t i, n = len(chain)
+    cdef rm_wr *wrs = <rm_wr *>calloc(n or 1, sizeof(rm_wr))
+    codes = {"R": RM_WR_READ, "W": RM_WR_WRITE, "A": RM_WR_FETCH_ADD, "C": RM_WR_CMP_SWAP}
+    if wrs == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            wrs[i].opcode = codes[chain[i]]
+            wrs[i].flags = RM_WR_EXPOSED
+        chain_fences(wrs, n)
+        out = []
+        for i in range(n):
+            out.append(chain[i].lower() if wrs[i].flags & RM_WR_FENCE else chain[i])
+        return "".join(out)
+    finally:
+        free(wrs)

@@ -90,3 +90,15 @@ def test_rounds_are_merged_rep_by_rep():
     m = rmem.merge([a, b])
     assert m["sizes"]["65536"]["read_s"] == [1.0, 3.0, 1 / 3, 5.0, 15.0, 5 / 3]
     assert m["writes8_s"] == [1.0, 5.0]
+
+
+def test_the_batched_fetch_adds_are_a_row_beside_the_single_ones():
+    run = _run(1.0, 1.0, 1.0) | {"atomics": {
+        "fadd_s": [2e-6], "read8_s": [1e-6], "fadd_single64_s": [4e-6, 2e-6, 3e-6],
+        "fadd_batch64_s": [1e-6, 5e-7, 2e-6]}}
+    rows, _ = rmem.summarize({"tcp": rmem.merge([run])}, {}, 256, "tcp")
+    row = [r for r in rows if "batch64/single" in r][0]
+    assert row["system"] == "rdmamw tcp"
+    assert row["single64_fetch_add_ops_per_s"] == pytest.approx(1 / 3e-6)
+    assert row["batch64_fetch_add_ops_per_s"] == pytest.approx(1e6)
+    assert row["batch64/single"] == pytest.approx(3.0)       # medians 3 us over 1 us

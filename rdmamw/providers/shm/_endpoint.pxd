@@ -142,5 +142,5 @@ cdef class ShmEndpoint(Transport):
     cdef int _expose_region(self, uint64_t addr, uint64_t length, uint32_t access,
                             uint32_t tag, uint64_t file, rm_mem *out) noexcept nogil
     cdef int _await_peer_region(self) noexcept nogil
-    cdef int _atomic(self, rm_wr *wr) noexcept nogil
+    cdef int _atomic(self, rm_wr *wr, bint run) noexcept nogil
     cdef int _wait_step(self, uint32_t *spins, int64_t *until, bint hangup) noexcept nogil

@@ -294,12 +294,13 @@ cdef class ShmEndpoint(Transport):
         out.handle = out.rkey = key
         return 0
 
-    cdef int _atomic(self, rm_wr *wr) noexcept nogil:
+    cdef int _atomic(self, rm_wr *wr, bint run) noexcept nogil:
         """fetch_add / compare_swap on a word of the peer's atomic region (rm_shared.h),
         run with my ``busy`` word odd (_post_exposed): the peer's revoke either makes
         the check below fail or waits until the instruction is done. The entry and its
         file word are read once from the peer's block and checked as read; the word is
-        changed on my mapping of the peer's pages, made once per exposure."""
+        changed on my mapping of the peer's pages, made once per exposure. Without
+        ``run`` only checked and mapped (a chain's check, before any of it runs)."""
         cdef rm_xent xe
         cdef rm_smap *m
         cdef uint32_t i = wr.rkey & 0xFF
@@ -321,13 +322,11 @@ cdef class ShmEndpoint(Transport):
         if m.map == NULL or m.key != wr.rkey or m.tag != wr.imm or m.file != file \
                 or m.addr != xe.addr or m.len != xe.len:
             rc = rm_smap_make(m, self.pidfd, wr.rkey, wr.imm, file, xe.addr, xe.len)
-        if rc == 0:
+        if rc == 0 and run:
             rm_smap_atomic(m, at, wr.opcode == RM_WR_CMP_SWAP, <uint64_t *>wr.local_addr)
         rm_spin_unlock(&self.smap_lock)
         if rc != 0:
             return RM_ERR_PEER_LOST if self._peer_exited() else RM_ERR_BOUNDS
-        self.n_doorbells += 1
-        self.n_wrs += 1
         return 0
 
     cdef int _await_peer_region(self) noexcept nogil:

@@ -147,10 +147,7 @@ cdef class ShmTransport(ShmEndpoint):
         self.busy_chains += 1
         rm_spin_unlock(&self.busy_lock)
         rm_fence_seq_cst()
-        if n == 1 and (wrs[0].opcode == RM_WR_FETCH_ADD or wrs[0].opcode == RM_WR_CMP_SWAP):
-            rc = self._atomic(&wrs[0])
-        else:
-            rc = self._post(wrs, n)
+        rc = self._post(wrs, n)
         rm_spin_lock(&self.busy_lock)
         self.busy_chains -= 1
         if self.busy_chains == 0:
@@ -159,7 +156,8 @@ cdef class ShmTransport(ShmEndpoint):
         return rc
 
     cdef int _post(self, rm_wr *wrs, uint32_t n) noexcept nogil:
-        """A chain with EXPOSED requests (rendezvous READ/WRITE, region accesses)."""
+        """A chain with EXPOSED requests (rendezvous READ/WRITE, region accesses and
+        atomics), run in its order."""
         cdef uint32_t i
         cdef rm_wr *wr
         cdef rm_xent xe
@@ -168,7 +166,11 @@ cdef class ShmTransport(ShmEndpoint):
             return self.state if self.state < 0 else RM_ERR_CLOSED
         for i in range(n):      # validate the whole chain first: all or nothing
             wr = &wrs[i]
-            if wr.flags & RM_WR_EXPOSED:
+            if wr.opcode == RM_WR_FETCH_ADD or wr.opcode == RM_WR_CMP_SWAP:
+                rc = self._atomic(wr, False)    # checked, its word mapped
+                if rc != 0:
+                    return rc
+            elif wr.flags & RM_WR_EXPOSED:
                 if self._check_exposed(wr, &xe) != 0:
                     return RM_ERR_BOUNDS
             elif not plain_ok(self, wr):
@@ -266,10 +268,13 @@ cdef class ShmTransport(ShmEndpoint):
         return 0
 
     cdef int _exposed(self, rm_wr *wr) noexcept nogil:
-        """Do one EXPOSED READ/WRITE: CMA, or a copy out of the peer's staging area."""
+        """Do one EXPOSED READ/WRITE: CMA, or a copy out of the peer's staging area;
+        or an atomic (checked again: _atomic)."""
         cdef rm_xent xe
         cdef uint64_t off
         cdef int rc
+        if wr.opcode == RM_WR_FETCH_ADD or wr.opcode == RM_WR_CMP_SWAP:
+            return self._atomic(wr, True)
         if self._check_exposed(wr, &xe) != 0:
             return RM_ERR_BOUNDS
         if xe.staged != RM_XNONE:

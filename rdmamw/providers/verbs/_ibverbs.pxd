@@ -144,6 +144,7 @@ cdef extern from "rm_ibverbs.h" nogil:
         IBV_ACCESS_REMOTE_ATOMIC
         IBV_ACCESS_MW_BIND
         IBV_DEVICE_MEM_WINDOW_TYPE_2B
+        IBV_SEND_FENCE
         IBV_SEND_SIGNALED
         IBV_SEND_SOLICITED
         IBV_SEND_INLINE

@@ -31,7 +31,10 @@ so no READ target is written after the call returned.
 Atomics (a region exposed "atomic": the window also has remote atomic access) are
 RM_WR_FETCH_ADD / RM_WR_CMP_SWAP work requests on one aligned 64-bit word: the operand
 (and the new value) are read from the local buffer when the WR is posted, and the
-device writes the word's old value over its first 8 bytes."""
+device writes the word's old value over its first 8 bytes.
+
+A chain runs in its order: the WRs its order needs fenced carry IBV_SEND_FENCE
+(_fence.pxd says which and why)."""
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libc.string cimport memset
@@ -46,6 +49,7 @@ from rdmamw.transport._base cimport (
     RM_REGION_CTRL,
     RM_WR_CMP_SWAP,
     RM_WR_EXPOSED,
+    RM_WR_FENCE,
     RM_WR_FETCH_ADD,
     RM_WR_READ,
     RM_WR_REGION,
@@ -67,6 +71,7 @@ from rdmamw.transport.atomics cimport (
 from rdmamw.providers.verbs._ibverbs cimport (
     IBV_QP_STATE,
     IBV_QPS_ERR,
+    IBV_SEND_FENCE,
     IBV_WC_SUCCESS,
     IBV_WR_ATOMIC_CMP_AND_SWP,
     IBV_WR_ATOMIC_FETCH_AND_ADD,
@@ -75,6 +80,7 @@ from rdmamw.providers.verbs._ibverbs cimport (
     ibv_send_wr,
     rm_ibv_load,
 )
+from rdmamw.providers.verbs._fence cimport chain_fences
 from rdmamw.providers.verbs._lib cimport also_load
 from rdmamw.providers.verbs._device cimport rmv_load64
 from rdmamw.providers.verbs._memory cimport XMR_N
@@ -270,9 +276,10 @@ cdef class VerbsRegions(VerbsTransport):
         return self._post_region(wrs, n)
 
     cdef int _post_region(self, rm_wr *wrs, uint32_t n) noexcept nogil:
-        """Post a chain of region READs/WRITEs (each EXPOSED | REGION, rkey = the
-        reference's key, imm = its tag, lkey = the local buffer's) as one chain with
-        only its last WR signaled, and wait for that completion."""
+        """Post a chain of region READs/WRITEs/atomics (each EXPOSED | REGION, rkey =
+        the reference's key, imm = its tag, lkey = the local buffer's) as one chain
+        with only its last WR signaled, fenced where its order needs it, and wait for
+        that completion."""
         cdef uint32_t i
         if self.state != QP_CONNECTED:
             return self._dead()
@@ -285,7 +292,8 @@ cdef class VerbsRegions(VerbsTransport):
             wrs[i].imm = 0
             wrs[i].wr_id = INTERNAL         # the engine never sees these completions
             wrs[i].flags = RM_WR_EXPOSED
-        wrs[n - 1].flags = RM_WR_EXPOSED | RM_WR_SIGNALED
+        chain_fences(wrs, n)                # the chain's order (the module doc)
+        wrs[n - 1].flags |= RM_WR_SIGNALED
         return self._post_wait(wrs, n, 1, self.post_deadline
                                if self.post_owner == pthread_self() else 0)
 
@@ -323,9 +331,11 @@ cdef class VerbsRegions(VerbsTransport):
         cdef ibv_send_wr *w
         cdef uint64_t *operands
         VerbsTransport._fill(self, j, wr)
+        w = &self.swr[j]        # the RDMA fields _fill set, as the atomic's
+        if wr.flags & RM_WR_FENCE:
+            w.send_flags |= IBV_SEND_FENCE
         if wr.opcode != RM_WR_FETCH_ADD and wr.opcode != RM_WR_CMP_SWAP:
             return
-        w = &self.swr[j]        # the RDMA fields _fill set, as the atomic's
         operands = <uint64_t *>wr.local_addr
         w.opcode = (IBV_WR_ATOMIC_FETCH_AND_ADD if wr.opcode == RM_WR_FETCH_ADD
                     else IBV_WR_ATOMIC_CMP_AND_SWP)
