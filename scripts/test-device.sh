@@ -28,9 +28,10 @@ JUNIT=$(mktemp -p . .device-junit.XXXXXX.xml)
 DIGITS=$(mktemp -p . .device-digits.XXXXXX.npz); trap 'rm -f "$JUNIT" "$DIGITS"' EXIT
 "$VPY" -c "import sys; from rdmamw.apps.demo import mlp; mlp.load(seed=0).save(sys.argv[1])" \
   "$DIGITS" 2>/dev/null || rm -f "$DIGITS"
-# the VM's bound: the device tests take about 1,400 s under TCG now, and the soak comes
-# after them inside the same VM
-export RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-2700}
+# the VM's bound: the device tests take about 1,500 s under TCG alone (1,690 s beside the
+# host half in CI), and the soak comes after them inside the same VM; on a slower machine
+# beside the host half they passed 2,700 s (2026-12-07): a slow VM is not a failure
+export RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-3300}
 # the device tests, then the soak on verbs (tests/soak/soak.py; smaller messages: TCG is slow).
 # A killed peer must be seen lost within 6 s here, not the 2 s of the host soaks: under
 # TCG, with the host half of the CI on the same 2 cores, the kernel's teardown of the
