@@ -38,8 +38,9 @@ export RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-3300}
 # killed process (its QPs, MRs and pinned pages go before its socket closes) and our
 # wake-up take 0.16 s median, up to 1.8 s and once 2.95 s (CI of stop 37); still below
 # the 10 s after which a sender calls a silent peer stuck, so a death seen only that way
-# (or never) fails.
-scripts/rxe-vm.sh "DEVICE_TEST_DIGITS=$DIGITS RDMAMW_TEST_PROVIDERS=verbs $VPY -m pytest -q -p no:cacheprovider -m '${RDMAMW_DEVICE_MARK:-device and not slow}' -rs --junitxml=$JUNIT ${RDMAMW_DEVICE_PYTEST_ARGS:-} \
+# (or never) fails. Verbose (-v): each test's name and outcome as it ends, so a failure
+# is named even when the VM's bound cuts the run before pytest's summary.
+scripts/rxe-vm.sh "DEVICE_TEST_DIGITS=$DIGITS RDMAMW_TEST_PROVIDERS=verbs $VPY -m pytest -v -p no:cacheprovider -m '${RDMAMW_DEVICE_MARK:-device and not slow}' -rs --junitxml=$JUNIT ${RDMAMW_DEVICE_PYTEST_ARGS:-} \
   && $VPY tests/soak/soak.py --provider verbs --seconds ${SOAK_SECONDS:-60} --peers 2 --threads 1 --max-size 262144 --lost-within 6"
 # all skipped is not passed: some device test must have run and passed
 passed=$("$VPY" scripts/junit_passed.py --slowest 15 "$JUNIT")
