@@ -202,14 +202,21 @@ def _corrupt_header(ch, slot: int, **fields) -> None:
 ])
 def test_corrupted_header_is_protocol_error(fields, says):
     """Refused by the header check that names the field, not by a later accident."""
+    _refused_after_corrupting(lambda a: a.send_batch([b"abc", b"defg"]),
+                              lambda b, t: b.recv_batch(timeout=t), fields, says)
+
+
+def _refused_after_corrupting(send, recv, fields, says) -> None:
+    """``send`` one slot, corrupt its header's ``fields``: ``recv`` raises
+    ProtocolError saying ``says``, and again after (the channel stays failed)."""
     a, b, lst = make_pair(slots=4, slot_size=256)
-    a.send_batch([b"abc", b"defg"])
+    send(a)
     (slot,) = b.diagnostics()["pending"]
     _corrupt_header(b, slot, **fields)
     with pytest.raises(rdmamw.ProtocolError, match=says):
-        b.recv_batch(timeout=1)
+        recv(b, 1)
     with pytest.raises(rdmamw.ProtocolError):       # the channel stays failed
-        b.recv_batch(timeout=0)
+        recv(b, 0)
     a.close(), b.close(), lst.close()
 
 
@@ -221,15 +228,8 @@ def test_corrupted_header_is_protocol_error(fields, says):
 def test_corrupted_header_of_one_message_is_protocol_error_on_recv(fields, says):
     """recv()'s first look (one slot arrived, the next in sequence) checks the header
     as recv_batch's does."""
-    a, b, lst = make_pair(slots=4, slot_size=256)
-    a.send(b"abc")
-    (slot,) = b.diagnostics()["pending"]
-    _corrupt_header(b, slot, **fields)
-    with pytest.raises(rdmamw.ProtocolError, match=says):
-        b.recv(timeout=1)
-    with pytest.raises(rdmamw.ProtocolError):       # the channel stays failed
-        b.recv(timeout=0)
-    a.close(), b.close(), lst.close()
+    _refused_after_corrupting(lambda a: a.send(b"abc"), lambda b, t: b.recv(timeout=t),
+                              fields, says)
 
 
 def test_duplicate_sequence_number_is_protocol_error():
