@@ -37,7 +37,7 @@ TAKES = {
 #: the hooks that take something else first (bytes, a Channel, a verbs device, an
 #: address, a chain's letters)
 OTHERS = {"apply_stream", "set_device_limit", "slot_address", "atomic_adds",
-          "verbs_fences"}
+          "verbs_fences", "verbs_first_cause"}
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from rdmamw.providers.verbs._ibverbs cimport (
     IBV_QP_STATE,
     IBV_QPS_ERR,
     ibv_modify_qp,
+    ibv_wc,
     ibv_mr,
     ibv_qp_attr,
     rm_ibv_load,
@@ -37,7 +38,13 @@ from rdmamw.providers.tcp._transport cimport (
     rt_progress,
 )
 from rdmamw.providers.verbs._fence cimport chain_fences
-from rdmamw.providers.verbs._qp cimport QP_CONNECTED
+from rdmamw.providers.verbs._qp cimport (
+    FAIL_RECV_WC,
+    FAIL_SEND_WC,
+    FAIL_SOCKET,
+    QP_CONNECTED,
+    VerbsFailure,
+)
 from rdmamw.providers.verbs._transport cimport VerbsTransport
 from rdmamw.providers.verbs._device cimport XMR_BUSY, VerbsDevice
 from rdmamw.transport._base cimport (
@@ -446,3 +453,20 @@ def verbs_fences(str chain) -> str:
         return "".join(out)
     finally:
         free(wrs)
+
+
+def verbs_first_cause(events) -> tuple:
+    """What a fresh VerbsFailure keeps as a connection's first cause after ``events``
+    in order: ("socket",) the side channel's EOF, ("send" | "recv", status, live) a
+    failed work completion; (kind, status) with kind "socket", "send" or "recv"."""
+    cdef VerbsFailure f = VerbsFailure()
+    cdef ibv_wc wc
+    for ev in events:
+        if ev[0] == "socket":
+            f.call(FAIL_SOCKET, 0)
+            continue
+        memset(&wc, 0, sizeof(wc))
+        wc.status = ev[1]
+        f.completion(&wc, FAIL_SEND_WC if ev[0] == "send" else FAIL_RECV_WC, ev[2])
+    names = {FAIL_SOCKET: "socket", FAIL_SEND_WC: "send", FAIL_RECV_WC: "recv"}
+    return names.get(f.kind, f.kind), f.status

@@ -150,6 +150,7 @@ cdef extern from "rm_ibverbs.h" nogil:
         IBV_SEND_INLINE
         IBV_WC_SUCCESS
         IBV_WC_WR_FLUSH_ERR
+        IBV_WC_REM_ACCESS_ERR
         IBV_PORT_ACTIVE
         IBV_LINK_LAYER_INFINIBAND
         IBV_LINK_LAYER_ETHERNET

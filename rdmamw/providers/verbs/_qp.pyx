@@ -84,11 +84,16 @@ cdef class VerbsFailure:
     cdef void completion(self, ibv_wc *wc, int kind, bint live) noexcept nogil:
         """A work completion failed (FAIL_SEND_WC / FAIL_RECV_WC). A flushed WR only
         says the QP is in error already; the completion that put it there may sit in
-        the other CQ, polled later: it replaces the flush."""
+        the other CQ, polled later: it replaces the flush. The owner's device refusing
+        a region access fails the owner's QP too, and its EOF on the side channel may
+        be seen before the refusal's completion is polled: the refusal, the cause,
+        replaces that EOF."""
         if (self.kind == 0 and live) or (
                 (self.kind == FAIL_SEND_WC or self.kind == FAIL_RECV_WC)
                 and self.status == IBV_WC_WR_FLUSH_ERR
-                and wc.status != IBV_WC_WR_FLUSH_ERR):
+                and wc.status != IBV_WC_WR_FLUSH_ERR) or (
+                self.kind == FAIL_SOCKET and kind == FAIL_SEND_WC
+                and wc.status == IBV_WC_REM_ACCESS_ERR):
             self.kind = kind
             self.status, self.opcode = wc.status, wc.opcode
             self.vendor, self.wr_id = wc.vendor_err, wc.wr_id

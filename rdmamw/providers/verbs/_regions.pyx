@@ -72,6 +72,7 @@ from rdmamw.providers.verbs._ibverbs cimport (
     IBV_QP_STATE,
     IBV_QPS_ERR,
     IBV_SEND_FENCE,
+    IBV_WC_REM_ACCESS_ERR,
     IBV_WC_SUCCESS,
     IBV_WR_ATOMIC_CMP_AND_SWP,
     IBV_WR_ATOMIC_FETCH_AND_ADD,
@@ -106,7 +107,6 @@ cdef int _fill_table(const char *lib, char *err, size_t errlen) noexcept:
 also_load(_fill_table)
 
 cdef enum:
-    WC_REM_ACCESS_ERR = 10      # IBV_WC_REM_ACCESS_ERR: the owner's device refused
     SPINS = 2000                # empty polls before the waiter sleeps between polls
     CHECK_NS = 1000000          # the peer's death is looked for this often
     FLUSH_NS = 1000000000       # a halted QP flushes a chain within this (else: given up)
@@ -382,7 +382,7 @@ cdef class VerbsRegions(VerbsTransport):
             self._await_flush(target, seq)
         if late:
             return RM_ERR_LATE
-        if self.failure.kind == FAIL_SEND_WC and self.failure.status == WC_REM_ACCESS_ERR:
+        if self.failure.kind == FAIL_SEND_WC and self.failure.status == IBV_WC_REM_ACCESS_ERR:
             return RM_ERR_BOUNDS
         return self._dead()
 
