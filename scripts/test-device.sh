@@ -30,8 +30,9 @@ DIGITS=$(mktemp -p . .device-digits.XXXXXX.npz); trap 'rm -f "$JUNIT" "$DIGITS"'
   "$DIGITS" 2>/dev/null || rm -f "$DIGITS"
 # the VM's bound: the device tests take about 1,500 s under TCG alone (1,690 s beside the
 # host half in CI), and the soak comes after them inside the same VM; on a slower machine
-# beside the host half they passed 2,700 s (2026-12-07): a slow VM is not a failure
-export RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-3300}
+# beside the host half they passed 2,700 s (2026-12-07) and once took 2,869 s: a slow VM
+# is not a failure (CI's 90 minutes still hold the set-up, lint and docs before it)
+export RXEVM_TIMEOUT=${RXEVM_TIMEOUT:-3900}
 # the device tests, then the soak on verbs (tests/soak/soak.py; smaller messages: TCG is slow).
 # A killed peer must be seen lost within 6 s here, not the 2 s of the host soaks: under
 # TCG, with the host half of the CI on the same 2 cores, the kernel's teardown of the
