@@ -6,8 +6,10 @@ set -euo pipefail
 
 PY="${1:?usage: bench/setup.sh VENV_PYTHON}"
 
-if ! command -v mpiexec >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
-    echo "bench/setup.sh: installing MPICH (mpiexec or mpicc missing)"
+# (a machine may have MPICH's runtime without its headers: mpi4py is built against them)
+if ! command -v mpiexec >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1 \
+        || ! echo '#include <mpi.h>' | mpicc -E - >/dev/null 2>&1; then
+    echo "bench/setup.sh: installing MPICH (mpiexec, mpicc or mpi.h missing)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq mpich libmpich-dev >/dev/null
