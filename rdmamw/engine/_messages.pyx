@@ -6,6 +6,7 @@ the channel as destinations (recv_into, post_recv)."""
 cimport cython
 from cpython.buffer cimport (
     PyBUF_C_CONTIGUOUS,
+    PyBUF_FORMAT,
     PyBUF_WRITABLE,
     PyBuffer_FillInfo,
     PyBuffer_Release,
@@ -19,6 +20,8 @@ from libc.stdint cimport int64_t, uint64_t
 from rdmamw.engine._eager_recv cimport EagerReceiver
 from rdmamw.engine._frames cimport REC_RNDV, SLOT_HEADER, SLOT_SINGLE
 from rdmamw.transport._base cimport now_ns
+
+import sys
 
 cdef extern from "Python.h":
     void Py_SET_REFCNT(PyObject *o, Py_ssize_t n)
@@ -215,6 +218,8 @@ cdef class Dest:
     def __dealloc__(self):
         if self.held:
             PyBuffer_Release(&self.view)
+        if self.lens_held:
+            PyBuffer_Release(&self.lens)
 
 
 cdef Message new_message(Endpoint eng, char *ptr, Py_ssize_t length, uint32_t slot,
@@ -324,6 +329,48 @@ cdef Dest new_dest(object obj):
     d.held = True
     d.obj = obj
     return d
+
+
+cdef Dest new_many_dest(object obj, object lengths):
+    """recv_many_into's destination: ``obj`` for the messages' bytes, ``lengths`` (a
+    writable uint32, int64 or uint64 array, at least one element) for their lengths."""
+    cdef Dest d = new_dest(obj)
+    cdef char code
+    try:
+        PyObject_GetBuffer(lengths, &d.lens,
+                           PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT)
+    except (TypeError, BufferError, ValueError) as e:
+        raise TypeError(f"lengths ({type(lengths).__name__}) is not a writable "
+                        f"C-contiguous array (numpy uint32/int64/uint64): {e}") from e
+    d.lens_held = True
+    code = int_code(&d.lens, "lengths")
+    if code not in (b'I', b'q', b'Q'):
+        raise TypeError(f"lengths holds {d.lens.format.decode()} items; it takes "
+                        f"uint32, int64 or uint64 (a message is up to 4 GiB - 1)")
+    d.wide = d.lens.itemsize == 8
+    d.nlens = d.lens.len // d.lens.itemsize
+    if d.nlens == 0:
+        raise ValueError("lengths has no room for one message's length")
+    return d
+
+
+cdef char int_code(Py_buffer *v, str what) except 0:
+    """The integer type of buffer ``v`` (exported with its format), as one struct code
+    of its size: b/B h/H i/I q/Q (signed/unsigned, 1 to 8 bytes); TypeError for any
+    other type (floats, a byte order not the machine's, a structure)."""
+    cdef bytes fmt = v.format if v.format != NULL else b"B"
+    cdef char c
+    if fmt[:1] in (b"@", b"=") or (fmt[:1] == b"<" and not _BIG_ENDIAN):
+        fmt = fmt[1:]
+    if len(fmt) == 1 and fmt in b"bBhHiIlLqQnN" and v.itemsize in (1, 2, 4, 8):
+        c = fmt[0]
+        signed = c in b"bhilqn"
+        return {1: b"bB", 2: b"hH", 4: b"iI", 8: b"qQ"}[v.itemsize][0 if signed else 1]
+    raise TypeError(f"{what} holds {fmt.decode(errors='replace')!r} items, not integers "
+                    f"(numpy int8 .. uint64)")
+
+
+cdef bint _BIG_ENDIAN = sys.byteorder == "big"
 
 
 #: what gives a tensor-like object without the buffer protocol (a torch tensor, a
