@@ -147,7 +147,7 @@ def test_a_message_stays_for_the_next_call_when_it_does_not_fit(provider):
     BufferTooSmall and loses nothing; at most len(lengths) per call."""
     a, b, lst = make_pair(slot_size=SLOT, provider=provider)
     with a, b, lst:
-        msgs = _messages([100, 200, 4000, 30, 30], seed=5)
+        msgs = _messages([100, 200, 4000, 30, 30, 50, 4096], seed=5)
         a.send_many(b"".join(msgs), [len(m) for m in msgs]).wait(timeout=10)
         lens = np.zeros(10, np.uint32)
         buf = bytearray(300 + 3999)
@@ -159,8 +159,11 @@ def test_a_message_stays_for_the_next_call_when_it_does_not_fit(provider):
         assert b.recv_many_into(buf, lens[:1], timeout=10) == 1
         assert lens[0] == 4000 and bytes(buf[:4000]) == msgs[2]
         assert bytes(b.recv(timeout=10)) == msgs[3]
-        assert _recv_many(b, 1)[0] == msgs[4:]
-        assert b.stats()["messages_received"] == 5
+        buf = bytearray(30 + 50 + 4095)     # the SINGLE slot's 4096 B do not fit
+        assert b.recv_many_into(buf, lens, timeout=10) == 2
+        assert lens[:2].tolist() == [30, 50] and bytes(buf[:80]) == msgs[4] + msgs[5]
+        assert _recv_many(b, 1, room=4096)[0] == msgs[6:]
+        assert b.stats()["messages_received"] == 7
         _nothing_more(b)
 
 
