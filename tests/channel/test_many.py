@@ -6,6 +6,8 @@ timeout, a close or a bad argument never duplicates, cuts or half-delivers one."
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 
@@ -15,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rdmamw
+import rdmamw.trace
 from tests.support.helpers import make_pair
 
 SLOT = 4096
@@ -340,3 +343,22 @@ def many_pair():
     a, b, lst = make_pair(slots=32, slot_size=SLOT)
     yield a, b
     a.close(), b.close(), lst.close()
+
+
+def test_a_send_many_is_one_batch_in_the_timeline(tmp_path):
+    """The timeline's batch spans of send_many are those of send_batch of the same
+    messages: one each, with its messages and bytes (docs/trace.md)."""
+    a, b, lst = make_pair(slots=8, slot_size=SLOT)
+    msgs = _messages([8] * 300 + [100, 0, 4096], seed=9)
+    with a, b, lst:
+        with rdmamw.trace.record(str(tmp_path / "t-%p.json")) as tr:
+            for send in (lambda: a.send_batch(msgs),
+                         lambda: a.send_many(b"".join(msgs), [len(m) for m in msgs])):
+                t = _in_thread(send)
+                assert _recv_many(b, len(msgs))[0] == msgs
+                t.join(timeout=30)
+    with open(tr.path.replace("%p", str(os.getpid()))) as f:
+        doc = json.load(f)
+    spans = [(e["args"]["messages"], e["args"]["bytes"]) for e in doc["traceEvents"]
+             if e["ph"] == "X" and e["cat"] == "batch" and e["args"]["channel"] == a.trace_id]
+    assert spans == [(len(msgs), sum(map(len, msgs)))] * 2
