@@ -362,3 +362,39 @@ def test_a_send_many_is_one_batch_in_the_timeline(tmp_path):
     spans = [(e["args"]["messages"], e["args"]["bytes"]) for e in doc["traceEvents"]
              if e["ph"] == "X" and e["cat"] == "batch" and e["args"]["channel"] == a.trace_id]
     assert spans == [(len(msgs), sum(map(len, msgs)))] * 2
+
+
+def test_aio_send_many_and_recv_many_into(provider):
+    """rdmamw.aio: a send_many larger than the ring goes as slots come back (each
+    Timeout's ``sent`` skipped), received by recv_many_into: the messages, in order."""
+    import asyncio
+
+    import rdmamw.aio as aio
+
+    a, b, lst = make_pair(provider=provider, slots=4, slot_size=SLOT)
+    x, y = aio.Channel(a), aio.Channel(b)
+    msgs = _messages([(i * 37) % 3000 for i in range(200)], seed=10)
+
+    async def recv() -> list[bytes]:
+        buf, lens = bytearray(3 * SLOT), np.zeros(9, np.uint32)
+        got: list[bytes] = []
+        while len(got) < len(msgs):
+            n = await y.recv_many_into(buf, lens)
+            ends = np.cumsum(lens[:n]).tolist()
+            got += [bytes(buf[s:e]) for s, e in zip([0, *ends[:-1]], ends, strict=True)]
+        return got
+
+    async def main() -> list[bytes]:
+        got = asyncio.ensure_future(recv())
+        await x.send_many(b"".join(msgs), [len(m) for m in msgs])
+        out = await got
+        await x.send_many(b"".join(msgs[:10]), np.array([len(m) for m in msgs[:10]]))
+        return out
+
+    with lst:
+        try:
+            got = asyncio.run(main())
+            assert got == msgs
+            assert [bytes(m) for m in b.recv_batch(timeout=10)] == msgs[:10]
+        finally:
+            a.close(), b.close()
