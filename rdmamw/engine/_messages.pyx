@@ -16,6 +16,7 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.object cimport PyObject, PyTypeObject, destructor
 from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport strchr
 
 from rdmamw.engine._eager_recv cimport EagerReceiver
 from rdmamw.engine._frames cimport REC_RNDV, SLOT_HEADER, SLOT_SINGLE
@@ -357,17 +358,26 @@ cdef Dest new_many_dest(object obj, object lengths):
 cdef char int_code(Py_buffer *v, str what) except 0:
     """The integer type of buffer ``v`` (exported with its format), as one struct code
     of its size: b/B h/H i/I q/Q (signed/unsigned, 1 to 8 bytes); TypeError for any
-    other type (floats, a byte order not the machine's, a structure)."""
-    cdef bytes fmt = v.format if v.format != NULL else b"B"
+    other type (floats, a byte order not the machine's, a structure). Read in C: a
+    receive asks once per call."""
+    cdef const char *f = v.format
     cdef char c
-    if fmt[:1] in (b"@", b"=") or (fmt[:1] == b"<" and not _BIG_ENDIAN):
-        fmt = fmt[1:]
-    if len(fmt) == 1 and fmt in b"bBhHiIlLqQnN" and v.itemsize in (1, 2, 4, 8):
-        c = fmt[0]
-        signed = c in b"bhilqn"
-        return {1: b"bB", 2: b"hH", 4: b"iI", 8: b"qQ"}[v.itemsize][0 if signed else 1]
-    raise TypeError(f"{what} holds {fmt.decode(errors='replace')!r} items, not integers "
-                    f"(numpy int8 .. uint64)")
+    if f == NULL:
+        f = b"B"
+    if f[0] == b'@' or f[0] == b'=' or (f[0] == b'<' and not _BIG_ENDIAN):
+        f += 1
+    c = f[0]
+    if c != 0 and f[1] == 0 and strchr(b"bBhHiIlLqQnN", c) != NULL:
+        if v.itemsize == 1:
+            return b'b' if c >= b'a' else b'B'
+        if v.itemsize == 2:
+            return b'h' if c >= b'a' else b'H'
+        if v.itemsize == 4:
+            return b'i' if c >= b'a' else b'I'
+        if v.itemsize == 8:
+            return b'q' if c >= b'a' else b'Q'
+    raise TypeError(f"{what} holds {(<bytes>f).decode(errors='replace')!r} items, not "
+                    f"integers in this machine's byte order (numpy int8 .. uint64)")
 
 
 cdef bint _BIG_ENDIAN = sys.byteorder == "big"
