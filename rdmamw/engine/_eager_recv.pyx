@@ -29,7 +29,7 @@ from rdmamw.transport._base cimport (
     now_ns,
     rm_wr,
 )
-from rdmamw.transport.atomics cimport rm_fence_seq_cst, rm_load_acquire64
+from rdmamw.transport.atomics cimport rm_copy, rm_fence_seq_cst, rm_load_acquire64
 
 from rdmamw.transport import layout
 
@@ -272,7 +272,7 @@ cdef class EagerReceiver:
             fl = (<volatile uint32_t *>(base + o))[1]
             if fl != 0 or L > used - o - REC_HDR or L > room - at:
                 break       # a descriptor, a bad record (peek says which), no room
-            memcpy(dst + at, base + o + REC_HDR, L)
+            rm_copy(dst + at, base + o + REC_HDR, L)     # (inline: small ones in registers)
             put_len(lens, wide, n, L)
             at += L
             nbytes += L
