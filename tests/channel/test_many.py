@@ -254,6 +254,8 @@ def test_timeout_mid_batch_sends_a_whole_prefix(mode, provider):
         assert 0 < sent < len(msgs)
         got, _ = _recv_many(b, sent)
         assert got == msgs[:sent]
+        with pytest.raises(rdmamw.Timeout):     # a receive that times out takes nothing
+            b.recv_many_into(bytearray(SLOT), np.zeros(4, np.uint32), timeout=0.05)
         _nothing_more(b)
         rest = threading.Thread(
             target=lambda: a.send_many(data[int(sizes[:sent].sum()):], sizes[sent:],
