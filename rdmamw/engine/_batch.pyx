@@ -27,7 +27,7 @@ from rdmamw.engine._frames cimport (
     pad8,
 )
 from rdmamw.engine._leases cimport end_owned, take_lease
-from rdmamw.engine._messages cimport host_view, int_code
+from rdmamw.engine._messages cimport host_view, int_code, read_int
 from rdmamw.engine._trace cimport TR_BATCH, TR_BATCH_ONE, TR_DOORBELL, rm_trace_put_chan
 from rdmamw.transport._base cimport now_ns
 from rdmamw.transport.atomics cimport rm_load_acquire64
@@ -212,19 +212,28 @@ cdef class SendBatch:
         for the call), one that goes by rendezvous through _take, as a memoryview of
         its bytes (an object per large message only: its source until its done bit)."""
         cdef char *base = <char *>p.data.buf
-        cdef size_t off = 0, L
+        cdef uint8_t *kind = self.kind      # (locals: stores through these pointers
+        cdef uint8_t *held = self.held      # may alias any field, which would be
+        cdef char **ptrs = self.ptrs        # reloaded every message)
+        cdef size_t *lens = self.lens
+        cdef const void *sizes = p.sizes.buf
+        cdef char code = p.code
+        cdef uint64_t fixed = p.size, eager = self.eager_limit, total = 0, L
+        cdef size_t off = 0
         cdef Py_ssize_t i
         cdef uint64_t peer_max = rm_load_acquire64(&self.link.ctrl[CTRL_MAX_MSG])
+        if self.rndv_on and self.rndv_threshold < eager:
+            eager = self.rndv_threshold     # larger ones go by rendezvous
         self.bytes = 0
         self.nrndv = 0
         for i in range(p.n):
-            L = <size_t>p.length(i)
-            if L <= self.eager_limit and not (self.rndv_on and L > self.rndv_threshold):
-                self.kind[i] = 0
-                self.held[i] = 0
-                self.ptrs[i] = base + off
-                self.lens[i] = L
-                self.bytes += L
+            L = fixed if code == 0 else read_int(sizes, code, i)
+            if L <= eager:
+                kind[i] = 0
+                held[i] = 0
+                ptrs[i] = base + off
+                lens[i] = <size_t>L
+                total += L
             else:
                 try:
                     self._take(i, p.part(off, L), peer_max)
@@ -232,6 +241,7 @@ cdef class SendBatch:
                     self.release_bufs(i)
                     raise
             off += L
+        self.bytes += total
         return 0
 
     cdef int _take(self, Py_ssize_t i, object item, uint64_t peer_max) except -1:
