@@ -297,7 +297,8 @@ def test_close_mid_batch_from_another_thread(provider):
         with pytest.raises(rdmamw.ChannelClosed):
             while True:
                 got += _recv_many(b, 1, timeout=5)[0]
-        assert 4 <= len(got) < len(msgs) and got == msgs[:len(got)]
+        assert 1 <= len(got) < len(msgs) and got == msgs[:len(got)]   # (a ring that
+        # grows, verbs, may have granted fewer than its 4 slots)
         b.close()
         c, d, lst2 = make_pair(provider=provider)
         with c, lst2:
