@@ -36,7 +36,7 @@ EXTENSIONS = {
     "rdmamw.transport._base": ((), ()),
     **{f"rdmamw.engine.{unit}": ((), ()) for unit in (
         "_link", "_leases", "_batch", "_rndv_send", "_eager_send", "_eager_recv",
-        "_messages", "_rndv_recv", "_waits", "_engine")},
+        "_messages", "_rndv_recv", "_waits", "_engine", "_many")},
     **{f"rdmamw.providers.shm.{unit}": (("rdmamw/providers/shm",), ())
        for unit in ("_endpoint", "_transport")},
     "rdmamw.providers.tcp._transport": (("rdmamw/providers/tcp",), ()),

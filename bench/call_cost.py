@@ -5,7 +5,9 @@
 A channel pair over shm in one process, one thread: send a batch, receive it, release
 it, and count this thread's CPU time (``time.thread_time_ns``) per message for
 batches of 1, 16 and 256 messages of 8 B (``send_batch`` / ``recv_batch``), and for
-the one-message calls a user makes by default, ``send(msg)`` / ``recv()`` ("one").
+the one-message calls a user makes by default, ``send(msg)`` / ``recv()`` ("one"),
+and, asked for (``--batches many256``), ``send_many`` of one buffer of k messages /
+``recv_many_into`` ("manyK").
 Wall-clock rates (bench/run.py) need a quiet machine; CPU time per call does not,
 since other processes' time is not counted. The before/after tool (bench/ab.py) uses
 it to compare two builds of the engine.
@@ -19,6 +21,8 @@ import os
 import statistics
 import threading
 import time
+
+import numpy as np
 
 import rdmamw
 
@@ -49,6 +53,21 @@ def per_message_ns(a, b, batch: int, n: int) -> float:
     return (time.thread_time_ns() - t0) / (rounds * batch)
 
 
+def per_many_ns(a, b, batch: int, n: int) -> float:
+    """per_message_ns of ``send_many`` (one buffer of ``batch`` 8 B messages) and
+    ``recv_many_into`` (copied into one buffer, no object per message)."""
+    data, buf, lens = b"x" * (8 * batch), bytearray(1 << 20), np.zeros(1 << 14, np.uint32)
+    send_many, recv_many_into = a.send_many, b.recv_many_into
+    rounds = max(1, n // batch)
+    t0 = time.thread_time_ns()
+    for _ in range(rounds):
+        send_many(data, size=8)
+        got = 0
+        while got < batch:
+            got += recv_many_into(buf, lens)
+    return (time.thread_time_ns() - t0) / (rounds * batch)
+
+
 def per_one_ns(a, b, n: int) -> float:
     """per_message_ns of the one-message calls: ``send(msg)``, ``recv()``, the
     Message dropped (released)."""
@@ -61,7 +80,9 @@ def per_one_ns(a, b, n: int) -> float:
 
 
 def key(batch: str) -> str:
-    return "cpu_ns_one" if batch == "one" else f"cpu_ns_batch{batch}"
+    if batch == "one" or batch.startswith("many"):
+        return f"cpu_ns_{batch}"
+    return f"cpu_ns_batch{batch}"
 
 
 def main() -> None:
@@ -80,6 +101,8 @@ def main() -> None:
         for k in args.batches.split(","):       # (the timed loop called from here, as
             if k == "one":                      # bench/instructions.py expects it)
                 got = [per_one_ns(a, b, args.n) for _ in range(args.reps)]
+            elif k.startswith("many"):
+                got = [per_many_ns(a, b, int(k[4:]), args.n) for _ in range(args.reps)]
             else:
                 got = [per_message_ns(a, b, int(k), args.n) for _ in range(args.reps)]
             out[key(k)] = statistics.median(got)

@@ -3,6 +3,7 @@
     python bench/instructions.py                      # batch 1: the total and the table
     python bench/instructions.py --batch 16 --top 30
     python bench/instructions.py --batch one          # send(msg) / recv(), not the batch calls
+    python bench/instructions.py --batch many256      # send_many / recv_many_into of 256
     python bench/instructions.py --check              # fail above bench/instructions_baseline.json
 
 Time per message drifts with the machine and its load; the instructions it executes do
@@ -111,10 +112,20 @@ def measure(batch: str, n: int, base_n: int, python: str = sys.executable
     with tempfile.TemporaryDirectory(prefix="rdmamw-cg-") as t:
         hi = functions(run_part(batch, n, Path(t), python))
         lo = functions(run_part(batch, base_n, Path(t), python))
-    size = 1 if batch == "one" else int(batch)
+    size = per_batch(batch)
     dn = (n // size - base_n // size) * size
     per = {k: (hi[1].get(k, 0) - lo[1].get(k, 0)) / dn for k in set(hi[1]) | set(lo[1])}
     return (hi[0] - lo[0]) / dn, per
+
+
+def per_batch(batch: str) -> int:
+    """Messages per call of ``--batch``: N (send_batch), "one", or "manyN" (send_many
+    of one buffer of N messages, recv_many_into)."""
+    return 1 if batch == "one" else int(batch.removeprefix("many"))
+
+
+def baseline_key(batch: str) -> str:
+    return batch if batch == "one" or batch.startswith("many") else f"batch{int(batch)}"
 
 
 def table(per: dict[str, float], total: float, top: int) -> str:
@@ -145,7 +156,8 @@ def over_budget(total: float, base: dict, key: str, tolerance: float) -> str | N
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", default="1",
-                    help="messages per batch, or 'one': send()/recv() (default 1)")
+                    help="messages per batch, or 'one': send()/recv(), or 'manyN': "
+                         "send_many / recv_many_into of N (default 1)")
     ap.add_argument("--n", type=int, default=50_000, help="messages of the long run")
     ap.add_argument("--base-n", type=int, default=10_000, help="messages of the short run")
     ap.add_argument("--top", type=int, default=25, help="functions in the table")
@@ -159,14 +171,14 @@ def main() -> None:
     if shutil.which("valgrind") is None or shutil.which("callgrind_annotate") is None:
         sys.exit("instructions: valgrind (callgrind) is not installed")
     total, per = measure(args.batch, args.n, args.base_n)
-    key = "one" if args.batch == "one" else f"batch{int(args.batch)}"
+    key = baseline_key(args.batch)
     if args.json:
         print(json.dumps({"instructions_per_message": round(total, 1),
-                          "batch": args.batch if args.batch == "one" else int(args.batch),
+                          "batch": args.batch if not args.batch.isdigit() else int(args.batch),
                           "functions": {k: round(v, 1) for k, v in per.items()
                                         if abs(v) >= 0.5}}))
     else:
-        what = "send()/recv()" if args.batch == "one" else f"batch {args.batch}"
+        what = {"one": "send()/recv()"}.get(args.batch, f"batch {args.batch}")
         print(f"8 B messages at {what}: {total:,.1f} instructions per message "
               f"(send + receive + release; {args.n:,} - {args.base_n:,} messages)\n")
         print(table(per, total, args.top))

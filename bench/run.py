@@ -3,7 +3,8 @@
 Runs, in one go and with the two processes of every pair pinned to the two cores:
 ping-pong one-way latency (8 B, 4 KiB, 64 KiB), 8 B message rate with batches of
 1/16/256, 64 KiB streaming bandwidth, the rdmamw idle-receiver CPU, and single-thread
-numpy.copyto as the memory limit. Systems: rdmamw batched, rdmamw ack, pyzmq ipc://,
+numpy.copyto as the memory limit. Systems: rdmamw batched (and "many": the same
+channel by send_many / recv_many_into, rate and bandwidth), rdmamw ack, pyzmq ipc://,
 mpi4py on MPICH, UCX's own C benchmark (ucx_perftest over posix shm), memcpy. Prints
 one table with ratios and the project's target checks, and writes the raw results as
 JSON into bench/results/.
@@ -40,7 +41,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "peers"
 RESULTS = HERE / "results"
-SYSTEMS = ("batched", "ack", "zmq", "mpi4py", "ucx", "memcpy")
+SYSTEMS = ("batched", "many", "ack", "zmq", "mpi4py", "ucx", "memcpy")
 
 FULL = {
     "lat_sizes": [8, 4096, 65536],
@@ -189,6 +190,14 @@ def run_system(name: str, cfg: dict, tmp: str) -> dict:
         unique = f"{os.getpid()}-{name}-{time.monotonic_ns()}"
         c = {**cfg, "address": f"shm://rdmamw-bench-{unique}", "mode": name}
         return run_pair("rdmamw_peer.py", {**c, "phases": phases + ["idle"]})
+    if name == "many":      # batched, by send_many / recv_many_into: streams only
+        problem = rdmamw_problem()
+        if problem:
+            return {"error": f"rdmamw API not importable: {problem}", "untested": True}
+        unique = f"{os.getpid()}-{name}-{time.monotonic_ns()}"
+        return run_pair("rdmamw_peer.py", {**cfg, "address": f"shm://rdmamw-bench-{unique}",
+                                           "mode": "batched", "api": "many",
+                                           "phases": ["rate", "bw"]})
     if name == "zmq":
         return run_pair("zmq_peer.py", {**cfg, "endpoint": f"ipc://{tmp}/zmq", "phases": phases})
     if name == "mpi4py":
@@ -278,6 +287,7 @@ ROWS = [
 ]
 COLUMNS = [
     ("batched", "batched"),
+    ("many", "many"),
     ("ack", "ack"),
     ("zmq", "zmq"),
     ("mpi4py", "mpi4py"),
@@ -296,7 +306,7 @@ def ratio(a, b):
 def targets(m: dict) -> list[dict]:
     """The project's targets, each shown under the table column its value belongs to."""
     b, a, p = m.get("batched", {}), m.get("ack", {}), m.get("mpi4py", {})
-    u = m.get("ucx", {})
+    u, many = m.get("ucx", {}), m.get("many", {})
 
     def row(label, column, value, ok) -> dict:
         verdict = "UNTESTED" if value is None else ("PASS" if ok(value) else "FAIL")
@@ -337,6 +347,12 @@ def targets(m: dict) -> list[dict]:
             "target: 8 B rate b256 >= UCX put rate",
             "batched/ucx",
             ratio(b.get("rate256"), u.get("put_rate")),
+            lambda v: v >= 1,
+        ),
+        row(
+            "target: 8 B rate b256 send_many / UCX put >= 1",
+            "many",
+            ratio(many.get("rate256"), u.get("put_rate")),
             lambda v: v >= 1,
         ),
         row(
@@ -439,7 +455,8 @@ def table_notes(results: dict, meta: dict) -> list[str]:
         "one-way = RTT/2 after warm-up; rates: sender streams, receiver counts, median of "
         "runs; ratios are batched / peer; each target shows its value in its own column.",
         "zmq batch of k = k back-to-back send() (PUSH/PULL; PAIR for ping-pong); "
-        "mpi4py batch = k Isend + Waitall; rdmamw batch = send_batch of k.",
+        "mpi4py batch = k Isend + Waitall; rdmamw batch = send_batch of k; many = "
+        "rdmamw batched by send_many of one buffer of k and recv_many_into (streams only).",
         "ucx = ucx_perftest (C) over posix shm: latency ucp_am_lat, windowed stream and "
         "64 KiB stream ucp_am_bw, one-sided rows ucp_put_bw; the batched/ucx target "
         "compares rdmamw's b256 message rate with UCX's 8 B put rate.",

@@ -16,6 +16,7 @@ import sys
 import time
 from collections import deque
 
+import numpy as np
 from common import (
     STOP,
     aligned,
@@ -86,6 +87,8 @@ def serve(cfg: dict) -> None:
                     break
                 send(m).wait()  # the echo sends straight from our ring slot
                 m.release()
+        elif op == "stream_many":
+            serve_many(ch)
         elif op == "stream":
             send_json(ch, {"ready": True})
             recv_batch = ch.recv_batch
@@ -102,6 +105,21 @@ def serve(cfg: dict) -> None:
             send_json(ch, {"count": n - 1})
     ch.close()
     lst.close()
+
+
+def serve_many(ch) -> None:
+    """Count a stream received by recv_many_into (the messages copied into one buffer,
+    their lengths into one array: no object per message) up to the 1-byte sentinel."""
+    buf, lens = bytearray(1 << 22), np.zeros(1 << 16, np.uint32)
+    send_json(ch, {"ready": True})
+    recv_many_into = ch.recv_many_into
+    n = 0
+    while True:
+        k = recv_many_into(buf, lens)
+        n += k
+        if lens[k - 1] == 1:
+            break
+    send_json(ch, {"count": n - 1})
 
 
 def ping_pong(ch, size: int, cfg: dict) -> dict:
@@ -127,12 +145,11 @@ def ping_pong(ch, size: int, cfg: dict) -> dict:
     return latency_summary(stamps, int(cfg["lat_warmup_seconds"] * 1e9))
 
 
-def stream_once(ch, batch: list, seconds: float) -> dict:
-    """Stream send_batch(batch) for `seconds` with a window of handles, then the sentinel."""
-    k = len(batch)
-    send_json(ch, {"op": "stream", "size": len(batch[0]), "batch": k})
+def stream_once(ch, send_batch, batch, k: int, seconds: float, op: str = "stream") -> dict:
+    """Stream send_batch(batch) (k messages) for `seconds` with a window of handles,
+    then the sentinel; the receiver serves `op`."""
+    send_json(ch, {"op": op, "batch": k})
     recv_json(ch)
-    send_batch = ch.send_batch
     handles: deque = deque()
     push, pop = handles.append, handles.popleft
     clock = time.perf_counter
@@ -158,13 +175,23 @@ def delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before.get(k, 0) for k, v in after.items() if isinstance(v, (int, float))}
 
 
-def stream(ch, size: int, k: int, runs: int, seconds: float) -> dict:
-    """One discarded warm-up run, then `runs` measured runs with sender counters."""
-    buf = aligned(size)
-    batch = [buf] * k  # one buffer k times: the source is never written while in flight
-    stream_once(ch, batch, min(seconds, 0.1))
+def stream(ch, size: int, k: int, runs: int, seconds: float, many: bool = False) -> dict:
+    """One discarded warm-up run, then `runs` measured runs with sender counters.
+    ``many``: send_many of one buffer of k messages, received by recv_many_into."""
+    if many:
+        send_many = ch.send_many
+
+        def send(data):     # (a partial with a keyword would copy a dict per call)
+            return send_many(data, size=size)
+        batch: object = aligned(size * k)
+    else:
+        # one buffer k times: the source is never written while in flight
+        send, batch = ch.send_batch, [aligned(size)] * k
+    op = "stream_many" if many else "stream"
+    stream_once(ch, send, batch, k, min(seconds, 0.1), op)
     before = ch.stats()
-    out = rate_summary([stream_once(ch, batch, seconds) for _ in range(runs)], size)
+    out = rate_summary([stream_once(ch, send, batch, k, seconds, op) for _ in range(runs)],
+                       size)
     d = delta(before, ch.stats())
     msgs = max(d.get("messages", 0), 1)
     out["sender_stats"] = d
@@ -182,14 +209,17 @@ def open_channel(cfg: dict):
 def drive(cfg: dict) -> None:
     """Role a: run the phases and print the result."""
     ch = open_channel(cfg)
+    many = cfg.get("api") == "many"
     out: dict = {
-        "system": f"rdmamw-{cfg['mode']}",
+        "system": f"rdmamw-{cfg['mode']}" + ("-many" if many else ""),
         "mode": ch.mode,
         "eager_limit": ch.eager_limit,
-        "batch_semantics": f"send_batch([buf]*k), window of {WINDOW} handles",
+        "batch_semantics": (f"send_many(one buffer, size=s) of k, recv_many_into, window "
+                            f"of {WINDOW} handles" if many else
+                            f"send_batch([buf]*k), window of {WINDOW} handles"),
     }
     out.update(run_phases(cfg, lambda size: ping_pong(ch, size, cfg),
-                          lambda *a: stream(ch, *a)))
+                          lambda *a: stream(ch, *a, many=many)))
     if "idle" in cfg["phases"]:
         send_json(ch, {"op": "idle", "seconds": cfg["idle_seconds"]})
         out["idle"] = recv_json(ch, timeout=cfg["idle_seconds"] + 60)

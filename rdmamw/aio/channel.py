@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from functools import partial
 from typing import Any, TypeVar
 
+import numpy as np
+
 from rdmamw import channel as _sync
 from rdmamw import config
 from rdmamw.aio.remote import AioRemoteMemory
@@ -35,6 +37,14 @@ _T = TypeVar("_T")
 _waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[int]] = \
     weakref.WeakKeyDictionary()
 _running = asyncio.get_running_loop
+
+
+def _rest(data: Any, sizes: Any, size: int | None, sent: int) -> tuple[Any, Any]:
+    """What a send_many that sent ``sent`` messages has left: (data, sizes) after them."""
+    if size is not None:
+        return memoryview(data).cast("B")[sent * size:], None
+    lens = np.asarray(sizes)
+    return memoryview(data).cast("B")[int(lens[:sent].sum()):], lens[sent:]
 
 
 class Channel(AioRemoteMemory):
@@ -180,6 +190,19 @@ class Channel(AioRemoteMemory):
             return n
         return await self._receive(self.sync.recv_into, buffer)
 
+    async def recv_many_into(self, buffer: Any, lengths: Any) -> int:
+        """The messages that have arrived copied into ``buffer``, back to back, their
+        lengths into ``lengths``; how many, awaiting the first
+        (:meth:`rdmamw.Channel.recv_many_into`). Messages an ``async for`` kept come
+        one per call."""
+        if _running() is not self._loop:
+            self._bind()
+        if self._kept:
+            n = await self.recv_into(buffer)
+            lengths[0] = n
+            return 1
+        return await self._receive(self.sync.recv_many_into, buffer, lengths)
+
     def __aiter__(self) -> AsyncIterator[Message]:
         return self._iterate()
 
@@ -216,6 +239,27 @@ class Channel(AioRemoteMemory):
             h = self.sync.send_batch((msg,), timeout=0)
         except Timeout:
             h = await self._post((msg,))
+        if not h.done():
+            await self._until_done(h)
+        return h
+
+    async def send_many(self, data: Any, sizes: Any = None, *,
+                        size: int | None = None) -> SendHandle:
+        """Send ``data`` cut into messages by ``sizes`` (or all of ``size`` bytes), as
+        :meth:`rdmamw.Channel.send_many`, awaiting free slots while the peer's ring is
+        full; returns once the handle is done. Cancelled while waiting for slots, the
+        messages before the cancellation were sent and the rest were not."""
+        if _running() is not self._loop:
+            self._bind()
+        ch = self.sync
+        while True:
+            try:
+                h = ch.send_many(data, sizes, size=size, timeout=0)
+                break
+            except Timeout as e:
+                data, sizes = _rest(data, sizes, size, e.sent)
+            if not ch.arm(True):
+                await self._credit_wait()
         if not h.done():
             await self._until_done(h)
         return h

@@ -13,7 +13,7 @@ from rdmamw import _fork, auth, config, observe
 from rdmamw.channel import rendezvous as _rendezvous
 from rdmamw.channel.address import split_address
 from rdmamw.channel.remote import RemoteMemory
-from rdmamw.engine import Engine
+from rdmamw.engine import Engine, _many
 from rdmamw.engine._messages import set_host_view
 from rdmamw.errors import ConfigError, ProviderUnavailable, Timeout, setup_errors
 from rdmamw.memory.buffer import host_view
@@ -62,9 +62,10 @@ class Channel(RemoteMemory, Engine):
 
     Open one with :meth:`Channel.open` or :meth:`Listener.accept`. ``send_batch`` /
     ``send`` / ``recv_batch`` / ``recv`` / ``stats`` / ``close`` come from the Cython
-    engine (rdmamw/engine/) and run without per-call Python overhead; ``expose`` /
-    ``read`` / ``write`` / ``batch`` (one-sided access to exposed memory) from
-    rdmamw/channel/remote.py."""
+    engine (rdmamw/engine/) and run without per-call Python overhead, as do
+    ``send_many`` / ``recv_many_into`` (many small messages in one buffer, no Python
+    object per message: rdmamw/engine/_many.pyx); ``expose`` / ``read`` / ``write`` /
+    ``batch`` (one-sided access to exposed memory) from rdmamw/channel/remote.py."""
 
     peer: str
     peer_rank: int | None       # set when opened by rank (rdmamw.init)
@@ -76,6 +77,10 @@ class Channel(RemoteMemory, Engine):
     #: memory through tables and register nothing. Attributes of the engine.
     regcache: RegCache | None
     regcache_dst: RegCache | None
+
+    # compiled functions of the engine, bound as methods (no Python frame per call)
+    send_many = _many.send_many
+    recv_many_into = _many.recv_many_into
 
     def stats(self) -> dict[str, Any]:
         """The engine's counters plus the memory ones (rdmamw/memory/counters.py):

@@ -18,6 +18,8 @@ orchestrates them: locks, ``send_batch`` / ``recv_batch`` and ``close``.
 ``_rndv_recv.pyx`` rendezvous descriptors taken: READs, posted and advertised buffers
 ``_waits.pyx``     the one wait loop: spin, ask the peer to wake us, sleep, re-check
 ``_messages.pyx``  what users hold: SendHandle, Message, and buffers lent to the channel
+``_many.pyx``      send_many / recv_many_into: many small messages in one buffer, through
+                   the Engine's send and receive (its fields: ``_engine.pxd``)
 """
 
 from rdmamw.engine._engine import Engine

@@ -2,8 +2,26 @@ from cpython.ref cimport Py_DECREF, PyObject
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from rdmamw.engine._link cimport Link
+from rdmamw.engine._messages cimport read_int
 from rdmamw.engine._trace cimport rm_trace_on
 from rdmamw.transport._base cimport now_ns
+
+
+cdef class Packed:
+    """send_many's messages: one buffer cut into messages by lengths, or a size."""
+    cdef Py_buffer data             # the messages' bytes, back to back (held)
+    cdef Py_buffer sizes            # their lengths (held when code != 0)
+    cdef bint data_held, sizes_held
+    cdef char code                  # the lengths' element type (struct code); 0: ``size``
+    cdef uint64_t size              # every message's length, without lengths
+    cdef readonly Py_ssize_t n      # messages
+    cdef object bytes_view          # the data as a memoryview of bytes (rendezvous parts)
+    cdef inline uint64_t length(self, Py_ssize_t i) noexcept nogil:
+        """Message i's length, checked at construction (inline: once per message)."""
+        if self.code == 0:
+            return self.size
+        return read_int(self.sizes.buf, self.code, i)
+    cdef object part(self, size_t off, size_t length)
 
 
 cdef class SendBatch:
@@ -83,6 +101,7 @@ cdef class SendBatch:
             return 0
         return self._grow(n)
     cdef int acquire(self, object fast, Py_ssize_t n) except -1
+    cdef int acquire_packed(self, Packed p) except -1
 
     cdef inline void drop_srcs(self) noexcept:
         """The send call ends: let go of the list's messages acquire() held."""

@@ -4,7 +4,13 @@ rendezvous, and the plan that packs them into slots. Checked whole before anythi
 posted, so a bad or oversized item sends nothing."""
 
 cimport cython
-from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport (
+    PyBUF_C_CONTIGUOUS,
+    PyBUF_FORMAT,
+    PyBuffer_Release,
+    PyObject_CheckBuffer,
+    PyObject_GetBuffer,
+)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_GET_SIZE
 from cpython.list cimport PyList_CheckExact
 from cpython.ref cimport Py_XDECREF, Py_XINCREF
@@ -21,10 +27,12 @@ from rdmamw.engine._frames cimport (
     pad8,
 )
 from rdmamw.engine._leases cimport end_owned, take_lease
-from rdmamw.engine._messages cimport host_view
+from rdmamw.engine._messages cimport host_view, int_code, read_int
 from rdmamw.engine._trace cimport TR_BATCH, TR_BATCH_ONE, TR_DOORBELL, rm_trace_put_chan
 from rdmamw.transport._base cimport now_ns
 from rdmamw.transport.atomics cimport rm_load_acquire64
+
+from array import array
 
 from rdmamw.errors import MessageTooLarge
 
@@ -38,6 +46,84 @@ cdef void *_grown(void *p, size_t n) except NULL:
     if q == NULL:
         raise MemoryError()
     return q
+
+
+@cython.final
+cdef class Packed:
+    """The messages of one send_many call: ``data`` (any C-contiguous buffer) cut, in
+    order, into messages of the lengths ``sizes`` gives (an integer array or
+    sequence), or all of ``size`` bytes. Checked whole here, before the send takes
+    its lock: TypeError for what is no buffer or no integers, ValueError for a
+    negative length or lengths that do not add up to the buffer."""
+
+    def __cinit__(self, data, sizes=None, size=None):
+        cdef Py_ssize_t i
+        cdef uint64_t total = 0, v, room
+        take_buffer(data, &self.data, "data")
+        self.data_held = True
+        room = <uint64_t>self.data.len
+        if (sizes is None) == (size is None):
+            raise TypeError("send_many takes the messages' lengths (sizes) or one length "
+                            "for all (size=), not both or neither")
+        if size is not None:
+            if size < 1:
+                raise ValueError(f"size={size}: every message must be at least 1 byte "
+                                 f"(send zero-length messages with sizes)")
+            self.size = size
+            if room % self.size:
+                raise ValueError(f"data holds {room} bytes, not a multiple of size={size}")
+            self.n = <Py_ssize_t>(room // self.size)
+            return
+        if not PyObject_CheckBuffer(sizes):
+            try:
+                sizes = array("q", sizes)       # a sequence of Python ints
+            except (TypeError, OverflowError) as e:
+                raise TypeError(f"sizes ({type(sizes).__name__}) is neither an integer "
+                                f"array nor a sequence of ints: {e}") from e
+        try:
+            PyObject_GetBuffer(sizes, &self.sizes, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        except (BufferError, ValueError) as e:
+            raise TypeError(f"sizes is not a C-contiguous array: {e}") from e
+        self.sizes_held = True
+        self.code = int_code(&self.sizes, "sizes")
+        self.n = self.sizes.len // self.sizes.itemsize
+        for i in range(self.n):
+            v = self.length(i)
+            if self.code in b"bhiq" and <int64_t>v < 0:
+                raise ValueError(f"sizes[{i}] is {<int64_t>v}: a length is never negative")
+            if v > room - total:
+                raise ValueError(f"sizes add up to more than the {room} bytes of data "
+                                 f"(at sizes[{i}])")
+            total += v
+        if total != room:
+            raise ValueError(f"sizes add up to {total} bytes; data holds {room}")
+
+    def __dealloc__(self):
+        if self.data_held:
+            PyBuffer_Release(&self.data)
+        if self.sizes_held:
+            PyBuffer_Release(&self.sizes)
+
+    cdef object part(self, size_t off, size_t length):
+        """Bytes [off, off + length) of the data as a memoryview: the source of a message
+        that goes by rendezvous, held (and registered) as send_batch holds its items."""
+        if self.bytes_view is None:
+            self.bytes_view = memoryview(self.data.obj).cast("B")
+        return self.bytes_view[off:off + length]
+
+
+cdef int take_buffer(object obj, Py_buffer *view, str what) except -1:
+    """Hold ``obj``'s C-contiguous buffer in ``view`` (a host tensor through its host
+    view); TypeError if it has none."""
+    try:
+        PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS)
+    except (TypeError, BufferError, ValueError) as e:
+        try:
+            PyObject_GetBuffer(host_view(obj), view, PyBUF_C_CONTIGUOUS)
+        except (TypeError, BufferError, ValueError) as e2:
+            raise TypeError(f"{what} ({type(obj).__name__}) is not a C-contiguous "
+                            f"bytes-like object ({e2}); nothing was sent") from e
+    return 0
 
 
 @cython.final
@@ -118,6 +204,44 @@ cdef class SendBatch:
                     self.bytes += L
                     continue
             self._take(i, <object>items[i], peer_max)
+        return 0
+
+    cdef int acquire_packed(self, Packed p) except -1:
+        """acquire() for send_many: message i is bytes of p's buffer, taken in a loop
+        without a Python object: an eager one as a pointer into the buffer (p holds it
+        for the call), one that goes by rendezvous through _take, as a memoryview of
+        its bytes (an object per large message only: its source until its done bit)."""
+        cdef char *base = <char *>p.data.buf
+        cdef uint8_t *kind = self.kind      # (locals: stores through these pointers
+        cdef uint8_t *held = self.held      # may alias any field, which would be
+        cdef char **ptrs = self.ptrs        # reloaded every message)
+        cdef size_t *lens = self.lens
+        cdef const void *sizes = p.sizes.buf
+        cdef char code = p.code
+        cdef uint64_t fixed = p.size, eager = self.eager_limit, total = 0, L
+        cdef size_t off = 0
+        cdef Py_ssize_t i
+        cdef uint64_t peer_max = rm_load_acquire64(&self.link.ctrl[CTRL_MAX_MSG])
+        if self.rndv_on and self.rndv_threshold < eager:
+            eager = self.rndv_threshold     # larger ones go by rendezvous
+        self.bytes = 0
+        self.nrndv = 0
+        for i in range(p.n):
+            L = fixed if code == 0 else read_int(sizes, code, i)
+            if L <= eager:
+                kind[i] = 0
+                held[i] = 0
+                ptrs[i] = base + off
+                lens[i] = <size_t>L
+                total += L
+            else:
+                try:
+                    self._take(i, p.part(off, L), peer_max)
+                except BaseException:
+                    self.release_bufs(i)
+                    raise
+            off += L
+        self.bytes += total
         return 0
 
     cdef int _take(self, Py_ssize_t i, object item, uint64_t peer_max) except -1:

@@ -58,6 +58,10 @@ cdef class EagerReceiver:
         if self.cur_left == 0:
             self.link.cnt.slots_recv += 1
 
+    cdef Py_ssize_t copy_many(self, char *dst, size_t room, void *lens, bint wide,
+                              Py_ssize_t maxn) except -1
+    cdef Py_ssize_t copy_records(self, char *dst, size_t room, size_t *off, void *lens,
+                                 bint wide, Py_ssize_t n, Py_ssize_t maxn) noexcept nogil
     cdef bint has_arrivals(self) noexcept nogil
     cdef void release_one(self, uint32_t slot) noexcept
     cdef bint unflushed(self) noexcept nogil
@@ -72,3 +76,12 @@ cdef class EagerReceiver:
             self.slot_refs[slot] -= 1
         else:
             self.release_one(slot)
+
+
+cdef inline void put_len(void *lens, bint wide, Py_ssize_t i, uint64_t L) noexcept nogil:
+    """recv_many_into: message i's length into the caller's lengths array (8 bytes
+    each, or 4)."""
+    if wide:
+        (<uint64_t *>lens)[i] = L
+    else:
+        (<uint32_t *>lens)[i] = <uint32_t>L

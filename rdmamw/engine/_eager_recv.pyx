@@ -6,7 +6,7 @@ are released, and the reclaim words travel back lazily, in batches."""
 
 cimport cython
 from libc.stdlib cimport free, malloc
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 from rdmamw.engine._frames cimport (
     CTRL_CREDIT_WAIT,
@@ -29,12 +29,14 @@ from rdmamw.transport._base cimport (
     now_ns,
     rm_wr,
 )
-from rdmamw.transport.atomics cimport rm_fence_seq_cst, rm_load_acquire64
+from rdmamw.transport.atomics cimport rm_copy, rm_fence_seq_cst, rm_load_acquire64
 
 from rdmamw.transport import layout
 
 cdef uint32_t RECV_CALL_BYTES = 1 << 20 # slot memory one recv_batch call may hand out
 cdef uint32_t FLUSH_BYTES = 1 << 18     # slot memory released before a lazy write-back
+cdef uint32_t NOGIL_COPY = 16384        # recv_many_into copies a slot from this size on
+                                        # without the GIL (as a send its batch)
 
 
 @cython.final
@@ -202,6 +204,88 @@ cdef class EagerReceiver:
         plen[0] = L
         pflags[0] = fl
         return 1
+
+    cdef Py_ssize_t copy_many(self, char *dst, size_t room, void *lens, bint wide,
+                              Py_ssize_t maxn) except -1:
+        """recv_many_into: copy the eager messages at the head of the ring into ``dst``,
+        back to back (at most ``room`` bytes and ``maxn`` messages), their lengths into
+        ``lens`` (put_len); how many. Each is consumed as it is copied and its slot goes
+        back once all of its messages are. It stops before a rendezvous record or a
+        malformed one (left for peek: the next call's first look), before a message
+        that does not fit (0: the first did not), and when the slots found ready are
+        used up (one look at the arrival bitmap per call, as take_eager). Slots of
+        NOGIL_COPY bytes or more are copied without the GIL."""
+        cdef Py_ssize_t n = 0, k
+        cdef size_t off = 0
+        cdef uint32_t s, L
+        while n < maxn:
+            if self.cur_left == 0:
+                if self.ready_len == 0:
+                    if n:
+                        break
+                    self.fill_ready()
+                    if self.ready_len == 0:
+                        break
+                self.open_slot()
+            s = self.cur_slot
+            if self.cur_flags == SLOT_SINGLE:
+                L = self.cur_used
+                if L > room - off:
+                    break
+                if L >= NOGIL_COPY:
+                    with nogil:
+                        memcpy(dst + off, self.ring + <size_t>s * self.stride + SLOT_HEADER, L)
+                else:
+                    memcpy(dst + off, self.ring + <size_t>s * self.stride + SLOT_HEADER, L)
+                put_len(lens, wide, n, L)
+                off += L
+                n += 1
+                self.advance(L, L)
+                self.release_one(s)
+                continue
+            if self.cur_used - self.cur_off >= NOGIL_COPY:
+                with nogil:
+                    k = self.copy_records(dst, room, &off, lens, wide, n, maxn)
+            else:
+                k = self.copy_records(dst, room, &off, lens, wide, n, maxn)
+            if k == n:
+                break           # a record that does not fit, a descriptor or a bad one
+            self.slot_refs[s] -= <uint32_t>(k - n - 1)
+            self.release_one(s)     # (the last of them: the slot goes back once all are)
+            n = k
+        return n
+
+    cdef Py_ssize_t copy_records(self, char *dst, size_t room, size_t *off, void *lens,
+                                 bint wide, Py_ssize_t n, Py_ssize_t maxn) noexcept nogil:
+        """copy_many's loop over the records of the open PACKED slot, from message n of
+        the call on: each checked as peek checks it (one that fails is left for peek),
+        copied to ``dst + off[0]`` and consumed; the call's message count after."""
+        cdef char *base = self.ring + <size_t>self.cur_slot * self.stride + SLOT_HEADER
+        cdef uint32_t o = self.cur_off, left = self.cur_left, used = self.cur_used, L, fl
+        cdef size_t at = off[0]
+        cdef uint64_t nbytes = 0
+        cdef Py_ssize_t first = n
+        while left and n < maxn:
+            if o + REC_HDR > used:
+                break
+            L = (<volatile uint32_t *>(base + o))[0]
+            fl = (<volatile uint32_t *>(base + o))[1]
+            if fl != 0 or L > used - o - REC_HDR or L > room - at:
+                break       # a descriptor, a bad record (peek says which), no room
+            rm_copy(dst + at, base + o + REC_HDR, L)     # (inline: small ones in registers)
+            put_len(lens, wide, n, L)
+            at += L
+            nbytes += L
+            o += REC_HDR + pad8(L)
+            left -= 1
+            n += 1
+        self.cur_off, self.cur_left = o, left
+        off[0] = at
+        self.link.cnt.msgs_recv += <uint64_t>(n - first)
+        self.link.cnt.bytes_recv += nbytes
+        if left == 0 and n > first:
+            self.link.cnt.slots_recv += 1
+        return n
 
     cdef bint has_arrivals(self) noexcept nogil:
         """Something to deliver, or a slot arrived since the last look found a gap (the

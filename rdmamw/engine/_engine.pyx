@@ -29,7 +29,7 @@ from posix.mman cimport (
     PROT_WRITE,
 )
 
-from rdmamw.engine._batch cimport SendBatch
+from rdmamw.engine._batch cimport Packed, SendBatch
 from rdmamw.engine._calllock cimport give, take_until, try_take
 from rdmamw.engine._eager_recv cimport EagerReceiver
 from rdmamw.engine._eager_send cimport EagerSender
@@ -217,21 +217,7 @@ cdef int take_lock(Link link, int *lock, int64_t deadline, str what) except -1:
 
 cdef class Engine(Endpoint):
     """One channel endpoint. Created by a provider's connect/accept, never directly."""
-    cdef Link link
-    cdef SendBatch batch
-    cdef EagerSender tx
-    cdef RndvSender rs
-    cdef RndvReceiver rr                # (rx, the EagerReceiver: a field of Endpoint)
-    cdef Waiter w
-    cdef readonly str mode
-    cdef readonly str rendezvous        # "off", "read" or "write" (as resolved)
-    cdef readonly uint64_t trace_id     # this endpoint's number in the timeline's records
-    cdef bint ack
-    cdef bint rndv_on
-    cdef bint cache_ok                  # the transport's keys come from the caches
-    cdef object _regcache, _regcache_dst
-    cdef int send_lock, recv_lock       # the calls' locks (_calllock.pxd)
-    cdef long send_owner, recv_owner    # waiting calls' threads (0: none; close() from one)
+    # (its fields: _engine.pxd)
 
     def __cinit__(self, *args, **kwargs):
         self.link = Link()
@@ -356,8 +342,9 @@ cdef class Engine(Endpoint):
             give(&self.send_lock)
         return new_handle(self, link.batch_posted, 1, self.rs.next) if rc else None
 
-    cdef SendHandle _send(self, object fast, object timeout):
-        """``fast``: a tuple or a list (SendBatch.acquire holds a list's messages)."""
+    cdef SendHandle _send(self, object fast, object timeout, Packed packed=None):
+        """``fast``: a tuple or a list (SendBatch.acquire holds a list's messages);
+        None with ``packed``: send_many's messages, cut out of one buffer."""
         cdef Link link = self.link
         cdef SendBatch b
         cdef Py_ssize_t n
@@ -373,14 +360,18 @@ cdef class Engine(Endpoint):
         if not try_take(&self.send_lock):
             take_lock(link, &self.send_lock, deadline, "send")
         try:
-            n = Py_SIZE(fast)       # (a list's, as acquire() finds it: no Python runs between)
+            # (a list's, as acquire() finds it: no Python runs between)
+            n = Py_SIZE(fast) if packed is None else packed.n
             if n >= <int64_t>0xFFFF0000:  # (cast: the bare literal made it a Python compare)
                 raise ValueError("batch too large")
             if link.closed:             # by another thread while this one waited
                 link.refuse()
             b.grow(<uint32_t>n + 1)
             self.tx.grow(<uint32_t>n + 1)
-            b.acquire(fast, n)
+            if packed is None:
+                b.acquire(fast, n)
+            else:
+                b.acquire_packed(packed)
             self.rs.begin()
             if self.rx.done_unflushed:      # done bits of what we received ride along
                 self.rx.flush()

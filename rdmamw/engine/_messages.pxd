@@ -1,4 +1,4 @@
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 from rdmamw.engine._eager_recv cimport EagerReceiver
 
@@ -33,6 +33,12 @@ cdef class Dest:
     cdef Py_buffer view
     cdef bint held
     cdef readonly object obj
+    # recv_many_into: where the messages' lengths go (held while lens_held), how many
+    # fit (0: a destination of one message), 8 bytes each (``wide``) or 4
+    cdef Py_buffer lens
+    cdef bint lens_held
+    cdef Py_ssize_t nlens
+    cdef bint wide
 
 
 cdef SendHandle new_handle(Endpoint eng, uint64_t batch, Py_ssize_t count, uint64_t rndv)
@@ -46,4 +52,26 @@ cdef list take_eager(Endpoint eng, list out, Py_ssize_t *got, Py_ssize_t maxn,
                      uint32_t *opened, char **rndv)
 cdef Message take_one(Endpoint eng)
 cdef Dest new_dest(object obj)
+cdef Dest new_many_dest(object obj, object lengths)
+cdef char int_code(Py_buffer *v, str what) except 0
+
+
+cdef inline uint64_t read_int(const void *buf, char code, Py_ssize_t i) noexcept nogil:
+    """Element i of an integer array of int_code ``code`` (a negative one wraps: the
+    caller checked the array's signs)."""
+    if code == b'q':
+        return <uint64_t>(<const int64_t *>buf)[i]
+    if code == b'Q':
+        return (<const uint64_t *>buf)[i]
+    if code == b'i':
+        return <uint64_t><int64_t>(<const int32_t *>buf)[i]
+    if code == b'I':
+        return (<const uint32_t *>buf)[i]
+    if code == b'h':
+        return <uint64_t><int64_t>(<const int16_t *>buf)[i]
+    if code == b'H':
+        return (<const uint16_t *>buf)[i]
+    if code == b'b':
+        return <uint64_t><int64_t>(<const int8_t *>buf)[i]
+    return (<const uint8_t *>buf)[i]
 cdef object host_view(object obj)

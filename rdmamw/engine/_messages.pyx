@@ -6,6 +6,7 @@ the channel as destinations (recv_into, post_recv)."""
 cimport cython
 from cpython.buffer cimport (
     PyBUF_C_CONTIGUOUS,
+    PyBUF_FORMAT,
     PyBUF_WRITABLE,
     PyBuffer_FillInfo,
     PyBuffer_Release,
@@ -15,10 +16,13 @@ from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.exc cimport PyErr_Fetch, PyErr_Restore
 from cpython.object cimport PyObject, PyTypeObject, destructor
 from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport strchr
 
 from rdmamw.engine._eager_recv cimport EagerReceiver
 from rdmamw.engine._frames cimport REC_RNDV, SLOT_HEADER, SLOT_SINGLE
 from rdmamw.transport._base cimport now_ns
+
+import sys
 
 cdef extern from "Python.h":
     void Py_SET_REFCNT(PyObject *o, Py_ssize_t n)
@@ -215,6 +219,8 @@ cdef class Dest:
     def __dealloc__(self):
         if self.held:
             PyBuffer_Release(&self.view)
+        if self.lens_held:
+            PyBuffer_Release(&self.lens)
 
 
 cdef Message new_message(Endpoint eng, char *ptr, Py_ssize_t length, uint32_t slot,
@@ -324,6 +330,57 @@ cdef Dest new_dest(object obj):
     d.held = True
     d.obj = obj
     return d
+
+
+cdef Dest new_many_dest(object obj, object lengths):
+    """recv_many_into's destination: ``obj`` for the messages' bytes, ``lengths`` (a
+    writable uint32, int64 or uint64 array, at least one element) for their lengths."""
+    cdef Dest d = new_dest(obj)
+    cdef char code
+    try:
+        PyObject_GetBuffer(lengths, &d.lens,
+                           PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT)
+    except (TypeError, BufferError, ValueError) as e:
+        raise TypeError(f"lengths ({type(lengths).__name__}) is not a writable "
+                        f"C-contiguous array (numpy uint32/int64/uint64): {e}") from e
+    d.lens_held = True
+    code = int_code(&d.lens, "lengths")
+    if code not in (b'I', b'q', b'Q'):
+        raise TypeError(f"lengths holds {d.lens.format.decode()} items; it takes "
+                        f"uint32, int64 or uint64 (a message is up to 4 GiB - 1)")
+    d.wide = d.lens.itemsize == 8
+    d.nlens = d.lens.len // d.lens.itemsize
+    if d.nlens == 0:
+        raise ValueError("lengths has no room for one message's length")
+    return d
+
+
+cdef char int_code(Py_buffer *v, str what) except 0:
+    """The integer type of buffer ``v`` (exported with its format), as one struct code
+    of its size: b/B h/H i/I q/Q (signed/unsigned, 1 to 8 bytes); TypeError for any
+    other type (floats, a byte order not the machine's, a structure). Read in C: a
+    receive asks once per call."""
+    cdef const char *f = v.format
+    cdef char c
+    if f == NULL:
+        f = b"B"
+    if f[0] == b'@' or f[0] == b'=' or (f[0] == b'<' and not _BIG_ENDIAN):
+        f += 1
+    c = f[0]
+    if c != 0 and f[1] == 0 and strchr(b"bBhHiIlLqQnN", c) != NULL:
+        if v.itemsize == 1:
+            return b'b' if c >= b'a' else b'B'
+        if v.itemsize == 2:
+            return b'h' if c >= b'a' else b'H'
+        if v.itemsize == 4:
+            return b'i' if c >= b'a' else b'I'
+        if v.itemsize == 8:
+            return b'q' if c >= b'a' else b'Q'
+    raise TypeError(f"{what} holds {(<bytes>f).decode(errors='replace')!r} items, not "
+                    f"integers in this machine's byte order (numpy int8 .. uint64)")
+
+
+cdef bint _BIG_ENDIAN = sys.byteorder == "big"
 
 
 #: what gives a tensor-like object without the buffer protocol (a torch tensor, a

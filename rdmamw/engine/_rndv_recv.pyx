@@ -24,6 +24,7 @@ from rdmamw.engine._frames cimport (
     RNDV_N,
     WAIT_READ,
 )
+from rdmamw.engine._eager_recv cimport put_len
 from rdmamw.engine._leases cimport end_lease, take_lease
 from rdmamw.engine._link cimport fill_wr, slice_end
 from rdmamw.engine._messages cimport new_dest, new_message
@@ -109,7 +110,9 @@ cdef class RndvReceiver:
 
     cdef Py_ssize_t deliver_into(self, Dest into) except -2:
         """recv_into: the next message, eager (copied out of the ring) or rendezvous,
-        into ``into``: its length, or -1 if none has arrived."""
+        into ``into``: its length, or -1 if none has arrived. recv_many_into (``into``
+        has lengths): the eager messages at the head that fit, back to back, or a
+        rendezvous message at the head alone; how many."""
         cdef EagerReceiver rx = self.rx
         cdef char *base
         cdef uint32_t L, fl, slot
@@ -123,11 +126,17 @@ cdef class RndvReceiver:
             if L > <uint64_t>into.view.len:
                 raise BufferTooSmall(f"the next message is {L} bytes; the buffer holds "
                                      f"{into.view.len}", needed=L)
+            if into.nlens:
+                return rx.copy_many(<char *>into.view.buf, <size_t>into.view.len,
+                                    into.lens.buf, into.wide, into.nlens)
             memcpy(into.view.buf, base, L)
             n = L
         slot = rx.cur_slot
         rx.advance(L, n)
         rx.release_one(slot)
+        if into.nlens:
+            put_len(into.lens.buf, into.wide, 0, n)
+            return 1
         return <Py_ssize_t>n
 
     cdef Message take(self, Endpoint eng, char *base):

@@ -200,10 +200,18 @@ def _corrupt_header(ch, slot: int, **fields) -> None:
     (dict(count=5000), "malformed header: .* count=5000"),   # more records than bytes
     (dict(count=20), "malformed header: .* count=20 "),      # fewer bytes than 20 headers
 ])
-def test_corrupted_header_is_protocol_error(fields, says):
-    """Refused by the header check that names the field, not by a later accident."""
-    _refused_after_corrupting(lambda a: a.send_batch([b"abc", b"defg"]),
-                              lambda b, t: b.recv_batch(timeout=t), fields, says)
+@pytest.mark.parametrize("many", [False, True], ids=["recv_batch", "recv_many_into"])
+def test_corrupted_header_is_protocol_error(fields, says, many):
+    """Refused by the header check that names the field, not by a later accident; by
+    recv_many_into as by recv_batch."""
+    if many:
+        buf, lens = bytearray(64), np.zeros(4, np.uint32)
+        _refused_after_corrupting(lambda a: a.send_many(b"abcdefg", [3, 4]),
+                                  lambda b, t: b.recv_many_into(buf, lens, timeout=t),
+                                  fields, says)
+    else:
+        _refused_after_corrupting(lambda a: a.send_batch([b"abc", b"defg"]),
+                                  lambda b, t: b.recv_batch(timeout=t), fields, says)
 
 
 def _refused_after_corrupting(send, recv, fields, says) -> None:
@@ -256,6 +264,23 @@ def test_record_overrun_is_protocol_error_not_a_wrong_message(past):
     assert bytes(got[0]) == b"abc"
     with pytest.raises(rdmamw.ProtocolError):
         b.recv_batch(timeout=1)
+    a.close(), b.close(), lst.close()
+
+
+@pytest.mark.parametrize("length, flags", [(8 + 1, 0), (5 + 10_000, 0), (5, 2), (5, 1)])
+def test_bad_record_is_protocol_error_for_recv_many_into(length, flags):
+    """A bad second record (its length past the used bytes, unknown flags, a
+    descriptor of the wrong size): recv_many_into delivers the first record alone, then
+    ProtocolError, never a message made of the bad record's bytes."""
+    a, b, lst = make_pair(slots=4, slot_size=256)
+    a.send_many(b"abcdefgh", [3, 5])
+    (slot,) = b.diagnostics()["pending"]
+    _poke(hooks.slot_address(b, slot) + 64 + 16, struct.pack("<II", length, flags))
+    buf, lens = bytearray(64), np.zeros(4, np.uint64)
+    assert b.recv_many_into(buf, lens, timeout=1) == 1
+    assert lens[0] == 3 and bytes(buf[:3]) == b"abc"
+    with pytest.raises(rdmamw.ProtocolError):
+        b.recv_many_into(buf, lens, timeout=1)
     a.close(), b.close(), lst.close()
 
 

@@ -3,8 +3,9 @@ close-race stress (docs/protocol.md, "Closing"; docs/testing.md).
 
 Each round opens a channel pair in this process, pinned to one CPU, and runs a
 sender thread, a receiver thread and a closer thread: the sender sends numbered
-messages (eager, 64 KiB and 1 MiB rendezvous, single and batched), the receiver takes
-them with recv / recv_batch / recv_into, and the closer closes one side (or both) at a
+messages (eager, 64 KiB and 1 MiB rendezvous, single and batched, by send_batch or
+send_many), the receiver takes them with recv / recv_batch / recv_into /
+recv_many_into, and the closer closes one side (or both) at a
 random moment of that. Checked every round:
 
 * no message that was not sent: every message received is byte for byte the one its
@@ -63,11 +64,11 @@ class Round:
         self.closed_at: dict[str, float] = {}
         self.arrays: list[np.ndarray] = []     # 1 MiB sources sent as arrays
 
-    def call(self, what: str, fn, *args):
-        """fn(*args) timed: a late return or an untyped error is a violation."""
+    def call(self, what: str, fn, *args, **kwargs):
+        """fn(*args, **kwargs) timed: a late return or an untyped error is a violation."""
         t0 = time.monotonic()
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         except TYPED:
             raise
         except BaseException as e:      # noqa: BLE001 - the stress reports it
@@ -102,7 +103,11 @@ class Round:
                     seq += 1
                 self.tried = seq
                 try:
-                    self.call("send", self.a.send_batch, batch, TIMEOUT)
+                    if self.rng.random() < 0.3:     # the same messages from one buffer
+                        self.call("send_many", self.a.send_many, b"".join(batch),
+                                  [len(x) for x in batch], timeout=TIMEOUT)
+                    else:
+                        self.call("send", self.a.send_batch, batch, TIMEOUT)
                 except Timeout as e:
                     self.sent.extend(range(seq - n, seq - n + e.sent))
                     return
@@ -126,9 +131,9 @@ class Round:
         self.got.append(seq)
 
     def recv(self) -> None:
-        buf = bytearray(1 << 20)
+        buf, lens = bytearray(1 << 20), np.zeros(4, np.uint32)
         while True:
-            how = self.rng.randrange(3)
+            how = self.rng.randrange(4)
             if self.rng.random() < 0.2:     # a slow receiver: the sender waits for slots
                 time.sleep(self.rng.random() * 0.005)
             try:
@@ -137,9 +142,15 @@ class Round:
                 elif how == 1:
                     for m in self.call("recv_batch", self.b.recv_batch, 4, TIMEOUT):
                         self.check(m)
-                else:
+                elif how == 2:
                     n = self.call("recv_into", self.b.recv_into, buf, TIMEOUT)
                     self.check(memoryview(buf)[:n])
+                else:
+                    n = self.call("recv_many_into", self.b.recv_many_into, buf, lens,
+                                  TIMEOUT)
+                    ends = np.cumsum(lens[:n]).tolist()
+                    for start, end in zip([0, *ends[:-1]], ends, strict=True):
+                        self.check(memoryview(buf)[start:end])
             except MessageLost:
                 self.lost += 1
             except Timeout:

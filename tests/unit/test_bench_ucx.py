@@ -49,3 +49,23 @@ def test_the_ucx_targets_compare_b256_with_the_put_rate_and_latency_with_am():
     by_label = {r[0]: r[1:4] for r in table}
     assert by_label["8 B one-sided put rate [M ops/s] \u2191"] == ["-", "60.000", "-"]
     assert by_label["64 KiB stream [GB/s] \u2191"] == ["20.00", "8.00", "2.50"]
+
+
+def test_the_many_column_and_its_target_against_the_put_rate():
+    """The "many" system (send_many / recv_many_into) is a column beside batched, and
+    its b256 rate is the one compared with UCX's put rate in its own target."""
+    results = {
+        "batched": {"rate": {"256": {"msgs_per_s": 15e6}}},
+        "many": {"rate": {"256": {"msgs_per_s": 66e6}}, "bw": {"gb_per_s": 5.0}},
+        "ucx": {"rate": {}, "put_rate": {"msgs_per_s": 60e6}},
+    }
+    m = {k: run.metrics(k, v) for k, v in results.items()}
+    rows = {t["target"]: (t["value"], t["verdict"]) for t in run.targets(m)}
+    assert rows["target: 8 B rate b256 send_many / UCX put >= 1"] == (1.1, "PASS")
+    assert rows["target: 8 B rate b256 >= UCX put rate"] == (0.25, "FAIL")
+    header, table, _ = run.build_table(results)
+    assert header == ["metric", "batched", "many", "ucx", "batched/ucx", "check"]
+    by_label = {r[0]: r[1:4] for r in table}
+    assert by_label["8 B rate, batch 256 [M msg/s] \u2191"] == ["15.000", "66.000", "-"]
+    target = next(r for r in table if r[0].startswith("target: 8 B rate b256 send_many"))
+    assert target[2] == "1.10" and target[-1] == "PASS"

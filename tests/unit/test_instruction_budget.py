@@ -30,6 +30,12 @@ def test_the_budget_allows_one_percent_and_no_more():
     assert why is not None and "4,040.5" in why and "4,000.0" in why
 
 
+def test_batches_read_as_messages_per_call_and_baseline_keys():
+    assert [ins.per_batch(b) for b in ("1", "16", "one", "many256")] == [1, 16, 1, 256]
+    assert [ins.baseline_key(b) for b in ("1", "one", "many256")] == \
+        ["batch1", "one", "many256"]
+
+
 def test_cython_names_read_as_module_class_function():
     assert ins.demangle("__pyx_f_6rdmamw_6engine_7_engine_6Engine__send") == \
         "engine._engine.Engine._send"
