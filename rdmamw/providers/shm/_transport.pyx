@@ -14,7 +14,8 @@ address space; a WRITE with ``process_vm_writev``. When the connection set-up fo
 CMA not permitted (ptrace rules) the exposing side copies the range into its staging
 area (a second memfd both map) and the reader copies it from there. A large CMA READ or
 WRITE is assisted (rdmamw/providers/shm/rm_assist.h): the exposing side, while idle, copies
-part of it, so one message moves with two cores."""
+part of it, so one message moves with two cores. A user region in shared memory is
+copied through a mapping instead (_mapped.pxd)."""
 
 from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy
@@ -55,6 +56,7 @@ from rdmamw.transport.atomics cimport (
 )
 
 from rdmamw.providers.shm._copy cimport CMA_CHUNK, cma, do_plain, plain_ok
+from rdmamw.providers.shm._mapped cimport mapped_run
 from rdmamw.providers.shm._endpoint cimport (
     ASSIST_ALIGN,
     RM_ASSIST_MAX_CHUNKS,
@@ -180,6 +182,10 @@ cdef class ShmTransport(ShmEndpoint):
             wr = &wrs[i]
             if not wr.flags & RM_WR_EXPOSED:
                 do_plain(self, wr)
+            elif (rc := mapped_run(self, wrs, &i, n)) != 0:
+                if rc < 0:
+                    return rc           # the peer's shared memory: copied (_mapped.pxd)
+                continue
             elif self._in_run(wr, wr.opcode):
                 rc = self._region_run(wrs, &i, n)
                 if rc != 0:
