@@ -340,9 +340,6 @@ def _model(n_local: int, offsets: list[int], size):
 def test_the_checks_match_a_model(model_pair, data, write):
     owner, peer, buf, reg = model_pair
     n = data.draw(st.integers(0, 12), label="pieces")
-    offsets = data.draw(st.lists(st.one_of(st.integers(-3, REGION + 3),
-                                           st.integers(-2**63, 2**63 - 1)),
-                                 min_size=n, max_size=n), label="offsets")
     size = data.draw(st.one_of(
         st.none(), st.integers(-1, 70),
         st.lists(st.integers(-1, 70), min_size=max(0, n - 1), max_size=n + 1)),
@@ -350,17 +347,29 @@ def test_the_checks_match_a_model(model_pair, data, write):
     n_local = data.draw(st.integers(0, 200), label="local bytes")
     if size is not None and not isinstance(size, int) and n_local == 0:
         n_local = sum(max(0, x) for x in size)
+    each = [size if isinstance(size, int) else n_local // max(1, n) if size is None
+            else size[i] if i < len(size) else 8 for i in range(n)]
+    # anywhere, far outside, or at the region's end give or take two bytes
+    offsets = [data.draw(st.one_of(st.integers(-3, REGION + 3),
+                                   st.integers(-2**63, 2**63 - 1),
+                                   st.integers(-2, 2).map(lambda d, L=L: REGION - L + d)),
+                         label=f"offset {i}") for i, L in enumerate(each)]
     want = _model(n_local, offsets, size)
     before = buf.copy()
     local = pattern(n_local, 41) if write else np.full(n_local, 0xEE, np.uint8)
     local_before = local.copy()
-    call = peer.scatter if write else peer.gather
-    if not isinstance(want, tuple):
+    ops = peer.batch()
+    add = ops.scatter if write else ops.gather
+    if not isinstance(want, tuple):             # refused as it is added: nothing added
         with pytest.raises(want):
-            call(local, reg.ref, np.array(offsets, np.int64), size)
+            add(local, reg.ref, np.array(offsets, np.int64), size)
+        assert len(ops) == 0
+        ops.post()
         assert np.array_equal(buf, before) and np.array_equal(local, local_before)
         return
-    call(local, reg.ref, np.array(offsets, np.int64), size)
+    add(local, reg.ref, np.array(offsets, np.int64), size)
+    assert len(ops) == len(want[1])
+    assert ops.post().count == len(want[1])
     expect_buf, expect_local = before.copy(), local_before.copy()
     for at, o, length in want[1]:
         if write:
