@@ -27,7 +27,7 @@ class Pieces:
     bad: int
     why: int
 
-def pieces(local: Any, offsets: Any, lengths: Any, size: int,
+def pieces(local: Any, offsets: Any, lengths: Any | None, size: int,
            region_length: int) -> Pieces: ...
 
 class Pinned:

@@ -30,6 +30,7 @@ long as the post (which returns when the chain completed)."""
 
 from cpython.buffer cimport (
     PyBUF_ANY_CONTIGUOUS,
+    PyBUF_FORMAT,
     PyBUF_WRITABLE,
     PyBuffer_Release,
     PyObject_GetBuffer,
@@ -92,10 +93,13 @@ cdef class Pieces:
     """The pieces of one array operation (remote.py: Batch.gather / Batch.scatter): one
     local buffer cut into consecutive pieces from its byte 0, piece ``i`` of
     ``lengths[i]`` bytes (or ``size`` each) at ``offsets[i]`` of one region. Made by
-    :func:`pieces`, which checks every piece in C; posted as a work request a piece."""
+    :func:`pieces`, which checks every piece in C; posted as a work request a piece.
+    It holds its arrays' buffers (int64s) until it goes."""
     cdef readonly object local
-    cdef const int64_t[::1] offs
-    cdef const int64_t[::1] lens        # empty when every piece is ``size`` bytes
+    cdef Py_buffer views[2]             # the offsets and the lengths (held: ``nviews``)
+    cdef int nviews
+    cdef const int64_t *offs
+    cdef const int64_t *lens            # NULL when every piece is ``size`` bytes
     cdef readonly int64_t size
     cdef readonly Py_ssize_t count
     #: the bytes of all pieces; the lowest offset and the highest end (their span in
@@ -105,24 +109,44 @@ cdef class Pieces:
     cdef readonly Py_ssize_t bad
     cdef readonly int why
 
+    cdef const int64_t *hold(self, obj) except NULL:
+        """The int64s of ``obj`` (a contiguous array of them), held."""
+        cdef Py_buffer *v = &self.views[self.nviews]
+        PyObject_GetBuffer(obj, v, PyBUF_ANY_CONTIGUOUS | PyBUF_FORMAT)
+        self.nviews += 1
+        if v.itemsize != 8 or v.format == NULL or v.format[0] not in b"lq@=<" \
+                or v.format[1 if v.format[0] in b"@=<" else 0] not in b"lq" \
+                or v.ndim > 1:
+            raise TypeError("offsets and lengths are contiguous int64 arrays")
+        return <const int64_t *>(v.buf if v.buf != NULL else <void *>&self.size)
 
-def pieces(local, const int64_t[::1] offsets, const int64_t[::1] lengths, int64_t size,
-           uint64_t region_length) -> Pieces:
+    def __dealloc__(self):
+        while self.nviews > 0:
+            self.nviews -= 1
+            PyBuffer_Release(&self.views[self.nviews])
+
+
+def pieces(local, offsets, lengths, int64_t size, uint64_t region_length) -> Pieces:
     """Check the pieces of ``local`` (``lengths``, or ``size`` each when ``lengths``
-    is empty) at ``offsets`` against a region of ``region_length`` bytes: the Pieces,
-    whose ``bad`` / ``why`` name the first one refused (the caller raises)."""
+    is None) at ``offsets`` (contiguous int64 arrays) against a region of
+    ``region_length`` bytes: the Pieces, whose ``bad`` / ``why`` name the first one
+    refused (the caller raises)."""
     cdef Pieces p = Pieces()
-    cdef Py_ssize_t i, n = offsets.shape[0]
+    cdef Py_ssize_t i, n
     cdef int64_t o, L
     cdef uint64_t total = 0, lo = <uint64_t>-1, hi = 0, nwr = 0
-    if lengths.shape[0] not in (0, n):
-        raise ValueError(f"{lengths.shape[0]} lengths for {n} offsets")
-    p.local, p.offs, p.lens, p.size, p.count, p.bad, p.why = \
-        local, offsets, lengths, size, n, -1, 0
+    p.local, p.size, p.bad, p.why = local, size, -1, 0
+    p.offs = p.hold(offsets)
+    n = p.views[0].len // 8
+    if lengths is not None:
+        p.lens = p.hold(lengths)
+        if p.views[1].len // 8 != n:
+            raise ValueError(f"{p.views[1].len // 8} lengths for {n} offsets")
+    p.count = n
     with nogil:
         for i in range(n):
-            o = offsets[i]
-            L = lengths[i] if lengths.shape[0] else size
+            o = p.offs[i]
+            L = p.lens[i] if p.lens != NULL else size
             if L < 1:
                 p.bad, p.why = i, 2
                 break
@@ -168,7 +192,7 @@ cdef Py_ssize_t fill_pieces(rm_wr *wrs, Pieces p, uint64_t local, uint64_t base,
     cdef Py_ssize_t i, k = 0
     cdef uint64_t at = 0, L
     for i in range(p.count):
-        L = <uint64_t>(p.lens[i] if p.lens.shape[0] else p.size)
+        L = <uint64_t>(p.lens[i] if p.lens != NULL else p.size)
         k += fill(wrs + k, local + at, base + <uint64_t>p.offs[i], L, key, tag, opcode,
                   lkey)
         at += L

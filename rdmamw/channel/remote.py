@@ -73,7 +73,6 @@ _WORDS = struct.Struct("=QQ")
 Op = tuple[int, Any, int, int, int, int, int]
 #: the kinds that change the owner's memory (a gather reads, as a read)
 _WRITES = (OP_WRITE, OP_SCATTER, OP_FETCH_ADD, OP_CMP_SWAP)
-_NO_LENGTHS = np.zeros(0, np.int64)
 #: held while a channel's atomic state (its lock and operand buffer) is made; the
 #: atomics of a channel take turns on that buffer (each waits for its answer anyway),
 #: those of different channels do not wait for each other
@@ -342,15 +341,15 @@ class Batch:
         nbytes = _nbytes(local)
         offs = _int64s(offsets, "offsets")
         if size is None:
-            lengths, each = _NO_LENGTHS, nbytes // max(1, len(offs))
+            lengths, each = None, nbytes // max(1, len(offs))
         elif isinstance(size, (int, np.integer)):
-            lengths, each = _NO_LENGTHS, int(size)
+            lengths, each = None, int(size)
         else:
             lengths, each = _int64s(size, "size"), 0
         r = self._rm._checked(_as_ref(ref), W if kind == OP_SCATTER else R, 0, 0)
         p = pieces(local, offs, lengths, each, r.length)
         if p.bad >= 0:
-            n = int(lengths[p.bad]) if len(lengths) else each
+            n = each if lengths is None else int(lengths[p.bad])
             if p.why == 2:
                 raise ValueError(f"piece {p.bad}: {n} bytes (a piece is at least 1)")
             raise OutOfRange(f"piece {p.bad}: {n} bytes at offset {int(offs[p.bad])} of "
