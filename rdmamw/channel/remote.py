@@ -22,9 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
-from rdmamw import _fork
 import numpy as np
 
+from rdmamw import _fork
 from rdmamw.channel._remote import (
     ONE_CHECKED,
     OP_CMP_SWAP,
