@@ -89,6 +89,25 @@ def test_gather_equals_readv_and_scatter_equals_writev(rpair, memory):
     assert not np.array_equal(bufs[0], pattern(SIZE, 10))
 
 
+def test_a_region_inside_shared_memory_is_copied_at_its_own_bytes(rpair):
+    """A region that starts and ends inside pages of its shared memory (the mapping's
+    first byte is not the region's): the pieces land at their offsets of the region,
+    the bytes around it untouched."""
+    owner, peer = rpair
+    mem = _buffer("shared", 3 * 4096, 50)
+    keep = mem.copy()
+    reg = owner.expose(mem[1000:9000], "rw")
+    offs = np.array([0, 7992, 4000, 3096])
+    out = np.zeros(32, np.uint8)
+    peer.gather(out, reg.ref, offs)
+    assert np.array_equal(out, np.concatenate([keep[1000 + o:1008 + o] for o in offs]))
+    src = pattern(32, 51)
+    peer.scatter(src, reg.ref, offs)
+    for i, o in enumerate(offs):
+        keep[1000 + o:1008 + o] = src[8 * i:8 * i + 8]
+    assert np.array_equal(mem, keep)
+
+
 def test_a_gather_sees_the_writes_before_it_in_the_batch(rpair):
     owner, peer = rpair
     buf = _buffer("shared", SIZE, 1)

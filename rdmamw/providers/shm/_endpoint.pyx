@@ -411,8 +411,8 @@ cdef class ShmEndpoint(Transport):
         cdef rm_mem mem
         cdef uint64_t file = rm_xfile_word(fd, offset)
         cdef int rc
-        if file == 0:
-            return RM_ERR_UNSUPPORTED, 0
+        if file == 0 and access & RM_ACCESS_REMOTE_ATOMIC:
+            return RM_ERR_UNSUPPORTED, 0    # (any other access: copied by CMA then)
         with nogil:
             rc = self._expose_region(addr, length, access & 0xFF,
                                      access >> RM_ACCESS_TAG_SHIFT, file, &mem)
