@@ -16,6 +16,11 @@ only EXPOSED work requests, which a provider that finishes the work inside post(
 (shm) runs from any thread, as the engine's rendezvous READs do; chains of several
 threads may run at the same time (the provider keeps its busy word odd while any does).
 
+A gather or scatter (remote.py: many pieces of one region given as arrays) is a
+:class:`Pieces`: its arrays' int64s held, every piece checked in C against the
+reference's length when it is made, and turned into a work request a piece when the
+chain is posted, on every provider (verbs: the same WR path as readv).
+
 ``one()`` is the lean path of a single read or write: the reference's fields are read
 and checked here, one work request on the stack, no Python object made; anything it
 does not take (a DLPack tensor, a refusal to explain, a transport that registers
