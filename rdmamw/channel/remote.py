@@ -261,13 +261,14 @@ def _nbytes(obj: Any) -> int:
 
 
 def _int64s(values: Any, what: str) -> np.ndarray:
-    """``values`` (a 1-D array or sequence of integers) as contiguous int64s (uint64s
-    of 2^63 and above turn negative, which the checks refuse)."""
+    """``values`` (a 1-D array or sequence of integers) as a copy of contiguous int64s
+    (uint64s of 2^63 and above turn negative, which the checks refuse): the batch
+    keeps what was checked, whatever the caller does with its array before the post."""
     arr = np.asarray(values)
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise TypeError(f"{what}: a 1-D array or sequence of integers, not "
                         f"{arr.ndim}-D {arr.dtype}")
-    return np.ascontiguousarray(arr, np.int64)
+    return np.array(arr, np.int64)
 
 
 class Batch:

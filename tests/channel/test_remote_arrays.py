@@ -148,8 +148,14 @@ def test_a_piece_the_checks_refuse_adds_nothing_and_moves_nothing(rpair, write, 
     with pytest.raises(TypeError):
         call(local, reg.ref, [0.0, 8.0, 16.0])
     assert len(ops) == 1
+    offs = np.array([0, 8, 16], np.int64)       # checked when added: changing the
+    add(local, reg.ref, offs, 8)                # caller's array after it changes
+    offs[1] = SIZE                              # nothing of the batch
     ops.post()
-    assert np.array_equal(buf, keep) and np.array_equal(local, local_keep)
+    if write:
+        keep[:24] = local                       # landed at 0, 8, 16 as checked
+    assert np.array_equal(buf, keep)
+    assert np.array_equal(local, local_keep if write else keep[:24])
 
 
 @pytest.mark.parametrize("write", [False, True])
