@@ -298,6 +298,35 @@ def test_a_revoke_during_a_mapped_read_is_reported():
         lst.close()
 
 
+def test_large_copies_through_the_mapping_beside_an_idle_owner_land_whole():
+    """8 MiB reads and writes of shared memory while the owner idles in the engine (where
+    it helps with a large copy offered to it): each lands whole, through the mapping."""
+    owner, peer, lst = _shm_pair()
+    try:
+        n = 8 * 2**20
+        buf = _buffer("shared", n, 60)
+        reg = owner.expose(buf, "rw")
+        out = np.zeros(n, np.uint8)
+        mapped = _mapped(peer)
+        idle = threading.Thread(target=lambda: owner.recv(timeout=60))
+        idle.start()
+        for k in range(12):
+            src = pattern(n, 61 + k)
+            peer.write(src, reg.ref)
+            assert np.array_equal(buf, src)
+            peer.read(reg.ref, out)
+            assert np.array_equal(out, src)
+        peer.send(b"end")
+        idle.join(10)
+        assert _mapped(peer) - mapped == 24
+        got, gave = peer.stats()["assist_chunks_got"], owner.stats()["assist_bytes_given"]
+        assert (got > 0) == (gave > 0)
+    finally:
+        owner.close()
+        peer.close()
+        lst.close()
+
+
 def test_awaited_gather_and_scatter():
     a, b, lst = _shm_pair()
     owner, peer = aio.Channel(a), aio.Channel(b)
