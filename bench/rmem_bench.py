@@ -19,7 +19,9 @@ rep by rep. Medians of the per-rep means; ``copyto/read`` = copyto time / read t
 (>= 1: the read is at least as fast). The pull: the owner's application thread answers
 a request with the buffer as a message, received with ``recv_into`` into the same
 destination (what a read saves on tcp); ``pull/read`` = pull time / read time. Also
-``--batch`` 8 B writes a chain into one region, 16 B apart: operations per second; and,
+``--batch`` 8 B writes into one region, 16 B apart, as one ``ch.scatter`` (the array
+form: one source buffer, the offsets an integer array; one chain): operations per
+second; and,
 where the provider has atomics (shm, tcp, verbs: the regions are then exposed
 "atomic"), fetch_adds on one word beside single 8-byte reads of it, interleaved rep
 by rep (``read8/fetch_add`` = read time / fetch_add time: both are one round trip on
@@ -135,7 +137,8 @@ def _atomics(ch: Any, region: Any, reps: int, iters: int = 200) -> dict[str, lis
 def rdmamw_run(provider: str, sizes: list[int], reps: int, iters: int, batch: int,
                bytes_per_rep: int) -> dict:
     """One owner process, ``reps`` reps per size: per-rep mean seconds of a read, a
-    write, an np.copyto and a pull; per-rep seconds of one chain of ``batch`` 8 B writes."""
+    write, an np.copyto and a pull; per-rep seconds of one ``scatter`` of ``batch`` 8 B
+    writes."""
     import rdmamw
     from rdmamw.channel.remote import RegionRef
 
@@ -184,13 +187,11 @@ def rdmamw_run(provider: str, sizes: list[int], reps: int, iters: int, batch: in
                     per[key].append(_mean_s(fn, k))
             res["sizes"][str(n)] = per
         region = RegionRef.from_bytes(refs[0])
-        word = np.ones(8, np.uint8)
+        words = np.ones(8 * batch, np.uint8)
+        offsets = np.arange(batch) * STRIDE % (region.length - 8)
 
-        def writes() -> None:
-            ops = ch.batch()
-            for j in range(batch):
-                ops.write(word, region, offset=(j * STRIDE) % (region.length - 8))
-            ops.post().wait()
+        def writes() -> None:       # the array form: one call, a WRITE a piece
+            ch.scatter(words, region, offsets, 8).wait()
 
         writes()
         res["writes8_s"] = [_mean_s(writes, 20) for _ in range(reps)]

@@ -1,7 +1,8 @@
 """Remote memory awaited (docs/remote-memory.md, "From an event loop"): ``await
-ch.read(...)`` / ``write`` / ``readv`` / ``writev`` / ``batch().post()`` (its atomics'
-old values in the handle's ``values``) / ``fetch_add`` / ``compare_swap`` on an
-:class:`rdmamw.aio.Channel`, with the blocking channel's arguments and errors.
+ch.read(...)`` / ``write`` / ``readv`` / ``writev`` / ``gather`` / ``scatter`` /
+``batch().post()`` (its atomics' old values in the handle's ``values``) /
+``fetch_add`` / ``compare_swap`` on an :class:`rdmamw.aio.Channel`, with the blocking
+channel's arguments and errors.
 
 A provider that moves the bytes inside the call (shm: a copy, the owner never waited
 for) runs it on the loop, as a send that fits runs. One whose operations wait for the
@@ -42,7 +43,7 @@ async def _run(sync: Any, call: Callable[[], _T]) -> _T:
 
 class AioBatch:
     """``ch.batch()`` of an aio channel: add with ``read`` / ``write`` / ``readv`` /
-    ``writev`` / ``fetch_add`` / ``compare_swap`` as on
+    ``writev`` / ``gather`` / ``scatter`` / ``fetch_add`` / ``compare_swap`` as on
     :class:`rdmamw.channel.remote.Batch`, then ``await post()``."""
 
     def __init__(self, sync: Any) -> None:
@@ -63,6 +64,15 @@ class AioBatch:
 
     def writev(self, ranges: Iterable[tuple[Any, Any, int]]) -> AioBatch:
         self._batch.writev(ranges)
+        return self
+
+    def gather(self, into: Any, ref: Any, offsets: Any, size: Any = None) -> AioBatch:
+        self._batch.gather(into, ref, offsets, size)
+        return self
+
+    def scatter(self, src: Any, ref: Any, offsets: Any, size: Any = None,
+                notify: Any = None) -> AioBatch:
+        self._batch.scatter(src, ref, offsets, size, notify)
         return self
 
     def fetch_add(self, ref: Any, offset: int, value: int) -> AioBatch:
@@ -115,6 +125,16 @@ class AioRemoteMemory:
                      timeout: float | None = None) -> Posted:
         """:meth:`rdmamw.Channel.writev`, awaited."""
         return await self.batch().writev(ranges).post(timeout)
+
+    async def gather(self, into: Any, ref: Any, offsets: Any, size: Any = None,
+                     timeout: float | None = None) -> Posted:
+        """:meth:`rdmamw.Channel.gather`, awaited."""
+        return await self.batch().gather(into, ref, offsets, size).post(timeout)
+
+    async def scatter(self, src: Any, ref: Any, offsets: Any, size: Any = None,
+                      notify: Any = None, timeout: float | None = None) -> Posted:
+        """:meth:`rdmamw.Channel.scatter`, awaited."""
+        return await self.batch().scatter(src, ref, offsets, size, notify).post(timeout)
 
     async def fetch_add(self, ref: Any, offset: int, value: int,
                         timeout: float | None = None) -> Fetched:

@@ -11,6 +11,24 @@ OP_READ: int
 OP_WRITE: int
 OP_FETCH_ADD: int
 OP_CMP_SWAP: int
+OP_GATHER: int
+OP_SCATTER: int
+
+class Pieces:
+    """The pieces of one array operation (Batch.gather / Batch.scatter), checked."""
+
+    local: Any
+    size: int
+    count: int
+    total: int
+    lo: int
+    hi: int
+    nwr: int
+    bad: int
+    why: int
+
+def pieces(local: Any, offsets: Any, lengths: Any | None, size: int,
+           region_length: int) -> Pieces: ...
 
 class Pinned:
     """A buffer held while it is exposed: the exposure keeps its memory alive, however

@@ -16,6 +16,11 @@ only EXPOSED work requests, which a provider that finishes the work inside post(
 (shm) runs from any thread, as the engine's rendezvous READs do; chains of several
 threads may run at the same time (the provider keeps its busy word odd while any does).
 
+A gather or scatter (remote.py: many pieces of one region given as arrays) is a
+:class:`Pieces`: its arrays' int64s held, every piece checked in C against the
+reference's length when it is made, and turned into a work request a piece when the
+chain is posted, on every provider (verbs: the same WR path as readv).
+
 ``one()`` is the lean path of a single read or write: the reference's fields are read
 and checked here, one work request on the stack, no Python object made; anything it
 does not take (a DLPack tensor, a refusal to explain, a transport that registers
@@ -30,11 +35,12 @@ long as the post (which returns when the chain completed)."""
 
 from cpython.buffer cimport (
     PyBUF_ANY_CONTIGUOUS,
+    PyBUF_FORMAT,
     PyBUF_WRITABLE,
     PyBuffer_Release,
     PyObject_GetBuffer,
 )
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
 
@@ -64,7 +70,10 @@ cdef enum:                          # post()'s operation kinds (remote.py: OP_*)
     K_WRITE = 1
     K_FETCH_ADD = 2
     K_CMP_SWAP = 3
+    K_GATHER = 4                    # Pieces: a READ a piece
+    K_SCATTER = 5                   # Pieces: a WRITE a piece
 OP_READ, OP_WRITE, OP_FETCH_ADD, OP_CMP_SWAP = K_READ, K_WRITE, K_FETCH_ADD, K_CMP_SWAP
+OP_GATHER, OP_SCATTER = K_GATHER, K_SCATTER
 cdef uint32_t _last_tag = 0         # tags are unique in the process, not per channel: a
                                     # request that names another channel's exposure
                                     # never finds its tag in this channel's table
@@ -83,6 +92,116 @@ cdef inline int post_by(Transport tp, rm_wr *wrs, uint32_t n, int64_t deadline) 
     if tp.post_owner == pthread_self():
         tp.post_deadline = 0
     return rc
+
+
+cdef class Pieces:
+    """The pieces of one array operation (remote.py: Batch.gather / Batch.scatter): one
+    local buffer cut into consecutive pieces from its byte 0, piece ``i`` of
+    ``lengths[i]`` bytes (or ``size`` each) at ``offsets[i]`` of one region. Made by
+    :func:`pieces`, which checks every piece in C; posted as a work request a piece.
+    It holds its arrays' buffers (int64s) until it goes."""
+    cdef readonly object local
+    cdef Py_buffer views[2]             # the offsets and the lengths (held: ``nviews``)
+    cdef int nviews
+    cdef const int64_t *offs
+    cdef const int64_t *lens            # NULL when every piece is ``size`` bytes
+    cdef readonly int64_t size
+    cdef readonly Py_ssize_t count
+    #: the bytes of all pieces; the lowest offset and the highest end (their span in
+    #: the region); work requests (a piece above PIECE is several)
+    cdef readonly uint64_t total, lo, hi, nwr
+    #: the first piece refused (-1: none) and why: 1 outside the region, 2 a length < 1
+    cdef readonly Py_ssize_t bad
+    cdef readonly int why
+
+    cdef const int64_t *hold(self, obj) except NULL:
+        """The int64s of ``obj`` (a contiguous array of them), held."""
+        cdef Py_buffer *v = &self.views[self.nviews]
+        PyObject_GetBuffer(obj, v, PyBUF_ANY_CONTIGUOUS | PyBUF_FORMAT)
+        self.nviews += 1
+        if v.itemsize != 8 or v.format == NULL or v.format[0] not in b"lq@=<" \
+                or v.format[1 if v.format[0] in b"@=<" else 0] not in b"lq" \
+                or v.ndim > 1:
+            raise TypeError("offsets and lengths are contiguous int64 arrays")
+        return <const int64_t *>(v.buf if v.buf != NULL else <void *>&self.size)
+
+    def __dealloc__(self):
+        while self.nviews > 0:
+            self.nviews -= 1
+            PyBuffer_Release(&self.views[self.nviews])
+
+
+def pieces(local, offsets, lengths, int64_t size, uint64_t region_length) -> Pieces:
+    """Check the pieces of ``local`` (``lengths``, or ``size`` each when ``lengths``
+    is None) at ``offsets`` (contiguous int64 arrays) against a region of
+    ``region_length`` bytes: the Pieces, whose ``bad`` / ``why`` name the first one
+    refused (the caller raises)."""
+    cdef Pieces p = Pieces()
+    cdef Py_ssize_t i, n
+    cdef int64_t o, L
+    cdef uint64_t total = 0, lo = <uint64_t>-1, hi = 0, nwr = 0
+    p.local, p.size, p.bad, p.why = local, size, -1, 0
+    p.offs = p.hold(offsets)
+    n = p.views[0].len // 8
+    if lengths is not None:
+        p.lens = p.hold(lengths)
+        if p.views[1].len // 8 != n:
+            raise ValueError(f"{p.views[1].len // 8} lengths for {n} offsets")
+    p.count = n
+    with nogil:
+        for i in range(n):
+            o = p.offs[i]
+            L = p.lens[i] if p.lens != NULL else size
+            if L < 1:
+                p.bad, p.why = i, 2
+                break
+            if o < 0 or <uint64_t>o > region_length \
+                    or <uint64_t>L > region_length - <uint64_t>o:
+                p.bad, p.why = i, 1
+                break
+            total += <uint64_t>L
+            lo = min(lo, <uint64_t>o)
+            hi = max(hi, <uint64_t>(o + L))
+            nwr += (<uint64_t>L + PIECE - 1) // PIECE
+    p.total, p.lo, p.hi, p.nwr = total, (lo if n else 0), hi, nwr
+    return p
+
+
+cdef Py_ssize_t fill(rm_wr *wrs, uint64_t local, uint64_t remote, uint64_t n, uint32_t key,
+                     uint32_t tag, uint16_t opcode, uint32_t lkey) noexcept nogil:
+    """The work requests of ``n`` bytes (one a PIECE): how many."""
+    cdef uint64_t done = 0, piece
+    cdef Py_ssize_t k = 0
+    while True:
+        piece = min(n - done, PIECE)
+        wrs[k].wr_id = 0
+        wrs[k].local_addr = local + done
+        wrs[k].remote_off = remote + done
+        wrs[k].length = <uint32_t>piece
+        wrs[k].rkey = key
+        wrs[k].lkey = lkey
+        wrs[k].imm = tag
+        wrs[k].opcode = opcode
+        wrs[k].flags = RM_WR_EXPOSED | RM_WR_REGION
+        k += 1
+        done += piece
+        if done >= n:
+            return k
+
+
+cdef Py_ssize_t fill_pieces(rm_wr *wrs, Pieces p, uint64_t local, uint64_t base,
+                            uint32_t key, uint32_t tag, uint16_t opcode,
+                            uint32_t lkey) noexcept nogil:
+    """The work requests of every piece of ``p`` (local bytes from ``local`` on, remote
+    at ``base`` + its offset): how many."""
+    cdef Py_ssize_t i, k = 0
+    cdef uint64_t at = 0, L
+    for i in range(p.count):
+        L = <uint64_t>(p.lens[i] if p.lens != NULL else p.size)
+        k += fill(wrs + k, local + at, base + <uint64_t>p.offs[i], L, key, tag, opcode,
+                  lkey)
+        at += L
+    return k
 
 
 cdef class Pinned:
@@ -194,22 +313,28 @@ cdef class RemoteOps:
         whose ``[offset, offset + length)`` the caller checked; a READ fills it, a WRITE
         sends it. An atomic's ``length`` is 8 (the word) and its local range 16 bytes:
         its two operands (remote.py's _WORDS), the first replaced by the word's old
-        value. The transport's code (RM_ERR_LATE: ``timeout`` s passed first; no READ
-        target is written after)."""
+        value. OP_GATHER / OP_SCATTER: ``local`` a checked :class:`Pieces`, a READ /
+        WRITE a piece, its offsets from ``remote_address`` - ``offset`` (its span's
+        start minus its lowest offset). The transport's code (RM_ERR_LATE: ``timeout``
+        s passed first; no READ target is written after)."""
         cdef Py_ssize_t i, k = 0, nops = len(ops), nwr = 0, at, step, nchains = 0
         cdef Py_buffer *views
         cdef rm_wr *wrs
         cdef int rc = 0
-        cdef uint64_t off, n, piece, done, rbytes = 0, wbytes = 0, need
+        cdef uint64_t off, n, rbytes = 0, wbytes = 0, need, count = 0
         cdef uint32_t kind
         cdef int64_t deadline = deadline_of(timeout)
         cdef uint32_t lkey = 0
+        cdef Pieces p
         leases = [] if self.local_cache is not None else None
         lkeys = {}                      # id(local) -> its lease's lkey: one lease a buffer
         for op in ops:
-            nwr += <Py_ssize_t>((<uint64_t>op[3] + PIECE - 1) // PIECE) or 1
+            if op[0] >= K_GATHER:
+                nwr += <Py_ssize_t>(<Pieces?>op[1]).nwr
+            else:
+                nwr += <Py_ssize_t>((<uint64_t>op[3] + PIECE - 1) // PIECE) or 1
         views = <Py_buffer *>calloc(nops, sizeof(Py_buffer))
-        wrs = <rm_wr *>calloc(nwr, sizeof(rm_wr))
+        wrs = <rm_wr *>calloc(nwr or 1, sizeof(rm_wr))
         if views == NULL or wrs == NULL:
             free(views)
             free(wrs)
@@ -219,45 +344,43 @@ cdef class RemoteOps:
             for i in range(nops):
                 op = ops[i]
                 kind = op[0]
-                if kind > K_CMP_SWAP:
+                if kind > K_SCATTER:
                     raise ValueError(f"operation {i}: no kind {kind}")
-                PyObject_GetBuffer(op[1], &views[i], PyBUF_ANY_CONTIGUOUS
-                                   | (0 if kind == K_WRITE else PyBUF_WRITABLE))
+                p = op[1] if kind >= K_GATHER else None
+                local = p.local if p is not None else op[1]
+                PyObject_GetBuffer(local, &views[i], PyBUF_ANY_CONTIGUOUS
+                                   | (0 if kind == K_WRITE or kind == K_SCATTER
+                                      else PyBUF_WRITABLE))
                 off, n = op[2], op[3]
-                need = 16 if kind >= K_FETCH_ADD else n
-                if (kind >= K_FETCH_ADD and n != 8) or off > <uint64_t>views[i].len \
+                need = 16 if kind == K_FETCH_ADD or kind == K_CMP_SWAP else \
+                    p.total if p is not None else n
+                if ((kind == K_FETCH_ADD or kind == K_CMP_SWAP) and n != 8) \
+                        or off > <uint64_t>views[i].len \
                         or need > <uint64_t>views[i].len - off:
                     PyBuffer_Release(&views[i])
                     raise ValueError(f"operation {i}: {need} bytes at {off} of a buffer "
                                      f"of {views[i].len}")
                 if leases is not None:
-                    if id(op[1]) not in lkeys:
-                        lease = self.local_cache.acquire(op[1])
+                    if id(local) not in lkeys:
+                        lease = self.local_cache.acquire(local)
                         leases.append(lease)
-                        lkeys[id(op[1])] = lease.handle[1]
-                    lkey = lkeys[id(op[1])]
-                done = 0                # (an atomic: one work request on its word)
-                while True:
-                    piece = min(n - done, PIECE)
-                    wrs[k].wr_id = 0
-                    wrs[k].local_addr = <uint64_t>views[i].buf + off + done
-                    wrs[k].remote_off = <uint64_t>op[6] + done
-                    wrs[k].length = <uint32_t>piece
-                    wrs[k].rkey = op[4]
-                    wrs[k].lkey = lkey
-                    wrs[k].imm = op[5]
-                    wrs[k].opcode = (RM_WR_READ if kind == K_READ else RM_WR_WRITE
-                                     if kind == K_WRITE else RM_WR_FETCH_ADD
-                                     if kind == K_FETCH_ADD else RM_WR_CMP_SWAP)
-                    wrs[k].flags = RM_WR_EXPOSED | RM_WR_REGION
-                    k += 1
-                    done += piece
-                    if done >= n:
-                        break
-                if kind == K_WRITE:
-                    wbytes += n
-                elif kind == K_READ:
-                    rbytes += n
+                        lkeys[id(local)] = lease.handle[1]
+                    lkey = lkeys[id(local)]
+                if p is not None:       # (an atomic: one work request on its word)
+                    k += fill_pieces(wrs + k, p, <uint64_t>views[i].buf,
+                                     <uint64_t>op[6] - p.lo, op[4], op[5],
+                                     RM_WR_READ if kind == K_GATHER else RM_WR_WRITE, lkey)
+                    count += <uint64_t>p.count
+                else:
+                    k += fill(wrs + k, <uint64_t>views[i].buf + off, <uint64_t>op[6], n,
+                              op[4], op[5], RM_WR_READ if kind == K_READ else RM_WR_WRITE
+                              if kind == K_WRITE else RM_WR_FETCH_ADD
+                              if kind == K_FETCH_ADD else RM_WR_CMP_SWAP, lkey)
+                    count += 1
+                if kind == K_WRITE or kind == K_SCATTER:
+                    wbytes += need
+                elif kind == K_READ or kind == K_GATHER:
+                    rbytes += need
             i = nops
             step = self.chain_max if self.chain_max > 0 else k
             at = 0
@@ -275,7 +398,7 @@ cdef class RemoteOps:
             for lease in leases or ():
                 lease.release()
         if rc == 0:
-            self.ops += nops
+            self.ops += count
             self.chains += nchains
             self.bytes_read += rbytes
             self.bytes_written += wbytes

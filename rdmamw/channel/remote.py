@@ -6,7 +6,8 @@ The owner's side: :meth:`RemoteMemory.expose` returns a :class:`Region`, whose
 ``ref`` (a :class:`RegionRef`, picklable, ``bytes(ref)`` and back) the peer is given by
 any means; ``region.revoke()`` ends the exposure before it returns. The peer's side:
 ``read`` / ``write`` / ``batch`` (one chain, one doorbell; its atomics among its reads
-and writes), ``fetch_add`` / ``compare_swap`` where the provider can do them. What the
+and writes), ``gather`` / ``scatter`` (many pieces of one region given as arrays,
+checked in C), ``fetch_add`` / ``compare_swap`` where the provider can do them. What the
 engine's unit does (rdmamw/channel/_remote.pyx) is posting; everything a caller can get
 wrong is checked here first, and the provider checks each request against the owner's
 exposure again."""
@@ -21,14 +22,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
+import numpy as np
+
 from rdmamw import _fork
 from rdmamw.channel._remote import (
     ONE_CHECKED,
     OP_CMP_SWAP,
     OP_FETCH_ADD,
+    OP_GATHER,
     OP_READ,
+    OP_SCATTER,
     OP_WRITE,
     RemoteOps,
+    pieces,
 )
 from rdmamw.errors import (
     AccessDenied,
@@ -62,8 +68,11 @@ REF_BYTES = _REF.size + 8
 #: an atomic's operands, and its result in the first (native order: the NIC's)
 _WORDS = struct.Struct("=QQ")
 #: an operation of a chain (RemoteOps.post): kind (OP_*), local buffer, offset in it,
-#: length (an atomic's: 8, its local range _WORDS.size), key, tag, remote address
+#: length (an atomic's: 8, its local range _WORDS.size), key, tag, remote address; a
+#: gather's / scatter's: its Pieces, 0, the span of its pieces, key, tag, the span's start
 Op = tuple[int, Any, int, int, int, int, int]
+#: the kinds that change the owner's memory (a gather reads, as a read)
+_WRITES = (OP_WRITE, OP_SCATTER, OP_FETCH_ADD, OP_CMP_SWAP)
 #: held while a channel's atomic state (its lock and operand buffer) is made; the
 #: atomics of a channel take turns on that buffer (each waits for its answer anyway),
 #: those of different channels do not wait for each other
@@ -251,6 +260,17 @@ def _nbytes(obj: Any) -> int:
     return memoryview(obj).nbytes
 
 
+def _int64s(values: Any, what: str) -> np.ndarray:
+    """``values`` (a 1-D array or sequence of integers) as a copy of contiguous int64s
+    (uint64s of 2^63 and above turn negative, which the checks refuse): the batch
+    keeps what was checked, whatever the caller does with its array before the post."""
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise TypeError(f"{what}: a 1-D array or sequence of integers, not "
+                        f"{arr.ndim}-D {arr.dtype}")
+    return np.array(arr, np.int64)
+
+
 class Batch:
     """One-sided operations posted together: one chain, one doorbell
     (``ch.batch()``; then ``read`` / ``write`` / ``fetch_add`` / ``compare_swap`` any
@@ -261,6 +281,7 @@ class Batch:
         self._rm = rm
         self._ops: list[Op] = []
         self._refs: list[RegionRef] = []
+        self._count = 0                 # operations (a gather's / scatter's: its pieces)
         self._notify: list[Any] = []
         #: the atomics' operands, _WORDS each in the order added; each's old value
         #: lands in its first word (one buffer: on verbs one lease for all of them)
@@ -286,14 +307,60 @@ class Batch:
         return self._vector(OP_WRITE, ranges)
 
     def _vector(self, kind: int, ranges: Iterable[tuple[Any, Any, int]]) -> Batch:
-        at = len(self._ops)
+        at, count = len(self._ops), self._count
         try:
             for local, ref, offset in ranges:
                 local = _buffer(local)
                 self._add(kind, ref, local, offset, _nbytes(local))
         except BaseException:
             del self._ops[at:], self._refs[at:]
+            self._count = count
             raise
+        return self
+
+    def gather(self, into: Any, ref: Any, offsets: Any, size: Any = None) -> Batch:
+        """READ many pieces of one region into ``into``, one after the other from its
+        first byte: piece ``i`` is at ``offsets[i]`` of the region (a 1-D integer array
+        or sequence) and ``size`` bytes long (an int), or ``size[i]`` bytes (an array),
+        or, without ``size``, ``len(into) // len(offsets)``; the pieces fill ``into``
+        exactly (else ValueError). A READ a piece, checked in C as :meth:`read` checks
+        one: a piece outside the region is OutOfRange and adds nothing."""
+        return self._pieces(OP_GATHER, into, ref, offsets, size)
+
+    def scatter(self, src: Any, ref: Any, offsets: Any, size: Any = None,
+                notify: Any = None) -> Batch:
+        """WRITE ``src``, cut into consecutive pieces, to many places of one region:
+        piece ``i`` to ``offsets[i]`` (pieces and checks as :meth:`gather`'s);
+        ``notify`` as :meth:`write`'s."""
+        self._pieces(OP_SCATTER, src, ref, offsets, size)
+        if notify is not None:
+            self._notify.append(notify)
+        return self
+
+    def _pieces(self, kind: int, local: Any, ref: Any, offsets: Any, size: Any) -> Batch:
+        local = _buffer(local)
+        nbytes = _nbytes(local)
+        offs = _int64s(offsets, "offsets")
+        if size is None:
+            lengths, each = None, nbytes // max(1, len(offs))
+        elif isinstance(size, (int, np.integer)):
+            lengths, each = None, int(size)
+        else:
+            lengths, each = _int64s(size, "size"), 0
+        r = self._rm._checked(_as_ref(ref), W if kind == OP_SCATTER else R, 0, 0)
+        p = pieces(local, offs, lengths, each, r.length)
+        if p.bad >= 0:
+            n = each if lengths is None else int(lengths[p.bad])
+            if p.why == 2:
+                raise ValueError(f"piece {p.bad}: {n} bytes (a piece is at least 1)")
+            raise OutOfRange(f"piece {p.bad}: {n} bytes at offset {int(offs[p.bad])} of "
+                             f"a region of {r.length}")
+        if p.total != nbytes:
+            raise ValueError(f"the pieces hold {p.total} bytes, the buffer {nbytes}")
+        if p.count:
+            self._ops.append((kind, p, 0, p.hi - p.lo, r.key, r.tag, r.base + p.lo))
+            self._refs.append(r)
+            self._count += p.count
         return self
 
     def write(self, src: Any, ref: Any, offset: int = 0, notify: Any = None) -> Batch:
@@ -327,15 +394,17 @@ class Batch:
         self._words += _WORDS.pack(a % (1 << 64), b % (1 << 64))
         self._ops.append((kind, self._words, at, 8, r.key, r.tag, r.base + offset))
         self._refs.append(r)
+        self._count += 1
         return self
 
     def _add(self, kind: int, ref: Any, local: Any, offset: int, n: int) -> None:
         r = self._rm._checked(_as_ref(ref), W if kind == OP_WRITE else R, offset, n)
         self._ops.append((kind, local, 0, n, r.key, r.tag, r.base + offset))
         self._refs.append(r)
+        self._count += 1
 
     def __len__(self) -> int:
-        return len(self._ops)
+        return self._count
 
     def post(self, timeout: float | None = None) -> Posted:
         """Post every operation as one chain, run in the order added; a refused one
@@ -349,6 +418,7 @@ class Batch:
         refs, self._refs = self._refs, []
         notify, self._notify = self._notify, []
         words, self._words = self._words, bytearray()
+        count, self._count = self._count, 0
         until = None if timeout is None else time.monotonic() + timeout
         if ops and words and self._rm._transport.registers_memory:
             words = self._rm._post_lent(ops, refs, words, timeout)
@@ -357,7 +427,8 @@ class Batch:
         for msg in notify:
             self._rm._notify(msg, None if until is None
                              else max(0.0, until - time.monotonic()))
-        return Posted(len(ops), tuple(w[0] for w in _WORDS.iter_unpack(words)))
+        return Posted(count, tuple(w[0] for w in _WORDS.iter_unpack(words)) if words
+                      else ())
 
 
 class RemoteMemory:
@@ -390,9 +461,10 @@ class RemoteMemory:
         tp_bits = ((_TP_READ if bits & R else 0) | (_TP_WRITE if bits & W else 0)
                    | (_TP_ATOMIC if bits & A else 0))
         buffer = _buffer(buffer)
-        file = None
+        # shm: memory from rdmamw.memory.shared() the peer maps (atomics need it; reads
+        # and writes of it are copies through the peer's mapping)
+        file = file_of(buffer) if self.provider == "shm" else None
         if bits & A and self.provider == "shm":
-            file = file_of(buffer)
             if file is None:
                 raise ProviderUnavailable(
                     "atomics on shm need the region in shared memory the peer can map: "
@@ -447,6 +519,21 @@ class RemoteMemory:
         """WRITE many ranges as one chain: ``(src, ref, offset)`` each (see
         :meth:`readv`: a refused range, nothing of the chain moved)."""
         return self.batch().writev(ranges).post(timeout)
+
+    def gather(self, into: Any, ref: Any, offsets: Any, size: Any = None,
+               timeout: float | None = None) -> Posted:
+        """READ many pieces of region ``ref`` into ``into`` as one chain: piece ``i``
+        at ``offsets[i]`` (an integer array), ``size`` bytes each (or ``size[i]``;
+        without it ``len(into) // len(offsets)``), one after the other in ``into``
+        (:meth:`Batch.gather`). Checked in C before anything is posted; the provider
+        checks the chain again: a refused piece raises and nothing moved."""
+        return self.batch().gather(into, ref, offsets, size).post(timeout)
+
+    def scatter(self, src: Any, ref: Any, offsets: Any, size: Any = None,
+                notify: Any = None, timeout: float | None = None) -> Posted:
+        """WRITE ``src``'s consecutive pieces to ``offsets`` of region ``ref`` as one
+        chain (pieces and checks as :meth:`gather`'s; ``notify`` as :meth:`write`'s)."""
+        return self.batch().scatter(src, ref, offsets, size, notify).post(timeout)
 
     def batch(self) -> Batch:
         """A batch of one-sided operations: one chain, one doorbell when posted."""
@@ -611,15 +698,16 @@ class RemoteMemory:
                           "the answer)" + ("; on verbs the device was stopped: the "
                                            "connection is lost"
                                            if self.provider == "verbs" else ""))
-        if rc == _ERR_UNSUPPORTED and any(op[0] >= OP_FETCH_ADD for op in ops):
+        if rc == _ERR_UNSUPPORTED and any(op[0] in (OP_FETCH_ADD, OP_CMP_SWAP)
+                                          for op in ops):
             raise ProviderUnavailable(f"atomics: the peer's end of this {self.provider} "
                                       f"channel does not serve them (an earlier rdmamw)")
         if rc != _ERR_BOUNDS:
             raise RemoteAccessError(f"the {self.provider} provider failed a one-sided "
                                     f"operation ({rc})")
         for (kind, _, _, n, key, tag, addr), ref in zip(ops, refs, strict=True):
-            atomic = kind >= OP_FETCH_ADD
-            write = kind != OP_READ     # an atomic writes (tcp records it so)
+            atomic = kind in (OP_FETCH_ADD, OP_CMP_SWAP)
+            write = kind in _WRITES     # an atomic writes (tcp records it so)
             why = (self._transport.region_refusal(key, tag, addr, n, write, True)
                    if atomic and self.provider == "shm"
                    else self._transport.region_refusal(key, tag, addr, n, write))

@@ -79,6 +79,8 @@ cdef extern from "rm_shared.h" nogil:   # atomics on shared-memory regions
         uint32_t key, tag
         uint64_t file, addr, len
         char *map
+        uint64_t delta
+        uint32_t users
     uint64_t rm_xfile_word(int fd, uint64_t off)
     void rm_smap_drop(rm_smap *m)
     int rm_smap_make(rm_smap *m, int pidfd, uint32_t key, uint32_t tag, uint64_t file,
@@ -133,9 +135,13 @@ cdef class ShmEndpoint(Transport):
     cdef rm_xfile *peer_xfile
     cdef rm_smap *smaps
     cdef int smap_lock              # guards smaps (threads of mine run atomics at once)
+    cdef rm_smap *cmaps             # my mappings of the peer's exposures in shared
+    cdef int cmap_lock              # memory that reads/writes copy through (_mapped.pxd)
     cdef public uint64_t n_assist_jobs          # my READs/WRITEs that asked for help
     cdef public uint64_t n_assist_chunks_got    # chunks of them the peer copied
     cdef public uint64_t bytes_assist_given     # bytes I copied for the peer's jobs
+    cdef public uint64_t n_mapped_ops           # region READs/WRITEs copied through my
+                                                # mapping of the peer's shared memory
 
     cdef void _close_fds(self) noexcept
     cdef bint _peer_exited(self) noexcept nogil

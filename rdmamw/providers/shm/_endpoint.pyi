@@ -15,6 +15,7 @@ class ShmEndpoint(Transport):
     n_assist_jobs: int
     n_assist_chunks_got: int
     bytes_assist_given: int
+    n_mapped_ops: int
     def _attach(
         self,
         sock: int,
@@ -46,8 +47,8 @@ class ShmEndpoint(Transport):
         self, addr: int, length: int, access: int, fd: int, offset: int
     ) -> tuple[int, int]:
         """Expose a region (``access`` with its tag, as expose()) that lies at
-        ``offset`` of the memfd ``fd`` of this process, so the peer can map it for
-        atomics: (0, key) or (the transport's error code, 0)."""
+        ``offset`` of the memfd ``fd`` of this process, so the peer can map it (for
+        atomics, and to copy through): (0, key) or (the transport's error code, 0)."""
     @property
     def region_atomics(self) -> bool:
         """fetch_add / compare_swap on regions exposed "atomic" in shared memory: the

@@ -75,6 +75,15 @@ def cma_probe(int pid, size_t addr) -> int:
     return <long long>(word >> 1)      # non-negative: the caller compares the same shift
 
 
+cdef void _drop_maps(rm_smap *maps) noexcept:
+    """Unmap and free a cache of mappings of the peer's exposures (one per slot)."""
+    cdef int i
+    if maps != NULL:
+        for i in range(RM_XTAB_N):
+            rm_smap_drop(&maps[i])
+        free(maps)
+
+
 cdef class ShmEndpoint(Transport):
     """The shm endpoint up to its data path; its fields are declared in _endpoint.pxd."""
 
@@ -140,7 +149,8 @@ cdef class ShmEndpoint(Transport):
         self.peer_xfile = <rm_xfile *>(<char *>self.peer_rrec + sizeof(rm_region_rec))
         if self.smaps == NULL:
             self.smaps = <rm_smap *>calloc(RM_XTAB_N, sizeof(rm_smap))
-            if self.smaps == NULL:
+            self.cmaps = <rm_smap *>calloc(RM_XTAB_N, sizeof(rm_smap))
+            if self.smaps == NULL or self.cmaps == NULL:
                 raise MemoryError("shared-region mappings")
         self.peer_pid, self.pidfd = peer_pid, pidfd
 
@@ -202,7 +212,7 @@ cdef class ShmEndpoint(Transport):
     def counters(self):
         d = Transport.counters(self)
         d.update(assist_jobs=self.n_assist_jobs, assist_chunks_got=self.n_assist_chunks_got,
-                 assist_bytes_given=self.bytes_assist_given)
+                 assist_bytes_given=self.bytes_assist_given, mapped_ops=self.n_mapped_ops)
         return d
 
     def fileno(self):
@@ -214,7 +224,6 @@ cdef class ShmEndpoint(Transport):
         return bool(self.cma), bool(self.peer_cma)
 
     def __dealloc__(self):
-        cdef int i
         self._close_fds()
         if self.arena != NULL:
             munmap(self.arena, self.arena_size)
@@ -225,11 +234,9 @@ cdef class ShmEndpoint(Transport):
         if self.peer_base != NULL:
             munmap(self.peer_base, self.peer_size)
         free(self.xpriv)
-        if self.smaps != NULL:
-            for i in range(RM_XTAB_N):
-                rm_smap_drop(&self.smaps[i])
-            free(self.smaps)
-            self.smaps = NULL
+        _drop_maps(self.smaps)
+        _drop_maps(self.cmaps)
+        self.smaps = self.cmaps = NULL
 
     cdef void _close_fds(self) noexcept:
         if self.sock >= 0:
@@ -262,8 +269,9 @@ cdef class ShmEndpoint(Transport):
     cdef int _expose_region(self, uint64_t addr, uint64_t length, uint32_t access,
                             uint32_t tag, uint64_t file, rm_mem *out) noexcept nogil:
         """A user region: live memory the peer reads or writes by CMA (never a staged
-        copy), its entry tagged (rm_region.h). An atomic one needs ``file``, its memfd
-        word (rm_shared.h), which the peer reads beside the mirrored entry."""
+        copy), its entry tagged (rm_region.h). ``file``: its memfd word (rm_shared.h),
+        which the peer reads beside the mirrored entry, to map it (an atomic region
+        needs one; reads and writes of any other copy through the mapping too)."""
         cdef uint32_t key, acc = 0
         cdef uint32_t known = RM_ACCESS_REMOTE_READ | RM_ACCESS_REMOTE_WRITE
         if self.xpriv == NULL or self.state != SHM_CONNECTED or self.inherited():
@@ -279,7 +287,7 @@ cdef class ShmEndpoint(Transport):
                 return RM_ERR_UNSUPPORTED
             acc |= RM_XACC_ATOMIC
             known |= RM_ACCESS_REMOTE_ATOMIC
-        else:
+        if self.xfile == NULL:
             file = 0
         if acc == 0 or access & ~known:
             return RM_ERR_UNSUPPORTED
@@ -398,13 +406,13 @@ cdef class ShmEndpoint(Transport):
     def expose_shared(self, uint64_t addr, uint64_t length, uint32_t access, int fd,
                       uint64_t offset) -> tuple:
         """Expose a region (``access`` with its tag, as expose()) that lies at
-        ``offset`` of the memfd ``fd`` of this process, so the peer can map it for
-        atomics: (0, key) or (the transport's error code, 0)."""
+        ``offset`` of the memfd ``fd`` of this process, so the peer can map it (for
+        atomics, and to copy through): (0, key) or (the transport's error code, 0)."""
         cdef rm_mem mem
         cdef uint64_t file = rm_xfile_word(fd, offset)
         cdef int rc
-        if file == 0:
-            return RM_ERR_UNSUPPORTED, 0
+        if file == 0 and access & RM_ACCESS_REMOTE_ATOMIC:
+            return RM_ERR_UNSUPPORTED, 0    # (any other access: copied by CMA then)
         with nogil:
             rc = self._expose_region(addr, length, access & 0xFF,
                                      access >> RM_ACCESS_TAG_SHIFT, file, &mem)

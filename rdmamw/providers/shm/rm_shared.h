@@ -1,8 +1,10 @@
 /* Atomics on shm regions (docs/remote-memory.md, "shm atomics"): an "atomic" region
  * lies in memory rdmamw allocated as a shared mapping (rdmamw.memory.shared(): a
- * sealed memfd). The owner names, in its block, the file and the offset of each such
- * exposure (`rm_xfile`, after the region record: one word per exposure-table slot,
- * written before the slot's key is mirrored); the peer takes the descriptor once with
+ * sealed memfd). The owner names, in its block, the file and the offset of each
+ * exposure in such memory, whatever its access (`rm_xfile`, after the region record:
+ * one word per exposure-table slot, written before the slot's key is mirrored; reads
+ * and writes of it are copies through the peer's mapping: _mapped.pxd); the peer
+ * takes the descriptor once with
  * pidfd_getfd() (the same ptrace permission as cross-memory attach), maps the
  * exposure's pages, and runs the CPU's atomic instruction on its own mapping of the
  * owner's word. Every field of the owner's block is read once into a local and checked
@@ -40,6 +42,7 @@ typedef struct {
     char *map;          /* my mapping of the pages under [addr, addr + len) */
     uint64_t maplen;
     uint64_t delta;     /* the exposure's first byte in my mapping */
+    uint32_t users;     /* copies through it now (_mapped.pxd): not remade meanwhile */
 } rm_smap;
 
 static inline uint64_t rm_xfile_word(int fd, uint64_t off) {
