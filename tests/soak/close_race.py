@@ -3,10 +3,10 @@ close-race stress (docs/protocol.md, "Closing"; docs/testing.md).
 
 Each round opens a channel pair in this process, pinned to one CPU, and runs a
 sender thread, a receiver thread and a closer thread: the sender sends numbered
-messages (eager, 64 KiB and 1 MiB rendezvous, single and batched, by send_batch or
-send_many), the receiver takes them with recv / recv_batch / recv_into /
-recv_many_into, and the closer closes one side (or both) at a
-random moment of that. Checked every round:
+messages (eager, 64 KiB and 1 MiB rendezvous, single and batched, by send_batch,
+send_many or, for one message, send: small bytes take the one-message path), the
+receiver takes them with recv / recv_batch / recv_into / recv_many_into, and the
+closer closes one side (or both) at a random moment of that. Checked every round:
 
 * no message that was not sent: every message received is byte for byte the one its
   number names, numbers strictly increasing (no zeros of a cut READ, no duplicate);
@@ -106,6 +106,8 @@ class Round:
                     if self.rng.random() < 0.3:     # the same messages from one buffer
                         self.call("send_many", self.a.send_many, b"".join(batch),
                                   [len(x) for x in batch], timeout=TIMEOUT)
+                    elif n == 1 and self.rng.random() < 0.5:    # one small bytes: the
+                        self.call("send", self.a.send, batch[0], TIMEOUT)  # one-message way
                     else:
                         self.call("send", self.a.send_batch, batch, TIMEOUT)
                 except Timeout as e:
