@@ -25,7 +25,8 @@ second; and,
 where the provider has atomics (shm, tcp, verbs: the regions are then exposed
 "atomic"), fetch_adds on one word beside single 8-byte reads of it, interleaved rep
 by rep (``read8/fetch_add`` = read time / fetch_add time: both are one round trip on
-tcp; on shm a read is a CMA call, a fetch_add a CPU atomic on the peer's mapped page),
+tcp; on shm both run on the reader's mapping of the owner's shared memory: a copy, a
+CPU atomic),
 and ATOMIC_BATCH (64) fetch_adds posted as one ``ch.batch()`` beside as many single
 ones, interleaved rep by rep (``batch64/single`` = the batched rate / the single rate).
 ``--provider shm,tcp`` runs both providers, rep by rep, in one run.

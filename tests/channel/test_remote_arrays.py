@@ -300,7 +300,8 @@ def test_a_revoke_during_a_mapped_read_is_reported():
 
 def test_large_copies_through_the_mapping_beside_an_idle_owner_land_whole():
     """8 MiB reads and writes of shared memory while the owner idles in the engine (where
-    it helps with a large copy offered to it): each lands whole, through the mapping."""
+    it would help with an assisted copy): each lands whole, through the mapping, by
+    the caller alone (measured faster than with the owner's help: remote-memory.md)."""
     owner, peer, lst = _shm_pair()
     try:
         n = 8 * 2**20
@@ -319,8 +320,7 @@ def test_large_copies_through_the_mapping_beside_an_idle_owner_land_whole():
         peer.send(b"end")
         idle.join(10)
         assert _mapped(peer) - mapped == 24
-        got, gave = peer.stats()["assist_chunks_got"], owner.stats()["assist_bytes_given"]
-        assert (got > 0) == (gave > 0)
+        assert peer.stats()["assist_jobs"] == 0 and owner.stats()["assist_bytes_given"] == 0
     finally:
         owner.close()
         peer.close()

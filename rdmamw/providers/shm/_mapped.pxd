@@ -24,7 +24,6 @@ from rdmamw.transport.atomics cimport (
     rm_spin_lock,
     rm_spin_unlock,
 )
-from rdmamw.providers.shm._copy cimport cma
 from rdmamw.providers.shm._endpoint cimport (
     RM_XACC_READ,
     RM_XACC_WRITE,
@@ -84,25 +83,6 @@ cdef inline void cmap_put(ShmEndpoint t, rm_smap *m) noexcept nogil:
     rm_spin_unlock(&t.cmap_lock)
 
 
-cdef inline int copy_part(ShmEndpoint t, rm_wr *wr, char *at, uint64_t off,
-                          uint64_t n) noexcept nogil:
-    """``n`` bytes at ``off`` of ``wr``'s range, my part of an assisted copy: through my
-    mapping of the peer's memory (``at``: the range's first byte in it), or by CMA."""
-    if at == NULL:
-        return cma(t.peer_pid, wr.opcode == RM_WR_WRITE, <char *>wr.local_addr + off,
-                   wr.remote_off + off, n)
-    if wr.opcode == RM_WR_WRITE:
-        rm_copy(at + off, <char *>wr.local_addr + off, n)
-    else:
-        rm_copy(<char *>wr.local_addr + off, at + off, n)
-    return 0
-
-
-cdef inline bint assisted(ShmEndpoint t, rm_wr *wr) noexcept nogil:
-    """``wr`` is copied with the peer's help (RDMAMW_SHM_ASSIST; _assisted_one)."""
-    return t.assist_min and wr.length >= t.assist_min and t.peer_cma and t.job != NULL
-
-
 cdef inline int mapped_run(ShmEndpoint t, rm_wr *wrs, uint32_t *at, uint32_t n) noexcept nogil:
     """The region READs/WRITEs from ``wrs[*at]`` on that name one exposure in the peer's
     shared memory, copied through my mapping in the chain's order; ``*at`` moves past
@@ -115,8 +95,8 @@ cdef inline int mapped_run(ShmEndpoint t, rm_wr *wrs, uint32_t *at, uint32_t n) 
     cdef uint64_t written = 0, rel
     cdef rm_smap *m
     cdef char *base
-    if wanted(wr) == 0 or assisted(t, wr):
-        return 0                # (assisted: _assisted copies my part through the map)
+    if wanted(wr) == 0:
+        return 0
     m = cmap_take(t, wr, &xe)
     if m == NULL:
         return 0
@@ -126,8 +106,7 @@ cdef inline int mapped_run(ShmEndpoint t, rm_wr *wrs, uint32_t *at, uint32_t n) 
         acc = wanted(wr)
         rel = wr.remote_off - xe.addr
         if acc == 0 or not xe.access & acc or wr.rkey != key or wr.imm != tag \
-                or wr.remote_off < xe.addr or rel > xe.len or wr.length > xe.len - rel \
-                or assisted(t, wr):
+                or wr.remote_off < xe.addr or rel > xe.len or wr.length > xe.len - rel:
             break       # another exposure (or a request the CMA path refuses)
         if acc == RM_XACC_READ:
             rm_copy(<void *>wr.local_addr, base + rel, wr.length)

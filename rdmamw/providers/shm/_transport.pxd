@@ -13,4 +13,4 @@ cdef class ShmTransport(ShmEndpoint):
     cdef int _check_exposed(self, rm_wr *wr, rm_xent *xe) noexcept nogil
     cdef int _exposed(self, rm_wr *wr) noexcept nogil
     cdef int _assisted(self, rm_wr *wr) noexcept nogil
-    cdef int _assisted_one(self, rm_wr *wr, char *at) noexcept nogil
+    cdef int _assisted_one(self, rm_wr *wr) noexcept nogil

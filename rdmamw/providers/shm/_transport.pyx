@@ -56,7 +56,7 @@ from rdmamw.transport.atomics cimport (
 )
 
 from rdmamw.providers.shm._copy cimport CMA_CHUNK, cma, do_plain, plain_ok
-from rdmamw.providers.shm._mapped cimport cmap_put, cmap_take, copy_part, mapped_run
+from rdmamw.providers.shm._mapped cimport mapped_run
 from rdmamw.providers.shm._endpoint cimport (
     ASSIST_ALIGN,
     RM_ASSIST_MAX_CHUNKS,
@@ -80,7 +80,6 @@ from rdmamw.providers.shm._endpoint cimport (
     rm_assist_finish,
     rm_assist_offer,
     rm_assist_publish,
-    rm_smap,
     rm_xent,
     rm_xtab_add,
     rm_xtab_alive,
@@ -314,30 +313,23 @@ cdef class ShmTransport(ShmEndpoint):
 
     cdef int _assisted(self, rm_wr *wr) noexcept nogil:
         """_assisted_one, if no other thread of mine has the job record now (a region
-        read beside a rendezvous READ); else one plain copy. My part is copied through
-        my mapping of the peer's shared memory if the region is in it (_mapped.pxd)."""
-        cdef rm_xent xe
-        cdef rm_smap *m = cmap_take(self, wr, &xe) if wr.flags & RM_WR_REGION else NULL
-        cdef char *at = NULL if m == NULL else m.map + m.delta + (wr.remote_off - xe.addr)
+        read beside a rendezvous READ); else one plain CMA copy."""
         cdef int rc
         if not rm_spin_trylock(&self.job_lock):
-            rc = copy_part(self, wr, at, 0, wr.length)
-        else:
-            rc = self._assisted_one(wr, at)
-            rm_spin_unlock(&self.job_lock)
-        if m != NULL:
-            cmap_put(self, m)
-            self.n_mapped_ops += 1
+            return cma(self.peer_pid, wr.opcode == RM_WR_WRITE, <char *>wr.local_addr,
+                        wr.remote_off, wr.length)
+        rc = self._assisted_one(wr)
+        rm_spin_unlock(&self.job_lock)
         return rc
 
-    cdef int _assisted_one(self, rm_wr *wr, char *at) noexcept nogil:
+    cdef int _assisted_one(self, rm_wr *wr) noexcept nogil:
         """A CMA READ or WRITE the peer may help with (rm_assist.h): publish the job,
         wake the peer, copy every chunk it has not claimed, wait for the ones it has,
         redo any it could not do. Returns as _cma does; no helper copy is still running
         when it returns."""
         # the record sits in my block, which the peer can write: n, chunk and len are
         # this function's own, claims are checked against them, fin/bad are masked
-        cdef uint64_t len = wr.length, chunk, mine = 0, theirs, full, fin, bad
+        cdef uint64_t len = wr.length, chunk, off, mine = 0, theirs, full, fin, bad
         cdef uint32_t n, seq, spins = 0
         cdef int64_t until = 0
         cdef bint write = wr.opcode == RM_WR_WRITE
@@ -349,7 +341,7 @@ cdef class ShmTransport(ShmEndpoint):
         chunk = (chunk + ASSIST_ALIGN - 1) // ASSIST_ALIGN * ASSIST_ALIGN
         n = <uint32_t>((len + chunk - 1) // chunk)
         if n < 2:
-            return copy_part(self, wr, at, 0, len)
+            return cma(self.peer_pid, write, <char *>wr.local_addr, wr.remote_off, len)
         self.job_seq += 1
         if self.job_seq == 0:
             self.job_seq = 1
@@ -363,7 +355,9 @@ cdef class ShmTransport(ShmEndpoint):
             if i < 0:
                 break
             if rc == 0:             # after a failure: only claim, so nobody starts more
-                rc = copy_part(self, wr, at, <uint64_t>i * chunk, min(chunk, len - i * chunk))
+                off = <uint64_t>i * chunk
+                rc = cma(self.peer_pid, write, <char *>wr.local_addr + off,
+                          wr.remote_off + off, min(chunk, len - off))
         full = ~(<uint64_t>0) if n == 64 else ((<uint64_t>1) << n) - 1
         theirs = full & ~mine
         while True:                 # the peer's chunks: being copied now, they end soon
@@ -377,7 +371,9 @@ cdef class ShmTransport(ShmEndpoint):
         i = 0
         while rc == 0 and bad:      # the peer could not: do them here
             if bad & 1:
-                rc = copy_part(self, wr, at, <uint64_t>i * chunk, min(chunk, len - i * chunk))
+                off = <uint64_t>i * chunk
+                rc = cma(self.peer_pid, write, <char *>wr.local_addr + off,
+                          wr.remote_off + off, min(chunk, len - off))
             bad >>= 1
             i += 1
         return rc
