@@ -33,6 +33,7 @@ TAKES = {
     "verbs_remote": (VerbsTransport, (0, 0, 1)),
     "verbs_unexpose": (VerbsTransport, (0,)),
     "verbs_side_socket": (VerbsTransport, ()),
+    "verbs_drain_then_wait": (VerbsTransport, (0,)),
 }
 #: the hooks that take something else first (bytes, a Channel, a verbs device, an
 #: address, a chain's letters)

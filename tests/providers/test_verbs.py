@@ -319,6 +319,29 @@ def test_many_laps_in_order_with_sleepers(mode, event):
 
 @device
 @pytest.mark.device
+def test_an_immediate_a_drain_took_still_ends_the_next_wait():
+    """A drain between a sleeper's last look and its sleep (peer_state()'s, a post's)
+    takes the count of the immediate whose message that look missed; the wait that
+    follows must end at once, not at its timeout (a perf server thread slept through a
+    ping-pong's message until the client gave up: 120 s in a CI run)."""
+    a, b, lst, _, tb = _pair()
+    try:
+        deadline = time.monotonic() + 10
+        while hooks.verbs_drain_then_wait(tb, 10)[1] != 0:     # nothing left to see
+            assert time.monotonic() < deadline
+        a.send(b"ping").wait(timeout=10)
+        while not b.diagnostics()["pending"]:                   # it landed, unseen
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        taken, woke, seconds = hooks.verbs_drain_then_wait(tb, 3000)
+        assert (taken >= 1, woke) == (True, 1) and seconds < 1.0, (taken, woke, seconds)
+        assert bytes(b.recv(timeout=0)) == b"ping"
+    finally:
+        a.close(), b.close(), lst.close()
+
+
+@device
+@pytest.mark.device
 def test_qp_in_error_is_peer_lost_within_2s():
     a, b, lst, ta, _ = _pair()
     try:

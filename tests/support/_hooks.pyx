@@ -404,6 +404,20 @@ def verbs_side_socket(VerbsTransport tp not None) -> int:
     return tp.sock
 
 
+def verbs_drain_then_wait(VerbsTransport tp not None, int timeout_ms) -> tuple:
+    """Take the receive completions routed so far, as a drain between a waiter's last
+    look and its sleep does (peer_state(), a post), then wait as a sleeper does:
+    (how many the drain took, wait()'s return, seconds it took)."""
+    cdef int taken, r
+    cdef int64_t t0
+    _require_connected(tp)
+    with nogil:
+        taken = tp._drain_recv()
+        t0 = now_ns()
+        r = tp.wait(timeout_ms)
+    return taken, r, (now_ns() - t0) / 1e9
+
+
 cdef _require_connected(VerbsTransport tp):
     if tp.qp == NULL or tp.state != QP_CONNECTED:
         raise ValueError("the verbs transport is not connected (or closed)")

@@ -25,6 +25,7 @@ from tests.support._hooks import (
     region_address,
     set_device_limit,
     unexpose_range,
+    verbs_drain_then_wait,
     verbs_expose,
     verbs_fences,
     verbs_first_cause,
@@ -38,8 +39,8 @@ __all__ = ["apply_stream", "assist_now", "atomic_adds", "expose_churn", "expose_
            "forge_peer_xtab", "hammer_job", "job_claimed", "job_state", "offer_job",
            "qp_error", "read_remote",
            "region_address", "set_device_limit", "slot_address", "unexpose_range",
-           "verbs_expose", "verbs_fences", "verbs_first_cause", "verbs_keys", "verbs_remote",
-           "verbs_side_socket",
+           "verbs_drain_then_wait", "verbs_expose", "verbs_fences", "verbs_first_cause",
+           "verbs_keys", "verbs_remote", "verbs_side_socket",
            "verbs_unexpose"]
 
 

@@ -52,6 +52,7 @@ cdef class VerbsQP(Transport):
     cdef rmv_route *route               # the QP's share of the device's CQs
     cdef bint joined                    # route holds room on the device's CQs
     cdef uint64_t recv_seen             # route.recv_ok taken so far (rlock)
+    cdef uint64_t wake_seen             # route.recv_ok when wait() last returned (the poller)
     cdef readonly int port, gid_index, lid, mtu     # the port used (mtu: enum)
     cdef readonly bytes gid
     cdef readonly VerbsFailure failure

@@ -14,5 +14,6 @@ cdef class VerbsTransport(VerbsQP):
     cdef inline void _stash(self, uint64_t wr_id, int status, int opcode) noexcept nogil
     cdef int _drain_recv(self) noexcept nogil
     cdef bint _woken(self) noexcept nogil
+    cdef int _looked(self, int r) noexcept nogil
     cdef int _settle(self) noexcept nogil
     cdef void _offer(self) noexcept nogil

@@ -337,8 +337,17 @@ cdef class VerbsTransport(VerbsQP):
         return n
 
     cdef bint _woken(self) noexcept nogil:
-        """A receive completion of ours was routed and not yet taken."""
-        return rmv_load64(&self.route.recv_ok) != self.recv_seen
+        """A receive completion of ours was routed since wait() last returned. Not
+        since the last drain: a drain between the caller's last look and its wait
+        (peer_state()'s, a post's) takes the count of an immediate whose bytes that
+        look missed, and a wait that trusted the drain slept through the message
+        (stop 54's CI: a verbs ping-pong's server thread slept its whole timeout)."""
+        return rmv_load64(&self.route.recv_ok) != self.wake_seen
+
+    cdef int _looked(self, int r) noexcept nogil:
+        """wait()'s return: what was routed up to now, the caller's next look sees."""
+        self.wake_seen = rmv_load64(&self.route.recv_ok)
+        return r
 
     cdef int _settle(self) noexcept nogil:
         """After arming: route what reached the receive CQ before the request (it
@@ -428,14 +437,15 @@ cdef class VerbsTransport(VerbsQP):
         cdef int r
         if self.state != QP_CONNECTED:
             return self._dead()
-        if self._drain_recv() > 0:
-            return 1
+        self._drain_recv()
+        if self._woken():       # since the last return: the caller may not have seen it
+            return self._looked(1)
         self.dev.sleep(self.route, True)    # routed completions now write our eventfd
         self.dev.arm(self.route.rcq)
-        if self._settle() > 0 or self._woken():     # arrived before we slept
+        self._settle()
+        if self._woken():       # arrived before we slept
             self.dev.sleep(self.route, False)
-            self._drain_recv()
-            return 1
+            return self._looked(1)
         if not self.event_mode and timeout_ms > self.poll_ms:
             timeout_ms = self.poll_ms    # a plain WRITE gives no event: look again soon
         fds[0].fd, fds[0].events, fds[0].revents = self.route.evfd, POLLIN, 0
@@ -443,14 +453,14 @@ cdef class VerbsTransport(VerbsQP):
         r = poll(fds, 2, timeout_ms)
         self.dev.sleep(self.route, False)
         if r < 0:
-            return 0 if errno == EINTR else RM_ERR_OS
+            return self._looked(0 if errno == EINTR else RM_ERR_OS)
         if fds[0].revents & POLLIN:
             read(self.route.evfd, &one, 8)
             self._drain_recv()
-            return 1
+            return self._looked(1)
         if fds[1].revents:
-            return self.peer_state()
-        return 0
+            return self._looked(self.peer_state())
+        return self._looked(0)
 
     def poll_interval(self) -> float:
         # a peer's plain WRITE of arrival words raises no event: the wake-up SEND it
