@@ -337,11 +337,9 @@ cdef class VerbsTransport(VerbsQP):
         return n
 
     cdef bint _woken(self) noexcept nogil:
-        """A receive completion of ours was routed since wait() last returned. Not
-        since the last drain: a drain between the caller's last look and its wait
-        (peer_state()'s, a post's) takes the count of an immediate whose bytes that
-        look missed, and a wait that trusted the drain slept through the message
-        (stop 54's CI: a verbs ping-pong's server thread slept its whole timeout)."""
+        """A receive completion of ours was routed since wait() last returned (not since
+        the last drain: one between the caller's last look and its wait, peer_state()'s
+        or a post's, takes the immediate whose bytes that look missed)."""
         return rmv_load64(&self.route.recv_ok) != self.wake_seen
 
     cdef int _looked(self, int r) noexcept nogil:
@@ -457,15 +455,12 @@ cdef class VerbsTransport(VerbsQP):
         if fds[0].revents & POLLIN:
             read(self.route.evfd, &one, 8)
             self._drain_recv()
-            return self._looked(1)
-        if fds[1].revents:
-            return self._looked(self.peer_state())
-        return self._looked(0)
+        return self._looked(1 if fds[0].revents & POLLIN else
+                            self.peer_state() if fds[1].revents else 0)
 
     def poll_interval(self) -> float:
-        # a peer's plain WRITE of arrival words raises no event: the wake-up SEND it
-        # sends when it sees our sleep flag can race with the flag's WRITE (wait()
-        # looks again after poll_ms for the same reason)
+        # a plain WRITE of arrival words raises no event, and the peer's wake-up SEND on
+        # seeing our sleep flag can race with the flag's WRITE (wait() looks again too)
         return 0.0 if self.event_mode else self.poll_ms / 1000.0
 
     def _event_fds(self):
