@@ -226,10 +226,14 @@ cdef class RemoteOps:
     cdef dict live                  # key -> Pinned: the regions exposed now
     cdef object expose_cache, local_cache   # registration caches (verbs), or None
     cdef list stuck                 # Pinned whose revoke timed out: held until we go
+    cdef bint exact                 # a region's registration is exactly its range
     cdef readonly uint64_t ops, chains, bytes_read, bytes_written
 
-    def __init__(self, Transport tp, expose_cache=None, local_cache=None):
-        self.tp = tp
+    def __init__(self, Transport tp, expose_cache=None, local_cache=None, bint exact=False):
+        """``exact``: lease each region's registration for exactly its range, not its
+        owner's (a device that does not check a window's bounds: the registration's
+        are the ones it checks)."""
+        self.tp, self.exact = tp, exact
         self.live = {}
         self.stuck = []
         self.chain_max = getattr(tp, "region_chain_max", 0)
@@ -261,7 +265,7 @@ cdef class RemoteOps:
                                             access, file[0], file[1])
             mem.handle = mem.rkey = key
         elif self.expose_cache is not None:
-            p.lease = self.expose_cache.acquire(obj)
+            p.lease = self.expose_cache.acquire(obj, exact=self.exact)
             lkey, rkey = p.lease.handle[1], p.lease.handle[2]
             with nogil:
                 rc = self.tp.expose_cached(<uint64_t>p.view.buf, <uint64_t>p.view.len,

@@ -569,7 +569,9 @@ class RemoteMemory:
                 ops = RemoteOps(tp)
             else:
                 # verbs: regions and local buffers leased from the registration caches
-                # (regions from the shared domain's only: one registration, N peers)
+                # (regions from the shared domain's only: one registration, N peers;
+                # where the device does not check a window's bounds, soft-RoCE, of
+                # exactly the region's range, not its owner's: that bounds it instead)
                 local = getattr(self, "regcache_dst", None)
                 if local is None:
                     raise ProviderUnavailable(f"remote memory on {self.provider} needs the "
@@ -577,7 +579,7 @@ class RemoteMemory:
                                               f"is off)")
                 shared = tp.shared_registrations() is not None
                 ops = RemoteOps(tp, getattr(self, "regcache", None) if shared else None,
-                                local)
+                                local, exact=not tp.checks_window_bounds)
             self._rmem = ops
         return ops
 

@@ -154,17 +154,19 @@ class RegCache:
 
     # ---- use ---------------------------------------------------------------------
 
-    def acquire(self, buf: Any) -> Lease:
+    def acquire(self, buf: Any, exact: bool = False) -> Lease:
         """A lease on a registration covering ``buf`` (registering its owner on a
-        miss). Raises :class:`RegistrationError` for a non-contiguous or empty buffer
-        and whatever ``register`` raises (nothing is cached then)."""
+        miss; with ``exact``, ``buf``'s own range and nothing around it: a remote
+        region whose registration is what the device checks a peer's access against).
+        Raises :class:`RegistrationError` for a non-contiguous or empty buffer and
+        whatever ``register`` raises (nothing is cached then)."""
         addr, length = span(buf)
         if length == 0:
             raise RegistrationError("cannot register an empty buffer")
         root = owner(buf)
         raddr, rlen = owner_span(root, buf)
-        if not (raddr <= addr and addr + length <= raddr + rlen):
-            root, raddr, rlen = buf, addr, length       # defensive: register the view itself
+        if exact or not (raddr <= addr and addr + length <= raddr + rlen):
+            root, raddr, rlen = buf, addr, length       # the view itself (or defensive)
         ident = by_identity(root)
         whole = rlen <= self.max_bytes
         if not whole:           # too big to cache: register only the part used, this once

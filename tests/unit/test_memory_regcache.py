@@ -71,6 +71,22 @@ def test_slices_and_views_hit_the_owner_registration():
     assert p.calls == 1 and c.stats()["hits"] == 4
 
 
+def test_exact_registers_the_view_alone_and_hits_it_again():
+    """A remote region on a device that does not check a window's bounds: its
+    registration is what bounds a peer, so it is the view's range, not the owner's."""
+    c, p = cache()
+    a = np.zeros(4096, np.uint8)
+    view = a[100:200]
+    with c.acquire(view, exact=True) as lease:
+        assert p.live[lease.handle] == span(view)
+        assert (lease.offset, lease.length) == (0, 100)
+    with c.acquire(view, exact=True) as lease:           # exposed to a second peer
+        assert p.live[lease.handle] == span(view)
+    with c.acquire(view) as lease:                       # not exact: the owner's
+        assert p.live[lease.handle] == span(a)
+    assert (p.calls, c.stats()["hits"]) == (2, 1)
+
+
 def test_freed_numpy_buffer_is_deregistered_at_once_and_never_hit():
     c, p = cache()
     a = np.zeros(1 << 16, np.uint8)

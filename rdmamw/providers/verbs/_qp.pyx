@@ -282,6 +282,13 @@ cdef class VerbsQP(Transport):
             raise OSError(107, "the transport is not open")
         return self.cache_mem.mr_register(addr, length, remote_read)
 
+    @property
+    def checks_window_bounds(self) -> bool:
+        """Whether the device refuses an access past a memory window's end that falls
+        inside the registration under it. Soft-RoCE does not (Linux 6.1): there each
+        region gets a registration of exactly its range (docs/remote-memory.md)."""
+        return not self.dev.soft_roce
+
     def shared_registrations(self):
         """The process's VerbsMemory whose registrations all channels on the shared PD
         use (None: this channel registers for itself)."""
