@@ -129,7 +129,44 @@ def dask_round_trip(f: dict, out: Path) -> None:
            out / "dask-round-trip.png")
 
 
-PLOTS = (rate_vs_batch, stream_vs_size, allreduce, cost_per_peer, dask_round_trip)
+def _peers(d: dict, key: str, xs: list, labels: list[str]):
+    """A figure with one line per system of bench/run.py (rdmamw's solid), log axes."""
+    fig, ax = plt.subplots(figsize=(9, 4.4))
+    for name, ys in d[key].items():
+        ax.plot(xs, ys, "o-" if name.startswith("rdmamw") else "s--", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(xs, labels)
+    return fig, ax
+
+
+def peers_latency(f: dict, out: Path) -> None:
+    """One-way latency by message size, every system of bench/run.py on one chart."""
+    d = f["peers_latency"]
+    fig, ax = _peers(d, "one_way_us", d["size_bytes"], [size_label(s) for s in d["size_bytes"]])
+    ax.set_xlabel("message size")
+    ax.set_ylabel("one-way latency, median [µs] (log)")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    finish(fig, ax, "Ping-pong latency by size (shm, 2 cores)", d["source"],
+           out / "peers-latency.png")
+
+
+def peers_rate(f: dict, out: Path) -> None:
+    """8 B message rate by batch size, every system of bench/run.py on one chart, and
+    UCX's one-sided put rate as the line to reach."""
+    d = f["peers_rate"]
+    fig, ax = _peers(d, "messages_per_s", d["batch"], [str(b) for b in d["batch"]])
+    ax.axhline(d["ucx_put_8B_per_s"], color="0.4", linestyle=":",
+               label="ucx_perftest ucp_put_bw, 8 B (C, one-sided)")
+    ax.set_xlabel("messages per batch")
+    ax.set_ylabel("8 B messages / s (log)")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    finish(fig, ax, "8 B message rate by batch size (shm, 2 cores)", d["source"],
+           out / "peers-rate.png")
+
+
+PLOTS = (rate_vs_batch, stream_vs_size, allreduce, cost_per_peer, dask_round_trip,
+         peers_latency, peers_rate)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,7 +5,8 @@ ping-pong one-way latency (8 B, 4 KiB, 64 KiB), 8 B message rate with batches of
 1/16/256, 64 KiB streaming bandwidth, the rdmamw idle-receiver CPU, and single-thread
 numpy.copyto as the memory limit. Systems: rdmamw batched (and "many": the same
 channel by send_many / recv_many_into, rate and bandwidth), rdmamw ack, pyzmq ipc://,
-mpi4py on MPICH, UCX's own C benchmark (ucx_perftest over posix shm), memcpy. Prints
+mpi4py on MPICH, UCX's own C benchmark (ucx_perftest over posix shm), ucxx (UCX's
+Python binding, its asyncio API on host memory, in bench/setup.sh's .venv-ucxx), memcpy. Prints
 one table with ratios and the project's target checks, and writes the raw results as
 JSON into bench/results/.
 
@@ -32,6 +33,7 @@ import platform
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,7 +43,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 PEERS = HERE / "peers"
 RESULTS = HERE / "results"
-SYSTEMS = ("batched", "many", "ack", "zmq", "mpi4py", "ucx", "memcpy")
+SYSTEMS = ("batched", "many", "ack", "zmq", "mpi4py", "ucx", "ucxx", "memcpy")
+#: the ucxx venv's Python (bench/setup.sh): ucxx's wheel wants numpy >= 2 and CUDA's
+#: Python bindings, kept out of the project's venv
+UCXX_PY = os.environ.get("RDMAMW_UCXX_PY", str(HERE.parent / ".venv-ucxx" / "bin" / "python"))
 
 FULL = {
     "lat_sizes": [8, 4096, 65536],
@@ -166,9 +171,8 @@ def parse(out: str, err: str, rc: int | None, timed_out: bool) -> dict:
     return {"error": f"{why}: {err.strip()[-1500:] or out.strip()[-1500:]}"}
 
 
-def run_pair(script: str, cfg: dict) -> dict:
-    """Serve with role b, drive with role a; the result comes from a."""
-    py = sys.executable
+def run_pair(script: str, cfg: dict, py: str = sys.executable) -> dict:
+    """Serve with role b, drive with role a (both under ``py``); the result comes from a."""
     arg = json.dumps(cfg)
     b = spawn([py, str(PEERS / script), "b", arg])
     a = spawn([py, str(PEERS / script), "a", arg])
@@ -200,6 +204,14 @@ def run_system(name: str, cfg: dict, tmp: str) -> dict:
                                            "phases": ["rate", "bw"]})
     if name == "zmq":
         return run_pair("zmq_peer.py", {**cfg, "endpoint": f"ipc://{tmp}/zmq", "phases": phases})
+    if name == "ucxx":
+        if subprocess.run([UCXX_PY, "-c", "import ucxx"], capture_output=True).returncode:
+            return {"error": f"ucxx does not import under {UCXX_PY}: run bash bench/setup.sh",
+                    "untested": True}
+        with socket.socket() as s:      # a free port for role b's listener
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return run_pair("ucxx_peer.py", {**cfg, "port": port, "phases": phases}, UCXX_PY)
     if name == "mpi4py":
         mpiexec = shutil.which("mpiexec")
         if not mpiexec:
@@ -292,10 +304,11 @@ COLUMNS = [
     ("zmq", "zmq"),
     ("mpi4py", "mpi4py"),
     ("ucx", "ucx"),
+    ("ucxx", "ucxx"),
     ("memcpy", "memcpy"),
 ]
 RATIOS = [("ack", "batched/ack"), ("mpi4py", "batched/mpi4py"), ("zmq", "batched/zmq"),
-          ("ucx", "batched/ucx")]
+          ("ucx", "batched/ucx"), ("ucxx", "batched/ucxx")]
 
 
 def ratio(a, b):
@@ -460,6 +473,8 @@ def table_notes(results: dict, meta: dict) -> list[str]:
         "ucx = ucx_perftest (C) over posix shm: latency ucp_am_lat, windowed stream and "
         "64 KiB stream ucp_am_bw, one-sided rows ucp_put_bw; the batched/ucx target "
         "compares rdmamw's b256 message rate with UCX's 8 B put rate.",
+        "ucxx = UCX's Python binding (RAPIDS), asyncio tag send/recv of numpy arrays, its "
+        "default progress thread; batch of k = k sends awaited together.",
         "memcpy column: time of one np.copyto (latency rows), copyto calls/s of 8 B "
         "(rate row), best-offset 64 KiB GB/s (bw row).",
     ]

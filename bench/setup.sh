@@ -72,3 +72,18 @@ if [ "${RDMAMW_PEERS:-1}" != 0 ]; then
             echo "bench/setup.sh: warning: NIXL not installed" >&2
     fi
 fi
+
+# ucxx (RAPIDS' Python binding of UCX) for the ucxx column of bench/run.py, in a venv of
+# its own: ucxx-cu12 needs numpy >= 2 and pulls rmm-cu12 and the CUDA Python bindings
+# (about 350 MB), none of which the project's venv wants; on DRAM it runs without a GPU.
+# RDMAMW_UCXX_VENV moves it (bench/run.py reads RDMAMW_UCXX_PY, default
+# .venv-ucxx/bin/python); a failed install only warns: the column then says why.
+if [ "${RDMAMW_PEERS:-1}" != 0 ]; then
+    UCXX_VENV="${RDMAMW_UCXX_VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv-ucxx}"
+    [ -x "$UCXX_VENV/bin/python" ] || "$PY" -m venv "$UCXX_VENV"
+    if ! "$UCXX_VENV/bin/python" -c "import ucxx" 2>/dev/null; then
+        echo "bench/setup.sh: installing ucxx-cu12 into $UCXX_VENV"
+        "$UCXX_VENV/bin/python" -m pip install --quiet numpy ucxx-cu12 || \
+            echo "bench/setup.sh: warning: ucxx not installed" >&2
+    fi
+fi
