@@ -309,17 +309,19 @@ def test_the_exposure_keeps_a_dropped_buffer_alive(rpair):
     assert len(junk) == 4
 
 
-def _write_until_revoked(peer, ref, size, offset, stop, outcome) -> None:
+def _write_until_revoked(peer, ref, size, offset, stop, outcome, lost) -> None:
     """Write ``size`` bytes of 0x55 at ``offset`` again and again until ``stop``; the
-    outcome ("revoked", or the unexpected exception) goes to ``outcome``."""
+    outcome ("revoked", "lost", or the unexpected exception) goes to ``outcome``, what a
+    PeerLost said to ``lost``."""
     src = np.full(size, 0x55, np.uint8)
     try:
         while not stop.is_set():
             peer.write(src, ref, offset=offset)
     except RegionRevoked:
         outcome.append("revoked")
-    except PeerLost:
+    except PeerLost as e:
         outcome.append("lost")
+        lost.append(str(e))
     except BaseException as e:  # noqa: BLE001 - reported by the test
         outcome.append(e)
 
@@ -338,9 +340,10 @@ def test_no_byte_moves_after_revoke_returns(rpair, rnd, sizes):
     reg = owner.expose(buf, "rw")
     stop = threading.Event()
     outcome: list = []
+    lost: list = []
     sizes = [n if s == 1 else s for s in sizes]
     threads = [threading.Thread(target=_write_until_revoked,
-                                args=(peer, reg.ref, size, n - size, stop, outcome))
+                                args=(peer, reg.ref, size, n - size, stop, outcome, lost))
                for size in sizes]
     for t in threads:
         t.start()
@@ -356,9 +359,9 @@ def test_no_byte_moves_after_revoke_returns(rpair, rnd, sizes):
     if owner.provider in BY_DEVICE and len(sizes) > 1:
         # the device refused one thread's WRITE: the connection is lost, and the other
         # thread's chain either failed with it (RegionRevoked) or began after (PeerLost)
-        assert "revoked" in outcome and set(outcome) <= {"revoked", "lost"}
+        assert "revoked" in outcome and set(outcome) <= {"revoked", "lost"}, lost
     else:
-        assert outcome == ["revoked"] * len(sizes)
+        assert outcome == ["revoked"] * len(sizes), lost
     assert (buf == 0xAA).all()
 
 

@@ -39,6 +39,8 @@ from rdmamw.providers.tcp._transport cimport (
 )
 from rdmamw.providers.verbs._fence cimport chain_fences
 from rdmamw.providers.verbs._qp cimport (
+    FAIL_OTHER,
+    FAIL_POST,
     FAIL_RECV_WC,
     FAIL_SEND_WC,
     FAIL_SOCKET,
@@ -471,16 +473,18 @@ def verbs_fences(str chain) -> str:
 
 def verbs_first_cause(events) -> tuple:
     """What a fresh VerbsFailure keeps as a connection's first cause after ``events``
-    in order: ("socket",) the side channel's EOF, ("send" | "recv", status, live) a
-    failed work completion; (kind, status) with kind "socket", "send" or "recv"."""
+    in order: ("socket",) the side channel's EOF, ("post",) a failed post, ("other",)
+    our own halt, ("send" | "recv", status, live) a failed work completion; (kind,
+    status) with kind one of those names."""
     cdef VerbsFailure f = VerbsFailure()
     cdef ibv_wc wc
     for ev in events:
-        if ev[0] == "socket":
-            f.call(FAIL_SOCKET, 0)
+        if ev[0] in ("socket", "post", "other"):
+            f.call({"socket": FAIL_SOCKET, "post": FAIL_POST, "other": FAIL_OTHER}[ev[0]], 0)
             continue
         memset(&wc, 0, sizeof(wc))
         wc.status = ev[1]
         f.completion(&wc, FAIL_SEND_WC if ev[0] == "send" else FAIL_RECV_WC, ev[2])
-    names = {FAIL_SOCKET: "socket", FAIL_SEND_WC: "send", FAIL_RECV_WC: "recv"}
+    names = {FAIL_SOCKET: "socket", FAIL_SEND_WC: "send", FAIL_RECV_WC: "recv",
+             FAIL_POST: "post", FAIL_OTHER: "other"}
     return names.get(f.kind, f.kind), f.status

@@ -23,6 +23,12 @@ SUCCESS, FLUSH, REM_ACCESS, RETRY_EXC = 0, 5, 10, 12
     ([("send", RETRY_EXC, True), ("send", REM_ACCESS, False)], ("send", RETRY_EXC)),
     ([("socket",), ("send", FLUSH, False)], ("socket", 0)),
     ([("send", REM_ACCESS, False)], (0, 0)),     # after our own halt: not a cause
+    # what the refusal's QP error brings may come first: a receive WR that could not be
+    # posted back, a receive's error, our halt; the refusal is still the cause
+    ([("post",), ("send", REM_ACCESS, False)], ("send", REM_ACCESS)),
+    ([("recv", RETRY_EXC, True), ("send", REM_ACCESS, False)], ("send", REM_ACCESS)),
+    ([("other",), ("send", REM_ACCESS, False)], ("send", REM_ACCESS)),
+    ([("post",), ("send", RETRY_EXC, False)], ("post", 0)),
 ])
 def test_the_first_cause_kept(events, cause):
     assert verbs_first_cause(events) == cause

@@ -85,15 +85,17 @@ cdef class VerbsFailure:
         """A work completion failed (FAIL_SEND_WC / FAIL_RECV_WC). A flushed WR only
         says the QP is in error already; the completion that put it there may sit in
         the other CQ, polled later: it replaces the flush. The owner's device refusing
-        a region access fails the owner's QP too, and its EOF on the side channel may
-        be seen before the refusal's completion is polled: the refusal, the cause,
-        replaces that EOF."""
+        a region access fails both QPs, and what follows may be seen before the
+        refusal's completion is polled (the owner's EOF on the side channel, a receive
+        WR our QP in error would not take back, a receive's error): the refusal, the
+        cause, replaces those."""
         if (self.kind == 0 and live) or (
                 (self.kind == FAIL_SEND_WC or self.kind == FAIL_RECV_WC)
                 and self.status == IBV_WC_WR_FLUSH_ERR
                 and wc.status != IBV_WC_WR_FLUSH_ERR) or (
-                self.kind == FAIL_SOCKET and kind == FAIL_SEND_WC
-                and wc.status == IBV_WC_REM_ACCESS_ERR):
+                kind == FAIL_SEND_WC and wc.status == IBV_WC_REM_ACCESS_ERR and (
+                    self.kind == FAIL_SOCKET or self.kind == FAIL_POST
+                    or self.kind == FAIL_OTHER or self.kind == FAIL_RECV_WC)):
             self.kind = kind
             self.status, self.opcode = wc.status, wc.opcode
             self.vendor, self.wr_id = wc.vendor_err, wc.wr_id
