@@ -19,7 +19,7 @@ import rdmamw
 from rdmamw.bootstrap import detect
 from rdmamw.bootstrap.env import first_slurm_host
 from rdmamw.bootstrap.launch import free_port
-from tests.support.helpers import init_some_ranks, reap
+from tests.support.helpers import assert_ranks_ok, init_some_ranks, reap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(ROOT, "tests", "support", "bootstrap_worker.py")
@@ -136,8 +136,7 @@ def run_job(n: int, timeout: float = 120, hold: bool = False, **env: str):
         outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
         reap(procs)
-    for p, (_out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
+    assert_ranks_ok(procs, outs)
     return [json.loads(out.splitlines()[0]) for out, _ in outs]
 
 
@@ -166,8 +165,7 @@ def test_torchrun_agent_store_keeps_master_port():
             outs = [p.communicate(timeout=120) for p in procs]
         finally:
             reap(procs)
-        for p, (_out, err) in zip(procs, outs, strict=True):
-            assert p.returncode == 0, err
+        assert_ranks_ok(procs, outs)
         assert [json.loads(o.splitlines()[0])["rank"] for o, _ in outs] == [0, 1]
     finally:
         agent.close()
@@ -242,8 +240,7 @@ def test_ps_lite_roles_get_ranks_from_the_store():
         outs = [p.communicate(timeout=120) for p in procs]
     finally:
         reap(procs)
-    for p, (_out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
+    assert_ranks_ok(procs, outs)
     ranks = [json_objects(out)[0]["rank"] for out, _ in outs]
     assert ranks[0] == 0 and ranks[2] == 1 and sorted(ranks[1::2]) == [2, 3]
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.integrations.test_bootstrap import ROOT, WORKER, clean_env, json_objects
-from tests.support.helpers import reap
+from tests.support.helpers import assert_ranks_ok, reap
 from tests.support.netns import ip, two_namespaces
 
 pytestmark = pytest.mark.skipif(
@@ -55,8 +55,7 @@ def test_four_ranks_on_two_hosts(two_hosts):
         outs = [p.communicate(timeout=180) for p in procs]
     finally:
         reap(procs)
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
+    assert_ranks_ok(procs, outs)
     res = {r["rank"]: r for out, _ in outs for r in json_objects(out)}
     same_host = {(0, 1), (1, 0), (2, 3), (3, 2)}
     for rank, r in res.items():
@@ -100,8 +99,7 @@ def test_ranks_on_different_fabrics_fall_back_to_tcp_and_say_why(two_hosts):
         outs = [p.communicate(timeout=120) for p in procs]
     finally:
         reap(procs)
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err
+    assert_ranks_ok(procs, outs)
     res = {r["rank"]: r for out, _ in outs for r in json_objects(out)}
     assert res[0]["channel_provider"] == {"1": "tcp"} and res[1]["channel_provider"] == {"0": "tcp"}
     for (me, other), (_, err) in zip([(0, 1), (1, 0)], outs, strict=True):

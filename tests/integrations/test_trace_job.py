@@ -16,6 +16,7 @@ import pytest
 from rdmamw import cli
 from rdmamw.bootstrap.launch import spawn
 from tests.support import trace_worker
+from tests.support.helpers import assert_ranks_ok
 from tests.support.perfetto import query
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -60,8 +61,7 @@ def merged(tmp_path_factory):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, (_, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, err[-3000:]
+    assert_ranks_ok(procs, outs)
     want = [float(sum(range(i, i + N))) for i in range(trace_worker.ALLREDUCES)]
     assert [json.loads(out)["results"] for out, _ in outs] == [want] * N
     files = [str(d / f"trace-{r}.json") for r in range(N)]

@@ -32,14 +32,23 @@ def fake_fabric(spec: str) -> None:
                                         "ports": [port.as_dict()]}, None)
 
 
+def phase(rank: int, what: str, t0: float) -> None:
+    """A line on stderr per step: a failed job shows how far each rank got, and when."""
+    print(f"rank {rank}: {what} at {time.monotonic() - t0:.2f} s", file=sys.stderr,
+          flush=True)
+
+
 def main() -> None:
     hold = "--hold" in sys.argv
+    t0 = time.monotonic()
     if os.environ.get("FAKE_VERBS_FABRIC"):
         fake_fabric(os.environ["FAKE_VERBS_FABRIC"])
     w = rdmamw.init(timeout=float(sys.argv[1]) if len(sys.argv) > 1 and
                     sys.argv[1][0].isdigit() else 60)
+    phase(w.rank, "initialized", t0)
     chans = {r: rdmamw.Channel.open(r, timeout=60) for r in range(w.world_size)
              if r != w.rank}
+    phase(w.rank, "channels open", t0)
     big = np.full(16384, w.rank, dtype=np.float32)            # 64 KiB
     for r, ch in chans.items():
         ch.send_batch([b"%d->%d #%d" % (w.rank, r, i) for i in range(1000)] + [big])
@@ -49,6 +58,7 @@ def main() -> None:
             got += [bytes(m) for m in ch.recv_batch(1001 - len(got), timeout=30)]
         assert got[:1000] == [b"%d->%d #%d" % (r, w.rank, i) for i in range(1000)]
         assert np.frombuffer(got[1000], np.float32).tolist() == [float(r)] * 16384
+        phase(w.rank, f"1,001 messages from rank {r}", t0)
     # batches of 32 small messages: one doorbell each (the target over verbs), counted
     # around the sends only (receiving writes slots back: doorbells of its own)
     traffic = {}
@@ -60,11 +70,13 @@ def main() -> None:
         traffic[r] = {k: st.get(k, 0) - before.get(k, 0) for k in (
             "batches", "doorbells", "wakeups_sent", "wakeups_chained", "control_writes",
             "reclaim_writebacks")}         # (wakeups_chained: verbs only)
+        phase(w.rank, f"10 batches to rank {r}", t0)
     for r, ch in chans.items():
         got = []
         while len(got) < 320:
             got += [bytes(m) for m in ch.recv_batch(320 - len(got), timeout=30)]
         assert got == [b"%07d" % i for i in range(10) for _ in range(32)]
+        phase(w.rank, f"320 messages from rank {r}", t0)
         st = ch.stats()
         traffic[r].update({k: st[k] for k in ("bytes", "bytes_written", "bytes_received")})
     out = {"rank": w.rank, "traffic": traffic, "world": w.world_size, "launcher": w.launcher,
@@ -93,7 +105,9 @@ def main() -> None:
         print(json.dumps({"rank": w.rank, "lost": lost}), flush=True)
     for ch in chans.values():
         ch.close()
+    phase(w.rank, "channels closed", t0)
     rdmamw.finalize()
+    phase(w.rank, "finalized", t0)
 
 
 if __name__ == "__main__":

@@ -207,6 +207,14 @@ def reap(procs) -> None:
             p.wait(timeout=30)
 
 
+def assert_ranks_ok(procs, outs, tail: int = 3000) -> None:
+    """Every rank exited 0; else fail with what each failed rank printed, not only the
+    first's: a rank that raised first makes its peers fail with ChannelClosed."""
+    bad = [f"rank {r} exited {p.returncode}:\n{err[-tail:]}"
+           for r, (p, (_, err)) in enumerate(zip(procs, outs, strict=True)) if p.returncode]
+    assert not bad, "\n\n".join(bad)
+
+
 def free_ports(n: int) -> int:
     """A base port with ``n`` free ports from it on."""
     for _ in range(100):
