@@ -271,6 +271,19 @@ def _dial(host: str, port: int, deadline: float, timeout: float,
             time.sleep(0.05)
 
 
+def _route_ip(host: str, port: int, source: str | None) -> str:
+    """The local address a connection to ``host`` leaves from: ``source``, or the
+    kernel's route to it (a datagram socket's connect sends nothing)."""
+    if source:
+        return source
+    with socket.socket(_family(host), socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+        try:
+            s.connect((host, port))
+        except OSError:
+            return ""           # no route yet: the connection's own address decides
+        return s.getsockname()[0]
+
+
 def _ask(host: str, port: int, deadline: float, timeout: float, source: str | None,
          request: Callable[[str], dict], limit: int) -> dict:
     """One request to rank 0's store (``request(our local IP)``) and its reply."""
@@ -312,11 +325,20 @@ def join(host: str, port: int, rank: int | None, role: str | None,
     answers with ``wait`` (the rank's earlier process is still a member) is asked
     again until ``timeout``."""
     deadline = time.monotonic() + timeout
+    # the descriptor (our listeners: seconds on a slow or loaded host) is made before
+    # we connect: the store gives a connection RDMAMW_HANDSHAKE_TIMEOUT to finish, not
+    # our whole deadline
+    ip = _route_ip(host, port, source)
+    made = [ip, make_desc(ip) if ip else None]
+
+    def request(ip: str) -> dict:
+        if ip != made[0] or made[1] is None:    # the connection left from another
+            made[:] = [ip, make_desc(ip)]       # address after all
+        return {"rank": rank, "role": role, "desc": made[1],
+                "launcher_job": launcher_job, "world_size": world_size}
+
     while True:
-        reply = _ask(host, port, deadline, timeout, source,
-                     lambda ip: {"rank": rank, "role": role, "desc": make_desc(ip),
-                                 "launcher_job": launcher_job, "world_size": world_size},
-                     _table_limit(world_size))
+        reply = _ask(host, port, deadline, timeout, source, request, _table_limit(world_size))
         if reply.get("wait") is not True or time.monotonic() >= deadline:
             break
         time.sleep(REJOIN_RETRY)
