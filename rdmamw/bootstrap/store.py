@@ -329,12 +329,13 @@ def join(host: str, port: int, rank: int | None, role: str | None,
     # we connect: the store gives a connection RDMAMW_HANDSHAKE_TIMEOUT to finish, not
     # our whole deadline
     ip = _route_ip(host, port, source)
-    made = [ip, make_desc(ip) if ip else None]
+    desc = make_desc(ip) if ip else None
 
-    def request(ip: str) -> dict:
-        if ip != made[0] or made[1] is None:    # the connection left from another
-            made[:] = [ip, make_desc(ip)]       # address after all
-        return {"rank": rank, "role": role, "desc": made[1],
+    def request(conn_ip: str) -> dict:
+        nonlocal ip, desc
+        if conn_ip != ip or desc is None:   # the connection left from another address
+            ip, desc = conn_ip, make_desc(conn_ip)
+        return {"rank": rank, "role": role, "desc": desc,
                 "launcher_job": launcher_job, "world_size": world_size}
 
     while True:

@@ -377,15 +377,25 @@ def test_a_table_that_does_not_fit_the_world_is_refused(table):
         sock.close()
 
 
+def join_a_store_of_two(make_desc):
+    """Rank 0's store (a thread; its descriptor {"me": 0}) and rank 1's join with
+    ``make_desc``: (what the store returned, what the join returned)."""
+    srv = store.listen("127.0.0.1", 0)
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(r=store.serve(srv, 2, {"me": 0}, 10)))
+    t.start()
+    try:
+        joined = store.join("127.0.0.1", srv.getsockname()[1], 1, None, make_desc, 2, 10)
+    finally:
+        t.join(15)
+    return got["r"], joined
+
+
 def test_a_rank_slow_to_make_its_descriptor_still_joins(monkeypatch):
     """A rank's listeners (its descriptor) can take seconds on a loaded host: they are
     made before it connects, so the store's bound on one connection's handshake
     (RDMAMW_HANDSHAKE_TIMEOUT) does not cut a join that is within its deadline."""
     monkeypatch.setenv("RDMAMW_HANDSHAKE_TIMEOUT", "0.3")
-    srv = store.listen("127.0.0.1", 0)
-    got: dict = {}
-    t = threading.Thread(target=lambda: got.update(r=store.serve(srv, 2, {"me": 0}, 10)))
-    t.start()
     made = []
 
     def slow_desc(ip: str) -> dict:
@@ -393,12 +403,8 @@ def test_a_rank_slow_to_make_its_descriptor_still_joins(monkeypatch):
         time.sleep(1.0)
         return {"ip": ip}
 
-    try:
-        table, job, rank = store.join("127.0.0.1", srv.getsockname()[1], 1, None, slow_desc,
-                                      2, 10)
-    finally:
-        t.join(15)
-    assert (table, job, rank) == (got["r"][0], got["r"][1], 1)
+    served, (table, job, rank) = join_a_store_of_two(slow_desc)
+    assert (table, job, rank) == (served[0], served[1], 1)
     assert table == {0: {"me": 0}, 1: {"ip": "127.0.0.1", "rank": 1}}
     assert made == ["127.0.0.1"]      # made once, from the address the join left from
 
@@ -407,15 +413,7 @@ def test_a_descriptor_made_for_another_address_is_made_again(monkeypatch):
     """The route said one local address and the connection left from another: the
     descriptor sent is the one made for the connection's address."""
     monkeypatch.setattr(store, "_route_ip", lambda host, port, source: "10.9.9.9")
-    srv = store.listen("127.0.0.1", 0)
-    got: dict = {}
-    t = threading.Thread(target=lambda: got.update(r=store.serve(srv, 2, {"me": 0}, 10)))
-    t.start()
     made = []
-    try:
-        table, _, _ = store.join("127.0.0.1", srv.getsockname()[1], 1, None,
-                                 lambda ip: made.append(ip) or {"ip": ip}, 2, 10)
-    finally:
-        t.join(15)
+    _, (table, _, _) = join_a_store_of_two(lambda ip: made.append(ip) or {"ip": ip})
     assert made == ["10.9.9.9", "127.0.0.1"]
     assert table[1] == {"ip": "127.0.0.1", "rank": 1}
