@@ -192,26 +192,37 @@ def test_an_aio_close_with_a_large_message_unread_does_not_block_the_loop(provid
     lst.close()
 
 
-def _stress(provider: str, rounds: int, timeout: float) -> str:
+def _stress(provider: str, rounds: int, seconds: float) -> str:
     """tests/soak/close_race.py in a child pinned to one CPU, under CPython's debug
     allocator (a buffer released twice frees a live object, whose memory it fills:
-    the child crashes, exit status -11); its summary line."""
-    r = subprocess.run([sys.executable, "-m", "tests.soak.close_race", "--provider", provider,
-                        "--rounds", str(rounds), "--cpu", "0"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=timeout,
-                       env={**os.environ, "PYTHONPATH": ROOT, "PYTHONMALLOC": "debug"})
-    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    the child crashes, exit status -11); its summary line. The child starts no round
+    after ``seconds`` (a slow machine runs fewer), and a child still running long
+    after that prints every thread's stack and exits: a hang fails with where it is,
+    before the test's own timeout."""
+    try:
+        r = subprocess.run([sys.executable, "-m", "tests.soak.close_race", "--provider",
+                            provider, "--rounds", str(rounds), "--cpu", "0", "--seconds",
+                            str(seconds), "--watchdog", str(seconds + 60)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=seconds + 90,
+                           env={**os.environ, "PYTHONPATH": ROOT, "PYTHONMALLOC": "debug"})
+    except subprocess.TimeoutExpired as e:
+        out, err = (x.decode(errors="replace") if isinstance(x, bytes) else x or ""
+                    for x in (e.stdout, e.stderr))
+        pytest.fail(f"the stress still ran after {e.timeout:.0f} s\n{out[-3000:]}\n"
+                    f"{err[-6000:]}")
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     return r.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("provider,rounds", [("shm", 150), ("tcp", 150),
                                              provider_param("verbs", "20")])
 def test_the_close_race_stress_finds_nothing(provider, rounds):
-    print(_stress(provider, int(rounds), 600))
+    print(_stress(provider, int(rounds), 240))
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(3600)
+@pytest.mark.timeout(3800)
 @pytest.mark.parametrize("provider,rounds", [("shm", 10000), ("tcp", 10000),
                                              provider_param("verbs", "1000")])
 def test_the_long_close_race_stress_finds_nothing(provider, rounds):

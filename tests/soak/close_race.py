@@ -22,6 +22,7 @@ line of counts; exit status 1 on any violation."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import random
 import struct
@@ -169,15 +170,19 @@ class Round:
 
     def run(self) -> str:
         side = self.rng.choice(("sender", "receiver", "sender"))
-        threads = [threading.Thread(target=self.send), threading.Thread(target=self.recv),
-                   threading.Thread(target=self.close, args=(side,))]
+        threads = [threading.Thread(target=self.send, name="sender", daemon=True),
+                   threading.Thread(target=self.recv, name="receiver", daemon=True),
+                   threading.Thread(target=self.close, args=(side,), name="closer",
+                                    daemon=True)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(30)
-            if t.is_alive():
-                self.bad.append(f"a thread still runs after 30 s: {t.name}")
-                return side
+            if t.is_alive():        # a call outlived its deadline: where each thread is
+                print(f"round {self.rnd} ({side} closed): the {t.name} thread still runs "
+                      f"after 30 s; every thread's stack:", file=sys.stderr, flush=True)
+                faulthandler.dump_traceback(sys.stderr, all_threads=True)
+                os._exit(1)
         self.a.close()
         self.b.close()
         self.lst.close()
@@ -202,7 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=0.0, help="stop after this long")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cpu", type=int, default=0, help="the CPU to pin to (-1: none)")
+    ap.add_argument("--watchdog", type=float, default=0.0,
+                    help="after this many seconds, print every thread's stack and exit")
     args = ap.parse_args(argv)
+    if args.watchdog:
+        faulthandler.dump_traceback_later(args.watchdog, exit=True)
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})
     rng = random.Random(args.seed)
@@ -222,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         for b in r.bad:
             counts["violations"] += 1
             print(f"round {rnd} ({side} closed): {b}", flush=True)
+        print(f"round {rnd} ({side} closed) ended at {time.monotonic() - t0:.1f} s",
+              file=sys.stderr, flush=True)
     print(f"close_race {args.provider}: " + ", ".join(f"{k} {v}" for k, v in counts.items())
           + f" in {time.monotonic() - t0:.1f} s", flush=True)
     return 1 if counts["violations"] else 0
