@@ -25,6 +25,11 @@ from tests.integrations.test_metrics_job import (  # noqa: E402
     scrape,
 )
 
+# A scrape that waits on a silent rank ends by RANK_TIMEOUT and this much more: the
+# scheduling of a loaded 2-core machine (a scrape took 1.7 s beside the VM of the device
+# tests); one that waited on the silent rank itself would not end while it stays silent.
+MARGIN = 2.5
+
 SERVED_BY = ("rdmamw_host_endpoint_pid", frozenset())
 
 
@@ -112,7 +117,7 @@ def test_a_stopped_rank_holds_no_scrape_and_is_reported_down(job3):
     finally:
         os.kill(job3.procs[stopped].pid, signal.SIGCONT)
     others = [r for r in range(3) if r != stopped]
-    assert took < RANK_TIMEOUT + 1.0
+    assert took < RANK_TIMEOUT + MARGIN
     assert ranks_up(samples) == {**{str(r): 1 for r in others}, str(stopped): 0}
     assert ranks_seen(samples) == {str(r) for r in others}
     assert peers_of(samples, others) == want_of(job3, others)
@@ -150,7 +155,7 @@ def test_the_serving_rank_stopped_another_answers_at_once(job3):
             t0 = time.monotonic()
             samples = scrape(job3.host)
             took = time.monotonic() - t0
-            assert took < RANK_TIMEOUT + 1.0, took
+            assert took < RANK_TIMEOUT + MARGIN, took
             assert int(samples[SERVED_BY]) in {job3.procs[r].pid for r in others}
             assert ranks_up(samples) == {**{str(r): 1 for r in others}, str(stopped): 0}
             assert peers_of(samples, others) == want_of(job3, others)
@@ -218,7 +223,7 @@ def test_a_rank_that_accepts_and_never_answers_holds_no_scrape(tmp_path):
             t0 = time.monotonic()
             samples = scrape(port)
             took = time.monotonic() - t0
-            assert took < RANK_TIMEOUT + 1.0, took      # (as a stopped rank's, above)
+            assert took < RANK_TIMEOUT + MARGIN, took      # (as a stopped rank's, above)
             assert ranks_up(samples) == {f"pid{os.getpid()}": 1, f"pid{sleepers[0].pid}": 0,
                                          f"pid{sleepers[1].pid}": 0}
         end = time.monotonic() + 1
