@@ -189,21 +189,31 @@ cdef class SendBatch:
                 self.srcs[i] = items[i]
             self.nsrcs = n
             items = self.srcs
-        cdef size_t L
+        cdef size_t L, total = 0
         cdef uint64_t peer_max = rm_load_acquire64(&self.link.ctrl[CTRL_MAX_MSG])
+        cdef size_t eager = self.eager_limit
+        cdef uint8_t *kind = self.kind      # (locals, as in acquire_packed: a store
+        cdef uint8_t *held = self.held      # through these pointers may alias any
+        cdef char **ptrs = self.ptrs        # field, which would be reloaded every
+        cdef size_t *lens = self.lens       # message)
+        cdef PyObject *item
+        if self.rndv_on and self.rndv_threshold < eager:
+            eager = self.rndv_threshold     # larger ones go by rendezvous
         self.bytes = 0
         self.nrndv = 0
         for i in range(n):
-            if PyBytes_CheckExact(<object>items[i]):
-                L = <size_t>PyBytes_GET_SIZE(<object>items[i])
-                if L <= self.eager_limit and not (self.rndv_on and L > self.rndv_threshold):
-                    self.kind[i] = 0
-                    self.held[i] = 0
-                    self.ptrs[i] = PyBytes_AS_STRING(<object>items[i])
-                    self.lens[i] = L
-                    self.bytes += L
+            item = items[i]
+            if PyBytes_CheckExact(<object>item):
+                L = <size_t>PyBytes_GET_SIZE(<object>item)
+                if L <= eager:
+                    kind[i] = 0
+                    held[i] = 0
+                    ptrs[i] = PyBytes_AS_STRING(<object>item)
+                    lens[i] = L
+                    total += L
                     continue
-            self._take(i, <object>items[i], peer_max)
+            self._take(i, <object>item, peer_max)      # (which counts its bytes)
+        self.bytes += total
         return 0
 
     cdef int acquire_packed(self, Packed p) except -1:

@@ -1,7 +1,7 @@
 from libc.stdint cimport int64_t, uint16_t, uint32_t, uint64_t
 
 from rdmamw.bitmap._phase cimport RecvBitmaps
-from rdmamw.engine._frames cimport REC_HDR, SLOT_SINGLE, pad8
+from rdmamw.engine._frames cimport REC_HDR, SLOT_HEADER, SLOT_SINGLE, pad8
 from rdmamw.engine._link cimport Link
 
 
@@ -48,6 +48,24 @@ cdef class EagerReceiver:
     cdef uint32_t place(self, uint32_t k) except? 0xFFFFFFFF
     cdef int open_slot(self) except -1
     cdef int peek(self, char **pbase, uint32_t *plen, uint32_t *pflags) except -1
+    cdef inline bint next_record(self, char **pbase, uint32_t *plen) noexcept:
+        """peek's look at the next record of the open PACKED slot, inline (once per
+        message of a batch): 1 if it is an eager message within the slot; else 0, and
+        peek looks again (a descriptor, a slot to open, or a bad record it fails on).
+        The record's words are read once, into locals, before they are checked."""
+        cdef char *base
+        cdef uint32_t L, fl
+        if self.cur_left == 0 or self.cur_flags == SLOT_SINGLE \
+                or self.cur_off + REC_HDR > self.cur_used:
+            return 0
+        base = self.ring + <size_t>self.cur_slot * self.stride + SLOT_HEADER + self.cur_off
+        L = (<volatile uint32_t *>base)[0]
+        fl = (<volatile uint32_t *>base)[1]
+        if fl != 0 or L > self.cur_used - self.cur_off - REC_HDR:
+            return 0
+        pbase[0] = base + REC_HDR
+        plen[0] = L
+        return 1
     cdef inline void advance(self, uint32_t L, uint64_t nbytes) noexcept:
         """The message peek pointed at is consumed (inline: once per message)."""
         if self.cur_flags != SLOT_SINGLE:

@@ -33,5 +33,5 @@ cdef class Engine(Endpoint):
     cdef SendHandle _send_one(self, object msg, object timeout)
     cdef SendHandle _send(self, object fast, object timeout, Packed packed=*)
     cdef list _deliver(self, Py_ssize_t maxn)
-    cdef Message _recv_one(self)
+    cdef object _first_look(self, Py_ssize_t maxn)
     cdef object _recv(self, Py_ssize_t maxn, object timeout, Dest into)

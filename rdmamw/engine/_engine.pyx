@@ -556,26 +556,37 @@ cdef class Engine(Endpoint):
             maxn = max_messages
             if maxn <= 0:
                 raise ValueError("max_messages must be positive")
-        return self._recv(maxn, timeout, None)
+        cdef object out = self._first_look(maxn)
+        return out if out is not None else self._recv(maxn, timeout, None)
 
     def recv(self, timeout=None) -> Message:
         """Receive one message (see :meth:`recv_batch`)."""
-        cdef Message m = self._recv_one()
+        cdef object m = self._first_look(0)
         return m if m is not None else self._recv(1, timeout, None)[0]
 
-    cdef Message _recv_one(self):
-        """recv()'s first look without the wait loop's machinery: a message that has
-        arrived (eager), or None (then _recv looks again, and waits)."""
-        cdef Message m = None
+    cdef object _first_look(self, Py_ssize_t maxn):
+        """A receive's first look, without the wait loop's machinery: the eager
+        messages that have arrived (``maxn`` 0: recv()'s one, a Message; else a list of
+        at most ``maxn``, as _deliver takes them), or None (then _recv looks again,
+        delivers a rendezvous message, or waits)."""
+        cdef object out = None
+        cdef Py_ssize_t got = 0
+        cdef uint32_t opened = 0
+        cdef char *rndv
         self.link.check_owner()
         if self.link.broken is None and self.rx is not None and try_take(&self.recv_lock):
             try:
-                m = take_one(self)
+                if maxn == 0:
+                    out = take_one(self)
+                else:
+                    out = take_eager(self, None, &got, maxn, &opened, &rndv)
+                    if out is not None and self.rx.done_unflushed:
+                        self.rx.flush()
             finally:
                 if self.link.ended:     # a close() that could not wait for this call
                     self.rr.drop_all()
                 give(&self.recv_lock)
-        return m
+        return out
 
     cdef object _recv(self, Py_ssize_t maxn, object timeout, Dest into):
         cdef Link link = self.link

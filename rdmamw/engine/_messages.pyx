@@ -254,20 +254,21 @@ cdef list take_eager(Endpoint eng, list out, Py_ssize_t *got, Py_ssize_t maxn,
     cdef Py_ssize_t n = got[0]
     rndv[0] = NULL
     while n < maxn:
-        if rx.cur_left == 0:
-            # a bounded share of the ring per call: a caller that still holds the
-            # previous list while waiting for the next one never starves the sender
-            if opened[0] >= rx.max_open:
+        if not rx.next_record(&base, &L):   # (inline: a message of the open PACKED slot)
+            if rx.cur_left == 0:
+                # a bounded share of the ring per call: a caller that still holds the
+                # previous list while waiting for the next one never starves the sender
+                if opened[0] >= rx.max_open:
+                    break
+                if n and rx.ready_len == 0:
+                    break   # no second look at the arrival bitmap in one call: the
+                            # first saw what had arrived (a look costs a pass over its words)
+                opened[0] += 1
+            if not rx.peek(&base, &L, &fl):
                 break
-            if n and rx.ready_len == 0:
-                break   # no second look at the arrival bitmap in one call: the first
-                        # saw what had arrived (a look costs a pass over its words)
-            opened[0] += 1
-        if not rx.peek(&base, &L, &fl):
-            break
-        if fl == REC_RNDV:
-            rndv[0] = base
-            break
+            if fl == REC_RNDV:
+                rndv[0] = base
+                break
         m = Message.__new__(Message)
         m.eng = eng
         m.ptr = base

@@ -284,6 +284,26 @@ def test_bad_record_is_protocol_error_for_recv_many_into(length, flags):
     a.close(), b.close(), lst.close()
 
 
+@pytest.mark.parametrize("length, flags", [(8 + 1, 0), (5 + 10_000, 0), (5, 2), (5, 1)])
+@pytest.mark.parametrize("call", ["recv_batch", "recv"])
+def test_bad_record_is_protocol_error_for_recv_batch_and_recv(length, flags, call):
+    """The same bad second record under recv_batch / recv (whose look at a PACKED
+    slot's next record is inline, not peek's): the first record alone, then
+    ProtocolError, never a message made of the bad record's bytes."""
+    a, b, lst = make_pair(slots=4, slot_size=256)
+    a.send_batch([b"abc", b"defgh"])
+    (slot,) = b.diagnostics()["pending"]
+    _poke(hooks.slot_address(b, slot) + 64 + 16, struct.pack("<II", length, flags))
+    take = (lambda: b.recv_batch(timeout=1)) if call == "recv_batch" else \
+        (lambda: [b.recv(timeout=1)])
+    assert [bytes(m) for m in b.recv_batch(max_messages=1, timeout=1)] == [b"abc"]
+    with pytest.raises(rdmamw.ProtocolError, match="record"):
+        take()
+    with pytest.raises(rdmamw.ProtocolError):       # the channel stays failed
+        take()
+    a.close(), b.close(), lst.close()
+
+
 def test_sequence_gap_that_never_closes_is_protocol_error():
     a, b, lst = make_pair(slots=4, slot_size=256)
     a.send(b"one")
