@@ -110,6 +110,7 @@ cdef enum:
     SPINS = 2000                # empty polls before the waiter sleeps between polls
     CHECK_NS = 1000000          # the peer's death is looked for this often
     FLUSH_NS = 1000000000       # a halted QP flushes a chain within this (else: given up)
+    REFUSAL_NS = 500000000      # a chain's refusal may come this long after the owner's EOF
     # control-page words (index x 8 bytes; docs/protocol.md, "Region chain words"):
     CTRL_RPOSTED = 232          # the last region chain this endpoint posted (its number)
     CTRL_RDONE = 233            # the last one that completed (chains complete in order)
@@ -352,7 +353,10 @@ cdef class VerbsRegions(VerbsTransport):
         access, RM_ERR_BOUNDS) or ``deadline`` passed (RM_ERR_LATE). Then the QP is
         halted and the chain's flush (chain ``seq``'s last WR completing in error)
         awaited for FLUSH_NS before returning, so the device writes no READ target
-        after the caller got its error."""
+        after the caller got its error. A connection that failed otherwise than by a
+        completion (the owner's EOF: its device refusing our access fails its QP, and
+        its close may reach us before the refusal's NAK) first awaits the chain's own
+        end for REFUSAL_NS, unhalted: a refusal is told as one, not as a loss."""
         cdef uint32_t empty = 0
         cdef int64_t next_check = now_ns() + CHECK_NS
         cdef bint late = False
@@ -377,19 +381,23 @@ cdef class VerbsRegions(VerbsTransport):
                 rm_cpu_relax()
         if rmv_load64(&self.sq_done) >= target and not late:
             return 0
+        if not late and seq and self.failure.kind != FAIL_SEND_WC:
+            self._await_flush(target, seq, REFUSAL_NS)
+            if rmv_load64(&self.sq_done) >= target:
+                return 0
         self._halt()
         if seq:                         # (a fence READ's target is our own block)
-            self._await_flush(target, seq)
+            self._await_flush(target, seq, FLUSH_NS)
         if late:
             return RM_ERR_LATE
         if self.failure.kind == FAIL_SEND_WC and self.failure.status == IBV_WC_REM_ACCESS_ERR:
             return RM_ERR_BOUNDS
         return self._dead()
 
-    cdef void _await_flush(self, uint64_t target, uint64_t seq) noexcept nogil:
-        """Until the halted QP's chain ended: its last WR completed (``target``), or
-        completed in error (chain ``seq``), or the QP is gone; FLUSH_NS at most."""
-        cdef int64_t end = now_ns() + FLUSH_NS
+    cdef void _await_flush(self, uint64_t target, uint64_t seq, int64_t ns) noexcept nogil:
+        """Until the chain ended: its last WR completed (``target``), or completed in
+        error (chain ``seq``), or the QP is gone; ``ns`` at most."""
+        cdef int64_t end = now_ns() + ns
         while (rmv_load64(&self.sq_done) < target and self.rflushed < seq
                and self.joined and now_ns() < end):
             rm_spin_lock(&self.lock)
