@@ -92,9 +92,18 @@ def test_a_stopped_rank_is_named_by_every_survivor_at_the_deadline(provider, tmp
                      logs.read_text()), logs.read_text()
 
 
+#: how soon after the kill the survivors are done with the shrink and one allreduce on
+#: it: both open new channels (the agreement's to every other survivor, then the new
+#: ring's), and under the VM's TCG a verbs QP's set-up costs a few hundred ms
+#: (docs/benchmarks/connections.md): there it took 1.8-2.5 s alone, 3.0 s in a CI run
+#: beside the host half; a shrink that waited for the dead rank instead (the patience,
+#: half the 60 s deadline) is far above either bound
+SHRUNK_WITHIN = {"shm": 3.0, "tcp": 3.0, "verbs": 6.0}
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_the_survivors_shrink_and_go_on_within_3s_of_a_kill(provider):
+def test_the_survivors_shrink_and_go_on_soon_after_a_kill(provider):
     """After the kill: every survivor gets the same membership (ranks 0, 1, 3 of the
     world, renumbered 0, 1, 2), and the next allreduce on it is right: the sum of
     their world rank + 1 (1 + 2 + 4 = 7)."""
@@ -104,7 +113,8 @@ def test_the_survivors_shrink_and_go_on_within_3s_of_a_kill(provider):
         assert r["named"] == VICTIM and r["members"] == [0, 1, 3], r
         assert r["new_rank"] == [0, 1, 3].index(r["rank"]), r
         assert (r["sum"], r["same"]) == (7.0, True), r
-        assert r["t_after"] - t0 < 3.0, r
+        assert r["t"] <= r["t_shrunk"] <= r["t_after"], r
+        assert r["t_after"] - t0 < SHRUNK_WITHIN[provider], r
 
 
 def revoker_and_watcher(provider: str, worker: str, *args: str,

@@ -38,6 +38,7 @@ def main() -> None:
                "named": getattr(e, "rank", None), "msg": str(e)}
     if "shrink" in sys.argv[2:]:
         comm = coll.shrink()
+        out["t_shrunk"] = time.time()
         x = np.full(1000, float(w.rank + 1), np.float64)
         got = coll.allreduce(x, comm=comm, timeout=timeout)
         out.update(members=comm.members, new_rank=comm.rank, sum=float(got[0]),
