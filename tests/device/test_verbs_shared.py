@@ -23,7 +23,7 @@ from rdmamw.providers.verbs import _device, _memory
 from tests.channel.test_channel_basic import recv_all
 from tests.providers.test_listener_dos import _catch
 from tests.providers.test_verbs import _pair
-from tests.support.helpers import NO_DEVICE, VERBS_OK
+from tests.support.helpers import NO_DEVICE, VERBS_OK, within
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = [pytest.mark.skipif(not VERBS_OK, reason=NO_DEVICE), pytest.mark.device]
@@ -120,7 +120,7 @@ def test_a_sleeping_receiver_is_woken_on_its_own_channel():
             pairs[i][0].send(b"for %d" % i)
             threads[i].join(10)
             assert got.get(i, (None,))[0] == b"for %d" % i
-            assert got[i][1] - t0 < 2.0
+            assert got[i][1] - t0 < within(2.0)
             assert set(got) <= {5, 0, 7, 2, 6, 1, 4, 3}
     finally:
         _close(pairs)
@@ -231,8 +231,8 @@ def test_one_peer_killed_only_its_channel_fails():
         with pytest.raises(rdmamw.PeerLost):
             while True:
                 victim.recv_batch(timeout=5)
-                assert time.monotonic() - t_kill < 2.0
-        assert time.monotonic() - t_kill < 2.0
+                assert time.monotonic() - t_kill < within(2.0)
+        assert time.monotonic() - t_kill < within(2.0)
         for t in threads:
             t.join(120)
         assert results == {i: list(range(total)) for i in range(OTHERS)}

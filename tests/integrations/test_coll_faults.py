@@ -18,7 +18,7 @@ import pytest
 
 from rdmamw.bootstrap.launch import spawn
 from tests.integrations.test_bootstrap import ROOT
-from tests.support.helpers import NO_DEVICE, VERBS_OK, reap
+from tests.support.helpers import NO_DEVICE, VERBS_OK, reap, within
 
 WORKER = os.path.join(ROOT, "tests", "support", "coll_fault_worker.py")
 VICTIM, N = 2, 4
@@ -59,7 +59,7 @@ def test_a_killed_rank_is_named_by_every_survivor_within_2s(provider):
     for r in out:
         assert (r["error"], r["named"]) == ("PeerLost", VICTIM), r
         assert f"rank {VICTIM}" in r["msg"], r
-        assert r["t"] - t0 < 2.0, r
+        assert r["t"] - t0 < within(2.0), r
 
 
 @pytest.mark.timeout(120)
@@ -93,12 +93,12 @@ def test_a_stopped_rank_is_named_by_every_survivor_at_the_deadline(provider, tmp
 
 
 #: how soon after the kill the survivors are done with the shrink and one allreduce on
-#: it: both open new channels (the agreement's to every other survivor, then the new
-#: ring's), and under the VM's TCG a verbs QP's set-up costs a few hundred ms
-#: (docs/benchmarks/connections.md): there it took 1.8-2.5 s alone, 3.0 s in a CI run
-#: beside the host half; a shrink that waited for the dead rank instead (the patience,
-#: half the 60 s deadline) is far above either bound
-SHRUNK_WITHIN = {"shm": 3.0, "tcp": 3.0, "verbs": 6.0}
+#: it (stretched in the VM, helpers.within): both open new channels (the agreement's to
+#: every other survivor, then the new ring's), and under the VM's TCG a verbs QP's
+#: set-up costs a few hundred ms (docs/benchmarks/connections.md): there it took
+#: 1.8-2.5 s alone, 3.0 s in a CI run beside the host half; a shrink that waited for
+#: the dead rank instead (the patience, half the 60 s deadline) is far above it
+SHRUNK_WITHIN = 3.0
 
 
 @pytest.mark.timeout(120)
@@ -114,7 +114,7 @@ def test_the_survivors_shrink_and_go_on_soon_after_a_kill(provider):
         assert r["new_rank"] == [0, 1, 3].index(r["rank"]), r
         assert (r["sum"], r["same"]) == (7.0, True), r
         assert r["t"] <= r["t_shrunk"] <= r["t_after"], r
-        assert r["t_after"] - t0 < SHRUNK_WITHIN[provider], r
+        assert r["t_after"] - t0 < within(SHRUNK_WITHIN), r
 
 
 def revoker_and_watcher(provider: str, worker: str, *args: str,

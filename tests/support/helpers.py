@@ -152,6 +152,20 @@ class PSInProcess:
         self.thread.join(10)
 
 
+#: how far a test's wall-clock bound stretches where the machine is slower than the one
+#: the bound was measured on: 1 on the host, 2 in the soft-RoCE VM (the device half),
+#: whose emulated CPU ran the device tests 1.8x slower on a CI machine than here
+#: (2,863 s against ~1,600 s, 2026-12-07) and where a killed process's teardown once
+#: took 2.95 s; RDMAMW_TEST_SLOWER sets it
+SLOWER = float(os.environ.get("RDMAMW_TEST_SLOWER")
+               or (2.0 if os.environ.get("RXEVM_GUEST") == "1" else 1.0))
+
+
+def within(seconds: float) -> float:
+    """A wall-clock bound of ``seconds`` (measured on the host) on this machine."""
+    return seconds * SLOWER
+
+
 def wait_for(cond, what: str, timeout: float = 30.0) -> None:
     """Poll ``cond()`` until true; fail naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
@@ -167,7 +181,7 @@ def send_until_peer_lost(ch, since: float, batch: int = 8, rounds: int = 10_000,
     with pytest.raises(rdmamw.PeerLost):
         for _ in range(rounds):
             ch.send_batch([b"x" * 100] * batch, timeout=timeout)
-    assert time.monotonic() - since < 2.0
+    assert time.monotonic() - since < within(2.0)
 
 
 def init_some_ranks(world_size: int, ranks, timeout: float) -> list[tuple[int, str]]:

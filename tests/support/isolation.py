@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 import tempfile
 
-#: set by the test harness itself (which providers, a plug-in provider to run the suite
-#: on, the VM, the device the machine has)
-KEEP = frozenset({"RDMAMW_TEST_PROVIDERS", "RDMAMW_PROVIDER_PLUGINS", "RDMAMW_VM",
-                  "RDMAMW_VERBS_DEVICE", "RDMAMW_VERBS_PORT", "RDMAMW_VERBS_GID_INDEX"})
+#: set by the test harness itself (which providers, how far time bounds stretch, a
+#: plug-in provider to run the suite on, the VM, the device the machine has)
+KEEP = frozenset({"RDMAMW_TEST_PROVIDERS", "RDMAMW_TEST_SLOWER", "RDMAMW_PROVIDER_PLUGINS",
+                  "RDMAMW_VM", "RDMAMW_VERBS_DEVICE", "RDMAMW_VERBS_PORT",
+                  "RDMAMW_VERBS_GID_INDEX"})
 
 
 def isolate(environ=os.environ) -> str:
