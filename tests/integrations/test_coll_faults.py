@@ -1,7 +1,8 @@
 """A rank of a 4-rank job killed or stopped while every rank loops a ring allreduce:
 every survivor raises, naming that rank (``.rank``), whether or not it talked to it,
 within a bound: PeerLost within 2 s of a SIGKILL, Timeout at the collective's deadline
-(plus the revoke's grace) for a SIGSTOP (rdmamw/collectives/revoke.py)."""
+(plus the revoke's grace) for a SIGSTOP (rdmamw/collectives/revoke.py). Bounds are the
+host's, stretched in the VM (helpers.within)."""
 
 from __future__ import annotations
 

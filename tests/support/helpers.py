@@ -177,7 +177,8 @@ def wait_for(cond, what: str, timeout: float = 30.0) -> None:
 def send_until_peer_lost(ch, since: float, batch: int = 8, rounds: int = 10_000,
                          timeout: float | None = None) -> None:
     """Send batches on ``ch`` until it raises PeerLost (the ring fills, then the dead
-    peer must be noticed); that must come within 2 s of ``since`` (monotonic)."""
+    peer must be noticed); that must come within 2 s of ``since`` (monotonic;
+    stretched in the VM, :func:`within`)."""
     with pytest.raises(rdmamw.PeerLost):
         for _ in range(rounds):
             ch.send_batch([b"x" * 100] * batch, timeout=timeout)
